@@ -1,0 +1,18 @@
+"""`python -m run [group=option ...]`: compose the config with Hydra and hand it to speedrun. Nothing else."""
+import hydra
+from omegaconf import DictConfig
+
+from speedrun.config import CONF_DIR, register_configs
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+def main(cfg: DictConfig) -> None:
+    import speedrun
+
+    speedrun.main(cfg)
+
+
+if __name__ == "__main__":
+    main()

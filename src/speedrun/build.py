@@ -1,0 +1,83 @@
+"""Build what a Plan describes: the data streams and the model with its attention backend and optimizers.
+
+The attention backend is looked up by name here, once; the model never sees a backend string.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+
+from .config import Config
+from .data.bpb import ByteLUTs, build_byte_luts
+from .data.loader import TokenStream, load_val_tokens
+from .data.prepare import DatasetPaths, ensure_embedded_dataset, open_dataset
+from .data.tokenizer import load_tokenizer
+from .plan import Plan
+
+
+@dataclass
+class DataBundle:
+    paths: DatasetPaths
+    luts: ByteLUTs
+    bos_id: int
+    val_tokens: torch.Tensor
+    train_batches: Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]]
+    """A fresh deterministic stream from the start of the training shards."""
+
+
+def _resolve_path(value: str, cwd: Path) -> Path:
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else cwd / p
+
+
+def build_data(cfg: Config, plan: Plan, cwd: Path, log: Callable[[str], None]) -> DataBundle:
+    d = cfg.data
+    if d.path is None:
+        paths = ensure_embedded_dataset(_resolve_path(d.cache_dir, cwd), vocab_size=d.vocab_size)
+    else:
+        if d.tokenizer is None:
+            raise ValueError(f"data.path={d.path} needs data.tokenizer=<the SentencePiece .model of those shards>")
+        paths = open_dataset(_resolve_path(d.path, cwd), _resolve_path(d.tokenizer, cwd), d.vocab_size)
+    sp = load_tokenizer(paths.tokenizer)
+    seq_len = plan.model.seq_len
+    val_tokens = load_val_tokens(paths.val, plan.eval_tokens, seq_len)
+    log(f"data: {len(paths.train)} train shard(s), {val_tokens.numel() - 1:,} val tokens scored, "
+        f"tokenizer {paths.tokenizer} (vocab {paths.vocab_size})")
+    pin = plan.device == "cuda"
+
+    def train_batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return iter(TokenStream(paths.train, seq_len, plan.micro_batch, vocab_size=paths.vocab_size, pin_memory=pin))
+
+    return DataBundle(paths=paths, luts=build_byte_luts(sp), bos_id=sp.bos_id(), val_tokens=val_tokens,
+                      train_batches=train_batches)
+
+
+def build_model(cfg: Config, plan: Plan, bos_id: int):
+    """-> (model, train forward, eval forward returning per-token nats, optimizers)."""
+    from .attention import get_backend
+    from .model import GPT, GPTConfig
+    from .optim import build_optimizers
+
+    attention = get_backend(plan.attn, **dict(plan.attn_options))
+    gpt_cfg = GPTConfig(**dataclasses.asdict(plan.model))
+    model = GPT(gpt_cfg, attention, bos_id=bos_id).to(plan.device)
+    o = cfg.optim
+    optimizers = build_optimizers(
+        model, matrix_lr=o.matrix_lr, scalar_lr=o.scalar_lr, embed_lr=o.embed_lr, tied_embed_lr=o.tied_embed_lr,
+        head_lr=o.head_lr, muon_momentum=o.muon_momentum, muon_backend_steps=o.muon_backend_steps,
+        beta1=o.beta1, beta2=o.beta2, eps=o.eps,
+        ns_dtype=torch.bfloat16 if plan.ns_dtype == "bf16" else torch.float32,
+    )
+    compiled = torch.compile(model) if plan.compile else model
+
+    def forward(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return compiled(x, y)
+
+    def eval_forward(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return compiled(x, y, reduction="none")
+
+    return model, forward, eval_forward, optimizers

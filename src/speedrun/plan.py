@@ -1,0 +1,311 @@
+"""The resolver: requested config + detected device -> a frozen Plan, or a PlanError naming what works.
+
+Every decision about what will run is made here, once, before any data is built or GPU time is spent.
+Nothing below this module picks a backend, a dtype or a batch size on its own.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import OmegaConf
+
+from .config import CONF_DIR, Config, ModelConfig
+from .hardware import PROFILES, SELECTABLE, DetectedDevice, HardwareProfile
+
+SDPA_KERNELS = ("flash", "cudnn", "efficient", "math")
+ATTN_BACKENDS = ("sdpa", "math", "flex")
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+class PlanError(ValueError):
+    """A requested combination that cannot run here; the message names the conflict and what works."""
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    vocab_size: int
+    n_layer: int
+    d_model: int
+    n_head: int
+    n_kv_head: int
+    mlp_mult: int
+    seq_len: int
+    tie_embeddings: bool
+    logit_softcap: float
+    rope_base: float
+    qk_norm: bool
+
+
+@dataclass(frozen=True)
+class Plan:
+    device: str
+    """torch device: cuda or cpu."""
+    hardware: str
+    """The profile that sets dtypes, kernels and peaks (requested or detected)."""
+    device_name: str
+    emulated: bool
+    """True when a smaller profile runs on a bigger device (its recipe, capped memory)."""
+    memory_cap_gb: Optional[float]
+    precision: str
+    """fp32, bf16 or fp16: the autocast dtype of the matmuls (fp32 = no autocast)."""
+    grad_scaler: bool
+    matmul_dtype: str
+    """The dtype whose peak MFU divides by (tf32 for fp32 on sm80+)."""
+    peak_flops: Optional[float]
+    ns_dtype: str
+    """Dtype of Muon's Newton-Schulz iterations."""
+    attn: str
+    attn_options: tuple[tuple[str, Any], ...]
+    attn_kernel: str
+    """The kernel that will run, e.g. sdpa:flash."""
+    model_name: str
+    model: ModelPlan
+    micro_batch: int
+    grad_accum: int
+    tokens_per_step: int
+    train_seconds: float
+    max_steps: Optional[int]
+    eval_tokens: Optional[int]
+    """None: the whole validation split."""
+    eval_batch: int
+    compile: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["attn_options"] = dict(self.attn_options)
+        return d
+
+    def describe(self) -> str:
+        m = self.model
+        lines = [
+            f"hardware    {self.hardware}{' (emulated)' if self.emulated else ''} on {self.device_name}"
+            + (f", memory cap {self.memory_cap_gb:g} GB" if self.memory_cap_gb else ""),
+            f"precision   {self.precision}{' + GradScaler' if self.grad_scaler else ''} (MFU peak: {self.matmul_dtype})",
+            f"attention   {self.attn_kernel}",
+            f"model       {self.model_name}: {m.n_layer}x{m.d_model}, {m.n_head}/{m.n_kv_head} heads, "
+            f"mlp {m.mlp_mult}x, vocab {m.vocab_size}, seq {m.seq_len}",
+            f"batch       {self.tokens_per_step} tokens/step = {self.micro_batch} seqs x {m.seq_len} x "
+            f"{self.grad_accum} accum",
+            f"budget      {self.train_seconds:g} s" + (f" or {self.max_steps} steps" if self.max_steps else "")
+            + f", eval {self.eval_tokens if self.eval_tokens is not None else 'all'} tokens, "
+            f"compile {'on' if self.compile else 'off'}",
+        ]
+        return "\n".join(lines)
+
+
+def load_option(group: str, option: str) -> dict[str, Any]:
+    """Read conf/<group>/<option>.yaml (without its defaults list): used to resolve ``auto`` presets."""
+    path = CONF_DIR / group / f"{option}.yaml"
+    if not path.exists():
+        raise PlanError(f"{group}={option}: no such option ({path} missing)")
+    data = OmegaConf.to_container(OmegaConf.load(path))
+    assert isinstance(data, dict)
+    data.pop("defaults", None)
+    return data
+
+
+def choose_profile(requested: str, device: DetectedDevice) -> tuple[HardwareProfile, bool]:
+    """The profile to run and whether it is emulated on a bigger device."""
+    if requested not in SELECTABLE:
+        raise PlanError(f"hardware={requested}: unknown; choose one of {', '.join(SELECTABLE)}")
+    if requested == "auto":
+        return device.profile, False
+    profile = PROFILES[requested]
+    if profile.device_type == "cpu":
+        return profile, False
+    if device.device_type != "cuda":
+        raise PlanError(
+            f"hardware={requested} needs a CUDA GPU, and none is visible here; use hardware=auto or hardware=cpu"
+        )
+    if profile.family == device.profile.family:
+        # Same chip family (an H200 asked to be an h100): run natively, cap memory if the profile is smaller.
+        return profile, profile.memory_gb < device.memory_gb - 1
+    too_big = profile.capability > device.capability or profile.memory_gb > device.memory_gb + 1
+    if too_big:
+        raise PlanError(
+            f"hardware={requested} (sm{_sm(profile.capability)}, {profile.memory_gb:g} GB) is larger than this "
+            f"device ({device.name}, sm{_sm(device.capability)}, {device.memory_gb:.0f} GB) and cannot be emulated; "
+            f"use hardware=auto or a smaller profile"
+        )
+    return profile, True
+
+
+def resolve(cfg: Config, device: DetectedDevice) -> Plan:
+    """Check the requested combination against the device and fill every ``auto``/None from the profile."""
+    profile, emulated = choose_profile(cfg.hardware.name, device)
+    on_cuda = profile.device_type == "cuda"
+
+    precision = profile.precision if cfg.precision.name == "auto" else cfg.precision.name
+    _check_precision(precision, profile)
+    matmul_dtype = precision
+    if precision == "fp32" and on_cuda and "tf32" in profile.peak_tflops:
+        matmul_dtype = "tf32"  # we enable TF32 matmuls for fp32 on sm80+, so that is the peak to divide by
+    ns_dtype = "bf16" if on_cuda and profile.has_bf16 else "fp32"
+
+    model_name, model = _resolve_model(cfg, profile)
+    attn, attn_options, attn_kernel = _resolve_attention(cfg, profile, precision, model)
+
+    seq_len = model.seq_len
+    micro_batch = cfg.hardware.micro_batch or max(1, profile.micro_batch_tokens // seq_len)
+    tokens_per_step = cfg.budget.tokens_per_step or profile.tokens_per_step
+    micro_tokens = micro_batch * seq_len
+    if tokens_per_step % micro_tokens:
+        raise PlanError(
+            f"budget.tokens_per_step={tokens_per_step} is not a multiple of micro-batch tokens "
+            f"({micro_batch} seqs x {seq_len} = {micro_tokens}); set budget.tokens_per_step to a multiple of "
+            f"{micro_tokens} or change hardware.micro_batch"
+        )
+    _check_math_memory(attn, attn_options, micro_batch, model, profile, precision)
+
+    eval_tokens = cfg.eval.tokens if cfg.eval.tokens is not None else profile.eval_tokens
+    memory_cap = cfg.hardware.memory_cap_gb or (profile.memory_gb if emulated else None)
+    compile_model = cfg.hardware.compile if cfg.hardware.compile is not None else on_cuda
+    train_seconds = cfg.budget.train_seconds if cfg.budget.train_seconds is not None else profile.train_seconds
+    if train_seconds <= 0 and not cfg.budget.max_steps:
+        raise PlanError("budget.train_seconds must be > 0 unless budget.max_steps is set")
+
+    return Plan(
+        device=profile.device_type,
+        hardware=profile.name,
+        device_name=device.name,
+        emulated=emulated,
+        memory_cap_gb=memory_cap,
+        precision=precision,
+        grad_scaler=precision == "fp16",
+        matmul_dtype=matmul_dtype,
+        peak_flops=profile.peak_flops(matmul_dtype),
+        ns_dtype=ns_dtype,
+        attn=attn,
+        attn_options=tuple(sorted(attn_options.items())),
+        attn_kernel=attn_kernel,
+        model_name=model_name,
+        model=model,
+        micro_batch=micro_batch,
+        grad_accum=tokens_per_step // micro_tokens,
+        tokens_per_step=tokens_per_step,
+        train_seconds=float(train_seconds) if train_seconds > 0 else math.inf,
+        max_steps=cfg.budget.max_steps,
+        eval_tokens=eval_tokens or None,
+        eval_batch=cfg.eval.batch_size or micro_batch,
+        compile=compile_model,
+    )
+
+
+def _sm(capability: Optional[tuple[int, int]]) -> str:
+    return "" if capability is None else f"{capability[0]}{capability[1]}"
+
+
+def _check_precision(precision: str, profile: HardwareProfile) -> None:
+    if precision not in PRECISIONS:
+        raise PlanError(f"precision={precision}: unknown; choose one of auto, {', '.join(PRECISIONS)}")
+    if profile.device_type == "cpu":
+        if precision == "fp16":
+            raise PlanError("precision=fp16 (GradScaler) needs a CUDA GPU; on CPU use precision=fp32 or bf16")
+        return
+    if precision == "bf16" and not profile.has_bf16:
+        raise PlanError(
+            f"precision=bf16 needs compute capability >= 8.0; {profile.name} is sm{_sm(profile.capability)} "
+            f"(bf16 would be emulated, slowly) - use precision=fp16 (autocast + GradScaler) or fp32"
+        )
+
+
+def _resolve_model(cfg: Config, profile: HardwareProfile) -> tuple[str, ModelPlan]:
+    model_cfg = cfg.model
+    name = model_cfg.name
+    if name == "auto":
+        name = profile.model
+        preset = OmegaConf.merge(OmegaConf.structured(ModelConfig), load_option("model", name))
+        model_cfg = OmegaConf.to_object(preset)  # type: ignore[assignment]
+    vocab = model_cfg.vocab_size or cfg.data.vocab_size
+    if model_cfg.n_head % model_cfg.n_kv_head:
+        raise PlanError(f"model.n_kv_head={model_cfg.n_kv_head} must divide model.n_head={model_cfg.n_head}")
+    if model_cfg.d_model % model_cfg.n_head or (model_cfg.d_model // model_cfg.n_head) % 2:
+        raise PlanError(
+            f"model.d_model={model_cfg.d_model} must split into n_head={model_cfg.n_head} heads of even size (RoPE)"
+        )
+    if vocab != cfg.data.vocab_size:
+        raise PlanError(
+            f"model.vocab_size={vocab} differs from data.vocab_size={cfg.data.vocab_size}; leave model.vocab_size "
+            f"unset to take the data's"
+        )
+    fields = {f.name for f in dataclasses.fields(ModelPlan)}
+    values = {k: getattr(model_cfg, k) for k in fields if k != "vocab_size"}
+    return name, ModelPlan(vocab_size=vocab, **values)
+
+
+def _resolve_attention(
+    cfg: Config, profile: HardwareProfile, precision: str, model: ModelPlan
+) -> tuple[str, dict[str, Any], str]:
+    a = cfg.attn
+    name = profile.attn if a.name == "auto" else a.name
+    if name not in ATTN_BACKENDS:
+        raise PlanError(f"attn={name}: unknown; choose one of auto, {', '.join(ATTN_BACKENDS)}")
+    if a.document_mask and name == "sdpa":
+        raise PlanError("attn.document_mask=true is not supported by attn=sdpa; use attn=flex (or attn=math)")
+    if a.window is not None and name != "flex":
+        raise PlanError(f"attn.window needs attn=flex (attn={name} has no sliding window)")
+    if name == "sdpa":
+        kernel = profile.sdpa_kernel if a.kernel == "auto" else a.kernel
+        if kernel not in SDPA_KERNELS:
+            raise PlanError(f"attn.kernel={kernel}: unknown; choose one of auto, {', '.join(SDPA_KERNELS)}")
+        _check_sdpa_kernel(kernel, profile, precision, model)
+        return name, {"kernel": kernel}, f"sdpa:{kernel}"
+    if name == "flex":
+        if profile.device_type != "cuda":
+            raise PlanError(
+                "attn=flex compiles Triton kernels and has no backward on CPU; on CPU use attn=sdpa or attn=math"
+            )
+        block_m, block_n = profile.flex_blocks
+        kernel_options = {
+            "BLOCK_M": a.block_m or block_m,
+            "BLOCK_N": a.block_n or block_n,
+            **({"num_warps": a.num_warps} if a.num_warps else {}),
+            **({"num_stages": a.num_stages} if a.num_stages else {}),
+        }
+        options = {"window": a.window, "document_mask": a.document_mask, "kernel_options": kernel_options}
+        return name, options, "flex"
+    return name, {"document_mask": a.document_mask}, "math"
+
+
+def _check_sdpa_kernel(kernel: str, profile: HardwareProfile, precision: str, model: ModelPlan) -> None:
+    if profile.device_type == "cpu":
+        if kernel in ("cudnn", "efficient"):
+            raise PlanError(f"attn.kernel={kernel} needs a CUDA GPU; on CPU use attn.kernel=flash or math")
+        return
+    if kernel in ("flash", "cudnn"):
+        if profile.capability < (8, 0):
+            raise PlanError(
+                f"attn.kernel={kernel} needs compute capability >= 8.0; {profile.name} is sm{_sm(profile.capability)}"
+                f" - use attn.kernel=efficient (K/V expanded for GQA) or attn=flex"
+            )
+        if precision == "fp32":
+            raise PlanError(
+                f"attn.kernel={kernel} needs fp16 or bf16 inputs; with precision=fp32 use attn.kernel=efficient or math"
+            )
+
+
+def _check_math_memory(
+    attn: str, options: dict[str, Any], micro_batch: int, model: ModelPlan, profile: HardwareProfile, precision: str
+) -> None:
+    """The math kernels materialise B x H x T x T scores per layer; refuse before an OOM, not after."""
+    if profile.device_type != "cuda" or not (attn == "math" or options.get("kernel") == "math"):
+        return
+    bytes_per = 4 if precision == "fp32" else 2
+    # scores + softmax probabilities are kept for backward in every layer (fp32 softmax: 4 bytes).
+    per_layer = micro_batch * model.n_head * model.seq_len**2 * (bytes_per + 4)
+    need_gb = per_layer * model.n_layer / 1e9
+    if need_gb > 0.6 * profile.memory_gb:
+        raise PlanError(
+            f"the math attention kernel would hold ~{need_gb:.0f} GB of B x H x T x T scores "
+            f"({micro_batch} x {model.n_head} x {model.seq_len}^2 x {model.n_layer} layers) on a "
+            f"{profile.memory_gb:g} GB {profile.name}; use attn=flex or attn=sdpa, or lower hardware.micro_batch"
+        )
+
+
+def plan_json(plan: Plan) -> str:
+    return json.dumps(plan.to_dict(), indent=2, default=str)

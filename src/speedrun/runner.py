@@ -1,0 +1,221 @@
+"""One job, end to end: compose -> resolve -> build -> train -> evaluate -> finalize -> record.
+
+The record is opened before anything can fail (row status ``running``) and closed whatever happens: ok,
+failed (with the error and a traceback file), diverged, or interrupted (Ctrl-C, SIGTERM from a scheduler).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import time
+import traceback
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from .config import Config, to_config
+from .records import MetricsLog, ResultsDB, empty_result, write_json
+
+log = logging.getLogger("speedrun")
+
+
+class RunContext:
+    """Where this job writes, and what Hydra knows about it (overrides, sweep)."""
+
+    def __init__(self, run_dir: Path, overrides: list[str], sweep: Optional[str], original_cwd: Path):
+        self.run_dir, self.overrides, self.sweep, self.original_cwd = run_dir, overrides, sweep, original_cwd
+
+    @classmethod
+    def from_hydra(cls) -> "RunContext":
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+        sweep = None
+        if hc.mode == RunMode.MULTIRUN:
+            sweep = Path(hc.sweep.dir).name
+        return cls(Path(hc.runtime.output_dir), list(hc.overrides.task), sweep, Path(hc.runtime.cwd))
+
+
+def run_job(dict_cfg: DictConfig, ctx: Optional[RunContext] = None) -> dict[str, Any]:
+    ctx = ctx or RunContext.from_hydra()
+    ctx.run_dir.mkdir(parents=True, exist_ok=True)
+    cfg = to_config(dict_cfg)
+    db_path = Path(cfg.results_db)
+    db = ResultsDB(db_path if db_path.is_absolute() else ctx.original_cwd / db_path)
+    run_id = str(ctx.run_dir.resolve())
+    result = empty_result()
+    result.update(status="running", seed=cfg.seed, sweep=cfg.sweep or ctx.sweep, run_dir=run_id, name=cfg.name,
+                  hardware=cfg.hardware.name, attn=cfg.attn.name, precision=cfg.precision.name)
+    started = time.time()
+    db.upsert(run_id, {**result, "started_at": started, "overrides": " ".join(ctx.overrides),
+                       "config": OmegaConf.to_container(dict_cfg, resolve=True)})
+    job = Job(cfg, ctx, result)
+    try:
+        with _sigterm_as_interrupt():
+            job.run()
+    except KeyboardInterrupt:
+        result["status"] = "interrupted"
+        result["error"] = "interrupted (Ctrl-C or SIGTERM)"
+        raise
+    except BaseException as e:  # noqa: BLE001 - every failure is recorded, then re-raised
+        result["status"] = "failed"
+        result["error"] = f"{type(e).__name__}: {e}"
+        (ctx.run_dir / "error.txt").write_text(traceback.format_exc())
+        raise
+    finally:
+        job.finish(db, run_id, started)
+    return result
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SLURM and `kill` send SIGTERM: treat it as Ctrl-C so the run is recorded as interrupted."""
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (e.g. a launcher thread): leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class Job:
+    def __init__(self, cfg: Config, ctx: RunContext, result: dict[str, Any]):
+        self.cfg, self.ctx, self.result = cfg, ctx, result
+        self.metrics: Optional[MetricsLog] = None
+        self.state = None
+        self.plan = None
+
+    # -- the pipeline ---------------------------------------------------------------------------------
+    def run(self) -> None:
+        import torch
+
+        from . import hardware
+        from .plan import plan_json, resolve
+        from .records import capture_environment
+
+        cfg, result = self.cfg, self.result
+        device = hardware.detect()
+        plan = self.plan = resolve(cfg, device)
+        log.info("plan:\n%s", _indent(plan.describe()))
+        (self.ctx.run_dir / "plan.json").write_text(plan_json(plan) + "\n")
+        env = capture_environment(plan.device)
+        write_json(self.ctx.run_dir / "env.json", env)
+        result.update(
+            hardware=plan.hardware, device_name=plan.device_name, emulated=plan.emulated, attn=plan.attn,
+            attn_kernel=plan.attn_kernel, precision=plan.precision, git_sha=env["git_sha"],
+            git_dirty=env["git_dirty"], torch_version=env["torch_version"], model=plan.model_name,
+            tokens_per_step=plan.tokens_per_step, seq_len=plan.model.seq_len,
+        )
+        _configure_torch(plan, cfg.seed)
+
+        from .build import build_data, build_model
+
+        data = build_data(cfg, plan, self.ctx.original_cwd, log.info)
+        model, forward, eval_forward, optimizers = build_model(cfg, plan, data.bos_id)
+        result["params"] = model.num_params()
+        log.info("model: %s parameters", f"{result['params']:,}")
+
+        from .train import Stepper, TrainState, train, warm_up
+
+        self.state = state = TrainState()
+        self.metrics = MetricsLog(self.ctx.run_dir / "metrics.jsonl")
+        stepper = Stepper(model, forward, optimizers, plan, cfg.optim)
+        warm_up(stepper, data.train_batches, cfg.budget.warmup_steps, state, log.info)
+        if plan.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        train(stepper, data.train_batches(), schedule=cfg.schedule, state=state, log=log.info,
+              on_metrics=self.metrics.write, log_every_seconds=cfg.logger.log_every_seconds)
+        self._record_training(model)
+        if state.diverged:
+            result["status"] = "diverged"
+            result["error"] = f"non-finite training loss ({state.last_loss}) at step {state.steps}"
+            log.error(result["error"])
+            return
+
+        from .finalize import evaluate_and_export
+
+        result.update(evaluate_and_export(cfg, plan, model, eval_forward, data, self.ctx.run_dir, log.info))
+        result["status"] = "ok"
+
+    def _record_training(self, model: Any) -> None:
+        import torch
+
+        plan, state, result = self.plan, self.state, self.result
+        assert plan is not None and state is not None
+        tok_s = state.tokens / state.train_seconds if state.train_seconds > 0 else None
+        result.update(steps=state.steps, tokens=state.tokens, train_seconds=round(state.train_seconds, 3),
+                      compile_seconds=round(state.compile_seconds, 3), train_loss=state.last_loss,
+                      tokens_per_s=round(tok_s, 1) if tok_s else None)
+        if tok_s and plan.peak_flops:
+            result["flops_per_token"] = model.flops_per_token(plan.model.seq_len)
+            result["mfu"] = round(result["flops_per_token"] * tok_s / plan.peak_flops, 4)
+        if plan.device == "cuda":
+            result["peak_mem_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+        else:
+            import resource
+
+            result["peak_mem_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+    # -- always -------------------------------------------------------------------------------------------
+    def finish(self, db: ResultsDB, run_id: str, started: float) -> None:
+        """Write result.json and complete the database row, whatever happened."""
+        if self.metrics:
+            self.metrics.close()
+        if self.state is not None and self.result.get("steps") is None:
+            self.result.update(steps=self.state.steps, tokens=self.state.tokens,
+                               train_seconds=round(self.state.train_seconds, 3))
+        finished = time.time()
+        self.result["wall_seconds"] = round(finished - started, 3)
+        write_json(self.ctx.run_dir / "result.json", self.result)
+        try:
+            db.upsert(run_id, {**self.result, "finished_at": finished,
+                               "plan": self.plan.to_dict() if self.plan else None})
+        except Exception as e:  # noqa: BLE001 - result.json already holds the record
+            log.error("could not update the results database %s: %s", db.path, e)
+        log.info("result:\n%s", format_result_block(self.result))
+
+
+def _configure_torch(plan: Any, seed: int) -> None:
+    import torch
+
+    torch.manual_seed(seed)
+    if plan.device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        if plan.memory_cap_gb:
+            total = torch.cuda.get_device_properties(0).total_memory
+            fraction = min(1.0, plan.memory_cap_gb * 1e9 / total)
+            torch.cuda.set_per_process_memory_fraction(fraction)
+            log.info("memory capped to %.1f GB (%.3f of the device)", plan.memory_cap_gb, fraction)
+
+
+BLOCK_KEYS = ("status", "val_bpb", "val_loss", "val_bpb_quant", "artifact_bytes", "tokens_per_s", "mfu",
+              "peak_mem_mb", "steps", "tokens", "train_seconds", "compile_seconds", "eval_seconds", "params",
+              "hardware", "device_name", "emulated", "attn_kernel", "precision", "seed", "run_dir", "error")
+
+
+def format_result_block(result: dict[str, Any]) -> str:
+    """The grep-able end of every run: one aligned ``key: value`` per line."""
+    width = max(len(k) for k in BLOCK_KEYS)
+    lines = []
+    for key in BLOCK_KEYS:
+        value = result.get(key)
+        if isinstance(value, float) and math.isfinite(value):
+            value = f"{value:.6g}" if abs(value) < 1e6 else f"{value:.0f}"
+        lines.append(f"{key + ':':<{width + 1}} {value}")
+    return "\n".join(lines)
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())

@@ -1,0 +1,187 @@
+"""The training loop: a plain function over a budget of wall-clock seconds or steps, whichever ends first.
+
+Warm-up steps (compilation, autotuning) run before the clock starts and are undone afterwards (model and
+optimizer state restored), so train_seconds measures training alone and the warm-up does not leak updates.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+
+from .config import OptimConfig, ScheduleConfig
+from .optim import set_lr_multiplier, set_muon_momentum
+from .plan import Plan
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class TrainState:
+    """Progress so far; the runner reads it to record a run that was interrupted or failed mid-way."""
+    steps: int = 0
+    tokens: int = 0
+    train_seconds: float = 0.0
+    compile_seconds: float = 0.0
+    last_loss: Optional[float] = None
+    diverged: bool = False
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def lr_multiplier(progress: float, schedule: ScheduleConfig) -> float:
+    """Linear warm-up over the first warmup_frac of the budget, linear warm-down to 0 over the last warmdown_frac."""
+    if schedule.warmup_frac > 0 and progress < schedule.warmup_frac:
+        return max(progress / schedule.warmup_frac, 1e-3)
+    if schedule.warmdown_frac > 0 and progress > 1 - schedule.warmdown_frac:
+        return max((1 - progress) / schedule.warmdown_frac, 0.0)
+    return 1.0
+
+
+def muon_momentum(step: int, optim: OptimConfig) -> float:
+    if optim.muon_momentum_warmup_steps <= 0:
+        return optim.muon_momentum
+    frac = min(step / optim.muon_momentum_warmup_steps, 1.0)
+    return optim.muon_momentum_warmup_start + frac * (optim.muon_momentum - optim.muon_momentum_warmup_start)
+
+
+class Stepper:
+    """One optimizer step: grad accumulation over micro-batches, autocast, GradScaler, clipping."""
+
+    def __init__(self, model: torch.nn.Module, forward: Callable, optimizers: list, plan: Plan, optim: OptimConfig):
+        self.model, self.forward, self.optimizers, self.plan, self.optim = model, forward, optimizers, plan, optim
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.precision)
+        self.autocast = (lambda: torch.autocast(plan.device, dtype=dtype)) if dtype else _null_context
+        self.scaler = torch.amp.GradScaler("cuda") if plan.grad_scaler else None
+
+    def __call__(self, batches: Iterator[Batch]) -> torch.Tensor:
+        """Run one step; returns the mean micro-batch loss as a device tensor (no host sync)."""
+        total = None
+        for _ in range(self.plan.grad_accum):
+            x, y = next(batches)
+            x = x.to(self.plan.device, non_blocking=True)
+            y = y.to(self.plan.device, non_blocking=True)
+            with self.autocast():
+                loss = self.forward(x, y)
+            scaled = loss / self.plan.grad_accum
+            (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+            total = scaled.detach() if total is None else total + scaled.detach()
+        if self.scaler is not None:
+            for opt in self.optimizers:
+                self.scaler.unscale_(opt)
+        if self.optim.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim.grad_clip)
+        for opt in self.optimizers:
+            if self.scaler is not None:
+                self.scaler.step(opt)
+            else:
+                opt.step()
+        if self.scaler is not None:
+            self.scaler.update()
+        self.model.zero_grad(set_to_none=True)
+        assert total is not None
+        return total
+
+
+def _null_context():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def warm_up(stepper: Stepper, make_batches: Callable[[], Iterator[Batch]], steps: int, state: TrainState,
+            log: Callable[[str], None]) -> None:
+    """Compile and autotune with real steps, then restore the initial model and optimizer state."""
+    if steps <= 0:
+        return
+    saved_model = copy.deepcopy(stepper.model.state_dict())
+    saved_opts = [copy.deepcopy(opt.state_dict()) for opt in stepper.optimizers]
+    saved_scaler = copy.deepcopy(stepper.scaler.state_dict()) if stepper.scaler else None
+    log(f"warm-up: {steps} step(s) to compile and autotune (not timed as training)")
+    t0 = time.perf_counter()
+    batches = make_batches()
+    for _ in range(steps):
+        stepper(batches)
+    _sync(stepper.plan.device)
+    state.compile_seconds = time.perf_counter() - t0
+    stepper.model.load_state_dict(saved_model)
+    for opt, saved in zip(stepper.optimizers, saved_opts):
+        opt.load_state_dict(saved)
+    if stepper.scaler and saved_scaler:
+        stepper.scaler.load_state_dict(saved_scaler)
+    log(f"warm-up done in {state.compile_seconds:.1f}s")
+
+
+def train(stepper: Stepper, batches: Iterator[Batch], *, schedule: ScheduleConfig, state: TrainState,
+          log: Callable[[str], None], on_metrics: Callable[[dict[str, Any]], None],
+          log_every_seconds: float = 10.0) -> TrainState:
+    """Train until the budget is spent or the loss goes non-finite (state.diverged)."""
+    plan, optim = stepper.plan, stepper.optim
+    step_tokens = plan.tokens_per_step
+    budget_s, max_steps = plan.train_seconds, plan.max_steps
+    pending: Optional[torch.Tensor] = None  # last step's loss, read one step late to avoid a pipeline stall
+    t0 = time.perf_counter()
+    next_log = t0 + min(log_every_seconds, 2.0)
+
+    def progress(elapsed: float) -> float:
+        p = elapsed / budget_s if math.isfinite(budget_s) else 0.0
+        return max(p, state.steps / max_steps) if max_steps else p
+
+    while True:
+        elapsed = time.perf_counter() - t0
+        frac = progress(elapsed)
+        if frac >= 1.0:
+            break
+        set_lr_multiplier(stepper.optimizers, lr_multiplier(frac, schedule))
+        set_muon_momentum(stepper.optimizers, muon_momentum(state.steps, optim))
+        loss = stepper(batches)
+        if pending is not None and not _check_finite(pending, state):
+            break
+        pending = loss
+        state.steps += 1
+        state.tokens += step_tokens
+        now = time.perf_counter()
+        state.train_seconds = now - t0
+        if now >= next_log:
+            _sync(plan.device)
+            state.train_seconds = time.perf_counter() - t0
+            if not _check_finite(pending, state):
+                break
+            _report(state, frac, plan, lr_multiplier(frac, schedule), log, on_metrics)
+            next_log = time.perf_counter() + log_every_seconds
+    _sync(plan.device)
+    state.train_seconds = time.perf_counter() - t0
+    if pending is not None and not state.diverged:
+        _check_finite(pending, state)
+    if not state.diverged:
+        _report(state, 1.0, plan, lr_multiplier(1.0, schedule), log, on_metrics)
+    return state
+
+
+def _check_finite(loss: torch.Tensor, state: TrainState) -> bool:
+    value = float(loss.item())
+    state.last_loss = value
+    if not math.isfinite(value):
+        state.diverged = True
+        return False
+    return True
+
+
+def _report(state: TrainState, frac: float, plan: Plan, lr_mult: float, log: Callable[[str], None],
+            on_metrics: Callable[[dict[str, Any]], None]) -> None:
+    tok_s = state.tokens / state.train_seconds if state.train_seconds > 0 else 0.0
+    eta = state.train_seconds / frac - state.train_seconds if 0 < frac < 1 else 0.0
+    record = {"step": state.steps, "tokens": state.tokens, "train_loss": state.last_loss, "lr_mult": lr_mult,
+              "elapsed_s": round(state.train_seconds, 3), "tokens_per_s": round(tok_s, 1), "progress": round(frac, 4)}
+    on_metrics(record)
+    loss = f"{state.last_loss:.4f}" if state.last_loss is not None else "-"
+    log(f"step {state.steps:>6}  loss {loss}  lr x{lr_mult:.2f}  {tok_s:,.0f} tok/s  "
+        f"elapsed {state.train_seconds:.0f}s  eta {eta:.0f}s")
