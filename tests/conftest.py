@@ -1,0 +1,46 @@
+"""Shared fixtures: compose the real config tree, and fake devices for the resolver."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def compose():
+    """compose(["attn=sdpa", ...]) -> DictConfig, from the real conf/ tree, as `python -m run` would."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from speedrun.config import CONF_DIR, register_configs
+
+    register_configs()
+
+    def _compose(overrides=(), return_hydra_config=False):
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return hydra_compose("config", overrides=list(overrides), return_hydra_config=return_hydra_config)
+
+    return _compose
+
+
+def fake_device(profile_name: str):
+    """A DetectedDevice for a profile, as detect() would report it on that card."""
+    from speedrun.hardware import PROFILES, DetectedDevice
+
+    p = PROFILES[profile_name]
+    if p.device_type == "cpu":
+        return DetectedDevice("cpu", "test cpu", None, 0.0, p)
+    return DetectedDevice("cuda", f"NVIDIA {profile_name.upper()}", p.capability, p.memory_gb, p)
+
+
+def run_cli(args, cwd, timeout=300, env_extra=None):
+    """Run `python -m run ...` in a subprocess (the real entry point) and return the CompletedProcess."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "run", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)

@@ -1,0 +1,118 @@
+"""The resolver: every hardware x attention x precision either resolves to a Plan or raises PlanError."""
+from __future__ import annotations
+
+import copy
+import itertools
+
+import pytest
+
+from conftest import fake_device
+from speedrun.config import to_config
+from speedrun.plan import PlanError, resolve
+
+HARDWARE = ["auto", "cpu", "t4", "a100", "h100", "b200"]
+ATTN = ["auto", "sdpa", "math", "flex"]
+KERNELS = ["auto", "flash", "cudnn", "efficient", "math"]
+PRECISION = ["auto", "fp32", "bf16", "fp16"]
+DEVICES = ["cpu", "t4", "h100", "h200", "b200"]
+
+
+def plan_for(compose, device, *overrides):
+    return resolve(to_config(compose(list(overrides))), fake_device(device))
+
+
+@pytest.fixture(scope="module")
+def default_config():
+    from hydra import compose, initialize_config_dir
+
+    from speedrun.config import CONF_DIR, register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return to_config(compose("config"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_every_combination_resolves_or_names_the_conflict(default_config, device):
+    outcomes = {}
+    for hw, attn, kernel, prec in itertools.product(HARDWARE, ATTN, KERNELS, PRECISION):
+        if attn != "sdpa" and kernel != "auto":
+            continue
+        overrides = [f"hardware={hw}", f"attn={attn}", f"attn.kernel={kernel}", f"precision={prec}"]
+        cfg = copy.deepcopy(default_config)
+        cfg.hardware.name, cfg.attn.name, cfg.attn.kernel, cfg.precision.name = hw, attn, kernel, prec
+        try:
+            plan = resolve(cfg, fake_device(device))
+        except PlanError as e:
+            msg = str(e)
+            assert "use " in msg or "choose one of" in msg, f"{overrides}: error without a way out: {msg}"
+            outcomes[tuple(overrides)] = "refused"
+            continue
+        assert plan.grad_accum * plan.micro_batch * plan.model.seq_len == plan.tokens_per_step
+        assert plan.precision in ("fp32", "bf16", "fp16")
+        if plan.attn == "sdpa":
+            assert plan.attn_kernel.startswith("sdpa:") and "auto" not in plan.attn_kernel
+        outcomes[tuple(overrides)] = plan.attn_kernel
+    assert "refused" in outcomes.values() or device == "cpu"
+    assert any(v != "refused" for v in outcomes.values())
+
+
+def test_cpu_default_is_small_and_pinned(compose):
+    plan = plan_for(compose, "cpu")
+    assert (plan.device, plan.hardware, plan.precision, plan.model_name) == ("cpu", "cpu", "fp32", "tiny")
+    assert plan.attn_kernel == "sdpa:flash" and not plan.compile and plan.peak_flops is None
+
+
+def test_gpu_default_trains_pgolf_baseline_in_bf16(compose):
+    plan = plan_for(compose, "h100")
+    assert (plan.model_name, plan.precision, plan.tokens_per_step, plan.compile) == ("pgolf_baseline", "bf16",
+                                                                                    524288, True)
+    assert plan.grad_accum == 8 and plan.peak_flops == 989e12 and not plan.emulated
+
+
+def test_t4_on_h100_is_emulated_with_its_recipe(compose):
+    plan = plan_for(compose, "h100", "hardware=t4")
+    assert plan.emulated and plan.memory_cap_gb == 15.0
+    assert (plan.precision, plan.grad_scaler, plan.attn_kernel) == ("fp16", True, "sdpa:efficient")
+    assert plan.peak_flops == 65e12 and plan.ns_dtype == "fp32"  # T4 peak, never the H100's
+
+
+def test_h200_is_the_h100_family_with_its_own_memory(compose):
+    plan = plan_for(compose, "h200")
+    assert plan.hardware == "h200" and plan.peak_flops == 989e12 and not plan.emulated
+    capped = plan_for(compose, "h200", "hardware=h100")
+    assert capped.emulated and capped.memory_cap_gb == 80.0
+
+
+@pytest.mark.parametrize("device,overrides,needle", [
+    ("cpu", ["hardware=h100"], "needs a CUDA GPU"),
+    ("t4", ["hardware=h100"], "larger than this device"),
+    ("t4", ["precision=bf16"], "use precision=fp16"),
+    ("h100", ["hardware=t4", "precision=bf16"], "compute capability >= 8.0"),
+    ("t4", ["attn=sdpa", "attn.kernel=flash"], "attn.kernel=efficient"),
+    ("h100", ["precision=fp32", "attn.kernel=flash"], "needs fp16 or bf16"),
+    ("cpu", ["attn=flex"], "on CPU use attn=sdpa"),
+    ("cpu", ["attn.kernel=cudnn"], "needs a CUDA GPU"),
+    ("cpu", ["precision=fp16"], "needs a CUDA GPU"),
+    ("h100", ["attn=sdpa", "attn.document_mask=true"], "use attn=flex"),
+    ("h100", ["attn=math", "hardware.micro_batch=256"], "use attn=flex"),
+    ("cpu", ["budget.tokens_per_step=5000"], "not a multiple of micro-batch tokens"),
+    ("cpu", ["model.n_kv_head=3", "model=tiny"], "must divide"),
+])
+def test_refusals_name_the_problem_and_the_fix(compose, device, overrides, needle):
+    with pytest.raises(PlanError) as e:
+        plan_for(compose, device, *overrides)
+    assert needle in str(e.value)
+
+
+def test_math_kernel_fits_for_the_tiny_model_on_a_t4(compose):
+    plan = plan_for(compose, "h100", "hardware=t4", "attn=math", "model=tiny", "hardware.micro_batch=8")
+    assert plan.attn_kernel == "math"
+
+
+def test_unknown_gpu_gets_nearest_profile_with_a_warning():
+    from speedrun.hardware import profile_for_gpu
+
+    with pytest.warns(UserWarning, match="nearest profile 'a100'"):
+        assert profile_for_gpu("NVIDIA RTX 6000 Ada", (8, 9), 48.0).name == "a100"
+    assert profile_for_gpu("NVIDIA H200", (9, 0), 141.0).name == "h200"
