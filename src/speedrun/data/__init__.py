@@ -1,0 +1,46 @@
+"""Data layer: embedded corpus, SentencePiece tokenizers, token shards, BPB byte accounting,
+batch loading and dataset preparation. See DESIGN.md ("Facts") for the formats and the BPB rule."""
+
+from .bpb import ByteLUTs, bits_per_byte, build_byte_luts, stream_bytes, token_bytes, unigram_bits_per_byte
+from .corpus import EMBEDDED_CORPUS, iter_documents, load_embedded_documents, split_train_val
+from .loader import TokenStream, load_val_tokens
+from .prepare import (
+    DataNotFoundError,
+    DatasetPaths,
+    ensure_embedded_dataset,
+    open_dataset,
+    parameter_golf_help,
+    prepare_dataset,
+    read_dataset_info,
+)
+from .shards import ShardError, list_shards, read_shard, validate_shard, write_shard
+from .tokenizer import load_tokenizer, train_tokenizer
+
+__all__ = [
+    "EMBEDDED_CORPUS",
+    "ByteLUTs",
+    "DataNotFoundError",
+    "DatasetPaths",
+    "ShardError",
+    "TokenStream",
+    "bits_per_byte",
+    "build_byte_luts",
+    "ensure_embedded_dataset",
+    "iter_documents",
+    "list_shards",
+    "load_embedded_documents",
+    "load_tokenizer",
+    "load_val_tokens",
+    "open_dataset",
+    "parameter_golf_help",
+    "prepare_dataset",
+    "read_dataset_info",
+    "read_shard",
+    "split_train_val",
+    "stream_bytes",
+    "token_bytes",
+    "train_tokenizer",
+    "unigram_bits_per_byte",
+    "validate_shard",
+    "write_shard",
+]

@@ -1,0 +1,141 @@
+"""Bits per byte, with parameter-golf's byte accounting, so numbers compare across tokenizers.
+
+For a target token y whose previous token is x:
+
+    bytes(y) = base_bytes[y] + (has_leading_space[y] and not is_boundary[x])
+    bpb      = (sum of nats / ln 2) / sum of bytes          (float64 / int64 sums)
+
+Why this is exact for SentencePiece: a space is written as "▁" glued to the front of the next
+piece, and decode() drops the "▁" at the very start of a text (the dummy prefix it added when
+encoding). Every document in a shard starts after BOS, a boundary, so the rule above drops exactly
+the space that decode drops. tests/test_bpb.py checks this byte-for-byte over the val split.
+
+Per id:
+- control, unknown and unused ids (BOS, EOS, PAD, <unk>): boundaries, 0 bytes;
+- byte-fallback ids <0xNN>: 1 byte;
+- other pieces: the UTF-8 length of the piece without its leading "▁", with any further "▁"
+  counted as the one-byte space it decodes to. Only whitespace-only pieces such as "▁▁▁▁"
+  (allow_whitespace_only_pieces) have such interior "▁"; for every other piece, and so for all
+  of parameter-golf's tokenizers, this is the plain UTF-8 length of the piece minus its "▁".
+- the standalone piece "▁" therefore has base 0 and a leading space: 1 byte inside a document,
+  0 right after BOS, where decode() drops it. Both match the decoded text.
+
+Hazard (build_byte_luts warns): with byte fallback but no "▁" piece in the vocabulary, a space
+that cannot merge with the following piece is encoded as the three bytes of U+2581, which decode
+to the literal "▁" (3 bytes) rather than a space. The count then matches the decoded text but
+over-counts the original by 2 bytes per such space, which flatters BPB.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+SPACE_SYMBOL = "\u2581"
+
+
+@dataclass(frozen=True)
+class ByteLUTs:
+    """Per-token-id tables for byte accounting (index with token ids)."""
+
+    base_bytes: torch.Tensor  # int16: bytes of the piece, not counting its leading-space marker
+    has_leading_space: torch.Tensor  # bool: piece starts with "▁"
+    is_boundary: torch.Tensor  # bool: control/unknown/unused ids (BOS, EOS, PAD, <unk>)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.base_bytes.numel())
+
+    def to(self, device: torch.device | str) -> ByteLUTs:
+        return ByteLUTs(self.base_bytes.to(device), self.has_leading_space.to(device), self.is_boundary.to(device))
+
+
+def build_byte_luts(sp, vocab_size: int | None = None) -> ByteLUTs:
+    """Tables for a SentencePiece processor. Ids in [sp size, vocab_size) (a padded model vocab)
+    are boundaries with 0 bytes."""
+    n_sp = int(sp.get_piece_size())
+    size = max(n_sp, vocab_size or 0)
+    base = np.zeros(size, dtype=np.int16)
+    lead = np.zeros(size, dtype=np.bool_)
+    boundary = np.ones(size, dtype=np.bool_)
+    for i in range(n_sp):
+        if sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i):
+            continue
+        boundary[i] = False
+        if sp.is_byte(i):
+            base[i] = 1
+            continue
+        piece = sp.id_to_piece(i)
+        if piece.startswith(SPACE_SYMBOL):
+            lead[i] = True
+            piece = piece[1:]
+        base[i] = len(piece.replace(SPACE_SYMBOL, " ").encode("utf-8"))
+    _warn_if_inexact(sp)
+    return ByteLUTs(torch.from_numpy(base), torch.from_numpy(lead), torch.from_numpy(boundary))
+
+
+def _warn_if_inexact(sp) -> None:
+    space_id = sp.piece_to_id(SPACE_SYMBOL)
+    plain_space = not (sp.is_unknown(space_id) or sp.is_control(space_id) or sp.is_unused(space_id))
+    has_bytes = any(sp.is_byte(i) for i in range(int(sp.get_piece_size())))
+    if has_bytes and not plain_space:
+        warnings.warn(
+            "tokenizer has byte fallback but no standalone '\u2581' piece: spaces that do not merge with the "
+            "next piece are encoded as the 3 bytes of U+2581 and decode to '\u2581', so byte counts (and BPB) "
+            "match the decoded text but over-count the original by 2 bytes per such space",
+            stacklevel=3,
+        )
+    if plain_space and sp.decode([space_id]) != "":
+        warnings.warn(
+            "tokenizer keeps the leading space of a text when decoding (no dummy prefix, no whitespace "
+            "removal): a document that starts with a space is under-counted by 1 byte",
+            stacklevel=3,
+        )
+
+
+def token_bytes(prev_ids: torch.Tensor, ids: torch.Tensor, luts: ByteLUTs) -> torch.Tensor:
+    """Bytes of each target token ``ids`` given its predecessor ``prev_ids`` (same shape), int64."""
+    if prev_ids.shape != ids.shape:
+        raise ValueError(f"prev_ids shape {tuple(prev_ids.shape)} != ids shape {tuple(ids.shape)}")
+    if luts.base_bytes.device != ids.device:
+        raise ValueError(f"LUTs are on {luts.base_bytes.device} but ids on {ids.device}; call luts.to(device) once")
+    ids, prev_ids = ids.long(), prev_ids.long()
+    space = luts.has_leading_space[ids] & ~luts.is_boundary[prev_ids]
+    return luts.base_bytes[ids].to(torch.int64) + space.to(torch.int64)
+
+
+def stream_bytes(tokens: torch.Tensor, luts: ByteLUTs) -> int:
+    """Total bytes of the targets tokens[1:] of a 1-D token stream (documents start with BOS)."""
+    tokens = torch.as_tensor(tokens).reshape(-1)
+    if tokens.numel() < 2:
+        return 0
+    return int(token_bytes(tokens[:-1], tokens[1:], luts).sum().item())
+
+
+def bits_per_byte(sum_nats: float, sum_bytes: int) -> float:
+    """(sum_nats / ln 2) / sum_bytes; both sums over the same target tokens."""
+    sum_bytes = int(sum_bytes)
+    if sum_bytes <= 0:
+        raise ValueError(f"sum_bytes must be positive, got {sum_bytes}")
+    return float(sum_nats) / math.log(2) / sum_bytes
+
+
+def unigram_bits_per_byte(train_counts, val_tokens, luts: ByteLUTs, smoothing: float = 1.0) -> float:
+    """BPB of a unigram model (train token counts, add-``smoothing``) scored on a val stream.
+
+    ``train_counts[i]`` is how often id i occurs in train (e.g. np.bincount of the train tokens).
+    Scores every target val_tokens[1:] (BOS targets included, as a model is scored): the bar a
+    trained model must clear to have learned anything beyond token frequencies.
+    """
+    counts = np.zeros(luts.vocab_size, dtype=np.float64)
+    train_counts = np.asarray(train_counts, dtype=np.float64).reshape(-1)
+    counts[: train_counts.size] = train_counts[: luts.vocab_size]
+    counts += smoothing
+    log_p = np.log(counts) - np.log(counts.sum())
+    val = np.asarray(val_tokens).reshape(-1).astype(np.int64)
+    nats = float(-log_p[val[1:]].sum())
+    return bits_per_byte(nats, stream_bytes(torch.from_numpy(val), luts.to("cpu")))

@@ -1,0 +1,81 @@
+"""Text corpora: the embedded Python-docs corpus and readers for user-supplied documents."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import lzma
+from collections.abc import Iterator
+from pathlib import Path
+
+ASSETS_DIR = Path(__file__).resolve().parent / "assets"
+#: The Python 3.11 documentation sources, one JSON object per document (see assets/LICENSE-pydoc.txt).
+EMBEDDED_CORPUS: Path = ASSETS_DIR / "pydoc311.jsonl.xz"
+
+_JSONL_SUFFIXES = {".jsonl": open, ".jsonl.xz": lzma.open, ".jsonl.gz": gzip.open}
+SUPPORTED_SUFFIXES = (*_JSONL_SUFFIXES, ".txt")
+
+
+def _suffix(path: Path) -> str:
+    name = path.name.lower()
+    for suffix in sorted(SUPPORTED_SUFFIXES, key=len, reverse=True):
+        if name.endswith(suffix):
+            return suffix
+    raise ValueError(
+        f"{path}: unsupported document file type; expected one of {', '.join(SUPPORTED_SUFFIXES)} "
+        "(JSON lines with a 'text' field, or plain text where the whole file is one document)"
+    )
+
+
+def iter_documents(path: Path) -> Iterator[str]:
+    """Yield the documents of one file.
+
+    ``.jsonl``, ``.jsonl.xz``, ``.jsonl.gz``: one JSON object per line, the document in its
+    ``"text"`` field (blank lines are skipped). ``.txt``: the whole file is one document.
+    Text is read as UTF-8 without newline translation, so documents are exactly what is stored.
+    """
+    path = Path(path)
+    suffix = _suffix(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"document file not found: {path}")
+    if suffix == ".txt":
+        with open(path, encoding="utf-8", newline="") as f:
+            yield f.read()
+        return
+    opener = _JSONL_SUFFIXES[suffix]
+    # newline="" so that "\r" inside a line is not treated as a line break by the text layer;
+    # JSON escapes newlines inside strings, so physical lines end only at "\n".
+    with opener(path, "rt", encoding="utf-8", newline="") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+            if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+                raise ValueError(f"{path}:{lineno}: expected a JSON object with a string field 'text'")
+            yield obj["text"]
+
+
+def load_embedded_documents() -> list[str]:
+    """All documents of the embedded corpus, in their stored (path-sorted) order."""
+    if not EMBEDDED_CORPUS.is_file():
+        raise FileNotFoundError(
+            f"embedded corpus missing: {EMBEDDED_CORPUS}; rebuild it with scripts/build_embedded_corpus.py "
+            "or reinstall speedrun (the file is package data)"
+        )
+    return list(iter_documents(EMBEDDED_CORPUS))
+
+
+def split_train_val(docs: list[str], val_every: int = 20) -> tuple[list[str], list[str]]:
+    """Deterministic split: documents 0, val_every, 2*val_every, ... go to val, the rest to train.
+
+    Starting at document 0 means any non-empty list yields a non-empty val split.
+    """
+    if val_every < 2:
+        raise ValueError(f"val_every must be >= 2 (got {val_every}); 1 would leave no training documents")
+    docs = list(docs)
+    val = [d for i, d in enumerate(docs) if i % val_every == 0]
+    train = [d for i, d in enumerate(docs) if i % val_every != 0]
+    return train, val

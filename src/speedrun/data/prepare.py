@@ -1,0 +1,337 @@
+"""Datasets on disk: build (tokenizer + shards) from documents, the cached embedded corpus, and
+opening existing shard directories such as parameter-golf's published FineWeb exports.
+
+A prepared directory holds tokenizer.model (+ .vocab), fineweb_{train,val}_%06d.bin and
+dataset.json (counts, tokenizer settings, val byte count, unigram baseline). It is assembled in a
+temporary sibling directory and renamed into place, so a killed build never leaves half a dataset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .bpb import build_byte_luts, stream_bytes, unigram_bits_per_byte
+from .corpus import EMBEDDED_CORPUS, load_embedded_documents, split_train_val
+from .shards import list_shards, read_header, shard_name, write_shard
+from .tokenizer import TRAINER_SETTINGS, load_tokenizer, train_tokenizer
+
+TOKENIZER_FILE = "tokenizer.model"
+INFO_FILE = "dataset.json"
+#: Bump when the build changes (tokenizer settings, split, format): cached embedded datasets rebuild.
+BUILD_VERSION = 1
+EMBEDDED_VAL_EVERY = 20
+ENCODE_BATCH_DOCS = 256
+
+
+class DataNotFoundError(FileNotFoundError):
+    """A dataset or tokenizer path is missing; the message says what was expected and how to get it."""
+
+
+@dataclass(frozen=True)
+class DatasetPaths:
+    """Shards and tokenizer of one dataset."""
+
+    train: list[Path]
+    val: list[Path]
+    tokenizer: Path
+    vocab_size: int
+
+    @property
+    def directory(self) -> Path:
+        return self.train[0].parent
+
+
+def _log(msg: str) -> None:
+    print(f"[speedrun.data] {msg}", file=sys.stderr, flush=True)
+
+
+class _ShardWriter:
+    """Appends documents' tokens to fixed-size shards fineweb_{split}_%06d.bin."""
+
+    def __init__(self, directory: Path, split: str, shard_tokens: int) -> None:
+        self.directory, self.split = directory, split
+        self.buf = np.empty(shard_tokens, dtype=np.uint16)
+        self.fill = 0
+        self.paths: list[Path] = []
+        self.tokens = 0
+
+    def add(self, tokens: np.ndarray) -> None:
+        while tokens.size:
+            k = min(self.buf.size - self.fill, tokens.size)
+            self.buf[self.fill : self.fill + k] = tokens[:k]
+            self.fill += k
+            tokens = tokens[k:]
+            if self.fill == self.buf.size:
+                self.flush()
+
+    def flush(self) -> None:
+        if self.fill:
+            path = self.directory / shard_name(self.split, len(self.paths))
+            write_shard(path, self.buf[: self.fill])
+            self.paths.append(path)
+            self.tokens += self.fill
+            self.fill = 0
+
+
+def _encode_docs(sp, docs: list[str], num_threads: int) -> Iterator[np.ndarray]:
+    """Per batch of documents, one uint16 array: [BOS] + ids of each document, concatenated."""
+    bos = sp.bos_id()
+    for i in range(0, len(docs), ENCODE_BATCH_DOCS):
+        encoded = sp.encode(docs[i : i + ENCODE_BATCH_DOCS], out_type=int, num_threads=num_threads)
+        out = np.empty(sum(len(ids) + 1 for ids in encoded), dtype=np.uint16)
+        pos = 0
+        for ids in encoded:
+            out[pos] = bos
+            out[pos + 1 : pos + 1 + len(ids)] = ids
+            pos += len(ids) + 1
+        yield out
+
+
+def _decoded_bytes(sp, val_stream: np.ndarray) -> int:
+    """UTF-8 bytes of the decoded val documents (split at BOS)."""
+    bos_positions = np.flatnonzero(val_stream == sp.bos_id()).tolist() + [val_stream.size]
+    docs = [val_stream[a + 1 : b].tolist() for a, b in zip(bos_positions[:-1], bos_positions[1:])]
+    return sum(len(text.encode("utf-8")) for text in sp.decode(docs))
+
+
+def _remove_tree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def prepare_dataset(
+    documents_train: Iterable[str],
+    documents_val: Iterable[str],
+    out_dir: Path,
+    vocab_size: int,
+    shard_tokens: int = 100_000_000,
+    *,
+    seed: int = 0,
+    num_threads: int | None = None,
+    overwrite: bool = False,
+    info: dict | None = None,
+) -> DatasetPaths:
+    """Train a tokenizer on the train documents and write train/val shards into ``out_dir``.
+
+    Each document becomes [BOS] + its ids; documents may span shard boundaries. Everything is
+    written to a temporary sibling directory that is renamed to ``out_dir`` at the end.
+    ``info`` is merged into dataset.json. Raises FileExistsError if ``out_dir`` exists (unless
+    ``overwrite``).
+    """
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not overwrite:
+        raise FileExistsError(f"{out_dir} already exists; pass overwrite=True (--overwrite) to replace it")
+    if shard_tokens < 1:
+        raise ValueError(f"shard_tokens must be >= 1, got {shard_tokens}")
+    train_docs, val_docs = list(documents_train), list(documents_val)
+    if not train_docs or not val_docs:
+        raise ValueError(f"need at least one train and one val document (got {len(train_docs)} and {len(val_docs)})")
+    threads = num_threads or min(os.cpu_count() or 1, 16)
+    t0 = time.perf_counter()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        n_chars = sum(len(d) for d in train_docs)
+        _log(f"training tokenizer (vocab {vocab_size}) on {len(train_docs)} documents, {n_chars:,} characters")
+        model = train_tokenizer(train_docs, tmp / Path(TOKENIZER_FILE).stem, vocab_size, seed)
+        sp = load_tokenizer(model)
+        _log(f"tokenizing {len(train_docs)} train + {len(val_docs)} val documents")
+        counts = np.zeros(vocab_size, dtype=np.int64)
+        train_writer = _ShardWriter(tmp, "train", shard_tokens)
+        for chunk in _encode_docs(sp, train_docs, threads):
+            counts += np.bincount(chunk, minlength=vocab_size)
+            train_writer.add(chunk)
+        train_writer.flush()
+        val_chunks = list(_encode_docs(sp, val_docs, threads))
+        val_stream = np.concatenate(val_chunks)
+        val_writer = _ShardWriter(tmp, "val", shard_tokens)
+        val_writer.add(val_stream)
+        val_writer.flush()
+
+        luts = build_byte_luts(sp)
+        val_bytes = stream_bytes(torch.from_numpy(val_stream.astype(np.int64)), luts)
+        decoded_bytes = _decoded_bytes(sp, val_stream)
+        original_bytes = sum(len(d.encode("utf-8")) for d in val_docs)
+        if val_bytes != decoded_bytes:
+            _log(f"WARNING: counted val bytes {val_bytes} != decoded val bytes {decoded_bytes} (BPB would be off)")
+        elif val_bytes != original_bytes:
+            _log(f"note: the tokenizer does not round-trip all val text ({val_bytes} counted bytes vs "
+                 f"{original_bytes} in the original; a literal U+2581 decodes to a space)")
+        record = {
+            "build_version": BUILD_VERSION,
+            "vocab_size": vocab_size,
+            "tokenizer": TOKENIZER_FILE,
+            "tokenizer_settings": {**TRAINER_SETTINGS, "seed": seed},
+            "shard_tokens": shard_tokens,
+            "train": {"documents": len(train_docs), "tokens": train_writer.tokens, "shards": len(train_writer.paths)},
+            "val": {
+                "documents": len(val_docs),
+                "tokens": val_writer.tokens,
+                "shards": len(val_writer.paths),
+                "bytes": val_bytes,
+                "bytes_original_text": original_bytes,
+            },
+            # -sum log2 p_train(y) / val bytes over val targets, add-one smoothed unigram of train.
+            "unigram_val_bpb": unigram_bits_per_byte(counts, val_stream, luts),
+            **(info or {}),
+        }
+        (tmp / INFO_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        _install(tmp, out_dir, overwrite)
+    except BaseException:
+        _remove_tree(tmp)
+        raise
+    _log(
+        f"wrote {out_dir}: {train_writer.tokens:,} train tokens in {len(train_writer.paths)} shard(s), "
+        f"{val_writer.tokens:,} val tokens ({val_bytes:,} bytes) in {time.perf_counter() - t0:.1f}s"
+    )
+    return _open_prepared(out_dir)
+
+
+def _install(tmp: Path, out_dir: Path, overwrite: bool) -> None:
+    """Rename the finished ``tmp`` to ``out_dir``; with overwrite, swap out an existing one."""
+    old = None
+    if out_dir.exists() and overwrite:
+        old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        os.rename(out_dir, old)
+    try:
+        os.rename(tmp, out_dir)
+    except OSError as e:
+        if out_dir.exists():
+            raise FileExistsError(f"{out_dir} appeared while building (another process?)") from e
+        raise
+    finally:
+        if old is not None:
+            _remove_tree(old)
+
+
+def read_dataset_info(directory: Path) -> dict:
+    """dataset.json of a prepared directory ({} if absent, e.g. parameter-golf's shards)."""
+    path = Path(directory) / INFO_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def _open_prepared(directory: Path) -> DatasetPaths:
+    info = read_dataset_info(directory)
+    return DatasetPaths(
+        train=list_shards(directory, "train"),
+        val=list_shards(directory, "val"),
+        tokenizer=directory / TOKENIZER_FILE,
+        vocab_size=int(info["vocab_size"]),
+    )
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@contextlib.contextmanager
+def _exclusive_lock(path: Path):
+    """Hold an exclusive fcntl lock on ``path`` (no-op where fcntl does not exist)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: fall back to the atomic rename alone
+        yield
+        return
+    with open(path, "a+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def ensure_embedded_dataset(cache_dir: Path, vocab_size: int = 1024) -> DatasetPaths:
+    """The embedded Python-docs corpus as a dataset in cache_dir/embedded_pydoc311_sp{vocab}/.
+
+    Built once (a few seconds) and reused while the corpus file and BUILD_VERSION are unchanged.
+    Concurrent callers serialize on a lock file; without fcntl, a builder that loses the final
+    rename uses the winner's directory.
+    """
+    cache_dir = Path(cache_dir).expanduser()
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    target = cache_dir / f"embedded_pydoc311_sp{vocab_size}"
+    stamp = {"corpus": EMBEDDED_CORPUS.name, "corpus_sha256": _sha256(EMBEDDED_CORPUS), "build_version": BUILD_VERSION}
+    with _exclusive_lock(cache_dir / f".{target.name}.lock"):
+        info = read_dataset_info(target)
+        if info and all(info.get(k) == v for k, v in stamp.items()):
+            return _open_prepared(target)
+        for stale in cache_dir.glob(f".{target.name}.tmp-*"):  # left by a killed build (we hold the lock)
+            _remove_tree(stale)
+        train, val = split_train_val(load_embedded_documents(), EMBEDDED_VAL_EVERY)
+        _log(f"building the embedded dataset in {target} (once)")
+        try:
+            return prepare_dataset(train, val, target, vocab_size, overwrite=target.exists(), info=stamp)
+        except FileExistsError:
+            if read_dataset_info(target).get("corpus_sha256") == stamp["corpus_sha256"]:
+                return _open_prepared(target)
+            raise
+
+
+# Published parameter-golf exports: vocab size -> (variant, Hugging Face dataset repo).
+_PGOLF_VARIANTS = {
+    512: ("sp512", None),
+    1024: ("sp1024", None),
+    2048: ("sp2048", None),
+    4096: ("sp4096", None),
+    8192: ("sp8192", "kevclark/parameter-golf"),  # not in the default repo; community export
+}
+
+
+def parameter_golf_help(vocab_size: int) -> str:
+    """How to download parameter-golf's FineWeb shards for ``vocab_size`` and point speedrun at them."""
+    variant, repo = _PGOLF_VARIANTS.get(vocab_size, ("sp1024", None))
+    env = f"MATCHED_FINEWEB_REPO_ID={repo} " if repo else ""
+    source = f"{repo}, a community export" if repo else "willdepueoai/parameter-golf"
+    n = variant[2:]
+    lines = [
+        f"To use parameter-golf's published FineWeb shards ({variant}; Hugging Face dataset {source}):",
+        "    git clone https://github.com/openai/parameter-golf && cd parameter-golf",
+        f"    {env}python3 data/cached_challenge_fineweb.py --variant {variant} --train-shards 10",
+        f"  which writes data/datasets/fineweb10B_{variant}/ (fineweb_train_*.bin, fineweb_val_*.bin; 100M tokens per",
+        f"  train shard, the full val split always) and data/tokenizers/fineweb_{n}_bpe.model. Then set",
+        f"    data.path=<parameter-golf>/data/datasets/fineweb10B_{variant} "
+        f"data.tokenizer=<parameter-golf>/data/tokenizers/fineweb_{n}_bpe.model",
+        "  or leave data.path unset to train on the embedded corpus (Python 3.11 docs).",
+    ]
+    if vocab_size not in _PGOLF_VARIANTS:
+        lines.insert(0, f"(parameter-golf publishes no vocab {vocab_size} export; variants: "
+                        f"{', '.join(v for v, _ in _PGOLF_VARIANTS.values())}.)")
+    return "\n".join(lines)
+
+
+def open_dataset(path: Path, tokenizer: Path, vocab_size: int) -> DatasetPaths:
+    """An existing shard directory plus its tokenizer, checked: shards present with valid headers,
+    tokenizer present with exactly ``vocab_size`` pieces."""
+    path, tokenizer = Path(path).expanduser(), Path(tokenizer).expanduser()
+    help_text = parameter_golf_help(vocab_size)
+    if not path.is_dir():
+        raise DataNotFoundError(f"dataset directory not found: {path}\n{help_text}")
+    try:
+        train, val = list_shards(path, "train"), list_shards(path, "val")
+    except FileNotFoundError as e:
+        raise DataNotFoundError(f"{e}\n{help_text}") from None
+    if not tokenizer.is_file():
+        raise DataNotFoundError(f"tokenizer not found: {tokenizer} (the SentencePiece .model of {path})\n{help_text}")
+    sp = load_tokenizer(tokenizer)
+    n = int(sp.get_piece_size())
+    if n != vocab_size:
+        raise ValueError(
+            f"tokenizer {tokenizer} has {n} pieces but the configured vocab_size is {vocab_size}; "
+            f"use the tokenizer that made {path} and set the vocab size to {n} (or pick the matching variant)"
+        )
+    for shard in train + val:
+        read_header(shard)  # cheap: magic, version, size; token ids are checked as batches are read
+    return DatasetPaths(train=train, val=val, tokenizer=tokenizer, vocab_size=vocab_size)

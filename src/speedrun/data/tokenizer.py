@@ -1,0 +1,171 @@
+"""SentencePiece BPE tokenizers: training (deterministic, fast) and loading.
+
+Settings and why:
+- byte_fallback: characters outside the vocabulary become <0xNN> byte pieces instead of <unk>.
+- identity normalization, no whitespace removal: text is not rewritten (no NFKC, no collapsing of
+  spaces or newlines), so indentation in code survives and decode(encode(text)) == text for any
+  text without a literal U+2581 (SentencePiece's whitespace symbol, which decodes as a space).
+- add_dummy_prefix: a document "foo" is encoded like " foo" and decode drops that first space;
+  the BPB accounting models exactly this (a leading-space piece right after BOS counts no space).
+  It also guarantees the standalone "▁" piece is in the vocabulary (see bpb.py for why it matters).
+- allow_whitespace_only_pieces: runs of spaces (indentation) can be single pieces.
+- ids: pad=0, bos=1, eos=2, unk=3, as in parameter-golf's tokenizers. BOS (a control piece that
+  decodes to nothing) starts every document in the shards and is the document delimiter.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import sentencepiece as spm
+
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+
+TRAINER_SETTINGS: dict[str, object] = {
+    "model_type": "bpe",
+    "byte_fallback": True,
+    "normalization_rule_name": "identity",
+    "remove_extra_whitespaces": False,
+    "add_dummy_prefix": True,
+    "allow_whitespace_only_pieces": True,
+    "split_digits": True,
+    "character_coverage": 0.9995,
+    "pad_id": PAD_ID,
+    "bos_id": BOS_ID,
+    "eos_id": EOS_ID,
+    "unk_id": UNK_ID,
+    "input_sentence_size": 0,  # we subsample ourselves, deterministically
+    "max_sentence_length": 1 << 16,  # bytes; our chunks are at most CHUNK_CHARS characters
+    # Fixed, because the model file records it: the same text gives the same file on any machine.
+    # (The learned pieces do not depend on it.)
+    "num_threads": 4,
+}
+CHUNK_CHARS = 4000
+
+
+def _chunks(texts: Iterable[str], chunk_chars: int = CHUNK_CHARS) -> Iterator[str]:
+    """Split documents into training "sentences" of at most chunk_chars characters at line ends.
+
+    SentencePiece skips sentences longer than max_sentence_length, so long documents must be cut;
+    newlines stay inside chunks so that pieces containing "\\n" can be learned.
+    """
+    for text in texts:
+        buf: list[str] = []
+        size = 0
+        for line in text.splitlines(keepends=True):
+            while len(line) > chunk_chars:  # a very long line: cut it hard
+                if buf:
+                    yield "".join(buf)
+                    buf, size = [], 0
+                yield line[:chunk_chars]
+                line = line[chunk_chars:]
+            if size + len(line) > chunk_chars and buf:
+                yield "".join(buf)
+                buf, size = [], 0
+            buf.append(line)
+            size += len(line)
+        if buf:
+            yield "".join(buf)
+
+
+def sample_training_text(texts: Iterable[str], max_chars: int, seed: int = 0) -> list[str]:
+    """Chunks of ``texts`` totalling at most about ``max_chars`` characters, chosen by ``seed``.
+
+    Same texts + same seed -> same sample, in the original order.
+    """
+    chunks = [c for c in _chunks(texts) if c.strip()]
+    total = sum(len(c) for c in chunks)
+    if total <= max_chars:
+        return chunks
+    order = list(range(len(chunks)))
+    random.Random(seed).shuffle(order)
+    chosen, size = [], 0
+    for i in order:
+        if size >= max_chars:
+            break
+        chosen.append(i)
+        size += len(chunks[i])
+    return [chunks[i] for i in sorted(chosen)]
+
+
+def train_tokenizer(
+    texts: Iterable[str],
+    model_prefix: Path,
+    vocab_size: int,
+    seed: int = 0,
+    *,
+    max_chars: int = 4_000_000,
+    num_threads: int | None = None,
+    extra_settings: dict[str, object] | None = None,
+) -> Path:
+    """Train a SentencePiece BPE model on ``texts``; write ``<model_prefix>.model`` and ``.vocab``.
+
+    Deterministic (byte-identical files): the training text is a seeded sample of at most
+    ``max_chars`` characters (4M characters train a 1024-piece model in about 0.5 s on 2 cores).
+    ``extra_settings`` override TRAINER_SETTINGS (for experiments and tests); ``num_threads``
+    overrides its thread count (recorded in the file). Returns the .model path.
+    """
+    model_prefix = Path(model_prefix)
+    if not 0 < vocab_size <= 65536:
+        raise ValueError(f"vocab_size must be in 1..65536 (uint16 shards), got {vocab_size}")
+    sample = sample_training_text(texts, max_chars, seed)
+    if not sample:
+        raise ValueError("cannot train a tokenizer on no text (all documents empty?)")
+    settings = {**TRAINER_SETTINGS, **(extra_settings or {})}
+    if num_threads is not None:
+        settings["num_threads"] = num_threads
+    model_path = model_prefix.with_name(model_prefix.name + ".model")
+    model = io.BytesIO()  # model_writer: the file records no output path, so it is byte-reproducible
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sample), model_writer=model, vocab_size=vocab_size, minloglevel=2, **settings
+        )
+    except RuntimeError as e:
+        reason = str(e).split("]")[-1].strip()
+        if "Vocabulary size too high" in reason:
+            raise ValueError(
+                f"vocab_size={vocab_size} is too large for this training text "
+                f"({sum(len(c) for c in sample):,} characters): {reason}"
+            ) from None
+        if "Vocabulary size is smaller than required_chars" in reason:
+            raise ValueError(
+                f"vocab_size={vocab_size} is too small: the 256 byte pieces, 4 special pieces and the "
+                f"text's frequent characters need more ({reason})"
+            ) from None
+        raise
+    sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    vocab = "".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.get_piece_size()))
+    model_prefix.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write(model_prefix.with_name(model_prefix.name + ".vocab"), vocab.encode("utf-8"))
+    _atomic_write(model_path, model.getvalue())
+    return model_path
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def load_tokenizer(path: Path) -> spm.SentencePieceProcessor:
+    """Load a SentencePiece model file; FileNotFoundError with the path if it is missing."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"SentencePiece tokenizer not found: {path} (expected a .model file; "
+            "build one with scripts/prepare_data.py or point data.tokenizer at an existing model)"
+        )
+    sp = spm.SentencePieceProcessor()
+    try:
+        sp.load(str(path))
+    except (OSError, RuntimeError) as e:
+        raise ValueError(f"{path}: not a valid SentencePiece model ({e})") from None
+    return sp
