@@ -64,7 +64,9 @@ def build_model(cfg: Config, plan: Plan, bos_id: int):
 
     attention = get_backend(plan.attn, **dict(plan.attn_options))
     gpt_cfg = GPTConfig(**dataclasses.asdict(plan.model))
-    model = GPT(gpt_cfg, attention, bos_id=bos_id).to(plan.device)
+    # bos_id switches on document masking in the model; only backends that can mask documents get it.
+    document_mask = dict(plan.attn_options).get("document_mask", False)
+    model = GPT(gpt_cfg, attention, bos_id=bos_id if document_mask else None).to(plan.device)
     o = cfg.optim
     optimizers = build_optimizers(
         model, matrix_lr=o.matrix_lr, scalar_lr=o.scalar_lr, embed_lr=o.embed_lr, tied_embed_lr=o.tied_embed_lr,

@@ -1,0 +1,109 @@
+"""End to end through the real entry point: `python -m run` on CPU with a tiny budget."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from speedrun.records import RESULT_KEYS
+
+pytestmark = pytest.mark.slow
+
+TINY = ["hardware=cpu", "model=tiny", "hardware.micro_batch=4", "budget.tokens_per_step=2048", "eval.tokens=4096",
+        "logger.log_every_seconds=0.5"]
+
+
+@pytest.fixture(scope="session")
+def data_cache(tmp_path_factory):
+    """One embedded dataset build for the whole session (the first run builds it)."""
+    return tmp_path_factory.mktemp("cache")
+
+
+def rows(cwd: Path):
+    con = sqlite3.connect(cwd / "outputs" / "results.sqlite")
+    con.row_factory = sqlite3.Row
+    return [dict(r) for r in con.execute("SELECT * FROM runs")]
+
+
+def test_smoke_run_writes_every_record(tmp_path, data_cache):
+    proc = run_cli([*TINY, "budget.train_seconds=4", f"data.cache_dir={data_cache}", "name=smoke"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    (result_path,) = (tmp_path / "outputs" / "runs").glob("*/*/result.json")
+    run_dir = result_path.parent
+    result = json.loads(result_path.read_text())
+    assert set(RESULT_KEYS) <= set(result)
+    assert result["status"] == "ok" and result["error"] is None
+    assert result["steps"] > 0 and result["tokens"] == result["steps"] * 2048
+    assert 0 < result["val_bpb"] < 20 and result["val_bpb_quant"] > 0 and result["artifact_bytes"] > 0
+    assert result["attn_kernel"] == "sdpa:flash" and result["hardware"] == "cpu" and result["emulated"] is False
+    assert result["run_dir"] == str(run_dir.resolve())
+    for name in (".hydra/config.yaml", "run.log", "metrics.jsonl", "env.json", "plan.json"):
+        assert (run_dir / name).exists(), name
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert metrics and metrics[-1]["step"] == result["steps"]
+    (row,) = rows(tmp_path)
+    assert row["status"] == "ok" and row["val_bpb"] == result["val_bpb"] and row["name"] == "smoke"
+    assert "budget.train_seconds=4" in row["overrides"] and json.loads(row["config"])["seed"] == 0
+    # the grep-able block at the end of the console output
+    out = proc.stdout + proc.stderr
+    assert re.search(r"val_bpb:\s+\d+\.\d+\s*$", out, re.M) and re.search(r"status:\s+ok\s*$", out, re.M)
+
+
+def test_ctrl_c_mid_run_leaves_an_interrupted_row(tmp_path, data_cache):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "run", *TINY, "budget.train_seconds=300", f"data.cache_dir={data_cache}"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    deadline = time.time() + 240
+    seen = []
+    try:
+        for line in proc.stdout:  # wait until training is under way
+            seen.append(line)
+            if "tok/s" in line or time.time() > deadline:
+                break
+        assert any("tok/s" in line for line in seen), "".join(seen)[-3000:]
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    (row,) = rows(tmp_path)
+    assert row["status"] == "interrupted" and row["steps"] > 0 and row["finished_at"] is not None
+    (result_path,) = (tmp_path / "outputs" / "runs").glob("*/*/result.json")
+    assert json.loads(result_path.read_text())["status"] == "interrupted"
+
+
+def test_bad_data_path_fails_fast_with_a_recorded_error(tmp_path):
+    proc = run_cli(["hardware=cpu", "data=fineweb_sp1024", "data.path=nowhere/fineweb10B_sp1024"], cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "nowhere/fineweb10B_sp1024" in proc.stderr + proc.stdout
+    (row,) = rows(tmp_path)
+    assert row["status"] == "failed" and "nowhere" in row["error"]
+    (err,) = (tmp_path / "outputs" / "runs").glob("*/*/error.txt")
+    assert "Traceback" in err.read_text()
+
+
+def test_plan_error_is_recorded_before_any_work(tmp_path):
+    proc = run_cli(["hardware=h100"], cwd=tmp_path) if not _has_cuda() else None
+    if proc is None:
+        pytest.skip("a CUDA device is present")
+    assert proc.returncode != 0 and "needs a CUDA GPU" in proc.stderr + proc.stdout
+    (row,) = rows(tmp_path)
+    assert row["status"] == "failed" and "PlanError" in row["error"]
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

@@ -1,0 +1,57 @@
+"""Records: atomic files, the results database under concurrent writers, the result block."""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import sqlite3
+
+from speedrun.records import RESULT_KEYS, ResultsDB, empty_result, write_json
+from speedrun.runner import format_result_block
+
+
+def _writer(path, worker):
+    db = ResultsDB(path)
+    for i in range(10):
+        run = f"run-{worker}-{i}"
+        db.upsert(run, {**empty_result(), "status": "running", "seed": i})
+        db.upsert(run, {"status": "ok", "val_bpb": 1.0 + i, f"extra_{worker}": worker})
+
+
+def test_concurrent_writers_lose_nothing(tmp_path):
+    path = tmp_path / "results.sqlite"
+    procs = [mp.get_context("spawn").Process(target=_writer, args=(path, w)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    rows = ResultsDB(path).rows()
+    assert len(rows) == 40
+    assert {r["status"] for r in rows} == {"ok"}
+    assert all(r["val_bpb"] is not None and r["seed"] is not None for r in rows)
+    cols = {r[1] for r in sqlite3.connect(path).execute("PRAGMA table_info(runs)")}
+    assert set(RESULT_KEYS) <= cols and {"extra_0", "extra_3", "overrides", "config"} <= cols
+
+
+def test_update_keeps_earlier_columns(tmp_path):
+    db = ResultsDB(tmp_path / "r.sqlite")
+    db.upsert("a", {"status": "running", "overrides": "seed=1", "config": {"seed": 1}})
+    db.upsert("a", {"status": "failed", "error": "boom"})
+    (row,) = db.rows()
+    assert (row["status"], row["error"], row["overrides"]) == ("failed", "boom", "seed=1")
+    assert json.loads(row["config"]) == {"seed": 1}
+
+
+def test_write_json_is_atomic_and_leaves_no_temp(tmp_path):
+    write_json(tmp_path / "result.json", {"status": "ok"})
+    write_json(tmp_path / "result.json", {"status": "failed"})
+    assert json.loads((tmp_path / "result.json").read_text()) == {"status": "failed"}
+    assert [p.name for p in tmp_path.iterdir()] == ["result.json"]
+
+
+def test_result_block_is_grepable():
+    block = format_result_block({**empty_result(), "status": "ok", "val_bpb": 1.234567891, "steps": 10})
+    lines = dict(line.split(":", 1) for line in block.splitlines())
+    assert lines["val_bpb"].strip() == "1.23457" and lines["status"].strip() == "ok"
+    starts = {len(line) - len(line.split(":", 1)[1].lstrip()) for line in block.splitlines()}
+    assert len(starts) == 1, "values are aligned in one column"
