@@ -1,0 +1,115 @@
+"""Muon's Newton-Schulz, the Muon+Adam split on a tiny GPT, and the schedule hooks."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+try:
+    import speedrun  # noqa: F401
+except ImportError:  # running from a checkout without an installed package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from speedrun.attention import get_backend  # noqa: E402
+from speedrun.model import GPT, GPTConfig  # noqa: E402
+from speedrun.optim import (  # noqa: E402
+    Muon, build_optimizers, muon_update, newton_schulz, set_lr_multiplier, set_muon_momentum,
+)
+
+TINY = GPTConfig(vocab_size=64, n_layer=2, d_model=32, n_head=4, n_kv_head=2, mlp_mult=2, seq_len=32)
+PGOLF = dict(matrix_lr=0.04, scalar_lr=0.04, embed_lr=0.6, tied_embed_lr=0.05, head_lr=0.008,
+             muon_momentum=0.95, muon_backend_steps=5, beta1=0.9, beta2=0.95, eps=1e-8)
+
+
+@pytest.mark.parametrize("shape", [(64, 64), (32, 96), (96, 32)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_newton_schulz_singular_values_near_one(shape, dtype):
+    torch.manual_seed(0)
+    G = torch.randn(*shape)
+    X = newton_schulz(G, steps=5, dtype=dtype)
+    assert X.shape == G.shape and X.dtype == dtype
+    s = torch.linalg.svdvals(X.float())
+    # The quintic maps a normalised singular value x to ~3.44 x per step while x is small, so five steps lift
+    # only those above ~2e-3 of ||G||_F into the band [~0.7, ~1.2]; a random square matrix has a few below.
+    sg = torch.linalg.svdvals(G) / G.norm()
+    lifted = s[sg > 2e-3]
+    assert len(lifted) >= min(shape) - 2
+    assert lifted.min() > 0.6 and s.max() < 1.25, (lifted.min().item(), s.max().item())
+    # same singular vectors as G: X is close to U V^T
+    U, _, Vh = torch.linalg.svd(G, full_matrices=False)
+    cos = (X.float() * (U @ Vh)).sum() / (X.float().norm() * (U @ Vh).norm())
+    assert cos > 0.95
+
+
+def test_muon_update_momentum_nesterov_and_scale():
+    torch.manual_seed(0)
+    g = [torch.randn(96, 32), torch.randn(96, 32)]
+    bufs = [torch.zeros_like(x) for x in g]
+    u = muon_update(g, bufs, momentum=0.9, nesterov=True, steps=5)
+    assert u.shape == (2, 96, 32)
+    torch.testing.assert_close(bufs, g)  # buf = 0.9 * 0 + g
+    for i in range(2):  # batched == one at a time; rows > cols: scaled by sqrt(96 / 32)
+        torch.testing.assert_close(u[i], newton_schulz(1.9 * g[i], steps=5) * 3**0.5, atol=1e-5, rtol=1e-5)
+    wide = muon_update([g[0].T.contiguous()], [torch.zeros(32, 96)], momentum=0.9, steps=5)
+    torch.testing.assert_close(wide[0], newton_schulz(1.9 * g[0].T, steps=5), atol=1e-5, rtol=1e-5)
+    u2 = muon_update(g, bufs, momentum=0.9, nesterov=False, steps=5)  # second step: buf = 1.9 g
+    torch.testing.assert_close(u2[0], newton_schulz(1.9 * g[0], steps=5) * 3**0.5, atol=1e-5, rtol=1e-5)
+
+
+def test_muon_rejects_non_matrices():
+    with pytest.raises(ValueError, match="2-D"):
+        Muon([torch.nn.Parameter(torch.ones(3))])
+
+
+def _model(tied=True):
+    torch.manual_seed(0)
+    cfg = GPTConfig(**{**TINY.__dict__, "tie_embeddings": tied})
+    return GPT(cfg, get_backend("sdpa", kernel="math"))
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_steps_reduce_loss_on_fixed_batch(tied):
+    model = _model(tied)
+    g = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, 64, (4, 32), generator=g)
+    tgt = torch.roll(idx, -1, dims=1)
+    opts = build_optimizers(model, **PGOLF)
+    assert len(opts) == (3 if tied else 4)
+    losses = []
+    for _ in range(8):
+        loss = model(idx, tgt)
+        loss.backward()
+        for opt in opts:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] - 0.5, losses
+
+
+def test_build_optimizers_groups_and_lrs():
+    model = _model(tied=False)
+    opts = build_optimizers(model, **PGOLF, weight_decay=0.1)
+    embed, head, muon, scalar = opts
+    groups = model.param_groups()
+    assert isinstance(muon, Muon) and muon.param_groups[0]["params"] == groups["matrix"]
+    assert muon.param_groups[0]["weight_decay"] == 0.1 and muon.param_groups[0]["momentum"] == 0.95
+    assert embed.param_groups[0]["base_lr"] == 0.6  # untied: embed_lr
+    assert head.param_groups[0]["base_lr"] == 0.008
+    assert scalar.param_groups[0]["params"] == groups["scalar"]
+    assert all(g["betas"] == (0.9, 0.95) and g["eps"] == 1e-8 for o in (embed, head, scalar) for g in o.param_groups)
+    tied_opts = build_optimizers(_model(tied=True), **PGOLF)
+    assert tied_opts[0].param_groups[0]["base_lr"] == 0.05  # tied: tied_embed_lr
+
+
+def test_set_lr_multiplier_and_momentum():
+    opts = build_optimizers(_model(tied=False), **PGOLF)
+    set_lr_multiplier(opts, 0.25)
+    lrs = [g["lr"] for o in opts for g in o.param_groups]
+    assert lrs == pytest.approx([0.6 * 0.25, 0.008 * 0.25, 0.04 * 0.25, 0.04 * 0.25])
+    set_lr_multiplier(opts, 1.0)
+    assert [g["lr"] for o in opts for g in o.param_groups] == pytest.approx([0.6, 0.008, 0.04, 0.04])
+    set_muon_momentum(opts, 0.85)
+    assert opts[2].param_groups[0]["momentum"] == 0.85
+    assert "momentum" not in opts[0].param_groups[0]
