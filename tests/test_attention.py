@@ -5,18 +5,11 @@ bf16 inputs and compare against math in fp32 with 2e-2.
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-try:
-    import speedrun  # noqa: F401
-except ImportError:  # running from a checkout without an installed package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from speedrun.attention import REGISTRY, AttentionBackend, get_backend  # noqa: E402
+from speedrun.attention import REGISTRY, AttentionBackend, get_backend
 
 B, HQ, HKV, T, D = 2, 4, 2, 160, 16
 BOS = 0

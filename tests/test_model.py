@@ -2,20 +2,13 @@
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
 
-try:
-    import speedrun  # noqa: F401
-except ImportError:  # running from a checkout without an installed package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from speedrun.attention import get_backend  # noqa: E402
-from speedrun.model import GPT, PRESETS, GPTConfig  # noqa: E402
+from speedrun.attention import get_backend
+from speedrun.model import GPT, PRESETS, GPTConfig
 
 TINY = GPTConfig(vocab_size=64, n_layer=3, d_model=32, n_head=4, n_kv_head=2, mlp_mult=2, seq_len=32,
                  tie_embeddings=True, logit_softcap=30.0)

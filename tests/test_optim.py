@@ -1,20 +1,13 @@
 """Muon's Newton-Schulz, the Muon+Adam split on a tiny GPT, and the schedule hooks."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-try:
-    import speedrun  # noqa: F401
-except ImportError:  # running from a checkout without an installed package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from speedrun.attention import get_backend  # noqa: E402
-from speedrun.model import GPT, GPTConfig  # noqa: E402
-from speedrun.optim import (  # noqa: E402
+from speedrun.attention import get_backend
+from speedrun.model import GPT, GPTConfig
+from speedrun.optim import (
     Muon, build_optimizers, muon_update, newton_schulz, set_lr_multiplier, set_muon_momentum,
 )
 

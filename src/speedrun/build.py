@@ -62,10 +62,11 @@ def build_model(cfg: Config, plan: Plan, bos_id: int):
     from .model import GPT, GPTConfig
     from .optim import build_optimizers
 
-    attention = get_backend(plan.attn, **dict(plan.attn_options))
+    options = dict(plan.attn_options)
+    document_mask = options.pop("document_mask", False)
+    attention = get_backend(plan.attn, **options)
     gpt_cfg = GPTConfig(**dataclasses.asdict(plan.model))
     # bos_id switches on document masking in the model; only backends that can mask documents get it.
-    document_mask = dict(plan.attn_options).get("document_mask", False)
     model = GPT(gpt_cfg, attention, bos_id=bos_id if document_mask else None).to(plan.device)
     o = cfg.optim
     optimizers = build_optimizers(

@@ -62,12 +62,14 @@ _BASE_COLUMNS = {"run_id": "TEXT PRIMARY KEY", "name": "TEXT", "started_at": "RE
                  "overrides": "TEXT", "config": "TEXT", "plan": "TEXT"}
 
 
-def _column_type(value: Any) -> str:
-    if isinstance(value, bool) or isinstance(value, int):
-        return "INTEGER"
-    if isinstance(value, float):
-        return "REAL"
-    return "TEXT"
+_REAL = ("val_bpb", "val_loss", "val_bpb_quant", "val_bpb_ttt", "tokens_per_s", "mfu", "peak_mem_mb",
+         "train_seconds", "compile_seconds", "eval_seconds")
+_INTEGER = ("artifact_bytes", "steps", "tokens", "params", "seed", "emulated")
+
+
+def _column_type(key: str) -> str:
+    """Declared types for the contract's keys; other columns get none, so SQLite keeps each value's own type."""
+    return "REAL" if key in _REAL else "INTEGER" if key in _INTEGER else "TEXT" if key in RESULT_KEYS else ""
 
 
 class ResultsDB:
@@ -94,7 +96,7 @@ class ResultsDB:
         for key in dict.fromkeys(wanted):
             if key not in have:
                 try:
-                    con.execute(f'ALTER TABLE runs ADD COLUMN "{key}" {_column_type(row.get(key))}')
+                    con.execute(f'ALTER TABLE runs ADD COLUMN "{key}" {_column_type(key)}')
                 except sqlite3.OperationalError as e:  # another process added it first
                     if "duplicate column" not in str(e):
                         raise

@@ -18,6 +18,7 @@ from typing import Any, Iterator, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from .config import Config, to_config
+from .loggers import RunLogger, make_logger
 from .records import MetricsLog, ResultsDB, empty_result, write_json
 
 log = logging.getLogger("speedrun")
@@ -93,6 +94,7 @@ class Job:
     def __init__(self, cfg: Config, ctx: RunContext, result: dict[str, Any]):
         self.cfg, self.ctx, self.result = cfg, ctx, result
         self.metrics: Optional[MetricsLog] = None
+        self.logger: Optional[RunLogger] = None
         self.state = None
         self.plan = None
 
@@ -118,6 +120,8 @@ class Job:
             tokens_per_step=plan.tokens_per_step, seq_len=plan.model.seq_len,
         )
         _configure_torch(plan, cfg.seed)
+        self.logger = make_logger(cfg.logger, self.ctx.run_dir, result["sweep"], cfg.name)
+        self._guard("start", OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True), plan.to_dict())
 
         from .build import build_data, build_model
 
@@ -135,7 +139,7 @@ class Job:
         if plan.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         train(stepper, data.train_batches(), schedule=cfg.schedule, state=state, log=log.info,
-              on_metrics=self.metrics.write, log_every_seconds=cfg.logger.log_every_seconds)
+              on_metrics=self._on_metrics, log_every_seconds=cfg.logger.log_every_seconds)
         self._record_training(model)
         if state.diverged:
             result["status"] = "diverged"
@@ -147,6 +151,20 @@ class Job:
 
         result.update(evaluate_and_export(cfg, plan, model, eval_forward, data, self.ctx.run_dir, log.info))
         result["status"] = "ok"
+
+    def _on_metrics(self, record: dict[str, Any]) -> None:
+        assert self.metrics is not None
+        self.metrics.write(record)
+        self._guard("log_metrics", record)
+
+    def _guard(self, method: str, *args: Any) -> None:
+        """Call the run logger; a logger problem is a warning, never a failed run."""
+        if self.logger is None:
+            return
+        try:
+            getattr(self.logger, method)(*args)
+        except Exception as e:  # noqa: BLE001
+            log.warning("logger %s.%s failed: %s: %s", type(self.logger).__name__, method, type(e).__name__, e)
 
     def _record_training(self, model: Any) -> None:
         import torch
@@ -183,6 +201,8 @@ class Job:
                                "plan": self.plan.to_dict() if self.plan else None})
         except Exception as e:  # noqa: BLE001 - result.json already holds the record
             log.error("could not update the results database %s: %s", db.path, e)
+        self._guard("log_result", self.result)
+        self._guard("finish", self.result["status"])
         log.info("result:\n%s", format_result_block(self.result))
 
 
