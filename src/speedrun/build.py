@@ -15,6 +15,7 @@ from .config import Config
 from .data.bpb import ByteLUTs, build_byte_luts
 from .data.loader import TokenStream, load_val_tokens
 from .data.prepare import DatasetPaths, ensure_embedded_dataset, open_dataset
+from .data.shards import read_header
 from .data.tokenizer import load_tokenizer
 from .plan import Plan
 
@@ -27,6 +28,8 @@ class DataBundle:
     val_tokens: torch.Tensor
     train_batches: Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]]
     """A fresh deterministic stream from the start of the training shards."""
+    train_tokens: int
+    """Tokens in the training shards (to report how many passes a run made over them)."""
 
 
 def _resolve_path(value: str, cwd: Path) -> Path:
@@ -53,7 +56,7 @@ def build_data(cfg: Config, plan: Plan, cwd: Path, log: Callable[[str], None]) -
         return iter(TokenStream(paths.train, seq_len, plan.micro_batch, vocab_size=paths.vocab_size, pin_memory=pin))
 
     return DataBundle(paths=paths, luts=build_byte_luts(sp), bos_id=sp.bos_id(), val_tokens=val_tokens,
-                      train_batches=train_batches)
+                      train_batches=train_batches, train_tokens=sum(read_header(p) for p in paths.train))
 
 
 def build_model(cfg: Config, plan: Plan, bos_id: int):

@@ -56,8 +56,11 @@ class HardwareProfile:
 
 _GPU_DEFAULTS = dict(
     precision="bf16", attn="sdpa", sdpa_kernel="flash", micro_batch_tokens=65536, model="pgolf_baseline",
-    tokens_per_step=524288, train_seconds=180.0, eval_tokens=1_048_576,
+    tokens_per_step=524288, train_seconds=120.0, eval_tokens=1_048_576,
 )
+# On sm90 SDPA's cuDNN kernel trained pgolf_baseline 11% faster than flash (1.97M vs 1.77M tok/s, H200, bf16,
+# scripts/bench_matrix.py); A100 and B200 keep flash until measured.
+_SM90_DEFAULTS = {**_GPU_DEFAULTS, "sdpa_kernel": "cudnn"}
 
 PROFILES: dict[str, HardwareProfile] = {
     "cpu": HardwareProfile(
@@ -81,13 +84,13 @@ PROFILES: dict[str, HardwareProfile] = {
     "h100": HardwareProfile(
         name="h100", family="h100", device_type="cuda", capability=(9, 0), memory_gb=80.0, smem_per_sm_kb=228,
         peak_tflops={"fp32": 67.0, "tf32": 495.0, "bf16": 989.0, "fp16": 989.0, "fp8": 1979.0},
-        bandwidth_tbps=3.35, name_patterns=("H100",), **_GPU_DEFAULTS,
+        bandwidth_tbps=3.35, name_patterns=("H100",), **_SM90_DEFAULTS,
     ),
     # H200: H100 compute with more and faster memory. Detected, not a hardware= option of its own.
     "h200": HardwareProfile(
         name="h200", family="h100", device_type="cuda", capability=(9, 0), memory_gb=141.0, smem_per_sm_kb=228,
         peak_tflops={"fp32": 67.0, "tf32": 495.0, "bf16": 989.0, "fp16": 989.0, "fp8": 1979.0},
-        bandwidth_tbps=4.8, name_patterns=("H200",), **_GPU_DEFAULTS,
+        bandwidth_tbps=4.8, name_patterns=("H200",), **_SM90_DEFAULTS,
     ),
     "b200": HardwareProfile(
         name="b200", family="b200", device_type="cuda", capability=(10, 0), memory_gb=180.0, smem_per_sm_kb=228,

@@ -57,6 +57,9 @@ class Plan:
     matmul_dtype: str
     """The dtype whose peak MFU divides by (tf32 for fp32 on sm80+)."""
     peak_flops: Optional[float]
+    """Peak FLOP/s of matmul_dtype on the profile (the emulated one when emulating): MFU's denominator."""
+    device_peak_flops: Optional[float]
+    """The same peak on the device that actually runs (differs from peak_flops only when emulating)."""
     ns_dtype: str
     """Dtype of Muon's Newton-Schulz iterations."""
     attn: str
@@ -149,6 +152,7 @@ def resolve(cfg: Config, device: DetectedDevice) -> Plan:
 
     model_name, model = _resolve_model(cfg, profile)
     attn, attn_options, attn_kernel = _resolve_attention(cfg, profile, precision, model)
+    _check_eval_ttt_quant(cfg, attn, model)
 
     seq_len = model.seq_len
     micro_batch = cfg.hardware.micro_batch or max(1, profile.micro_batch_tokens // seq_len)
@@ -179,6 +183,7 @@ def resolve(cfg: Config, device: DetectedDevice) -> Plan:
         grad_scaler=precision == "fp16",
         matmul_dtype=matmul_dtype,
         peak_flops=profile.peak_flops(matmul_dtype),
+        device_peak_flops=device.profile.peak_flops(matmul_dtype) if on_cuda else None,
         ns_dtype=ns_dtype,
         attn=attn,
         attn_options=tuple(sorted(attn_options.items())),
@@ -305,6 +310,58 @@ def _check_math_memory(
             f"({micro_batch} x {model.n_head} x {model.seq_len}^2 x {model.n_layer} layers) on a "
             f"{profile.memory_gb:g} GB {profile.name}; use attn=flex or attn=sdpa, or lower hardware.micro_batch"
         )
+
+
+def _check_eval_ttt_quant(cfg: Config, attn: str, model: ModelPlan) -> None:
+    """The eval, ttt and quant groups: refuse what cannot run before any data is built (each names a way out)."""
+    e, t, q = cfg.eval, cfg.ttt, cfg.quant
+    if e.name not in ("standard", "sliding"):
+        raise PlanError(f"eval={e.name}: unknown; choose one of standard, sliding")
+    if e.name == "sliding" and (e.stride is None or not 1 <= e.stride <= model.seq_len):
+        raise PlanError(f"eval=sliding needs 1 <= eval.stride <= model.seq_len={model.seq_len}, got {e.stride}; "
+                        f"use e.g. eval.stride=64")
+    if e.name == "standard" and e.stride is not None:
+        raise PlanError("eval.stride is for eval=sliding; use eval=sliding eval.stride=N, or drop eval.stride")
+    if e.document_isolated and attn not in ("flex", "math"):
+        raise PlanError(f"eval.document_isolated=true needs an attention backend with a document mask; attn={attn} "
+                        f"has none: use attn=flex (CUDA) or attn=math, or eval.document_isolated=false")
+    if t.name not in ("off", "lora"):
+        raise PlanError(f"ttt={t.name}: unknown; choose one of off, lora")
+    if t.name == "lora":
+        from .ttt import parse_short_chunks, parse_targets
+
+        try:
+            parse_targets(t.targets)
+            chunks = [t.chunk_size] + [c for _, c in parse_short_chunks(t.short_chunks)]
+        except ValueError as err:
+            raise PlanError(str(err)) from None
+        if any(not 1 <= c <= model.seq_len for c in chunks):
+            raise PlanError(f"ttt chunk sizes {chunks} (ttt.chunk_size, ttt.short_chunks) must be in "
+                            f"1..model.seq_len={model.seq_len}; use smaller chunks")
+        if t.rank < 1 or t.lr <= 0 or (t.batch_size is not None and t.batch_size < 1):
+            raise PlanError(f"ttt.rank ({t.rank}) and ttt.batch_size ({t.batch_size}) must be >= 1 and ttt.lr "
+                            f"({t.lr}) > 0; use e.g. ttt.rank=8 ttt.lr=0.01")
+        if t.max_seconds is not None and t.max_seconds <= 0:
+            raise PlanError(f"ttt.max_seconds={t.max_seconds} must be > 0; use null for no limit")
+    if q.name not in ("off", "int8", "int6"):
+        raise PlanError(f"quant={q.name}: unknown; choose one of off, int8, int6")
+    if q.name == "off":
+        return
+    from .quantize import check_compressor
+
+    try:
+        check_compressor(q.compressor, q.level)
+    except ValueError as err:
+        raise PlanError(str(err)) from None
+    if q.name == "int6":
+        if not (2 <= q.bits <= 8 and 2 <= q.embed_bits <= 8):
+            raise PlanError(f"quant.bits={q.bits} and quant.embed_bits={q.embed_bits} must be in 2..8 (one int8 "
+                            f"byte per value); use e.g. quant.bits=6 quant.embed_bits=8")
+        if q.calib_batches < 1 or q.block_size < 1 or q.damp < 0:
+            raise PlanError(f"quant.calib_batches ({q.calib_batches}) and quant.block_size ({q.block_size}) must be "
+                            f">= 1 and quant.damp ({q.damp}) >= 0; use the int6 defaults (8, 128, 0.01)")
+        if not q.clip_ratios or any(not 0 < r <= 1 for r in q.clip_ratios):
+            raise PlanError(f"quant.clip_ratios={list(q.clip_ratios)} must be fractions in (0, 1]; use e.g. [1.0,0.9,0.8]")
 
 
 def plan_json(plan: Plan) -> str:

@@ -37,7 +37,9 @@ class RunContext:
 
         hc = HydraConfig.get()
         sweep = None
-        if hc.mode == RunMode.MULTIRUN:
+        # A sweep job: MULTIRUN mode under Hydra's own launchers; the pool launcher runs each job as a RUN-mode
+        # `python -m run` with hydra.sweep.dir and hydra.job.num set (not task overrides, so they stay clean).
+        if hc.mode == RunMode.MULTIRUN or not OmegaConf.is_missing(hc.job, "num"):
             sweep = Path(hc.sweep.dir).name
         return cls(Path(hc.runtime.output_dir), list(hc.overrides.task), sweep, Path(hc.runtime.cwd))
 
@@ -141,6 +143,11 @@ class Job:
         train(stepper, data.train_batches(), schedule=cfg.schedule, state=state, log=log.info,
               on_metrics=self._on_metrics, log_every_seconds=cfg.logger.log_every_seconds)
         self._record_training(model)
+        self.result["data_epochs"] = round(state.tokens / data.train_tokens, 3)
+        if self.result["data_epochs"] > 1:
+            log.warning("training made %.1f passes over %s training tokens: val_bpb includes the effect of repeating "
+                        "data (use a larger dataset, e.g. data=fineweb_sp1024, for comparable numbers)",
+                        self.result["data_epochs"], f"{data.train_tokens:,}")
         if state.diverged:
             result["status"] = "diverged"
             result["error"] = f"non-finite training loss ({state.last_loss}) at step {state.steps}"
@@ -178,6 +185,10 @@ class Job:
         if tok_s and plan.peak_flops:
             result["flops_per_token"] = model.flops_per_token(plan.model.seq_len)
             result["mfu"] = round(result["flops_per_token"] * tok_s / plan.peak_flops, 4)
+            if plan.emulated and plan.device_peak_flops:
+                # MFU above is against the emulated profile's peak (what the recipe would get there, if it ran
+                # this fast); this one is against the card that actually ran.
+                result["mfu_device"] = round(result["flops_per_token"] * tok_s / plan.device_peak_flops, 4)
         if plan.device == "cuda":
             result["peak_mem_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
         else:
