@@ -183,6 +183,8 @@ def test_unknown_backend_lists_registered_names():
 
 def test_registry_builds_backends():
     for name in REGISTRY:
+        if name == "fa3":
+            continue  # needs a kernel module; tests/test_fa3_fp8.py covers it
         assert isinstance(get_backend(name), AttentionBackend)
 
 

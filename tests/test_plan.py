@@ -11,9 +11,9 @@ from speedrun.config import to_config
 from speedrun.plan import PlanError, resolve
 
 HARDWARE = ["auto", "cpu", "t4", "a100", "h100", "b200"]
-ATTN = ["auto", "sdpa", "math", "flex"]
+ATTN = ["auto", "sdpa", "math", "flex", "fa3"]
 KERNELS = ["auto", "flash", "cudnn", "efficient", "math"]
-PRECISION = ["auto", "fp32", "bf16", "fp16"]
+PRECISION = ["auto", "fp32", "bf16", "fp16", "fp8"]
 DEVICES = ["cpu", "t4", "h100", "h200", "b200"]
 
 
@@ -49,7 +49,7 @@ def test_every_combination_resolves_or_names_the_conflict(default_config, device
             outcomes[tuple(overrides)] = "refused"
             continue
         assert plan.grad_accum * plan.micro_batch * plan.model.seq_len == plan.tokens_per_step
-        assert plan.precision in ("fp32", "bf16", "fp16")
+        assert plan.precision in ("fp32", "bf16", "fp16", "fp8")
         if plan.attn == "sdpa":
             assert plan.attn_kernel.startswith("sdpa:") and "auto" not in plan.attn_kernel
         outcomes[tuple(overrides)] = plan.attn_kernel

@@ -59,18 +59,29 @@ def build_data(cfg: Config, plan: Plan, cwd: Path, log: Callable[[str], None]) -
                       train_batches=train_batches, train_tokens=sum(read_header(p) for p in paths.train))
 
 
-def build_model(cfg: Config, plan: Plan, bos_id: int):
-    """-> (model, train forward, eval forward returning per-token nats, optimizers)."""
+def build_attention(plan: Plan):
+    """The attention backend, looked up by name once. Built before any data so that a kernel that cannot load
+    (fa3 offline) fails in seconds. Returns (backend, document_mask)."""
     from .attention import get_backend
-    from .model import GPT, GPTConfig
-    from .optim import build_optimizers
 
     options = dict(plan.attn_options)
     document_mask = options.pop("document_mask", False)
-    attention = get_backend(plan.attn, **options)
+    return get_backend(plan.attn, **options), document_mask
+
+
+def build_model(cfg: Config, plan: Plan, attention, document_mask: bool, bos_id: int):
+    """-> (model, train forward, eval forward returning per-token nats, optimizers)."""
+    from .model import GPT, GPTConfig
+    from .optim import build_optimizers
+
     gpt_cfg = GPTConfig(**dataclasses.asdict(plan.model))
     # bos_id switches on document masking in the model; only backends that can mask documents get it.
-    model = GPT(gpt_cfg, attention, bos_id=bos_id if document_mask else None).to(plan.device)
+    model = GPT(gpt_cfg, attention, bos_id=bos_id if document_mask else None)
+    if plan.precision == "fp8":
+        from .fp8 import convert_linears
+
+        convert_linears(model.blocks)
+    model = model.to(plan.device)
     o = cfg.optim
     optimizers = build_optimizers(
         model, matrix_lr=o.matrix_lr, scalar_lr=o.scalar_lr, embed_lr=o.embed_lr, tied_embed_lr=o.tied_embed_lr,

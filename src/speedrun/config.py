@@ -34,7 +34,7 @@ class HardwareConfig:
 @dataclass
 class AttnConfig:
     name: str = "auto"
-    """Attention backend: auto, sdpa, flex, math (the explicit reference), fa3."""
+    """Attention backend: auto, sdpa, flex, math (the explicit reference), fa3 (FlashAttention-3 via `kernels`)."""
     kernel: str = "auto"
     """For sdpa: auto, flash, cudnn, efficient, math. The chosen kernel is pinned, never a silent fallback."""
     window: Optional[int] = None
@@ -49,12 +49,20 @@ class AttnConfig:
     """flex Triton num_warps. None: Triton's default."""
     num_stages: Optional[int] = None
     """flex Triton num_stages. None: Triton's default."""
+    fa3_repo: Optional[str] = None
+    """fa3 kernel repo on the Hugging Face Hub. None: by capability (sm90: varunneal/flash-attention-3,
+    sm80-89: kernels-community/flash-attn3)."""
+    fa3_version: Optional[int] = 1
+    """fa3 kernel version pin (kernels >= 0.15 needs a version or a revision)."""
+    fa3_revision: Optional[str] = None
+    """fa3 kernel revision pin (a branch, tag or commit); set it to use a revision instead of fa3_version."""
 
 
 @dataclass
 class PrecisionConfig:
     name: str = "auto"
-    """auto (profile's pick), fp32, bf16 (autocast), fp16 (autocast + GradScaler), fp8 (scaled matmuls, sm89+)."""
+    """auto (profile's pick), fp32, bf16 (autocast), fp16 (autocast + GradScaler), fp8 (e4m3/e5m2 scaled matmuls
+    for the block linears, the rest bf16; sm89+)."""
 
 
 @dataclass
@@ -156,23 +164,73 @@ class BudgetConfig:
 @dataclass
 class EvalConfig:
     name: str = "standard"
-    """standard: non-overlapping windows of model.seq_len over the first eval.tokens validation tokens."""
+    """standard: non-overlapping windows of model.seq_len; sliding: windows of model.seq_len advancing by
+    eval.stride, each val token scored exactly once with at least seq_len - stride tokens of context."""
     tokens: Optional[int] = None
     """Validation tokens to score. None: the hardware profile's default; 0: the whole split."""
     batch_size: Optional[int] = None
     """Windows per eval forward. None: hardware.micro_batch."""
+    stride: Optional[int] = None
+    """eval=sliding: tokens each window advances (1 <= stride <= model.seq_len); stride == seq_len is the
+    standard eval. Must be unset for eval=standard."""
+    document_isolated: bool = False
+    """Score with no attention across BOS (each token sees only its own document), through the attention
+    backend's document mask: needs attn=flex or attn=math."""
+
+
+@dataclass
+class TTTConfig:
+    name: str = "off"
+    """off, or lora: score-first test-time training at eval, per document, on the (dequantized) model."""
+    rank: int = 8
+    """LoRA rank of every adapter."""
+    lr: float = 0.01
+    """Adam learning rate of the adapters."""
+    beta1: float = 0.9
+    """Adam beta1 of the adapters."""
+    beta2: float = 0.95
+    """Adam beta2 of the adapters."""
+    weight_decay: float = 0.0
+    """AdamW (decoupled) weight decay of the adapters."""
+    chunk_size: int = 256
+    """Tokens per chunk: each chunk is scored, then the adapters take one step on it."""
+    short_chunks: str = ""
+    """Chunk sizes for short documents, "LEN:CHUNK,...", e.g. "256:8,2000:24": a document with at most LEN
+    scored tokens uses CHUNK (first matching LEN in ascending order); longer ones use chunk_size. "" = off."""
+    targets: str = "all"
+    """Block linears that get adapters: a preset (all, no_qv, qkvo, qv) or a comma list of q, k, v, o (attention),
+    up, down (MLP). The output head cannot: the GPT applies its weight with F.linear, not a module call."""
+    batch_size: Optional[int] = None
+    """Documents adapted side by side (independent adapters). None: the eval batch size."""
+    max_seconds: Optional[float] = None
+    """Wall-clock budget for TTT; when spent it stops after the current chunk and records what was scored
+    (ttt_tokens_scored, ttt_fraction). None: no limit."""
 
 
 @dataclass
 class QuantConfig:
     name: str = "int8"
-    """off, or int8: per-row int8 weights (parameter-golf's export), scored on the dequantized round trip."""
+    """off; int8: per-row int8 weights (parameter-golf's export); int6: GPTQ on the block matrices with
+    Hessians from training batches, embeddings at embed_bits. Scored on the dequantized round trip."""
     compressor: str = "zlib"
-    """zlib, lzma."""
+    """zlib, lzma (stdlib), brotli, zstd (the `compress` extra: pip install 'speedrun[compress]')."""
     level: int = 9
-    """Compression level."""
+    """Compression level (zlib 0-9, lzma 0-9, brotli 0-11, zstd 1-22)."""
     cap_bytes: int = 16_000_000
     """Artifact size limit; recorded as artifact_ok."""
+    bits: int = 6
+    """int6: bits of the GPTQ block matrices (values in [-(2^(bits-1)-1), 2^(bits-1)-1], stored one per byte)."""
+    embed_bits: int = 8
+    """int6: bits of the token embedding (and untied lm_head): per-row round-to-nearest with the clip search."""
+    calib_batches: int = 8
+    """int6: training micro-batches whose activations make the GPTQ Hessians (never validation data)."""
+    damp: float = 0.01
+    """int6: GPTQ dampening, added to the Hessian diagonal as damp x its mean."""
+    block_size: int = 128
+    """int6: GPTQ column block size (error propagation is done lazily per block)."""
+    clip_ratios: list[float] = field(default_factory=lambda: [1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7])
+    """int6: per-row clip search candidates, fractions of the row's absmax; each row keeps the one with the
+    least Hessian-diagonal-weighted rounding error."""
 
 
 @dataclass
@@ -199,6 +257,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    ttt: TTTConfig = field(default_factory=TTTConfig)
     quant: QuantConfig = field(default_factory=QuantConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
@@ -221,6 +280,7 @@ GROUPS = {
     "optim": OptimConfig,
     "schedule": ScheduleConfig,
     "eval": EvalConfig,
+    "ttt": TTTConfig,
     "quant": QuantConfig,
     "logger": LoggerConfig,
 }

@@ -18,8 +18,9 @@ from .config import CONF_DIR, Config, ModelConfig
 from .hardware import PROFILES, SELECTABLE, DetectedDevice, HardwareProfile
 
 SDPA_KERNELS = ("flash", "cudnn", "efficient", "math")
-ATTN_BACKENDS = ("sdpa", "math", "flex")
-PRECISIONS = ("fp32", "bf16", "fp16")
+ATTN_BACKENDS = ("sdpa", "math", "flex", "fa3")
+PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
+FA3_REPOS = {"sm90": "varunneal/flash-attention-3", "sm80": "kernels-community/flash-attn3"}
 
 
 class PlanError(ValueError):
@@ -52,7 +53,9 @@ class Plan:
     """True when a smaller profile runs on a bigger device (its recipe, capped memory)."""
     memory_cap_gb: Optional[float]
     precision: str
-    """fp32, bf16 or fp16: the autocast dtype of the matmuls (fp32 = no autocast)."""
+    """fp32, bf16, fp16 or fp8."""
+    autocast: Optional[str]
+    """Autocast dtype (bf16 or fp16; fp8 runs its block linears in fp8 inside bf16 autocast); None for fp32."""
     grad_scaler: bool
     matmul_dtype: str
     """The dtype whose peak MFU divides by (tf32 for fp32 on sm80+)."""
@@ -148,6 +151,8 @@ def resolve(cfg: Config, device: DetectedDevice) -> Plan:
     matmul_dtype = precision
     if precision == "fp32" and on_cuda and "tf32" in profile.peak_tflops:
         matmul_dtype = "tf32"  # we enable TF32 matmuls for fp32 on sm80+, so that is the peak to divide by
+    # fp8: the block linears run in fp8 (forward and backward), lm_head and attention in bf16. Dividing all
+    # FLOPs by the fp8 peak understates MFU a little rather than flattering it.
     ns_dtype = "bf16" if on_cuda and profile.has_bf16 else "fp32"
 
     model_name, model = _resolve_model(cfg, profile)
@@ -180,6 +185,7 @@ def resolve(cfg: Config, device: DetectedDevice) -> Plan:
         emulated=emulated,
         memory_cap_gb=memory_cap,
         precision=precision,
+        autocast={"bf16": "bf16", "fp8": "bf16", "fp16": "fp16"}.get(precision),
         grad_scaler=precision == "fp16",
         matmul_dtype=matmul_dtype,
         peak_flops=profile.peak_flops(matmul_dtype),
@@ -209,9 +215,14 @@ def _check_precision(precision: str, profile: HardwareProfile) -> None:
     if precision not in PRECISIONS:
         raise PlanError(f"precision={precision}: unknown; choose one of auto, {', '.join(PRECISIONS)}")
     if profile.device_type == "cpu":
-        if precision == "fp16":
-            raise PlanError("precision=fp16 (GradScaler) needs a CUDA GPU; on CPU use precision=fp32 or bf16")
+        if precision in ("fp16", "fp8"):
+            raise PlanError(f"precision={precision} needs a CUDA GPU; on CPU use precision=fp32 or bf16")
         return
+    if precision == "fp8" and profile.capability < (8, 9):
+        raise PlanError(
+            f"precision=fp8 needs compute capability >= 8.9 (torch._scaled_mm); {profile.name} is "
+            f"sm{_sm(profile.capability)} - use precision=bf16" + ("" if profile.has_bf16 else " or fp16")
+        )
     if precision == "bf16" and not profile.has_bf16:
         raise PlanError(
             f"precision=bf16 needs compute capability >= 8.0; {profile.name} is sm{_sm(profile.capability)} "
@@ -250,8 +261,8 @@ def _resolve_attention(
     name = profile.attn if a.name == "auto" else a.name
     if name not in ATTN_BACKENDS:
         raise PlanError(f"attn={name}: unknown; choose one of auto, {', '.join(ATTN_BACKENDS)}")
-    if a.document_mask and name == "sdpa":
-        raise PlanError("attn.document_mask=true is not supported by attn=sdpa; use attn=flex (or attn=math)")
+    if a.document_mask and name in ("sdpa", "fa3"):
+        raise PlanError(f"attn.document_mask=true is not supported by attn={name}; use attn=flex (or attn=math)")
     if a.window is not None and name != "flex":
         raise PlanError(f"attn.window needs attn=flex (attn={name} has no sliding window)")
     if name == "sdpa":
@@ -274,7 +285,28 @@ def _resolve_attention(
         }
         options = {"window": a.window, "document_mask": a.document_mask, "kernel_options": kernel_options}
         return name, options, "flex"
+    if name == "fa3":
+        return _resolve_fa3(a, profile, precision)
     return name, {"document_mask": a.document_mask}, "math"
+
+
+def _resolve_fa3(a: Any, profile: HardwareProfile, precision: str) -> tuple[str, dict[str, Any], str]:
+    """FA3 runs bf16 only, on sm80-sm90 builds; the kernel repo follows the capability unless given."""
+    cap = profile.capability
+    if profile.device_type != "cuda" or cap is None or not ((8, 0) <= cap < (10, 0)):
+        where = "CPU" if cap is None else f"{profile.name} (sm{_sm(cap)})"
+        raise PlanError(
+            f"attn=fa3 needs compute capability 8.0-9.0 (FA3 builds exist for sm80 and sm90); {where} has none - "
+            f"use attn=flex or attn=sdpa"
+        )
+    if precision not in ("bf16", "fp8"):
+        raise PlanError(f"attn=fa3 runs bf16 only; precision={precision} - use precision=bf16, or attn=flex/sdpa")
+    repo = a.fa3_repo or FA3_REPOS["sm90" if cap >= (9, 0) else "sm80"]
+    version, revision = (None, a.fa3_revision) if a.fa3_revision else (a.fa3_version, None)
+    if version is None and revision is None:
+        raise PlanError("attn=fa3 needs a pin: set attn.fa3_version=<int> or attn.fa3_revision=<rev>")
+    pin = revision if revision is not None else version
+    return "fa3", {"repo": repo, "version": version, "revision": revision}, f"fa3:{repo}@{pin}"
 
 
 def _check_sdpa_kernel(kernel: str, profile: HardwareProfile, precision: str, model: ModelPlan) -> None:

@@ -125,10 +125,11 @@ class Job:
         self.logger = make_logger(cfg.logger, self.ctx.run_dir, result["sweep"], cfg.name)
         self._guard("start", OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True), plan.to_dict())
 
-        from .build import build_data, build_model
+        from .build import build_attention, build_data, build_model
 
+        attention, document_mask = build_attention(plan)
         data = build_data(cfg, plan, self.ctx.original_cwd, log.info)
-        model, forward, eval_forward, optimizers = build_model(cfg, plan, data.bos_id)
+        model, forward, eval_forward, optimizers = build_model(cfg, plan, attention, document_mask, data.bos_id)
         result["params"] = model.num_params()
         log.info("model: %s parameters", f"{result['params']:,}")
 
@@ -155,6 +156,8 @@ class Job:
             return
 
         from .finalize import evaluate_and_export
+
+        model.eval()  # no dropout here, but fp8 layers switch to their bf16 path for evaluation
 
         result.update(evaluate_and_export(cfg, plan, model, eval_forward, data, self.ctx.run_dir, log.info))
         result["status"] = "ok"

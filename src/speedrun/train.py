@@ -53,7 +53,7 @@ class Stepper:
 
     def __init__(self, model: torch.nn.Module, forward: Callable, optimizers: list, plan: Plan, optim: OptimConfig):
         self.model, self.forward, self.optimizers, self.plan, self.optim = model, forward, optimizers, plan, optim
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.precision)
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.autocast or "")
         self.autocast = (lambda: torch.autocast(plan.device, dtype=dtype)) if dtype else _null_context
         self.scaler = torch.amp.GradScaler("cuda") if plan.grad_scaler else None
 

@@ -1,7 +1,7 @@
 """Attention backends behind one interface (see base.AttentionBackend), picked by name at build time.
 
     from speedrun.attention import get_backend
-    attn = get_backend("sdpa", kernel="flash")     # or "math", "flex" (window=..., kernel_options=...)
+    attn = get_backend("sdpa", kernel="flash")     # or "math", "flex" (window=..., kernel_options=...), "fa3"
     model = GPT(cfg, attn, bos_id=...)
 
 Factories import their torch modules lazily; importing this package does no work.
@@ -31,10 +31,17 @@ def _flex(**options) -> AttentionBackend:
     return FlexAttention(**options)
 
 
+def _fa3(**options) -> AttentionBackend:
+    from .fa3 import FA3Attention
+
+    return FA3Attention(**options)
+
+
 REGISTRY: dict[str, Callable[..., AttentionBackend]] = {
     "math": _math,
     "sdpa": _sdpa,
     "flex": _flex,
+    "fa3": _fa3,
 }
 
 
