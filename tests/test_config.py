@@ -67,3 +67,27 @@ def test_every_schema_field_has_a_docstring():
                 is_group = isinstance(node.annotation, ast.Name) and node.annotation.id.endswith("Config")
                 if not is_group:
                     assert documented, f"{cls.name}.{node.target.id} has no docstring"
+
+
+EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes_and_resolves_on_its_target(compose, experiment):
+    from conftest import fake_device
+    from speedrun.plan import resolve
+
+    cfg = to_config(compose([f"experiment={experiment}"]))
+    assert cfg.name == experiment
+    target = "h100" if cfg.hardware.name == "t4" else cfg.hardware.name  # the T4 recipe is emulated on an H100
+    plan = resolve(cfg, fake_device(target))
+    assert plan.tokens_per_step == cfg.budget.tokens_per_step
+
+
+def test_t4_colab_recipe(compose):
+    from conftest import fake_device
+    from speedrun.plan import resolve
+
+    plan = resolve(to_config(compose(["experiment=t4_colab"])), fake_device("t4"))
+    assert (plan.model.seq_len, plan.micro_batch, plan.precision, plan.grad_scaler) == (512, 16, "fp16", True)
+    assert plan.attn_kernel == "sdpa:efficient" and plan.model.vocab_size == 8192 and not plan.emulated
