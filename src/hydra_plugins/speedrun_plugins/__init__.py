@@ -1,0 +1,6 @@
+"""speedrun's Hydra plugins: the local GPU-pool launcher (``hydra/launcher=pool``) and the sweeper that adds
+resume and fail-fast to Hydra's basic sweeper (``hydra/sweeper=speedrun``). conf/config.yaml selects both.
+
+``hydra_plugins`` is a namespace package (no ``__init__.py``): Hydra scans it for plugins at start-up, so these
+modules import nothing heavy.
+"""

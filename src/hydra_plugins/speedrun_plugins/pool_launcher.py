@@ -1,0 +1,360 @@
+"""The local GPU-pool launcher, ``hydra/launcher=pool`` (conf/hydra/launcher/pool.yaml; the project default).
+
+Every job is its own process, ``python -m run <job overrides>`` with the job's sweep subdir as its Hydra run
+dir and ``CUDA_VISIBLE_DEVICES`` naming one GPU; as many jobs run at once as there are slots (the visible GPUs
+x ``jobs_per_gpu``, or ``cpu_jobs`` on a machine without a GPU, 1 by default: sequential). A process per job
+means a crash, an OOM or a wedged CUDA context ends one job, never the sweep, and every job starts with a fresh
+CUDA context and compile cache state.
+
+Failures. Hydra 1.3's BasicLauncher runs jobs one after another in the calling process and stores each
+exception in a FAILED JobReturn; its BasicSweeper then raises the first one after the batch, so
+``on_multirun_end`` callbacks never run when any job failed. Here a job that fails is a FAILED JobReturn too
+(its own process has already recorded status, error and traceback); the speedrun sweeper collects them without
+raising, so the sweep goes on and the summary is written. With ``fail_fast`` the pool starts no new job after
+the first failure and stops the running ones with SIGTERM (recorded as interrupted). Ctrl-C does the same.
+
+The child learns it belongs to the sweep through Hydra overrides that are not task overrides
+(``hydra.sweep.dir``, ``hydra.job.num``, ``hydra.run.dir``), so its recorded overrides are exactly the job's.
+"""
+
+import copy
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PoolLauncherConf:
+    _target_: str = "hydra_plugins.speedrun_plugins.pool_launcher.PoolLauncher"
+    gpus: Any = None
+    """GPUs to use: null = every visible one (CUDA_VISIBLE_DEVICES if set, else nvidia-smi, else torch);
+    a list of ids as CUDA_VISIBLE_DEVICES spells them ([0, 2]); or a count (the first N visible)."""
+    jobs_per_gpu: int = 1
+    """Jobs sharing one GPU at a time."""
+    cpu_jobs: int = 1
+    """Jobs at once on a machine without a GPU (1: sequential)."""
+    fail_fast: Any = "${oc.select:hydra.sweeper.fail_fast,false}"
+    """Start no job after the first failure and stop the running ones (default: the sweeper's fail_fast)."""
+    module: str = "run"
+    """The Python module each job runs (python -m <module>)."""
+    echo: Optional[bool] = None
+    """Copy each job's output to this console (always also in <job dir>/console.log). null: when one slot."""
+    stop_timeout_s: float = 60.0
+    """After SIGTERM (fail-fast, Ctrl-C), seconds a job gets to record itself before SIGKILL."""
+
+
+ConfigStore.instance().store(group="hydra/launcher", name="pool_schema", node=PoolLauncherConf, provider="speedrun")
+
+
+class JobFailed(Exception):
+    """A pool job that ended with a failure (its own dir holds error.txt and console.log)."""
+
+    def __init__(self, message: str, status: str = "failed"):
+        super().__init__(message)
+        self.status = status
+
+
+class JobNotRun(Exception):
+    """A job the pool never started (fail-fast or interrupted)."""
+
+    status = "not_run"
+
+
+def visible_gpus() -> list[str]:
+    """GPU ids as CUDA_VISIBLE_DEVICES spells them, without touching CUDA in this process."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        ids = [d.strip() for d in env.split(",") if d.strip()]
+        # CUDA stops at the first invalid id; "-1" is the usual way to hide every GPU
+        out = []
+        for d in ids:
+            if d.startswith("-"):
+                break
+            out.append(d)
+        return out
+    if shutil.which("nvidia-smi"):
+        try:
+            proc = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+                                  capture_output=True, text=True, timeout=30)
+            if proc.returncode == 0:
+                return [line.strip() for line in proc.stdout.splitlines() if line.strip()]
+        except (OSError, subprocess.SubprocessError):
+            pass
+    try:
+        import torch
+
+        return [str(i) for i in range(torch.cuda.device_count())]
+    except Exception:  # noqa: BLE001 - no torch, no CUDA: a CPU machine
+        return []
+
+
+def pool_slots(gpus: Any, jobs_per_gpu: int, cpu_jobs: int) -> list[Optional[str]]:
+    """One entry per concurrent job: a GPU id, or None for a CPU slot."""
+    if gpus is None:
+        ids = visible_gpus()
+    elif isinstance(gpus, int) and not isinstance(gpus, bool):
+        visible = visible_gpus()
+        if gpus > len(visible):
+            raise ValueError(f"hydra.launcher.gpus={gpus}: only {len(visible)} GPU(s) visible ({visible})")
+        ids = visible[:gpus]
+    elif isinstance(gpus, str):
+        ids = [g.strip() for g in gpus.split(",") if g.strip()]
+    else:
+        ids = [str(g) for g in gpus]
+    if not ids:
+        return [None] * max(1, int(cpu_jobs))
+    return [g for g in ids for _ in range(max(1, int(jobs_per_gpu)))]
+
+
+def quote(value: str) -> str:
+    """A value as one quoted Hydra override value (paths may hold characters the grammar reserves)."""
+    if "'" in value or "\\" in value or "${" in value:
+        raise ValueError(f"cannot pass {value!r} to a job: quotes, backslashes and '${{' are not supported")
+    return f"'{value}'"
+
+
+# Hydra overrides of the sweep itself: meaningless (or wrong: hydra.mode=MULTIRUN) in a job's RUN-mode process.
+_SWEEP_ONLY = ("hydra/launcher", "hydra.launcher", "hydra/sweeper", "hydra.sweeper", "hydra.sweep", "hydra.run",
+               "hydra.mode", "hydra.job.num", "hydra.job.id")
+
+
+def _forwarded(hydra_overrides: Sequence[str]) -> list[str]:
+    out = []
+    for o in hydra_overrides:
+        key = o.split("=", 1)[0].lstrip("+~")
+        if not any(key == p or key.startswith(p + ".") or key.startswith(p + "/") for p in _SWEEP_ONLY):
+            out.append(o)
+    return out
+
+
+@dataclass
+class _Job:
+    num: int
+    overrides: list[str]
+    config: DictConfig
+    job_dir: Path
+    cmd: list[str]
+    slot: Optional[int] = None
+    proc: Optional[subprocess.Popen] = None
+    pump: Optional[threading.Thread] = None
+    started: float = 0.0
+    ret: Optional[JobReturn] = None
+
+
+class PoolLauncher(Launcher):
+    def __init__(self, **params: Any) -> None:
+        super().__init__()
+        self.params = params
+        self.config: Optional[DictConfig] = None
+        self.hydra_context: Optional[HydraContext] = None
+        self.task_function: Optional[TaskFunction] = None
+        self.interrupted = False
+        """True after Ctrl-C: the sweeper launches no further batch."""
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        setup_globals()
+        assert self.config is not None and self.hydra_context is not None
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        p = self.params
+        slots = pool_slots(p.get("gpus"), p.get("jobs_per_gpu", 1), p.get("cpu_jobs", 1))
+        echo = p.get("echo")
+        echo = len(slots) == 1 if echo is None else bool(echo)
+        forwarded = _forwarded(OmegaConf.to_container(self.config.hydra.overrides.hydra))  # type: ignore[arg-type]
+        jobs = [self._prepare(initial_job_idx + i, list(o), sweep_dir, forwarded)
+                for i, o in enumerate(job_overrides)]
+        where = ", ".join(f"GPU {s}" for s in dict.fromkeys(slots)) if slots[0] is not None else "CPU"
+        log.info(f"Launching {len(jobs)} job(s), {len(slots)} at a time ({where}), one process each; "
+                 f"output in <job dir>/console.log")
+        pool = _Pool(slots, fail_fast=bool(p.get("fail_fast", False)), echo=echo,
+                     stop_timeout_s=float(p.get("stop_timeout_s", 60.0)))
+        returns = pool.run(jobs)
+        self.interrupted = self.interrupted or pool.interrupted
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        return returns
+
+    def _prepare(self, num: int, overrides: list[str], sweep_dir: Path, forwarded: list[str]) -> _Job:
+        assert self.config is not None and self.hydra_context is not None
+        config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+        with open_dict(config):
+            config.hydra.job.id = num
+            config.hydra.job.num = num
+        subdir = str(OmegaConf.select(config, "hydra.sweep.subdir"))
+        job_dir = sweep_dir / subdir
+        with read_write(config.hydra.runtime), open_dict(config.hydra.runtime):
+            config.hydra.runtime.output_dir = str(job_dir)
+        module = str(self.params.get("module", "run"))
+        cmd = [sys.executable, "-m", module, *overrides, *forwarded,
+               f"hydra.run.dir={quote(str(job_dir))}", f"hydra.sweep.dir={quote(str(sweep_dir))}",
+               f"hydra.sweep.subdir={quote(subdir)}", f"hydra.job.num={num}", f"hydra.job.id={num}"]
+        return _Job(num=num, overrides=overrides, config=config, job_dir=job_dir, cmd=cmd)
+
+
+class _Pool:
+    """Runs prepared jobs over the slots; the main thread polls, one thread per job copies its output."""
+
+    def __init__(self, slots: list[Optional[str]], fail_fast: bool, echo: bool, stop_timeout_s: float):
+        self.slots, self.fail_fast, self.echo, self.stop_timeout_s = slots, fail_fast, echo, stop_timeout_s
+        self.interrupted = False
+        self.stopping: Optional[str] = None
+
+    def run(self, jobs: list[_Job]) -> list[JobReturn]:
+        pending = deque(jobs)
+        running: list[_Job] = []
+        free = list(range(len(self.slots)))
+        try:
+            while pending or running:
+                while pending and free and self.stopping is None:
+                    running.append(self._start(pending.popleft(), free.pop(0)))
+                if self.stopping is not None:
+                    while pending:
+                        self._not_run(pending.popleft())
+                for job in [j for j in running if j.proc is not None and j.proc.poll() is not None]:
+                    running.remove(job)
+                    free.append(job.slot)  # type: ignore[arg-type]
+                    self._finish(job)
+                    if job.ret is not None and job.ret.status == JobStatus.FAILED and self.fail_fast \
+                            and self.stopping is None:
+                        self.stopping = f"fail_fast: job #{job.num} failed"
+                        log.error(f"{self.stopping}; stopping {len(running)} running job(s), "
+                                  f"not starting {len(pending)}")
+                        self._terminate(running)
+                time.sleep(0.05)
+        except KeyboardInterrupt:
+            self.interrupted = True
+            self.stopping = "interrupted"
+            log.error(f"interrupted: stopping {len(running)} running job(s), not starting {len(pending)}")
+            while pending:
+                self._not_run(pending.popleft())
+            self._drain(running)
+        return [j.ret for j in jobs]  # type: ignore[misc]
+
+    def _start(self, job: _Job, slot: int) -> _Job:
+        gpu = self.slots[slot]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpu
+        job.job_dir.mkdir(parents=True, exist_ok=True)
+        job.slot, job.started = slot, time.time()
+        log.info(f"#{job.num} {' '.join(filter_overrides(job.overrides))}"
+                 + (f" -> GPU {gpu}" if gpu is not None else ""))
+        job.proc = subprocess.Popen(job.cmd, env=env, cwd=os.getcwd(), stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, bufsize=1,
+                                    errors="replace")
+        prefix = f"[#{job.num}] " if len(self.slots) > 1 else ""
+        job.pump = threading.Thread(target=_pump, args=(job.proc, job.job_dir / "console.log", self.echo, prefix),
+                                    daemon=True)
+        job.pump.start()
+        return job
+
+    def _finish(self, job: _Job) -> None:
+        assert job.proc is not None
+        if job.pump is not None:
+            job.pump.join(timeout=10)
+        rc = job.proc.returncode
+        seconds = time.time() - job.started
+        result = _read_json(job.job_dir / "result.json")
+        status = result.get("status") if result else None
+        ret = _job_return(job)
+        if rc == 0 and status not in ("failed", "interrupted", "running"):
+            ret.status = JobStatus.COMPLETED
+            ret.return_value = result
+            metrics = "  ".join(f"{k} {result[k]:.4g}" for k in ("val_bpb", "val_bpb_quant", "tokens_per_s")
+                                if result and isinstance(result.get(k), (int, float)))
+            log.info(f"#{job.num} {status or 'done'} in {seconds:.1f}s  {metrics}  ({job.job_dir})")
+        else:
+            status = status if status not in (None, "running", "ok") else "failed"
+            why = (result or {}).get("error") or f"exited with code {rc}: see {job.job_dir / 'console.log'}"
+            ret.status = JobStatus.FAILED
+            ret.return_value = JobFailed(f"job #{job.num} ({' '.join(job.overrides)}) {status}: {why}", status)
+            log.error(f"#{job.num} {status} in {seconds:.1f}s: {why}  ({job.job_dir})")
+        job.ret = ret
+
+    def _not_run(self, job: _Job) -> None:
+        ret = _job_return(job)
+        ret.status = JobStatus.FAILED
+        ret.return_value = JobNotRun(f"job #{job.num} ({' '.join(job.overrides)}) not run: {self.stopping}")
+        job.ret = ret
+
+    def _terminate(self, running: list[_Job]) -> None:
+        for job in running:
+            if job.proc is not None and job.proc.poll() is None:
+                job.proc.terminate()
+
+    def _drain(self, running: list[_Job]) -> None:
+        """After Ctrl-C: SIGTERM the running jobs, give them stop_timeout_s to record themselves, then SIGKILL.
+        A second Ctrl-C kills them at once and propagates."""
+        self._terminate(running)
+        deadline = time.time() + self.stop_timeout_s
+        try:
+            while any(j.proc is not None and j.proc.poll() is None for j in running):
+                if time.time() > deadline:
+                    for j in running:
+                        if j.proc is not None and j.proc.poll() is None:
+                            j.proc.kill()
+                time.sleep(0.1)
+        except KeyboardInterrupt:
+            for j in running:
+                if j.proc is not None and j.proc.poll() is None:
+                    j.proc.kill()
+            raise
+        for job in running:
+            if job.proc is not None:
+                job.proc.wait()
+                self._finish(job)
+
+
+def _job_return(job: _Job) -> JobReturn:
+    ret = JobReturn()
+    ret.overrides = list(job.overrides)
+    task_cfg = copy.deepcopy(job.config)
+    with read_write(task_cfg), open_dict(task_cfg):
+        del task_cfg["hydra"]
+    ret.cfg = task_cfg
+    ret.hydra_cfg = job.config
+    ret.working_dir = os.getcwd()
+    ret.task_name = str(OmegaConf.select(job.config, "hydra.job.name", default=""))
+    return ret
+
+
+def _pump(proc: subprocess.Popen, path: Path, echo: bool, prefix: str) -> None:
+    """Copy a job's output to its console.log (and to this console when echoing), line by line."""
+    assert proc.stdout is not None
+    with open(path, "a", buffering=1, errors="replace") as f:
+        for line in proc.stdout:
+            f.write(line)
+            if echo:
+                try:
+                    sys.stdout.write(prefix + line)
+                    sys.stdout.flush()
+                except (OSError, ValueError):
+                    echo = False
+
+
+def _read_json(path: Path) -> Optional[dict[str, Any]]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

@@ -1,0 +1,146 @@
+"""The speedrun sweeper, ``hydra/sweeper=speedrun`` (conf/hydra/sweeper/speedrun.yaml; the project default).
+
+Hydra's basic sweeper (the same Cartesian product of ``key=a,b`` overrides, ``params``, ``max_batch_size``),
+plus what a long sweep needs, with any launcher (pool, submitit, basic):
+
+- keep going: a failed job is collected, never raised, so every combination runs and ``on_multirun_end``
+  callbacks (the summary) always run; the summary callback then sets the exit status.
+- ``fail_fast``: stop after the first batch with a failure (the pool launcher also stops inside a batch).
+- ``resume``: skip the combinations that already completed with status ok: a run in results.sqlite with the
+  same composed config (see speedrun.sweep.config_identity: same name, overrides and conf/ defaults).
+- ``sweep.json`` in the sweep dir: every combination and what became of it (launched, reused, not_run).
+"""
+
+import copy
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.utils import JobReturn, JobStatus
+from omegaconf import OmegaConf, open_dict, read_write
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SpeedrunSweeperConf:
+    _target_: str = "hydra_plugins.speedrun_plugins.sweeper.SpeedrunSweeper"
+    resume: bool = False
+    """Skip combinations that already completed with status ok (same composed config in results.sqlite)."""
+    fail_fast: bool = False
+    """Stop at the first failed job (no new job starts; the pool launcher also stops the running ones)."""
+    max_batch_size: Optional[int] = None
+    """Jobs handed to the launcher at once (null: all)."""
+    params: Optional[Dict[str, str]] = None
+    """Sweep parameters as in Hydra's basic sweeper, e.g. {seed: 0,1,2}."""
+
+
+ConfigStore.instance().store(group="hydra/sweeper", name="speedrun_schema", node=SpeedrunSweeperConf,
+                             provider="speedrun")
+
+
+class SpeedrunSweeper(BasicSweeper):
+    def __init__(self, resume: bool = False, fail_fast: bool = False, max_batch_size: Optional[int] = None,
+                 params: Optional[Dict[str, str]] = None) -> None:
+        super().__init__(max_batch_size=max_batch_size, params=params)
+        self.resume, self.fail_fast = bool(resume), bool(fail_fast)
+
+    def sweep(self, arguments: List[str]) -> Any:
+        from speedrun.sweep import JobEntry, Manifest, completed_runs
+
+        assert self.config is not None and self.launcher is not None and self.hydra_context is not None
+        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        params = self._parse_config() + list(arguments)
+        combos = self.split_arguments(parser.parse_overrides(params), None)[0]
+        sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        manifest = Manifest(sweep=sweep_dir.name, sweep_dir=str(sweep_dir), name=str(self.config.get("name")),
+                            resume=self.resume, fail_fast=self.fail_fast,
+                            jobs=[JobEntry(index=i, overrides=list(c)) for i, c in enumerate(combos)])
+        # compose every job now: a composition error fails the sweep before any job runs (as the basic sweeper)
+        identities = [self._identity(c) for c in combos]
+        if self.resume:
+            done = completed_runs(self._db_path())
+            for job, ident in zip(manifest.jobs, identities):
+                row = done.get(ident) if ident is not None else None
+                if row is not None:
+                    job.state, job.status, job.run_dir = "reused", "ok", row.get("run_dir") or row.get("run_id")
+            reused = sum(j.state == "reused" for j in manifest.jobs)
+            log.info(f"resume: {reused} of {len(combos)} combination(s) already completed ok and are skipped; "
+                     f"{len(combos) - reused} to run")
+        manifest.save()
+
+        todo = [j for j in manifest.jobs if j.state == "pending"]
+        returns: list[list[JobReturn]] = []
+        num = 0
+        for batch in self.split_overrides_to_chunks(todo, self.max_batch_size) if todo else []:  # type: ignore
+            results = self.launcher.launch([j.overrides for j in batch], initial_job_idx=num)
+            num += len(batch)
+            returns.append(list(results))
+            failed = [_record(j, r) for j, r in zip(batch, results)]
+            manifest.save()
+            stop = None
+            if getattr(self.launcher, "interrupted", False):
+                stop = "interrupted"
+            elif self.fail_fast and any(failed):
+                stop = "fail_fast"
+            if stop:
+                for j in todo:
+                    if j.state == "pending":
+                        j.state, j.status, j.error = "not_run", "not_run", f"not run: {stop}"
+                break
+        manifest.finished_at = time.time()
+        manifest.save()
+        return returns
+
+    def _identity(self, overrides: List[str]) -> Optional[str]:
+        from speedrun.sweep import config_identity
+
+        assert self.config is not None and self.hydra_context is not None
+        cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+        saved = HydraConfig.instance().cfg
+        try:
+            HydraConfig.instance().set_config(cfg)
+            task = copy.deepcopy(cfg)
+            with read_write(task), open_dict(task):
+                del task["hydra"]
+            return config_identity(OmegaConf.to_container(task, resolve=True))
+        except Exception as e:  # noqa: BLE001 - an unresolvable config cannot be matched; it just runs
+            log.warning(f"resume: cannot resolve the config of {' '.join(overrides)} ({e}); it will run")
+            return None
+        finally:
+            HydraConfig.instance().cfg = saved  # type: ignore[assignment]
+
+    def _db_path(self) -> Path:
+        assert self.config is not None
+        db = Path(str(self.config.get("results_db", "outputs/results.sqlite")))
+        if db.is_absolute():
+            return db
+        return Path(str(OmegaConf.select(self.config, "hydra.runtime.cwd", default=".") or ".")) / db
+
+
+def _record(job: Any, ret: JobReturn) -> bool:
+    """Fill a manifest entry from a JobReturn; True when the job failed."""
+    job.num = OmegaConf.select(ret.hydra_cfg, "hydra.job.num", default=None) if ret.hydra_cfg else None
+    out = OmegaConf.select(ret.hydra_cfg, "hydra.runtime.output_dir", default=None) if ret.hydra_cfg else None
+    job.run_dir = str(Path(out).resolve()) if out else None
+    job.state = "launched"
+    if ret.status == JobStatus.COMPLETED:
+        value = ret.return_value
+        job.status = str(value.get("status", "ok")) if isinstance(value, dict) else "ok"
+        job.error = value.get("error") if isinstance(value, dict) else None
+        return job.status not in ("ok", "diverged")
+    exc = ret._return_value
+    job.status = getattr(exc, "status", "failed")
+    job.error = f"{type(exc).__name__}: {exc}" if exc is not None else "failed"
+    if job.status == "not_run":
+        job.state = "not_run"
+        return False
+    return True

@@ -1,0 +1,119 @@
+"""The few statistics the leaderboards need: mean and sample std, a one-sided Welch t-test, a Pareto front.
+
+Pure Python so the sweep summary works anywhere; the t-test uses scipy when it is installed (it is in the
+``dev`` and ``report`` extras) and an equivalent Student-t tail (regularized incomplete beta) otherwise.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Optional, Sequence
+
+
+def finite(values: Iterable[object]) -> list[float]:
+    """The values that are real finite numbers (None, NaN, inf and strings dropped)."""
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        if math.isfinite(v):
+            out.append(float(v))
+    return out
+
+
+def mean(xs: Sequence[float]) -> Optional[float]:
+    return math.fsum(xs) / len(xs) if xs else None
+
+
+def std(xs: Sequence[float]) -> Optional[float]:
+    """Sample standard deviation (n - 1); None below two values."""
+    if len(xs) < 2:
+        return None
+    m = math.fsum(xs) / len(xs)
+    return math.sqrt(math.fsum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+@dataclass(frozen=True)
+class Welch:
+    """Welch's unequal-variance t-test of H1: mean(a) < mean(b) (a beats b when lower is better)."""
+
+    t: float
+    df: float
+    p: float
+    delta: float
+    """mean(a) - mean(b)."""
+
+
+def welch_less(a: Sequence[float], b: Sequence[float]) -> Optional[Welch]:
+    """One-sided Welch t-test that ``a`` has a lower mean than ``b``. None when either side has < 2 values."""
+    a, b = finite(a), finite(b)
+    if len(a) < 2 or len(b) < 2:
+        return None
+    ma, mb = mean(a), mean(b)
+    va, vb = std(a) ** 2, std(b) ** 2  # type: ignore[operator]
+    assert ma is not None and mb is not None
+    se2 = va / len(a) + vb / len(b)
+    delta = ma - mb
+    if se2 == 0.0:  # identical constant samples: no evidence either way unless the means differ
+        p = 0.0 if delta < 0 else 1.0 if delta > 0 else 0.5
+        return Welch(t=-math.inf if delta < 0 else math.inf if delta > 0 else 0.0, df=float(len(a) + len(b) - 2),
+                     p=p, delta=delta)
+    t = delta / math.sqrt(se2)
+    df = se2 ** 2 / ((va / len(a)) ** 2 / (len(a) - 1) + (vb / len(b)) ** 2 / (len(b) - 1))
+    return Welch(t=t, df=df, p=student_t_cdf(t, df), delta=delta)
+
+
+def student_t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with ``df`` degrees of freedom (scipy when available)."""
+    try:
+        from scipy import stats as sps
+    except ImportError:
+        return _t_cdf(t, df)
+    return float(sps.t.cdf(t, df))
+
+
+def _t_cdf(t: float, df: float) -> float:
+    # P(T <= t) = 1 - I_x(df/2, 1/2) / 2 for t > 0, with x = df / (df + t^2); symmetric for t < 0.
+    if math.isinf(t):
+        return 0.0 if t < 0 else 1.0
+    x = df / (df + t * t)
+    tail = 0.5 * _betainc(df / 2.0, 0.5, x)
+    return tail if t < 0 else 1.0 - tail
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """Regularized incomplete beta I_x(a, b) by its continued fraction (modified Lentz)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    if x > (a + 1.0) / (a + b + 2.0):  # the fraction converges fast only below this point: use the symmetry
+        return 1.0 - _betainc(b, a, 1.0 - x)
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 500):
+        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return math.exp(log_front) * h / a
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point beats on both axes, for (x higher is better, y lower is better),
+    e.g. (tokens_per_s, val_bpb). Returned in increasing x."""
+    order = sorted(range(len(points)), key=lambda i: (-points[i][0], points[i][1]))
+    front, best_y = [], math.inf
+    for i in order:
+        if points[i][1] < best_y:
+            front.append(i)
+            best_y = points[i][1]
+    return sorted(front, key=lambda i: points[i][0])

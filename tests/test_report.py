@@ -1,0 +1,207 @@
+"""The report: statistics, grouping, baselines, filters, plots and an HTML page checked in a real browser.
+
+These tests build a synthetic results.sqlite (the real sweep's database is reported on in test_sweep.py).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+from speedrun import report, stats
+from speedrun.records import ResultsDB
+
+MEANS = {"sdpa": 1.300, "flex": 1.280, "math": 1.302}
+
+
+def make_db(root: Path) -> Path:
+    """3 attention backends x 4 seeds on h100 (sweep s1), one failed flex run, 2 a100 runs in sweep s2."""
+    path = root / "results.sqlite"
+    db = ResultsDB(path)
+    rng = random.Random(0)
+    t = 1000.0
+
+    def add(attn: str, seed: int, sweep: str, hardware: str, status: str = "ok", lr: float = 0.04) -> None:
+        nonlocal t
+        t += 1
+        run_dir = root / "runs" / f"{sweep}-{attn}-{seed}-{status}"
+        run_dir.mkdir(parents=True)
+        val = MEANS[attn] + rng.gauss(0, 0.004) if status == "ok" else None
+        with open(run_dir / "metrics.jsonl", "w") as f:
+            for step in range(1, 6):
+                f.write(json.dumps({"step": step, "tokens": step * 1000, "train_loss": 5.0 / step}) + "\n")
+        config = {"name": "t", "seed": seed, "attn": {"name": attn}, "optim": {"matrix_lr": lr},
+                  "quant": {"cap_bytes": 16_000_000}}
+        db.upsert(str(run_dir), {
+            "status": status, "error": "RuntimeError: boom" if status != "ok" else None, "name": "t",
+            "sweep": sweep, "hardware": hardware, "attn": attn, "seed": seed, "val_bpb": val,
+            "val_bpb_quant": val + 0.01 if val else None, "tokens_per_s": {"sdpa": 9e5, "flex": 8e5, "math": 3e5}[attn],
+            "mfu": 0.4, "peak_mem_mb": 1000.0, "artifact_bytes": 15_000_000 + seed, "run_dir": str(run_dir),
+            "started_at": t, "overrides": f"attn={attn} seed={seed}" + (f" optim.matrix_lr={lr}" if lr != 0.04 else ""),
+            "config": config,
+        })
+
+    for attn in MEANS:
+        for seed in range(4):
+            add(attn, seed, "s1", "h100")
+    add("flex", 9, "s1", "h100", status="failed")
+    add("sdpa", 0, "s2", "a100", lr=0.02)
+    add("flex", 0, "s2", "a100", lr=0.02)
+    return path
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# statistics
+
+
+def test_welch_matches_scipy_and_the_fallback_matches_scipy():
+    sps = pytest.importorskip("scipy.stats", reason="scipy is in the dev extra; the fallback is tested against it")
+    rng = random.Random(1)
+    for _ in range(20):
+        a = [rng.gauss(1.0, 0.05) for _ in range(rng.randint(2, 8))]
+        b = [rng.gauss(1.02, 0.08) for _ in range(rng.randint(2, 8))]
+        w = stats.welch_less(a, b)
+        ref = sps.ttest_ind(a, b, equal_var=False, alternative="less")
+        assert w is not None and math.isclose(w.t, ref.statistic, rel_tol=1e-9)
+        assert math.isclose(w.p, ref.pvalue, rel_tol=1e-7, abs_tol=1e-12)
+        assert math.isclose(stats._t_cdf(w.t, w.df), ref.pvalue, rel_tol=1e-7, abs_tol=1e-12)
+    assert stats.welch_less([1.0], [1.0, 2.0]) is None  # n < 2: no test, not a fake p
+
+
+def test_mean_std_and_pareto_front():
+    assert stats.mean([1.0, 2.0, 3.0]) == 2.0 and stats.std([1.0, 2.0, 3.0]) == 1.0 and stats.std([1.0]) is None
+    assert stats.finite([1, None, float("nan"), "x", True, 2.5]) == [1.0, 2.5]
+    pts = [(1.0, 3.0), (2.0, 2.0), (3.0, 2.5), (4.0, 1.0), (0.5, 0.5)]  # (tokens/s, bpb)
+    assert stats.pareto_front(pts) == [4, 3]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the command
+
+
+def test_leaderboard_and_baseline_t_test(tmp_path, capsys):
+    db = make_db(tmp_path)
+    out = tmp_path / "report"
+    assert report.main(["--db", str(db), "--sweep", "s1", "--baseline", "attn=sdpa", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "grouped by: attn" in printed and "baseline" in printed and "Welch" in printed
+    rows = read_csv(out / "leaderboard.csv")
+    assert [r["attn"] for r in rows] == ["flex", "sdpa", "math"]  # ranked by mean val_bpb
+    flex, sdpa, math_ = rows
+    assert (flex["n"], flex["fail"], sdpa["baseline"]) == ("4", "1", "self")
+    assert float(flex["p"]) < 0.01 and float(math_["p"]) > 0.5 and float(flex["delta"]) < 0
+    sps = pytest.importorskip("scipy.stats")
+    con = ResultsDB(db).rows("sweep = 's1' AND status = 'ok'")
+    sample = {a: [r["val_bpb"] for r in con if r["attn"] == a] for a in MEANS}
+    ref = sps.ttest_ind(sample["flex"], sample["sdpa"], equal_var=False, alternative="less").pvalue
+    assert math.isclose(float(flex["p"]), ref, rel_tol=1e-6)
+    assert "better (p<0.05)" in printed and "not significant" in printed
+    for name in ("pareto.png", "loss_curves.png", "quant_vs_size.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+
+
+def test_filters_and_group_keys(tmp_path, capsys):
+    db = make_db(tmp_path)
+    runs = report.load_runs(db)
+    assert report.default_group_keys(runs) == ["hardware", "attn", "optim.matrix_lr"]
+    assert len(report.load_runs(db, hardware="a100")) == 2
+    assert {r.get("attn") for r in report.load_runs(db, where={"attn": "flex,math"})} == {"flex", "math"}
+    assert len(report.load_runs(db, where={"optim.matrix_lr": "0.02"})) == 2  # a config key, compared as numbers
+    assert len(report.load_runs(db, sweeps=["latest"])) == 2  # s2 started last
+    assert report.main(["--db", str(db), "--name", "nobody", "--out", str(tmp_path / "r")]) == 2
+
+
+def test_baseline_pairs_groups_that_share_the_other_keys(tmp_path):
+    db = make_db(tmp_path)
+    runs = [r for r in report.load_runs(db) if r.status == "ok"]
+    groups = report.group_runs(runs, ["hardware", "attn"])
+    report.compare(groups, {"attn": "sdpa"}, "val_bpb")
+    by = {(g.values["hardware"], g.values["attn"]): g for g in groups}
+    assert by[("a100", "flex")].baseline is by[("a100", "sdpa")]
+    assert by[("h100", "flex")].baseline is by[("h100", "sdpa")] and by[("h100", "sdpa")].is_baseline
+    assert by[("a100", "flex")].welch is None  # one run per side: no p-value
+
+
+def test_a_resumed_sweep_includes_the_runs_it_reused(tmp_path):
+    db = make_db(tmp_path)
+    sweep_dir = tmp_path / "multirun" / "s2"
+    sweep_dir.mkdir(parents=True)
+    reused = str(tmp_path / "runs" / "s1-math-0-ok")
+    (sweep_dir / "sweep.json").write_text(json.dumps({"jobs": [{"state": "reused", "run_dir": reused}]}))
+    s2 = {str(tmp_path / "runs" / f"s2-{a}-0-ok") for a in ("sdpa", "flex")}
+    # a sweep dir: its own runs (sweep id = dir name) and the ones its manifest reused
+    assert {r.row["run_dir"] for r in report.load_runs(db, sweeps=[str(sweep_dir)])} == s2 | {reused}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# HTML in a real browser
+
+
+def chromium() -> Optional[str]:
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        if shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+_PROBE = """<script>
+window.addEventListener('load', () => {
+  const imgs = Array.from(document.images);
+  document.body.setAttribute('data-images', imgs.length);
+  document.body.setAttribute('data-images-loaded', imgs.filter(i => i.complete && i.naturalWidth > 0).length);
+  document.body.setAttribute('data-rows', document.querySelectorAll('#leaderboard tbody tr').length);
+});
+</script>"""
+
+
+def check_in_browser(html_path: Path, tmp_path: Path) -> dict[str, int]:
+    """Open a copy of the report, alone in an empty dir (so only embedded images can load), in headless chromium.
+    Returns the image and row counts the page saw after load, and checks that it renders a screenshot."""
+    exe = chromium()
+    if exe is None:
+        pytest.skip("no chromium: `apt-get install -y chromium` (Debian) to run the headless-browser test")
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    page = alone / "report.html"
+    page.write_text(html_path.read_text().replace("</body>", _PROBE + "</body>"))
+    base = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+            f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000"]
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    dom = subprocess.run([*base, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120,
+                         env=env)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    shot = tmp_path / "shot.png"
+    subprocess.run([*base, f"--screenshot={shot}", "--window-size=1400,2400", page.as_uri()], capture_output=True,
+                   text=True, timeout=120, env=env)
+    assert shot.exists() and shot.stat().st_size > 10_000, "the page did not render"
+    import re
+
+    found = {}
+    for key in ("data-images", "data-images-loaded", "data-rows"):
+        m = re.search(rf'{key}="(\d+)"', dom.stdout)
+        assert m, f"{key} missing: the load handler did not run\n{dom.stdout[:2000]}"
+        found[key] = int(m.group(1))
+    return found
+
+
+def test_html_is_self_contained_and_renders_in_chromium(tmp_path):
+    db = make_db(tmp_path)
+    out = tmp_path / "report"
+    assert report.main(["--db", str(db), "--sweep", "s1", "--baseline", "attn=sdpa", "--out", str(out)]) == 0
+    text = (out / "report.html").read_text()
+    assert text.count('src="data:image/png;base64,') == 3
+    assert "http://" not in text and "https://" not in text and 'src="' + "pareto.png" not in text
+    seen = check_in_browser(out / "report.html", tmp_path)
+    assert seen == {"data-images": 3, "data-images-loaded": 3, "data-rows": 3}

@@ -1,0 +1,255 @@
+"""Sweeps: the pool launcher, the sweeper (keep going, fail fast, resume), the summary, and a real 2 x 2 multirun
+through `python -m run -m` followed by `python -m speedrun.report` on its database."""
+from __future__ import annotations
+
+import csv
+import json
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from conftest import run_cli
+from hydra_plugins.speedrun_plugins import pool_launcher as pl
+
+SWEEP_TINY = ["hardware=cpu", "model=tiny", "hardware.micro_batch=4", "budget.tokens_per_step=2048",
+              "eval.tokens=4096", "logger.log_every_seconds=0.5", "budget.train_seconds=2"]
+GRID = ["model.n_layer=1,2", "optim.matrix_lr=0.04,0.02"]
+
+
+@pytest.fixture(scope="session")
+def shared_data(tmp_path_factory):
+    """The embedded dataset, built once by the first job that needs it (test_wandb.py uses the same path)."""
+    path = tmp_path_factory.getbasetemp() / "speedrun-data-cache"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def db_rows(cwd: Path) -> list[dict]:
+    con = sqlite3.connect(cwd / "outputs" / "results.sqlite")
+    con.row_factory = sqlite3.Row
+    return [dict(r) for r in con.execute("SELECT * FROM runs ORDER BY started_at")]
+
+
+def sweep_dirs(cwd: Path) -> list[Path]:
+    return sorted((cwd / "outputs" / "multirun").glob("*/*"), key=lambda p: p.name)
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# units: slots, forwarded overrides, configs
+
+
+def test_pool_slots_follow_the_visible_gpus(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert pl.pool_slots(None, 1, 1) == ["2", "3"]
+    assert pl.pool_slots(None, 2, 1) == ["2", "2", "3", "3"]
+    assert pl.pool_slots(1, 1, 1) == ["2"]
+    with pytest.raises(ValueError, match="only 2 GPU"):
+        pl.pool_slots(3, 1, 1)
+    assert pl.pool_slots([0, 5], 1, 1) == ["0", "5"] and pl.pool_slots("0,1", 1, 1) == ["0", "1"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert pl.pool_slots(None, 1, 1) == [None]  # no GPU: sequential
+    assert pl.pool_slots(None, 1, 3) == [None, None, None]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
+    assert pl.pool_slots(None, 1, 1) == [None]
+
+
+def test_only_job_level_hydra_overrides_reach_a_job():
+    kept = pl._forwarded(["hydra.mode=MULTIRUN", "hydra/launcher=pool", "hydra.launcher.gpus=[0]",
+                          "hydra.sweeper.resume=true", "hydra.sweep.dir=x", "hydra.run.dir=y", "hydra.verbose=true",
+                          "hydra.job_logging.root.level=WARNING"])
+    assert kept == ["hydra.verbose=true", "hydra.job_logging.root.level=WARNING"]
+
+
+def test_the_default_config_sweeps_with_the_pool_the_sweeper_and_the_summary(compose):
+    hydra = compose(["seed=1"], return_hydra_config=True).hydra
+    assert hydra.launcher._target_.endswith("pool_launcher.PoolLauncher") and hydra.launcher.cpu_jobs == 1
+    assert hydra.sweeper._target_.endswith("sweeper.SpeedrunSweeper") and hydra.sweeper.resume is False
+    assert hydra.callbacks.sweep_summary._target_ == "speedrun.sweep.SweepSummary"
+    assert compose(["hydra.sweeper.fail_fast=true"], return_hydra_config=True).hydra.launcher.fail_fast is True
+
+
+def test_the_slurm_launcher_config_composes(compose):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher",
+                        reason="hydra-submitit-launcher is not installed (pip install -e '.[slurm]')")
+    launcher = compose(["hydra/launcher=slurm", "hydra.launcher.partition=gpu"], return_hydra_config=True
+                       ).hydra.launcher
+    assert launcher._target_.endswith("submitit_launcher.SlurmLauncher")
+    assert (launcher.gpus_per_node, launcher.tasks_per_node, launcher.partition) == (1, 1, "gpu")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the pool with stand-in jobs (no torch): parallelism, GPU assignment, fail-fast
+
+
+def _fake_jobs(tmp_path: Path, scripts: list[str]) -> list[pl._Job]:
+    jobs = []
+    for i, code in enumerate(scripts):
+        job_dir = tmp_path / str(i)
+        body = ("import json, os, sys, time\n"
+                f"d = {str(job_dir)!r}\n"
+                "def done(status, **kw):\n"
+                "    json.dump(dict(status=status, gpu=os.environ.get('CUDA_VISIBLE_DEVICES'), **kw),"
+                " open(os.path.join(d, 'result.json'), 'w'))\n" + code)
+        config = OmegaConf.create({"hydra": {"job": {"name": "fake", "num": i}, "runtime": {"output_dir": str(job_dir)}}})
+        jobs.append(pl._Job(num=i, overrides=[f"job={i}"], config=config, job_dir=job_dir,
+                            cmd=[sys.executable, "-c", body]))
+    return jobs
+
+
+def test_pool_runs_one_job_per_gpu_at_a_time(tmp_path):
+    sleep = "t0 = time.time(); time.sleep(1.0); done('ok', t0=t0, t1=time.time())\n"
+    jobs = _fake_jobs(tmp_path, [sleep] * 4)
+    start = time.time()
+    rets = pl._Pool(["0", "1"], fail_fast=False, echo=False, stop_timeout_s=10).run(jobs)
+    wall = time.time() - start
+    results = [json.loads((tmp_path / str(i) / "result.json").read_text()) for i in range(4)]
+    assert all(r.status.name == "COMPLETED" for r in rets)
+    assert sorted(r["gpu"] for r in results) == ["0", "0", "1", "1"]
+    for gpu in ("0", "1"):  # never two jobs on one GPU at once
+        spans = sorted((r["t0"], r["t1"]) for r in results if r["gpu"] == gpu)
+        assert spans[0][1] <= spans[1][0]
+    assert wall < 3.6, f"4 x 1 s jobs on 2 slots took {wall:.1f}s"
+    assert (tmp_path / "0" / "console.log").exists()
+
+
+def test_pool_fail_fast_stops_running_jobs_and_starts_no_more(tmp_path):
+    scripts = ["time.sleep(0.3); done('failed', error='boom'); sys.exit(1)\n",
+               "import signal\n"
+               "signal.signal(signal.SIGTERM, lambda *a: (done('interrupted'), sys.exit(1)))\n"
+               "time.sleep(30); done('ok')\n",
+               "done('ok')\n"]
+    jobs = _fake_jobs(tmp_path, scripts)
+    start = time.time()
+    rets = pl._Pool(["0", "1"], fail_fast=True, echo=False, stop_timeout_s=10).run(jobs)
+    assert time.time() - start < 15
+    assert [type(r._return_value).__name__ for r in rets] == ["JobFailed", "JobFailed", "JobNotRun"]
+    assert rets[1]._return_value.status == "interrupted" and not (tmp_path / "2").exists()
+
+
+def test_keep_going_runs_every_job_after_a_failure(tmp_path):
+    jobs = _fake_jobs(tmp_path, ["sys.exit(3)\n", "done('ok')\n"])
+    rets = pl._Pool([None], fail_fast=False, echo=False, stop_timeout_s=10).run(jobs)
+    assert [r.status.name for r in rets] == ["FAILED", "COMPLETED"]
+    assert "exited with code 3" in str(rets[0]._return_value)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# a real multirun
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, shared_data):
+    """A working dir in which the tests below run sweeps one after another (they share results.sqlite)."""
+    return {"cwd": tmp_path_factory.mktemp("sweep"), "data": shared_data}
+
+
+def _sweep(project, *args, timeout=600):
+    return run_cli(["-m", *SWEEP_TINY, f"data.cache_dir={project['data']}", *args], cwd=project["cwd"],
+                   timeout=timeout)
+
+
+@pytest.mark.slow
+def test_a_2x2_multirun_records_every_job_and_writes_the_summary(project):
+    proc = _sweep(project, *GRID)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    (sweep,) = sweep_dirs(project["cwd"])
+    job_dirs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert [p.name for p in job_dirs] == ["0", "1", "2", "3"]
+    rows = db_rows(project["cwd"])
+    assert len(rows) == 4 and {r["status"] for r in rows} == {"ok"}
+    assert {r["sweep"] for r in rows} == {sweep.name}
+    assert {r["run_dir"] for r in rows} == {str(p.resolve()) for p in job_dirs}
+    combos = {(f"model.n_layer={a}", f"optim.matrix_lr={b}") for a in (1, 2) for b in ("0.04", "0.02")}
+    assert {tuple(o for o in r["overrides"].split() if o.startswith(("model.n_layer", "optim."))) for r in rows} \
+        == combos
+    assert not any("hydra" in r["overrides"] for r in rows)  # the launcher's plumbing is not a task override
+    summary = read_csv(sweep / "summary.csv")
+    assert len(summary) == 4 and {(r["model.n_layer"], r["optim.matrix_lr"]) for r in summary} == \
+        {("1", "0.04"), ("1", "0.02"), ("2", "0.04"), ("2", "0.02")}
+    assert all(r["n"] == "1" and r["failures"] == "0" and float(r["val_bpb_mean"]) > 0 for r in summary)
+    assert "| model.n_layer | optim.matrix_lr | n | failures | val_bpb" in (sweep / "summary.md").read_text()
+    assert "sweep summary" in out and "| model.n_layer" in out  # the same table on the console
+    for d in job_dirs:
+        assert (d / "result.json").exists() and (d / "console.log").exists() and (d / ".hydra").is_dir()
+
+
+@pytest.mark.slow
+def test_resuming_the_same_sweep_runs_nothing(project):
+    proc = _sweep(project, *GRID, "hydra.sweeper.resume=true", timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "4 of 4 combination(s) already completed ok" in out
+    first, resumed = sweep_dirs(project["cwd"])
+    assert not [p for p in resumed.iterdir() if p.is_dir()]  # no job ran
+    assert len(db_rows(project["cwd"])) == 4
+    manifest = json.loads((resumed / "sweep.json").read_text())
+    assert {j["state"] for j in manifest["jobs"]} == {"reused"}
+    assert {j["run_dir"] for j in manifest["jobs"]} == {str(p.resolve()) for p in first.iterdir() if p.is_dir()}
+    summary = read_csv(resumed / "summary.csv")
+    assert len(summary) == 4 and all(r["n"] == "1" for r in summary)
+
+
+@pytest.mark.slow
+def test_a_failing_job_is_recorded_and_the_sweep_goes_on(project):
+    # two slots (CUDA_VISIBLE_DEVICES 0 and 1, harmless on CPU): the failing job runs beside the good one
+    proc = _sweep(project, "model.n_layer=1", "data.path=nowhere,null", "hydra.launcher.gpus=[0,1]")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-4000:]  # the summary is written, then the exit status says a job failed
+    sweep = sweep_dirs(project["cwd"])[-1]
+    rows = [r for r in db_rows(project["cwd"]) if r["sweep"] == sweep.name]
+    by_path = {("nowhere" if "data.path=nowhere" in r["overrides"] else "null"): r for r in rows}
+    assert by_path["nowhere"]["status"] == "failed" and "nowhere" in by_path["nowhere"]["error"]
+    assert by_path["null"]["status"] == "ok"
+    failed_dir = Path(by_path["nowhere"]["run_dir"])
+    assert "Traceback" in (failed_dir / "error.txt").read_text()
+    gpus = {json.loads((Path(r["run_dir"]) / "env.json").read_text())["cuda_visible_devices"] for r in rows}
+    assert gpus == {"0", "1"}
+    summary = {r["data.path"]: r for r in read_csv(sweep / "summary.csv")}
+    assert (summary["nowhere"]["failures"], summary["null"]["failures"], summary["null"]["n"]) == ("1", "0", "1")
+    assert "## Failures" in (sweep / "summary.md").read_text() and "failed: " in out
+
+
+@pytest.mark.slow
+def test_fail_fast_stops_at_the_first_failure(project):
+    before = len(db_rows(project["cwd"]))
+    proc = _sweep(project, "data.path=nowhere,null", "hydra.sweeper.fail_fast=true", timeout=300)
+    assert proc.returncode == 1, (proc.stdout + proc.stderr)[-4000:]
+    sweep = sweep_dirs(project["cwd"])[-1]
+    assert [p.name for p in sweep.iterdir() if p.is_dir()] == ["0"]
+    rows = db_rows(project["cwd"])
+    assert len(rows) == before + 1 and rows[-1]["status"] == "failed"
+    states = [j["state"] for j in json.loads((sweep / "sweep.json").read_text())["jobs"]]
+    assert states == ["launched", "not_run"]
+
+
+@pytest.mark.slow
+def test_the_report_on_the_sweep_database(project, tmp_path):
+    from test_report import check_in_browser
+
+    first = sweep_dirs(project["cwd"])[0].name
+    out = tmp_path / "report"
+    proc = subprocess.run([sys.executable, "-m", "speedrun.report", "--sweep", first, "--group-by", "model.n_layer",
+                           "--baseline", "model.n_layer=1", "--out", str(out)],
+                          cwd=project["cwd"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = proc.stdout
+    assert "leaderboard (val_bpb" in text and "one-sided Welch t-test" in text and "baseline" in text
+    board = read_csv(out / "leaderboard.csv")
+    assert sorted(r["model.n_layer"] for r in board) == ["1", "2"] and all(r["n"] == "2" for r in board)
+    (other,) = [r for r in board if r["model.n_layer"] == "2"]
+    assert 0.0 <= float(other["p"]) <= 1.0
+    for name in ("pareto.png", "loss_curves.png", "quant_vs_size.png"):
+        assert (out / name).read_bytes()[:4] == b"\x89PNG", name
+    seen = check_in_browser(out / "report.html", tmp_path)
+    assert seen == {"data-images": 3, "data-images-loaded": 3, "data-rows": 2}
