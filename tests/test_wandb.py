@@ -1,0 +1,169 @@
+"""logger=wandb: a real offline sweep (no API key, no network) leaves each job's config and summary in its run
+dir, failed jobs included; W&B problems are warnings, never a failed run."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from speedrun.config import LoggerConfig
+from speedrun.loggers import WandbLogger, make_logger, resolve_wandb_mode
+
+SWEEP_TINY = ["hardware=cpu", "model=tiny", "hardware.micro_batch=4", "budget.tokens_per_step=2048",
+              "eval.tokens=4096", "logger.log_every_seconds=0.5", "budget.train_seconds=2"]
+
+
+@pytest.fixture(scope="session")
+def shared_data(tmp_path_factory):
+    """The embedded dataset, built once by the first job that needs it (test_sweep.py uses the same path)."""
+    path = tmp_path_factory.getbasetemp() / "speedrun-data-cache"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def wandb_records(run_dir: Path) -> dict:
+    """Read the offline run's transaction log (<run dir>/wandb/offline-run-*/run-*.wandb): a LevelDB-style log
+    of protobuf Records. Returns the run record, the merged summary, the history count and the exit code."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    block, pos, raw, pending = 32768, 7, [], b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:  # block trailer
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind == 1:
+            raw.append(chunk)
+        elif kind == 2:
+            pending = chunk
+        elif kind == 3:
+            pending += chunk
+        elif kind == 4:
+            raw.append(pending + chunk)
+    out: dict = {"summary": {}, "history": 0, "exit_code": None, "run": None}
+    for item in raw:
+        rec = pb.Record()
+        rec.ParseFromString(item)
+        kind = rec.WhichOneof("record_type")
+        if kind == "run":
+            out["run"] = rec.run
+        elif kind == "summary":
+            out["summary"].update({u.key: json.loads(u.value_json) for u in rec.summary.update if u.key})
+        elif kind == "history":
+            out["history"] += 1
+        elif kind == "exit":
+            out["exit_code"] = rec.exit.exit_code
+    return out
+
+
+@pytest.mark.slow
+def test_an_offline_sweep_leaves_config_and_summary_in_each_run_dir(tmp_path, shared_data):
+    pytest.importorskip("wandb", reason="wandb is not installed (pip install -e '.[wandb]'; it is in the dev extra)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(WANDB_MODE="offline", HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1",
+               WANDB_CONFIG_DIR=str(tmp_path / "wandb-config"), WANDB_CACHE_DIR=str(tmp_path / "wandb-cache"),
+               WANDB_DATA_DIR=str(tmp_path / "wandb-data"))
+    proc = subprocess.run([sys.executable, "-m", "run", "-m", *SWEEP_TINY, f"data.cache_dir={shared_data}",
+                           "logger=wandb", "logger.project=speedrun-test", "data.path=null,nowhere"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-4000:]  # one job fails on purpose; the other is ok
+    (sweep,) = (tmp_path / "outputs" / "multirun").glob("*/*")
+    ok, failed = sweep / "0", sweep / "1"
+    assert json.loads((ok / "result.json").read_text())["status"] == "ok"
+    assert json.loads((failed / "result.json").read_text())["status"] == "failed"
+    for run_dir in (ok, failed):
+        assert "logger=wandb: offline run in" in (run_dir / "run.log").read_text()
+        rec = wandb_records(run_dir)
+        run = rec["run"]
+        assert run.project == "speedrun-test" and run.run_group == sweep.name  # group = sweep id
+        config = {u.key: json.loads(u.value_json) for u in run.config.update}
+        assert config["model"]["name"] == "tiny" and config["plan"]["hardware"] == "cpu"
+        assert rec["exit_code"] is not None  # finished, failed job included
+    good, bad = wandb_records(ok), wandb_records(failed)
+    result = json.loads((ok / "result.json").read_text())
+    assert good["summary"]["status"] == "ok" and good["exit_code"] == 0 and good["history"] >= 1
+    assert good["summary"]["val_bpb"] == pytest.approx(result["val_bpb"])
+    assert good["summary"]["artifact_bytes"] == result["artifact_bytes"]
+    assert bad["summary"]["status"] == "failed" and bad["exit_code"] == 1 and "nowhere" in bad["summary"]["error"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# never fail, never block
+
+
+def test_mode_auto_is_offline_without_a_key_or_a_server(monkeypatch, tmp_path):
+    for key in [k for k in os.environ if k.startswith("WANDB_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+    assert resolve_wandb_mode("auto") == "offline"
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # nothing listens there
+    assert resolve_wandb_mode("auto") == "offline"
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert resolve_wandb_mode("auto") is None  # the environment decides
+    assert resolve_wandb_mode("online") == "online" and resolve_wandb_mode("offline") == "offline"
+    with pytest.raises(ValueError, match="logger.mode"):
+        resolve_wandb_mode("sometimes")
+
+
+def _logger(tmp_path: Path) -> WandbLogger:
+    lg = make_logger(LoggerConfig(name="wandb", mode="offline"), tmp_path, "sweep-1", "t")
+    assert isinstance(lg, WandbLogger)
+    return lg
+
+
+def test_without_wandb_installed_the_logger_warns_and_stays_off(monkeypatch, tmp_path, caplog):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb -> ImportError
+    lg = _logger(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="speedrun.logger"):
+        lg.start({"seed": 0}, None)
+        lg.log_metrics({"step": 1, "train_loss": 1.0})
+        lg.log_result({"status": "ok"})
+        lg.finish("ok")
+    assert lg.run is None and "wandb is not installed" in caplog.text
+
+
+def test_a_wandb_error_is_one_warning_then_the_logger_is_off(monkeypatch, tmp_path, caplog):
+    calls = []
+
+    class Run:
+        dir = str(tmp_path / "files")
+        summary: dict = {}
+
+        def log(self, *a, **k):
+            calls.append("log")
+            raise RuntimeError("backend went away")
+
+        def finish(self, **k):
+            calls.append("finish")
+
+    fake = types.SimpleNamespace(init=lambda **k: Run(), Settings=lambda **k: None)
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    lg = _logger(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="speedrun.logger"):
+        lg.start({}, None)
+        lg.log_metrics({"step": 1, "train_loss": 1.0})
+        lg.log_metrics({"step": 2, "train_loss": 0.9})
+        lg.finish("ok")
+    assert calls == ["log"] and caplog.text.count("backend went away") == 1 and lg.run is None
+
+    def refuse(**k):
+        raise TimeoutError("init timed out")
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=refuse, Settings=lambda **k: None))
+    lg = _logger(tmp_path)
+    lg.start({}, None)  # no exception reaches the run
+    assert lg.run is None and "init timed out" in caplog.text
