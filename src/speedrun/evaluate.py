@@ -2,12 +2,26 @@
 
 The harness is fixed and kept apart from what experiments change: the same tokens, windows and byte
 accounting for every run, so numbers compare across runs (and with parameter-golf's leaderboard).
+
+Two ways to cut the token stream into windows of the model's context T (targets are positions 1..M of the
+stream, M = len(val_tokens) - 1; a window starting at a feeds inputs a..a+T-1 and predicts a+1..a+T):
+
+- standard: non-overlapping windows a = 0, T, 2T, ...; each target sees 0..T-1 tokens of context.
+- sliding (stride S): windows a = 0, S, 2S, ... The first window scores all its T targets, every later one
+  only its last S, so each target after the first window sees at least T - S tokens of context. Where the
+  last full stride does not reach M, one more full-length window is placed to end exactly at M and scores
+  only the r < S targets not yet scored (parameter-golf's loop re-scores those tail targets instead). Every
+  target is scored exactly once; S == T gives the standard windows and the same sums.
+
+Document isolation (eval.document_isolated) keeps the windows and switches on the model's document mask
+(``document_mask``): a token attends only to tokens of its own document (BOS-delimited) inside the window.
 """
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator, Optional
 
 import torch
 
@@ -65,3 +79,122 @@ def evaluate(
         tokens=sum_tokens,
         bytes=total_bytes,
     )
+
+
+def sliding_windows(n_targets: int, seq_len: int, stride: int) -> list[tuple[int, int]]:
+    """(start, score_from) of every window of the sliding eval over targets 1..n_targets.
+
+    A window feeds inputs start..start+T-1 (T = min(seq_len, n_targets)) and scores its targets from offset
+    score_from on, i.e. stream positions start+score_from+1 .. start+T. Each position 1..n_targets is scored
+    by exactly one window, in increasing order.
+    """
+    if not 1 <= stride <= seq_len:
+        raise ValueError(f"eval.stride must be in [1, seq_len={seq_len}], got {stride}")
+    if n_targets < 1:
+        raise ValueError(f"need at least 2 validation tokens, have {n_targets + 1}")
+    T = min(seq_len, n_targets)
+    windows = [(0, 0)]
+    scored_end = T  # targets 1..scored_end are scored
+    start = stride
+    while start + T <= n_targets:
+        windows.append((start, T - stride))
+        scored_end = start + T
+        start += stride
+    if scored_end < n_targets:  # the tail: a full window ending at n_targets, scoring only what is left
+        rest = n_targets - scored_end
+        windows.append((n_targets - T, T - rest))
+    return windows
+
+
+@torch.no_grad()
+def evaluate_sliding(
+    forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    val_tokens: torch.Tensor,
+    luts: ByteLUTs,
+    *,
+    seq_len: int,
+    stride: int,
+    batch_size: int,
+    device: str,
+    autocast_dtype: torch.dtype | None,
+) -> EvalResult:
+    """Score every target once with windows of seq_len advancing by stride (see the module doc)."""
+    n_targets = val_tokens.numel() - 1
+    windows = sliding_windows(n_targets, seq_len, stride)
+    T = min(seq_len, n_targets)
+    luts = luts.to(device)
+    offsets = torch.arange(T + 1)
+    positions = torch.arange(T, device=device)
+    sum_nats = torch.zeros((), dtype=torch.float64, device=device)
+    sum_bytes = torch.zeros((), dtype=torch.int64, device=device)
+    sum_tokens = torch.zeros((), dtype=torch.int64, device=device)
+    for first in range(0, len(windows), batch_size):
+        batch = windows[first: first + batch_size]
+        starts = torch.tensor([w[0] for w in batch])
+        score_from = torch.tensor([w[1] for w in batch], device=device)
+        span = val_tokens[starts[:, None] + offsets[None, :]].to(device, non_blocking=True)
+        x, y = span[:, :-1], span[:, 1:]
+        if autocast_dtype is not None:
+            with torch.autocast(device, dtype=autocast_dtype):
+                nats = forward(x, y)
+        else:
+            nats = forward(x, y)
+        scored = positions[None, :] >= score_from[:, None]
+        sum_nats += torch.where(scored, nats.double(), 0.0).sum()
+        sum_bytes += torch.where(scored, token_bytes(x, y, luts), 0).sum()
+        sum_tokens += scored.sum()
+    total_nats, total_bytes, total_tokens = float(sum_nats.item()), int(sum_bytes.item()), int(sum_tokens.item())
+    assert total_tokens == n_targets, (total_tokens, n_targets)  # exactly once, by construction
+    return EvalResult(
+        val_loss=total_nats / total_tokens,
+        val_bpb=total_nats / math.log(2) / total_bytes,
+        tokens=total_tokens,
+        bytes=total_bytes,
+    )
+
+
+def run_eval(
+    name: str,
+    forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    val_tokens: torch.Tensor,
+    luts: ByteLUTs,
+    *,
+    seq_len: int,
+    stride: Optional[int],
+    batch_size: int,
+    device: str,
+    autocast_dtype: torch.dtype | None,
+) -> EvalResult:
+    """The eval group's dispatch: ``standard`` or ``sliding`` (with ``stride``)."""
+    kwargs = dict(seq_len=seq_len, batch_size=batch_size, device=device, autocast_dtype=autocast_dtype)
+    if name == "standard":
+        return evaluate(forward, val_tokens, luts, **kwargs)
+    if name == "sliding":
+        if stride is None:
+            raise ValueError("eval=sliding needs eval.stride")
+        return evaluate_sliding(forward, val_tokens, luts, stride=stride, **kwargs)
+    raise ValueError(f"eval={name}: unknown; choose one of standard, sliding")
+
+
+@contextmanager
+def document_mask(model: torch.nn.Module, bos_id: Optional[int]) -> Iterator[None]:
+    """Switch the GPT's document mask on (attention only within BOS-delimited documents) for the duration.
+
+    The model reads ``bos_id`` on every forward and hands it to its attention backend, whose prepare() builds
+    the mask (flex, math) or raises (sdpa: the resolver refuses that combination first). A compiled model
+    guards on the attribute, so it recompiles once for the masked graph.
+    """
+    if bos_id is None:
+        yield
+        return
+    if not model.attention.supports_doc_mask:
+        raise ValueError(
+            f"eval.document_isolated needs an attention backend with a document mask (flex, math); "
+            f"{model.attention.kernel!r} has none"
+        )
+    previous = model.bos_id
+    model.bos_id = bos_id
+    try:
+        yield
+    finally:
+        model.bos_id = previous

@@ -1,4 +1,13 @@
-"""After training: score the model, export the artifact, score the artifact's round trip."""
+"""After training: score the model, export the artifact, score the artifact's round trip, then test-time train.
+
+Order and what each number measures (all on the same validation tokens and byte accounting):
+
+    val_bpb         the trained model, with the eval group's windows (standard or sliding)
+    val_bpb_quant   the dequantized artifact, same windows          (quant != off)
+    val_bpb_ttt     score-first LoRA TTT on the dequantized model   (ttt != off; on the trained model if quant=off)
+
+GPTQ (quant=int6) takes its Hessians from a fresh stream of *training* batches, never from validation data.
+"""
 from __future__ import annotations
 
 import os
@@ -9,37 +18,100 @@ from typing import Any, Callable
 import torch
 
 from .config import Config
-from .evaluate import evaluate
+from .evaluate import EvalResult, document_mask, run_eval
 from .plan import Plan
-from .quantize import export, load_artifact
+from .quantize import (
+    Artifact,
+    collect_hessians,
+    export,
+    export_packed,
+    load_artifact,
+    quantize_state_dict_gptq,
+)
 
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 
 
 def evaluate_and_export(cfg: Config, plan: Plan, model: torch.nn.Module, eval_forward: Callable, data: Any,
                         run_dir: Path, log: Callable[[str], None]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    kwargs = dict(seq_len=plan.model.seq_len, batch_size=plan.eval_batch, device=plan.device,
-                  autocast_dtype=AUTOCAST[plan.precision])
+    out: dict[str, Any] = {"eval_mode": _eval_mode(cfg)}
+    autocast_dtype = AUTOCAST[plan.precision]
+    bos_id = data.bos_id if cfg.eval.document_isolated else None
+
+    def score() -> EvalResult:
+        with document_mask(model, bos_id):
+            return run_eval(cfg.eval.name, eval_forward, data.val_tokens, data.luts, seq_len=plan.model.seq_len,
+                            stride=cfg.eval.stride, batch_size=plan.eval_batch, device=plan.device,
+                            autocast_dtype=autocast_dtype)
+
     t0 = time.perf_counter()
-    res = evaluate(eval_forward, data.val_tokens, data.luts, **kwargs)
+    res = score()
     out.update(val_loss=round(res.val_loss, 6), val_bpb=round(res.val_bpb, 6), eval_tokens=res.tokens,
                eval_bytes=res.bytes)
-    log(f"eval: val_loss {res.val_loss:.4f}  val_bpb {res.val_bpb:.4f}  ({res.tokens:,} tokens, {res.bytes:,} bytes)")
+    log(f"eval ({out['eval_mode']}): val_loss {res.val_loss:.4f}  val_bpb {res.val_bpb:.4f}  "
+        f"({res.tokens:,} tokens, {res.bytes:,} bytes)")
     if cfg.quant.name != "off":
-        artifact = export(model.state_dict(), cfg.quant.compressor, cfg.quant.level)
+        tq = time.perf_counter()
+        artifact = _export(cfg, plan, model, data, log)
         path = run_dir / f"model.{cfg.quant.name}.{cfg.quant.compressor}"
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(artifact.blob)
         os.replace(tmp, path)
         restored = load_artifact(path.read_bytes(), cfg.quant.compressor)
         model.load_state_dict({k: restored[k].to(v.dtype) for k, v in model.state_dict().items()})
-        qres = evaluate(eval_forward, data.val_tokens, data.luts, **kwargs)
+        out["quant_seconds"] = round(time.perf_counter() - tq, 3)
+        qres = score()
         out.update(val_bpb_quant=round(qres.val_bpb, 6), val_loss_quant=round(qres.val_loss, 6),
                    artifact_bytes=artifact.total_bytes, artifact_model_bytes=len(artifact.blob),
                    artifact_code_bytes=artifact.code_bytes, artifact_ok=artifact.total_bytes <= cfg.quant.cap_bytes,
-                   quant=cfg.quant.name)
+                   quant=cfg.quant.name, compressor=cfg.quant.compressor)
         log(f"quant: {cfg.quant.name}+{cfg.quant.compressor} artifact {artifact.total_bytes:,} bytes "
-            f"(model {len(artifact.blob):,} + code {artifact.code_bytes:,}); val_bpb_quant {qres.val_bpb:.4f}")
+            f"(model {len(artifact.blob):,} + code {artifact.code_bytes:,}; cap {cfg.quant.cap_bytes:,}: "
+            f"{'ok' if out['artifact_ok'] else 'OVER'}); val_bpb_quant {qres.val_bpb:.4f}")
+    if cfg.ttt.name != "off":
+        out.update(_ttt(cfg, plan, model, data, autocast_dtype, log))
     out["eval_seconds"] = round(time.perf_counter() - t0, 3)
+    return out
+
+
+def _eval_mode(cfg: Config) -> str:
+    mode = cfg.eval.name if cfg.eval.name != "sliding" else f"sliding:{cfg.eval.stride}"
+    return mode + ("+doc" if cfg.eval.document_isolated else "")
+
+
+def _export(cfg: Config, plan: Plan, model: torch.nn.Module, data: Any, log: Callable[[str], None]) -> Artifact:
+    q = cfg.quant
+    if q.name == "int8":
+        return export(model.state_dict(), q.compressor, q.level)
+    if q.name != "int6":
+        raise ValueError(f"quant={q.name}: unknown; choose one of off, int8, int6")
+    t0 = time.perf_counter()
+    hessians = collect_hessians(model, data.train_batches(), q.calib_batches, device=plan.device,
+                                autocast_dtype=AUTOCAST[plan.precision])
+    t1 = time.perf_counter()
+    packed = quantize_state_dict_gptq(model.state_dict(), hessians, bits=q.bits, embed_bits=q.embed_bits,
+                                      damp=q.damp, block_size=q.block_size, clip_ratios=q.clip_ratios)
+    log(f"quant: GPTQ int{q.bits} on {len(hessians)} matrices (Hessians from {q.calib_batches} training batches "
+        f"in {t1 - t0:.1f} s, quantized in {time.perf_counter() - t1:.1f} s), embeddings int{q.embed_bits}")
+    return export_packed(packed, q.compressor, q.level)
+
+
+def _ttt(cfg: Config, plan: Plan, model: torch.nn.Module, data: Any, autocast_dtype: Any,
+         log: Callable[[str], None]) -> dict[str, Any]:
+    from .ttt import ttt_evaluate
+
+    t = cfg.ttt
+    res = ttt_evaluate(
+        model, data.val_tokens, data.luts, bos_id=data.bos_id, seq_len=plan.model.seq_len, rank=t.rank, lr=t.lr,
+        chunk_size=t.chunk_size, short_chunks=t.short_chunks, targets=t.targets,
+        batch_size=t.batch_size or plan.eval_batch, beta1=t.beta1, beta2=t.beta2, weight_decay=t.weight_decay,
+        max_seconds=t.max_seconds, device=plan.device, autocast_dtype=autocast_dtype, seed=cfg.seed, log=log,
+    )
+    out = dict(val_bpb_ttt=None if res.val_bpb is None else round(res.val_bpb, 6),
+               val_loss_ttt=None if res.val_loss is None else round(res.val_loss, 6),
+               ttt_seconds=round(res.seconds, 3), ttt_tokens_scored=res.tokens_scored,
+               ttt_fraction=round(res.fraction, 6), ttt_complete=res.complete, ttt_docs=res.docs_total)
+    log(f"ttt ({t.name}, rank {t.rank}, targets {t.targets}): val_bpb_ttt "
+        f"{'n/a' if res.val_bpb is None else f'{res.val_bpb:.4f}'} over {res.tokens_scored:,}/{res.tokens_total:,} "
+        f"tokens ({100 * res.fraction:.1f}%) of {res.docs_total:,} documents in {res.seconds:.1f} s")
     return out

@@ -1,0 +1,341 @@
+"""Score-first test-time training (TTT): per-document LoRA adapters trained on the validation stream as it
+is scored, never on a token before that token has been scored.
+
+For each document (BOS-delimited; document d owns the targets after its BOS up to and including the next BOS,
+so the documents' targets are exactly positions 1..M of the stream, as in the standard eval):
+
+    adapters <- fresh (B = 0, A = a fixed seeded init: the model starts as the base model)
+    for each chunk of the document's targets, in order:
+        score the chunk with the current adapters   (adds to the val_bpb_ttt sums)
+        one Adam step on that chunk's mean loss      (skipped after the last chunk)
+
+A chunk is scored from a window of at most model.seq_len tokens of its own document that ends at the chunk's
+last target, so no token attends across BOS and no score can depend on a later token: the adapters that score
+chunk k have been trained on chunks 0..k-1 only (tests/test_ttt.py proves it by changing later tokens).
+
+Chunk size: ``ttt.chunk_size``, or for short documents the schedule ``ttt.short_chunks`` = "LEN:CHUNK,...":
+a document with at most LEN scored tokens uses CHUNK, the first LEN (ascending) that fits; longer documents
+use chunk_size. This is parameter-golf's TTT_SHORT_SCORE_FIRST_STEPS (PR #2014: "256:8,2000:24" with a
+default chunk of 48): a chunk *size* per document-length bucket, not a number of chunks; there the bucket is
+chosen by the longest document of a batch, here per document (batches never mix chunk sizes).
+
+Adapters: rank-r LoRA (delta W = B A, B zero-initialised) on the block linears named by ``ttt.targets``
+(q, k, v, o = attn.c_q/c_k/c_v/proj; up, down = mlp.fc/mlp.proj; presets all, no_qv, qkvo, qv). They are
+attached by swapping those nn.Linear modules in a deep copy of the model for wrappers, so model.py is not
+touched. The output head cannot get one: the GPT computes logits with F.linear on the head's weight rather
+than by calling a module. Documents of a batch have independent adapters (batched A, B); the loss is a sum of
+per-document terms and Adam is elementwise, so a document's adapter sees only its own gradients.
+
+Budget: ``ttt.max_seconds`` is checked before every chunk step; when it is spent TTT stops there and reports
+what it scored (tokens_scored, fraction). Batches run in a seeded random order, so a partial run scores an
+unbiased sample of documents rather than the shortest or longest.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+from .data.bpb import ByteLUTs, token_bytes
+
+TARGETS = {"q": ("attn", "c_q"), "k": ("attn", "c_k"), "v": ("attn", "c_v"), "o": ("attn", "proj"),
+           "up": ("mlp", "fc"), "down": ("mlp", "proj")}
+"""Adapter target -> (submodule of a block, attribute): blocks.N.attn.c_q etc."""
+PRESETS = {
+    "all": ("q", "k", "v", "o", "up", "down"),
+    "no_qv": ("k", "o", "up", "down"),
+    "qkvo": ("q", "k", "v", "o"),
+    "qv": ("q", "v"),
+}
+
+
+def parse_targets(spec: str) -> tuple[str, ...]:
+    """A preset name or a comma list of q, k, v, o, up, down (``mlp`` = up,down) -> ordered target names."""
+    spec = spec.strip()
+    if spec in PRESETS:
+        return PRESETS[spec]
+    names: list[str] = []
+    for item in (s.strip() for s in spec.split(",")):
+        expanded = ("up", "down") if item == "mlp" else (item,)
+        for name in expanded:
+            if name == "head":
+                raise ValueError(
+                    "ttt.targets: 'head' cannot get an adapter: the GPT computes logits with F.linear on the "
+                    "head's weight, not a module call; adapt the block linears (q, k, v, o, up, down)"
+                )
+            if name not in TARGETS:
+                raise ValueError(
+                    f"ttt.targets={spec!r}: unknown target {name!r}; use a preset ({', '.join(PRESETS)}) or a comma "
+                    f"list of {', '.join(TARGETS)}"
+                )
+            if name not in names:
+                names.append(name)
+    if not names:
+        raise ValueError(f"ttt.targets={spec!r} names no layer; use e.g. all or no_qv")
+    return tuple(names)
+
+
+def parse_short_chunks(spec: str) -> list[tuple[int, int]]:
+    """ "256:8,2000:24" -> [(256, 8), (2000, 24)]: (max scored tokens of a document, chunk size), ascending.
+    "" -> []. Lengths must be strictly increasing once sorted; every number a positive int."""
+    steps: list[tuple[int, int]] = []
+    for item in (s.strip() for s in spec.split(",")):
+        if not item:
+            continue
+        parts = item.split(":")
+        try:
+            if len(parts) != 2:
+                raise ValueError
+            length, chunk = int(parts[0]), int(parts[1])
+        except ValueError:
+            raise ValueError(
+                f"ttt.short_chunks={spec!r}: {item!r} is not LEN:CHUNK (e.g. \"256:8,2000:24\")"
+            ) from None
+        if length < 1 or chunk < 1:
+            raise ValueError(f"ttt.short_chunks={spec!r}: lengths and chunk sizes must be positive, got {item!r}")
+        steps.append((length, chunk))
+    steps.sort()
+    for (a, _), (b, _) in zip(steps, steps[1:]):
+        if a == b:
+            raise ValueError(f"ttt.short_chunks={spec!r}: document length {a} appears twice")
+    return steps
+
+
+def chunk_size_for(n_targets: int, chunk_size: int, short_chunks: list[tuple[int, int]]) -> int:
+    """The chunk size of a document with n_targets scored tokens."""
+    for length, chunk in short_chunks:
+        if n_targets <= length:
+            return chunk
+    return chunk_size
+
+
+def split_documents(tokens: torch.Tensor, bos_id: int) -> list[tuple[int, int]]:
+    """(start, n_targets) per document of a 1-D stream: a document starts at a BOS (or at 0 for a leading
+    fragment) and owns the targets start+1 .. next BOS (inclusive; the stream's end for the last one)."""
+    n = tokens.numel()
+    starts = (tokens == bos_id).nonzero().flatten().tolist()
+    if not starts or starts[0] != 0:
+        starts = [0] + starts
+    ends = starts[1:] + [n - 1]
+    docs = [(s, e - s) for s, e in zip(starts, ends) if e > s]
+    assert sum(d[1] for d in docs) == n - 1
+    return docs
+
+
+class LoRALinear(nn.Module):
+    """A frozen nn.Linear plus per-document low-rank deltas: y = base(x) + (x A[rows]^T) B[rows]^T.
+
+    A is (docs, rank, in), B is (docs, out, rank); ``rows`` (set by LoRAModel.use_rows) picks the documents of
+    the current forward, in batch order."""
+
+    def __init__(self, base: nn.Linear, docs: int, rank: int, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.base = base
+        self.A = nn.Parameter(torch.zeros(docs, rank, base.in_features, device=base.weight.device, dtype=dtype))
+        self.B = nn.Parameter(torch.zeros(docs, base.out_features, rank, device=base.weight.device, dtype=dtype))
+        self.rows: Optional[torch.Tensor] = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base(x)
+        A, B = (self.A, self.B) if self.rows is None else (self.A[self.rows], self.B[self.rows])
+        delta = torch.bmm(torch.bmm(x, A.transpose(1, 2).to(x.dtype)), B.transpose(1, 2).to(x.dtype))
+        return y + delta.to(y.dtype)
+
+
+class LoRAModel:
+    """A deep copy of the GPT, frozen, with LoRALinear in place of the targeted block linears."""
+
+    def __init__(self, model: nn.Module, targets: tuple[str, ...], rank: int, docs: int, seed: int):
+        self.model = copy.deepcopy(model)
+        self.model.eval()  # no dropout in our GPT; eval() documents that the base is not being trained
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.layers: list[LoRALinear] = []
+        for block in self.model.blocks:
+            for t in targets:
+                parent_name, attr = TARGETS[t]
+                parent = getattr(block, parent_name)
+                layer = LoRALinear(getattr(parent, attr), docs, rank)
+                setattr(parent, attr, layer)
+                self.layers.append(layer)
+        # One A init (kaiming-uniform, seeded) shared by every document, so a document's result does not depend
+        # on which batch or slot it lands in.
+        gen = torch.Generator().manual_seed(seed)
+        self.a_init = [torch.empty(layer.A.shape[1:]).uniform_(-1, 1, generator=gen) / math.sqrt(layer.A.shape[2])
+                       for layer in self.layers]
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for layer in self.layers for p in (layer.A, layer.B)]
+
+    @torch.no_grad()
+    def reset(self) -> None:
+        """Fresh adapters for every slot: A = the shared init, B = 0 (the model is the base model again)."""
+        for layer, a in zip(self.layers, self.a_init):
+            layer.A.copy_(a.to(layer.A.device).expand_as(layer.A))
+            layer.B.zero_()
+
+    def use_rows(self, rows: torch.Tensor) -> None:
+        for layer in self.layers:
+            layer.rows = rows
+
+
+@dataclass
+class TTTResult:
+    val_loss: Optional[float]
+    """Mean nats per scored token (None if nothing was scored)."""
+    val_bpb: Optional[float]
+    tokens_scored: int
+    tokens_total: int
+    bytes: int
+    docs_done: int
+    docs_total: int
+    seconds: float
+    complete: bool
+    """False when ttt.max_seconds stopped it before every token was scored."""
+    chunks: list[tuple[int, int, float, int]] = field(default_factory=list)
+    """(document index, chunk index, sum of nats, tokens) per scored chunk, when asked for (tests)."""
+
+    @property
+    def fraction(self) -> float:
+        return self.tokens_scored / self.tokens_total if self.tokens_total else 0.0
+
+
+def ttt_evaluate(
+    model: nn.Module,
+    val_tokens: torch.Tensor,
+    luts: ByteLUTs,
+    *,
+    bos_id: int,
+    seq_len: int,
+    rank: int,
+    lr: float,
+    chunk_size: int,
+    short_chunks: str = "",
+    targets: str = "all",
+    batch_size: int = 1,
+    beta1: float = 0.9,
+    beta2: float = 0.95,
+    weight_decay: float = 0.0,
+    max_seconds: Optional[float] = None,
+    device: str = "cpu",
+    autocast_dtype: Optional[torch.dtype] = None,
+    seed: int = 0,
+    record_chunks: bool = False,
+    log: Optional[Callable[[str], None]] = None,
+) -> TTTResult:
+    """Score val_tokens with score-first LoRA TTT (see the module doc). ``model`` is not modified."""
+    steps = parse_short_chunks(short_chunks)
+    target_names = parse_targets(targets)
+    for size in [chunk_size] + [c for _, c in steps]:
+        if not 1 <= size <= seq_len:
+            raise ValueError(f"TTT chunk sizes must be in [1, seq_len={seq_len}], got {size}")
+    if batch_size < 1:
+        raise ValueError(f"ttt.batch_size must be >= 1, got {batch_size}")
+    t0 = time.perf_counter()
+    docs = split_documents(val_tokens, bos_id)
+    order = sorted(range(len(docs)), key=lambda i: docs[i][1])  # similar lengths side by side
+    batches: list[list[int]] = []
+    for i in order:
+        c = chunk_size_for(docs[i][1], chunk_size, steps)
+        if batches and len(batches[-1]) < batch_size and chunk_size_for(docs[batches[-1][0]][1], chunk_size, steps) == c:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    random.Random(seed).shuffle(batches)
+
+    lora = LoRAModel(model, target_names, rank, batch_size, seed)
+    luts = luts.to(device)
+    tokens = val_tokens.to(device)
+    state = _Sums(device)
+    result_chunks: list[tuple[int, int, float, int]] = []
+    docs_done, stopped = 0, False
+    for batch in batches:
+        c = chunk_size_for(docs[batch[0]][1], chunk_size, steps)
+        stopped = _adapt_batch(lora, [docs[i] for i in batch], batch, c, tokens, luts, state, seq_len=seq_len,
+                               lr=lr, betas=(beta1, beta2), weight_decay=weight_decay, device=device,
+                               autocast_dtype=autocast_dtype, deadline=None if max_seconds is None else t0 + max_seconds,
+                               chunk_log=result_chunks if record_chunks else None)
+        if stopped:
+            break
+        docs_done += len(batch)
+    seconds = time.perf_counter() - t0
+    nats, n_bytes, n_tokens = state.totals()
+    total = val_tokens.numel() - 1
+    if stopped and log:
+        log(f"ttt: max_seconds={max_seconds:g} reached after {seconds:.1f} s; scored {n_tokens:,} of {total:,} tokens")
+    return TTTResult(
+        val_loss=nats / n_tokens if n_tokens else None,
+        val_bpb=nats / math.log(2) / n_bytes if n_bytes else None,
+        tokens_scored=n_tokens, tokens_total=total, bytes=n_bytes, docs_done=docs_done, docs_total=len(docs),
+        seconds=seconds, complete=n_tokens == total, chunks=result_chunks,
+    )
+
+
+class _Sums:
+    def __init__(self, device: str):
+        self.nats = torch.zeros((), dtype=torch.float64, device=device)
+        self.bytes = torch.zeros((), dtype=torch.int64, device=device)
+        self.tokens = 0
+
+    def totals(self) -> tuple[float, int, int]:
+        return float(self.nats.item()), int(self.bytes.item()), self.tokens
+
+
+def _adapt_batch(lora: LoRAModel, docs: list[tuple[int, int]], doc_ids: list[int], chunk: int, tokens: torch.Tensor,
+                 luts: ByteLUTs, sums: _Sums, *, seq_len: int, lr: float, betas: tuple[float, float],
+                 weight_decay: float, device: str, autocast_dtype: Optional[torch.dtype],
+                 deadline: Optional[float], chunk_log: Optional[list]) -> bool:
+    """Score-first TTT of one batch of documents (all with chunk size ``chunk``). True if the deadline hit."""
+    lora.reset()
+    opt = torch.optim.AdamW(lora.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
+    n_chunks = [math.ceil(n / chunk) for _, n in docs]
+    for k in range(max(n_chunks)):
+        if deadline is not None and time.perf_counter() > deadline:
+            return True
+        active = [i for i, nc in enumerate(n_chunks) if k < nc]
+        # per active document: window [lo, hi) of its inputs (relative to its start), scored targets from lo_s
+        spans = []
+        for i in active:
+            start, n = docs[i]
+            hi = min((k + 1) * chunk, n)
+            lo = max(0, hi - seq_len)
+            spans.append((start, lo, hi, k * chunk - lo))
+        width = max(hi - lo for _, lo, hi, _ in spans)
+        x = torch.zeros(len(active), width, dtype=torch.long, device=device)
+        y = torch.zeros_like(x)
+        scored = torch.zeros(len(active), width, dtype=torch.bool, device=device)
+        for row, (start, lo, hi, first) in enumerate(spans):
+            x[row, : hi - lo] = tokens[start + lo: start + hi]
+            y[row, : hi - lo] = tokens[start + lo + 1: start + hi + 1]
+            scored[row, first: hi - lo] = True  # right padding stays unscored; causal attention ignores it
+        train_rows = [row for row, i in enumerate(active) if k < n_chunks[i] - 1]
+        lora.use_rows(torch.tensor(active, device=device))
+        with torch.set_grad_enabled(bool(train_rows)):
+            if autocast_dtype is not None:
+                with torch.autocast(device, dtype=autocast_dtype):
+                    nats = lora.model(x, y, reduction="none")
+            else:
+                nats = lora.model(x, y, reduction="none")
+        with torch.no_grad():
+            chunk_nats = torch.where(scored, nats.detach().double(), 0.0)
+            sums.nats += chunk_nats.sum()
+            sums.bytes += torch.where(scored, token_bytes(x, y, luts), 0).sum()
+            sums.tokens += int(scored.sum().item())
+            if chunk_log is not None:
+                per_doc = chunk_nats.sum(dim=1).tolist()
+                counts = scored.sum(dim=1).tolist()
+                for row, i in enumerate(active):
+                    chunk_log.append((doc_ids[i], k, per_doc[row], counts[row]))
+        if train_rows:  # the update uses this chunk only after it has been scored above
+            mask = scored[train_rows].float()
+            loss = ((nats[train_rows] * mask).sum(dim=1) / mask.sum(dim=1)).sum()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    return False

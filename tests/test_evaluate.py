@@ -1,0 +1,131 @@
+"""The eval group: sliding windows score every target exactly once (tail included), equal the standard eval when
+the stride is the window, and document isolation goes through the backend's document mask."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import fake_device
+from speedrun.attention import get_backend
+from speedrun.config import to_config
+from speedrun.data.bpb import ByteLUTs
+from speedrun.evaluate import document_mask, evaluate, evaluate_sliding, run_eval, sliding_windows
+from speedrun.model import GPT, GPTConfig
+from speedrun.plan import PlanError, resolve
+
+TINY = GPTConfig(vocab_size=64, n_layer=2, d_model=32, n_head=4, n_kv_head=2, mlp_mult=2, seq_len=32)
+
+
+def luts_for(vocab: int, seed: int = 0) -> ByteLUTs:
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randint(1, 5, (vocab,), generator=g).to(torch.int16)
+    lead = torch.rand(vocab, generator=g) < 0.5
+    boundary = torch.zeros(vocab, dtype=torch.bool)
+    boundary[0] = True
+    base[0] = 0
+    return ByteLUTs(base, lead, boundary)
+
+
+def tiny_model(attn="sdpa", seed=0, **opts):
+    torch.manual_seed(seed)
+    if attn == "sdpa":
+        opts.setdefault("kernel", "math")
+    model = GPT(TINY, get_backend(attn, **opts))
+    with torch.no_grad():  # un-zero the output projections so that attention context matters
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model.eval()
+
+
+def stream(n: int, vocab: int = 64, seed: int = 1, bos_every: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    t = torch.randint(1, vocab, (n,), generator=g)
+    if bos_every:
+        t[::bos_every] = 0
+    return t
+
+
+@pytest.mark.parametrize("seq_len", [1, 5, 32])
+def test_sliding_windows_score_every_target_exactly_once(seq_len):
+    for n_targets in range(1, 3 * seq_len + 7):
+        for stride in range(1, seq_len + 1):
+            windows = sliding_windows(n_targets, seq_len, stride)
+            T = min(seq_len, n_targets)
+            counts = torch.zeros(n_targets + 1, dtype=torch.int64)
+            for i, (start, score_from) in enumerate(windows):
+                assert 0 <= start and start + T <= n_targets and 0 <= score_from < T
+                if i > 0:  # every later window keeps at least T - stride tokens of context
+                    assert score_from >= T - stride
+                counts[start + score_from + 1: start + T + 1] += 1
+            assert counts[0] == 0 and bool((counts[1:] == 1).all()), (n_targets, seq_len, stride, windows)
+
+
+def test_sliding_eval_counts_each_position_once_end_to_end():
+    """forward returns the target id as its 'loss' on a stream whose ids are the positions: the sums are then
+    sum(1..M) and sum(1..M)^2 only if every target position was scored exactly once, tail included."""
+    n = 203  # M = 202 targets; with T = 32, S = 12 the last full stride stops short: a tail window is needed
+    tokens = torch.arange(n)
+    ones = ByteLUTs(torch.ones(n, dtype=torch.int16), torch.zeros(n, dtype=torch.bool), torch.zeros(n, dtype=torch.bool))
+    assert (n - 1 - 32) % 12 != 0
+    m = n - 1
+    for power, expected in ((1, m * (m + 1) // 2), (2, m * (m + 1) * (2 * m + 1) // 6)):
+        res = evaluate_sliding(lambda x, y: y.double() ** power, tokens, ones, seq_len=32, stride=12, batch_size=5,
+                               device="cpu", autocast_dtype=None)
+        assert res.tokens == m and res.bytes == m
+        assert round(res.val_loss * res.tokens) == expected
+
+
+def test_sliding_with_stride_equal_to_window_is_the_standard_eval_exactly():
+    model = tiny_model()
+    tokens, luts = stream(5 * 32 + 1), luts_for(64)
+    forward = lambda x, y: model(x, y, reduction="none")  # noqa: E731
+    kw = dict(seq_len=32, batch_size=2, device="cpu", autocast_dtype=None)
+    standard = evaluate(forward, tokens, luts, **kw)
+    sliding = evaluate_sliding(forward, tokens, luts, stride=32, **kw)
+    assert sliding == standard  # same nats sum, bytes and token count, bit for bit
+    finer = run_eval("sliding", forward, tokens, luts, stride=8, **kw)
+    assert finer.tokens == standard.tokens and finer.bytes == standard.bytes and finer.val_loss != standard.val_loss
+
+
+def test_document_isolation_uses_the_backend_mask_and_restores_the_model():
+    model = tiny_model(attn="math")
+    tokens, luts = stream(4 * 32 + 1, bos_every=11), luts_for(64)
+    forward = lambda x, y: model(x, y, reduction="none")  # noqa: E731
+    kw = dict(seq_len=32, stride=8, batch_size=4, device="cpu", autocast_dtype=None)
+    plain = evaluate_sliding(forward, tokens, luts, **kw)
+    with document_mask(model, 0):
+        isolated = evaluate_sliding(forward, tokens, luts, **kw)
+        assert model.bos_id == 0
+    assert model.bos_id is None
+    assert isolated.tokens == plain.tokens and isolated.bytes == plain.bytes and isolated.val_loss != plain.val_loss
+    # isolation == scoring each window's documents separately: one window holding a BOS mid-way
+    x, y = tokens[:32][None], tokens[1:33][None]
+    with document_mask(model, 0):
+        masked = model(x, y, reduction="none")[0]
+    second_doc = model(x[:, 22:], y[:, 22:], reduction="none")[0]  # BOS at 22: the doc starting there, alone
+    torch.testing.assert_close(masked[22:], second_doc, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="document mask"):
+        with document_mask(tiny_model(attn="sdpa"), 0):
+            pass
+
+
+def plan_for(compose, device, *overrides):
+    return resolve(to_config(compose(list(overrides))), fake_device(device))
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["eval=sliding", "eval.stride=0"], "eval.stride"),
+    (["eval=sliding", "model=tiny", "eval.stride=257"], "model.seq_len=256"),
+    (["eval=standard", "eval.stride=64"], "use eval=sliding"),
+    (["attn=sdpa", "eval.document_isolated=true"], "use attn=flex (CUDA) or attn=math"),
+])
+def test_eval_refusals(compose, overrides, needle):
+    with pytest.raises(PlanError) as e:
+        plan_for(compose, "cpu", *overrides)
+    assert needle in str(e.value)
+
+
+def test_eval_options_resolve(compose):
+    plan_for(compose, "cpu", "eval=sliding", "eval.stride=256", "model=tiny")
+    plan_for(compose, "cpu", "attn=math", "eval.document_isolated=true")
+    plan_for(compose, "h100", "attn=flex", "eval=sliding", "eval.document_isolated=true")

@@ -1,0 +1,201 @@
+"""Score-first LoRA TTT: causality, per-document independence, identity at init, budget stop, parsing, resolver,
+and the whole finalize step (eval + int6 + TTT) on a tiny model."""
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from conftest import fake_device
+from speedrun.attention import get_backend
+from speedrun.config import to_config
+from speedrun.data.bpb import ByteLUTs
+from speedrun.model import GPT, GPTConfig
+from speedrun.plan import PlanError, resolve
+from speedrun.ttt import chunk_size_for, parse_short_chunks, parse_targets, split_documents, ttt_evaluate
+
+TINY = GPTConfig(vocab_size=64, n_layer=2, d_model=32, n_head=4, n_kv_head=2, mlp_mult=2, seq_len=24)
+BOS = 0
+
+
+def luts(vocab=64):
+    base = torch.full((vocab,), 2, dtype=torch.int16)
+    base[BOS] = 0
+    boundary = torch.zeros(vocab, dtype=torch.bool)
+    boundary[BOS] = True
+    return ByteLUTs(base, torch.arange(vocab) % 3 == 0, boundary)
+
+
+def model(seed=0):
+    torch.manual_seed(seed)
+    m = GPT(TINY, get_backend("sdpa", kernel="math"))
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return m
+
+
+def docs_stream(lengths, seed=0):
+    """BOS + (length - 1) tokens per document, no BOS inside."""
+    g = torch.Generator().manual_seed(seed)
+    parts = []
+    for n in lengths:
+        parts += [torch.tensor([BOS]), torch.randint(1, 64, (n - 1,), generator=g)]
+    return torch.cat(parts)
+
+
+KW = dict(bos_id=BOS, seq_len=TINY.seq_len, rank=4, lr=0.05, chunk_size=8, targets="all", seed=0)
+
+
+def run(m, tokens, **kw):
+    return ttt_evaluate(m, tokens, luts(), **{**KW, **kw, "record_chunks": True})
+
+
+def test_changing_later_chunks_never_changes_earlier_scores():
+    """Chunks of 8 in windows of 24: changing every token of chunk k+1 onward (of one document) leaves the score
+    of chunks 0..k of that document, and all of every other document, bit-identical, while later scores move."""
+    m = model()
+    lengths = [61, 45, 70]  # documents 0 and 2 share a batch of 2 (sorted by length: [45], [61, 70] -> 2 batches)
+    tokens = docs_stream(lengths)
+    base = {(d, k): (nats, n) for d, k, nats, n in run(m, tokens, batch_size=2).chunks}
+    starts = [0, 61, 106]
+    doc, k = 2, 3  # change document 2 from chunk 4 on: its targets 33.. are tokens starts[2] + 33 ..
+    changed = tokens.clone()
+    lo, hi = starts[doc] + (k + 1) * 8 + 1, starts[doc] + lengths[doc]
+    changed[lo:hi] = (changed[lo:hi] + 7) % 63 + 1  # never BOS: same documents
+    after = {(d, c): (nats, n) for d, c, nats, n in run(m, changed, batch_size=2).chunks}
+    assert set(after) == set(base)
+    for (d, c), score in base.items():
+        if d != doc or c <= k:
+            assert after[(d, c)] == score, (d, c)
+    assert any(after[(doc, c)] != base[(doc, c)] for c in range(k + 1, 9))
+    # score before update: every document's first chunk is scored before any step, so it is the base model's
+    frozen = {(d, c): score for d, c, *score in run(m, tokens, batch_size=2, lr=0.0).chunks}
+    for d in range(3):
+        assert tuple(frozen[(d, 0)]) == base[(d, 0)] and tuple(frozen[(d, 1)]) != base[(d, 1)]
+
+
+def test_adapters_start_as_the_base_model_and_leave_it_untouched():
+    """lr=0: TTT scores equal the base model's own scores of each document (in one window, since documents here
+    fit in seq_len and attention is causal); and the model passed in is never modified."""
+    m = model()
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    lengths = [20, 13, 24]
+    tokens = docs_stream(lengths)
+    res = run(m, tokens, lr=0.0, batch_size=3)
+    assert res.complete and res.tokens_scored == sum(lengths) - 1 == tokens.numel() - 1
+    direct, start = 0.0, 0
+    for n in lengths:
+        end = min(start + n, tokens.numel() - 1)  # each document's targets run to the next BOS
+        with torch.no_grad():
+            direct += float(m(tokens[start:end][None], tokens[start + 1:end + 1][None], reduction="none").double().sum())
+        start += n
+    assert abs(res.val_loss * res.tokens_scored - direct) < 1e-6 * abs(direct)
+    assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
+
+
+def test_ttt_adapts_to_a_repetitive_document():
+    m = model()
+    g = torch.Generator().manual_seed(3)
+    motif = torch.randint(1, 64, (6,), generator=g)
+    tokens = torch.cat([torch.tensor([BOS]), motif.repeat(30)])
+    frozen = run(m, tokens, lr=0.0)
+    adapted = run(m, tokens, lr=0.05)
+    assert adapted.val_loss < frozen.val_loss - 0.5, (adapted.val_loss, frozen.val_loss)
+
+
+def test_time_budget_stops_cleanly_and_says_how_much_was_scored():
+    m = model()
+    tokens = docs_stream([40, 50, 30])
+    none = run(m, tokens, max_seconds=1e-9)
+    assert not none.complete and none.tokens_scored == 0 and none.fraction == 0.0 and none.val_bpb is None
+    full = run(m, tokens, max_seconds=600.0)
+    assert full.complete and full.fraction == 1.0 and full.tokens_scored == tokens.numel() - 1
+    assert full.bytes > 0 and full.val_bpb > 0 and full.docs_done == full.docs_total == 3
+
+
+def test_short_document_chunk_schedule():
+    assert parse_short_chunks("") == []
+    steps = parse_short_chunks("2000:24, 256:8")
+    assert steps == [(256, 8), (2000, 24)]
+    assert [chunk_size_for(n, 48, steps) for n in (1, 256, 257, 2000, 2001)] == [8, 8, 24, 24, 48]
+    for bad in ("256-8", "0:8", "256:0", "a:b", "256:8:1", "256:8,256:4"):
+        with pytest.raises(ValueError, match="ttt.short_chunks"):
+            parse_short_chunks(bad)
+    # a short document gets more, smaller chunks: 3 documents x ceil(n / chunk) chunks
+    res = run(model(), docs_stream([10, 30, 40]), short_chunks="12:2,32:4")
+    per_doc = {}
+    for d, c, _, n in res.chunks:
+        per_doc.setdefault(d, []).append(n)
+    assert per_doc == {0: [2] * 5, 1: [4] * 7 + [2], 2: [8] * 4 + [7]}  # the last document ends at M
+
+
+def test_targets_and_documents():
+    assert parse_targets("all") == ("q", "k", "v", "o", "up", "down")
+    assert parse_targets("no_qv") == ("k", "o", "up", "down")
+    assert parse_targets("q, v,mlp") == ("q", "v", "up", "down")
+    with pytest.raises(ValueError, match="F.linear"):
+        parse_targets("q,head")
+    with pytest.raises(ValueError, match="unknown target"):
+        parse_targets("q,x")
+    assert split_documents(torch.tensor([0, 5, 6, 0, 7, 0, 8]), 0) == [(0, 3), (3, 2), (5, 1)]
+    assert split_documents(torch.tensor([5, 6, 0, 7]), 0) == [(0, 2), (2, 1)]  # a leading fragment
+    lora_only_qv = run(model(), docs_stream([30]), targets="qv")
+    assert lora_only_qv.complete
+
+
+def plan_for(compose, *overrides):
+    return resolve(to_config(compose(list(overrides))), fake_device("cpu"))
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["ttt=lora", "ttt.short_chunks=256-8"], "LEN:CHUNK"),
+    (["ttt=lora", "model=tiny", "ttt.chunk_size=300"], "model.seq_len=256"),
+    (["ttt=lora", "ttt.targets=head"], "F.linear"),
+    (["ttt=lora", "ttt.rank=0"], "ttt.rank"),
+    (["ttt=lora", "ttt.max_seconds=0"], "ttt.max_seconds"),
+])
+def test_ttt_refusals(compose, overrides, needle):
+    with pytest.raises(PlanError) as e:
+        plan_for(compose, *overrides)
+    assert needle in str(e.value)
+
+
+def test_finalize_scores_quantizes_and_adapts(compose, tmp_path):
+    """The runner's last step on a tiny model: sliding eval, int6 GPTQ (+ lzma), TTT on the dequantized model."""
+    from speedrun.finalize import evaluate_and_export
+
+    cfg = to_config(compose(["hardware=cpu", "model=tiny", "model.n_layer=2", "model.d_model=32", "model.seq_len=32",
+                             "data.vocab_size=64", "hardware.micro_batch=4", "budget.tokens_per_step=128",
+                             "eval=sliding", "eval.stride=16", "quant=int6", "quant.calib_batches=2",
+                             "ttt=lora", "ttt.chunk_size=16", "ttt.short_chunks=20:4"]))
+    plan = resolve(cfg, fake_device("cpu"))
+    assert (plan.model.seq_len, plan.model.vocab_size, plan.eval_batch) == (32, 64, 4)
+    gpt = GPT(GPTConfig(**{**TINY.__dict__, "seq_len": 32}), get_backend("sdpa", kernel="math"))
+    with torch.no_grad():
+        for p in gpt.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+
+    def eval_forward(x, y):
+        return gpt(x, y, reduction="none")
+
+    seen = []
+
+    def train_batches():
+        while True:
+            x = torch.randint(1, 64, (4, 32))
+            seen.append(x)
+            yield x, x
+
+    data = types.SimpleNamespace(val_tokens=docs_stream([50, 15, 32]), luts=luts(), bos_id=BOS,
+                                 train_batches=train_batches)
+    lines = []
+    out = evaluate_and_export(cfg, plan, gpt, eval_forward, data, tmp_path, lines.append)
+    assert len(seen) == 2  # Hessians from exactly calib_batches training batches
+    assert out["eval_mode"] == "sliding:16" and out["eval_tokens"] == 96
+    assert out["val_bpb"] > 0 and abs(out["val_bpb_quant"] - out["val_bpb"]) < 0.05
+    assert out["ttt_complete"] and out["ttt_fraction"] == 1.0 and out["ttt_tokens_scored"] == 96
+    assert out["val_bpb_ttt"] > 0 and out["ttt_seconds"] >= 0
+    assert out["artifact_ok"] and out["artifact_bytes"] == out["artifact_model_bytes"] + out["artifact_code_bytes"]
+    assert (tmp_path / "model.int6.lzma").stat().st_size == out["artifact_model_bytes"]
