@@ -16,8 +16,9 @@ from omegaconf import OmegaConf
 from conftest import run_cli
 from hydra_plugins.speedrun_plugins import pool_launcher as pl
 
+# test_cli.py's TINY with a 2 s budget, no warm-up step and a shorter eval: every job is a real run, just short
 SWEEP_TINY = ["hardware=cpu", "model=tiny", "hardware.micro_batch=4", "budget.tokens_per_step=2048",
-              "eval.tokens=4096", "logger.log_every_seconds=0.5", "budget.train_seconds=2"]
+              "eval.tokens=2048", "logger.log_every_seconds=0.5", "budget.train_seconds=2", "budget.warmup_steps=0"]
 GRID = ["model.n_layer=1,2", "optim.matrix_lr=0.04,0.02"]
 
 
@@ -253,3 +254,25 @@ def test_the_report_on_the_sweep_database(project, tmp_path):
         assert (out / name).read_bytes()[:4] == b"\x89PNG", name
     seen = check_in_browser(out / "report.html", tmp_path)
     assert seen == {"data-images": 3, "data-images-loaded": 3, "data-rows": 2}
+
+
+def test_sigterm_to_the_sweep_stops_its_jobs_instead_of_orphaning_them(tmp_path):
+    driver = tmp_path / "driver.py"
+    driver.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from pathlib import Path\n"
+        "from test_sweep import _fake_jobs, pl\n"
+        "scripts = ['import signal\\n"
+        "signal.signal(signal.SIGTERM, lambda *a: (done(\"interrupted\"), sys.exit(1)))\\n"
+        "open(os.path.join(d, \"started\"), \"w\").close(); time.sleep(60); done(\"ok\")\\n', \"done('ok')\\n\"]\n"
+        "rets = pl._Pool([None], fail_fast=False, echo=False, stop_timeout_s=10).run(_fake_jobs(Path(sys.argv[1]), scripts))\n"
+        "print([type(r._return_value).__name__ + ':' + getattr(r._return_value, 'status', '') for r in rets])\n")
+    proc = subprocess.Popen([sys.executable, str(driver), str(tmp_path / "jobs")], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 30
+    while not (tmp_path / "jobs" / "0" / "started").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    proc.terminate()
+    out, _ = proc.communicate(timeout=30)
+    assert "['JobFailed:interrupted', 'JobNotRun:not_run']" in out, out

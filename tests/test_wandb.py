@@ -16,8 +16,9 @@ import pytest
 from speedrun.config import LoggerConfig
 from speedrun.loggers import WandbLogger, make_logger, resolve_wandb_mode
 
+# test_cli.py's TINY with a 2 s budget, no warm-up step and a shorter eval: every job is a real run, just short
 SWEEP_TINY = ["hardware=cpu", "model=tiny", "hardware.micro_batch=4", "budget.tokens_per_step=2048",
-              "eval.tokens=4096", "logger.log_every_seconds=0.5", "budget.train_seconds=2"]
+              "eval.tokens=2048", "logger.log_every_seconds=0.5", "budget.train_seconds=2", "budget.warmup_steps=0"]
 
 
 @pytest.fixture(scope="session")

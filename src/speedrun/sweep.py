@@ -344,8 +344,9 @@ except ImportError:  # hydra is a dependency; this only keeps `import speedrun.s
 class SweepSummary(Callback):  # type: ignore[misc,valid-type]
     """At the end of a multirun: summary.md and summary.csv in the sweep dir, the same table on the console.
 
-    With ``exit_nonzero_on_failure`` (the default) the process then exits with status 1 when any job failed,
-    so scripts see it; the summary is written first.
+    With ``exit_nonzero_on_failure`` (the default) the process then exits with status 1 when any job failed, was
+    interrupted or was not run, so scripts see it; the summary is written first. A diverged run is a result (it
+    shows under failures in the summary) and does not change the exit status.
     """
 
     def __init__(self, exit_nonzero_on_failure: bool = True) -> None:
@@ -368,6 +369,7 @@ class SweepSummary(Callback):  # type: ignore[misc,valid-type]
         if s.not_run:
             print(f"not run: {s.not_run} job(s) (fail-fast or interrupted)", flush=True)
         print(f"summary: {sweep_dir / 'summary.md'}", flush=True)
-        if self.exit_nonzero_on_failure and (s.failures or s.not_run):
+        crashed = [r for _, r in s.failures if r.get("status") != "diverged"]  # a divergence is a result
+        if self.exit_nonzero_on_failure and (crashed or s.not_run):
             sys.stdout.flush()
             sys.exit(1)

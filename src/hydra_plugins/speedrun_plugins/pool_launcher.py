@@ -17,11 +17,13 @@ The child learns it belongs to the sweep through Hydra overrides that are not ta
 (``hydra.sweep.dir``, ``hydra.job.num``, ``hydra.run.dir``), so its recorded overrides are exactly the job's.
 """
 
+import contextlib
 import copy
 import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -29,7 +31,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
@@ -220,6 +222,10 @@ class _Pool:
         self.stopping: Optional[str] = None
 
     def run(self, jobs: list[_Job]) -> list[JobReturn]:
+        with _sigterm_as_interrupt():
+            return self._run(jobs)
+
+    def _run(self, jobs: list[_Job]) -> list[JobReturn]:
         pending = deque(jobs)
         running: list[_Job] = []
         free = list(range(len(self.slots)))
@@ -248,6 +254,12 @@ class _Pool:
             while pending:
                 self._not_run(pending.popleft())
             self._drain(running)
+        for job in jobs:  # an interrupt between two steps above can leave a job without its return
+            if job.ret is None:
+                if job.proc is not None and job.proc.poll() is not None:
+                    self._finish(job)
+                else:
+                    self._not_run(job)
         return [j.ret for j in jobs]  # type: ignore[misc]
 
     def _start(self, job: _Job, slot: int) -> _Job:
@@ -255,6 +267,9 @@ class _Pool:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpu
+        if len(self.slots) > 1 and "OMP_NUM_THREADS" not in os.environ:
+            # parallel jobs share the cores: without this each one starts a thread per core and they thrash
+            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // len(self.slots)))
         job.job_dir.mkdir(parents=True, exist_ok=True)
         job.slot, job.started = slot, time.time()
         log.info(f"#{job.num} {' '.join(filter_overrides(job.overrides))}"
@@ -323,6 +338,23 @@ class _Pool:
             if job.proc is not None:
                 job.proc.wait()
                 self._finish(job)
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM to the sweep (kill, a scheduler) stops its jobs like Ctrl-C instead of orphaning them."""
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _job_return(job: _Job) -> JobReturn:
