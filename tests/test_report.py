@@ -143,6 +143,12 @@ def test_a_resumed_sweep_includes_the_runs_it_reused(tmp_path):
     s2 = {str(tmp_path / "runs" / f"s2-{a}-0-ok") for a in ("sdpa", "flex")}
     # a sweep dir: its own runs (sweep id = dir name) and the ones its manifest reused
     assert {r.row["run_dir"] for r in report.load_runs(db, sweeps=[str(sweep_dir)])} == s2 | {reused}
+    # a resumed sweep that ran nothing has no rows: its id and `latest` still find it through its manifest
+    s3 = tmp_path / "multirun" / "2026-01-01" / "s3"
+    s3.mkdir(parents=True)
+    (s3 / "sweep.json").write_text(json.dumps({"started_at": 1e12, "jobs": [{"state": "reused", "run_dir": reused}]}))
+    assert [r.row["run_dir"] for r in report.load_runs(db, sweeps=["s3"])] == [reused]
+    assert [r.row["run_dir"] for r in report.load_runs(db, sweeps=["latest"])] == [reused]
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -199,6 +199,11 @@ def test_resuming_the_same_sweep_runs_nothing(project):
     assert {j["run_dir"] for j in manifest["jobs"]} == {str(p.resolve()) for p in first.iterdir() if p.is_dir()}
     summary = read_csv(resumed / "summary.csv")
     assert len(summary) == 4 and all(r["n"] == "1" for r in summary)
+    from speedrun import report
+
+    db = project["cwd"] / "outputs" / "results.sqlite"
+    for selector in (resumed.name, "latest", str(resumed)):  # the report sees the runs the resumed sweep reused
+        assert len(report.load_runs(db, sweeps=[selector])) == 4
 
 
 @pytest.mark.slow

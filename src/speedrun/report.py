@@ -124,7 +124,7 @@ def load_runs(db: Path, sweeps: Sequence[str] = (), name: Optional[str] = None, 
         raise SystemExit(f"no results database at {db}: run something first (python -m run)")
     runs = [Run.from_row(r) for r in ResultsDB(db).rows()]
     if sweeps:
-        runs = _select_sweeps(runs, sweeps)
+        runs = _select_sweeps(runs, sweeps, db.resolve().parent / "multirun")
     wanted = dict(where or {})
     if name is not None:
         wanted["name"] = name
@@ -136,21 +136,26 @@ def load_runs(db: Path, sweeps: Sequence[str] = (), name: Optional[str] = None, 
     return sorted(runs, key=lambda r: r.row.get("started_at") or 0.0)
 
 
-def _select_sweeps(runs: list[Run], sweeps: Sequence[str]) -> list[Run]:
+def _select_sweeps(runs: list[Run], sweeps: Sequence[str], multirun: Optional[Path] = None) -> list[Run]:
     """Runs of the named sweeps: an id, ``latest``, or a sweep dir. A sweep that resumed also takes the
-    earlier runs its manifest (sweep.json) reused."""
+    earlier runs its manifest (sweep.json) reused, even when it ran no job itself. ``multirun`` is where
+    sweep dirs live (outputs/multirun beside the database), searched for manifests by id."""
+    manifests = {p.parent.name: p.parent for p in multirun.glob(f"*/*/{MANIFEST}")} if multirun else {}
     ids, dirs = set(), []
     for s in sweeps:
         if s == "latest":
-            swept = [r for r in runs if r.row.get("sweep")]
-            if not swept:
-                raise SystemExit("--sweep latest: no run in the database belongs to a sweep")
-            ids.add(max(swept, key=lambda r: r.row.get("started_at") or 0.0).row["sweep"])
+            started = {r.row["sweep"]: r.row.get("started_at") or 0.0 for r in runs if r.row.get("sweep")}
+            for sweep_id, d in manifests.items():
+                started[sweep_id] = max(started.get(sweep_id, 0.0), _manifest_started(d))
+            if not started:
+                raise SystemExit("--sweep latest: no sweep in the database or under " + str(multirun))
+            ids.add(max(started, key=lambda k: started[k]))
         elif Path(s).is_dir():
             dirs.append(Path(s).resolve())
             ids.add(Path(s).name)
         else:
             ids.add(s)
+    dirs += [manifests[i] for i in ids if i in manifests]
     for r in runs:
         if r.row.get("sweep") in ids and r.row.get("run_dir"):
             dirs.append(Path(r.row["run_dir"]).parent)
@@ -164,6 +169,13 @@ def _select_sweeps(runs: list[Run], sweeps: Sequence[str]) -> list[Run]:
                 continue
             reused.update(str(j["run_dir"]) for j in jobs if j.get("state") == "reused" and j.get("run_dir"))
     return [r for r in runs if r.row.get("sweep") in ids or str(r.row.get("run_dir") or r.row["run_id"]) in reused]
+
+
+def _manifest_started(sweep_dir: Path) -> float:
+    try:
+        return float(json.loads((sweep_dir / MANIFEST).read_text()).get("started_at") or 0.0)
+    except (OSError, ValueError, TypeError):
+        return 0.0
 
 
 # ---------------------------------------------------------------------------------------------------------
