@@ -129,21 +129,19 @@ def split_documents(tokens: torch.Tensor, bos_id: int) -> list[tuple[int, int]]:
 
 
 class LoRALinear(nn.Module):
-    """A frozen nn.Linear plus per-document low-rank deltas: y = base(x) + (x A[rows]^T) B[rows]^T.
+    """A frozen nn.Linear plus one low-rank delta per batch row: y = base(x) + (x A^T) B^T, with A of shape
+    (slots, rank, in) and B (slots, out, rank): row i of a batch of b <= slots rows uses slot i."""
 
-    A is (docs, rank, in), B is (docs, out, rank); ``rows`` (set by LoRAModel.use_rows) picks the documents of
-    the current forward, in batch order."""
-
-    def __init__(self, base: nn.Linear, docs: int, rank: int, dtype: torch.dtype = torch.float32):
+    def __init__(self, base: nn.Linear, rows: int, rank: int):
         super().__init__()
         self.base = base
-        self.A = nn.Parameter(torch.zeros(docs, rank, base.in_features, device=base.weight.device, dtype=dtype))
-        self.B = nn.Parameter(torch.zeros(docs, base.out_features, rank, device=base.weight.device, dtype=dtype))
-        self.rows: Optional[torch.Tensor] = None
+        device = base.weight.device
+        self.A = nn.Parameter(torch.zeros(rows, rank, base.in_features, device=device))
+        self.B = nn.Parameter(torch.zeros(rows, base.out_features, rank, device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
-        A, B = (self.A, self.B) if self.rows is None else (self.A[self.rows], self.B[self.rows])
+        A, B = self.A[: x.size(0)], self.B[: x.size(0)]
         delta = torch.bmm(torch.bmm(x, A.transpose(1, 2).to(x.dtype)), B.transpose(1, 2).to(x.dtype))
         return y + delta.to(y.dtype)
 
@@ -151,9 +149,9 @@ class LoRALinear(nn.Module):
 class LoRAModel:
     """A deep copy of the GPT, frozen, with LoRALinear in place of the targeted block linears."""
 
-    def __init__(self, model: nn.Module, targets: tuple[str, ...], rank: int, docs: int, seed: int):
+    def __init__(self, model: nn.Module, targets: tuple[str, ...], rank: int, slots: int, seed: int):
         self.model = copy.deepcopy(model)
-        self.model.eval()  # no dropout in our GPT; eval() documents that the base is not being trained
+        self.model.eval()  # our GPT has no dropout; eval() also keeps fp8 linears on their bf16 path
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.layers: list[LoRALinear] = []
@@ -161,7 +159,7 @@ class LoRAModel:
             for t in targets:
                 parent_name, attr = TARGETS[t]
                 parent = getattr(block, parent_name)
-                layer = LoRALinear(getattr(parent, attr), docs, rank)
+                layer = LoRALinear(getattr(parent, attr), slots, rank)
                 setattr(parent, attr, layer)
                 self.layers.append(layer)
         # One A init (kaiming-uniform, seeded) shared by every document, so a document's result does not depend
@@ -179,10 +177,6 @@ class LoRAModel:
         for layer, a in zip(self.layers, self.a_init):
             layer.A.copy_(a.to(layer.A.device).expand_as(layer.A))
             layer.B.zero_()
-
-    def use_rows(self, rows: torch.Tensor) -> None:
-        for layer in self.layers:
-            layer.rows = rows
 
 
 @dataclass
@@ -249,7 +243,7 @@ def ttt_evaluate(
             batches.append([i])
     random.Random(seed).shuffle(batches)
 
-    lora = LoRAModel(model, target_names, rank, batch_size, seed)
+    lora = LoRAModel(model, target_names, rank, min(batch_size, len(docs)), seed)
     luts = luts.to(device)
     tokens = val_tokens.to(device)
     state = _Sums(device)
@@ -287,55 +281,65 @@ class _Sums:
         return float(self.nats.item()), int(self.bytes.item()), self.tokens
 
 
+def _width(n: int, seq_len: int) -> int:
+    """Pad window widths to a power of two (>= 64, at most seq_len): a handful of shapes for the whole run,
+    so kernels that compile or plan per shape (flex, cuDNN) do so a few times, not once per chunk."""
+    return min(seq_len, max(64, 1 << max(0, n - 1).bit_length()))
+
+
 def _adapt_batch(lora: LoRAModel, docs: list[tuple[int, int]], doc_ids: list[int], chunk: int, tokens: torch.Tensor,
                  luts: ByteLUTs, sums: _Sums, *, seq_len: int, lr: float, betas: tuple[float, float],
                  weight_decay: float, device: str, autocast_dtype: Optional[torch.dtype],
                  deadline: Optional[float], chunk_log: Optional[list]) -> bool:
-    """Score-first TTT of one batch of documents (all with chunk size ``chunk``). True if the deadline hit."""
+    """Score-first TTT of one batch of documents (all with chunk size ``chunk``). True if the deadline hit.
+
+    Every step runs one row per document of the batch at one padded width (documents that are done are all
+    padding: unscored, untrained), so the shapes stay few: the batch size (smaller only for a last, short
+    batch) times a handful of widths."""
     lora.reset()
     opt = torch.optim.AdamW(lora.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
     n_chunks = [math.ceil(n / chunk) for _, n in docs]
+    rows = len(docs)
+    last = tokens.numel() - 1
     for k in range(max(n_chunks)):
         if deadline is not None and time.perf_counter() > deadline:
             return True
-        active = [i for i, nc in enumerate(n_chunks) if k < nc]
-        # per active document: window [lo, hi) of its inputs (relative to its start), scored targets from lo_s
-        spans = []
-        for i in active:
-            start, n = docs[i]
-            hi = min((k + 1) * chunk, n)
-            lo = max(0, hi - seq_len)
-            spans.append((start, lo, hi, k * chunk - lo))
-        width = max(hi - lo for _, lo, hi, _ in spans)
-        x = torch.zeros(len(active), width, dtype=torch.long, device=device)
-        y = torch.zeros_like(x)
-        scored = torch.zeros(len(active), width, dtype=torch.bool, device=device)
-        for row, (start, lo, hi, first) in enumerate(spans):
-            x[row, : hi - lo] = tokens[start + lo: start + hi]
-            y[row, : hi - lo] = tokens[start + lo + 1: start + hi + 1]
-            scored[row, first: hi - lo] = True  # right padding stays unscored; causal attention ignores it
-        train_rows = [row for row, i in enumerate(active) if k < n_chunks[i] - 1]
-        lora.use_rows(torch.tensor(active, device=device))
-        with torch.set_grad_enabled(bool(train_rows)):
+        # per slot: inputs [lo, hi) of its document (relative to the document start), scored from offset `first`
+        begin, length, first, train = [0] * rows, [0] * rows, [0] * rows, [0.0] * rows
+        for i, ((start, n), nc) in enumerate(zip(docs, n_chunks)):
+            if k < nc:
+                hi = min((k + 1) * chunk, n)
+                lo = max(0, hi - seq_len)
+                begin[i], length[i], first[i] = start + lo, hi - lo, k * chunk - lo
+                train[i] = 1.0 if k < nc - 1 else 0.0  # no update after a document's last chunk
+        width = _width(max(length), seq_len)
+        cols = torch.arange(width, device=device)
+        idx = torch.tensor(begin, device=device)[:, None] + cols[None, :]
+        valid = cols[None, :] < torch.tensor(length, device=device)[:, None]
+        x = torch.where(valid, tokens[idx.clamp(max=last - 1)], 0)
+        y = torch.where(valid, tokens[(idx + 1).clamp(max=last)], 0)
+        scored = valid & (cols[None, :] >= torch.tensor(first, device=device)[:, None])
+        weights = torch.tensor(train, device=device)
+        training = any(train)
+        with torch.set_grad_enabled(training):
             if autocast_dtype is not None:
                 with torch.autocast(device, dtype=autocast_dtype):
                     nats = lora.model(x, y, reduction="none")
             else:
                 nats = lora.model(x, y, reduction="none")
-        with torch.no_grad():
+        with torch.no_grad():  # the score: before this chunk's update
             chunk_nats = torch.where(scored, nats.detach().double(), 0.0)
             sums.nats += chunk_nats.sum()
             sums.bytes += torch.where(scored, token_bytes(x, y, luts), 0).sum()
-            sums.tokens += int(scored.sum().item())
+            counts = scored.sum(dim=1)
+            sums.tokens += int(counts.sum().item())
             if chunk_log is not None:
-                per_doc = chunk_nats.sum(dim=1).tolist()
-                counts = scored.sum(dim=1).tolist()
-                for row, i in enumerate(active):
-                    chunk_log.append((doc_ids[i], k, per_doc[row], counts[row]))
-        if train_rows:  # the update uses this chunk only after it has been scored above
-            mask = scored[train_rows].float()
-            loss = ((nats[train_rows] * mask).sum(dim=1) / mask.sum(dim=1)).sum()
+                for i, (d_nats, d_count) in enumerate(zip(chunk_nats.sum(dim=1).tolist(), counts.tolist())):
+                    if d_count:
+                        chunk_log.append((doc_ids[i], k, d_nats, d_count))
+        if training:  # then one step on the chunk just scored: it can only change later chunks' scores
+            per_doc = (nats * scored).sum(dim=1) / counts.clamp_min(1)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            (per_doc * weights).sum().backward()
             opt.step()
     return False
