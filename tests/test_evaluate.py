@@ -129,3 +129,27 @@ def test_eval_options_resolve(compose):
     plan_for(compose, "cpu", "eval=sliding", "eval.stride=256", "model=tiny")
     plan_for(compose, "cpu", "attn=math", "eval.document_isolated=true")
     plan_for(compose, "h100", "attn=flex", "eval=sliding", "eval.document_isolated=true")
+
+
+# ---- CUDA (device machine) -------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_cuda_document_isolated_sliding_eval_flex_matches_math():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from dataclasses import replace
+
+    cfg = replace(TINY, seq_len=128)
+    tokens, luts = stream(4 * 128 + 1, bos_every=37), luts_for(64)
+    results = {}
+    for attn in ("math", "flex"):
+        torch.manual_seed(0)
+        m = GPT(cfg, get_backend(attn)).cuda().eval()
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        with document_mask(m, 0):
+            results[attn] = evaluate_sliding(lambda x, y: m(x, y, reduction="none"), tokens, luts, seq_len=128,
+                                             stride=48, batch_size=3, device="cuda", autocast_dtype=torch.bfloat16)
+    assert results["flex"].tokens == results["math"].tokens == 4 * 128
+    assert abs(results["flex"].val_loss - results["math"].val_loss) < 2e-2

@@ -182,3 +182,21 @@ def test_resolver_names_the_extra_for_a_missing_compressor(compose, monkeypatch)
     with pytest.raises(PlanError, match=r"pip install 'speedrun\[compress\]'"):
         plan_for(compose, "cpu", "quant=int6", "quant.compressor=zstd")
     plan_for(compose, "cpu", "quant=int6", "quant.compressor=lzma")
+
+
+# ---- CUDA (device machine) -------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_cuda_gptq_matches_cpu_quality():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    torch.manual_seed(0)
+    w = torch.randn(96, 128) / 128 ** 0.5
+    X, X_test = correlated_inputs(4096, 128, seed=1), correlated_inputs(4096, 128, seed=2)
+    H = X.T @ X / len(X)
+    errs = []
+    for device in ("cpu", "cuda"):
+        q, scale = Q.quantize_gptq(w.to(device), H.to(device), bits=6, clip_ratios=[1.0, 0.9, 0.8])
+        wq = q.float().cpu() * scale.float().cpu()[:, None]
+        errs.append(float((X_test @ (w - wq).T).norm() / (X_test @ w.T).norm()))
+    assert errs[1] <= 0.03 and abs(errs[1] - errs[0]) < 0.1 * errs[0], errs

@@ -199,3 +199,17 @@ def test_finalize_scores_quantizes_and_adapts(compose, tmp_path):
     assert out["val_bpb_ttt"] > 0 and out["ttt_seconds"] >= 0
     assert out["artifact_ok"] and out["artifact_bytes"] == out["artifact_model_bytes"] + out["artifact_code_bytes"]
     assert (tmp_path / "model.int6.lzma").stat().st_size == out["artifact_model_bytes"]
+
+
+# ---- CUDA (device machine) -------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_cuda_bf16_ttt_completes_and_agrees_with_cpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    m = model()
+    tokens = docs_stream([200, 90, 300, 40])
+    cpu = run(m, tokens, batch_size=2)
+    gpu = run(m.cuda(), tokens, batch_size=4, device="cuda", autocast_dtype=torch.bfloat16, short_chunks="64:4")
+    assert gpu.complete and gpu.tokens_scored == cpu.tokens_scored and gpu.bytes == cpu.bytes
+    assert abs(gpu.val_loss - cpu.val_loss) < 0.1, (gpu.val_loss, cpu.val_loss)
