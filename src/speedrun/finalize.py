@@ -29,13 +29,14 @@ from .quantize import (
     quantize_state_dict_gptq,
 )
 
-AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16, None: None}
+"""Plan.autocast -> dtype. fp8 runs evaluate in bf16 (the fp8 layers take their bf16 path in eval mode)."""
 
 
 def evaluate_and_export(cfg: Config, plan: Plan, model: torch.nn.Module, eval_forward: Callable, data: Any,
                         run_dir: Path, log: Callable[[str], None]) -> dict[str, Any]:
     out: dict[str, Any] = {"eval_mode": _eval_mode(cfg)}
-    autocast_dtype = AUTOCAST[plan.precision]
+    autocast_dtype = AUTOCAST[plan.autocast]
     bos_id = data.bos_id if cfg.eval.document_isolated else None
 
     def score() -> EvalResult:
@@ -87,7 +88,7 @@ def _export(cfg: Config, plan: Plan, model: torch.nn.Module, data: Any, log: Cal
         raise ValueError(f"quant={q.name}: unknown; choose one of off, int8, int6")
     t0 = time.perf_counter()
     hessians = collect_hessians(model, data.train_batches(), q.calib_batches, device=plan.device,
-                                autocast_dtype=AUTOCAST[plan.precision])
+                                autocast_dtype=AUTOCAST[plan.autocast])
     t1 = time.perf_counter()
     packed = quantize_state_dict_gptq(model.state_dict(), hessians, bits=q.bits, embed_bits=q.embed_bits,
                                       damp=q.damp, block_size=q.block_size, clip_ratios=q.clip_ratios)
