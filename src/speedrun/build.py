@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 
@@ -26,8 +26,9 @@ class DataBundle:
     luts: ByteLUTs
     bos_id: int
     val_tokens: torch.Tensor
-    train_batches: Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]]
-    """A fresh deterministic stream from the start of the training shards."""
+    train_batches: Callable[..., TokenStream]
+    """train_batches(seq_len=None, micro_batch=None, position=0): a deterministic stream of micro-batches from
+    token ``position`` of the training shards (defaults: the plan's longest length and its micro-batch)."""
     train_tokens: int
     """Tokens in the training shards (to report how many passes a run made over them)."""
 
@@ -52,8 +53,10 @@ def build_data(cfg: Config, plan: Plan, cwd: Path, log: Callable[[str], None]) -
         f"tokenizer {paths.tokenizer} (vocab {paths.vocab_size})")
     pin = plan.device == "cuda"
 
-    def train_batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        return iter(TokenStream(paths.train, seq_len, plan.micro_batch, vocab_size=paths.vocab_size, pin_memory=pin))
+    def train_batches(seq_len: int = seq_len, micro_batch: int = plan.micro_batch, position: int = 0) -> TokenStream:
+        stream = TokenStream(paths.train, seq_len, micro_batch, vocab_size=paths.vocab_size, pin_memory=pin)
+        stream.load_state_dict({"position": position})
+        return stream
 
     return DataBundle(paths=paths, luts=build_byte_luts(sp), bos_id=sp.bos_id(), val_tokens=val_tokens,
                       train_batches=train_batches, train_tokens=sum(read_header(p) for p in paths.train))
@@ -89,7 +92,11 @@ def build_model(cfg: Config, plan: Plan, attention, document_mask: bool, bos_id:
         beta1=o.beta1, beta2=o.beta2, eps=o.eps,
         ns_dtype=torch.bfloat16 if plan.ns_dtype == "bf16" else torch.float32,
     )
-    compiled = torch.compile(model) if plan.compile else model
+    if plan.compile:
+        # Static shapes: one graph per context length, all compiled during warm-up (progressive schedules
+        # switch lengths mid-run); raise dynamo's per-function cache limit so those graphs, plus eval's, fit.
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    compiled = torch.compile(model, dynamic=False) if plan.compile else model
 
     def forward(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return compiled(x, y)

@@ -142,7 +142,17 @@ class OptimConfig:
 @dataclass
 class ScheduleConfig:
     name: str = "constant"
-    """LR schedule: constant (after warm-up, with warm-down at the end of the budget)."""
+    """constant: one context length (model.seq_len). progressive: context grows by schedule.seq_len. Both use
+    the LR warm-up/warm-down below."""
+    seq_len: Any = None
+    """progressive: "L1@f1,L2@f2,...": train at length L1 until fraction f1 of the budget, then L2 until f2...;
+    lengths ascending, fractions ascending, the last 1.0. On the command line quote it:
+    'schedule.seq_len="1024@0.1,2048@0.7,3072@1.0"' (a bare comma list is a Hydra sweep)."""
+    progress: str = "time"
+    """What the fractions measure for switching lengths: time (of budget.train_seconds) or step (of
+    budget.max_steps)."""
+    rewarmup_steps: int = 10
+    """Linear LR re-warm-up over this many steps after each length switch (0: none)."""
     warmup_frac: float = 0.0
     """Fraction of the budget for linear LR warm-up."""
     warmdown_frac: float = 0.2

@@ -43,6 +43,16 @@ class ModelPlan:
 
 
 @dataclass(frozen=True)
+class Stage:
+    """One context length of the training schedule."""
+    seq_len: int
+    until: float
+    """Train at this length until this fraction of the budget (time or steps, per schedule.progress)."""
+    micro_batch: int
+    """Sequences per micro-batch at this length (micro-batch tokens stay constant across stages)."""
+
+
+@dataclass(frozen=True)
 class Plan:
     device: str
     """torch device: cuda or cpu."""
@@ -72,6 +82,11 @@ class Plan:
     model_name: str
     model: ModelPlan
     micro_batch: int
+    """Sequences per micro-batch at model.seq_len (the longest length)."""
+    stages: tuple[Stage, ...]
+    """Context-length stages; one for a constant schedule. Tokens per micro-batch and per step are the same in all."""
+    stage_progress: str
+    """time or step: what Stage.until measures."""
     grad_accum: int
     tokens_per_step: int
     train_seconds: float
@@ -97,6 +112,8 @@ class Plan:
             f"mlp {m.mlp_mult}x, vocab {m.vocab_size}, seq {m.seq_len}",
             f"batch       {self.tokens_per_step} tokens/step = {self.micro_batch} seqs x {m.seq_len} x "
             f"{self.grad_accum} accum",
+            *([f"stages      " + ", ".join(f"{st.seq_len} x {st.micro_batch} until {st.until:g}" for st in
+                                          self.stages) + f" (of {self.stage_progress})"] if len(self.stages) > 1 else []),
             f"budget      {self.train_seconds:g} s" + (f" or {self.max_steps} steps" if self.max_steps else "")
             + f", eval {self.eval_tokens if self.eval_tokens is not None else 'all'} tokens, "
             f"compile {'on' if self.compile else 'off'}",
@@ -156,6 +173,14 @@ def resolve(cfg: Config, device: DetectedDevice) -> Plan:
     ns_dtype = "bf16" if on_cuda and profile.has_bf16 else "fp32"
 
     model_name, model = _resolve_model(cfg, profile)
+    if cfg.schedule.name not in ("constant", "progressive"):
+        raise PlanError(f"schedule={cfg.schedule.name}: unknown; choose one of constant, progressive")
+    if cfg.schedule.name == "constant" and cfg.schedule.seq_len is not None:
+        raise PlanError("schedule.seq_len is for schedule=progressive; add schedule=progressive or drop it")
+    lengths = parse_stages(cfg.schedule) if cfg.schedule.name == "progressive" else None
+    if lengths:
+        # RoPE tables (and eval) are sized for the longest length.
+        model = dataclasses.replace(model, seq_len=max(length for length, _ in lengths))
     attn, attn_options, attn_kernel = _resolve_attention(cfg, profile, precision, model)
     _check_eval_ttt_quant(cfg, attn, model)
 
@@ -170,6 +195,12 @@ def resolve(cfg: Config, device: DetectedDevice) -> Plan:
             f"{micro_tokens} or change hardware.micro_batch"
         )
     _check_math_memory(attn, attn_options, micro_batch, model, profile, precision)
+    stages = _stages(lengths, micro_tokens) if lengths else (Stage(seq_len, 1.0, micro_batch),)
+    if cfg.schedule.progress not in ("time", "step"):
+        raise PlanError(f"schedule.progress={cfg.schedule.progress}: choose time or step")
+    if cfg.schedule.progress == "step" and not cfg.budget.max_steps:
+        raise PlanError("schedule.progress=step measures stages in steps: set budget.max_steps, or use "
+                        "schedule.progress=time")
 
     eval_tokens = cfg.eval.tokens if cfg.eval.tokens is not None else profile.eval_tokens
     memory_cap = cfg.hardware.memory_cap_gb or (profile.memory_gb if emulated else None)
@@ -197,6 +228,8 @@ def resolve(cfg: Config, device: DetectedDevice) -> Plan:
         model_name=model_name,
         model=model,
         micro_batch=micro_batch,
+        stages=stages,
+        stage_progress=cfg.schedule.progress,
         grad_accum=tokens_per_step // micro_tokens,
         tokens_per_step=tokens_per_step,
         train_seconds=float(train_seconds) if train_seconds > 0 else math.inf,
@@ -205,6 +238,40 @@ def resolve(cfg: Config, device: DetectedDevice) -> Plan:
         eval_batch=cfg.eval.batch_size or micro_batch,
         compile=compile_model,
     )
+
+
+def parse_stages(schedule: Any) -> list[tuple[int, float]]:
+    """schedule.seq_len "1024@0.1,2048@0.7,3072@1.0" (or a list of "L@f") -> [(1024, 0.1), ...], checked."""
+    spec = schedule.seq_len
+    if spec is None:
+        raise PlanError('schedule=progressive needs schedule.seq_len, e.g. \'schedule.seq_len="1024@0.5,2048@1.0"\'')
+    items = [str(x).strip() for x in (spec if isinstance(spec, (list, tuple)) else str(spec).split(","))]
+    stages = []
+    for item in items:
+        try:
+            length, until = item.split("@")
+            stages.append((int(length), float(until)))
+        except ValueError:
+            raise PlanError(f"schedule.seq_len: cannot read {item!r}; write LENGTH@FRACTION, e.g. 1024@0.5") from None
+    lengths, fractions = [s[0] for s in stages], [s[1] for s in stages]
+    if any(b <= a for a, b in zip(lengths, lengths[1:])) or lengths[0] < 1:
+        raise PlanError(f"schedule.seq_len: lengths must be positive and strictly increasing, got {lengths}")
+    if any(b <= a for a, b in zip(fractions, fractions[1:])) or fractions[0] <= 0:
+        raise PlanError(f"schedule.seq_len: fractions must be positive and strictly increasing, got {fractions}")
+    if fractions[-1] != 1.0:
+        raise PlanError(f"schedule.seq_len: the last stage must run to 1.0 of the budget, got {fractions[-1]}")
+    return stages
+
+
+def _stages(lengths: list[tuple[int, float]], micro_tokens: int) -> tuple[Stage, ...]:
+    bad = [length for length, _ in lengths if micro_tokens % length]
+    if bad:
+        raise PlanError(
+            f"schedule.seq_len: lengths {bad} do not divide the micro-batch tokens ({micro_tokens} = "
+            f"hardware.micro_batch x the longest length); tokens per micro-batch stay constant across stages, so "
+            f"pick lengths that divide {micro_tokens} or change hardware.micro_batch"
+        )
+    return tuple(Stage(length, until, micro_tokens // length) for length, until in lengths)
 
 
 def _sm(capability: Optional[tuple[int, int]]) -> str:

@@ -141,7 +141,7 @@ class Job:
         warm_up(stepper, data.train_batches, cfg.budget.warmup_steps, state, log.info)
         if plan.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        train(stepper, data.train_batches(), schedule=cfg.schedule, state=state, log=log.info,
+        train(stepper, data.train_batches, schedule=cfg.schedule, state=state, log=log.info,
               on_metrics=self._on_metrics, log_every_seconds=cfg.logger.log_every_seconds)
         self._record_training(model)
         self.result["data_epochs"] = round(state.tokens / data.train_tokens, 3)
@@ -184,6 +184,7 @@ class Job:
         tok_s = state.tokens / state.train_seconds if state.train_seconds > 0 else None
         result.update(steps=state.steps, tokens=state.tokens, train_seconds=round(state.train_seconds, 3),
                       compile_seconds=round(state.compile_seconds, 3), train_loss=state.last_loss,
+                      stages=state.stages, recompiles=state.recompiles,
                       tokens_per_s=round(tok_s, 1) if tok_s else None)
         if tok_s and plan.peak_flops:
             result["flops_per_token"] = model.flops_per_token(plan.model.seq_len)

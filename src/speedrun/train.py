@@ -29,7 +29,10 @@ class TrainState:
     compile_seconds: float = 0.0
     last_loss: Optional[float] = None
     diverged: bool = False
-    history: list[dict[str, Any]] = field(default_factory=list)
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    """Each context stage that ran: seq_len, start_step, start_seconds."""
+    recompiles: int = 0
+    """Graphs dynamo compiled during timed training (0 when warm-up covered every shape)."""
 
 
 def lr_multiplier(progress: float, schedule: ScheduleConfig) -> float:
@@ -97,19 +100,32 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def warm_up(stepper: Stepper, make_batches: Callable[[], Iterator[Batch]], steps: int, state: TrainState,
+MakeBatches = Callable[..., Iterator[Batch]]
+"""make_batches(seq_len, micro_batch, position) -> a stream of micro-batches (build.DataBundle.train_batches)."""
+
+
+def _graphs_compiled() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def warm_up(stepper: Stepper, make_batches: MakeBatches, steps: int, state: TrainState,
             log: Callable[[str], None]) -> None:
-    """Compile and autotune with real steps, then restore the initial model and optimizer state."""
+    """Compile and autotune with real steps at every context length of the plan, then restore the initial model
+    and optimizer state, so training starts from the same weights whatever the warm-up did."""
     if steps <= 0:
         return
     saved_model = copy.deepcopy(stepper.model.state_dict())
     saved_opts = [copy.deepcopy(opt.state_dict()) for opt in stepper.optimizers]
     saved_scaler = copy.deepcopy(stepper.scaler.state_dict()) if stepper.scaler else None
-    log(f"warm-up: {steps} step(s) to compile and autotune (not timed as training)")
+    stages = stepper.plan.stages
+    log(f"warm-up: {steps} step(s) x {len(stages)} context length(s) to compile and autotune (not timed)")
     t0 = time.perf_counter()
-    batches = make_batches()
-    for _ in range(steps):
-        stepper(batches)
+    for stage in stages:
+        batches = make_batches(stage.seq_len, stage.micro_batch)
+        for _ in range(steps):
+            stepper(batches)
     _sync(stepper.plan.device)
     state.compile_seconds = time.perf_counter() - t0
     stepper.model.load_state_dict(saved_model)
@@ -120,11 +136,18 @@ def warm_up(stepper: Stepper, make_batches: Callable[[], Iterator[Batch]], steps
     log(f"warm-up done in {state.compile_seconds:.1f}s")
 
 
-def train(stepper: Stepper, batches: Iterator[Batch], *, schedule: ScheduleConfig, state: TrainState,
+def train(stepper: Stepper, make_batches: MakeBatches, *, schedule: ScheduleConfig, state: TrainState,
           log: Callable[[str], None], on_metrics: Callable[[dict[str, Any]], None],
           log_every_seconds: float = 10.0) -> TrainState:
-    """Train until the budget is spent or the loss goes non-finite (state.diverged)."""
+    """Train until the budget is spent or the loss goes non-finite (state.diverged).
+
+    Context stages switch when their fraction of the budget (time or steps) is used up; the new stream continues
+    at the token where the previous one stopped, and the LR re-warms over schedule.rewarmup_steps.
+    """
     plan, optim = stepper.plan, stepper.optim
+    stage_index, stage_start_step = -1, 0
+    batches: Any = None
+    graphs_before = _graphs_compiled()
     step_tokens = plan.tokens_per_step
     budget_s, max_steps = plan.train_seconds, plan.max_steps
     pending: Optional[torch.Tensor] = None  # last step's loss, read one step late to avoid a pipeline stall
@@ -135,12 +158,32 @@ def train(stepper: Stepper, batches: Iterator[Batch], *, schedule: ScheduleConfi
         p = elapsed / budget_s if math.isfinite(budget_s) else 0.0
         return max(p, state.steps / max_steps) if max_steps else p
 
+    def stage_progress(elapsed: float) -> float:
+        if plan.stage_progress == "step":
+            return state.steps / max_steps if max_steps else 0.0
+        return elapsed / budget_s if math.isfinite(budget_s) else 0.0
+
     while True:
         elapsed = time.perf_counter() - t0
         frac = progress(elapsed)
         if frac >= 1.0:
             break
-        set_lr_multiplier(stepper.optimizers, lr_multiplier(frac, schedule))
+        wanted = next((i for i, st in enumerate(plan.stages) if stage_progress(elapsed) < st.until),
+                      len(plan.stages) - 1)
+        if wanted > stage_index:
+            stage = plan.stages[wanted]
+            position = batches.state_dict()["position"] if batches is not None else 0
+            batches = make_batches(stage.seq_len, stage.micro_batch, position)
+            stage_index, stage_start_step = wanted, state.steps
+            state.stages.append({"seq_len": stage.seq_len, "start_step": state.steps,
+                                 "start_seconds": round(elapsed, 3)})
+            if len(plan.stages) > 1:
+                log(f"context stage {wanted + 1}/{len(plan.stages)}: seq_len {stage.seq_len} x {stage.micro_batch} "
+                    f"from step {state.steps}")
+        lr = lr_multiplier(frac, schedule)
+        if stage_index > 0 and schedule.rewarmup_steps > 0:
+            lr *= min(1.0, (state.steps - stage_start_step + 1) / schedule.rewarmup_steps)
+        set_lr_multiplier(stepper.optimizers, lr)
         set_muon_momentum(stepper.optimizers, muon_momentum(state.steps, optim))
         loss = stepper(batches)
         if pending is not None and not _check_finite(pending, state):
@@ -159,6 +202,7 @@ def train(stepper: Stepper, batches: Iterator[Batch], *, schedule: ScheduleConfi
             next_log = time.perf_counter() + log_every_seconds
     _sync(plan.device)
     state.train_seconds = time.perf_counter() - t0
+    state.recompiles = _graphs_compiled() - graphs_before
     if pending is not None and not state.diverged:
         _check_finite(pending, state)
     if not state.diverged:
