@@ -79,7 +79,8 @@ def test_every_experiment_composes_and_resolves_on_its_target(compose, experimen
 
     cfg = to_config(compose([f"experiment={experiment}"]))
     assert cfg.name == experiment
-    target = "h100" if cfg.hardware.name == "t4" else cfg.hardware.name  # the T4 recipe is emulated on an H100
+    # auto and the T4 recipe (emulated) resolve on an H100
+    target = "h100" if cfg.hardware.name in ("auto", "t4") else cfg.hardware.name
     plan = resolve(cfg, fake_device(target))
     assert plan.tokens_per_step == cfg.budget.tokens_per_step
 
