@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 

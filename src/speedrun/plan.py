@@ -9,7 +9,6 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import OmegaConf
@@ -112,7 +111,7 @@ class Plan:
             f"mlp {m.mlp_mult}x, vocab {m.vocab_size}, seq {m.seq_len}",
             f"batch       {self.tokens_per_step} tokens/step = {self.micro_batch} seqs x {m.seq_len} x "
             f"{self.grad_accum} accum",
-            *([f"stages      " + ", ".join(f"{st.seq_len} x {st.micro_batch} until {st.until:g}" for st in
+            *(["stages      " + ", ".join(f"{st.seq_len} x {st.micro_batch} until {st.until:g}" for st in
                                           self.stages) + f" (of {self.stage_progress})"] if len(self.stages) > 1 else []),
             f"budget      {self.train_seconds:g} s" + (f" or {self.max_steps} steps" if self.max_steps else "")
             + f", eval {self.eval_tokens if self.eval_tokens is not None else 'all'} tokens, "

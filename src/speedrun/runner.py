@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import signal
 import time
 import traceback
@@ -59,7 +58,7 @@ def run_job(dict_cfg: DictConfig, ctx: Optional[RunContext] = None) -> dict[str,
                        "config": OmegaConf.to_container(dict_cfg, resolve=True)})
     job = Job(cfg, ctx, result)
     try:
-        with _sigterm_as_interrupt():
+        with sigterm_as_interrupt():
             job.run()
     except KeyboardInterrupt:
         result["status"] = "interrupted"
@@ -76,8 +75,9 @@ def run_job(dict_cfg: DictConfig, ctx: Optional[RunContext] = None) -> dict[str,
 
 
 @contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SLURM and `kill` send SIGTERM: treat it as Ctrl-C so the run is recorded as interrupted."""
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SLURM and `kill` send SIGTERM: treat it as Ctrl-C, so a run is recorded as interrupted and a sweep stops
+    its jobs instead of orphaning them."""
     def handler(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 

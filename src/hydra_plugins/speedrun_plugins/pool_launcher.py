@@ -17,13 +17,11 @@ The child learns it belongs to the sweep through Hydra overrides that are not ta
 (``hydra.sweep.dir``, ``hydra.job.num``, ``hydra.run.dir``), so its recorded overrides are exactly the job's.
 """
 
-import contextlib
 import copy
 import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -31,13 +29,15 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from speedrun.runner import sigterm_as_interrupt
 
 log = logging.getLogger(__name__)
 
@@ -222,7 +222,7 @@ class _Pool:
         self.stopping: Optional[str] = None
 
     def run(self, jobs: list[_Job]) -> list[JobReturn]:
-        with _sigterm_as_interrupt():
+        with sigterm_as_interrupt():
             return self._run(jobs)
 
     def _run(self, jobs: list[_Job]) -> list[JobReturn]:
@@ -338,23 +338,6 @@ class _Pool:
             if job.proc is not None:
                 job.proc.wait()
                 self._finish(job)
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM to the sweep (kill, a scheduler) stops its jobs like Ctrl-C instead of orphaning them."""
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread: leave signals alone
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _job_return(job: _Job) -> JobReturn:
