@@ -116,3 +116,23 @@ def test_unknown_gpu_gets_nearest_profile_with_a_warning():
     with pytest.warns(UserWarning, match="nearest profile 'a100'"):
         assert profile_for_gpu("NVIDIA RTX 6000 Ada", (8, 9), 48.0).name == "a100"
     assert profile_for_gpu("NVIDIA H200", (9, 0), 141.0).name == "h200"
+
+
+@pytest.mark.parametrize("device", ["cpu", "t4", "h100", "h200", "b200"])
+def test_every_single_choice_with_the_rest_auto_resolves_on_its_own_device(default_config, device):
+    """A refusal must come from what the user asked for, not from an auto pick that clashes with it."""
+    for field, values in (("precision", ["fp32", "bf16", "fp16", "fp8"]), ("attn", ["sdpa", "math"])):
+        for value in values:
+            cfg = copy.deepcopy(default_config)
+            getattr(cfg, field).name = value
+            try:
+                resolve(cfg, fake_device(device))
+            except PlanError as e:
+                assert f"{field}={value}" in str(e), f"{field}={value} on {device}: refused for another reason: {e}"
+
+
+def test_model_overrides_apply_on_top_of_the_auto_preset(compose):
+    plan = plan_for(compose, "cpu", "model.n_layer=2", "model.seq_len=128")
+    assert (plan.model_name, plan.model.n_layer, plan.model.seq_len, plan.model.d_model) == ("tiny", 2, 128, 128)
+    gpu = plan_for(compose, "h100", "model.d_model=256")
+    assert (gpu.model_name, gpu.model.d_model, gpu.model.n_layer) == ("pgolf_baseline", 256, 9)

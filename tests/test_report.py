@@ -211,3 +211,12 @@ def test_html_is_self_contained_and_renders_in_chromium(tmp_path):
     assert "http://" not in text and "https://" not in text and 'src="' + "pareto.png" not in text
     seen = check_in_browser(out / "report.html", tmp_path)
     assert seen == {"data-images": 3, "data-images-loaded": 3, "data-rows": 3}
+
+
+def test_model_keys_come_from_the_model_that_ran():
+    """model=auto stores nulls in the composed config; the Plan has the resolved preset."""
+    from speedrun.report import Run
+
+    run = Run.from_row({"status": "ok", "config": {"model": {"name": "auto", "n_layer": None}},
+                        "plan": {"model_name": "pgolf_baseline", "model": {"n_layer": 9}}})
+    assert run.get("model.name") == "pgolf_baseline" and run.get("model.n_layer") == 9

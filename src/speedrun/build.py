@@ -48,7 +48,7 @@ def build_data(cfg: Config, plan: Plan, cwd: Path, log: Callable[[str], None]) -
         paths = open_dataset(_resolve_path(d.path, cwd), _resolve_path(d.tokenizer, cwd), d.vocab_size)
     sp = load_tokenizer(paths.tokenizer)
     seq_len = plan.model.seq_len
-    val_tokens = load_val_tokens(paths.val, plan.eval_tokens, seq_len)
+    val_tokens = load_val_tokens(paths.val, plan.eval_tokens, seq_len, vocab_size=paths.vocab_size)
     log(f"data: {len(paths.train)} train shard(s), {val_tokens.numel() - 1:,} val tokens scored, "
         f"tokenizer {paths.tokenizer} (vocab {paths.vocab_size})")
     pin = plan.device == "cuda"

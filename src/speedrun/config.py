@@ -68,23 +68,24 @@ class PrecisionConfig:
 @dataclass
 class ModelConfig:
     name: str = "auto"
-    """Preset name. auto: the hardware profile's default model (tiny on CPU, pgolf_baseline on a GPU)."""
+    """Preset name. auto: the hardware profile's default model (tiny on CPU, pgolf_baseline on a GPU); shape
+    fields set on the command line (model.n_layer=6) override the preset's."""
     vocab_size: Optional[int] = None
     """Token vocabulary. None: the data's tokenizer vocabulary."""
-    n_layer: int = 4
-    """Transformer blocks."""
-    d_model: int = 128
-    """Residual width."""
-    n_head: int = 4
-    """Query heads."""
-    n_kv_head: int = 2
-    """Key/value heads (grouped-query attention); must divide n_head."""
-    mlp_mult: int = 2
-    """MLP hidden width = mlp_mult * d_model (ReLU^2)."""
-    seq_len: int = 256
-    """Training context length in tokens."""
-    tie_embeddings: bool = True
-    """Share the token embedding with the output head."""
+    n_layer: Optional[int] = None
+    """Transformer blocks (None: from the preset)."""
+    d_model: Optional[int] = None
+    """Residual width (None: from the preset)."""
+    n_head: Optional[int] = None
+    """Query heads (None: from the preset)."""
+    n_kv_head: Optional[int] = None
+    """Key/value heads (grouped-query attention); must divide n_head (None: from the preset)."""
+    mlp_mult: Optional[int] = None
+    """MLP hidden width = mlp_mult * d_model, ReLU^2 (None: from the preset)."""
+    seq_len: Optional[int] = None
+    """Training context length in tokens (None: from the preset)."""
+    tie_embeddings: Optional[bool] = None
+    """Share the token embedding with the output head (None: from the preset)."""
     logit_softcap: float = 30.0
     """softcap * tanh(logits / softcap); 0 turns it off."""
     rope_base: float = 10000.0

@@ -77,7 +77,8 @@ def evaluate_and_export(cfg: Config, plan: Plan, model: torch.nn.Module, eval_fo
 
 def _eval_mode(cfg: Config) -> str:
     mode = cfg.eval.name if cfg.eval.name != "sliding" else f"sliding:{cfg.eval.stride}"
-    return mode + ("+doc" if cfg.eval.document_isolated else "")
+    # a model trained with attn.document_mask keeps masking documents at eval too
+    return mode + ("+doc" if cfg.eval.document_isolated or cfg.attn.document_mask else "")
 
 
 def _export(cfg: Config, plan: Plan, model: torch.nn.Module, data: Any, log: Callable[[str], None]) -> Artifact:

@@ -297,12 +297,20 @@ def _check_precision(precision: str, profile: HardwareProfile) -> None:
 
 
 def _resolve_model(cfg: Config, profile: HardwareProfile) -> tuple[str, ModelPlan]:
+    name = cfg.model.name
     model_cfg = cfg.model
-    name = model_cfg.name
     if name == "auto":
+        # The profile's preset, with whatever the user set explicitly on top (set fields are not None).
         name = profile.model
-        preset = OmegaConf.merge(OmegaConf.structured(ModelConfig), load_option("model", name))
-        model_cfg = OmegaConf.to_object(preset)  # type: ignore[assignment]
+        preset = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), load_option("model", name)))
+        explicit = {f.name: getattr(cfg.model, f.name) for f in dataclasses.fields(ModelConfig)
+                    if f.name != "name" and getattr(cfg.model, f.name) is not None}
+        model_cfg = dataclasses.replace(preset, **explicit)  # type: ignore[type-var]
+    missing = [f for f in ("n_layer", "d_model", "n_head", "n_kv_head", "mlp_mult", "seq_len", "tie_embeddings")
+               if getattr(model_cfg, f) is None]
+    if missing:
+        raise PlanError(f"model={name} leaves {', '.join(missing)} unset; set model.<field>=... or use a preset "
+                        f"(model=tiny, pgolf_baseline, ...)")
     vocab = model_cfg.vocab_size or cfg.data.vocab_size
     if model_cfg.n_head % model_cfg.n_kv_head:
         raise PlanError(f"model.n_kv_head={model_cfg.n_kv_head} must divide model.n_head={model_cfg.n_head}")
@@ -333,6 +341,8 @@ def _resolve_attention(
         raise PlanError(f"attn.window needs attn=flex (attn={name} has no sliding window)")
     if name == "sdpa":
         kernel = profile.sdpa_kernel if a.kernel == "auto" else a.kernel
+        if a.kernel == "auto" and precision == "fp32" and profile.device_type == "cuda" and kernel in ("flash", "cudnn"):
+            kernel = "efficient"  # flash and cuDNN take 16-bit inputs only; efficient runs fp32
         if kernel not in SDPA_KERNELS:
             raise PlanError(f"attn.kernel={kernel}: unknown; choose one of auto, {', '.join(SDPA_KERNELS)}")
         _check_sdpa_kernel(kernel, profile, precision, model)

@@ -23,7 +23,6 @@ RESULT_KEYS = (
     "params", "hardware", "device_name", "emulated", "attn", "attn_kernel", "precision", "seed", "sweep",
     "git_sha", "torch_version", "run_dir",
 )
-STATUSES = ("running", "ok", "failed", "diverged", "interrupted")
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -45,7 +44,7 @@ class MetricsLog:
 
     def __init__(self, path: Path):
         self.path = path
-        self._f = open(path, "a", buffering=1)
+        self._f = open(path, "w", buffering=1)
 
     def write(self, record: dict[str, Any]) -> None:
         self._f.write(json.dumps(record, default=float) + "\n")

@@ -56,7 +56,10 @@ class Run:
         value = self.row.get(key)
         if value is not None and key not in ("config", "plan", "overrides"):
             return value
-        for tree in (self.config, self.plan):
+        if key == "model.name" and self.plan.get("model_name"):
+            return self.plan["model_name"]
+        # model=auto is resolved per device: the Plan holds the model that actually ran.
+        for tree in ((self.plan, self.config) if key.startswith("model.") else (self.config, self.plan)):
             found, value = _dotted(tree, key)
             if found:
                 return value.get("name", json.dumps(value, sort_keys=True)) if isinstance(value, dict) else value

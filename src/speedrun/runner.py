@@ -7,18 +7,17 @@ from __future__ import annotations
 
 import logging
 import math
-import signal
 import time
 import traceback
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
 from .config import Config, to_config
 from .loggers import RunLogger, make_logger
 from .records import MetricsLog, ResultsDB, empty_result, write_json
+from .signals import sigterm_as_interrupt, stop_signals_deferred
 
 log = logging.getLogger("speedrun")
 
@@ -70,26 +69,9 @@ def run_job(dict_cfg: DictConfig, ctx: Optional[RunContext] = None) -> dict[str,
         (ctx.run_dir / "error.txt").write_text(traceback.format_exc())
         raise
     finally:
-        job.finish(db, run_id, started)
+        with stop_signals_deferred():
+            job.finish(db, run_id, started)
     return result
-
-
-@contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SLURM and `kill` send SIGTERM: treat it as Ctrl-C, so a run is recorded as interrupted and a sweep stops
-    its jobs instead of orphaning them."""
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread (e.g. a launcher thread): leave signals alone
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 class Job:
@@ -99,6 +81,7 @@ class Job:
         self.logger: Optional[RunLogger] = None
         self.state = None
         self.plan = None
+        self.model = None
 
     # -- the pipeline ---------------------------------------------------------------------------------
     def run(self) -> None:
@@ -130,6 +113,7 @@ class Job:
         attention, document_mask = build_attention(plan)
         data = build_data(cfg, plan, self.ctx.original_cwd, log.info)
         model, forward, eval_forward, optimizers = build_model(cfg, plan, attention, document_mask, data.bos_id)
+        self.model = model
         result["params"] = model.num_params()
         log.info("model: %s parameters", f"{result['params']:,}")
 
@@ -206,8 +190,11 @@ class Job:
         if self.metrics:
             self.metrics.close()
         if self.state is not None and self.result.get("steps") is None:
-            self.result.update(steps=self.state.steps, tokens=self.state.tokens,
-                               train_seconds=round(self.state.train_seconds, 3))
+            try:  # interrupted or failed mid-training: keep what was measured
+                self._record_training(self.model)
+            except Exception as e:  # noqa: BLE001 - e.g. a broken CUDA context; the record must still be written
+                log.warning("could not collect training metrics: %s: %s", type(e).__name__, e)
+                self.result.update(steps=self.state.steps, tokens=self.state.tokens)
         finished = time.time()
         self.result["wall_seconds"] = round(finished - started, 3)
         write_json(self.ctx.run_dir / "result.json", self.result)
@@ -226,8 +213,10 @@ def _configure_torch(plan: Any, seed: int) -> None:
 
     torch.manual_seed(seed)
     if plan.device == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+        # TF32 only where the profile has it: an emulated T4 keeps true fp32 matmuls, as the card would.
+        tf32 = plan.matmul_dtype == "tf32"
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
         if plan.memory_cap_gb:
             total = torch.cuda.get_device_properties(0).total_memory
             fraction = min(1.0, plan.memory_cap_gb * 1e9 / total)

@@ -31,8 +31,8 @@ class TrainState:
     diverged: bool = False
     stages: list[dict[str, Any]] = field(default_factory=list)
     """Each context stage that ran: seq_len, start_step, start_seconds."""
-    recompiles: int = 0
-    """Graphs dynamo compiled during timed training (0 when warm-up covered every shape)."""
+    recompiles: Optional[int] = None
+    """Graphs dynamo compiled during timed training (0 when warm-up covered every shape); None until it ends."""
 
 
 def lr_multiplier(progress: float, schedule: ScheduleConfig) -> float:
@@ -141,8 +141,9 @@ def train(stepper: Stepper, make_batches: MakeBatches, *, schedule: ScheduleConf
           log_every_seconds: float = 10.0) -> TrainState:
     """Train until the budget is spent or the loss goes non-finite (state.diverged).
 
-    Context stages switch when their fraction of the budget (time or steps) is used up; the new stream continues
-    at the token where the previous one stopped, and the LR re-warms over schedule.rewarmup_steps.
+    Context stages switch when their fraction of the budget (time or steps, never later than whichever budget
+    ends the run) is used up; the new stream continues at the token where the previous one stopped, and the LR
+    re-warms over schedule.rewarmup_steps.
     """
     plan, optim = stepper.plan, stepper.optim
     stage_index, stage_start_step = -1, 0
@@ -153,15 +154,17 @@ def train(stepper: Stepper, make_batches: MakeBatches, *, schedule: ScheduleConf
     pending: Optional[torch.Tensor] = None  # last step's loss, read one step late to avoid a pipeline stall
     t0 = time.perf_counter()
     next_log = t0 + min(log_every_seconds, 2.0)
+    lr, last_logged = 1.0, -1
 
     def progress(elapsed: float) -> float:
         p = elapsed / budget_s if math.isfinite(budget_s) else 0.0
         return max(p, state.steps / max_steps) if max_steps else p
 
     def stage_progress(elapsed: float) -> float:
-        if plan.stage_progress == "step":
-            return state.steps / max_steps if max_steps else 0.0
-        return elapsed / budget_s if math.isfinite(budget_s) else 0.0
+        own = state.steps / max_steps if plan.stage_progress == "step" and max_steps else 0.0
+        if plan.stage_progress == "time" and math.isfinite(budget_s):
+            own = elapsed / budget_s
+        return max(own, progress(elapsed))  # whichever budget ends the run also drives the stages
 
     while True:
         elapsed = time.perf_counter() - t0
@@ -198,15 +201,16 @@ def train(stepper: Stepper, make_batches: MakeBatches, *, schedule: ScheduleConf
             state.train_seconds = time.perf_counter() - t0
             if not _check_finite(pending, state):
                 break
-            _report(state, frac, plan, lr_multiplier(frac, schedule), log, on_metrics)
+            _report(state, progress(state.train_seconds), lr, log, on_metrics)
+            last_logged = state.steps
             next_log = time.perf_counter() + log_every_seconds
     _sync(plan.device)
     state.train_seconds = time.perf_counter() - t0
     state.recompiles = _graphs_compiled() - graphs_before
     if pending is not None and not state.diverged:
         _check_finite(pending, state)
-    if not state.diverged:
-        _report(state, 1.0, plan, lr_multiplier(1.0, schedule), log, on_metrics)
+    if not state.diverged and state.steps != last_logged:
+        _report(state, 1.0, lr, log, on_metrics)
     return state
 
 
@@ -219,7 +223,7 @@ def _check_finite(loss: torch.Tensor, state: TrainState) -> bool:
     return True
 
 
-def _report(state: TrainState, frac: float, plan: Plan, lr_mult: float, log: Callable[[str], None],
+def _report(state: TrainState, frac: float, lr_mult: float, log: Callable[[str], None],
             on_metrics: Callable[[dict[str, Any]], None]) -> None:
     tok_s = state.tokens / state.train_seconds if state.train_seconds > 0 else 0.0
     eta = state.train_seconds / frac - state.train_seconds if 0 < frac < 1 else 0.0

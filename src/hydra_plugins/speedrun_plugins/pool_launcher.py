@@ -37,7 +37,7 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from speedrun.runner import sigterm_as_interrupt
+from speedrun.signals import sigterm_as_interrupt
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +144,19 @@ def _forwarded(hydra_overrides: Sequence[str]) -> list[str]:
         if not any(key == p or key.startswith(p + ".") or key.startswith(p + "/") for p in _SWEEP_ONLY):
             out.append(o)
     return out
+
+
+def _record_death(job: "_Job", status: str, why: str) -> None:
+    """A job that died without writing its record (SIGKILL, the OOM killer, a segfault) would stay `running` in
+    results.sqlite forever: close its row from here."""
+    from speedrun.records import ResultsDB
+
+    db_path = Path(str(job.config.get("results_db", "outputs/results.sqlite"))).expanduser()
+    try:
+        ResultsDB(db_path).upsert(str(job.job_dir.resolve()), {"status": status, "error": why,
+                                                              "finished_at": time.time()})
+    except Exception as e:  # noqa: BLE001 - the sweep goes on; the console already says what happened
+        log.warning(f"could not record job #{job.num} as {status} in {db_path}: {e}")
 
 
 @dataclass
@@ -301,6 +314,8 @@ class _Pool:
         else:
             status = status if status not in (None, "running", "ok") else "failed"
             why = (result or {}).get("error") or f"exited with code {rc}: see {job.job_dir / 'console.log'}"
+            if not result or result.get("status") == "running":
+                _record_death(job, status, why)
             ret.status = JobStatus.FAILED
             ret.return_value = JobFailed(f"job #{job.num} ({' '.join(job.overrides)}) {status}: {why}", status)
             log.error(f"#{job.num} {status} in {seconds:.1f}s: {why}  ({job.job_dir})")
