@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from speedrun.attention import get_backend
-from speedrun.model import GPT, PRESETS, GPTConfig
+from speedrun.model import GPT, GPTConfig
 
 TINY = GPTConfig(vocab_size=64, n_layer=3, d_model=32, n_head=4, n_kv_head=2, mlp_mult=2, seq_len=32,
                  tie_embeddings=True, logit_softcap=30.0)
@@ -62,8 +62,18 @@ def test_init_loss_is_ln_vocab(tied):
     assert abs(loss - math.log(512)) < 0.1, loss
 
 
+def _preset(name: str) -> GPTConfig:
+    """A model preset as the real config tree defines it (conf/model/<name>.yaml)."""
+    import dataclasses
+
+    from speedrun.plan import load_option
+
+    fields = {f.name for f in dataclasses.fields(GPTConfig)}
+    return GPTConfig(vocab_size=1024, **{k: v for k, v in load_option("model", name).items() if k in fields})
+
+
 def test_pgolf_baseline_param_count():
-    model = _model(PRESETS["pgolf_baseline"])
+    model = _model(_preset("pgolf_baseline"))
     n = model.num_params()
     # 1024*512 embedding + 9 * (786,432 attn + 1,048,576 mlp) matrices = 17,039,360,
     # + per block q_gain 8 + attn_scale 512 + mlp_scale 512 + resid_mix 1024, + skip_weights 4 x 512.
@@ -79,7 +89,7 @@ def test_flops_per_token_by_hand():
     assert model.flops_per_token(T) == 6 * (L * per_block + v * d) + 12 * L * d * T == 178_176
     untied = _model(replace(TINY, tie_embeddings=False))
     assert untied.flops_per_token(T) == model.flops_per_token(T)  # lm_head counted either way
-    baseline = _model(PRESETS["pgolf_baseline"])
+    baseline = _model(_preset("pgolf_baseline"))
     assert baseline.flops_per_token(1024) == 6 * (9 * 1_835_008 + 1024 * 512) + 12 * 9 * 512 * 1024
 
 

@@ -63,19 +63,6 @@ class GPTConfig:
         return self.d_model // self.n_head
 
 
-PRESETS: dict[str, GPTConfig] = {
-    # parameter-golf's baseline: 17,059,912 parameters.
-    "pgolf_baseline": GPTConfig(
-        vocab_size=1024, n_layer=9, d_model=512, n_head=8, n_kv_head=4, mlp_mult=2, seq_len=1024,
-        tie_embeddings=True, logit_softcap=30.0,
-    ),
-    "tiny": GPTConfig(
-        vocab_size=1024, n_layer=4, d_model=128, n_head=4, n_kv_head=2, mlp_mult=2, seq_len=256,
-        tie_embeddings=True, logit_softcap=30.0,
-    ),
-}
-
-
 def rms_norm(x: torch.Tensor) -> torch.Tensor:
     """Parameter-free RMSNorm over the last dim, computed in fp32, returned in x's dtype."""
     return F.rms_norm(x.float(), (x.size(-1),)).to(x.dtype)
@@ -266,4 +253,4 @@ class GPT(nn.Module):
         return 6 * matmul + 12 * cfg.n_layer * cfg.d_model * seq_len
 
 
-__all__ = ["GPTConfig", "GPT", "PRESETS", "rms_norm", "apply_rope", "rope_tables"]
+__all__ = ["GPTConfig", "GPT", "rms_norm", "apply_rope", "rope_tables"]
