@@ -28,22 +28,20 @@ from .quantize import (
     load_artifact,
     quantize_state_dict_gptq,
 )
-
-AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16, None: None}
-"""Plan.autocast -> dtype. fp8 runs evaluate in bf16 (the fp8 layers take their bf16 path in eval mode)."""
+from .train import autocast_dtype
 
 
 def evaluate_and_export(cfg: Config, plan: Plan, model: torch.nn.Module, eval_forward: Callable, data: Any,
                         run_dir: Path, log: Callable[[str], None]) -> dict[str, Any]:
     out: dict[str, Any] = {"eval_mode": _eval_mode(cfg)}
-    autocast_dtype = AUTOCAST[plan.autocast]
+    amp_dtype = autocast_dtype(plan)
     bos_id = data.bos_id if cfg.eval.document_isolated else None
 
     def score() -> EvalResult:
         with document_mask(model, bos_id):
             return run_eval(cfg.eval.name, eval_forward, data.val_tokens, data.luts, seq_len=plan.model.seq_len,
                             stride=cfg.eval.stride, batch_size=plan.eval_batch, device=plan.device,
-                            autocast_dtype=autocast_dtype)
+                            autocast_dtype=amp_dtype)
 
     t0 = time.perf_counter()
     res = score()
@@ -70,7 +68,7 @@ def evaluate_and_export(cfg: Config, plan: Plan, model: torch.nn.Module, eval_fo
             f"(model {len(artifact.blob):,} + code {artifact.code_bytes:,}; cap {cfg.quant.cap_bytes:,}: "
             f"{'ok' if out['artifact_ok'] else 'OVER'}); val_bpb_quant {qres.val_bpb:.4f}")
     if cfg.ttt.name != "off":
-        out.update(_ttt(cfg, plan, model, data, autocast_dtype, log))
+        out.update(_ttt(cfg, plan, model, data, amp_dtype, log))
     out["eval_seconds"] = round(time.perf_counter() - t0, 3)
     return out
 
@@ -89,7 +87,7 @@ def _export(cfg: Config, plan: Plan, model: torch.nn.Module, data: Any, log: Cal
         raise ValueError(f"quant={q.name}: unknown; choose one of off, int8, int6")
     t0 = time.perf_counter()
     hessians = collect_hessians(model, data.train_batches(), q.calib_batches, device=plan.device,
-                                autocast_dtype=AUTOCAST[plan.autocast])
+                                autocast_dtype=autocast_dtype(plan))
     t1 = time.perf_counter()
     packed = quantize_state_dict_gptq(model.state_dict(), hessians, bits=q.bits, embed_bits=q.embed_bits,
                                       damp=q.damp, block_size=q.block_size, clip_ratios=q.clip_ratios)

@@ -20,6 +20,12 @@ from .plan import Plan
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
+def autocast_dtype(plan: Plan) -> Optional[torch.dtype]:
+    """The torch dtype of Plan.autocast (None: no autocast, fp32). fp8 plans autocast to bf16 around their fp8
+    linears, and evaluate in bf16."""
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.autocast or "")
+
+
 @dataclass
 class TrainState:
     """Progress so far; the runner reads it to record a run that was interrupted or failed mid-way."""
@@ -56,7 +62,7 @@ class Stepper:
 
     def __init__(self, model: torch.nn.Module, forward: Callable, optimizers: list, plan: Plan, optim: OptimConfig):
         self.model, self.forward, self.optimizers, self.plan, self.optim = model, forward, optimizers, plan, optim
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.autocast or "")
+        dtype = autocast_dtype(plan)
         self.autocast = (lambda: torch.autocast(plan.device, dtype=dtype)) if dtype else _null_context
         self.scaler = torch.amp.GradScaler("cuda") if plan.grad_scaler else None
 
