@@ -9,13 +9,11 @@ Only run.py sees a DictConfig; ``to_config`` turns it into these dataclasses for
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-"""The conf/ tree at the repository root (the package is installed editable from the repo)."""
+from .paths import CONF_DIR  # noqa: F401 - re-exported for run.py and the tests
 
 
 @dataclass

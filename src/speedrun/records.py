@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from .paths import REPO_ROOT
+
 # The result.json contract (DESIGN.md): add keys freely, never rename these.
 RESULT_KEYS = (
     "status", "error", "val_bpb", "val_loss", "val_bpb_quant", "val_bpb_ttt", "tokens_per_s", "mfu",
@@ -156,16 +158,11 @@ def _run(cmd: list[str], cwd: Optional[Path] = None) -> Optional[str]:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def code_root() -> Path:
-    """The repository the speedrun package is running from."""
-    return Path(__file__).resolve().parents[2]
-
-
 def capture_environment(device: str) -> dict[str, Any]:
     """Code identity, versions and the device, as records in the speedrun leaderboards carry them."""
     import torch
 
-    root = code_root()
+    root = REPO_ROOT
     status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)
     env: dict[str, Any] = {
         "git_sha": _run(["git", "rev-parse", "HEAD"], cwd=root),

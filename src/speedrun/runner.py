@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .config import Config, to_config
 from .loggers import RunLogger, make_logger
+from .paths import results_db_path
 from .records import MetricsLog, ResultsDB, empty_result, write_json
 from .signals import sigterm_as_interrupt, stop_signals_deferred
 
@@ -46,8 +47,7 @@ def run_job(dict_cfg: DictConfig, ctx: Optional[RunContext] = None) -> dict[str,
     ctx = ctx or RunContext.from_hydra()
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
     cfg = to_config(dict_cfg)
-    db_path = Path(cfg.results_db)
-    db = ResultsDB(db_path if db_path.is_absolute() else ctx.original_cwd / db_path)
+    db = ResultsDB(results_db_path(cfg.results_db, ctx.original_cwd))
     run_id = str(ctx.run_dir.resolve())
     result = empty_result()
     result.update(status="running", seed=cfg.seed, sweep=cfg.sweep or ctx.sweep, run_dir=run_id, name=cfg.name,

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
+from .paths import results_db_path
 from .stats import finite, mean, std
 
 log = logging.getLogger(__name__)
@@ -354,7 +355,7 @@ class SweepSummary(Callback):  # type: ignore[misc,valid-type]
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
-        db = Path(str(config.get("results_db", "outputs/results.sqlite")))
+        db = results_db_path(config.get("results_db"))
         if not db.is_absolute():
             db = Path(str(config.hydra.runtime.cwd)) / db
         s = write_summary(sweep_dir, db)

@@ -37,6 +37,7 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from speedrun.paths import results_db_path
 from speedrun.signals import sigterm_as_interrupt
 
 log = logging.getLogger(__name__)
@@ -151,7 +152,7 @@ def _record_death(job: "_Job", status: str, why: str) -> None:
     results.sqlite forever: close its row from here."""
     from speedrun.records import ResultsDB
 
-    db_path = Path(str(job.config.get("results_db", "outputs/results.sqlite"))).expanduser()
+    db_path = results_db_path(job.config.get("results_db"))
     try:
         ResultsDB(db_path).upsert(str(job.job_dir.resolve()), {"status": status, "error": why,
                                                               "finished_at": time.time()})

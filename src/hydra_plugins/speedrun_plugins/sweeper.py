@@ -25,6 +25,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf, open_dict, read_write
 
+from speedrun.paths import results_db_path
+
 log = logging.getLogger(__name__)
 
 
@@ -120,7 +122,7 @@ class SpeedrunSweeper(BasicSweeper):
 
     def _db_path(self) -> Path:
         assert self.config is not None
-        db = Path(str(self.config.get("results_db", "outputs/results.sqlite")))
+        db = results_db_path(self.config.get("results_db"))
         if db.is_absolute():
             return db
         return Path(str(OmegaConf.select(self.config, "hydra.runtime.cwd", default=".") or ".")) / db
