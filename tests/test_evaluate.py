@@ -10,10 +10,12 @@ from speedrun.attention import get_backend
 from speedrun.config import to_config
 from speedrun.data.bpb import ByteLUTs
 from speedrun.evaluate import document_mask, evaluate, evaluate_sliding, run_eval, sliding_windows
-from speedrun.model import GPT, GPTConfig
-from speedrun.plan import PlanError, resolve
+from speedrun.model import GPT
+from speedrun.shape import ModelShape
+from speedrun.errors import ConfigError
+from speedrun.plan import resolve
 
-TINY = GPTConfig(vocab_size=64, n_layer=2, d_model=32, n_head=4, n_kv_head=2, mlp_mult=2, seq_len=32)
+TINY = ModelShape(vocab_size=64, n_layer=2, d_model=32, n_head=4, n_kv_head=2, mlp_mult=2, seq_len=32)
 
 
 def luts_for(vocab: int, seed: int = 0) -> ByteLUTs:
@@ -120,7 +122,7 @@ def plan_for(compose, device, *overrides):
     (["attn=sdpa", "eval.document_isolated=true"], "use attn=flex (CUDA) or attn=math"),
 ])
 def test_eval_refusals(compose, overrides, needle):
-    with pytest.raises(PlanError) as e:
+    with pytest.raises(ConfigError) as e:
         plan_for(compose, "cpu", *overrides)
     assert needle in str(e.value)
 

@@ -63,10 +63,10 @@ def test_fa3_needs_exactly_one_pin():
     ("h100", ["attn=fa3", "precision=bf16"], "fa3:varunneal/flash-attention-3@1"),
     ("h100", ["hardware=a100", "attn=fa3"], "fa3:kernels-community/flash-attn3@1"),
     ("h100", ["attn=fa3", "attn.fa3_revision=v2"], "fa3:varunneal/flash-attention-3@v2"),
-    ("h100", ["hardware=t4", "attn=fa3"], "compute capability 8.0-9.0"),
-    ("b200", ["attn=fa3"], "use attn=flex or attn=sdpa"),
-    ("h100", ["attn=fa3", "precision=fp16"], "bf16 only"),
-    ("cpu", ["attn=fa3"], "CPU"),
+    ("h100", ["hardware=t4", "attn=fa3"], "needs compute capability >= sm80"),
+    ("b200", ["attn=fa3"], "has no build beyond sm90"),
+    ("h100", ["attn=fa3", "precision=fp16"], "runs bf16, fp8 only"),
+    ("cpu", ["attn=fa3"], "does not run on cpu"),
 ])
 def test_fa3_plan(compose, device, overrides, expect):
     from speedrun.config import to_config
@@ -121,9 +121,10 @@ def test_fp8_eval_mode_is_the_plain_matmul():
 
 
 def test_convert_linears_keeps_parameters_and_keys():
-    from speedrun.model import GPT, GPTConfig
+    from speedrun.model import GPT
+    from speedrun.shape import ModelShape
 
-    cfg = GPTConfig(vocab_size=64, n_layer=2, d_model=32, n_head=2, n_kv_head=1, mlp_mult=2, seq_len=16,
+    cfg = ModelShape(vocab_size=64, n_layer=2, d_model=32, n_head=2, n_kv_head=1, mlp_mult=2, seq_len=16,
                     tie_embeddings=True, logit_softcap=30.0)
     model = GPT(cfg, get_backend("math"))
     keys, n_params = list(model.state_dict()), model.num_params()

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from speedrun.attention import get_backend
-from speedrun.model import GPT, GPTConfig
+from speedrun.model import GPT
+from speedrun.shape import ModelShape
 
-TINY = GPTConfig(vocab_size=64, n_layer=3, d_model=32, n_head=4, n_kv_head=2, mlp_mult=2, seq_len=32,
+TINY = ModelShape(vocab_size=64, n_layer=3, d_model=32, n_head=4, n_kv_head=2, mlp_mult=2, seq_len=32,
                  tie_embeddings=True, logit_softcap=30.0)
 
 
@@ -62,14 +63,14 @@ def test_init_loss_is_ln_vocab(tied):
     assert abs(loss - math.log(512)) < 0.1, loss
 
 
-def _preset(name: str) -> GPTConfig:
+def _preset(name: str) -> ModelShape:
     """A model preset as the real config tree defines it (conf/model/<name>.yaml)."""
     import dataclasses
 
     from speedrun.plan import load_option
 
-    fields = {f.name for f in dataclasses.fields(GPTConfig)}
-    return GPTConfig(vocab_size=1024, **{k: v for k, v in load_option("model", name).items() if k in fields})
+    fields = {f.name for f in dataclasses.fields(ModelShape)}
+    return ModelShape(vocab_size=1024, **{k: v for k, v in load_option("model", name).items() if k in fields})
 
 
 def test_pgolf_baseline_param_count():
@@ -82,15 +83,23 @@ def test_pgolf_baseline_param_count():
 
 
 def test_flops_per_token_by_hand():
-    model = _model(TINY)
     d, v, L, T = 32, 64, 3, 32
     per_block = d * d + 2 * (d * 16) + d * d + 2 * (d * 2 * d)  # q, k+v (2 kv heads x 8), proj, fc+proj
     assert per_block == 7168
-    assert model.flops_per_token(T) == 6 * (L * per_block + v * d) + 12 * L * d * T == 178_176
-    untied = _model(replace(TINY, tie_embeddings=False))
-    assert untied.flops_per_token(T) == model.flops_per_token(T)  # lm_head counted either way
-    baseline = _model(_preset("pgolf_baseline"))
+    assert TINY.flops_per_token(T) == 6 * (L * per_block + v * d) + 12 * L * d * T == 178_176
+    untied = replace(TINY, tie_embeddings=False)
+    assert untied.flops_per_token(T) == TINY.flops_per_token(T)  # lm_head counted either way
+    baseline = _preset("pgolf_baseline")
     assert baseline.flops_per_token(1024) == 6 * (9 * 1_835_008 + 1024 * 512) + 12 * 9 * 512 * 1024
+
+
+@pytest.mark.parametrize("shape", [TINY, replace(TINY, tie_embeddings=False, n_kv_head=4, mlp_mult=3)])
+def test_shape_counts_the_matmul_weights_the_model_has(shape):
+    """ModelShape counts matmul weights from the shape alone (the resolver has no model); the built GPT's Muon
+    matrices plus one vocab x d_model head must be exactly that many."""
+    model = _model(shape)
+    matrices = sum(p.numel() for p in model.param_groups()["matrix"])
+    assert shape.matmul_params() == matrices + shape.vocab_size * shape.d_model
 
 
 @pytest.mark.parametrize("tied", [True, False])

@@ -8,6 +8,7 @@ import pytest
 
 from conftest import fake_device
 from speedrun.config import to_config
+from speedrun.errors import ConfigError
 from speedrun.plan import PlanError, resolve
 
 HARDWARE = ["auto", "cpu", "t4", "a100", "h100", "b200"]
@@ -84,25 +85,47 @@ def test_h200_is_the_h100_family_with_its_own_memory(compose):
     assert capped.emulated and capped.memory_cap_gb == 80.0
 
 
-@pytest.mark.parametrize("device,overrides,needle", [
-    ("cpu", ["hardware=h100"], "needs a CUDA GPU"),
-    ("t4", ["hardware=h100"], "larger than this device"),
-    ("t4", ["precision=bf16"], "use precision=fp16"),
-    ("h100", ["hardware=t4", "precision=bf16"], "compute capability >= 8.0"),
-    ("t4", ["attn=sdpa", "attn.kernel=flash"], "attn.kernel=efficient"),
-    ("h100", ["precision=fp32", "attn.kernel=flash"], "needs fp16 or bf16"),
-    ("cpu", ["attn=flex"], "on CPU use attn=sdpa"),
-    ("cpu", ["attn.kernel=cudnn"], "needs a CUDA GPU"),
-    ("cpu", ["precision=fp16"], "needs a CUDA GPU"),
-    ("h100", ["attn=sdpa", "attn.document_mask=true"], "use attn=flex"),
-    ("h100", ["attn=math", "hardware.micro_batch=256"], "use attn=flex"),
-    ("cpu", ["budget.tokens_per_step=5000"], "not a multiple of micro-batch tokens"),
-    ("cpu", ["model.n_kv_head=3", "model=tiny"], "must divide"),
-])
-def test_refusals_name_the_problem_and_the_fix(compose, device, overrides, needle):
-    with pytest.raises(PlanError) as e:
+# device, the request, a needle of the refusal, and the fix the message names (appended to the request).
+REFUSALS = [
+    ("cpu", ["hardware=h100"], "needs a CUDA GPU", ["hardware=cpu"]),
+    ("t4", ["hardware=h100"], "larger than this device", ["hardware=auto"]),
+    ("t4", ["precision=bf16"], "use precision=fp16", ["precision=fp16"]),
+    ("h100", ["hardware=t4", "precision=bf16"], "compute capability >= 8.0", ["precision=fp16"]),
+    ("t4", ["attn=sdpa", "attn.kernel=flash"], "attn.kernel=efficient", ["attn.kernel=efficient"]),
+    ("h100", ["precision=fp32", "attn.kernel=flash"], "needs fp16 or bf16", ["attn.kernel=efficient"]),
+    ("cpu", ["attn=flex"], "use attn=math or attn=sdpa", ["attn=sdpa"]),
+    ("cpu", ["attn=flex"], "use attn=math or attn=sdpa", ["attn=math"]),
+    ("cpu", ["attn.kernel=cudnn"], "needs a CUDA GPU", ["attn.kernel=flash"]),
+    ("cpu", ["precision=fp16"], "needs a CUDA GPU", ["precision=fp32"]),
+    ("h100", ["attn=sdpa", "attn.document_mask=true"], "use attn=flex or attn=math", ["attn=flex"]),
+    ("h100", ["attn=math", "hardware.micro_batch=256"], "use attn=flex", ["attn=flex"]),
+    ("h100", ["attn=flex", "model.d_model=64"], "needs head_dim >= 16", ["attn=sdpa"]),
+    ("b200", ["attn=fa3"], "use attn=flex or attn=math or attn=sdpa", ["attn=sdpa"]),
+    ("cpu", ["budget.tokens_per_step=5000"], "not a multiple of micro-batch tokens", ["budget.tokens_per_step=4096"]),
+    ("cpu", ["model.n_kv_head=3", "model=tiny"], "must divide", ["model.n_kv_head=2"]),
+]
+
+
+@pytest.mark.parametrize("device,overrides,needle,fix", REFUSALS)
+def test_refusals_name_the_problem_and_a_fix_that_resolves(compose, device, overrides, needle, fix):
+    with pytest.raises(ConfigError) as e:
         plan_for(compose, device, *overrides)
     assert needle in str(e.value)
+    for item in fix:  # the way out the message names is a real one
+        assert item.split("=")[-1] in str(e.value), f"{item} is not the fix the message names: {e.value}"
+    plan_for(compose, device, *overrides, *fix)
+
+
+def test_a_misspelt_choice_is_refused_at_compose_time_listing_the_valid_values(compose):
+    for override, valid in (("quant.compressor=gzip", "zlib, lzma, brotli, zstd"),
+                            ("schedule.progress=steps", "time, step"), ("attn.kernel=flash2", "flash, cudnn")):
+        with pytest.raises(Exception) as e:
+            compose([override])
+        chain, err = [], e.value
+        while err is not None:  # Hydra wraps OmegaConf's message ("expected one of [...]")
+            chain.append(str(err))
+            err = err.__cause__ or err.__context__
+        assert valid in " ".join(chain), chain
 
 
 def test_math_kernel_fits_for_the_tiny_model_on_a_t4(compose):

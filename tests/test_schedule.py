@@ -8,7 +8,8 @@ import torch
 
 from conftest import fake_device
 from speedrun.config import OptimConfig, ScheduleConfig, to_config
-from speedrun.plan import PlanError, resolve
+from speedrun.errors import ConfigError
+from speedrun.plan import resolve
 
 
 def plan_for(compose, *overrides):
@@ -38,14 +39,14 @@ def test_the_string_form_parses_like_the_list(compose):
     ('"128-0.5,256@1.0"', "write LENGTH@FRACTION"),
 ])
 def test_bad_schedules_are_refused_at_resolve_time(compose, spec, needle):
-    with pytest.raises(PlanError, match=needle):
+    with pytest.raises(ConfigError, match=needle):
         plan_for(compose, "schedule=progressive", "model=tiny", f"schedule.seq_len={spec}")
 
 
 def test_step_progress_needs_max_steps_and_constant_refuses_lengths(compose):
-    with pytest.raises(PlanError, match="set budget.max_steps"):
+    with pytest.raises(ConfigError, match="set budget.max_steps"):
         plan_for(compose, "schedule=progressive", "schedule.progress=step")
-    with pytest.raises(PlanError, match="schedule=progressive"):
+    with pytest.raises(ConfigError, match="schedule=progressive"):
         plan_for(compose, 'schedule.seq_len="128@1.0"')
 
 
@@ -62,10 +63,11 @@ def test_every_length_is_compiled_in_warm_up_and_nothing_recompiles(compose, tmp
                     "hardware.micro_batch=2", "budget.tokens_per_step=1024", "budget.max_steps=12",
                     "schedule.progress=step", "schedule.seq_len=[64@0.25,128@0.5,256@1.0]")
     plan = dataclasses.replace(plan, compile=False)
-    cfg = to_config(compose(["model=tiny"]))
+    plan = dataclasses.replace(plan, schedule=ScheduleConfig(name="progressive", seq_len=plan.schedule.seq_len,
+                                                             rewarmup_steps=2))
     torch.manual_seed(0)
     attention = get_backend("sdpa", kernel="math")
-    model, _, _, optimizers = build_model(cfg, plan, attention, False, bos_id=1)
+    model, _, _, optimizers = build_model(plan, attention, bos_id=1)
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="eager", dynamic=False)
     shapes = []
@@ -82,13 +84,12 @@ def test_every_length_is_compiled_in_warm_up_and_nothing_recompiles(compose, tmp
         stream.load_state_dict({"position": position})
         return stream
 
-    stepper = Stepper(model, forward, optimizers, plan, OptimConfig())
+    stepper = Stepper(model, forward, optimizers, plan)
     state = TrainState()
-    warm_up(stepper, make_batches, 1, state, lambda _: None)
+    warm_up(stepper, make_batches, state, lambda _: None)
     warm_shapes = set(shapes)
     assert warm_shapes == {(2, 256), (4, 128), (8, 64)}
-    schedule = ScheduleConfig(name="progressive", rewarmup_steps=2)
-    train(stepper, make_batches, schedule=schedule, state=state, log=lambda _: None, on_metrics=lambda _: None)
+    train(stepper, make_batches, state=state, log=lambda _: None, on_metrics=lambda _: None)
     assert state.steps == 12 and not state.diverged
     assert [(s["seq_len"], s["start_step"]) for s in state.stages] == [(64, 0), (128, 3), (256, 6)]
     assert state.recompiles == 0

@@ -209,7 +209,8 @@ def test_resuming_the_same_sweep_runs_nothing(project):
 @pytest.mark.slow
 def test_a_failing_job_is_recorded_and_the_sweep_goes_on(project):
     # two slots (CUDA_VISIBLE_DEVICES 0 and 1, harmless on CPU): the failing job runs beside the good one
-    proc = _sweep(project, "model.n_layer=1", "data.path=nowhere,null", "hydra.launcher.gpus=[0,1]")
+    proc = _sweep(project, "model.n_layer=1", "data.path=nowhere,null", "data.tokenizer=nowhere.model",
+                  "hydra.launcher.gpus=[0,1]")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-4000:]  # the summary is written, then the exit status says a job failed
     sweep = sweep_dirs(project["cwd"])[-1]

@@ -11,11 +11,13 @@ from conftest import fake_device
 from speedrun.attention import get_backend
 from speedrun.config import to_config
 from speedrun.data.bpb import ByteLUTs
-from speedrun.model import GPT, GPTConfig
-from speedrun.plan import PlanError, resolve
+from speedrun.model import GPT
+from speedrun.shape import ModelShape
+from speedrun.errors import ConfigError
+from speedrun.plan import resolve
 from speedrun.ttt import chunk_size_for, parse_short_chunks, parse_targets, split_documents, ttt_evaluate
 
-TINY = GPTConfig(vocab_size=64, n_layer=2, d_model=32, n_head=4, n_kv_head=2, mlp_mult=2, seq_len=24)
+TINY = ModelShape(vocab_size=64, n_layer=2, d_model=32, n_head=4, n_kv_head=2, mlp_mult=2, seq_len=24)
 BOS = 0
 
 
@@ -157,7 +159,7 @@ def plan_for(compose, *overrides):
     (["ttt=lora", "ttt.max_seconds=0"], "ttt.max_seconds"),
 ])
 def test_ttt_refusals(compose, overrides, needle):
-    with pytest.raises(PlanError) as e:
+    with pytest.raises(ConfigError) as e:
         plan_for(compose, *overrides)
     assert needle in str(e.value)
 
@@ -171,8 +173,8 @@ def test_finalize_scores_quantizes_and_adapts(compose, tmp_path):
                              "eval=sliding", "eval.stride=16", "quant=int6", "quant.calib_batches=2",
                              "ttt=lora", "ttt.chunk_size=16", "ttt.short_chunks=20:4"]))
     plan = resolve(cfg, fake_device("cpu"))
-    assert (plan.model.seq_len, plan.model.vocab_size, plan.eval_batch) == (32, 64, 4)
-    gpt = GPT(GPTConfig(**{**TINY.__dict__, "seq_len": 32}), get_backend("sdpa", kernel="math"))
+    assert (plan.model.seq_len, plan.model.vocab_size, plan.eval.batch_size) == (32, 64, 4)
+    gpt = GPT(ModelShape(**{**TINY.__dict__, "seq_len": 32}), get_backend("sdpa", kernel="math"))
     with torch.no_grad():
         for p in gpt.parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -191,7 +193,7 @@ def test_finalize_scores_quantizes_and_adapts(compose, tmp_path):
     data = types.SimpleNamespace(val_tokens=docs_stream([50, 15, 32]), luts=luts(), bos_id=BOS,
                                  train_batches=train_batches)
     lines = []
-    out = evaluate_and_export(cfg, plan, gpt, eval_forward, data, tmp_path, lines.append)
+    out = evaluate_and_export(plan, gpt, eval_forward, data, tmp_path, lines.append)
     assert len(seen) == 2  # Hessians from exactly calib_batches training batches
     assert out["eval_mode"] == "sliding:16" and out["eval_tokens"] == 96
     assert out["val_bpb"] > 0 and abs(out["val_bpb_quant"] - out["val_bpb"]) < 0.05

@@ -10,7 +10,20 @@ __version__ = "0.1.0"
 
 
 def main(cfg: Any) -> dict[str, Any]:
-    """Run one job from a composed Hydra config; returns the result record (also written to disk)."""
+    """Run one job from a composed Hydra config; returns the result record (also written to disk).
+
+    A user error (speedrun.errors.ConfigError: a bad value, an impossible combination, missing or corrupt data, a
+    kernel that cannot load) ends the process with one message naming the problem and the fix and exit status 1;
+    its traceback is in the run dir's error.txt and the results row says failed. Anything else is a bug and
+    keeps its traceback."""
+    import logging
+    import sys
+
+    from .errors import ConfigError
     from .runner import run_job
 
-    return run_job(cfg)
+    try:
+        return run_job(cfg)
+    except ConfigError as e:
+        logging.getLogger("speedrun").error("error: %s", e)
+        sys.exit(1)

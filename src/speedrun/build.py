@@ -4,14 +4,12 @@ The attention backend is looked up by name here, once; the model never sees a ba
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from .config import Config
 from .data.bpb import ByteLUTs, build_byte_luts
 from .data.loader import TokenStream, load_val_tokens
 from .data.prepare import DatasetPaths, ensure_embedded_dataset, open_dataset
@@ -33,22 +31,16 @@ class DataBundle:
     """Tokens in the training shards (to report how many passes a run made over them)."""
 
 
-def _resolve_path(value: str, cwd: Path) -> Path:
-    p = Path(value).expanduser()
-    return p if p.is_absolute() else cwd / p
-
-
-def build_data(cfg: Config, plan: Plan, cwd: Path, log: Callable[[str], None]) -> DataBundle:
-    d = cfg.data
+def build_data(plan: Plan, log: Callable[[str], None]) -> DataBundle:
+    d = plan.data
     if d.path is None:
-        paths = ensure_embedded_dataset(_resolve_path(d.cache_dir, cwd), vocab_size=d.vocab_size)
+        paths = ensure_embedded_dataset(Path(d.cache_dir), vocab_size=d.vocab_size)
     else:
-        if d.tokenizer is None:
-            raise ValueError(f"data.path={d.path} needs data.tokenizer=<the SentencePiece .model of those shards>")
-        paths = open_dataset(_resolve_path(d.path, cwd), _resolve_path(d.tokenizer, cwd), d.vocab_size)
+        assert d.tokenizer is not None  # the resolver refuses a path without its tokenizer
+        paths = open_dataset(Path(d.path), Path(d.tokenizer), d.vocab_size)
     sp = load_tokenizer(paths.tokenizer)
     seq_len = plan.model.seq_len
-    val_tokens = load_val_tokens(paths.val, plan.eval_tokens, seq_len, vocab_size=paths.vocab_size)
+    val_tokens = load_val_tokens(paths.val, plan.eval.tokens, seq_len, vocab_size=paths.vocab_size)
     log(f"data: {len(paths.train)} train shard(s), {val_tokens.numel() - 1:,} val tokens scored, "
         f"tokenizer {paths.tokenizer} (vocab {paths.vocab_size})")
     pin = plan.device == "cuda"
@@ -64,28 +56,25 @@ def build_data(cfg: Config, plan: Plan, cwd: Path, log: Callable[[str], None]) -
 
 def build_attention(plan: Plan):
     """The attention backend, looked up by name once. Built before any data so that a kernel that cannot load
-    (fa3 offline) fails in seconds. Returns (backend, document_mask)."""
+    (fa3 offline) fails in seconds."""
     from .attention import get_backend
 
-    options = dict(plan.attn_options)
-    document_mask = options.pop("document_mask", False)
-    return get_backend(plan.attn, **options), document_mask
+    return get_backend(plan.attn, **dict(plan.attn_options))
 
 
-def build_model(cfg: Config, plan: Plan, attention, document_mask: bool, bos_id: int):
+def build_model(plan: Plan, attention, bos_id: int):
     """-> (model, train forward, eval forward returning per-token nats, optimizers)."""
-    from .model import GPT, GPTConfig
+    from .model import GPT
     from .optim import build_optimizers
 
-    gpt_cfg = GPTConfig(**dataclasses.asdict(plan.model))
     # bos_id switches on document masking in the model; only backends that can mask documents get it.
-    model = GPT(gpt_cfg, attention, bos_id=bos_id if document_mask else None)
+    model = GPT(plan.model, attention, bos_id=bos_id if plan.document_mask else None)
     if plan.precision == "fp8":
         from .fp8 import convert_linears
 
         convert_linears(model.blocks)
     model = model.to(plan.device)
-    o = cfg.optim
+    o = plan.optim
     optimizers = build_optimizers(
         model, matrix_lr=o.matrix_lr, scalar_lr=o.scalar_lr, embed_lr=o.embed_lr, tied_embed_lr=o.tied_embed_lr,
         head_lr=o.head_lr, muon_momentum=o.muon_momentum, muon_backend_steps=o.muon_backend_steps,

@@ -4,21 +4,103 @@ Each YAML under conf/<group>/ starts its defaults list with ``<group>_schema``, 
 the dataclass here: a misspelt key or a wrong type fails at compose time with Hydra's own message, before any
 work is done. ``None`` on a field means "let the resolver (speedrun.plan) pick it for the detected hardware".
 
-Only run.py sees a DictConfig; ``to_config`` turns it into these dataclasses for everything below.
+Fixed value sets are Enums, so Hydra lists the valid values when one is misspelt. Checks that need no device sit
+beside their fields, in ``__post_init__`` (run by ``to_config``, before anything is built); checks that need the
+device are the resolver's (speedrun.plan).
+
+Only run.py sees a DictConfig; ``to_config`` turns it into these dataclasses, and ``speedrun.plan.resolve``
+turns those into the frozen Plan that everything after it reads.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from .paths import CONF_DIR  # noqa: F401 - re-exported for run.py and the tests
+from .errors import ConfigError
+from .paths import CONF_DIR, DEFAULT_RESULTS_DB  # noqa: F401 - CONF_DIR re-exported for run.py and the tests
+from .specs import parse_short_chunks, parse_stages, parse_targets
+
+
+class Choice(str, Enum):
+    """A fixed set of string values. Members compare equal to their strings and print as them."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class HardwareName(Choice):
+    auto = "auto"
+    cpu = "cpu"
+    t4 = "t4"
+    a100 = "a100"
+    h100 = "h100"
+    b200 = "b200"
+
+class SdpaKernel(Choice):
+    auto = "auto"
+    flash = "flash"
+    cudnn = "cudnn"
+    efficient = "efficient"
+    math = "math"
+
+class PrecisionName(Choice):
+    auto = "auto"
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp8 = "fp8"
+
+class ScheduleName(Choice):
+    constant = "constant"
+    progressive = "progressive"
+
+class Progress(Choice):
+    time = "time"
+    step = "step"
+
+class EvalName(Choice):
+    standard = "standard"
+    sliding = "sliding"
+
+class TTTName(Choice):
+    off = "off"
+    lora = "lora"
+
+class QuantName(Choice):
+    off = "off"
+    int8 = "int8"
+    int6 = "int6"
+
+class Compressor(Choice):
+    zlib = "zlib"
+    lzma = "lzma"
+    brotli = "brotli"
+    zstd = "zstd"
+
+class LoggerName(Choice):
+    console = "console"
+    wandb = "wandb"
+
+class WandbMode(Choice):
+    auto = "auto"
+    online = "online"
+    offline = "offline"
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
 
 
 @dataclass
 class HardwareConfig:
-    name: str = "auto"
+    name: HardwareName = HardwareName.auto
     """Hardware profile: auto (detect), cpu, t4, a100, h100, b200. A profile smaller than the real device is
     emulated (its dtypes, kernels and memory cap); a larger one is refused."""
     micro_batch: Optional[int] = None
@@ -28,12 +110,19 @@ class HardwareConfig:
     memory_cap_gb: Optional[float] = None
     """Cap usable GPU memory (GB). None: the profile's memory when emulating, no cap otherwise."""
 
+    def __post_init__(self) -> None:
+        _require(self.micro_batch is None or self.micro_batch >= 1,
+                 f"hardware.micro_batch={self.micro_batch} must be >= 1 (or null for the profile's default)")
+        _require(self.memory_cap_gb is None or self.memory_cap_gb > 0,
+                 f"hardware.memory_cap_gb={self.memory_cap_gb} must be > 0 (or null)")
+
 
 @dataclass
 class AttnConfig:
     name: str = "auto"
-    """Attention backend: auto, sdpa, flex, math (the explicit reference), fa3 (FlashAttention-3 via `kernels`)."""
-    kernel: str = "auto"
+    """Attention backend: auto, sdpa, flex, math (the explicit reference), fa3 (FlashAttention-3 via `kernels`), or
+    any backend registered in speedrun.attention (one module + one conf/attn YAML; see README "Extending")."""
+    kernel: SdpaKernel = SdpaKernel.auto
     """For sdpa: auto, flash, cudnn, efficient, math. The chosen kernel is pinned, never a silent fallback."""
     window: Optional[int] = None
     """Sliding-window length in tokens (flex only). None: full causal."""
@@ -55,10 +144,16 @@ class AttnConfig:
     fa3_revision: Optional[str] = None
     """fa3 kernel revision pin (a branch, tag or commit); set it to use a revision instead of fa3_version."""
 
+    def __post_init__(self) -> None:
+        _require(self.window is None or self.window >= 1, f"attn.window={self.window} must be >= 1 (or null: full)")
+        for key in ("block_m", "block_n", "num_warps", "num_stages"):
+            value = getattr(self, key)
+            _require(value is None or value >= 1, f"attn.{key}={value} must be >= 1 (or null: the default)")
+
 
 @dataclass
 class PrecisionConfig:
-    name: str = "auto"
+    name: PrecisionName = PrecisionName.auto
     """auto (profile's pick), fp32, bf16 (autocast), fp16 (autocast + GradScaler), fp8 (e4m3/e5m2 scaled matmuls
     for the block linears, the rest bf16; sm89+)."""
 
@@ -91,6 +186,13 @@ class ModelConfig:
     qk_norm: bool = True
     """RMS-normalise queries and keys per head."""
 
+    def __post_init__(self) -> None:
+        # Each set field alone; how they fit together (divisibility, RoPE) is ModelShape's check, once resolved.
+        for key in ("vocab_size", "n_layer", "d_model", "n_head", "n_kv_head", "mlp_mult", "seq_len"):
+            value = getattr(self, key)
+            _require(value is None or value >= 1, f"model.{key}={value} must be >= 1 (or null: from the preset)")
+        _require(self.logit_softcap >= 0, f"model.logit_softcap={self.logit_softcap} must be >= 0 (0 turns it off)")
+
 
 @dataclass
 class DataConfig:
@@ -104,6 +206,11 @@ class DataConfig:
     """Tokenizer vocabulary (the embedded corpus trains one of this size)."""
     cache_dir: str = "~/.cache/speedrun"
     """Where the embedded dataset is built on first use."""
+
+    def __post_init__(self) -> None:
+        _require(self.path is None or self.tokenizer is not None,
+                 f"data.path={self.path} needs data.tokenizer=<the SentencePiece .model of those shards>")
+        _require(self.vocab_size >= 2, f"data.vocab_size={self.vocab_size} must be >= 2")
 
 
 @dataclass
@@ -140,14 +247,14 @@ class OptimConfig:
 
 @dataclass
 class ScheduleConfig:
-    name: str = "constant"
+    name: ScheduleName = ScheduleName.constant
     """constant: one context length (model.seq_len). progressive: context grows by schedule.seq_len. Both use
     the LR warm-up/warm-down below."""
     seq_len: Any = None
     """progressive: "L1@f1,L2@f2,...": train at length L1 until fraction f1 of the budget, then L2 until f2...;
     lengths ascending, fractions ascending, the last 1.0. On the command line quote it:
     'schedule.seq_len="1024@0.1,2048@0.7,3072@1.0"' (a bare comma list is a Hydra sweep)."""
-    progress: str = "time"
+    progress: Progress = Progress.time
     """What the fractions measure for switching lengths: time (of budget.train_seconds) or step (of
     budget.max_steps)."""
     rewarmup_steps: int = 10
@@ -156,6 +263,22 @@ class ScheduleConfig:
     """Fraction of the budget for linear LR warm-up."""
     warmdown_frac: float = 0.2
     """Final fraction of the budget over which LR decays linearly to 0."""
+
+    def __post_init__(self) -> None:
+        if self.name == ScheduleName.progressive:
+            parse_stages(self.seq_len)
+        else:
+            _require(self.seq_len is None,
+                     "schedule.seq_len is for schedule=progressive; add schedule=progressive or drop it")
+        _require(0 <= self.warmup_frac <= 1 and 0 <= self.warmdown_frac <= 1
+                 and self.warmup_frac + self.warmdown_frac <= 1,
+                 f"schedule.warmup_frac={self.warmup_frac} and warmdown_frac={self.warmdown_frac} must be fractions "
+                 f"of the budget that add up to at most 1")
+        _require(self.rewarmup_steps >= 0, f"schedule.rewarmup_steps={self.rewarmup_steps} must be >= 0")
+
+    def stages(self) -> Optional[list[tuple[int, float]]]:
+        """[(seq_len, until), ...] for a progressive schedule; None for a constant one."""
+        return parse_stages(self.seq_len) if self.name == ScheduleName.progressive else None
 
 
 @dataclass
@@ -169,10 +292,18 @@ class BudgetConfig:
     warmup_steps: int = 1
     """Untimed steps run before training (compile, autotune), after which model and optimizer are restored."""
 
+    def __post_init__(self) -> None:
+        _require(self.max_steps is None or self.max_steps >= 1, f"budget.max_steps={self.max_steps} must be >= 1")
+        _require(self.tokens_per_step is None or self.tokens_per_step >= 1,
+                 f"budget.tokens_per_step={self.tokens_per_step} must be >= 1")
+        _require(self.warmup_steps >= 0, f"budget.warmup_steps={self.warmup_steps} must be >= 0")
+        _require(self.train_seconds is None or self.train_seconds > 0 or self.max_steps is not None,
+                 "budget.train_seconds must be > 0 unless budget.max_steps is set")
+
 
 @dataclass
 class EvalConfig:
-    name: str = "standard"
+    name: EvalName = EvalName.standard
     """standard: non-overlapping windows of model.seq_len; sliding: windows of model.seq_len advancing by
     eval.stride, each val token scored exactly once with at least seq_len - stride tokens of context."""
     tokens: Optional[int] = None
@@ -186,10 +317,21 @@ class EvalConfig:
     """Score with no attention across BOS (each token sees only its own document), through the attention
     backend's document mask: needs attn=flex or attn=math."""
 
+    def __post_init__(self) -> None:
+        if self.name == EvalName.sliding:
+            _require(self.stride is not None and self.stride >= 1,
+                     f"eval=sliding needs eval.stride >= 1 (at most model.seq_len), got {self.stride}; "
+                     f"use e.g. eval.stride=64")
+        else:
+            _require(self.stride is None, "eval.stride is for eval=sliding; use eval=sliding eval.stride=N, or drop "
+                                          "eval.stride")
+        _require(self.tokens is None or self.tokens >= 0, f"eval.tokens={self.tokens} must be >= 0 (0: all)")
+        _require(self.batch_size is None or self.batch_size >= 1, f"eval.batch_size={self.batch_size} must be >= 1")
+
 
 @dataclass
 class TTTConfig:
-    name: str = "off"
+    name: TTTName = TTTName.off
     """off, or lora: score-first test-time training at eval, per document, on the (dequantized) model."""
     rank: int = 8
     """LoRA rank of every adapter."""
@@ -215,13 +357,27 @@ class TTTConfig:
     """Wall-clock budget for TTT; when spent it stops after the current chunk and records what was scored
     (ttt_tokens_scored, ttt_fraction). None: no limit."""
 
+    def __post_init__(self) -> None:
+        parse_targets(self.targets)
+        parse_short_chunks(self.short_chunks)
+        _require(self.rank >= 1 and self.chunk_size >= 1 and (self.batch_size is None or self.batch_size >= 1),
+                 f"ttt.rank ({self.rank}), ttt.chunk_size ({self.chunk_size}) and ttt.batch_size ({self.batch_size}) "
+                 f"must be >= 1; use e.g. ttt.rank=8")
+        _require(self.lr > 0, f"ttt.lr={self.lr} must be > 0; use e.g. ttt.lr=0.01")
+        _require(self.max_seconds is None or self.max_seconds > 0,
+                 f"ttt.max_seconds={self.max_seconds} must be > 0; use null for no limit")
+
+    def chunk_sizes(self) -> list[int]:
+        """Every chunk size TTT may use (chunk_size and the short-document ones)."""
+        return [self.chunk_size] + [c for _, c in parse_short_chunks(self.short_chunks)]
+
 
 @dataclass
 class QuantConfig:
-    name: str = "int8"
+    name: QuantName = QuantName.int8
     """off; int8: per-row int8 weights (parameter-golf's export); int6: GPTQ on the block matrices with
     Hessians from training batches, embeddings at embed_bits. Scored on the dequantized round trip."""
-    compressor: str = "zlib"
+    compressor: Compressor = Compressor.zlib
     """zlib, lzma (stdlib), brotli, zstd (the `compress` extra: pip install 'speedrun[compress]')."""
     level: int = 9
     """Compression level (zlib 0-9, lzma 0-9, brotli 0-11, zstd 1-22)."""
@@ -241,10 +397,21 @@ class QuantConfig:
     """int6: per-row clip search candidates, fractions of the row's absmax; each row keeps the one with the
     least Hessian-diagonal-weighted rounding error."""
 
+    def __post_init__(self) -> None:
+        _require(2 <= self.bits <= 8 and 2 <= self.embed_bits <= 8,
+                 f"quant.bits={self.bits} and quant.embed_bits={self.embed_bits} must be in 2..8 (one int8 byte per "
+                 f"value); use e.g. quant.bits=6 quant.embed_bits=8")
+        _require(self.calib_batches >= 1 and self.block_size >= 1 and self.damp >= 0,
+                 f"quant.calib_batches ({self.calib_batches}) and quant.block_size ({self.block_size}) must be >= 1 "
+                 f"and quant.damp ({self.damp}) >= 0; use the int6 defaults (8, 128, 0.01)")
+        _require(bool(self.clip_ratios) and all(0 < r <= 1 for r in self.clip_ratios),
+                 f"quant.clip_ratios={list(self.clip_ratios)} must be fractions in (0, 1]; use e.g. [1.0,0.9,0.8]")
+        _require(self.cap_bytes >= 1, f"quant.cap_bytes={self.cap_bytes} must be >= 1")
+
 
 @dataclass
 class LoggerConfig:
-    name: str = "console"
+    name: LoggerName = LoggerName.console
     """console, or wandb."""
     log_every_seconds: float = 10.0
     """Seconds between progress lines."""
@@ -252,7 +419,7 @@ class LoggerConfig:
     """W&B project (logger=wandb)."""
     entity: Optional[str] = None
     """W&B entity (logger=wandb)."""
-    mode: str = "auto"
+    mode: WandbMode = WandbMode.auto
     """W&B mode: auto (online if a key is set, else offline), online, offline."""
 
 
@@ -271,10 +438,11 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     seed: int = 0
-    """Seed for model init and data order."""
+    """Seed for model initialisation, TTT's adapter init and document order. It does not change the training data
+    order: every run reads the shards in the same order from the same position."""
     name: str = "default"
     """A label for this run, stored with its record."""
-    results_db: str = "outputs/results.sqlite"
+    results_db: str = DEFAULT_RESULTS_DB
     """Results database (relative paths are taken from the directory `python -m run` was started in)."""
     sweep: Optional[str] = None
     """Sweep id, set by multirun; recorded with each run."""

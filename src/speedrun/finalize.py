@@ -17,7 +17,6 @@ from typing import Any, Callable
 
 import torch
 
-from .config import Config
 from .evaluate import EvalResult, document_mask, run_eval
 from .plan import Plan
 from .quantize import (
@@ -31,16 +30,17 @@ from .quantize import (
 from .train import autocast_dtype
 
 
-def evaluate_and_export(cfg: Config, plan: Plan, model: torch.nn.Module, eval_forward: Callable, data: Any,
+def evaluate_and_export(plan: Plan, model: torch.nn.Module, eval_forward: Callable, data: Any,
                         run_dir: Path, log: Callable[[str], None]) -> dict[str, Any]:
-    out: dict[str, Any] = {"eval_mode": _eval_mode(cfg)}
+    out: dict[str, Any] = {"eval_mode": plan.eval.label}
     amp_dtype = autocast_dtype(plan)
-    bos_id = data.bos_id if cfg.eval.document_isolated else None
+    bos_id = data.bos_id if plan.eval.document_isolated else None
+    q = plan.quant
 
     def score() -> EvalResult:
         with document_mask(model, bos_id):
-            return run_eval(cfg.eval.name, eval_forward, data.val_tokens, data.luts, seq_len=plan.model.seq_len,
-                            stride=cfg.eval.stride, batch_size=plan.eval_batch, device=plan.device,
+            return run_eval(plan.eval.mode, eval_forward, data.val_tokens, data.luts, seq_len=plan.model.seq_len,
+                            stride=plan.eval.stride, batch_size=plan.eval.batch_size, device=plan.device,
                             autocast_dtype=amp_dtype)
 
     t0 = time.perf_counter()
@@ -49,42 +49,34 @@ def evaluate_and_export(cfg: Config, plan: Plan, model: torch.nn.Module, eval_fo
                eval_bytes=res.bytes)
     log(f"eval ({out['eval_mode']}): val_loss {res.val_loss:.4f}  val_bpb {res.val_bpb:.4f}  "
         f"({res.tokens:,} tokens, {res.bytes:,} bytes)")
-    if cfg.quant.name != "off":
+    if q.name != "off":
         tq = time.perf_counter()
-        artifact = _export(cfg, plan, model, data, log)
-        path = run_dir / f"model.{cfg.quant.name}.{cfg.quant.compressor}"
+        artifact = _export(plan, model, data, log)
+        path = run_dir / f"model.{q.name}.{q.compressor}"
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(artifact.blob)
         os.replace(tmp, path)
-        restored = load_artifact(path.read_bytes(), cfg.quant.compressor)
+        restored = load_artifact(path.read_bytes(), str(q.compressor))
         model.load_state_dict({k: restored[k].to(v.dtype) for k, v in model.state_dict().items()})
         out["quant_seconds"] = round(time.perf_counter() - tq, 3)
         qres = score()
         out.update(val_bpb_quant=round(qres.val_bpb, 6), val_loss_quant=round(qres.val_loss, 6),
                    artifact_bytes=artifact.total_bytes, artifact_model_bytes=len(artifact.blob),
-                   artifact_code_bytes=artifact.code_bytes, artifact_ok=artifact.total_bytes <= cfg.quant.cap_bytes,
-                   quant=cfg.quant.name, compressor=cfg.quant.compressor)
-        log(f"quant: {cfg.quant.name}+{cfg.quant.compressor} artifact {artifact.total_bytes:,} bytes "
-            f"(model {len(artifact.blob):,} + code {artifact.code_bytes:,}; cap {cfg.quant.cap_bytes:,}: "
+                   artifact_code_bytes=artifact.code_bytes, artifact_ok=artifact.total_bytes <= q.cap_bytes,
+                   quant=str(q.name), compressor=str(q.compressor))
+        log(f"quant: {q.name}+{q.compressor} artifact {artifact.total_bytes:,} bytes "
+            f"(model {len(artifact.blob):,} + code {artifact.code_bytes:,}; cap {q.cap_bytes:,}: "
             f"{'ok' if out['artifact_ok'] else 'OVER'}); val_bpb_quant {qres.val_bpb:.4f}")
-    if cfg.ttt.name != "off":
-        out.update(_ttt(cfg, plan, model, data, amp_dtype, log))
+    if plan.ttt.name != "off":
+        out.update(_ttt(plan, model, data, amp_dtype, log))
     out["eval_seconds"] = round(time.perf_counter() - t0, 3)
     return out
 
 
-def _eval_mode(cfg: Config) -> str:
-    mode = cfg.eval.name if cfg.eval.name != "sliding" else f"sliding:{cfg.eval.stride}"
-    # a model trained with attn.document_mask keeps masking documents at eval too
-    return mode + ("+doc" if cfg.eval.document_isolated or cfg.attn.document_mask else "")
-
-
-def _export(cfg: Config, plan: Plan, model: torch.nn.Module, data: Any, log: Callable[[str], None]) -> Artifact:
-    q = cfg.quant
+def _export(plan: Plan, model: torch.nn.Module, data: Any, log: Callable[[str], None]) -> Artifact:
+    q = plan.quant
     if q.name == "int8":
-        return export(model.state_dict(), q.compressor, q.level)
-    if q.name != "int6":
-        raise ValueError(f"quant={q.name}: unknown; choose one of off, int8, int6")
+        return export(model.state_dict(), str(q.compressor), q.level)
     t0 = time.perf_counter()
     hessians = collect_hessians(model, data.train_batches(), q.calib_batches, device=plan.device,
                                 autocast_dtype=autocast_dtype(plan))
@@ -93,19 +85,19 @@ def _export(cfg: Config, plan: Plan, model: torch.nn.Module, data: Any, log: Cal
                                       damp=q.damp, block_size=q.block_size, clip_ratios=q.clip_ratios)
     log(f"quant: GPTQ int{q.bits} on {len(hessians)} matrices (Hessians from {q.calib_batches} training batches "
         f"in {t1 - t0:.1f} s, quantized in {time.perf_counter() - t1:.1f} s), embeddings int{q.embed_bits}")
-    return export_packed(packed, q.compressor, q.level)
+    return export_packed(packed, str(q.compressor), q.level)
 
 
-def _ttt(cfg: Config, plan: Plan, model: torch.nn.Module, data: Any, autocast_dtype: Any,
+def _ttt(plan: Plan, model: torch.nn.Module, data: Any, autocast_dtype: Any,
          log: Callable[[str], None]) -> dict[str, Any]:
     from .ttt import ttt_evaluate
 
-    t = cfg.ttt
+    t = plan.ttt
     res = ttt_evaluate(
         model, data.val_tokens, data.luts, bos_id=data.bos_id, seq_len=plan.model.seq_len, rank=t.rank, lr=t.lr,
         chunk_size=t.chunk_size, short_chunks=t.short_chunks, targets=t.targets,
-        batch_size=t.batch_size or plan.eval_batch, beta1=t.beta1, beta2=t.beta2, weight_decay=t.weight_decay,
-        max_seconds=t.max_seconds, device=plan.device, autocast_dtype=autocast_dtype, seed=cfg.seed, log=log,
+        batch_size=t.batch_size, beta1=t.beta1, beta2=t.beta2, weight_decay=t.weight_decay,
+        max_seconds=t.max_seconds, device=plan.device, autocast_dtype=autocast_dtype, seed=plan.seed, log=log,
     )
     out = dict(val_bpb_ttt=None if res.val_bpb is None else round(res.val_bpb, 6),
                val_loss_ttt=None if res.val_loss is None else round(res.val_loss, 6),

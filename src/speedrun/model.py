@@ -16,51 +16,13 @@ too narrow for it). Norms, the q/k path before attention, the softcap and the lo
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .attention.base import AttentionBackend
-
-
-@dataclass(frozen=True)
-class GPTConfig:
-    vocab_size: int = 1024
-    n_layer: int = 9
-    d_model: int = 512
-    n_head: int = 8
-    n_kv_head: int = 4
-    mlp_mult: int = 2
-    seq_len: int = 1024
-    """Longest sequence the model takes; RoPE tables are built for this length."""
-    tie_embeddings: bool = True
-    logit_softcap: float = 30.0
-    """softcap * tanh(logits / softcap); 0 turns it off."""
-    rope_base: float = 10000.0
-    qk_norm: bool = True
-    """RMSNorm on q and k per head, then a learnable per-head q gain (qk_gain_init)."""
-    tied_embed_init_std: float = 0.005
-    """Std of the token embedding's normal init when tied (untied: std 1, as nn.Embedding)."""
-    qk_gain_init: float = 1.5
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "n_layer", "d_model", "n_head", "n_kv_head", "mlp_mult", "seq_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}")
-        if self.d_model % self.n_head:
-            raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.n_head ({self.n_head})")
-        if self.n_head % self.n_kv_head:
-            raise ValueError(f"model.n_head ({self.n_head}) must be divisible by model.n_kv_head ({self.n_kv_head})")
-        if (self.d_model // self.n_head) % 2:
-            raise ValueError(f"head dim d_model/n_head = {self.d_model // self.n_head} must be even for RoPE")
-        if self.logit_softcap < 0:
-            raise ValueError(f"model.logit_softcap must be >= 0 (0 = off), got {self.logit_softcap}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_head
+from .shape import ModelShape
 
 
 def rms_norm(x: torch.Tensor) -> torch.Tensor:
@@ -90,7 +52,7 @@ def _linear(d_in: int, d_out: int, zero_init: bool = False) -> nn.Linear:
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: GPTConfig, attention: AttentionBackend):
+    def __init__(self, cfg: ModelShape, attention: AttentionBackend):
         super().__init__()
         self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
         kv_dim = cfg.n_kv_head * cfg.head_dim
@@ -124,7 +86,7 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: ModelShape):
         super().__init__()
         self.fc = _linear(cfg.d_model, cfg.mlp_mult * cfg.d_model)
         self.proj = _linear(cfg.mlp_mult * cfg.d_model, cfg.d_model, zero_init=True)
@@ -137,7 +99,7 @@ class Block(nn.Module):
     # 1-D/0-D and mixing parameters: Adam, kept fp32; everything else in a block is a matrix for Muon.
     CONTROL = ("attn_scale", "mlp_scale", "resid_mix", "q_gain")
 
-    def __init__(self, cfg: GPTConfig, attention: AttentionBackend):
+    def __init__(self, cfg: ModelShape, attention: AttentionBackend):
         super().__init__()
         self.attn = CausalSelfAttention(cfg, attention)
         self.mlp = MLP(cfg)
@@ -164,7 +126,7 @@ def _residual_dtype(device_type: str) -> torch.dtype:
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: GPTConfig, attention: AttentionBackend, bos_id: int | None = None):
+    def __init__(self, cfg: ModelShape, attention: AttentionBackend, bos_id: int | None = None):
         """attention: the backend every layer calls (speedrun.attention.get_backend). bos_id: mask attention at
         document boundaries (documents start at BOS); None attends across documents, as parameter-golf does."""
         super().__init__()
@@ -244,13 +206,5 @@ class GPT(nn.Module):
             "head": [] if self.lm_head is None else [self.lm_head.weight],
         }
 
-    def flops_per_token(self, seq_len: int) -> int:
-        """Training FLOPs per token: 6 x (block matmul params + vocab x d_model for the lm_head, tied or not)
-        + 12 x n_layer x d_model x seq_len for attention scores and values (no causal halving; the
-        nanochat/autoresearch convention used for MFU)."""
-        cfg = self.cfg
-        matmul = sum(p.numel() for p in self.param_groups()["matrix"]) + cfg.vocab_size * cfg.d_model
-        return 6 * matmul + 12 * cfg.n_layer * cfg.d_model * seq_len
 
-
-__all__ = ["GPTConfig", "GPT", "rms_norm", "apply_rope", "rope_tables"]
+__all__ = ["GPT", "rms_norm", "apply_rope", "rope_tables"]

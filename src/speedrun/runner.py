@@ -46,19 +46,21 @@ class RunContext:
 def run_job(dict_cfg: DictConfig, ctx: Optional[RunContext] = None) -> dict[str, Any]:
     ctx = ctx or RunContext.from_hydra()
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
-    cfg = to_config(dict_cfg)
-    db = ResultsDB(results_db_path(cfg.results_db, ctx.original_cwd))
+    # The record opens from the composed config's top-level knobs (types already checked by Hydra), before the
+    # schemas' own checks run, so a bad value still leaves a failed row.
+    config_tree = OmegaConf.to_container(dict_cfg, resolve=True, enum_to_str=True)
+    db = ResultsDB(results_db_path(dict_cfg.results_db, ctx.original_cwd))
     run_id = str(ctx.run_dir.resolve())
     result = empty_result()
-    result.update(status="running", seed=cfg.seed, sweep=cfg.sweep or ctx.sweep, run_dir=run_id, name=cfg.name,
-                  hardware=cfg.hardware.name, attn=cfg.attn.name, precision=cfg.precision.name)
+    result.update(status="running", seed=dict_cfg.seed, sweep=dict_cfg.sweep or ctx.sweep, run_dir=run_id,
+                  name=dict_cfg.name, hardware=str(dict_cfg.hardware.name), attn=str(dict_cfg.attn.name),
+                  precision=str(dict_cfg.precision.name))
     started = time.time()
-    db.upsert(run_id, {**result, "started_at": started, "overrides": " ".join(ctx.overrides),
-                       "config": OmegaConf.to_container(dict_cfg, resolve=True)})
-    job = Job(cfg, ctx, result)
+    db.upsert(run_id, {**result, "started_at": started, "overrides": " ".join(ctx.overrides), "config": config_tree})
+    job = Job(ctx, result, config_tree)
     try:
         with sigterm_as_interrupt():
-            job.run()
+            job.run(to_config(dict_cfg))
     except KeyboardInterrupt:
         result["status"] = "interrupted"
         result["error"] = "interrupted (Ctrl-C or SIGTERM)"
@@ -75,8 +77,8 @@ def run_job(dict_cfg: DictConfig, ctx: Optional[RunContext] = None) -> dict[str,
 
 
 class Job:
-    def __init__(self, cfg: Config, ctx: RunContext, result: dict[str, Any]):
-        self.cfg, self.ctx, self.result = cfg, ctx, result
+    def __init__(self, ctx: RunContext, result: dict[str, Any], config_tree: Any):
+        self.ctx, self.result, self.config_tree = ctx, result, config_tree
         self.metrics: Optional[MetricsLog] = None
         self.logger: Optional[RunLogger] = None
         self.state = None
@@ -84,16 +86,17 @@ class Job:
         self.model = None
 
     # -- the pipeline ---------------------------------------------------------------------------------
-    def run(self) -> None:
+    def run(self, config: Config) -> None:
+        """The whole pipeline. ``config`` is read by the resolver alone; everything after it reads the Plan."""
         import torch
 
         from . import hardware
         from .plan import plan_json, resolve
         from .records import capture_environment
 
-        cfg, result = self.cfg, self.result
-        device = hardware.detect()
-        plan = self.plan = resolve(cfg, device)
+        result = self.result
+        plan = self.plan = resolve(config, hardware.detect(), cwd=self.ctx.original_cwd)
+        del config
         log.info("plan:\n%s", _indent(plan.describe()))
         (self.ctx.run_dir / "plan.json").write_text(plan_json(plan) + "\n")
         env = capture_environment(plan.device)
@@ -104,15 +107,15 @@ class Job:
             git_dirty=env["git_dirty"], torch_version=env["torch_version"], model=plan.model_name,
             tokens_per_step=plan.tokens_per_step, seq_len=plan.model.seq_len,
         )
-        _configure_torch(plan, cfg.seed)
-        self.logger = make_logger(cfg.logger, self.ctx.run_dir, result["sweep"], cfg.name)
-        self._guard("start", OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True), plan.to_dict())
+        _configure_torch(plan)
+        self.logger = make_logger(plan.logger, self.ctx.run_dir, result["sweep"], plan.name)
+        self._guard("start", self.config_tree, plan.to_dict())
 
         from .build import build_attention, build_data, build_model
 
-        attention, document_mask = build_attention(plan)
-        data = build_data(cfg, plan, self.ctx.original_cwd, log.info)
-        model, forward, eval_forward, optimizers = build_model(cfg, plan, attention, document_mask, data.bos_id)
+        attention = build_attention(plan)
+        data = build_data(plan, log.info)
+        model, forward, eval_forward, optimizers = build_model(plan, attention, data.bos_id)
         self.model = model
         result["params"] = model.num_params()
         log.info("model: %s parameters", f"{result['params']:,}")
@@ -121,12 +124,11 @@ class Job:
 
         self.state = state = TrainState()
         self.metrics = MetricsLog(self.ctx.run_dir / "metrics.jsonl")
-        stepper = Stepper(model, forward, optimizers, plan, cfg.optim)
-        warm_up(stepper, data.train_batches, cfg.budget.warmup_steps, state, log.info)
+        stepper = Stepper(model, forward, optimizers, plan)
+        warm_up(stepper, data.train_batches, state, log.info)
         if plan.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        train(stepper, data.train_batches, schedule=cfg.schedule, state=state, log=log.info,
-              on_metrics=self._on_metrics, log_every_seconds=cfg.logger.log_every_seconds)
+        train(stepper, data.train_batches, state=state, log=log.info, on_metrics=self._on_metrics)
         self._record_training(model)
         self.result["data_epochs"] = round(state.tokens / data.train_tokens, 3)
         if self.result["data_epochs"] > 1:
@@ -143,7 +145,7 @@ class Job:
 
         model.eval()  # no dropout here, but fp8 layers switch to their bf16 path for evaluation
 
-        result.update(evaluate_and_export(cfg, plan, model, eval_forward, data, self.ctx.run_dir, log.info))
+        result.update(evaluate_and_export(plan, model, eval_forward, data, self.ctx.run_dir, log.info))
         result["status"] = "ok"
 
     def _on_metrics(self, record: dict[str, Any]) -> None:
@@ -171,7 +173,7 @@ class Job:
                       stages=state.stages, recompiles=state.recompiles,
                       tokens_per_s=round(tok_s, 1) if tok_s else None)
         if tok_s and plan.peak_flops:
-            result["flops_per_token"] = model.flops_per_token(plan.model.seq_len)
+            result["flops_per_token"] = plan.model.flops_per_token(plan.model.seq_len)
             result["mfu"] = round(result["flops_per_token"] * tok_s / plan.peak_flops, 4)
             if plan.emulated and plan.device_peak_flops:
                 # MFU above is against the emulated profile's peak (what the recipe would get there, if it ran
@@ -208,10 +210,10 @@ class Job:
         log.info("result:\n%s", format_result_block(self.result))
 
 
-def _configure_torch(plan: Any, seed: int) -> None:
+def _configure_torch(plan: Any) -> None:
     import torch
 
-    torch.manual_seed(seed)
+    torch.manual_seed(plan.seed)
     if plan.device == "cuda":
         # TF32 only where the profile has it: an emulated T4 keeps true fp32 matmuls, as the card would.
         tf32 = plan.matmul_dtype == "tf32"

@@ -60,8 +60,8 @@ def muon_momentum(step: int, optim: OptimConfig) -> float:
 class Stepper:
     """One optimizer step: grad accumulation over micro-batches, autocast, GradScaler, clipping."""
 
-    def __init__(self, model: torch.nn.Module, forward: Callable, optimizers: list, plan: Plan, optim: OptimConfig):
-        self.model, self.forward, self.optimizers, self.plan, self.optim = model, forward, optimizers, plan, optim
+    def __init__(self, model: torch.nn.Module, forward: Callable, optimizers: list, plan: Plan):
+        self.model, self.forward, self.optimizers, self.plan = model, forward, optimizers, plan
         dtype = autocast_dtype(plan)
         self.autocast = (lambda: torch.autocast(plan.device, dtype=dtype)) if dtype else _null_context
         self.scaler = torch.amp.GradScaler("cuda") if plan.grad_scaler else None
@@ -81,8 +81,8 @@ class Stepper:
         if self.scaler is not None:
             for opt in self.optimizers:
                 self.scaler.unscale_(opt)
-        if self.optim.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim.grad_clip)
+        if self.plan.optim.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.plan.optim.grad_clip)
         for opt in self.optimizers:
             if self.scaler is not None:
                 self.scaler.step(opt)
@@ -116,10 +116,10 @@ def _graphs_compiled() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-def warm_up(stepper: Stepper, make_batches: MakeBatches, steps: int, state: TrainState,
-            log: Callable[[str], None]) -> None:
-    """Compile and autotune with real steps at every context length of the plan, then restore the initial model
-    and optimizer state, so training starts from the same weights whatever the warm-up did."""
+def warm_up(stepper: Stepper, make_batches: MakeBatches, state: TrainState, log: Callable[[str], None]) -> None:
+    """Compile and autotune with Plan.warmup_steps real steps at every context length of the plan, then restore
+    the initial model and optimizer state, so training starts from the same weights whatever the warm-up did."""
+    steps = stepper.plan.warmup_steps
     if steps <= 0:
         return
     saved_model = copy.deepcopy(stepper.model.state_dict())
@@ -142,16 +142,16 @@ def warm_up(stepper: Stepper, make_batches: MakeBatches, steps: int, state: Trai
     log(f"warm-up done in {state.compile_seconds:.1f}s")
 
 
-def train(stepper: Stepper, make_batches: MakeBatches, *, schedule: ScheduleConfig, state: TrainState,
-          log: Callable[[str], None], on_metrics: Callable[[dict[str, Any]], None],
-          log_every_seconds: float = 10.0) -> TrainState:
+def train(stepper: Stepper, make_batches: MakeBatches, *, state: TrainState, log: Callable[[str], None],
+          on_metrics: Callable[[dict[str, Any]], None]) -> TrainState:
     """Train until the budget is spent or the loss goes non-finite (state.diverged).
 
     Context stages switch when their fraction of the budget (time or steps, never later than whichever budget
     ends the run) is used up; the new stream continues at the token where the previous one stopped, and the LR
     re-warms over schedule.rewarmup_steps.
     """
-    plan, optim = stepper.plan, stepper.optim
+    plan = stepper.plan
+    optim, schedule, log_every_seconds = plan.optim, plan.schedule, plan.logger.log_every_seconds
     stage_index, stage_start_step = -1, 0
     batches: Any = None
     graphs_before = _graphs_compiled()

@@ -43,70 +43,11 @@ import torch
 from torch import nn
 
 from .data.bpb import ByteLUTs, token_bytes
+from .specs import parse_short_chunks, parse_targets
 
 TARGETS = {"q": ("attn", "c_q"), "k": ("attn", "c_k"), "v": ("attn", "c_v"), "o": ("attn", "proj"),
            "up": ("mlp", "fc"), "down": ("mlp", "proj")}
 """Adapter target -> (submodule of a block, attribute): blocks.N.attn.c_q etc."""
-PRESETS = {
-    "all": ("q", "k", "v", "o", "up", "down"),
-    "no_qv": ("k", "o", "up", "down"),
-    "qkvo": ("q", "k", "v", "o"),
-    "qv": ("q", "v"),
-}
-
-
-def parse_targets(spec: str) -> tuple[str, ...]:
-    """A preset name or a comma list of q, k, v, o, up, down (``mlp`` = up,down) -> ordered target names."""
-    spec = spec.strip()
-    if spec in PRESETS:
-        return PRESETS[spec]
-    names: list[str] = []
-    for item in (s.strip() for s in spec.split(",")):
-        expanded = ("up", "down") if item == "mlp" else (item,)
-        for name in expanded:
-            if name == "head":
-                raise ValueError(
-                    "ttt.targets: 'head' cannot get an adapter: the GPT computes logits with F.linear on the "
-                    "head's weight, not a module call; adapt the block linears (q, k, v, o, up, down)"
-                )
-            if name not in TARGETS:
-                raise ValueError(
-                    f"ttt.targets={spec!r}: unknown target {name!r}; use a preset ({', '.join(PRESETS)}) or a comma "
-                    f"list of {', '.join(TARGETS)}"
-                )
-            if name not in names:
-                names.append(name)
-    if not names:
-        raise ValueError(f"ttt.targets={spec!r} names no layer; use e.g. all or no_qv")
-    return tuple(names)
-
-
-def parse_short_chunks(spec: str) -> list[tuple[int, int]]:
-    """ "256:8,2000:24" -> [(256, 8), (2000, 24)]: (max scored tokens of a document, chunk size), ascending.
-    "" -> []. Lengths must be strictly increasing once sorted; every number a positive int."""
-    steps: list[tuple[int, int]] = []
-    for item in (s.strip() for s in spec.split(",")):
-        if not item:
-            continue
-        parts = item.split(":")
-        try:
-            if len(parts) != 2:
-                raise ValueError
-            length, chunk = int(parts[0]), int(parts[1])
-        except ValueError:
-            raise ValueError(
-                f"ttt.short_chunks={spec!r}: {item!r} is not LEN:CHUNK (e.g. \"256:8,2000:24\")"
-            ) from None
-        if length < 1 or chunk < 1:
-            raise ValueError(f"ttt.short_chunks={spec!r}: lengths and chunk sizes must be positive, got {item!r}")
-        steps.append((length, chunk))
-    steps.sort()
-    for (a, _), (b, _) in zip(steps, steps[1:]):
-        if a == b:
-            raise ValueError(f"ttt.short_chunks={spec!r}: document length {a} appears twice")
-    return steps
-
-
 def chunk_size_for(n_targets: int, chunk_size: int, short_chunks: list[tuple[int, int]]) -> int:
     """The chunk size of a document with n_targets scored tokens."""
     for length, chunk in short_chunks:

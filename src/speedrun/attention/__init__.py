@@ -2,54 +2,42 @@
 
     from speedrun.attention import get_backend
     attn = get_backend("sdpa", kernel="flash")     # or "math", "flex" (window=..., kernel_options=...), "fa3"
-    model = GPT(cfg, attn, bos_id=...)
+    model = GPT(shape, attn, bos_id=...)
 
-Factories import their torch modules lazily; importing this package does no work.
+The registry maps a name to "module:Class"; the module is imported on first use, so importing this package
+does no work. The resolver asks a backend's class (``backend_class``) what it can run before anything is built.
 """
 from __future__ import annotations
 
-from typing import Callable
+import importlib
 
-from .base import AttentionBackend
+from .base import AttentionBackend, Capabilities
 
-
-def _math(**options) -> AttentionBackend:
-    from .math import MathAttention
-
-    return MathAttention(**options)
-
-
-def _sdpa(**options) -> AttentionBackend:
-    from .sdpa import SDPAAttention
-
-    return SDPAAttention(**options)
-
-
-def _flex(**options) -> AttentionBackend:
-    from .flex import FlexAttention
-
-    return FlexAttention(**options)
-
-
-def _fa3(**options) -> AttentionBackend:
-    from .fa3 import FA3Attention
-
-    return FA3Attention(**options)
-
-
-REGISTRY: dict[str, Callable[..., AttentionBackend]] = {
-    "math": _math,
-    "sdpa": _sdpa,
-    "flex": _flex,
-    "fa3": _fa3,
+REGISTRY: dict[str, str | type[AttentionBackend]] = {
+    "sdpa": "speedrun.attention.sdpa:SDPAAttention",
+    "math": "speedrun.attention.math:MathAttention",
+    "flex": "speedrun.attention.flex:FlexAttention",
+    "fa3": "speedrun.attention.fa3:FA3Attention",
 }
 
 
-def register_backend(name: str, factory: Callable[..., AttentionBackend]) -> None:
-    """Add a backend (e.g. fa3) under ``name``; refuses to overwrite an existing one."""
+def register_backend(name: str, backend: str | type[AttentionBackend]) -> None:
+    """Add a backend under ``name`` (a class, or "module:Class" imported on first use); refuses to overwrite."""
     if name in REGISTRY:
         raise ValueError(f"attention backend {name!r} is already registered")
-    REGISTRY[name] = factory
+    REGISTRY[name] = backend
+
+
+def backend_class(name: str) -> type[AttentionBackend]:
+    """The class registered as ``name``; an unknown name raises ValueError listing the registered ones."""
+    try:
+        entry = REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown attention backend {name!r}; registered: {', '.join(sorted(REGISTRY))}") from None
+    if isinstance(entry, str):
+        module, _, attr = entry.partition(":")
+        entry = REGISTRY[name] = getattr(importlib.import_module(module), attr)
+    return entry
 
 
 def get_backend(name: str, **options) -> AttentionBackend:
@@ -57,16 +45,11 @@ def get_backend(name: str, **options) -> AttentionBackend:
 
     Options a backend does not take raise TypeError naming them; an unknown name raises ValueError.
     """
+    cls = backend_class(name)
     try:
-        factory = REGISTRY[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown attention backend {name!r}; registered: {', '.join(sorted(REGISTRY))}"
-        ) from None
-    try:
-        return factory(**options)
+        return cls(**options)
     except TypeError as e:
         raise TypeError(f"attention backend {name!r}: {e}") from e
 
 
-__all__ = ["AttentionBackend", "get_backend", "register_backend", "REGISTRY"]
+__all__ = ["AttentionBackend", "Capabilities", "get_backend", "backend_class", "register_backend", "REGISTRY"]

@@ -16,7 +16,11 @@ from typing import Any
 
 import torch
 
-from .base import AttentionBackend, check_shapes
+from ..errors import ConfigError, PlanError
+from .base import AttentionBackend, Capabilities, check_shapes
+
+REPOS = {"sm90": "varunneal/flash-attention-3", "sm80": "kernels-community/flash-attn3"}
+"""The FA3 build per compute capability (Hugging Face `kernels` repos)."""
 
 PREFETCH_HELP = (
     "pre-fetch it on a machine with network: `pip install 'speedrun[kernels]' && python -c \"from kernels import "
@@ -26,7 +30,7 @@ PREFETCH_HELP = (
 )
 
 
-class KernelUnavailable(RuntimeError):
+class KernelUnavailable(ConfigError):
     """The FA3 kernel could not be loaded here; the message says how to make it available."""
 
 
@@ -60,7 +64,19 @@ def load_fa3(repo: str, version: Any = None, revision: Any = None) -> Any:
 
 class FA3Attention(AttentionBackend):
     name = "fa3"
-    supports_doc_mask = False
+    capabilities = Capabilities(devices=("cuda",), min_capability=(8, 0), max_capability=(9, 0),
+                                precisions=("bf16", "fp8"), max_head_dim=256,
+                                why="FA3 builds exist for sm80 and sm90, bf16 only")
+
+    @classmethod
+    def plan_options(cls, request, profile, precision, model):
+        """The kernel repo follows the capability unless given; the pin is a version or a revision."""
+        repo = request.fa3_repo or REPOS["sm90" if profile.capability >= (9, 0) else "sm80"]
+        version, revision = (None, request.fa3_revision) if request.fa3_revision else (request.fa3_version, None)
+        if version is None and revision is None:
+            raise PlanError("attn=fa3 needs a pin: set attn.fa3_version=<int> or attn.fa3_revision=<rev>")
+        pin = revision if revision is not None else version
+        return {"repo": repo, "version": version, "revision": revision}, f"fa3:{repo}@{pin}"
 
     def __init__(self, repo: str, version: Any = None, revision: Any = None, module: Any = None):
         """module: an already-loaded kernel module (tests inject a reference implementation here)."""

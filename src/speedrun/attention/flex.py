@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import torch
 
-from .base import AttentionBackend, check_shapes, check_window, document_ids
+from .base import AttentionBackend, Capabilities, check_shapes, check_window, document_ids
 
 KERNEL_OPTION_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 
@@ -68,7 +68,21 @@ def compiled_block_mask() -> Callable[..., Any]:
 class FlexAttention(AttentionBackend):
     name = "flex"
     kernel = "flex"
-    supports_doc_mask = True
+    # Triton's tl.dot needs K >= 16, so a head_dim below 16 cannot compile ("embedding dimension ... must be at
+    # least 16"); training needs CUDA (flex's backward is a Triton kernel; CPU has the forward only).
+    capabilities = Capabilities(devices=("cuda",), document_mask=True, window=True, min_head_dim=16,
+                                why="flex compiles Triton kernels for CUDA")
+
+    @classmethod
+    def plan_options(cls, request, profile, precision, model):
+        block_m, block_n = profile.flex_blocks
+        kernel_options = {
+            "BLOCK_M": request.block_m or block_m,
+            "BLOCK_N": request.block_n or block_n,
+            **({"num_warps": request.num_warps} if request.num_warps else {}),
+            **({"num_stages": request.num_stages} if request.num_stages else {}),
+        }
+        return {"window": request.window, "kernel_options": kernel_options}, "flex"
 
     def __init__(
         self,

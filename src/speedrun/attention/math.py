@@ -9,13 +9,21 @@ from __future__ import annotations
 
 import torch
 
-from .base import AttentionBackend, check_shapes, check_window, document_ids
+from .base import AttentionBackend, Capabilities, check_shapes, check_window, document_ids, materialized_scores_bytes
 
 
 class MathAttention(AttentionBackend):
     name = "math"
     kernel = "math"
-    supports_doc_mask = True
+    capabilities = Capabilities(devices=("cpu", "cuda"), document_mask=True, window=True)
+
+    @classmethod
+    def plan_options(cls, request, profile, precision, model):
+        return {"window": request.window}, "math"
+
+    @classmethod
+    def scores_bytes(cls, options, micro_batch, model, precision):
+        return materialized_scores_bytes(micro_batch, model, precision)
 
     def __init__(self, window: int | None = None):
         self.window = check_window(window)

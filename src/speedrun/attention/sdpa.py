@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .base import AttentionBackend, check_shapes
+from ..errors import PlanError
+from .base import AttentionBackend, Capabilities, check_shapes, materialized_scores_bytes
 
 KERNELS = ("flash", "cudnn", "efficient", "math")
 
@@ -32,7 +33,33 @@ def _sdp_backend(kernel: str):
 
 class SDPAAttention(AttentionBackend):
     name = "sdpa"
-    supports_doc_mask = False
+    capabilities = Capabilities(devices=("cpu", "cuda"))
+
+    @classmethod
+    def plan_options(cls, request, profile, precision, model):
+        """The pinned kernel: attn.kernel, or the profile's pick; auto under fp32 takes efficient (flash and
+        cuDNN take 16-bit inputs only)."""
+        cuda = profile.device_type == "cuda"
+        kernel = profile.sdpa_kernel if request.kernel == "auto" else str(request.kernel)
+        if request.kernel == "auto" and precision == "fp32" and cuda and kernel in ("flash", "cudnn"):
+            kernel = "efficient"
+        if not cuda and kernel in ("cudnn", "efficient"):
+            raise PlanError(f"attn.kernel={kernel} needs a CUDA GPU; on CPU use attn.kernel=flash or math")
+        if cuda and kernel in ("flash", "cudnn"):
+            if profile.capability < (8, 0):
+                raise PlanError(
+                    f"attn.kernel={kernel} needs compute capability >= 8.0; {profile.name} is "
+                    f"sm{profile.capability[0]}{profile.capability[1]} - use attn.kernel=efficient (K/V expanded for "
+                    f"GQA) or attn=flex"
+                )
+            if precision == "fp32":
+                raise PlanError(f"attn.kernel={kernel} needs fp16 or bf16 inputs; with precision=fp32 use "
+                                f"attn.kernel=efficient or math")
+        return {"kernel": kernel}, f"sdpa:{kernel}"
+
+    @classmethod
+    def scores_bytes(cls, options, micro_batch, model, precision):
+        return materialized_scores_bytes(micro_batch, model, precision) if options["kernel"] == "math" else 0
 
     def __init__(self, kernel: str = "flash"):
         if kernel == "auto":

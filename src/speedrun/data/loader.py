@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..errors import DataError
 from .shards import ShardError, read_shard
 
 
@@ -51,7 +52,7 @@ class TokenStream:
         self.total_tokens = int(self._starts[-1])
         self.tokens_per_step = world_size * batch_size * seq_len
         if self.total_tokens < self.tokens_per_step + 1:
-            raise ValueError(
+            raise DataError(
                 f"the shards hold {self.total_tokens} tokens but one step needs {self.tokens_per_step + 1} "
                 f"(world_size {world_size} x batch_size {batch_size} x seq_len {seq_len} + 1); "
                 "use a smaller batch/sequence or more data"
@@ -121,7 +122,7 @@ def load_val_tokens(
         have += tokens.size
     n = have
     if n < seq_len + 1:
-        raise ValueError(
+        raise DataError(
             f"only {n} val tokens available{'' if max_tokens is None else f' (max_tokens={max_tokens})'} "
             f"in {len(paths)} shard(s) starting at {paths[0]}; need at least seq_len + 1 = {seq_len + 1}"
         )

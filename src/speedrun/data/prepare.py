@@ -25,6 +25,7 @@ import torch
 
 from .bpb import build_byte_luts, stream_bytes, unigram_bits_per_byte
 from .corpus import EMBEDDED_CORPUS, load_embedded_documents, split_train_val
+from ..errors import DataError
 from .shards import list_shards, read_header, shard_name, write_shard
 from .tokenizer import TRAINER_SETTINGS, load_tokenizer, train_tokenizer
 
@@ -36,7 +37,7 @@ EMBEDDED_VAL_EVERY = 20
 ENCODE_BATCH_DOCS = 256
 
 
-class DataNotFoundError(FileNotFoundError):
+class DataNotFoundError(DataError, FileNotFoundError):
     """A dataset or tokenizer path is missing; the message says what was expected and how to get it."""
 
 
@@ -328,7 +329,7 @@ def open_dataset(path: Path, tokenizer: Path, vocab_size: int) -> DatasetPaths:
     sp = load_tokenizer(tokenizer)
     n = int(sp.get_piece_size())
     if n != vocab_size:
-        raise ValueError(
+        raise DataError(
             f"tokenizer {tokenizer} has {n} pieces but the configured vocab_size is {vocab_size}; "
             f"use the tokenizer that made {path} and set the vocab size to {n} (or pick the matching variant)"
         )

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import DataError
+
 MAGIC = 20240520
 VERSION = 1
 HEADER_INTS = 256
@@ -21,7 +23,7 @@ MAX_TOKEN_ID = 65535
 SPLITS = ("train", "val")
 
 
-class ShardError(ValueError):
+class ShardError(DataError):
     """A shard file is malformed; the message names the file and what is wrong."""
 
 
