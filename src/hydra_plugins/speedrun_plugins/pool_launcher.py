@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class PoolLauncherConf:
+    """``hydra/launcher=pool``, registered below as the option itself (no YAML copy of these defaults)."""
+
     _target_: str = "hydra_plugins.speedrun_plugins.pool_launcher.PoolLauncher"
     gpus: Any = None
     """GPUs to use: null = every visible one (CUDA_VISIBLE_DEVICES if set, else nvidia-smi, else torch);
@@ -63,7 +65,7 @@ class PoolLauncherConf:
     """After SIGTERM (fail-fast, Ctrl-C), seconds a job gets to record itself before SIGKILL."""
 
 
-ConfigStore.instance().store(group="hydra/launcher", name="pool_schema", node=PoolLauncherConf, provider="speedrun")
+ConfigStore.instance().store(group="hydra/launcher", name="pool", node=PoolLauncherConf, provider="speedrun")
 
 
 class JobFailed(Exception):

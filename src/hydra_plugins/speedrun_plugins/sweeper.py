@@ -43,7 +43,7 @@ class SpeedrunSweeperConf:
     """Sweep parameters as in Hydra's basic sweeper, e.g. {seed: 0,1,2}."""
 
 
-ConfigStore.instance().store(group="hydra/sweeper", name="speedrun_schema", node=SpeedrunSweeperConf,
+ConfigStore.instance().store(group="hydra/sweeper", name="speedrun", node=SpeedrunSweeperConf,
                              provider="speedrun")
 
 
