@@ -39,8 +39,17 @@ SMOKE_SHAPE = {"n_layer": 2, "d_model": 64}
 def smoke_run(tmp_path: Path, data_cache: Path, *args: str):
     """`python -m run <args> debug=smoke` with its run dir and results database under tmp_path."""
     run_dir = tmp_path / "run"
-    proc = run_cli([*args, "debug=smoke", f"data.cache_dir={data_cache}", f"hydra.run.dir={run_dir}",
-                    f"results_db={tmp_path / 'r.sqlite'}"], cwd=tmp_path, timeout=180)
+    proc = run_cli(
+        [
+            *args,
+            "debug=smoke",
+            f"data.cache_dir={data_cache}",
+            f"hydra.run.dir={run_dir}",
+            f"results_db={tmp_path / 'r.sqlite'}",
+        ],
+        cwd=tmp_path,
+        timeout=180,
+    )
     return proc, run_dir
 
 
