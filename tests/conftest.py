@@ -26,6 +26,13 @@ def compose():
     return _compose
 
 
+@pytest.fixture(scope="session")
+def data_cache(tmp_path_factory):
+    """data.cache_dir for CLI runs: the embedded dataset is built once per session (per vocabulary size), by the
+    first run that needs it, and shared by tests/test_cli.py and tests/test_experiments.py."""
+    return tmp_path_factory.mktemp("cache")
+
+
 def fake_device(profile_name: str):
     """A DetectedDevice for a profile, as detect() would report it on that card."""
     from speedrun.hardware import PROFILES, DetectedDevice

@@ -1,4 +1,5 @@
 """End to end through the real entry point: `python -m run` on CPU with a tiny budget."""
+
 from __future__ import annotations
 
 import json
@@ -12,20 +13,15 @@ import time
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from conftest import run_cli
 from speedrun.records import RESULT_KEYS
 
 pytestmark = pytest.mark.slow
 
-TINY = ["hardware=cpu", "model=tiny", "hardware.micro_batch=4", "budget.tokens_per_step=2048", "eval.tokens=4096",
-        "logger.log_every_seconds=0.5"]
-
-
-@pytest.fixture(scope="session")
-def data_cache(tmp_path_factory):
-    """One embedded dataset build for the whole session (the first run builds it)."""
-    return tmp_path_factory.mktemp("cache")
+# A seconds-long CPU run (conf/debug/smoke.yaml); data_cache (conftest) builds the embedded dataset once.
+SMOKE = ["debug=smoke"]
 
 
 def rows(cwd: Path):
@@ -35,14 +31,15 @@ def rows(cwd: Path):
 
 
 def test_smoke_run_writes_every_record(tmp_path, data_cache):
-    proc = run_cli([*TINY, "budget.train_seconds=4", f"data.cache_dir={data_cache}", "name=smoke"], cwd=tmp_path)
+    proc = run_cli([*SMOKE, "budget.train_seconds=4", f"data.cache_dir={data_cache}", "name=smoke"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     (result_path,) = (tmp_path / "outputs" / "runs").glob("*/*/result.json")
     run_dir = result_path.parent
     result = json.loads(result_path.read_text())
     assert set(RESULT_KEYS) <= set(result)
     assert result["status"] == "ok" and result["error"] is None
-    assert result["steps"] > 0 and result["tokens"] == result["steps"] * 2048
+    tokens_per_step = OmegaConf.load(run_dir / ".hydra" / "config.yaml").budget.tokens_per_step  # as composed
+    assert result["steps"] > 0 and result["tokens"] == result["steps"] * tokens_per_step
     assert 0 < result["val_bpb"] < 20 and result["val_bpb_quant"] > 0 and result["artifact_bytes"] > 0
     assert result["attn_kernel"] == "sdpa:flash" and result["hardware"] == "cpu" and result["emulated"] is False
     assert result["run_dir"] == str(run_dir.resolve())
@@ -61,8 +58,21 @@ def test_smoke_run_writes_every_record(tmp_path, data_cache):
 def test_ctrl_c_mid_run_leaves_an_interrupted_row(tmp_path, data_cache):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "run", *TINY, "budget.train_seconds=300", f"data.cache_dir={data_cache}"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        # the smoke run without its step cap, so that it is still training when Ctrl-C comes
+        [
+            sys.executable,
+            "-m",
+            "run",
+            *SMOKE,
+            "budget.max_steps=1000000",
+            "budget.train_seconds=300",
+            f"data.cache_dir={data_cache}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     deadline = time.time() + 240
     seen = []
