@@ -17,6 +17,7 @@ plus what a long sweep needs, with any launcher (pool, submitit, basic):
 import copy
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -127,9 +128,8 @@ class SpeedrunSweeper(BasicSweeper):
         across = ", any code" if self.resume_across_code else f", code {manifest.code_fingerprint}"
         log.info(f"resume: {reused} of {len(identities)} combination(s) already completed ok (on "
                  f"{manifest.device_name}{across}) and are skipped; {len(identities) - reused} to run")
-        for job in manifest.jobs:
-            if job.note:
-                log.info(f"resume: {' '.join(job.overrides)} runs again: its earlier ok run {job.note}")
+        for why, n in Counter(j.note for j in manifest.jobs if j.note).items():
+            log.info(f"resume: {n} combination(s) run again: their earlier ok run {why}")
         if unchecked:
             log.warning(f"resume: {unchecked} reused run(s) have no code_fingerprint (recorded before runs kept it): "
                         f"that they ran this code cannot be checked")
