@@ -9,7 +9,10 @@ import csv
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from speedrun import report
+from speedrun.report import plots
 from speedrun.records import ResultsDB
 from speedrun.sweep import JobEntry, Manifest, summarize, summary_csv, summary_markdown
 
@@ -56,6 +59,20 @@ def test_an_h100_and_an_h200_under_one_profile_are_never_folded(tmp_path, capsys
     printed, rows = run_report(db, tmp_path / "r", capsys)
     assert "grouped by: device_name" in printed
     assert sorted((r["device_name"], r["n"]) for r in rows) == [(H100, "2"), (H200, "2"), ("null", "0")]
+    # the sweep summary adds the card the same way, in front of the swept keys
+    results = [{**r.row, "overrides": None} for r in runs]
+    jobs = [JobEntry(index=i, overrides=["hardware=auto", f"seed={r['seed']}"], state="launched")
+            for i, r in enumerate(results)]
+    s = summarize(jobs, results)
+    assert s.keys == ["device_name"] and [g.values["device_name"] for g in s.groups] == [H100, H200, "null"]
+    # a profile that varies is what ran, not the hardware=auto every job asked for
+    results = [{**r, "hardware": "a100" if r["device_name"] == H200 else r["hardware"]} for r in results]
+    assert [g.values["hardware"] for g in summarize(jobs, results).groups] == ["h100", "a100", "h100"]
+    # and the throughput plot gets one panel per card
+    plt = pytest.importorskip("matplotlib.pyplot", reason="matplotlib is in the report extra")
+    fig = plots._plot_pareto(plt, report.group_runs(runs, ["device_name"]), {"device_name=" + H100: "r",
+                             "device_name=" + H200: "b", "device_name=null": "k"}, "val_bpb")
+    assert sorted(ax.get_title() for ax in fig.axes) == [f"hardware: h100 ({H100})", f"hardware: h100 ({H200})"]
     # one card: no device column (runs on one card are repeats, as before)
     one = make_db(tmp_path / "one", seeds("sdpa", SDPA) + seeds("flex", FLEX))
     assert report.default_group_keys(report.load_runs(one)) == ["attn"]
@@ -77,6 +94,7 @@ def test_groups_that_mix_evaluation_sets_are_neither_ranked_nor_tested(tmp_path,
     assert [r["rank"] for r in rows] == ["-", "-"] and all(r["p"] == "" for r in rows)
     assert "other eval set" in printed and "better (p<" not in printed
     assert {r["eval_fingerprint"] for r in rows} == {"aaaa1111,bbbb2222"}
+    assert "not ranked, not tested" in (tmp_path / "r" / "report.html").read_text()
 
     # grouped by the set: shown, ranked within each set, tested only within a set
     printed, rows = run_report(db, tmp_path / "r2", capsys, "--baseline", "attn=sdpa",

@@ -76,10 +76,11 @@ class Group:
 
 def group_runs(runs: Sequence[Run], keys: Sequence[str], asked: bool = False) -> list[Group]:
     """Runs grouped by the values of ``keys`` (compared as canon strings), in first-seen order. ``asked`` takes
-    each value from the run's overrides first (a sweep's combinations), else what the run's record says."""
+    each value from the run's overrides first (a sweep's combinations), else what the run's record says; the
+    DEVICE_KEYS always say what ran (``hardware=auto`` asks for no card in particular)."""
     groups: dict[tuple, Group] = {}
     for r in runs:
-        values = {k: (r.asked(k) if asked else display(r.get(k))) for k in keys}
+        values = {k: (r.asked(k) if asked and k not in DEVICE_KEYS else display(r.get(k))) for k in keys}
         groups.setdefault(tuple(canon(v) for v in values.values()), Group(values, [])).runs.append(r)
     return list(groups.values())
 
