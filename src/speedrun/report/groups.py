@@ -5,7 +5,7 @@ Welch t-test, speedrun.stats), which evaluation sets the runs were scored on, an
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from ..stats import Welch, finite, mean, welch_less
 from ..tables import display
@@ -130,8 +130,8 @@ class EvalSets:
             out.append(f"warning: {self.unknown} of {self.total} ok run(s) have no eval_fingerprint (recorded before "
                        f"it was kept): they are compared as if scored on the same tokens, which cannot be checked")
         elif self.unknown:
-            out.append(f"warning: no run records an eval_fingerprint (recorded before it was kept): that they were "
-                       f"scored on the same tokens cannot be checked")
+            out.append("warning: no run records an eval_fingerprint (recorded before it was kept): that they were "
+                       "scored on the same tokens cannot be checked")
         return out
 
 
@@ -178,20 +178,20 @@ def rank_groups(groups: Sequence[Group], metric: str, sets: EvalSets) -> list[Gr
     order = {fp: i for i, fp in enumerate(sets.fingerprints)}
     separate = len(sets.fingerprints) > 1  # one known set: the unknown runs are ranked with it
 
+    def block(g: Group) -> Optional[str]:
+        return sets.block(g) if separate else None
+
     def key(g: Group) -> tuple:
         m = mean(g.metric(metric))
-        block = sets.block(g)
-        mixed = g in sets.mixed
-        where = len(order) if block is None and separate else order.get(block, 0) if separate else 0
-        return (mixed, where, m is None, m if m is not None else 0.0)
+        # unknown-set groups (block None) after the known sets when there are several
+        return (g in sets.mixed, order.get(block(g), len(order)), m is None, m if m is not None else 0.0)
 
     ranked = sorted(groups, key=key)
-    counters: dict[Any, int] = {}
+    counters: dict[Optional[str], int] = {}
     for g in ranked:
         if g in sets.mixed:
             g.rank = "-"
             continue
-        block = sets.block(g) if separate else None
-        counters[block] = counters.get(block, 0) + 1
-        g.rank = str(counters[block])
+        counters[block(g)] = counters.get(block(g), 0) + 1
+        g.rank = str(counters[block(g)])
     return ranked
