@@ -100,7 +100,7 @@ def test_leaderboard_and_baseline_t_test(tmp_path, capsys):
     rows = read_csv(out / "leaderboard.csv")
     assert [r["attn"] for r in rows] == ["flex", "sdpa", "math"]  # ranked by mean val_bpb
     flex, sdpa, math_ = rows
-    assert (flex["n"], flex["fail"], sdpa["baseline"]) == ("4", "1", "self")
+    assert (flex["n"], flex["failures"], sdpa["baseline"]) == ("4", "1", "self")
     assert float(flex["p"]) < 0.01 and float(math_["p"]) > 0.5 and float(flex["delta"]) < 0
     sps = pytest.importorskip("scipy.stats")
     con = ResultsDB(db).rows("sweep = 's1' AND status = 'ok'")

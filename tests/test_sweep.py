@@ -75,6 +75,7 @@ def test_the_default_config_sweeps_with_the_pool_the_sweeper_and_the_summary(com
     hydra = compose(["seed=1"], return_hydra_config=True).hydra
     assert hydra.launcher._target_.endswith("pool_launcher.PoolLauncher") and hydra.launcher.cpu_jobs == 1
     assert hydra.sweeper._target_.endswith("sweeper.SpeedrunSweeper") and hydra.sweeper.resume is False
+    assert hydra.sweeper.resume_across_code is False
     assert hydra.callbacks.sweep_summary._target_ == "speedrun.sweep.SweepSummary"
     assert compose(["hydra.sweeper.fail_fast=true"], return_hydra_config=True).hydra.launcher.fail_fast is True
 
@@ -86,6 +87,30 @@ def test_the_slurm_launcher_config_composes(compose):
                        ).hydra.launcher
     assert launcher._target_.endswith("submitit_launcher.SlurmLauncher")
     assert (launcher.gpus_per_node, launcher.tasks_per_node, launcher.partition) == (1, 1, "gpu")
+
+
+def test_resume_reuses_only_ok_runs_of_this_card_and_this_code(tmp_path):
+    from speedrun.records import ResultsDB
+    from speedrun.sweep import completed_runs, config_identity
+
+    db = ResultsDB(tmp_path / "results.sqlite")
+    config = {"name": "t", "seed": 0, "sweep": "ignored"}
+    ident = config_identity(config)
+    for i, (status, card, code) in enumerate([("ok", "H100", "c0"), ("ok", "H100", "c1"), ("failed", "H100", "c1"),
+                                              ("ok", "H200", "c1")]):
+        db.upsert(f"run{i}", {"status": status, "device_name": card, "code_fingerprint": code, "started_at": i,
+                              "config": config, "run_dir": f"run{i}"})
+    assert completed_runs(db.path).reusable[ident]["run_dir"] == "run3"  # no conditions: the latest ok run
+    assert completed_runs(db.path, device_name="H100", code="c1").reusable[ident]["run_dir"] == "run1"
+    assert completed_runs(db.path, device_name="H100", code="c0").reusable[ident]["run_dir"] == "run0"
+    other_code = completed_runs(db.path, device_name="H200", code="c2")
+    assert not other_code.reusable and other_code.refused[ident] == "ran other code (code_fingerprint c1, here c2)"
+    other_card = completed_runs(db.path, device_name="A100", code=None)  # code=None: resume_across_code
+    assert not other_card.reusable and other_card.refused[ident] == "ran on another card (H200)"
+    assert completed_runs(db.path, device_name="H200", code=None).reusable[ident]["run_dir"] == "run3"
+    # a run recorded before runs kept their code_fingerprint: its code is unknown, it is reused (with a warning)
+    db.upsert("run4", {"status": "ok", "device_name": "H200", "started_at": 9, "config": config, "run_dir": "run4"})
+    assert completed_runs(db.path, device_name="H200", code="c2").reusable[ident]["run_dir"] == "run4"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -101,7 +126,8 @@ def _fake_jobs(tmp_path: Path, scripts: list[str]) -> list[pl._Job]:
                 "def done(status, **kw):\n"
                 "    json.dump(dict(status=status, gpu=os.environ.get('CUDA_VISIBLE_DEVICES'), **kw),"
                 " open(os.path.join(d, 'result.json'), 'w'))\n" + code)
-        config = OmegaConf.create({"hydra": {"job": {"name": "fake", "num": i}, "runtime": {"output_dir": str(job_dir)}}})
+        config = OmegaConf.create({"hydra": {"job": {"name": "fake", "num": i},
+                                             "runtime": {"output_dir": str(job_dir)}}})
         jobs.append(pl._Job(num=i, overrides=[f"job={i}"], config=config, job_dir=job_dir,
                             cmd=[sys.executable, "-c", body]))
     return jobs
@@ -154,9 +180,9 @@ def project(tmp_path_factory, shared_data):
     return {"cwd": tmp_path_factory.mktemp("sweep"), "data": shared_data}
 
 
-def _sweep(project, *args, timeout=600):
+def _sweep(project, *args, timeout=600, env=None):
     return run_cli(["-m", *SWEEP_TINY, f"data.cache_dir={project['data']}", *args], cwd=project["cwd"],
-                   timeout=timeout)
+                   timeout=timeout, env_extra=env)
 
 
 @pytest.mark.slow
@@ -204,6 +230,58 @@ def test_resuming_the_same_sweep_runs_nothing(project):
     db = project["cwd"] / "outputs" / "results.sqlite"
     for selector in (resumed.name, "latest", str(resumed)):  # the report sees the runs the resumed sweep reused
         assert len(report.load_runs(db, sweeps=[selector])) == 4
+
+
+# one combination of GRID: its composed config is that of the first sweep's job 0, whatever the sweep dir
+ONE = ["model.n_layer=1", "optim.matrix_lr=0.04"]
+
+
+@pytest.mark.slow
+def test_a_sweep_resumed_on_another_card_runs_its_jobs_again(project):
+    from speedrun.identity import DEVICE_NAME_ENV
+
+    before = len(db_rows(project["cwd"]))
+    # SPEEDRUN_DEVICE_NAME makes the sweeper believe it is on an H200; the earlier runs recorded this CPU
+    proc = _sweep(project, *ONE, "hydra.sweeper.resume=true", env={DEVICE_NAME_ENV: "NVIDIA H200"}, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "0 of 1 combination(s) already completed ok (on NVIDIA H200" in out
+    assert "1 combination(s) run again: their earlier ok run ran on another card" in out
+    sweep = sweep_dirs(project["cwd"])[-1]
+    assert [p.name for p in sweep.iterdir() if p.is_dir()] == ["0"] and len(db_rows(project["cwd"])) == before + 1
+    manifest = json.loads((sweep / "sweep.json").read_text())
+    assert manifest["device_name"] == "NVIDIA H200" and manifest["jobs"][0]["state"] == "launched"
+    assert "ran again, not reused: 1 combination(s) whose earlier ok run ran on another card" in \
+        (sweep / "summary.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_code_change_reruns_unless_resume_across_code(project):
+    from speedrun.records import ResultsDB
+
+    db = ResultsDB(project["cwd"] / "outputs" / "results.sqlite")
+    grid = [r for r in db.rows() if "model.n_layer=1 optim.matrix_lr=0.02" in r["overrides"]]
+    assert len(grid) == 1
+    db.upsert(grid[0]["run_id"], {"code_fingerprint": "0123456789abcdef"})  # as if other code had made it
+    combo = ["model.n_layer=1", "optim.matrix_lr=0.02", "hydra.sweeper.resume=true"]
+
+    proc = _sweep(project, *combo, "hydra.sweeper.resume_across_code=true", timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "1 of 1 combination(s) already completed ok" in out and "any code" in out
+    reused = sweep_dirs(project["cwd"])[-1]
+    assert not [p for p in reused.iterdir() if p.is_dir()]
+    summary = (reused / "summary.md").read_text()
+    assert f"reused by resume: 1 run(s), from {Path(grid[0]['run_dir']).parent} (1)" in summary
+
+    proc = _sweep(project, *combo, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "0 of 1 combination(s) already completed ok" in out
+    assert "their earlier ok run ran other code (code_fingerprint 0123456789abcdef" in out
+    rerun = sweep_dirs(project["cwd"])[-1]
+    assert [p.name for p in rerun.iterdir() if p.is_dir()] == ["0"]
+    assert json.loads((rerun / "sweep.json").read_text())["jobs"][0]["state"] == "launched"
 
 
 @pytest.mark.slow
@@ -272,7 +350,8 @@ def test_sigterm_to_the_sweep_stops_its_jobs_instead_of_orphaning_them(tmp_path)
         "scripts = ['import signal\\n"
         "signal.signal(signal.SIGTERM, lambda *a: (done(\"interrupted\"), sys.exit(1)))\\n"
         "open(os.path.join(d, \"started\"), \"w\").close(); time.sleep(60); done(\"ok\")\\n', \"done('ok')\\n\"]\n"
-        "rets = pl._Pool([None], fail_fast=False, echo=False, stop_timeout_s=10).run(_fake_jobs(Path(sys.argv[1]), scripts))\n"
+        "rets = pl._Pool([None], fail_fast=False, echo=False, stop_timeout_s=10)"
+        ".run(_fake_jobs(Path(sys.argv[1]), scripts))\n"
         "print([type(r._return_value).__name__ + ':' + getattr(r._return_value, 'status', '') for r in rets])\n")
     proc = subprocess.Popen([sys.executable, str(driver), str(tmp_path / "jobs")], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)

@@ -3,84 +3,37 @@
 A sweep dir (``outputs/multirun/<date>/<time>_<name>/``) holds one subdir per launched job, ``multirun.yaml``,
 ``sweep.json`` (the manifest: every combination, whether it was launched, reused by resume or not run, and
 how it ended) and, from the ``SweepSummary`` callback at the end, ``summary.md`` and ``summary.csv``: one row per
-combination with the seeds folded (n, mean and std of the metrics, failures).
+combination with the seeds folded (n, mean and std of the metrics, failures), grouped, counted and laid out by
+speedrun.report's grouping, the same as the report's leaderboard.
 
 Resume identity: a combination is already done when results.sqlite holds a run with status ok whose composed
-config equals this job's, ignoring the keys in ``RESUME_IGNORED`` (they do not change what trains). Same name,
-same overrides and the same conf/ defaults give the same config; the sweep id (a new timestamped dir per
-invocation) plays no part.
+config equals this job's, ignoring the keys in ``RESUME_IGNORED`` (they do not change what trains), that ran on
+the card the sweep runs on (``device_name``) and with the code the sweep runs (``code_fingerprint``; see
+speedrun.identity). Same name, same overrides and the same conf/ defaults give the same config; the sweep id (a
+new timestamped dir per invocation) plays no part.
 """
 from __future__ import annotations
 
-import csv
-import io
 import json
 import logging
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from .paths import results_db_path
-from .stats import finite, mean, std
+from .report.groups import Group, default_group_keys, eval_sets, group_runs
+from .report.leaderboard import extra_columns, groups_csv, metrics_for, shared_note, table_rows
+from .report.runs import FOLDED_KEYS, Run, is_failure, override_dict
+from .tables import first_line, format_table
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "sweep.json"
 RESUME_IGNORED = ("sweep", "logger", "results_db")
 """Top-level config keys that do not change what a run computes, so resume ignores them."""
-
-SUMMARY_METRICS: dict[str, str] = {
-    "val_bpb": "{:.4f}",
-    "val_bpb_quant": "{:.4f}",
-    "tokens_per_s": "{:,.0f}",
-    "mfu": "{:.4f}",
-    "peak_mem_mb": "{:,.0f}",
-    "artifact_bytes": "{:,.0f}",
-}
-"""The metrics a summary folds over seeds, with their display format."""
-
-FOLDED_KEYS = ("seed",)
-"""Override keys folded into one row (their runs are repeats of one combination)."""
-
-
-# ---------------------------------------------------------------------------------------------------------
-# overrides
-
-
-def override_key(override: str) -> str:
-    """``+model.x=1`` -> ``model.x``; ``hydra/launcher=pool`` -> ``hydra/launcher``."""
-    key = override.split("=", 1)[0]
-    return key.lstrip("+~")
-
-
-def override_dict(overrides: Iterable[str]) -> dict[str, str]:
-    """Overrides as {key: value as typed}; deletions (``~key``) map to ``~``."""
-    out = {}
-    for o in overrides:
-        key = override_key(o)
-        out[key] = "~" if o.startswith("~") else o.split("=", 1)[1] if "=" in o else ""
-    return out
-
-
-def split_overrides(text: Optional[str]) -> list[str]:
-    """The ``overrides`` column of results.sqlite (space-joined) back to a list."""
-    return [o for o in (text or "").split(" ") if o]
-
-
-def varying_keys(override_sets: Sequence[dict[str, str]], folded: Sequence[str] = FOLDED_KEYS) -> list[str]:
-    """Keys whose value differs across the sets (a key missing from some sets differs), in first-seen order."""
-    keys: dict[str, None] = {}
-    for d in override_sets:
-        keys.update(dict.fromkeys(d))
-    out = []
-    for k in keys:
-        if k in folded:
-            continue
-        if len({d.get(k) for d in override_sets}) > 1:
-            out.append(k)
-    return out
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -100,11 +53,32 @@ def config_identity(config: Any) -> Optional[str]:
     return json.dumps(kept, sort_keys=True, default=str)
 
 
-def completed_runs(db_path: Path, name: Optional[str] = None) -> dict[str, dict[str, Any]]:
-    """{config identity: latest ok row} for the runs in results.sqlite (of ``name`` only, if given)."""
+def reuse_refusal(row: dict[str, Any], device_name: Optional[str], code: Optional[str]) -> Optional[str]:
+    """Why an ok run may not stand in for a job that would run on ``device_name`` with code ``code`` (None: it
+    may). A run on another card measured another card; a run of other code measured other code. A run recorded
+    before runs kept their code_fingerprint is let through (its code cannot be checked; the sweeper says so)."""
+    if device_name is not None and row.get("device_name") != device_name:
+        return f"ran on another card ({row.get('device_name') or 'unknown'})"
+    if code is not None and row.get("code_fingerprint") not in (None, code):
+        return f"ran other code (code_fingerprint {row.get('code_fingerprint')}, here {code})"
+    return None
+
+
+@dataclass
+class Completed:
+    reusable: dict[str, dict[str, Any]]
+    """{config identity: the latest ok row that may be reused}."""
+    refused: dict[str, str]
+    """{config identity: why its latest ok row may not be reused}, for identities with no reusable row."""
+
+
+def completed_runs(db_path: Path, name: Optional[str] = None, device_name: Optional[str] = None,
+                   code: Optional[str] = None) -> Completed:
+    """The ok runs in results.sqlite (of ``name`` only, if given) by config identity; with ``device_name`` and
+    ``code`` only those on that card and of that code are reusable (see ``reuse_refusal``)."""
     from .records import ResultsDB
 
-    done: dict[str, dict[str, Any]] = {}
+    done = Completed({}, {})
     try:
         db = ResultsDB(db_path)
         rows = db.rows("status = 'ok'") if name is None else db.rows("status = 'ok' AND name = ?", (name,))
@@ -113,8 +87,14 @@ def completed_runs(db_path: Path, name: Optional[str] = None) -> dict[str, dict[
         return done
     for row in sorted(rows, key=lambda r: r.get("started_at") or 0.0):
         ident = config_identity(row.get("config"))
-        if ident is not None:
-            done[ident] = row
+        if ident is None:
+            continue
+        why = reuse_refusal(row, device_name, code)
+        if why is None:
+            done.reusable[ident] = row
+        else:
+            done.refused[ident] = why
+    done.refused = {k: v for k, v in done.refused.items() if k not in done.reusable}
     return done
 
 
@@ -134,6 +114,8 @@ class JobEntry:
     run_dir: Optional[str] = None
     status: Optional[str] = None
     error: Optional[str] = None
+    note: Optional[str] = None
+    """Why resume did not reuse an earlier ok run of this combination (another card, other code)."""
 
 
 @dataclass
@@ -145,6 +127,12 @@ class Manifest:
     fail_fast: bool = False
     started_at: float = field(default_factory=time.time)
     finished_at: Optional[float] = None
+    device_name: Optional[str] = None
+    """With resume: the card the jobs run on, which a reused run must have run on."""
+    code_fingerprint: Optional[str] = None
+    """The code the jobs run (speedrun.identity.code_fingerprint), which a reused run must have run."""
+    resume_across_code: bool = False
+    """Resume reused runs of other code too."""
     jobs: list[JobEntry] = field(default_factory=list)
 
     def save(self) -> None:
@@ -203,81 +191,61 @@ def job_result(job: JobEntry, db_path: Optional[Path] = None) -> dict[str, Any]:
 @dataclass
 class Summary:
     keys: list[str]
-    """The swept keys (seeds folded), one column each."""
+    """The swept keys (seeds folded), one column each, and the card when it varies."""
     fixed: dict[str, str]
     """Overrides every job shares."""
-    rows: list[dict[str, Any]]
-    """One per combination: key values, n, failures, seeds, <metric>_mean, <metric>_std."""
+    groups: list[Group]
+    """One per combination (speedrun.report.groups, so the report and the summary count alike)."""
+    metrics: dict[str, str]
+    extras: list[str]
+    """Columns shown only when they say something (evaluation set, shared GPU)."""
     failures: list[tuple[JobEntry, dict[str, Any]]]
+    notes: list[str] = field(default_factory=list)
+    """Lines about comparability: several evaluation sets, runs that shared a GPU."""
     not_run: int = 0
     reused: int = 0
+    reused_from: dict[str, int] = field(default_factory=dict)
+    """Where the reused runs came from: {earlier sweep dir, or run dir for a single run: how many}."""
+    rerun: dict[str, int] = field(default_factory=dict)
+    """{why an earlier ok run was not reused: how many combinations ran again}."""
 
 
-def summarize(jobs: Sequence[JobEntry], results: Sequence[dict[str, Any]]) -> Summary:
-    sets = [override_dict(j.overrides) for j in jobs]
-    keys = varying_keys(sets)
-    fixed = {k: v for k, v in (sets[0].items() if sets else []) if k not in keys and k not in FOLDED_KEYS}
-    groups: dict[tuple, list[int]] = {}
-    for i, d in enumerate(sets):
-        groups.setdefault(tuple(d.get(k, "") for k in keys), []).append(i)
-    rows = []
-    for values, members in groups.items():
-        ok = [results[i] for i in members if results[i].get("status") == "ok"]
-        failed = [i for i in members if results[i].get("status") not in ("ok", "not_run")]
-        row: dict[str, Any] = dict(zip(keys, values))
-        row.update(n=len(ok), failures=len(failed),
-                   not_run=sum(results[i].get("status") == "not_run" for i in members),
-                   seeds=" ".join(str(r.get("seed")) for r in ok if r.get("seed") is not None))
-        for metric in SUMMARY_METRICS:
-            xs = finite(r.get(metric) for r in ok)
-            row[f"{metric}_mean"], row[f"{metric}_std"] = mean(xs), std(xs)
-        rows.append(row)
-    failures = [(jobs[i], results[i]) for i in range(len(jobs)) if results[i].get("status") not in ("ok", "not_run")]
-    return Summary(keys=keys, fixed=fixed, rows=rows, failures=failures,
-                   not_run=sum(r.get("status") == "not_run" for r in results),
-                   reused=sum(j.state == "reused" for j in jobs))
+def summarize(jobs: Sequence[JobEntry], results: Sequence[dict[str, Any]], sweep: str = "<sweep id>") -> Summary:
+    """Group the jobs by combination (their overrides as asked, seeds folded; the card too where it varies)."""
+    runs = [Run.from_row(r, j.overrides) for j, r in zip(jobs, results)]
+    keys = default_group_keys(runs, by_value=False)
+    first = override_dict(jobs[0].overrides) if jobs else {}
+    fixed = {k: v for k, v in first.items() if k not in keys and k not in FOLDED_KEYS}
+    groups = group_runs(runs, keys, asked=True)
+    sets = eval_sets(groups)
+    reused = [j for j in jobs if j.state == "reused"]
+    return Summary(keys=keys, fixed=fixed, groups=groups, metrics=metrics_for(groups),
+                   extras=extra_columns(groups, keys, sets),
+                   failures=[(j, r) for j, r in zip(jobs, results) if is_failure(r.get("status"))],
+                   notes=sets.messages(keys, f"python -m speedrun.report --sweep {sweep}") + shared_note(groups),
+                   not_run=sum(r.get("status") == "not_run" for r in results), reused=len(reused),
+                   reused_from=dict(Counter(_source(j.run_dir) for j in reused if j.run_dir)),
+                   rerun=dict(Counter(j.note for j in jobs if j.note)))
 
 
-def fmt_number(value: Any, spec: str = "{:.4g}") -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float) and value != value:
-        return "nan"
-    try:
-        return spec.format(value)
-    except (ValueError, TypeError):
-        return str(value)
-
-
-def mean_std_cell(m: Optional[float], s: Optional[float], spec: str) -> str:
-    if m is None:
-        return ""
-    return fmt_number(m, spec) + (f" ± {fmt_number(s, spec)}" if s is not None else "")
-
-
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A Markdown table padded to aligned columns, readable as plain text on a console too."""
-    cells = [[str(h) for h in headers]] + [[("" if c is None else str(c)).replace("|", "\\|") for c in r]
-                                           for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-
-    def line(r: list[str]) -> str:
-        return "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
-
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([line(cells[0]), sep] + [line(r) for r in cells[1:]])
+def _source(run_dir: str) -> str:
+    """The sweep dir a reused run belongs to, or the run dir itself for a run outside a sweep."""
+    parent = Path(run_dir).parent
+    return str(parent) if (parent / MANIFEST).exists() or (parent / "multirun.yaml").exists() else str(run_dir)
 
 
 def summary_table(s: Summary) -> str:
-    counts = ["n", "failures"] + (["not_run"] if s.not_run else [])
-    headers = (s.keys or ["combination"]) + counts + list(SUMMARY_METRICS)
-    body = []
-    for row in s.rows:
-        cells = [row[k] for k in s.keys] if s.keys else ["(all)"]
-        cells += [row[c] for c in counts]
-        cells += [mean_std_cell(row[f"{m}_mean"], row[f"{m}_std"], spec) for m, spec in SUMMARY_METRICS.items()]
-        body.append(cells)
-    return format_table(headers, body)
+    return format_table(*table_rows(s.groups, s.keys, s.metrics, s.extras))
+
+
+def resume_lines(s: Summary) -> list[str]:
+    """How many runs resume reused and from where, and which combinations ran again although done elsewhere."""
+    lines = []
+    if s.reused:
+        lines.append(f"reused by resume: {s.reused} run(s), from "
+                     + "; ".join(f"{src} ({n})" for src, n in sorted(s.reused_from.items())))
+    lines += [f"ran again, not reused: {n} combination(s) whose earlier ok run {why}" for why, n in s.rerun.items()]
+    return lines
 
 
 def summary_markdown(s: Summary, manifest: Optional[Manifest], sweep_dir: Path) -> str:
@@ -285,36 +253,24 @@ def summary_markdown(s: Summary, manifest: Optional[Manifest], sweep_dir: Path) 
     lines = [f"# Sweep {title}", "", f"- dir: `{sweep_dir}`"]
     if s.fixed:
         lines.append("- fixed overrides: " + " ".join(f"`{k}={v}`" for k, v in s.fixed.items()))
-    n_jobs = sum(r["n"] + r["failures"] for r in s.rows)
+    n_jobs = sum(len(g.ok) + g.failures for g in s.groups)
     lines.append(f"- runs: {n_jobs} ({s.reused} reused from earlier runs by resume), failures: {len(s.failures)}"
                  + (f", not run: {s.not_run} (fail-fast or interrupted)" if s.not_run else ""))
+    lines += [f"- {line}" for line in resume_lines(s) + s.notes]
     lines.append("- cells: mean ± sample std over the ok runs (seeds folded); n counts ok runs")
     lines += ["", summary_table(s), ""]
     if s.failures:
         lines += ["## Failures", ""]
         lines.append(format_table(
             ["overrides", "status", "error", "dir"],
-            [[" ".join(j.overrides), r.get("status"), _first_line(r.get("error")), j.run_dir or ""]
+            [[" ".join(j.overrides), r.get("status"), first_line(r.get("error")), j.run_dir or ""]
              for j, r in s.failures]))
         lines.append("")
     return "\n".join(lines)
 
 
 def summary_csv(s: Summary) -> str:
-    buf = io.StringIO()
-    cols = (s.keys or ["combination"]) + ["n", "failures", "not_run", "seeds"]
-    for m in SUMMARY_METRICS:
-        cols += [f"{m}_mean", f"{m}_std"]
-    w = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore", lineterminator="\n")
-    w.writeheader()
-    for row in s.rows:
-        w.writerow(row if s.keys else {**row, "combination": "(all)"})
-    return buf.getvalue()
-
-
-def _first_line(text: Any, limit: int = 160) -> str:
-    line = str(text or "").strip().splitlines()[0] if text else ""
-    return line if len(line) <= limit else line[: limit - 3] + "..."
+    return groups_csv(s.groups, s.keys, list(s.metrics), s.extras)
 
 
 def write_summary(sweep_dir: Path, db_path: Optional[Path] = None) -> Optional[Summary]:
@@ -325,7 +281,7 @@ def write_summary(sweep_dir: Path, db_path: Optional[Path] = None) -> Optional[S
     if not jobs:
         return None
     results = [job_result(j, db_path) for j in jobs]
-    s = summarize(jobs, results)
+    s = summarize(jobs, results, manifest.sweep if manifest else sweep_dir.name)
     from .records import atomic_write_text
 
     atomic_write_text(sweep_dir / "summary.md", summary_markdown(s, manifest, sweep_dir))
@@ -362,10 +318,10 @@ class SweepSummary(Callback):  # type: ignore[misc,valid-type]
         if s is None:
             print(f"sweep {sweep_dir}: no jobs", flush=True)
             return
-        text = summary_table(s)
+        text = "\n".join([*resume_lines(s), *s.notes, summary_table(s)])
         print(f"\nsweep summary ({sweep_dir}):\n{text}", flush=True)
         for job, r in s.failures:
-            print(f"failed: {' '.join(job.overrides)}: {r.get('status')}: {_first_line(r.get('error'))}"
+            print(f"failed: {' '.join(job.overrides)}: {r.get('status')}: {first_line(r.get('error'))}"
                   f"{'  (' + job.run_dir + ')' if job.run_dir else ''}", flush=True)
         if s.not_run:
             print(f"not run: {s.not_run} job(s) (fail-fast or interrupted)", flush=True)

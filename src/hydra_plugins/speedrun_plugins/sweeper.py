@@ -7,13 +7,17 @@ plus what a long sweep needs, with any launcher (pool, submitit, basic):
   callbacks (the summary) always run; the summary callback then sets the exit status.
 - ``fail_fast``: stop after the first batch with a failure (the pool launcher also stops inside a batch).
 - ``resume``: skip the combinations that already completed with status ok: a run in results.sqlite with the
-  same composed config (see speedrun.sweep.config_identity: same name, overrides and conf/ defaults).
+  same composed config (see speedrun.sweep.config_identity: same name, overrides and conf/ defaults), on the same
+  card (its ``device_name`` is speedrun.identity.current_device_name() here; ``$SPEEDRUN_DEVICE_NAME`` overrides
+  it) and of the same code (its ``code_fingerprint`` is code_fingerprint(REPO_ROOT) here, unless
+  ``resume_across_code``). A combination done only elsewhere runs again, and the summary says why.
 - ``sweep.json`` in the sweep dir: every combination and what became of it (launched, reused, not_run).
 """
 
 import copy
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -34,7 +38,11 @@ log = logging.getLogger(__name__)
 class SpeedrunSweeperConf:
     _target_: str = "hydra_plugins.speedrun_plugins.sweeper.SpeedrunSweeper"
     resume: bool = False
-    """Skip combinations that already completed with status ok (same composed config in results.sqlite)."""
+    """Skip combinations that already completed with status ok (same composed config in results.sqlite, same card,
+    same code)."""
+    resume_across_code: bool = False
+    """With resume: also reuse runs made by other code (another code_fingerprint), e.g. after a change that cannot
+    affect results. The card must still match."""
     fail_fast: bool = False
     """Stop at the first failed job (no new job starts; the pool launcher also stops the running ones)."""
     max_batch_size: Optional[int] = None
@@ -49,12 +57,15 @@ ConfigStore.instance().store(group="hydra/sweeper", name="speedrun", node=Speedr
 
 class SpeedrunSweeper(BasicSweeper):
     def __init__(self, resume: bool = False, fail_fast: bool = False, max_batch_size: Optional[int] = None,
-                 params: Optional[Dict[str, str]] = None) -> None:
+                 params: Optional[Dict[str, str]] = None, resume_across_code: bool = False) -> None:
         super().__init__(max_batch_size=max_batch_size, params=params)
         self.resume, self.fail_fast = bool(resume), bool(fail_fast)
+        self.resume_across_code = bool(resume_across_code)
 
     def sweep(self, arguments: List[str]) -> Any:
-        from speedrun.sweep import JobEntry, Manifest, completed_runs
+        from speedrun.identity import code_fingerprint
+        from speedrun.paths import REPO_ROOT
+        from speedrun.sweep import JobEntry, Manifest
 
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
@@ -64,19 +75,13 @@ class SpeedrunSweeper(BasicSweeper):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         manifest = Manifest(sweep=sweep_dir.name, sweep_dir=str(sweep_dir), name=str(self.config.get("name")),
-                            resume=self.resume, fail_fast=self.fail_fast,
+                            resume=self.resume, fail_fast=self.fail_fast, resume_across_code=self.resume_across_code,
+                            code_fingerprint=code_fingerprint(REPO_ROOT),
                             jobs=[JobEntry(index=i, overrides=list(c)) for i, c in enumerate(combos)])
         # compose every job now: a composition error fails the sweep before any job runs (as the basic sweeper)
         identities = [self._identity(c) for c in combos]
         if self.resume:
-            done = completed_runs(self._db_path())
-            for job, ident in zip(manifest.jobs, identities):
-                row = done.get(ident) if ident is not None else None
-                if row is not None:
-                    job.state, job.status, job.run_dir = "reused", "ok", row.get("run_dir") or row.get("run_id")
-            reused = sum(j.state == "reused" for j in manifest.jobs)
-            log.info(f"resume: {reused} of {len(combos)} combination(s) already completed ok and are skipped; "
-                     f"{len(combos) - reused} to run")
+            self._mark_reused(manifest, identities)
         manifest.save()
 
         todo = [j for j in manifest.jobs if j.state == "pending"]
@@ -101,6 +106,33 @@ class SpeedrunSweeper(BasicSweeper):
         manifest.finished_at = time.time()
         manifest.save()
         return returns
+
+    def _mark_reused(self, manifest: Any, identities: List[Optional[str]]) -> None:
+        """Mark the jobs an earlier ok run (same config, this card, this code) already did; note why the others
+        that were done elsewhere run again."""
+        from speedrun.identity import current_device_name
+        from speedrun.sweep import completed_runs
+
+        manifest.device_name = current_device_name()
+        code = None if self.resume_across_code else manifest.code_fingerprint
+        done = completed_runs(self._db_path(), device_name=manifest.device_name, code=code)
+        unchecked = 0
+        for job, ident in zip(manifest.jobs, identities):
+            row = done.reusable.get(ident) if ident is not None else None
+            if row is not None:
+                job.state, job.status, job.run_dir = "reused", "ok", row.get("run_dir") or row.get("run_id")
+                unchecked += row.get("code_fingerprint") is None
+            elif ident in done.refused:
+                job.note = done.refused[ident]
+        reused = sum(j.state == "reused" for j in manifest.jobs)
+        across = ", any code" if self.resume_across_code else f", code {manifest.code_fingerprint}"
+        log.info(f"resume: {reused} of {len(identities)} combination(s) already completed ok (on "
+                 f"{manifest.device_name}{across}) and are skipped; {len(identities) - reused} to run")
+        for why, n in Counter(j.note for j in manifest.jobs if j.note).items():
+            log.info(f"resume: {n} combination(s) run again: their earlier ok run {why}")
+        if unchecked:
+            log.warning(f"resume: {unchecked} reused run(s) have no code_fingerprint (recorded before runs kept it): "
+                        f"that they ran this code cannot be checked")
 
     def _identity(self, overrides: List[str]) -> Optional[str]:
         from speedrun.sweep import config_identity

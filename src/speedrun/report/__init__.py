@@ -1,0 +1,20 @@
+"""The report on results.sqlite (``python -m speedrun.report``), and the grouping the sweep summary shares.
+
+One module per job:
+
+- ``runs``: a run (result row, config, Plan, overrides), key lookup, the definition of a failure;
+- ``selection``: which runs (``--sweep``, ``--name``, ``--hardware``, ``--where``);
+- ``groups``: grouping and statistics: group keys, groups, evaluation sets, baselines (Welch t-test), ranks;
+- ``leaderboard``: groups as tables and the one CSV layout (leaderboard.csv here, summary.csv for a sweep);
+- ``plots``, ``page``: the PNGs and report.html;
+- ``cli``: the command.
+"""
+from __future__ import annotations
+
+from .cli import LOWER_IS_BETTER, build_parser, main
+from .groups import EvalSets, Group, compare, default_group_keys, eval_sets, group_runs, rank_groups
+from .runs import Run, canon, is_failure
+from .selection import load_runs, parse_pairs
+
+__all__ = ["LOWER_IS_BETTER", "EvalSets", "Group", "Run", "build_parser", "canon", "compare", "default_group_keys",
+           "eval_sets", "group_runs", "is_failure", "load_runs", "main", "parse_pairs", "rank_groups"]

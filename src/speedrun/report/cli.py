@@ -1,0 +1,118 @@
+"""``python -m speedrun.report``: the leaderboard, significance against a baseline, plots and an HTML report.
+
+    python -m speedrun.report                                   # every run in outputs/results.sqlite
+    python -m speedrun.report --sweep latest --baseline attn=sdpa
+    python -m speedrun.report --where model.n_layer=2 --group-by attn,precision --out outputs/report
+
+Runs are grouped by ``--group-by`` keys (default: the overrides that vary among the selected runs, seeds
+folded, plus ``hardware`` and ``device_name`` when they vary), so each group is one combination on one card and
+its runs are repeats. A key is looked up as a results column first (what ran: ``attn``, ``hardware``,
+``precision`` are the resolved values), then in the composed config (``optim.matrix_lr``; a group such as
+``model`` gives its ``name``), then in the Plan. ``--baseline KEY=VALUE`` compares every group with the group
+that has KEY=VALUE and the same other keys, by a one-sided Welch t-test of H1: the group's mean ``--metric``
+(val_bpb) is lower than the baseline's. Runs scored on different evaluation sets (``eval_fingerprint``) are
+never ranked or tested against each other: group by ``eval_fingerprint`` or select one set with ``--where``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from ..tables import format_table
+from .groups import compare, default_group_keys, eval_sets, group_runs, rank_groups
+from .leaderboard import extra_columns, groups_csv, metrics_for, shared_note, table_rows, ttest_rows
+from .page import render_html
+from .plots import make_plots
+from .selection import load_runs, parse_pairs
+
+LOWER_IS_BETTER = ("val_bpb", "val_bpb_quant", "val_bpb_ttt", "val_bpb_ttt_base", "val_loss")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m speedrun.report", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--db", type=Path, default=Path("outputs/results.sqlite"), help="results database")
+    p.add_argument("--sweep", action="append", default=[], metavar="ID",
+                   help="a sweep id, 'latest', or a sweep dir (repeatable)")
+    p.add_argument("--name", help="only runs with this name")
+    p.add_argument("--hardware", help="only runs on this hardware profile (the resolved one: cpu, t4, h100...)")
+    p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
+                   help="only runs where KEY (column or config key, e.g. optim.matrix_lr) is VALUE; "
+                        "VALUE may be a comma list (repeatable)")
+    p.add_argument("--group-by", metavar="KEYS", help="comma-separated keys (default: the overrides that vary)")
+    p.add_argument("--baseline", action="append", default=[], metavar="KEY=VALUE",
+                   help="compare every group with the group where KEY=VALUE (one-sided Welch t-test)")
+    p.add_argument("--metric", default="val_bpb", choices=LOWER_IS_BETTER, help="metric to rank and test")
+    p.add_argument("--alpha", type=float, default=0.05, help="significance level for the verdict")
+    p.add_argument("--out", type=Path, default=Path("outputs/report"), help="where CSV, PNGs and report.html go")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    where = parse_pairs(args.where, "--where")
+    baseline = parse_pairs(args.baseline, "--baseline")
+    runs = load_runs(args.db, args.sweep, args.name, args.hardware, where)
+    if not runs:
+        print(f"no runs match in {args.db}", file=sys.stderr)
+        return 2
+    keys = [k.strip() for k in args.group_by.split(",") if k.strip()] if args.group_by else default_group_keys(runs)
+    keys = keys or ["name"]
+    keys += [k for k in baseline if k not in keys]
+    groups = group_runs([r for r in runs if r.status != "running"], keys)
+    sets = eval_sets(groups)
+    if baseline:
+        compare(groups, baseline, args.metric)
+        if not any(g.is_baseline for g in groups):
+            print(f"--baseline {','.join(f'{k}={v}' for k, v in baseline.items())}: no group matches", file=sys.stderr)
+            return 2
+    groups = rank_groups(groups, args.metric, sets)
+    metrics = metrics_for(groups, args.metric)
+    extras = extra_columns(groups, keys, sets)
+    board = table_rows(groups, keys, metrics, extras, ranked=True, alpha=args.alpha if baseline else None)
+    ttest = ttest_rows(groups, args.metric, args.alpha) if baseline else None
+
+    filters = [f"--sweep {s}" for s in args.sweep] + [f"--{k} {v}" for k, v in (("name", args.name),
+                                                                                  ("hardware", args.hardware)) if v]
+    filters += [f"--where {k}={v}" for k, v in where.items()]
+    notes = sets.messages(keys, " ".join(["python -m speedrun.report", *filters])) + shared_note(groups)
+    meta = _meta(args, runs, keys, filters, baseline)
+    print("\n".join(meta))
+    if notes:
+        print("\n" + "\n".join(notes))
+    print(f"\nleaderboard ({args.metric}, lower is better):\n" + format_table(*board))
+    if ttest is not None:
+        print(f"\nagainst the baseline (one-sided Welch t-test on {args.metric}):\n" + format_table(*ttest))
+
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "leaderboard.csv").write_text(groups_csv(groups, keys, list(metrics), extras))
+    plots = {} if args.no_plots else make_plots(groups, out, args.metric)
+    failures = [[r.status, g.label(), str(r.row.get("error") or "")[:300], str(r.row.get("run_dir") or "")]
+                for g in groups for r in g.runs if r.status != "ok"]
+    classes = ["baseline" if g.is_baseline else "better" if g.welch and g.welch.p < args.alpha else ""
+               for g in groups]
+    page = render_html("speedrun report", meta, notes, board, classes, ttest, failures, plots)
+    (out / "report.html").write_text(page)
+    print(f"\nwrote {out / 'leaderboard.csv'}" + "".join(f", {p}" for p in plots.values())
+          + f", {out / 'report.html'}")
+    return 0
+
+
+def _meta(args: argparse.Namespace, runs: Sequence, keys: Sequence[str], filters: list[str],
+          baseline: dict[str, str]) -> list[str]:
+    running = sum(r.status == "running" for r in runs)
+    meta = [f"database: {args.db.resolve()}", f"runs: {len(runs)} ({running} still running or killed)",
+            f"grouped by: {', '.join(keys)}; cells: mean ± sample std over ok runs; failures: runs that did not end "
+            f"ok; #: rank within an evaluation set", f"generated: {time.strftime('%Y-%m-%d %H:%M:%S')}"]
+    if filters:
+        meta.insert(1, "filters: " + " ".join(filters))
+    if baseline:
+        meta.append(f"baseline: {', '.join(f'{k}={v}' for k, v in baseline.items())}; H1: the group's mean "
+                    f"{args.metric} is lower than its baseline's (one-sided Welch t-test), alpha {args.alpha:g}")
+    return meta

@@ -1,0 +1,145 @@
+"""Groups as tables: the one layout of the report's leaderboard and the sweep's summary, as aligned text
+(console, summary.md, report.html) and as CSV (leaderboard.csv, summary.csv), plus the t-test table.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from ..stats import mean, std
+from ..tables import csv_text, fmt_number, fmt_p, mean_std_cell
+from .groups import EVAL_KEY, EvalSets, Group
+
+METRICS: dict[str, str] = {
+    "val_bpb": "{:.4f}",
+    "val_bpb_quant": "{:.4f}",
+    "tokens_per_s": "{:,.0f}",
+    "mfu": "{:.4f}",
+    "peak_mem_mb": "{:,.0f}",
+    "artifact_bytes": "{:,.0f}",
+}
+"""The metrics every table folds over a group's ok runs (mean ± sample std), with their display format."""
+
+TTT_METRICS: dict[str, str] = {"val_bpb_ttt_base": "{:.4f}", "val_bpb_ttt": "{:.4f}", "ttt_gain": "{:+.4f}"}
+"""Shown when runs have them: val_bpb on the TTT evaluation without and with test-time training, and the gain
+(base - ttt, per run) that TTT bought."""
+
+SHARED_KEY = "gpu_shared"
+"""Result column: the job shared its GPU with other jobs (pool launcher, jobs_per_gpu > 1), so its throughput
+is not that of the card alone."""
+
+COMPARISON = ["baseline", "delta", "t", "df", "p"]
+
+
+def metrics_for(groups: Sequence[Group], first: str = "val_bpb") -> dict[str, str]:
+    """METRICS with ``first`` leading, plus the TTT metrics that any ok run has."""
+    runs = [r for g in groups for r in g.ok]
+    ttt = [k for k in ("val_bpb_ttt_base", "val_bpb_ttt") if any(r.row.get(k) is not None for r in runs)]
+    if "val_bpb_ttt_base" in ttt and "val_bpb_ttt" in ttt:
+        ttt.append("ttt_gain")
+    out = {first: METRICS.get(first, TTT_METRICS.get(first, "{:.4f}"))}
+    out.update((k, v) for k, v in {**METRICS, **{k: TTT_METRICS[k] for k in ttt}}.items() if k != first)
+    return out
+
+
+def extra_columns(groups: Sequence[Group], keys: Sequence[str], sets: EvalSets) -> list[str]:
+    """Columns shown only when they say something: the evaluation set when the groups span several, and how
+    many runs shared a GPU when any run records it."""
+    cols = []
+    if (len(sets.fingerprints) > 1 or sets.mixed) and EVAL_KEY not in keys:
+        cols.append(EVAL_KEY)
+    if any(r.row.get(SHARED_KEY) is not None for g in groups for r in g.runs):
+        cols.append(SHARED_KEY)
+    return cols
+
+
+def shared_note(groups: Sequence[Group]) -> list[str]:
+    """A line when some ok runs shared their GPU: their throughput is not comparable with a card's alone."""
+    ok = [r for g in groups for r in g.ok]
+    shared = sum(bool(r.row.get(SHARED_KEY)) for r in ok)
+    if not shared:
+        return []
+    return [f"{shared} of {len(ok)} ok run(s) shared their GPU with other jobs (jobs_per_gpu > 1; column "
+            f"{SHARED_KEY} counts them): their tokens_per_s, mfu and peak_mem_mb are not the card's alone"]
+
+
+def _extra(g: Group, col: str) -> Any:
+    if col == EVAL_KEY:
+        return ",".join(g.fingerprints()) or "null"
+    return g.count(col)
+
+
+def verdict(g: Group, alpha: float) -> list[str]:
+    """delta, p and the verdict of a group against its baseline, as table cells."""
+    if g.is_baseline:
+        return ["", "", "baseline"]
+    if g.baseline is None:
+        return ["", "", "no baseline group"]
+    if g.untested:
+        return ["", "", g.untested]
+    if g.welch is None:
+        return ["", "", "n < 2"]
+    w = g.welch
+    return [f"{w.delta:+.4f}", fmt_p(w.p), f"better (p<{alpha:g})" if w.p < alpha else "not significant"]
+
+
+def table_rows(groups: Sequence[Group], keys: Sequence[str], metrics: dict[str, str], extras: Sequence[str],
+               ranked: bool = False, alpha: Optional[float] = None) -> tuple[list[str], list[list[str]]]:
+    """Headers and rows: [#], the keys (or "combination"), extras, n (ok runs), failures, [not_run], the first
+    metric, [delta, p, verdict when ``alpha`` is given: a baseline was compared], the other metrics."""
+    first, *others = metrics
+    show_not_run = any(g.not_run for g in groups)
+    headers = (["#"] if ranked else []) + (list(keys) or ["combination"]) + list(extras) + ["n", "failures"]
+    headers += (["not_run"] if show_not_run else []) + [first]
+    headers += (["delta", "p", "verdict"] if alpha is not None else []) + others
+    rows = []
+    for g in groups:
+        row = ([g.rank] if ranked else []) + ([g.values[k] for k in keys] if keys else ["(all)"])
+        row += [str(_extra(g, c)) for c in extras] + [str(len(g.ok)), str(g.failures)]
+        row += ([str(g.not_run)] if show_not_run else []) + [_cell(g, first, metrics[first])]
+        row += (verdict(g, alpha) if alpha is not None else []) + [_cell(g, m, metrics[m]) for m in others]
+        rows.append(row)
+    return headers, rows
+
+
+def _cell(g: Group, metric: str, spec: str) -> str:
+    xs = g.metric(metric)
+    return mean_std_cell(mean(xs), std(xs), spec)
+
+
+def ttest_rows(groups: Sequence[Group], metric: str, alpha: float) -> tuple[list[str], list[list[str]]]:
+    """One row per group that has a baseline group: both samples, the difference and the test."""
+    keys = list(groups[0].values) if groups else []
+    headers = keys + ["n", "mean", "std", "n_base", "mean_base", "std_base", "delta", "t", "df", "p", "verdict"]
+    rows = []
+    for g in groups:
+        if g.baseline is None:
+            continue
+        a, b = g.metric(metric), g.baseline.metric(metric)
+        w = g.welch
+        rows.append([g.values[k] for k in keys]
+                    + [str(len(a)), fmt_number(mean(a), "{:.4f}"), fmt_number(std(a), "{:.4f}"),
+                       str(len(b)), fmt_number(mean(b), "{:.4f}"), fmt_number(std(b), "{:.4f}"),
+                       f"{w.delta:+.4f}" if w else "", f"{w.t:.3f}" if w else "", f"{w.df:.1f}" if w else "",
+                       fmt_p(w.p) if w else "", verdict(g, alpha)[2]])
+    return headers, rows
+
+
+def groups_csv(groups: Sequence[Group], keys: Sequence[str], metrics: Sequence[str], extras: Sequence[str]) -> str:
+    """The one CSV layout (leaderboard.csv and summary.csv), plain numbers: the keys (or "combination"), extras,
+    rank, n (ok runs), failures, not_run, seeds, <metric>_mean and <metric>_std, then the baseline comparison
+    (baseline: "self" or the baseline group's label; delta, t, df, p of the one-sided Welch test)."""
+    cols = (list(keys) or ["combination"]) + list(extras) + ["rank", "n", "failures", "not_run", "seeds"]
+    cols += [f"{m}_{s}" for m in metrics for s in ("mean", "std")] + COMPARISON
+    rows = []
+    for g in groups:
+        row: dict[str, Any] = {**g.values} if keys else {"combination": "(all)"}
+        row.update({c: _extra(g, c) for c in extras})
+        row.update(rank=g.rank, n=len(g.ok), failures=g.failures, not_run=g.not_run, seeds=g.seeds)
+        for m in metrics:
+            xs = g.metric(m)
+            row[f"{m}_mean"], row[f"{m}_std"] = mean(xs), std(xs)
+        row["baseline"] = "self" if g.is_baseline else g.baseline.label() if g.baseline is not None else None
+        if g.welch is not None:
+            row.update(delta=g.welch.delta, t=g.welch.t, df=g.welch.df, p=g.welch.p)
+        rows.append(row)
+    return csv_text(cols, rows)
