@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from .identity import code_fingerprint
 from .paths import REPO_ROOT
 
 # The result.json contract (DESIGN.md): add keys freely, never rename these.
@@ -167,6 +168,8 @@ def capture_environment(device: str) -> dict[str, Any]:
     env: dict[str, Any] = {
         "git_sha": _run(["git", "rev-parse", "HEAD"], cwd=root),
         "git_dirty": bool(status) if status is not None else None,
+        # what a resumed sweep compares: the source as it is on disk, uncommitted and untracked files included
+        "code_fingerprint": code_fingerprint(root),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "hostname": platform.node(),

@@ -104,7 +104,8 @@ class Job:
         result.update(
             hardware=plan.hardware, device_name=plan.device_name, emulated=plan.emulated, attn=plan.attn,
             attn_kernel=plan.attn_kernel, precision=plan.precision, git_sha=env["git_sha"],
-            git_dirty=env["git_dirty"], torch_version=env["torch_version"], model=plan.model_name,
+            git_dirty=env["git_dirty"], code_fingerprint=env["code_fingerprint"], torch_version=env["torch_version"],
+            model=plan.model_name,
             tokens_per_step=plan.tokens_per_step, seq_len=plan.model.seq_len,
         )
         _configure_torch(plan)
