@@ -8,157 +8,20 @@ fields in speedrun.config; this module keeps the ones that need the device, the 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
-from .config import (
-    CONF_DIR,
-    Config,
-    DataConfig,
-    LoggerConfig,
-    ModelConfig,
-    OptimConfig,
-    QuantConfig,
-    ScheduleConfig,
-    TTTConfig,
-)
-from .errors import PlanError
-from .hardware import PROFILES, DetectedDevice, HardwareProfile
-from .shape import ModelShape
+from ..config import CONF_DIR, Config, DataConfig, ModelConfig, QuantConfig, TTTConfig
+from ..errors import PlanError
+from ..hardware import PROFILES, DetectedDevice, HardwareProfile
+from ..shape import ModelShape
+from .attention import check_scores_memory, resolve_attention
+from .types import DataPlan, EvalPlan, Plan, Stage, plan_json
 
 __all__ = ["Plan", "PlanError", "Stage", "EvalPlan", "DataPlan", "resolve", "load_option", "plan_json"]
-
-
-@dataclass(frozen=True)
-class Stage:
-    """One context length of the training schedule."""
-    seq_len: int
-    until: float
-    """Train at this length until this fraction of the budget (time or steps, per Plan.stage_progress)."""
-    micro_batch: int
-    """Sequences per micro-batch at this length (micro-batch tokens stay constant across stages)."""
-
-
-@dataclass(frozen=True)
-class EvalPlan:
-    mode: str
-    """standard or sliding."""
-    stride: Optional[int]
-    """sliding: tokens each window advances."""
-    document_isolated: bool
-    """Score with the document mask on (no attention across BOS)."""
-    tokens: Optional[int]
-    """Validation tokens to score; None: the whole split."""
-    batch_size: int
-    """Windows per eval forward."""
-    label: str
-    """What the scores mean, recorded as eval_mode: e.g. standard, sliding:64+doc."""
-
-
-@dataclass(frozen=True)
-class DataPlan:
-    path: Optional[str]
-    """Absolute shard directory; None for the embedded corpus."""
-    tokenizer: Optional[str]
-    """Absolute SentencePiece model; None for the embedded corpus."""
-    vocab_size: int
-    cache_dir: str
-    """Absolute directory where the embedded dataset is built."""
-
-
-@dataclass(frozen=True)
-class Plan:
-    name: str
-    seed: int
-    device: str
-    """torch device: cuda or cpu."""
-    hardware: str
-    """The profile that sets dtypes, kernels and peaks (requested or detected)."""
-    device_name: str
-    emulated: bool
-    """True when a smaller profile runs on a bigger device (its recipe, capped memory)."""
-    memory_cap_gb: Optional[float]
-    precision: str
-    """fp32, bf16, fp16 or fp8."""
-    autocast: Optional[str]
-    """Autocast dtype (bf16 or fp16; fp8 runs its block linears in fp8 inside bf16 autocast); None for fp32."""
-    grad_scaler: bool
-    matmul_dtype: str
-    """The dtype whose peak MFU divides by (tf32 for fp32 on sm80+)."""
-    peak_flops: Optional[float]
-    """Peak FLOP/s of matmul_dtype on the profile (the emulated one when emulating): MFU's denominator."""
-    device_peak_flops: Optional[float]
-    """The same peak on the device that actually runs (differs from peak_flops only when emulating)."""
-    ns_dtype: str
-    """Dtype of Muon's Newton-Schulz iterations."""
-    attn: str
-    attn_options: tuple[tuple[str, Any], ...]
-    """Constructor options of the attention backend (speedrun.attention.get_backend)."""
-    attn_kernel: str
-    """The kernel that will run, e.g. sdpa:flash."""
-    document_mask: bool
-    """Train (and evaluate) with attention confined to each BOS-delimited document."""
-    model_name: str
-    model: ModelShape
-    micro_batch: int
-    """Sequences per micro-batch at model.seq_len (the longest length)."""
-    stages: tuple[Stage, ...]
-    """Context-length stages; one for a constant schedule. Tokens per micro-batch and per step are the same in all."""
-    stage_progress: str
-    """time or step: what Stage.until measures."""
-    schedule: ScheduleConfig
-    """LR warm-up / warm-down fractions and the re-warm-up after a stage switch."""
-    grad_accum: int
-    tokens_per_step: int
-    train_seconds: float
-    max_steps: Optional[int]
-    warmup_steps: int
-    """Untimed compile/autotune steps, undone before training."""
-    eval: EvalPlan
-    compile: bool
-    optim: OptimConfig
-    quant: QuantConfig
-    ttt: TTTConfig
-    """TTT settings; batch_size resolved."""
-    data: DataPlan
-    logger: LoggerConfig
-
-    @property
-    def eval_tokens(self) -> Optional[int]:
-        return self.eval.tokens
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["attn_options"] = dict(self.attn_options)
-        return json.loads(json.dumps(d, default=str))  # Choice enums -> their strings
-
-    def describe(self) -> str:
-        m = self.model
-        stages = ", ".join(f"{st.seq_len} x {st.micro_batch} until {st.until:g}" for st in self.stages)
-        lines = [
-            f"hardware    {self.hardware}{' (emulated)' if self.emulated else ''} on {self.device_name}"
-            + (f", memory cap {self.memory_cap_gb:g} GB" if self.memory_cap_gb else ""),
-            f"precision   {self.precision}{' + GradScaler' if self.grad_scaler else ''} (MFU peak: {self.matmul_dtype})",
-            f"attention   {self.attn_kernel}{' + document mask' if self.document_mask else ''}",
-            f"model       {self.model_name}: {m.n_layer}x{m.d_model}, {m.n_head}/{m.n_kv_head} heads, "
-            f"mlp {m.mlp_mult}x, vocab {m.vocab_size}, seq {m.seq_len}",
-            f"batch       {self.tokens_per_step} tokens/step = {self.micro_batch} seqs x {m.seq_len} x "
-            f"{self.grad_accum} accum",
-            *([f"stages      {stages} (of {self.stage_progress})"] if len(self.stages) > 1 else []),
-            f"budget      {self.train_seconds:g} s" + (f" or {self.max_steps} steps" if self.max_steps else "")
-            + f", eval {self.eval.label} on {self.eval.tokens if self.eval.tokens is not None else 'all'} tokens, "
-            f"compile {'on' if self.compile else 'off'}",
-        ]
-        return "\n".join(lines)
-
-
-def plan_json(plan: Plan) -> str:
-    return json.dumps(plan.to_dict(), indent=2)
 
 
 def load_option(group: str, option: str) -> dict[str, Any]:
@@ -216,7 +79,7 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Optional[Path] = None) -> 
     if lengths:
         # RoPE tables (and eval) are sized for the longest length.
         model = dataclasses.replace(model, seq_len=max(length for length, _ in lengths))
-    attn, attn_options, attn_kernel = _resolve_attention(cfg, profile, precision, model)
+    attn, attn_options, attn_kernel = resolve_attention(cfg, profile, precision, model)
 
     seq_len = model.seq_len
     micro_batch = cfg.hardware.micro_batch or max(1, profile.micro_batch_tokens // seq_len)
@@ -228,7 +91,7 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Optional[Path] = None) -> 
             f"({micro_batch} seqs x {seq_len} = {micro_tokens}); set budget.tokens_per_step to a multiple of "
             f"{micro_tokens} or change hardware.micro_batch"
         )
-    _check_scores_memory(attn, attn_options, micro_batch, model, profile, precision)
+    check_scores_memory(attn, attn_options, micro_batch, model, profile, precision)
     stages = _stages(lengths, micro_tokens) if lengths else (Stage(seq_len, 1.0, micro_batch),)
     if cfg.schedule.progress == "step" and not cfg.budget.max_steps:
         raise PlanError("schedule.progress=step measures stages in steps: set budget.max_steps, or use "
@@ -337,46 +200,9 @@ def _resolve_model(cfg: Config, profile: HardwareProfile) -> tuple[str, ModelSha
     return name, ModelShape(vocab_size=vocab, **values)
 
 
-def _resolve_attention(cfg: Config, profile: HardwareProfile, precision: str,
-                       model: ModelShape) -> tuple[str, dict[str, Any], str]:
-    """Ask the requested backend whether it can run here (its capabilities), then for its options."""
-    from .attention import REGISTRY, backend_class
-
-    request = cfg.attn
-    name = profile.attn if request.name == "auto" else request.name
-    if name not in REGISTRY:
-        raise PlanError(f"attn={name}: no such backend; registered: {', '.join(sorted(REGISTRY))}")
-    wants = dict(document_mask=request.document_mask, window=request.window is not None)
-    problems = backend_class(name).capabilities.problems(profile, precision, model, **wants)
-    if problems:
-        fits = [other for other in sorted(REGISTRY)
-                if other != name and not backend_class(other).capabilities.problems(profile, precision, model, **wants)]
-        why = backend_class(name).capabilities.why
-        raise PlanError(f"attn={name} {'; '.join(problems)}{f' ({why})' if why else ''} - "
-                        + (f"use attn={' or attn='.join(fits)}" if fits else "no backend fits; change the request"))
-    options, kernel = backend_class(name).plan_options(request, profile, precision, model)
-    return name, options, kernel
-
-
-def _check_scores_memory(attn: str, options: dict[str, Any], micro_batch: int, model: ModelShape,
-                         profile: HardwareProfile, precision: str) -> None:
-    """A kernel that materialises B x H x T x T scores is refused before an OOM, not after."""
-    from .attention import backend_class
-
-    if profile.device_type != "cuda":
-        return
-    need_gb = backend_class(attn).scores_bytes(options, micro_batch, model, precision) / 1e9
-    if need_gb > 0.6 * profile.memory_gb:
-        raise PlanError(
-            f"the math attention kernel would hold ~{need_gb:.0f} GB of B x H x T x T scores "
-            f"({micro_batch} x {model.n_head} x {model.seq_len}^2 x {model.n_layer} layers) on a "
-            f"{profile.memory_gb:g} GB {profile.name}; use attn=flex or attn=sdpa, or lower hardware.micro_batch"
-        )
-
-
 def _resolve_eval(cfg: Config, profile: HardwareProfile, attn: str, model: ModelShape,
                   micro_batch: int) -> EvalPlan:
-    from .attention import backend_class
+    from ..attention import backend_class
 
     e = cfg.eval
     if e.name == "sliding" and e.stride > model.seq_len:
@@ -407,7 +233,7 @@ def _check_compressor(quant: QuantConfig) -> None:
     """brotli and zstd come from an optional extra: refuse before training, not at export time."""
     if quant.name == "off":
         return
-    from .quantize import check_compressor
+    from ..quantize import check_compressor
 
     try:
         check_compressor(str(quant.compressor), quant.level)

@@ -1,0 +1,96 @@
+"""Typed schemas for every config group, registered in Hydra's ConfigStore.
+
+Each YAML under conf/<group>/ starts its defaults list with ``<group>_schema``, so Hydra validates it against
+the dataclass here: a misspelt key or a wrong type fails at compose time with Hydra's own message, before any
+work is done. ``None`` on a field means "let the resolver (speedrun.plan) pick it for the detected hardware".
+
+Fixed value sets are Enums (config.choices), so Hydra lists the valid values when one is misspelt. Checks that
+need no device sit beside their fields, in ``__post_init__`` (run by ``to_config``, before anything is built);
+checks that need the device are the resolver's (speedrun.plan). One module per family of groups: training.py
+(what trains), finishing.py (eval, TTT, quantization, logging).
+
+Only run.py sees a DictConfig; ``to_config`` turns it into these dataclasses, and ``speedrun.plan.resolve``
+turns those into the frozen Plan that everything after it reads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from ..paths import CONF_DIR, DEFAULT_RESULTS_DB
+from .choices import *  # noqa: F403 - the Enums are part of the schema's public names
+from .finishing import EvalConfig, LoggerConfig, QuantConfig, TTTConfig
+from .training import (
+    AttnConfig,
+    BudgetConfig,
+    DataConfig,
+    HardwareConfig,
+    ModelConfig,
+    OptimConfig,
+    PrecisionConfig,
+    ScheduleConfig,
+)
+
+__all__ = ["CONF_DIR", "Config", "GROUPS", "register_configs", "to_config", "AttnConfig", "BudgetConfig", "DataConfig",
+           "EvalConfig", "HardwareConfig", "LoggerConfig", "ModelConfig", "OptimConfig", "PrecisionConfig",
+           "QuantConfig", "ScheduleConfig", "TTTConfig"]
+
+
+@dataclass
+class Config:
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    attn: AttnConfig = field(default_factory=AttnConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    ttt: TTTConfig = field(default_factory=TTTConfig)
+    quant: QuantConfig = field(default_factory=QuantConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    seed: int = 0
+    """Seed for model initialisation, TTT's adapter init and document order. It does not change the training data
+    order: every run reads the shards in the same order from the same position."""
+    name: str = "default"
+    """A label for this run, stored with its record."""
+    results_db: str = DEFAULT_RESULTS_DB
+    """Results database (relative paths are taken from the directory `python -m run` was started in)."""
+    sweep: Optional[str] = None
+    """Sweep id, set by multirun; recorded with each run."""
+
+
+GROUPS = {
+    "hardware": HardwareConfig,
+    "attn": AttnConfig,
+    "precision": PrecisionConfig,
+    "model": ModelConfig,
+    "data": DataConfig,
+    "optim": OptimConfig,
+    "schedule": ScheduleConfig,
+    "eval": EvalConfig,
+    "ttt": TTTConfig,
+    "quant": QuantConfig,
+    "logger": LoggerConfig,
+}
+
+
+def register_configs() -> None:
+    """Register the top-level schema and one ``<group>_schema`` per group (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="config_schema", node=Config)
+    for group, schema in GROUPS.items():
+        cs.store(group=group, name=f"{group}_schema", node=schema)
+
+
+def to_config(cfg: DictConfig | dict[str, Any]) -> Config:
+    """A composed DictConfig (or plain dict) -> typed Config, validated against the schemas."""
+    structured = OmegaConf.merge(OmegaConf.structured(Config), cfg)
+    obj = OmegaConf.to_object(structured)
+    assert isinstance(obj, Config)
+    return obj

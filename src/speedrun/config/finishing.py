@@ -1,0 +1,130 @@
+"""Schemas of the groups that say what happens after training and how it is reported: eval, ttt, quant, logger."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..specs import parse_short_chunks, parse_targets
+from .choices import Compressor, EvalName, LoggerName, QuantName, TTTName, WandbMode, _require
+
+
+@dataclass
+class EvalConfig:
+    name: EvalName = EvalName.standard
+    """standard: non-overlapping windows of model.seq_len; sliding: windows of model.seq_len advancing by
+    eval.stride, each val token scored exactly once with at least seq_len - stride tokens of context."""
+    tokens: Optional[int] = None
+    """Validation tokens to score. None: the hardware profile's default; 0: the whole split."""
+    batch_size: Optional[int] = None
+    """Windows per eval forward. None: hardware.micro_batch."""
+    stride: Optional[int] = None
+    """eval=sliding: tokens each window advances (1 <= stride <= model.seq_len); stride == seq_len is the
+    standard eval. Must be unset for eval=standard."""
+    document_isolated: bool = False
+    """Score with no attention across BOS (each token sees only its own document), through the attention
+    backend's document mask: needs attn=flex or attn=math."""
+
+    def __post_init__(self) -> None:
+        if self.name == EvalName.sliding:
+            _require(self.stride is not None and self.stride >= 1,
+                     f"eval=sliding needs eval.stride >= 1 (at most model.seq_len), got {self.stride}; "
+                     f"use e.g. eval.stride=64")
+        else:
+            _require(self.stride is None, "eval.stride is for eval=sliding; use eval=sliding eval.stride=N, or drop "
+                                          "eval.stride")
+        _require(self.tokens is None or self.tokens >= 0, f"eval.tokens={self.tokens} must be >= 0 (0: all)")
+        _require(self.batch_size is None or self.batch_size >= 1, f"eval.batch_size={self.batch_size} must be >= 1")
+
+
+@dataclass
+class TTTConfig:
+    name: TTTName = TTTName.off
+    """off, or lora: score-first test-time training at eval, per document, on the (dequantized) model."""
+    rank: int = 8
+    """LoRA rank of every adapter."""
+    lr: float = 0.01
+    """Adam learning rate of the adapters."""
+    beta1: float = 0.9
+    """Adam beta1 of the adapters."""
+    beta2: float = 0.95
+    """Adam beta2 of the adapters."""
+    weight_decay: float = 0.0
+    """AdamW (decoupled) weight decay of the adapters."""
+    chunk_size: int = 256
+    """Tokens per chunk: each chunk is scored, then the adapters take one step on it."""
+    short_chunks: str = ""
+    """Chunk sizes for short documents, "LEN:CHUNK,...", e.g. "256:8,2000:24": a document with at most LEN
+    scored tokens uses CHUNK (first matching LEN in ascending order); longer ones use chunk_size. "" = off."""
+    targets: str = "all"
+    """Block linears that get adapters: a preset (all, no_qv, qkvo, qv) or a comma list of q, k, v, o (attention),
+    up, down (MLP). The output head cannot: the GPT applies its weight with F.linear, not a module call."""
+    batch_size: Optional[int] = None
+    """Documents adapted side by side (independent adapters). None: the eval batch size."""
+    max_seconds: Optional[float] = None
+    """Wall-clock budget for TTT; when spent it stops after the current chunk and records what was scored
+    (ttt_tokens_scored, ttt_fraction). None: no limit."""
+
+    def __post_init__(self) -> None:
+        parse_targets(self.targets)
+        parse_short_chunks(self.short_chunks)
+        _require(self.rank >= 1 and self.chunk_size >= 1 and (self.batch_size is None or self.batch_size >= 1),
+                 f"ttt.rank ({self.rank}), ttt.chunk_size ({self.chunk_size}) and ttt.batch_size ({self.batch_size}) "
+                 f"must be >= 1; use e.g. ttt.rank=8")
+        _require(self.lr > 0, f"ttt.lr={self.lr} must be > 0; use e.g. ttt.lr=0.01")
+        _require(self.max_seconds is None or self.max_seconds > 0,
+                 f"ttt.max_seconds={self.max_seconds} must be > 0; use null for no limit")
+
+    def chunk_sizes(self) -> list[int]:
+        """Every chunk size TTT may use (chunk_size and the short-document ones)."""
+        return [self.chunk_size] + [c for _, c in parse_short_chunks(self.short_chunks)]
+
+
+@dataclass
+class QuantConfig:
+    name: QuantName = QuantName.int8
+    """off; int8: per-row int8 weights (parameter-golf's export); int6: GPTQ on the block matrices with
+    Hessians from training batches, embeddings at embed_bits. Scored on the dequantized round trip."""
+    compressor: Compressor = Compressor.zlib
+    """zlib, lzma (stdlib), brotli, zstd (the `compress` extra: pip install 'speedrun[compress]')."""
+    level: int = 9
+    """Compression level (zlib 0-9, lzma 0-9, brotli 0-11, zstd 1-22)."""
+    cap_bytes: int = 16_000_000
+    """Artifact size limit; recorded as artifact_ok."""
+    bits: int = 6
+    """int6: bits of the GPTQ block matrices (values in [-(2^(bits-1)-1), 2^(bits-1)-1], stored one per byte)."""
+    embed_bits: int = 8
+    """int6: bits of the token embedding (and untied lm_head): per-row round-to-nearest with the clip search."""
+    calib_batches: int = 8
+    """int6: training micro-batches whose activations make the GPTQ Hessians (never validation data)."""
+    damp: float = 0.01
+    """int6: GPTQ dampening, added to the Hessian diagonal as damp x its mean."""
+    block_size: int = 128
+    """int6: GPTQ column block size (error propagation is done lazily per block)."""
+    clip_ratios: list[float] = field(default_factory=lambda: [1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7])
+    """int6: per-row clip search candidates, fractions of the row's absmax; each row keeps the one with the
+    least Hessian-diagonal-weighted rounding error."""
+
+    def __post_init__(self) -> None:
+        _require(2 <= self.bits <= 8 and 2 <= self.embed_bits <= 8,
+                 f"quant.bits={self.bits} and quant.embed_bits={self.embed_bits} must be in 2..8 (one int8 byte per "
+                 f"value); use e.g. quant.bits=6 quant.embed_bits=8")
+        _require(self.calib_batches >= 1 and self.block_size >= 1 and self.damp >= 0,
+                 f"quant.calib_batches ({self.calib_batches}) and quant.block_size ({self.block_size}) must be >= 1 "
+                 f"and quant.damp ({self.damp}) >= 0; use the int6 defaults (8, 128, 0.01)")
+        _require(bool(self.clip_ratios) and all(0 < r <= 1 for r in self.clip_ratios),
+                 f"quant.clip_ratios={list(self.clip_ratios)} must be fractions in (0, 1]; use e.g. [1.0,0.9,0.8]")
+        _require(self.cap_bytes >= 1, f"quant.cap_bytes={self.cap_bytes} must be >= 1")
+
+
+@dataclass
+class LoggerConfig:
+    name: LoggerName = LoggerName.console
+    """console, or wandb."""
+    log_every_seconds: float = 10.0
+    """Seconds between progress lines."""
+    project: str = "speedrun"
+    """W&B project (logger=wandb)."""
+    entity: Optional[str] = None
+    """W&B entity (logger=wandb)."""
+    mode: WandbMode = WandbMode.auto
+    """W&B mode: auto (online if a key is set, else offline), online, offline."""

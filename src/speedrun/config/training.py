@@ -1,0 +1,211 @@
+"""Schemas of the groups that say what trains: hardware, attn, precision, model, data, optim, schedule, budget."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from ..specs import parse_stages
+from .choices import HardwareName, PrecisionName, Progress, ScheduleName, SdpaKernel, _require
+
+
+@dataclass
+class HardwareConfig:
+    name: HardwareName = HardwareName.auto
+    """Hardware profile: auto (detect), cpu, t4, a100, h100, b200. A profile smaller than the real device is
+    emulated (its dtypes, kernels and memory cap); a larger one is refused."""
+    micro_batch: Optional[int] = None
+    """Sequences per forward/backward; gradient accumulation makes up budget.tokens_per_step. None: profile default."""
+    compile: Optional[bool] = None
+    """torch.compile the model. None: on for CUDA, off for CPU (compile time would eat a CPU budget)."""
+    memory_cap_gb: Optional[float] = None
+    """Cap usable GPU memory (GB). None: the profile's memory when emulating, no cap otherwise."""
+
+    def __post_init__(self) -> None:
+        _require(self.micro_batch is None or self.micro_batch >= 1,
+                 f"hardware.micro_batch={self.micro_batch} must be >= 1 (or null for the profile's default)")
+        _require(self.memory_cap_gb is None or self.memory_cap_gb > 0,
+                 f"hardware.memory_cap_gb={self.memory_cap_gb} must be > 0 (or null)")
+
+
+@dataclass
+class AttnConfig:
+    name: str = "auto"
+    """Attention backend: auto, sdpa, flex, math (the explicit reference), fa3 (FlashAttention-3 via `kernels`), or
+    any backend registered in speedrun.attention (one module + one conf/attn YAML; see README "Extending")."""
+    kernel: SdpaKernel = SdpaKernel.auto
+    """For sdpa: auto, flash, cudnn, efficient, math. The chosen kernel is pinned, never a silent fallback."""
+    window: Optional[int] = None
+    """Sliding-window length in tokens (flex only). None: full causal."""
+    document_mask: bool = False
+    """Attend only within a document (BOS-delimited). Needs a backend that supports it (flex, math)."""
+    block_m: Optional[int] = None
+    """flex Triton BLOCK_M. None: from the hardware profile."""
+    block_n: Optional[int] = None
+    """flex Triton BLOCK_N. None: from the hardware profile."""
+    num_warps: Optional[int] = None
+    """flex Triton num_warps. None: Triton's default."""
+    num_stages: Optional[int] = None
+    """flex Triton num_stages. None: Triton's default."""
+    fa3_repo: Optional[str] = None
+    """fa3 kernel repo on the Hugging Face Hub. None: by capability (sm90: varunneal/flash-attention-3,
+    sm80-89: kernels-community/flash-attn3)."""
+    fa3_version: Optional[int] = 1
+    """fa3 kernel version pin (kernels >= 0.15 needs a version or a revision)."""
+    fa3_revision: Optional[str] = None
+    """fa3 kernel revision pin (a branch, tag or commit); set it to use a revision instead of fa3_version."""
+
+    def __post_init__(self) -> None:
+        _require(self.window is None or self.window >= 1, f"attn.window={self.window} must be >= 1 (or null: full)")
+        for key in ("block_m", "block_n", "num_warps", "num_stages"):
+            value = getattr(self, key)
+            _require(value is None or value >= 1, f"attn.{key}={value} must be >= 1 (or null: the default)")
+
+
+@dataclass
+class PrecisionConfig:
+    name: PrecisionName = PrecisionName.auto
+    """auto (profile's pick), fp32, bf16 (autocast), fp16 (autocast + GradScaler), fp8 (e4m3/e5m2 scaled matmuls
+    for the block linears, the rest bf16; sm89+)."""
+
+
+@dataclass
+class ModelConfig:
+    name: str = "auto"
+    """Preset name. auto: the hardware profile's default model (tiny on CPU, pgolf_baseline on a GPU); shape
+    fields set on the command line (model.n_layer=6) override the preset's."""
+    vocab_size: Optional[int] = None
+    """Token vocabulary. None: the data's tokenizer vocabulary."""
+    n_layer: Optional[int] = None
+    """Transformer blocks (None: from the preset)."""
+    d_model: Optional[int] = None
+    """Residual width (None: from the preset)."""
+    n_head: Optional[int] = None
+    """Query heads (None: from the preset)."""
+    n_kv_head: Optional[int] = None
+    """Key/value heads (grouped-query attention); must divide n_head (None: from the preset)."""
+    mlp_mult: Optional[int] = None
+    """MLP hidden width = mlp_mult * d_model, ReLU^2 (None: from the preset)."""
+    seq_len: Optional[int] = None
+    """Training context length in tokens (None: from the preset)."""
+    tie_embeddings: Optional[bool] = None
+    """Share the token embedding with the output head (None: from the preset)."""
+    logit_softcap: float = 30.0
+    """softcap * tanh(logits / softcap); 0 turns it off."""
+    rope_base: float = 10000.0
+    """RoPE base frequency."""
+    qk_norm: bool = True
+    """RMS-normalise queries and keys per head."""
+
+    def __post_init__(self) -> None:
+        # Each set field alone; how they fit together (divisibility, RoPE) is ModelShape's check, once resolved.
+        for key in ("vocab_size", "n_layer", "d_model", "n_head", "n_kv_head", "mlp_mult", "seq_len"):
+            value = getattr(self, key)
+            _require(value is None or value >= 1, f"model.{key}={value} must be >= 1 (or null: from the preset)")
+        _require(self.logit_softcap >= 0, f"model.logit_softcap={self.logit_softcap} must be >= 0 (0 turns it off)")
+
+
+@dataclass
+class DataConfig:
+    name: str = "embedded"
+    """embedded (Python docs shipped in the repo), fineweb_sp1024, fineweb_sp8192, or a custom name."""
+    path: Optional[str] = None
+    """Directory holding fineweb_{train,val}_%06d.bin shards. None for the embedded corpus."""
+    tokenizer: Optional[str] = None
+    """SentencePiece .model file. None for the embedded corpus."""
+    vocab_size: int = 1024
+    """Tokenizer vocabulary (the embedded corpus trains one of this size)."""
+    cache_dir: str = "~/.cache/speedrun"
+    """Where the embedded dataset is built on first use."""
+
+    def __post_init__(self) -> None:
+        _require(self.path is None or self.tokenizer is not None,
+                 f"data.path={self.path} needs data.tokenizer=<the SentencePiece .model of those shards>")
+        _require(self.vocab_size >= 2, f"data.vocab_size={self.vocab_size} must be >= 2")
+
+
+@dataclass
+class OptimConfig:
+    name: str = "muon"
+    """Muon for matrices + Adam for embeddings and scalars (parameter-golf baseline)."""
+    matrix_lr: float = 0.04
+    """Muon learning rate for 2-D weights in the blocks."""
+    scalar_lr: float = 0.04
+    """Adam learning rate for gains, scales and skip weights."""
+    embed_lr: float = 0.6
+    """Adam learning rate for an untied token embedding."""
+    tied_embed_lr: float = 0.05
+    """Adam learning rate for a tied embedding (it is also the head)."""
+    head_lr: float = 0.008
+    """Adam learning rate for an untied output head."""
+    muon_momentum: float = 0.95
+    """Muon momentum after warm-up."""
+    muon_momentum_warmup_start: float = 0.85
+    """Muon momentum at step 0, ramped linearly to muon_momentum."""
+    muon_momentum_warmup_steps: int = 500
+    """Steps of that ramp."""
+    muon_backend_steps: int = 5
+    """Newton-Schulz iterations."""
+    beta1: float = 0.9
+    """Adam beta1."""
+    beta2: float = 0.95
+    """Adam beta2."""
+    eps: float = 1e-8
+    """Adam epsilon."""
+    grad_clip: float = 0.0
+    """Global grad-norm clip; 0 = off."""
+
+
+@dataclass
+class ScheduleConfig:
+    name: ScheduleName = ScheduleName.constant
+    """constant: one context length (model.seq_len). progressive: context grows by schedule.seq_len. Both use
+    the LR warm-up/warm-down below."""
+    seq_len: Any = None
+    """progressive: "L1@f1,L2@f2,...": train at length L1 until fraction f1 of the budget, then L2 until f2...;
+    lengths ascending, fractions ascending, the last 1.0. On the command line quote it:
+    'schedule.seq_len="1024@0.1,2048@0.7,3072@1.0"' (a bare comma list is a Hydra sweep)."""
+    progress: Progress = Progress.time
+    """What the fractions measure for switching lengths: time (of budget.train_seconds) or step (of
+    budget.max_steps)."""
+    rewarmup_steps: int = 10
+    """Linear LR re-warm-up over this many steps after each length switch (0: none)."""
+    warmup_frac: float = 0.0
+    """Fraction of the budget for linear LR warm-up."""
+    warmdown_frac: float = 0.2
+    """Final fraction of the budget over which LR decays linearly to 0."""
+
+    def __post_init__(self) -> None:
+        if self.name == ScheduleName.progressive:
+            parse_stages(self.seq_len)
+        else:
+            _require(self.seq_len is None,
+                     "schedule.seq_len is for schedule=progressive; add schedule=progressive or drop it")
+        _require(0 <= self.warmup_frac <= 1 and 0 <= self.warmdown_frac <= 1
+                 and self.warmup_frac + self.warmdown_frac <= 1,
+                 f"schedule.warmup_frac={self.warmup_frac} and warmdown_frac={self.warmdown_frac} must be fractions "
+                 f"of the budget that add up to at most 1")
+        _require(self.rewarmup_steps >= 0, f"schedule.rewarmup_steps={self.rewarmup_steps} must be >= 0")
+
+    def stages(self) -> Optional[list[tuple[int, float]]]:
+        """[(seq_len, until), ...] for a progressive schedule; None for a constant one."""
+        return parse_stages(self.seq_len) if self.name == ScheduleName.progressive else None
+
+
+@dataclass
+class BudgetConfig:
+    train_seconds: Optional[float] = None
+    """Wall-clock training budget (compile and warm-up excluded). None: the hardware profile's default."""
+    max_steps: Optional[int] = None
+    """Stop after this many optimizer steps (whichever of the two budgets comes first). None: no step limit."""
+    tokens_per_step: Optional[int] = None
+    """Tokens per optimizer step (gradient accumulation fills it). None: the hardware profile's default."""
+    warmup_steps: int = 1
+    """Untimed steps run before training (compile, autotune), after which model and optimizer are restored."""
+
+    def __post_init__(self) -> None:
+        _require(self.max_steps is None or self.max_steps >= 1, f"budget.max_steps={self.max_steps} must be >= 1")
+        _require(self.tokens_per_step is None or self.tokens_per_step >= 1,
+                 f"budget.tokens_per_step={self.tokens_per_step} must be >= 1")
+        _require(self.warmup_steps >= 0, f"budget.warmup_steps={self.warmup_steps} must be >= 0")
+        _require(self.train_seconds is None or self.train_seconds > 0 or self.max_steps is not None,
+                 "budget.train_seconds must be > 0 unless budget.max_steps is set")

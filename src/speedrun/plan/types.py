@@ -1,0 +1,137 @@
+"""The frozen Plan and its parts: what the resolver decided, and the only description of the run after it."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from ..config import LoggerConfig, OptimConfig, QuantConfig, ScheduleConfig, TTTConfig
+from ..shape import ModelShape
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One context length of the training schedule."""
+    seq_len: int
+    until: float
+    """Train at this length until this fraction of the budget (time or steps, per Plan.stage_progress)."""
+    micro_batch: int
+    """Sequences per micro-batch at this length (micro-batch tokens stay constant across stages)."""
+
+
+@dataclass(frozen=True)
+class EvalPlan:
+    mode: str
+    """standard or sliding."""
+    stride: Optional[int]
+    """sliding: tokens each window advances."""
+    document_isolated: bool
+    """Score with the document mask on (no attention across BOS)."""
+    tokens: Optional[int]
+    """Validation tokens to score; None: the whole split."""
+    batch_size: int
+    """Windows per eval forward."""
+    label: str
+    """What the scores mean, recorded as eval_mode: e.g. standard, sliding:64+doc."""
+
+
+@dataclass(frozen=True)
+class DataPlan:
+    path: Optional[str]
+    """Absolute shard directory; None for the embedded corpus."""
+    tokenizer: Optional[str]
+    """Absolute SentencePiece model; None for the embedded corpus."""
+    vocab_size: int
+    cache_dir: str
+    """Absolute directory where the embedded dataset is built."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    seed: int
+    device: str
+    """torch device: cuda or cpu."""
+    hardware: str
+    """The profile that sets dtypes, kernels and peaks (requested or detected)."""
+    device_name: str
+    emulated: bool
+    """True when a smaller profile runs on a bigger device (its recipe, capped memory)."""
+    memory_cap_gb: Optional[float]
+    precision: str
+    """fp32, bf16, fp16 or fp8."""
+    autocast: Optional[str]
+    """Autocast dtype (bf16 or fp16; fp8 runs its block linears in fp8 inside bf16 autocast); None for fp32."""
+    grad_scaler: bool
+    matmul_dtype: str
+    """The dtype whose peak MFU divides by (tf32 for fp32 on sm80+)."""
+    peak_flops: Optional[float]
+    """Peak FLOP/s of matmul_dtype on the profile (the emulated one when emulating): MFU's denominator."""
+    device_peak_flops: Optional[float]
+    """The same peak on the device that actually runs (differs from peak_flops only when emulating)."""
+    ns_dtype: str
+    """Dtype of Muon's Newton-Schulz iterations."""
+    attn: str
+    attn_options: tuple[tuple[str, Any], ...]
+    """Constructor options of the attention backend (speedrun.attention.get_backend)."""
+    attn_kernel: str
+    """The kernel that will run, e.g. sdpa:flash."""
+    document_mask: bool
+    """Train (and evaluate) with attention confined to each BOS-delimited document."""
+    model_name: str
+    model: ModelShape
+    micro_batch: int
+    """Sequences per micro-batch at model.seq_len (the longest length)."""
+    stages: tuple[Stage, ...]
+    """Context-length stages; one for a constant schedule. Tokens per micro-batch and per step are the same in all."""
+    stage_progress: str
+    """time or step: what Stage.until measures."""
+    schedule: ScheduleConfig
+    """LR warm-up / warm-down fractions and the re-warm-up after a stage switch."""
+    grad_accum: int
+    tokens_per_step: int
+    train_seconds: float
+    max_steps: Optional[int]
+    warmup_steps: int
+    """Untimed compile/autotune steps, undone before training."""
+    eval: EvalPlan
+    compile: bool
+    optim: OptimConfig
+    quant: QuantConfig
+    ttt: TTTConfig
+    """TTT settings; batch_size resolved."""
+    data: DataPlan
+    logger: LoggerConfig
+
+    @property
+    def eval_tokens(self) -> Optional[int]:
+        return self.eval.tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["attn_options"] = dict(self.attn_options)
+        return json.loads(json.dumps(d, default=str))  # Choice enums -> their strings
+
+    def describe(self) -> str:
+        m = self.model
+        stages = ", ".join(f"{st.seq_len} x {st.micro_batch} until {st.until:g}" for st in self.stages)
+        lines = [
+            f"hardware    {self.hardware}{' (emulated)' if self.emulated else ''} on {self.device_name}"
+            + (f", memory cap {self.memory_cap_gb:g} GB" if self.memory_cap_gb else ""),
+            f"precision   {self.precision}{' + GradScaler' if self.grad_scaler else ''} (MFU peak: {self.matmul_dtype})",
+            f"attention   {self.attn_kernel}{' + document mask' if self.document_mask else ''}",
+            f"model       {self.model_name}: {m.n_layer}x{m.d_model}, {m.n_head}/{m.n_kv_head} heads, "
+            f"mlp {m.mlp_mult}x, vocab {m.vocab_size}, seq {m.seq_len}",
+            f"batch       {self.tokens_per_step} tokens/step = {self.micro_batch} seqs x {m.seq_len} x "
+            f"{self.grad_accum} accum",
+            *([f"stages      {stages} (of {self.stage_progress})"] if len(self.stages) > 1 else []),
+            f"budget      {self.train_seconds:g} s" + (f" or {self.max_steps} steps" if self.max_steps else "")
+            + f", eval {self.eval.label} on {self.eval.tokens if self.eval.tokens is not None else 'all'} tokens, "
+            f"compile {'on' if self.compile else 'off'}",
+        ]
+        return "\n".join(lines)
+
+
+def plan_json(plan: Plan) -> str:
+    return json.dumps(plan.to_dict(), indent=2)
