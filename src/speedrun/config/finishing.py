@@ -14,7 +14,8 @@ class EvalConfig:
     """standard: non-overlapping windows of model.seq_len; sliding: windows of model.seq_len advancing by
     eval.stride, each val token scored exactly once with at least seq_len - stride tokens of context."""
     tokens: Optional[int] = None
-    """Validation tokens to score. None: the hardware profile's default; 0: the whole split."""
+    """Validation tokens to score: the first N of the split. None (or 0): the whole split, as parameter-golf
+    scores it; runs record eval_tokens and eval_fingerprint, and the report compares only runs of one set."""
     batch_size: Optional[int] = None
     """Windows per eval forward. None: hardware.micro_batch."""
     stride: Optional[int] = None
