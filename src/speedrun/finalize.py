@@ -128,6 +128,7 @@ def _ttt(plan: Plan, model: torch.nn.Module, data: Any, autocast_dtype: Any,
         chunk_size=t.chunk_size, short_chunks=t.short_chunks, targets=t.targets,
         batch_size=t.batch_size, beta1=t.beta1, beta2=t.beta2, weight_decay=t.weight_decay,
         max_seconds=t.max_seconds, device=plan.device, autocast_dtype=autocast_dtype, seed=plan.seed, log=log,
+        score_base=t.score_base,
     )
     out = dict(val_bpb_ttt=None if res.val_bpb is None else round(res.val_bpb, 6),
                val_loss_ttt=None if res.val_loss is None else round(res.val_loss, 6),

@@ -252,10 +252,11 @@ def _configure_torch(plan: Any) -> None:
             log.info("memory capped to %.1f GB (%.3f of the device)", plan.memory_cap_gb, fraction)
 
 
-BLOCK_KEYS = ("status", "val_bpb", "val_loss", "val_bpb_quant", "val_bpb_ttt", "artifact_bytes", "artifact_ok",
-              "tokens_per_s", "mfu", "peak_mem_mb", "steps", "tokens", "train_seconds", "compile_seconds",
-              "eval_seconds", "params", "hardware", "device_name", "emulated", "attn_kernel", "precision", "seed",
-              "run_dir", "error")
+BLOCK_KEYS = ("status", "val_bpb", "val_loss", "val_bpb_quant", "val_bpb_ttt", "val_bpb_ttt_base", "artifact_bytes",
+              "artifact_model_bytes", "artifact_code_bytes", "artifact_ok", "tokens_per_s", "mfu", "mfu_profile",
+              "peak_mem_mb", "steps", "tokens", "train_seconds", "compile_seconds", "eval_seconds", "eval_tokens",
+              "eval_fingerprint", "params", "hardware", "device_name", "card", "emulated", "attn_kernel",
+              "precision", "seed", "phase", "run_dir", "error")
 
 
 def format_result_block(result: dict[str, Any]) -> str:
