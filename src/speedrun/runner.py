@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .config import Config, to_config
 from .loggers import RunLogger, make_logger
+from .loop_setup import loop_result
 from .paths import results_db_path
 from .records import MetricsLog, ResultsDB, empty_result, write_json
 from .signals import sigterm_as_interrupt, stop_signals_deferred
@@ -46,6 +47,10 @@ class RunContext:
 def run_job(dict_cfg: DictConfig, ctx: Optional[RunContext] = None) -> dict[str, Any]:
     ctx = ctx or RunContext.from_hydra()
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
+    resume, refusal = _find_resume(dict_cfg, ctx)
+    if resume is not None:  # the original job's config, dir and row (speedrun.resume)
+        dict_cfg = OmegaConf.create(resume.config)
+        ctx = RunContext(resume.run_dir, resume.overrides, ctx.sweep or dict_cfg.sweep, resume.cwd)
     # The record opens from the composed config's top-level knobs (types already checked by Hydra), before the
     # schemas' own checks run, so a bad value still leaves a failed row.
     config_tree = OmegaConf.to_container(dict_cfg, resolve=True, enum_to_str=True)
@@ -56,14 +61,19 @@ def run_job(dict_cfg: DictConfig, ctx: Optional[RunContext] = None) -> dict[str,
                   name=dict_cfg.name, hardware=str(dict_cfg.hardware.name), attn=str(dict_cfg.attn.name),
                   precision=str(dict_cfg.precision.name))
     started = time.time()
-    db.upsert(run_id, {**result, "started_at": started, "overrides": " ".join(ctx.overrides), "config": config_tree})
-    job = Job(ctx, result, config_tree)
+    start = {"started_at": started, "overrides": " ".join(ctx.overrides), "config": config_tree}
+    # a resumed run keeps its row's start, overrides and config, and counts its resumptions
+    start = {"resumed_at": started, "resumed_from_step": resume.steps} if resume else start
+    db.upsert(run_id, {**result, **start})
+    job = Job(ctx, result, config_tree, resume)
     try:
         with sigterm_as_interrupt():
+            if refusal is not None:
+                raise refusal
             job.run(to_config(dict_cfg))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         result["status"] = "interrupted"
-        result["error"] = "interrupted (Ctrl-C or SIGTERM)"
+        result["error"] = f"interrupted ({e})" if str(e) else "interrupted (Ctrl-C or SIGTERM)"
         raise
     except BaseException as e:  # noqa: BLE001 - every failure is recorded, then re-raised
         result["status"] = "failed"
@@ -76,9 +86,21 @@ def run_job(dict_cfg: DictConfig, ctx: Optional[RunContext] = None) -> dict[str,
     return result
 
 
+def _find_resume(dict_cfg: DictConfig, ctx: RunContext) -> tuple[Any, Optional[Exception]]:
+    """(the Resume this job does, or None; a refusal to raise once the record is open, or None)."""
+    from .errors import ConfigError
+    from .resume import find_resume
+
+    tree = OmegaConf.to_container(dict_cfg, resolve=True, enum_to_str=True)
+    try:
+        return find_resume(tree, ctx.overrides, ctx.run_dir, ctx.original_cwd), None  # type: ignore[arg-type]
+    except ConfigError as e:
+        return None, e
+
+
 class Job:
-    def __init__(self, ctx: RunContext, result: dict[str, Any], config_tree: Any):
-        self.ctx, self.result, self.config_tree = ctx, result, config_tree
+    def __init__(self, ctx: RunContext, result: dict[str, Any], config_tree: Any, resume: Any = None):
+        self.ctx, self.result, self.config_tree, self.resume = ctx, result, config_tree, resume
         self.metrics: Optional[MetricsLog] = None
         self.logger: Optional[RunLogger] = None
         self.state = None
@@ -124,12 +146,18 @@ class Job:
         from .train import Stepper, TrainState, train, warm_up
 
         self.state = state = TrainState()
-        self.metrics = MetricsLog(self.ctx.run_dir / "metrics.jsonl")
+        self.metrics = MetricsLog(self.ctx.run_dir / "metrics.jsonl", after_step=self.resume and self.resume.steps)
         stepper = Stepper(model, forward, optimizers, plan)
+        from .loop_setup import prepare_loop
+
+        plan, extras = prepare_loop(self, stepper, eval_forward, data)
         warm_up(stepper, data.train_batches, state, log.info)
+        state.compile_seconds += extras.warm()
+        if self.resume:
+            extras.restore(state, self.resume)
         if plan.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        train(stepper, data.train_batches, state=state, log=log.info, on_metrics=self._on_metrics)
+        train(stepper, data.train_batches, state=state, log=log.info, on_metrics=self._on_metrics, extras=extras)
         self._record_training(model)
         self.result["data_epochs"] = round(state.tokens / data.train_tokens, 3)
         if self.result["data_epochs"] > 1:
@@ -173,6 +201,7 @@ class Job:
                       compile_seconds=round(state.compile_seconds, 3), train_loss=state.last_loss,
                       stages=state.stages, recompiles=state.recompiles,
                       tokens_per_s=round(tok_s, 1) if tok_s else None)
+        result.update(loop_result(plan, state))
         if tok_s and plan.peak_flops:
             result["flops_per_token"] = plan.model.flops_per_token(plan.model.seq_len)
             result["mfu"] = round(result["flops_per_token"] * tok_s / plan.peak_flops, 4)
