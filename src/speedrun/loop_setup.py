@@ -28,7 +28,7 @@ def prepare_loop(job: Any, stepper: Any, eval_forward: Any, data: Any) -> tuple[
         from .batch_search import search_batches
         from .plan import plan_json
 
-        plan = search_batches(plan, stepper, eval_forward, data, log.info)
+        plan, job.result["batch_search"] = search_batches(plan, stepper.model, log.info)
         job.plan = stepper.plan = plan
         (job.ctx.run_dir / "plan.json").write_text(plan_json(plan) + "\n")
         job._guard("update_config", {"micro_batch": plan.micro_batch, "grad_accum": plan.grad_accum,
