@@ -93,7 +93,7 @@ def load_checkpoint(run_dir: Path, map_location: Any = "cpu") -> Optional[dict[s
 def rng_state() -> dict[str, Any]:
     import numpy as np
 
-    np_state = np.random.get_state()
+    np_state = np.random.get_state()  # noqa: NPY002 - the global legacy RNG is what we save
     version, internal, gauss = random.getstate()
     return {"torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
@@ -110,7 +110,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     name, keys, *rest = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype("uint32"), *rest))
+    np.random.set_state((name, keys.numpy().astype("uint32"), *rest))  # noqa: NPY002
 
 
 def capture(model: torch.nn.Module, optimizers: list, scaler: Any, state: Any) -> dict[str, Any]:
