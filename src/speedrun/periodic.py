@@ -77,6 +77,8 @@ class LoopExtras:
             self.stop.act(state.steps, done, lambda: self.save(state) if self.plan.checkpoint.on_signal else None)
 
     def finish(self, state: Any) -> None:
+        if self.stop.requested:  # a signal that came during the last step, after its boundary was checked
+            self.run(state)
         if self.evaluator is not None and self.last_eval_step != state.steps:
             self.evaluate(state)
         if self.plan.checkpoint.periodic and self.last_ckpt[0] != state.steps:
