@@ -81,3 +81,23 @@ def test_the_batch_fields_take_an_int_auto_or_null(compose, value, ok):
     else:
         with pytest.raises(ConfigError, match="hardware.micro_batch"):
             to_config(compose([override]))
+
+
+@pytest.mark.gpu
+def test_the_real_search_runs_on_cuda(compose):
+    """On a GPU: the eager tries run, a tiny model fits every candidate, and an impossible size is reported."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from speedrun import hardware
+    from speedrun.attention import get_backend
+    from speedrun.build import build_model
+
+    plan = resolve(to_config(compose(["model=tiny", "hardware.micro_batch=auto", "budget.tokens_per_step=16384",
+                                      "eval.tokens=8192"])), hardware.detect())
+    model, _, _, _ = build_model(plan, get_backend(plan.attn, **dict(plan.attn_options)), bos_id=1)
+    lines: list = []
+    new, report = search_batches(plan, model, lines.append)
+    sequences = 16384 // plan.model.seq_len
+    assert new.micro_batch == sequences and new.grad_accum == 1  # a tiny model fits the whole step at once
+    assert new.eval.batch_size == 8192 // plan.model.seq_len and report["eval"]
+    assert any("micro-batch search" in line for line in lines)
