@@ -8,7 +8,8 @@ a checkpoint counts only once both exist; the oldest are deleted beyond ``checkp
 
 Loading uses ``torch.load(weights_only=True)``: the payload is tensors, numbers, strings, lists and dicts, and
 nothing else is ever unpickled. Multi-GPU: ``save_checkpoint`` is a plain function of (run dir, payload), so rank 0
-alone can call it; every rank calls ``load_checkpoint``.
+alone can call it; every rank calls ``load_checkpoint``. torch is imported inside the functions that need it: the
+listing functions serve resume's checks (and Hydra's resolvers, which run at every start).
 """
 from __future__ import annotations
 
@@ -20,8 +21,6 @@ import random
 import re
 from pathlib import Path
 from typing import Any, Optional
-
-import torch
 
 log = logging.getLogger("speedrun")
 
@@ -60,6 +59,8 @@ def _atomic(path: Path, write: Any) -> None:
 
 def save_checkpoint(run_dir: Path, payload: dict[str, Any], meta: dict[str, Any], keep: int) -> Path:
     """Write one checkpoint (payload -> .pt, meta -> .json) atomically and keep the newest ``keep``."""
+    import torch
+
     d = checkpoint_dir(run_dir)
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"step_{int(payload['progress']['steps']):08d}.pt"
@@ -73,6 +74,8 @@ def save_checkpoint(run_dir: Path, payload: dict[str, Any], meta: dict[str, Any]
 
 def load_checkpoint(run_dir: Path, map_location: Any = "cpu") -> Optional[dict[str, Any]]:
     """The newest readable checkpoint's payload (an unreadable newest one is skipped with a warning), or None."""
+    import torch
+
     for path in reversed(list_checkpoints(run_dir)):
         try:
             payload = torch.load(path, map_location=map_location, weights_only=True)
@@ -92,6 +95,7 @@ def load_checkpoint(run_dir: Path, map_location: Any = "cpu") -> Optional[dict[s
 
 def rng_state() -> dict[str, Any]:
     import numpy as np
+    import torch
 
     np_state = np.random.get_state()  # noqa: NPY002 - the global legacy RNG is what we save
     version, internal, gauss = random.getstate()
@@ -103,6 +107,7 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     import numpy as np
+    import torch
 
     torch.set_rng_state(state["torch"].cpu())
     if state["cuda"] and torch.cuda.is_available():
@@ -113,14 +118,14 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state((name, keys.numpy().astype("uint32"), *rest))  # noqa: NPY002
 
 
-def capture(model: torch.nn.Module, optimizers: list, scaler: Any, state: Any) -> dict[str, Any]:
+def capture(model: Any, optimizers: list, scaler: Any, state: Any) -> dict[str, Any]:
     """The payload of a checkpoint at a step boundary (state: train.TrainState)."""
     return {"format": FORMAT, "model": model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
             "scaler": scaler.state_dict() if scaler is not None else None, "data": {"position": state.position},
             "rng": rng_state(), "progress": dataclasses.asdict(state)}
 
 
-def restore(payload: dict[str, Any], model: torch.nn.Module, optimizers: list, scaler: Any, state: Any) -> None:
+def restore(payload: dict[str, Any], model: Any, optimizers: list, scaler: Any, state: Any) -> None:
     """Load a payload into a freshly built model, its optimizers, scaler and a TrainState, in place."""
     model.load_state_dict(payload["model"])
     if len(payload["optimizers"]) != len(optimizers):

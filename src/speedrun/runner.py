@@ -16,7 +16,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from .config import Config, to_config
 from .loggers import RunLogger, make_logger
-from .loop_setup import loop_result
 from .paths import results_db_path
 from .records import MetricsLog, ResultsDB, empty_result, write_json
 from .signals import sigterm_as_interrupt, stop_signals_deferred
@@ -201,6 +200,8 @@ class Job:
                       compile_seconds=round(state.compile_seconds, 3), train_loss=state.last_loss,
                       stages=state.stages, recompiles=state.recompiles,
                       tokens_per_s=round(tok_s, 1) if tok_s else None)
+        from .loop_setup import loop_result  # torch-heavy: imported when a run records, not with the runner
+
         result.update(loop_result(plan, state))
         if tok_s and plan.peak_flops:
             result["flops_per_token"] = plan.model.flops_per_token(plan.model.seq_len)
