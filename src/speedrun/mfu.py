@@ -31,6 +31,13 @@ def stage_tokens(stages: Sequence[dict[str, Any]], steps: int, tokens_per_step: 
     return out
 
 
+def plan_flops_per_token(plan: Any, seq_len: int) -> int:
+    """FLOPs per token of the plan's model trained at ``seq_len``, its attention window applied: what budget.flops
+    counts step by step and what MFU divides, so the two never disagree."""
+    window = dict(plan.attn_options).get("window")
+    return plan.model.flops_per_token(min(seq_len, window) if window else seq_len)
+
+
 def training_flops(model: ModelShape, per_stage: Sequence[tuple[int, int]], window: Optional[int] = None) -> int:
     """Model FLOPs of training ``per_stage`` = [(seq_len, tokens), ...] by the convention above."""
     return sum(tokens * model.flops_per_token(min(seq_len, window) if window else seq_len)

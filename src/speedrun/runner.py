@@ -51,6 +51,10 @@ class RunContext:
 def run_job(dict_cfg: DictConfig, ctx: Optional[RunContext] = None) -> dict[str, Any]:
     ctx = ctx or RunContext.from_hydra()
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
+    resume, refusal = _find_resume(dict_cfg, ctx)
+    if resume is not None:  # the original job's config, dir and row (speedrun.resume)
+        dict_cfg = OmegaConf.create(resume.config)
+        ctx = RunContext(resume.run_dir, resume.overrides, ctx.sweep or dict_cfg.sweep, resume.cwd)
     # The record opens from the composed config's top-level knobs (types already checked by Hydra), before the
     # schemas' own checks run, so a bad value still leaves a failed row.
     config_tree = OmegaConf.to_container(dict_cfg, resolve=True, enum_to_str=True)
@@ -64,14 +68,19 @@ def run_job(dict_cfg: DictConfig, ctx: Optional[RunContext] = None) -> dict[str,
                   # memory are then not the card's alone
                   gpu_shared=os.environ.get(GPU_SHARED_ENV) == "1")
     started = time.time()
-    db.upsert(run_id, {**result, "started_at": started, "overrides": " ".join(ctx.overrides), "config": config_tree})
-    job = Job(ctx, result, config_tree, db, run_id)
+    start = {"started_at": started, "overrides": " ".join(ctx.overrides), "config": config_tree}
+    # a resumed run keeps its row's start, overrides and config, and counts its resumptions
+    start = {"resumed_at": started, "resumed_from_step": resume.steps} if resume else start
+    db.upsert(run_id, {**result, **start})
+    job = Job(ctx, result, config_tree, db, run_id, resume)
     try:
         with sigterm_as_interrupt():
+            if refusal is not None:
+                raise refusal
             job.run(to_config(dict_cfg))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         result["status"] = "interrupted"
-        result["error"] = "interrupted (Ctrl-C or SIGTERM)"
+        result["error"] = f"interrupted ({e})" if str(e) else "interrupted (Ctrl-C or SIGTERM)"
         raise
     except BaseException as e:  # noqa: BLE001 - every failure is recorded, then re-raised
         (ctx.run_dir / "error.txt").write_text(traceback.format_exc())
@@ -90,10 +99,22 @@ def run_job(dict_cfg: DictConfig, ctx: Optional[RunContext] = None) -> dict[str,
     return result
 
 
+def _find_resume(dict_cfg: DictConfig, ctx: RunContext) -> tuple[Any, Optional[Exception]]:
+    """(the Resume this job does, or None; a refusal to raise once the record is open, or None)."""
+    from .errors import ConfigError
+    from .resume import find_resume
+
+    tree = OmegaConf.to_container(dict_cfg, resolve=True, enum_to_str=True)
+    try:
+        return find_resume(tree, ctx.overrides, ctx.run_dir, ctx.original_cwd), None  # type: ignore[arg-type]
+    except ConfigError as e:
+        return None, e
+
+
 class Job:
     def __init__(self, ctx: RunContext, result: dict[str, Any], config_tree: Any, db: Optional[ResultsDB] = None,
-                 run_id: Optional[str] = None):
-        self.ctx, self.result, self.config_tree = ctx, result, config_tree
+                 run_id: Optional[str] = None, resume: Any = None):
+        self.ctx, self.result, self.config_tree, self.resume = ctx, result, config_tree, resume
         self.db, self.run_id = db, run_id
         self.peak_memory = None
         self.metrics: Optional[MetricsLog] = None
@@ -143,14 +164,20 @@ class Job:
         from .train import Stepper, TrainState, train, warm_up
 
         self.state = state = TrainState()
-        self.metrics = MetricsLog(self.ctx.run_dir / "metrics.jsonl")
+        self.metrics = MetricsLog(self.ctx.run_dir / "metrics.jsonl", after_step=self.resume and self.resume.steps)
         stepper = Stepper(model, forward, optimizers, plan)
+        from .loop_setup import prepare_loop
+
+        plan, extras = prepare_loop(self, stepper, eval_forward, data)
         self._on_phase("warmup")
         warm_up(stepper, data.train_batches, state, log.info)
+        state.compile_seconds += extras.warm()
+        if self.resume:
+            extras.restore(state, self.resume)
         self.peak_memory = PeakMemory(plan.device)
         self.peak_memory.start()  # peak_mem_mb covers timed training only
         self._on_phase("train")
-        train(stepper, data.train_batches, state=state, log=log.info, on_metrics=self._on_metrics)
+        train(stepper, data.train_batches, state=state, log=log.info, on_metrics=self._on_metrics, extras=extras)
         self._record_training(model)
         self.result["data_epochs"] = round(state.tokens / data.train_tokens, 3)
         self._on_phase("train")  # training's keys are in the record before evaluation starts
@@ -209,6 +236,9 @@ class Job:
                       compile_seconds=round(state.compile_seconds, 3), train_loss=state.last_loss,
                       stages=state.stages, recompiles=state.recompiles,
                       tokens_per_s=round(tok_s, 1) if tok_s else None)
+        from .loop_setup import loop_result  # torch-heavy: imported when a run records, not with the runner
+
+        result.update(loop_result(plan, state))
         result.update(mfu_keys(plan, state.stages, state.steps, state.train_seconds))
         result.update((self.peak_memory or PeakMemory(plan.device)).read())
 

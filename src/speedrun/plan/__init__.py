@@ -85,8 +85,10 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Optional[Path] = None) -> 
     attn, attn_options, attn_kernel = resolve_attention(cfg, profile, precision, model)
 
     seq_len = model.seq_len
-    micro_batch = cfg.hardware.micro_batch or max(1, profile.micro_batch_tokens // seq_len)
     tokens_per_step = cfg.budget.tokens_per_step or profile.tokens_per_step
+    search = cfg.hardware.micro_batch == "auto"
+    micro_batch = (start_micro_batch(profile, seq_len, tokens_per_step) if search
+                   else cfg.hardware.micro_batch or max(1, profile.micro_batch_tokens // seq_len))
     micro_tokens = micro_batch * seq_len
     if tokens_per_step % micro_tokens:
         raise PlanError(
@@ -98,14 +100,18 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Optional[Path] = None) -> 
     memory_gb = _memory_estimate_gb(attn, attn_options, micro_batch, model, precision)
     card = card_for(device.name) if on_cuda else None
     stages = _stages(lengths, micro_tokens) if lengths else (Stage(seq_len, 1.0, micro_batch),)
-    if cfg.schedule.progress == "step" and not cfg.budget.max_steps:
-        raise PlanError("schedule.progress=step measures stages in steps: set budget.max_steps, or use "
-                        "schedule.progress=time")
+    b = cfg.budget
+    if cfg.schedule.progress == "step" and not (b.max_steps or b.tokens or b.flops):
+        raise PlanError("schedule.progress=step measures stages in steps: set budget.max_steps (or budget.tokens or "
+                        "budget.flops, which the stages then follow), or use schedule.progress=time")
 
-    eval_plan = _resolve_eval(cfg, profile, attn, model, micro_batch)
+    eval_plan = _resolve_eval(cfg, profile, attn, model, micro_batch, search)
     ttt = _resolve_ttt(cfg.ttt, model, eval_plan.batch_size)
     _check_compressor(cfg.quant)
-    train_seconds = cfg.budget.train_seconds if cfg.budget.train_seconds is not None else profile.train_seconds
+    # A card-independent budget (tokens, FLOPs) set without a time budget is not cut short by the profile's
+    # default seconds: the point of it is the same training on any card.
+    default_seconds = math.inf if (b.tokens or b.flops) else profile.train_seconds
+    train_seconds = b.train_seconds if b.train_seconds is not None else default_seconds
 
     return Plan(
         name=cfg.name,
@@ -137,6 +143,8 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Optional[Path] = None) -> 
         tokens_per_step=tokens_per_step,
         train_seconds=float(train_seconds) if train_seconds > 0 else math.inf,
         max_steps=cfg.budget.max_steps,
+        budget_tokens=b.tokens,
+        budget_flops=b.flops,
         warmup_steps=cfg.budget.warmup_steps,
         eval=eval_plan,
         compile=cfg.hardware.compile if cfg.hardware.compile is not None else on_cuda,
@@ -147,7 +155,18 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Optional[Path] = None) -> 
         ttt=ttt,
         data=_resolve_data(cfg.data, cwd or Path.cwd()),
         logger=cfg.logger,
+        checkpoint=cfg.checkpoint,
+        micro_batch_search=search,
     )
+
+
+def start_micro_batch(profile: HardwareProfile, seq_len: int, tokens_per_step: int) -> int:
+    """hardware.micro_batch=auto: the profile's default micro-batch, or the nearest smaller one that divides the
+    sequences per step, as the plan's value until the warm-up search replaces it (and on CPU, where it does not
+    run)."""
+    sequences = max(1, tokens_per_step // seq_len)
+    default = max(1, profile.micro_batch_tokens // seq_len)
+    return max(d for d in range(1, min(default, sequences) + 1) if sequences % d == 0)
 
 
 def _stages(lengths: list[tuple[int, float]], micro_tokens: int) -> tuple[Stage, ...]:
@@ -217,7 +236,7 @@ def _resolve_model(cfg: Config, profile: HardwareProfile) -> tuple[str, ModelSha
 
 
 def _resolve_eval(cfg: Config, profile: HardwareProfile, attn: str, model: ModelShape,
-                  micro_batch: int) -> EvalPlan:
+                  micro_batch: int, micro_batch_search: bool = False) -> EvalPlan:
     from ..attention import backend_class
 
     e = cfg.eval
@@ -231,8 +250,11 @@ def _resolve_eval(cfg: Config, profile: HardwareProfile, attn: str, model: Model
     label = str(e.name) if e.name != "sliding" else f"sliding:{e.stride}"
     # a model trained with attn.document_mask keeps masking documents at eval too
     label += "+doc" if e.document_isolated or cfg.attn.document_mask else ""
+    search = e.batch_size == "auto" or (e.batch_size is None and micro_batch_search)
+    batch_size = micro_batch if e.batch_size in (None, "auto") else e.batch_size
     return EvalPlan(mode=str(e.name), stride=e.stride, document_isolated=e.document_isolated, tokens=tokens or None,
-                    batch_size=e.batch_size or micro_batch, label=label)
+                    batch_size=batch_size, label=label, batch_search=search, every_steps=e.every_steps,
+                    every_seconds=e.every_seconds, periodic_tokens=e.periodic_tokens)
 
 
 def _resolve_ttt(ttt: TTTConfig, model: ModelShape, eval_batch: int) -> TTTConfig:
