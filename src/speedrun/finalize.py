@@ -7,6 +7,11 @@ Order and what each number measures (all on the same validation tokens and byte 
     val_bpb_ttt     score-first LoRA TTT on the dequantized model   (ttt != off; on the trained model if quant=off)
 
 GPTQ (quant=int6) takes its Hessians from a fresh stream of *training* batches, never from validation data.
+
+On several ranks (``world``): every score is split over the ranks and all-reduced (speedrun.evaluate), so it
+equals a one-rank score of the same weights; the export (Hessians, GPTQ, compression) runs on rank 0 alone, with
+the one-rank calibration stream, and its artifact is broadcast, so every rank scores the same dequantized
+weights; TTT deals its document batches over the ranks (each batch is independent: fresh adapters per batch).
 """
 from __future__ import annotations
 
@@ -31,7 +36,7 @@ from .train import autocast_dtype
 
 
 def evaluate_and_export(plan: Plan, model: torch.nn.Module, eval_forward: Callable, data: Any,
-                        run_dir: Path, log: Callable[[str], None]) -> dict[str, Any]:
+                        run_dir: Path, log: Callable[[str], None], world: Any = None) -> dict[str, Any]:
     out: dict[str, Any] = {"eval_mode": plan.eval.label}
     amp_dtype = autocast_dtype(plan)
     bos_id = data.bos_id if plan.eval.document_isolated else None
@@ -41,7 +46,7 @@ def evaluate_and_export(plan: Plan, model: torch.nn.Module, eval_forward: Callab
         with document_mask(model, bos_id):
             return run_eval(plan.eval.mode, eval_forward, data.val_tokens, data.luts, seq_len=plan.model.seq_len,
                             stride=plan.eval.stride, batch_size=plan.eval.batch_size, device=plan.device,
-                            autocast_dtype=amp_dtype)
+                            autocast_dtype=amp_dtype, shard=world)
 
     t0 = time.perf_counter()
     res = score()
@@ -51,7 +56,7 @@ def evaluate_and_export(plan: Plan, model: torch.nn.Module, eval_forward: Callab
         f"({res.tokens:,} tokens, {res.bytes:,} bytes)")
     if q.name != "off":
         tq = time.perf_counter()
-        artifact = _export(plan, model, data, log)
+        artifact = world.from_rank0(lambda: _export(plan, model, data, log)) if world else _export(plan, model, data, log)
         path = run_dir / f"model.{q.name}.{q.compressor}"
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(artifact.blob)
@@ -68,7 +73,7 @@ def evaluate_and_export(plan: Plan, model: torch.nn.Module, eval_forward: Callab
             f"(model {len(artifact.blob):,} + code {artifact.code_bytes:,}; cap {q.cap_bytes:,}: "
             f"{'ok' if out['artifact_ok'] else 'OVER'}); val_bpb_quant {qres.val_bpb:.4f}")
     if plan.ttt.name != "off":
-        out.update(_ttt(plan, model, data, amp_dtype, log))
+        out.update(_ttt(plan, model, data, amp_dtype, log, world))
     out["eval_seconds"] = round(time.perf_counter() - t0, 3)
     return out
 
@@ -89,7 +94,7 @@ def _export(plan: Plan, model: torch.nn.Module, data: Any, log: Callable[[str], 
 
 
 def _ttt(plan: Plan, model: torch.nn.Module, data: Any, autocast_dtype: Any,
-         log: Callable[[str], None]) -> dict[str, Any]:
+         log: Callable[[str], None], world: Any = None) -> dict[str, Any]:
     from .ttt import ttt_evaluate
 
     t = plan.ttt
@@ -98,6 +103,7 @@ def _ttt(plan: Plan, model: torch.nn.Module, data: Any, autocast_dtype: Any,
         chunk_size=t.chunk_size, short_chunks=t.short_chunks, targets=t.targets,
         batch_size=t.batch_size, beta1=t.beta1, beta2=t.beta2, weight_decay=t.weight_decay,
         max_seconds=t.max_seconds, device=plan.device, autocast_dtype=autocast_dtype, seed=plan.seed, log=log,
+        shard=world,
     )
     out = dict(val_bpb_ttt=None if res.val_bpb is None else round(res.val_bpb, 6),
                val_loss_ttt=None if res.val_loss is None else round(res.val_loss, 6),

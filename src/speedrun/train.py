@@ -58,10 +58,14 @@ def muon_momentum(step: int, optim: OptimConfig) -> float:
 
 
 class Stepper:
-    """One optimizer step: grad accumulation over micro-batches, autocast, GradScaler, clipping."""
+    """One optimizer step: grad accumulation over micro-batches, autocast, GradScaler, clipping. On several ranks
+    (``world``, speedrun.dist) each runs its own micro-batches; gradients and the loss are averaged over them."""
 
-    def __init__(self, model: torch.nn.Module, forward: Callable, optimizers: list, plan: Plan):
+    def __init__(self, model: torch.nn.Module, forward: Callable, optimizers: list, plan: Plan, world: Any = None):
         self.model, self.forward, self.optimizers, self.plan = model, forward, optimizers, plan
+        from .dist import SINGLE
+
+        self.world = world or SINGLE
         dtype = autocast_dtype(plan)
         self.autocast = (lambda: torch.autocast(plan.device, dtype=dtype)) if dtype else _null_context
         self.scaler = torch.amp.GradScaler("cuda") if plan.grad_scaler else None
@@ -78,6 +82,7 @@ class Stepper:
             scaled = loss / self.plan.grad_accum
             (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             total = scaled.detach() if total is None else total + scaled.detach()
+        self.world.sync_grads(list(self.model.parameters()))
         if self.scaler is not None:
             for opt in self.optimizers:
                 self.scaler.unscale_(opt)
@@ -92,7 +97,7 @@ class Stepper:
             self.scaler.update()
         self.model.zero_grad(set_to_none=True)
         assert total is not None
-        return total
+        return self.world.mean(total)
 
 
 def _null_context():
@@ -158,8 +163,11 @@ def train(stepper: Stepper, make_batches: MakeBatches, *, state: TrainState, log
     step_tokens = plan.tokens_per_step
     budget_s, max_steps = plan.train_seconds, plan.max_steps
     pending: Optional[torch.Tensor] = None  # last step's loss, read one step late to avoid a pipeline stall
+    # On several ranks every decision below (stop, LR, context stage, when to log and so check the loss) is
+    # taken on rank 0's clock, broadcast each step, so that all ranks run the same steps and stop together.
+    agree = stepper.world.agree
     t0 = time.perf_counter()
-    next_log = t0 + min(log_every_seconds, 2.0)
+    next_log = min(log_every_seconds, 2.0)  # seconds into training
     lr, last_logged = 1.0, -1
 
     def progress(elapsed: float) -> float:
@@ -173,7 +181,7 @@ def train(stepper: Stepper, make_batches: MakeBatches, *, state: TrainState, log
         return max(own, progress(elapsed))  # whichever budget ends the run also drives the stages
 
     while True:
-        elapsed = time.perf_counter() - t0
+        elapsed = agree(time.perf_counter() - t0)
         frac = progress(elapsed)
         if frac >= 1.0:
             break
@@ -200,16 +208,15 @@ def train(stepper: Stepper, make_batches: MakeBatches, *, state: TrainState, log
         pending = loss
         state.steps += 1
         state.tokens += step_tokens
-        now = time.perf_counter()
-        state.train_seconds = now - t0
-        if now >= next_log:
+        state.train_seconds = time.perf_counter() - t0
+        if elapsed >= next_log:
             _sync(plan.device)
             state.train_seconds = time.perf_counter() - t0
             if not _check_finite(pending, state):
                 break
             _report(state, progress(state.train_seconds), lr, log, on_metrics)
             last_logged = state.steps
-            next_log = time.perf_counter() + log_every_seconds
+            next_log = agree(time.perf_counter() - t0) + log_every_seconds
     _sync(plan.device)
     state.train_seconds = time.perf_counter() - t0
     state.recompiles = _graphs_compiled() - graphs_before

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..paths import CONF_DIR, DEFAULT_RESULTS_DB
 from .choices import *  # noqa: F403 - the Enums are part of the schema's public names
+from .distributed import DistConfig
 from .finishing import EvalConfig, LoggerConfig, QuantConfig, TTTConfig
 from .training import (
     AttnConfig,
@@ -34,7 +35,7 @@ from .training import (
 )
 
 __all__ = ["CONF_DIR", "Config", "GROUPS", "register_configs", "to_config", "AttnConfig", "BudgetConfig", "DataConfig",
-           "EvalConfig", "HardwareConfig", "LoggerConfig", "ModelConfig", "OptimConfig", "PrecisionConfig",
+           "DistConfig", "EvalConfig", "HardwareConfig", "LoggerConfig", "ModelConfig", "OptimConfig", "PrecisionConfig",
            "QuantConfig", "ScheduleConfig", "TTTConfig"]
 
 
@@ -52,6 +53,7 @@ class Config:
     quant: QuantConfig = field(default_factory=QuantConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
     seed: int = 0
     """Seed for model initialisation, TTT's adapter init and document order. It does not change the training data
     order: every run reads the shards in the same order from the same position."""
@@ -75,6 +77,7 @@ GROUPS = {
     "ttt": TTTConfig,
     "quant": QuantConfig,
     "logger": LoggerConfig,
+    "dist": DistConfig,
 }
 
 

@@ -19,9 +19,11 @@ from ..errors import PlanError
 from ..hardware import PROFILES, DetectedDevice, HardwareProfile
 from ..shape import ModelShape
 from .attention import check_scores_memory, resolve_attention
+from .distributed import DistPlan, WorldInfo, check_step_split, resolve_dist
 from .types import DataPlan, EvalPlan, Plan, Stage, plan_json
 
-__all__ = ["Plan", "PlanError", "Stage", "EvalPlan", "DataPlan", "resolve", "load_option", "plan_json"]
+__all__ = ["Plan", "PlanError", "Stage", "EvalPlan", "DataPlan", "DistPlan", "WorldInfo", "resolve", "load_option",
+           "plan_json"]
 
 
 def load_option(group: str, option: str) -> dict[str, Any]:
@@ -59,10 +61,11 @@ def choose_profile(requested: str, device: DetectedDevice) -> tuple[HardwareProf
     return profile, True
 
 
-def resolve(cfg: Config, device: DetectedDevice, cwd: Optional[Path] = None) -> Plan:
+def resolve(cfg: Config, device: DetectedDevice, cwd: Optional[Path] = None, world: Optional[WorldInfo] = None) -> Plan:
     """Check the requested combination against the device and fill every ``auto``/None from the profile.
 
-    cwd: where relative data paths are taken from (the directory `python -m run` started in)."""
+    cwd: where relative data paths are taken from (the directory `python -m run` started in). world: the
+    processes of the run as this one's environment tells (speedrun.dist.current; None: a single process)."""
     profile, emulated = choose_profile(str(cfg.hardware.name), device)
     on_cuda = profile.device_type == "cuda"
 
@@ -85,12 +88,9 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Optional[Path] = None) -> 
     micro_batch = cfg.hardware.micro_batch or max(1, profile.micro_batch_tokens // seq_len)
     tokens_per_step = cfg.budget.tokens_per_step or profile.tokens_per_step
     micro_tokens = micro_batch * seq_len
-    if tokens_per_step % micro_tokens:
-        raise PlanError(
-            f"budget.tokens_per_step={tokens_per_step} is not a multiple of micro-batch tokens "
-            f"({micro_batch} seqs x {seq_len} = {micro_tokens}); set budget.tokens_per_step to a multiple of "
-            f"{micro_tokens} or change hardware.micro_batch"
-        )
+    dist = resolve_dist(cfg.dist, world, profile.device_type)
+    # tokens_per_step is global: every rank runs grad_accum micro-batches of its own share of each step
+    grad_accum = check_step_split(tokens_per_step, micro_batch, seq_len, dist.world_size)
     check_scores_memory(attn, attn_options, micro_batch, model, profile, precision)
     stages = _stages(lengths, micro_tokens) if lengths else (Stage(seq_len, 1.0, micro_batch),)
     if cfg.schedule.progress == "step" and not cfg.budget.max_steps:
@@ -127,7 +127,7 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Optional[Path] = None) -> 
         stages=stages,
         stage_progress=str(cfg.schedule.progress),
         schedule=cfg.schedule,
-        grad_accum=tokens_per_step // micro_tokens,
+        grad_accum=grad_accum,
         tokens_per_step=tokens_per_step,
         train_seconds=float(train_seconds) if train_seconds > 0 else math.inf,
         max_steps=cfg.budget.max_steps,
@@ -139,6 +139,7 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Optional[Path] = None) -> 
         ttt=ttt,
         data=_resolve_data(cfg.data, cwd or Path.cwd()),
         logger=cfg.logger,
+        dist=dist,
     )
 
 

@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 from ..config import LoggerConfig, OptimConfig, QuantConfig, ScheduleConfig, TTTConfig
 from ..shape import ModelShape
+from .distributed import DistPlan
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,12 @@ class Plan:
     """TTT settings; batch_size resolved."""
     data: DataPlan
     logger: LoggerConfig
+    dist: DistPlan = DistPlan()
+    """Ranks of the run (world_size, nodes, nproc per node, backend, who starts them); one process by default."""
+
+    @property
+    def world_size(self) -> int:
+        return self.dist.world_size
 
     @property
     def eval_tokens(self) -> Optional[int]:
@@ -124,7 +131,9 @@ class Plan:
             f"model       {self.model_name}: {m.n_layer}x{m.d_model}, {m.n_head}/{m.n_kv_head} heads, "
             f"mlp {m.mlp_mult}x, vocab {m.vocab_size}, seq {m.seq_len}",
             f"batch       {self.tokens_per_step} tokens/step = {self.micro_batch} seqs x {m.seq_len} x "
-            f"{self.grad_accum} accum",
+            f"{self.grad_accum} accum" + (f" x {self.world_size} ranks" if self.world_size > 1 else ""),
+            *([f"ranks       {self.world_size} = {self.dist.nodes} node(s) x {self.dist.nproc}, {self.dist.backend}, "
+               f"started by {self.dist.launch}"] if self.world_size > 1 else []),
             *([f"stages      {stages} (of {self.stage_progress})"] if len(self.stages) > 1 else []),
             f"budget      {self.train_seconds:g} s" + (f" or {self.max_steps} steps" if self.max_steps else "")
             + f", eval {self.eval.label} on {self.eval.tokens if self.eval.tokens is not None else 'all'} tokens, "
