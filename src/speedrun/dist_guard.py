@@ -157,3 +157,4 @@ class Guard(threading.Thread):
             result["error"] = "interrupted (Ctrl-C or SIGTERM)"
             return
         self.publish(str(result.get("error")), traceback.format_exc())
+        result["error"] = f"rank {self.world.rank}: {result.get('error')}"  # as every other rank names it
