@@ -164,9 +164,10 @@ def train(stepper: Stepper, make_batches: MakeBatches, *, state: TrainState, log
     budget_s, max_steps = plan.train_seconds, plan.max_steps
     pending: Optional[torch.Tensor] = None  # last step's loss, read one step late to avoid a pipeline stall
     # On several ranks every decision below (stop, LR, context stage, when to log and so check the loss) is
-    # taken on rank 0's clock, broadcast each step, so that all ranks run the same steps and stop together.
+    # taken on rank 0's clock, broadcast after each step, so that all ranks run the same steps and stop together.
     agree = stepper.world.agree
     t0 = time.perf_counter()
+    elapsed = 0.0
     next_log = min(log_every_seconds, 2.0)  # seconds into training
     lr, last_logged = 1.0, -1
 
@@ -181,7 +182,6 @@ def train(stepper: Stepper, make_batches: MakeBatches, *, state: TrainState, log
         return max(own, progress(elapsed))  # whichever budget ends the run also drives the stages
 
     while True:
-        elapsed = agree(time.perf_counter() - t0)
         frac = progress(elapsed)
         if frac >= 1.0:
             break
@@ -208,6 +208,7 @@ def train(stepper: Stepper, make_batches: MakeBatches, *, state: TrainState, log
         pending = loss
         state.steps += 1
         state.tokens += step_tokens
+        elapsed = agree(time.perf_counter() - t0)
         state.train_seconds = time.perf_counter() - t0
         if elapsed >= next_log:
             _sync(plan.device)
@@ -216,7 +217,8 @@ def train(stepper: Stepper, make_batches: MakeBatches, *, state: TrainState, log
                 break
             _report(state, progress(state.train_seconds), lr, log, on_metrics)
             last_logged = state.steps
-            next_log = agree(time.perf_counter() - t0) + log_every_seconds
+            elapsed = agree(time.perf_counter() - t0)
+            next_log = elapsed + log_every_seconds
     _sync(plan.device)
     state.train_seconds = time.perf_counter() - t0
     state.recompiles = _graphs_compiled() - graphs_before
