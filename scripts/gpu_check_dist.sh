@@ -2,6 +2,8 @@
 # One run on 2 GPUs against the same run on 1 GPU, on the offline 2-GPU device machine (about 4 minutes):
 #   . scripts/device_env.sh && bash scripts/gpu_check_dist.sh                # pgolf_baseline, 1 vs 2 GPUs
 #   . scripts/device_env.sh && bash scripts/gpu_check_dist.sh progressive    # pgolf_progressive on 2 GPUs, briefly
+#   . scripts/device_env.sh && bash scripts/gpu_check_dist.sh slurm_local    # the SLURM path, submitit's local executor
+#   . scripts/device_env.sh && bash scripts/gpu_check_dist.sh faults         # a rank raising, Ctrl-C, with NCCL
 # Results under $OUT/dist/ (or ./dist_check/ without $OUT).
 #
 # baseline: model=pgolf_baseline, seed 0, 200 steps of 524,288 tokens on the embedded corpus, on 1 GPU and then
@@ -12,6 +14,12 @@
 #   2-GPU run (nvidia_smi_apps.txt: the launching process should hold none, or little).
 # progressive: experiment=pgolf_progressive on 2 GPUs (context 1024 -> 2048 -> 3072, int6 GPTQ + brotli, TTT) with
 #   a 60 s training budget and 40 s of TTT; recompiles must be 0.
+# faults: pgolf_baseline (compile off, to get there fast) on 2 GPUs, rank 1 raising at its second step (the row must
+#   say failed with rank 1's error, the ranks must all end), then Ctrl-C once training runs (interrupted).
+# slurm_local: pgolf_baseline for 50 steps as one sweep job of 2 tasks through hydra/launcher=slurm_local (submitit
+#   maps its job environment to the rendezvous, as on a cluster). Needs submitit, hydra-submitit-launcher and
+#   cloudpickle on the device (pure-Python wheels: `pip download --no-deps submitit hydra-submitit-launcher
+#   cloudpickle -d .whl` on a machine with network, then carry .whl as device_env.sh expects).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}
@@ -25,14 +33,15 @@ if [ "$ngpu" -lt 2 ]; then
   echo "gpu_check_dist.sh: needs 2 GPUs, $ngpu visible" >&2
   exit 2
 fi
-"$py" -c "import torch; print('gpu_check_dist.sh:', [torch.cuda.get_device_name(i) for i in range(2)], 'torch', torch.__version__)" \
+"$py" -c "import torch; print([torch.cuda.get_device_name(i) for i in range(2)], 'torch', torch.__version__)" \
   | tee "$out/device.txt"
 common=(seed=0 results_db="$out/results.sqlite" hydra.job.chdir=false)
 
 if [ "${1:-baseline}" = progressive ]; then
   "$py" -m run experiment=pgolf_progressive dist.nproc=2 "${common[@]}" name=progressive_2gpu \
     budget.train_seconds=60 ttt.max_seconds=40 logger.log_every_seconds=5 hydra.run.dir="$out/progressive_2gpu" \
-    2>&1 | tee "$out/progressive_2gpu.log" | grep -E "starting|context stage|step .*tok/s|eval|quant|ttt|warm-up|^(status|val_bpb|recompiles|error)"
+    2>&1 | tee "$out/progressive_2gpu.log" \
+    | grep -E "starting|context stage|step .*tok/s|eval|quant|ttt|warm-up|^(status|val_bpb|recompiles|error)"
   "$py" - "$out/progressive_2gpu/result.json" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -46,6 +55,35 @@ sys.exit(0 if ok else 1)
 EOF
   rc=$?
   echo "gpu_check_dist.sh progressive: ${SECONDS}s, results in $out"
+  exit $rc
+fi
+
+if [ "${1:-baseline}" = faults ]; then
+  "$py" scripts/dist_check.py faults --out "$out/faults" -- model=pgolf_baseline hardware.compile=false \
+    budget.max_steps=100000 budget.train_seconds=300 logger.log_every_seconds=1 seed=0
+  rc=$?
+  echo "gpu_check_dist.sh faults: ${SECONDS}s, rc=$rc, results in $out/faults"
+  exit $rc
+fi
+
+if [ "${1:-baseline}" = slurm_local ]; then
+  if ! "$py" -c "import submitit, hydra_plugins.hydra_submitit_launcher" 2>/dev/null; then
+    echo "gpu_check_dist.sh slurm_local: submitit / hydra-submitit-launcher not installed here (see the header)" >&2
+    exit 2
+  fi
+  "$py" -m run -m hydra/launcher=slurm_local dist.nproc=2 model=pgolf_baseline budget.max_steps=50 "${common[@]}" \
+    name=slurm_local_2gpu hydra.sweep.dir="$out/slurm_local" > "$out/slurm_local.log" 2>&1
+  rc=$?
+  tail -n 8 "$out/slurm_local.log"
+  "$py" - "$out/slurm_local/0/result.json" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+for k in ("status", "world_size", "gpu_names", "steps", "tokens_per_s", "val_bpb", "error"):
+    print(f"{k:>14}: {r.get(k)}")
+sys.exit(0 if r.get("status") == "ok" and r.get("world_size") == 2 else 1)
+EOF
+  rc=$((rc || $?))
+  echo "gpu_check_dist.sh slurm_local: ${SECONDS}s, rc=$rc, results in $out/slurm_local"
   exit $rc
 fi
 

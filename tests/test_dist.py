@@ -2,6 +2,7 @@
 
 The two-process tests spawn real ranks (torch.multiprocessing, env:// rendezvous) that run the real Stepper, train
 loop, Muon and eval code; the end-to-end runs through `python -m run` / torchrun are in test_dist_cli.py."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,10 +31,21 @@ def plan_for(compose, *overrides, world=None, device="cpu"):
     return resolve(to_config(compose(list(overrides))), fake_device(device), world=world)
 
 
-TINY_RUN = ["hardware=cpu", "model=tiny", "model.n_layer=2", "model.d_model=32", "model.n_head=2",
-            "model.n_kv_head=1", "model.seq_len=32", "hardware.micro_batch=2", "budget.tokens_per_step=256",
-            f"budget.max_steps={STEPS}", "budget.warmup_steps=0", "optim.grad_clip=1.0",
-            "optim.muon_momentum_warmup_steps=0"]
+TINY_RUN = [
+    "hardware=cpu",
+    "model=tiny",
+    "model.n_layer=2",
+    "model.d_model=32",
+    "model.n_head=2",
+    "model.n_kv_head=1",
+    "model.seq_len=32",
+    "hardware.micro_batch=2",
+    "budget.tokens_per_step=256",
+    f"budget.max_steps={STEPS}",
+    "budget.warmup_steps=0",
+    "optim.grad_clip=1.0",
+    "optim.muon_momentum_warmup_steps=0",
+]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -50,15 +62,18 @@ def test_the_plan_splits_a_global_step_over_the_ranks(compose):
     assert gpu.dist.backend == "nccl" and gpu.grad_accum * 2 * gpu.micro_batch * gpu.model.seq_len == 524288
 
 
-@pytest.mark.parametrize("overrides, world, device, message", [
-    (["dist.nproc=4"], WorldInfo(visible_gpus=2), "h100", "needs 4 GPUs on this node, 2 visible"),
-    (["dist.nproc=2"], None, "h100", "needs 2 GPUs on this node, 1 visible"),
-    ([*TINY_RUN, "dist.nproc=2", "budget.tokens_per_step=320"], None, "cpu", "must be a multiple of 128"),
-    ([*TINY_RUN, "dist.nproc=3"], None, "cpu", "does not split over 3 ranks"),
-    (["dist.nodes=2", "dist.nproc=8"], WorldInfo(visible_gpus=8), "h100", "hydra/launcher=slurm"),
-    (["dist.backend=nccl", "dist.nproc=2"], None, "cpu", "dist.backend=nccl needs CUDA"),
-    (["dist.nproc=4"], WorldInfo("torchrun", 0, 8, 0, 8, 8), "h100", "dist.nproc=4, but torchrun started 8"),
-])
+@pytest.mark.parametrize(
+    "overrides, world, device, message",
+    [
+        (["dist.nproc=4"], WorldInfo(visible_gpus=2), "h100", "needs 4 GPUs on this node, 2 visible"),
+        (["dist.nproc=2"], None, "h100", "needs 2 GPUs on this node, 1 visible"),
+        ([*TINY_RUN, "dist.nproc=2", "budget.tokens_per_step=320"], None, "cpu", "must be a multiple of 128"),
+        ([*TINY_RUN, "dist.nproc=3"], None, "cpu", "does not split over 3 ranks"),
+        (["dist.nodes=2", "dist.nproc=8"], WorldInfo(visible_gpus=8), "h100", "hydra/launcher=slurm"),
+        (["dist.backend=nccl", "dist.nproc=2"], None, "cpu", "dist.backend=nccl needs CUDA"),
+        (["dist.nproc=4"], WorldInfo("torchrun", 0, 8, 0, 8, 8), "h100", "dist.nproc=4, but torchrun started 8"),
+    ],
+)
 def test_a_bad_dist_request_is_refused_at_resolve(compose, overrides, world, device, message):
     with pytest.raises(PlanError, match=message):
         plan_for(compose, *overrides, world=world, device=device)
@@ -86,15 +101,23 @@ def test_submitit_job_environment_maps_to_torch_rendezvous(monkeypatch):
 
     for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(key, raising=False)
-    slurm = dict(SLURM_JOB_ID="4242", SLURM_NTASKS="16", SLURM_JOB_NUM_NODES="2", SLURM_NODEID="1",
-                 SLURM_PROCID="9", SLURM_LOCALID="1", SLURM_JOB_NODELIST="gpu[07-08]")
+    slurm = dict(
+        SLURM_JOB_ID="4242",
+        SLURM_NTASKS="16",
+        SLURM_JOB_NUM_NODES="2",
+        SLURM_NODEID="1",
+        SLURM_PROCID="9",
+        SLURM_LOCALID="1",
+        SLURM_JOB_NODELIST="gpu[07-08]",
+    )
     for key, value in slurm.items():
         monkeypatch.setenv(key, value)
     assert dist.submitit_rendezvous() is None  # a shell inside an allocation has SLURM_* too: not a rank
     monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
     env = dist.submitit_rendezvous()
-    assert {k: env[k] for k in ("MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")} == \
-        dict(MASTER_ADDR="gpu07", RANK="9", WORLD_SIZE="16", LOCAL_RANK="1", LOCAL_WORLD_SIZE="8")
+    assert {k: env[k] for k in ("MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")} == dict(
+        MASTER_ADDR="gpu07", RANK="9", WORLD_SIZE="16", LOCAL_RANK="1", LOCAL_WORLD_SIZE="8"
+    )
     monkeypatch.setenv("SLURM_PROCID", "3")
     monkeypatch.setenv("SLURM_LOCALID", "3")
     monkeypatch.setenv("SLURM_NODEID", "0")
@@ -126,12 +149,17 @@ def test_slurm_launcher_takes_nodes_and_ranks_from_dist(compose):
     from hydra.utils import instantiate
 
     for option in ("slurm", "slurm_local"):
-        cfg = compose([f"hydra/launcher={option}", "dist.nproc=8", "dist.nodes=2" if option == "slurm" else "seed=0"],
-                      return_hydra_config=True)
+        cfg = compose(
+            [f"hydra/launcher={option}", "dist.nproc=8", "dist.nodes=2" if option == "slurm" else "seed=0"],
+            return_hydra_config=True,
+        )
         launcher = instantiate(cfg.hydra.launcher)  # as Hydra builds it: interpolations resolved against the job
         nodes = 2 if option == "slurm" else 1
-        assert (launcher.params["nodes"], launcher.params["tasks_per_node"], launcher.params["gpus_per_node"]) == \
-            (nodes, 8, 8)
+        assert (launcher.params["nodes"], launcher.params["tasks_per_node"], launcher.params["gpus_per_node"]) == (
+            nodes,
+            8,
+            8,
+        )
 
 
 def test_the_pool_hands_each_job_its_nproc_gpus(tmp_path):
@@ -142,13 +170,27 @@ def test_the_pool_hands_each_job_its_nproc_gpus(tmp_path):
     jobs = []
     for i, nproc in enumerate([2, 1, 2, 2]):
         job_dir = tmp_path / str(i)
-        body = ("import json, os, time\nt0 = time.time(); time.sleep(0.6)\n"
-                f"json.dump(dict(status='ok', gpus=os.environ['CUDA_VISIBLE_DEVICES'], t0=t0, t1=time.time()), "
-                f"open({str(job_dir / 'result.json')!r}, 'w'))\n")
-        config = OmegaConf.create({"dist": {"nproc": nproc}, "hydra": {"job": {"name": "fake", "num": i},
-                                                                      "runtime": {"output_dir": str(job_dir)}}})
-        jobs.append(pl._Job(num=i, overrides=[f"job={i}"], config=config, job_dir=job_dir,
-                            cmd=[sys.executable, "-c", body], gpus=nproc))
+        body = (
+            "import json, os, time\nt0 = time.time(); time.sleep(0.6)\n"
+            f"json.dump(dict(status='ok', gpus=os.environ['CUDA_VISIBLE_DEVICES'], t0=t0, t1=time.time()), "
+            f"open({str(job_dir / 'result.json')!r}, 'w'))\n"
+        )
+        config = OmegaConf.create(
+            {
+                "dist": {"nproc": nproc},
+                "hydra": {"job": {"name": "fake", "num": i}, "runtime": {"output_dir": str(job_dir)}},
+            }
+        )
+        jobs.append(
+            pl._Job(
+                num=i,
+                overrides=[f"job={i}"],
+                config=config,
+                job_dir=job_dir,
+                cmd=[sys.executable, "-c", body],
+                gpus=nproc,
+            )
+        )
     rets = pl._Pool(["0", "1", "2"], fail_fast=False, echo=False, stop_timeout_s=10).run(jobs)
     assert all(r.status.name == "COMPLETED" for r in rets)
     results = [r.return_value for r in rets]
@@ -232,23 +274,45 @@ def _run(plan, shard: Path, world, state=None) -> dict:
 
     out = {"losses": losses}
     if state is None:
-        train(Recording(model, forward, optimizers, plan, world=world), batches, state=TrainState(),
-              log=lambda _: None, on_metrics=lambda _: None)
+        train(
+            Recording(model, forward, optimizers, plan, world=world),
+            batches,
+            state=TrainState(),
+            log=lambda _: None,
+            on_metrics=lambda _: None,
+        )
         out["state"] = {k: v.clone() for k, v in model.state_dict().items()}
     else:  # score given weights (rank 0's, trained on two ranks) on one process
         model.load_state_dict(state)
     val, luts = _val_tokens(plan.model.vocab_size), _luts(plan.model.vocab_size)
     for mode, stride in (("standard", None), ("sliding", 8)):
-        out[mode] = run_eval(mode, eval_forward, val, luts, seq_len=32, stride=stride, batch_size=2, device="cpu",
-                             autocast_dtype=None, shard=world)
-    out["ttt"] = ttt_evaluate(model, val, luts, bos_id=1, seq_len=32, rank=2, lr=0.01, chunk_size=8, batch_size=2,
-                              seed=0, shard=world)
+        out[mode] = run_eval(
+            mode,
+            eval_forward,
+            val,
+            luts,
+            seq_len=32,
+            stride=stride,
+            batch_size=2,
+            device="cpu",
+            autocast_dtype=None,
+            shard=world,
+        )
+    out["ttt"] = ttt_evaluate(
+        model, val, luts, bos_id=1, seq_len=32, rank=2, lr=0.01, chunk_size=8, batch_size=2, seed=0, shard=world
+    )
     return out
 
 
 def _rank_main(rank: int, port: int, plan, shard: str, out_path: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE="2",
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE="2",
+    )
     torch.set_num_threads(1)
     from speedrun import dist
 
@@ -274,8 +338,9 @@ def test_two_ranks_train_and_score_like_one_process(compose, tmp_path):
     one = plan_for(compose, *TINY_RUN)
     two = plan_for(compose, *TINY_RUN, world=WorldInfo("torchrun", 0, 2, 0, 2, 0))
     assert (one.grad_accum, two.grad_accum) == (4, 2)
-    torch.multiprocessing.start_processes(_rank_main, args=(_free_port(), two, str(shard), str(tmp_path / "r0.pt")),
-                                          nprocs=2, start_method="spawn")
+    torch.multiprocessing.start_processes(
+        _rank_main, args=(_free_port(), two, str(shard), str(tmp_path / "r0.pt")), nprocs=2, start_method="spawn"
+    )
     ranks = torch.load(tmp_path / "r0.pt", weights_only=False)
     torch.set_num_threads(1)
     single = _run(one, shard, SINGLE)

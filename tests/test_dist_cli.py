@@ -1,6 +1,7 @@
 """Two ranks end to end on CPU (gloo) through the real entry points: torchrun, `python -m run dist.nproc=2` (torch's
 elastic launch) and submitit's local executor (the SLURM path). One run dir and one row per run, written by rank 0;
 a rank that raises fails the run with its error, in bounded time; Ctrl-C leaves an interrupted row."""
+
 from __future__ import annotations
 
 import json
@@ -41,16 +42,28 @@ def test_torchrun_two_ranks_make_one_run_like_one_process(tmp_path, data_cache):
     # the 4 steps decide, not smoke's 10 s, which a loaded machine can reach first
     args = [*SMOKE, "budget.train_seconds=120", f"data.cache_dir={data_cache}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node=2", "-m", "run", *args], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc_per_node=2", "-m", "run", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (run_dir,) = run_dirs(tmp_path)
     (row,) = rows(tmp_path)
     result = json.loads((run_dir / "result.json").read_text())
     assert row["status"] == result["status"] == "ok" and row["run_id"] == str(run_dir.resolve())
     assert (result["world_size"], result["nodes"], len(result["gpu_names"])) == (2, 1, 2)
-    assert json.loads(row["plan"])["dist"] == {"world_size": 2, "nodes": 1, "nproc": 2, "backend": "gloo",
-                                               "launch": "torchrun", "timeout_s": 600.0}
+    assert json.loads(row["plan"])["dist"] == {
+        "world_size": 2,
+        "nodes": 1,
+        "nproc": 2,
+        "backend": "gloo",
+        "launch": "torchrun",
+        "timeout_s": 600.0,
+    }
     assert result["tokens"] == result["steps"] * 6144  # tokens (and tokens_per_s) are global
     single_dir = tmp_path / "single"
     single_dir.mkdir()
@@ -75,15 +88,20 @@ def _injector(tmp_path: Path, rank: int) -> dict[str, str]:
         "        if n[0] == 3:\n"
         f"            raise RuntimeError('injected failure on rank {rank}')\n"
         "        return call(self, batches)\n"
-        "    t.Stepper.__call__ = failing\n")
+        "    t.Stepper.__call__ = failing\n"
+    )
     return {"PYTHONPATH": os.pathsep.join([str(inject), os.environ.get("PYTHONPATH", "")])}
 
 
 @pytest.mark.parametrize("failing", [1, 0])
 def test_a_rank_that_raises_fails_the_run_with_its_error(tmp_path, data_cache, failing):
     start = time.time()
-    proc = run_cli([*SMOKE, *LONG, "dist.nproc=2", f"data.cache_dir={data_cache}"], cwd=tmp_path, timeout=240,
-                   env_extra=_injector(tmp_path, failing))
+    proc = run_cli(
+        [*SMOKE, *LONG, "dist.nproc=2", f"data.cache_dir={data_cache}"],
+        cwd=tmp_path,
+        timeout=240,
+        env_extra=_injector(tmp_path, failing),
+    )
     wall = time.time() - start
     assert proc.returncode != 0
     assert wall < 120, f"the ranks took {wall:.0f}s to stop"  # not a collective timeout (600 s)
@@ -98,8 +116,15 @@ def test_a_rank_that_raises_fails_the_run_with_its_error(tmp_path, data_cache, f
 
 def test_ctrl_c_leaves_an_interrupted_row(tmp_path, data_cache):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "run", *SMOKE, *LONG, "dist.nproc=2", f"data.cache_dir={data_cache}"],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    args = [*SMOKE, *LONG, "dist.nproc=2", f"data.cache_dir={data_cache}"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "run", *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     seen = []
     try:
         deadline = time.time() + 240
@@ -136,8 +161,9 @@ def test_the_slurm_path_runs_two_tasks_as_one_run(tmp_path, data_cache):
     """hydra/launcher=slurm_local: submitit's local executor runs the job as 2 tasks with submitit's job
     environment, which speedrun maps to the rendezvous as it would on a SLURM cluster."""
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
-    proc = run_cli(["-m", "hydra/launcher=slurm_local", "dist.nproc=2", *SMOKE, f"data.cache_dir={data_cache}"],
-                   cwd=tmp_path)
+    proc = run_cli(
+        ["-m", "hydra/launcher=slurm_local", "dist.nproc=2", *SMOKE, f"data.cache_dir={data_cache}"], cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (row,) = rows(tmp_path)
     assert row["status"] == "ok" and row["world_size"] == 2

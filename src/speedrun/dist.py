@@ -16,6 +16,7 @@ training code has a single path. Which processes exist is read from the environm
 torch's elastic launch set RANK, WORLD_SIZE, LOCAL_RANK...; a submitit (SLURM) job of several tasks gets the same
 variables from submitit's own mapping of its job environment. Failures are the guard's (speedrun.dist_guard).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -74,9 +75,14 @@ def submitit_rendezvous() -> dict[str, str] | None:
     env = TorchDistributedEnvironment()
     if env.world_size <= 1:
         return None
-    return {"MASTER_ADDR": env.master_addr, "MASTER_PORT": str(env.master_port), "RANK": str(env.rank),
-            "WORLD_SIZE": str(env.world_size), "LOCAL_RANK": str(env.local_rank),
-            "LOCAL_WORLD_SIZE": str(env.local_world_size)}
+    return {
+        "MASTER_ADDR": env.master_addr,
+        "MASTER_PORT": str(env.master_port),
+        "RANK": str(env.rank),
+        "WORLD_SIZE": str(env.world_size),
+        "LOCAL_RANK": str(env.local_rank),
+        "LOCAL_WORLD_SIZE": str(env.local_world_size),
+    }
 
 
 def world_from_env(environ: dict | None = None, visible_gpus: int = 0) -> WorldInfo:
@@ -86,9 +92,14 @@ def world_from_env(environ: dict | None = None, visible_gpus: int = 0) -> WorldI
     if "RANK" not in env or world_size <= 1:
         return WorldInfo(visible_gpus=visible_gpus)
     launcher = "submitit" if env.get("SUBMITIT_EXECUTOR") else "elastic" if env.get(LAUNCHED_ENV) else "torchrun"
-    return WorldInfo(launcher=launcher, rank=int(env["RANK"]), world_size=world_size,
-                     local_rank=int(env.get("LOCAL_RANK") or 0),
-                     local_world_size=int(env.get("LOCAL_WORLD_SIZE") or world_size), visible_gpus=visible_gpus)
+    return WorldInfo(
+        launcher=launcher,
+        rank=int(env["RANK"]),
+        world_size=world_size,
+        local_rank=int(env.get("LOCAL_RANK") or 0),
+        local_world_size=int(env.get("LOCAL_WORLD_SIZE") or world_size),
+        visible_gpus=visible_gpus,
+    )
 
 
 def current() -> World:
@@ -152,8 +163,12 @@ class World:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             device_name = torch.cuda.get_device_name(torch.cuda.current_device())
         ranks = self.gather({"host": socket.gethostname(), "device": device_name})
-        return {"world_size": self.world_size, "nodes": len({r["host"] for r in ranks}),
-                "gpu_names": [r["device"] for r in ranks], "hosts": sorted({r["host"] for r in ranks})}
+        return {
+            "world_size": self.world_size,
+            "nodes": len({r["host"] for r in ranks}),
+            "gpu_names": [r["device"] for r in ranks],
+            "hosts": sorted({r["host"] for r in ranks}),
+        }
 
     # -- collectives (no-ops on one process) ------------------------------------------------------------
     def agree(self, value: float) -> float:
@@ -285,7 +300,7 @@ class World:
         def split(G: Any, steps: int = 5, dtype: Any = torch.float32) -> Any:
             n = G.size(0)
             k = -(-n // self.world_size)
-            mine = G[self.rank * k: (self.rank + 1) * k]
+            mine = G[self.rank * k : (self.rank + 1) * k]
             if mine.size(0) < k:
                 mine = torch.cat([mine, mine.new_zeros((k - mine.size(0), *G.shape[1:]))])
             local = orthogonalize(mine, steps=steps, dtype=dtype).contiguous()

@@ -15,6 +15,7 @@ On either it aborts the NCCL communicators, so the blocked collective returns wi
 records the run and exits, and on rank 0 it closes the row at once (World.on_stop), in case this process is
 killed before it gets that far. With gloo (CPU) a peer's exit already breaks the collective it left.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,13 @@ class Guard(threading.Thread):
         self.world, self.nccl = world, nccl
         # Its own client of the rendezvous store (MASTER_ADDR:MASTER_PORT, which env:// init used), so this
         # thread never shares a connection with the main thread's collectives; the lock covers settle's use.
-        self.store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                                   timeout=timedelta(seconds=30), wait_for_workers=False)
+        self.store = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            is_master=False,
+            timeout=timedelta(seconds=30),
+            wait_for_workers=False,
+        )
         # Keys of this launch only: a restarted elastic job gets a new restart count.
         run = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID") or "run"
         self.prefix = f"speedrun/{run}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
@@ -137,8 +143,9 @@ class Guard(threading.Thread):
         rank = self.world.rank
         try:
             with self._lock:
-                self.store.set(self.prefix + f"failure/{rank}",
-                               json.dumps({"rank": rank, "error": error, "traceback": tb}))
+                self.store.set(
+                    self.prefix + f"failure/{rank}", json.dumps({"rank": rank, "error": error, "traceback": tb})
+                )
                 self.store.compare_set(self.prefix + "first", "", str(rank))  # the first to fail keeps the key
         except Exception as e:  # noqa: BLE001 - the others still stop when this process exits
             log.warning("rank %d: could not publish its failure: %s: %s", rank, type(e).__name__, e)

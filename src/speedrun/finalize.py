@@ -56,7 +56,10 @@ def evaluate_and_export(plan: Plan, model: torch.nn.Module, eval_forward: Callab
         f"({res.tokens:,} tokens, {res.bytes:,} bytes)")
     if q.name != "off":
         tq = time.perf_counter()
-        artifact = world.from_rank0(lambda: _export(plan, model, data, log)) if world else _export(plan, model, data, log)
+        def export() -> Artifact:
+            return _export(plan, model, data, log)
+
+        artifact = world.from_rank0(export) if world else export()  # rank 0 exports, every rank gets its bytes
         path = run_dir / f"model.{q.name}.{q.compressor}"
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(artifact.blob)

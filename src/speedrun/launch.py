@@ -9,6 +9,7 @@
 - ``worker_argv``: a rank > 0 started by torchrun runs Hydra too, which would create a second, per-rank run dir
   (the timestamp in its name differs by microseconds); run.py points it at a private directory instead.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,15 @@ from typing import Any
 
 from .dist import LAUNCHED_ENV, RANK_DIR_ENV, set_process_env
 
-_DROPPED = ("hydra.run.", "hydra.output_subdir", "hydra.mode", "hydra/launcher", "hydra.launcher", "hydra/sweeper",
-            "hydra.sweeper")
+_DROPPED = (
+    "hydra.run.",
+    "hydra.output_subdir",
+    "hydra.mode",
+    "hydra/launcher",
+    "hydra.launcher",
+    "hydra/sweeper",
+    "hydra.sweeper",
+)
 """The launching process's Hydra overrides that its ranks must not get (the run dir is set anew, sweeps stay
 with the sweep)."""
 
@@ -51,8 +59,10 @@ def worker_argv(argv: list[str], environ: dict | None = None) -> list[str]:
     if int(env.get("WORLD_SIZE") or 1) <= 1 or "RANK" not in env:
         return argv
     if any(a in ("-m", "--multirun") for a in argv[1:]):
-        raise SystemExit("error: a sweep (-m) cannot run inside torchrun; sweep with `python -m run -m dist.nproc=N "
-                         "...` (the pool gives each job N GPUs) or hydra/launcher=slurm")
+        raise SystemExit(
+            "error: a sweep (-m) cannot run inside torchrun; sweep with `python -m run -m dist.nproc=N "
+            "...` (the pool gives each job N GPUs) or hydra/launcher=slurm"
+        )
     if int(env["RANK"]) == 0:
         return argv
     private = tempfile.mkdtemp(prefix=f"speedrun-rank{env['RANK']}-")
@@ -82,8 +92,7 @@ def rank_args(run_dir: Path) -> list[str]:
     hydra = [o for o in hc.overrides.hydra if not _key(o).startswith(_DROPPED)]
     if hc.mode == RunMode.MULTIRUN:  # a job of Hydra's in-process launcher: the ranks record its sweep id
         hydra += [f"hydra.sweep.dir={_quote(str(hc.sweep.dir))}", f"hydra.job.num={hc.job.num}"]
-    return [*_entry(), *hc.overrides.task, *hydra, f"hydra.run.dir={_quote(str(run_dir))}",
-            "hydra.output_subdir=null"]
+    return [*_entry(), *hc.overrides.task, *hydra, f"hydra.run.dir={_quote(str(run_dir))}", "hydra.output_subdir=null"]
 
 
 def launch_ranks(plan: Any, run_dir: Path, log: Callable[[str], None]) -> None:
@@ -99,11 +108,21 @@ def launch_ranks(plan: Any, run_dir: Path, log: Callable[[str], None]) -> None:
     os.environ[LAUNCHED_ENV] = "1"
     # as torchrun does, but a share of the cores rather than 1: CPU ranks (gloo) still get their threads
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=n, run_id=f"speedrun-{uuid.uuid4().hex[:12]}",
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
-                          start_method="spawn")
-    log(f"starting {n} ranks on this machine (torch elastic launch, {plan.dist.backend}): "
-        f"{sys.executable} {' '.join(args)}")
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=n,
+        run_id=f"speedrun-{uuid.uuid4().hex[:12]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="spawn",
+    )
+    log(
+        f"starting {n} ranks on this machine (torch elastic launch, {plan.dist.backend}): "
+        f"{sys.executable} {' '.join(args)}"
+    )
     try:
         elastic_launch(config, sys.executable)(*args)
     except SignalException as e:

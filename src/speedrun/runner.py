@@ -174,7 +174,8 @@ class Job:
 
         model.eval()  # no dropout here, but fp8 layers switch to their bf16 path for evaluation
 
-        result.update(evaluate_and_export(plan, model, eval_forward, data, self.ctx.run_dir, log.info, world=self.world))
+        result.update(evaluate_and_export(plan, model, eval_forward, data, self.ctx.run_dir, log.info,
+                                          world=self.world))
         result["status"] = "ok"
 
     def _on_metrics(self, record: dict[str, Any]) -> None:

@@ -3,6 +3,7 @@
 Kept apart from pool_launcher.py so that module stays about running jobs. No torch import at module level (Hydra
 loads the plugins on every start).
 """
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,9 @@ def visible_gpus() -> list[str]:
         return out
     if shutil.which("nvidia-smi"):
         try:
-            proc = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
-                                  capture_output=True, text=True, timeout=30)
+            proc = subprocess.run(
+                ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+            )
             if proc.returncode == 0:
                 return [line.strip() for line in proc.stdout.splitlines() if line.strip()]
         except (OSError, subprocess.SubprocessError):

@@ -1,4 +1,5 @@
 """Schema of the ``dist`` group: one run on several processes (one GPU each), on one node or several."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

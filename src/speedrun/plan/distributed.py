@@ -1,5 +1,6 @@
 """The ``dist`` part of the resolver: how many ranks, on how many nodes, started by whom, and how a step's
 tokens split over them. Torch-free: ``WorldInfo`` is what speedrun.dist read from the environment."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -52,30 +53,42 @@ def resolve_dist(cfg: DistConfig, world: WorldInfo | None, device_type: str) -> 
         nodes = max(1, world.world_size // nproc)
         for key, asked, got in (("nproc", cfg.nproc, nproc), ("nodes", cfg.nodes, nodes)):
             if asked != 1 and asked != got:
-                raise PlanError(f"dist.{key}={asked}, but {world.launcher} started {got} (ranks per node: {nproc}, "
-                                f"world size {world.world_size}); drop dist.{key} or make the two agree")
+                raise PlanError(
+                    f"dist.{key}={asked}, but {world.launcher} started {got} (ranks per node: {nproc}, "
+                    f"world size {world.world_size}); drop dist.{key} or make the two agree"
+                )
         launch = world.launcher
     else:
         nproc, nodes = cfg.nproc, cfg.nodes
         if nodes > 1:
-            raise PlanError(f"dist.nodes={nodes}: ranks on several machines are started by a cluster launcher; use "
-                            f"`python -m run -m hydra/launcher=slurm dist.nodes={nodes} dist.nproc={nproc}` or torchrun "
-                            f"on every node (README, 'Many GPUs'), or dist.nodes=1")
+            raise PlanError(
+                f"dist.nodes={nodes}: ranks on several machines are started by a cluster launcher; use "
+                f"`python -m run -m hydra/launcher=slurm dist.nodes={nodes} dist.nproc={nproc}` or "
+                f"torchrun on every node (README, 'Many GPUs'), or dist.nodes=1"
+            )
         launch = "self" if nproc > 1 else "single"
     world_size = nproc * nodes
     if device_type == "cuda":
         # Each rank drives one GPU of its node: local rank i uses cuda:i.
         needed = world.local_rank + 1 if world.started else nproc
         if needed > world.visible_gpus:
-            raise PlanError(f"dist.nproc={nproc} needs {nproc} GPUs on this node, {world.visible_gpus} visible "
-                            f"(CUDA_VISIBLE_DEVICES); use dist.nproc={max(1, world.visible_gpus)} or fewer")
+            raise PlanError(
+                f"dist.nproc={nproc} needs {nproc} GPUs on this node, {world.visible_gpus} visible "
+                f"(CUDA_VISIBLE_DEVICES); use dist.nproc={max(1, world.visible_gpus)} or fewer"
+            )
     backend = str(cfg.backend)
     if backend == "auto":
         backend = "nccl" if device_type == "cuda" else "gloo"
     if backend == "nccl" and device_type != "cuda":
         raise PlanError("dist.backend=nccl needs CUDA GPUs; on CPU use dist.backend=gloo (or auto)")
-    return DistPlan(world_size=world_size, nodes=nodes, nproc=nproc, backend=backend if world_size > 1 else "none",
-                    launch=launch, timeout_s=float(cfg.timeout_s))
+    return DistPlan(
+        world_size=world_size,
+        nodes=nodes,
+        nproc=nproc,
+        backend=backend if world_size > 1 else "none",
+        launch=launch,
+        timeout_s=float(cfg.timeout_s),
+    )
 
 
 def check_step_split(tokens_per_step: int, micro_batch: int, seq_len: int, world_size: int) -> int:
@@ -91,12 +104,14 @@ def check_step_split(tokens_per_step: int, micro_batch: int, seq_len: int, world
     if tokens_per_step % split:
         lower = tokens_per_step // split * split
         steps = " or ".join(str(t) for t in (lower, lower + split) if t > 0)
-        smaller = next((b for b in range(micro_batch - 1, 0, -1) if tokens_per_step % (world_size * b * seq_len) == 0),
-                       None)
+        smaller = next(
+            (b for b in range(micro_batch - 1, 0, -1) if tokens_per_step % (world_size * b * seq_len) == 0), None
+        )
         raise PlanError(
             f"budget.tokens_per_step={tokens_per_step} does not split over {world_size} ranks x micro-batch tokens "
             f"({micro_batch} seqs x {seq_len} = {micro_tokens}): it must be a multiple of {split}; set "
             f"budget.tokens_per_step={steps}"
-            + (f", or hardware.micro_batch={smaller}" if smaller else "") + ", or change dist.nproc"
+            + (f", or hardware.micro_batch={smaller}" if smaller else "")
+            + ", or change dist.nproc"
         )
     return tokens_per_step // split
