@@ -61,6 +61,9 @@ class Guard(threading.Thread):
         self._aborted = False
         self._signalled = False
         self._store_ok = True
+        # A rank started by torchrun or `python -m run dist.nproc=N` has the launcher as its parent; should that
+        # die without stopping it (SIGKILL, the OOM killer), the rank would run on alone: it stops itself.
+        self._parent = os.getppid() if world.info.launcher in ("torchrun", "elastic") else None
         self._read, write = os.pipe()
         os.set_blocking(self._read, False)
         os.set_blocking(write, False)
@@ -81,6 +84,10 @@ class Guard(threading.Thread):
             for signum in data:
                 if signum in (signal.SIGINT, signal.SIGTERM) and self.stop_signal is None:
                     self.stop_signal = signum
+            if self._parent is not None and os.getppid() != self._parent:
+                log.warning("rank %d: the launching process is gone; stopping", self.world.rank)
+                self._parent = None
+                os.kill(os.getpid(), signal.SIGTERM)  # the usual way out: recorded as interrupted
             # A peer's failure first: torchrun signals the other ranks only after the failed rank has exited,
             # by which time its error is in the store.
             if self.peer is None and self._store_ok:
@@ -123,6 +130,13 @@ class Guard(threading.Thread):
             self._previous_fd = None
         if self.is_alive() and threading.current_thread() is not self:
             self.join(timeout=2 * POLL_S + 1)
+        if not self.is_alive() and self._read >= 0:
+            for fd in (self._read, self._write):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            self._read = self._write = -1  # closed once: the numbers may be reused by other files
 
     # -- the store ----------------------------------------------------------------------------------------
     def first_failure(self) -> dict[str, Any] | None:
