@@ -1,4 +1,6 @@
 """`python -m run [group=option ...]`: compose the config with Hydra and hand it to speedrun. Nothing else."""
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
@@ -15,4 +17,7 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    from speedrun.launch import worker_argv
+
+    sys.argv = worker_argv(sys.argv)  # a rank > 0 under torchrun: no run dir of its own (speedrun.launch)
     main()

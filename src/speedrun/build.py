@@ -25,8 +25,9 @@ class DataBundle:
     bos_id: int
     val_tokens: torch.Tensor
     train_batches: Callable[..., TokenStream]
-    """train_batches(seq_len=None, micro_batch=None, position=0): a deterministic stream of micro-batches from
-    token ``position`` of the training shards (defaults: the plan's longest length and its micro-batch)."""
+    """train_batches(seq_len=None, micro_batch=None, position=0, rank=0, world_size=1): a deterministic stream of
+    micro-batches from token ``position`` of the training shards (defaults: the plan's longest length and its
+    micro-batch); with rank/world_size, that rank's share of every span of world_size micro-batches."""
     train_tokens: int
     """Tokens in the training shards (to report how many passes a run made over them)."""
 
@@ -45,8 +46,10 @@ def build_data(plan: Plan, log: Callable[[str], None]) -> DataBundle:
         f"tokenizer {paths.tokenizer} (vocab {paths.vocab_size})")
     pin = plan.device == "cuda"
 
-    def train_batches(seq_len: int = seq_len, micro_batch: int = plan.micro_batch, position: int = 0) -> TokenStream:
-        stream = TokenStream(paths.train, seq_len, micro_batch, vocab_size=paths.vocab_size, pin_memory=pin)
+    def train_batches(seq_len: int = seq_len, micro_batch: int = plan.micro_batch, position: int = 0,
+                      rank: int = 0, world_size: int = 1) -> TokenStream:
+        stream = TokenStream(paths.train, seq_len, micro_batch, rank=rank, world_size=world_size,
+                             vocab_size=paths.vocab_size, pin_memory=pin)
         stream.load_state_dict({"position": position})
         return stream
 

@@ -15,13 +15,19 @@ stream, M = len(val_tokens) - 1; a window starting at a feeds inputs a..a+T-1 an
 
 Document isolation (eval.document_isolated) keeps the windows and switches on the model's document mask
 (``document_mask``): a token attends only to tokens of its own document (BOS-delimited) inside the window.
+
+On several ranks (``shard``, a speedrun.dist.World) the batches of windows are dealt round-robin, each rank puts
+every batch's float64 nats and int64 bytes in that batch's slot of a vector (zeros elsewhere), and the vectors are
+all-reduced: each slot has one non-zero term, so the sum is exact, and adding the slots in batch order on the host
+gives the same sums, bit for bit, as one rank scoring every batch (the batches, and so the kernels' shapes, are
+the same).
 """
 from __future__ import annotations
 
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -47,19 +53,21 @@ def evaluate(
     batch_size: int,
     device: str,
     autocast_dtype: torch.dtype | None,
+    shard: Any = None,
 ) -> EvalResult:
     """Score non-overlapping windows of seq_len; ``forward(x, y)`` returns per-token nats of shape (B, T).
 
     Every token after the first is scored exactly once; sums are float64 so long evaluations do not drift.
+    shard: split the batches over ranks (see the module doc); None scores them all here.
     """
     n_windows = (val_tokens.numel() - 1) // seq_len
     if n_windows < 1:
         raise ValueError(f"need at least {seq_len + 1} validation tokens, have {val_tokens.numel()}")
     luts = luts.to(device)
-    sum_nats = torch.zeros((), dtype=torch.float64, device=device)
-    sum_bytes = torch.zeros((), dtype=torch.int64, device=device)
-    sum_tokens = 0
-    for start in range(0, n_windows, batch_size):
+    starts = range(0, n_windows, batch_size)
+    sums = _BatchSums(len(starts), device)
+    sum_tokens = n_windows * seq_len
+    for i, start in _dealt(starts, shard):
         count = min(batch_size, n_windows - start)
         span = val_tokens[start * seq_len: (start + count) * seq_len + 1].to(device, non_blocking=True)
         x = span[:-1].view(count, seq_len)
@@ -69,10 +77,9 @@ def evaluate(
                 nats = forward(x, y)
         else:
             nats = forward(x, y)
-        sum_nats += nats.double().sum()
-        sum_bytes += token_bytes(x, y, luts).sum()
-        sum_tokens += y.numel()
-    total_nats, total_bytes = float(sum_nats.item()), int(sum_bytes.item())
+        sums.nats[i] = nats.double().sum()
+        sums.bytes[i] = token_bytes(x, y, luts).sum()
+    total_nats, total_bytes, _ = sums.totals(shard)
     return EvalResult(
         val_loss=total_nats / sum_tokens,
         val_bpb=total_nats / math.log(2) / total_bytes,
@@ -106,6 +113,30 @@ def sliding_windows(n_targets: int, seq_len: int, stride: int) -> list[tuple[int
     return windows
 
 
+def _dealt(batches: Any, shard: Any) -> list[tuple[int, Any]]:
+    """(index, batch) of the batches this rank scores: every world_size-th, from its rank (all on one rank)."""
+    rank, world = (shard.rank, shard.world_size) if shard is not None else (0, 1)
+    return [(i, b) for i, b in enumerate(batches) if i % world == rank]
+
+
+class _BatchSums:
+    """Per-batch sums in float64 (nats) and int64 (bytes, tokens), one slot per batch of the whole eval."""
+
+    def __init__(self, n: int, device: str):
+        self.nats = torch.zeros(n, dtype=torch.float64, device=device)
+        self.bytes = torch.zeros(n, dtype=torch.int64, device=device)
+        self.tokens = torch.zeros(n, dtype=torch.int64, device=device)
+
+    def totals(self, shard: Any) -> tuple[float, int, int]:
+        if shard is not None:
+            for t in (self.nats, self.bytes, self.tokens):
+                shard.sum_(t)
+        total = 0.0
+        for v in self.nats.tolist():  # in batch order, as one rank accumulating batch by batch would
+            total += v
+        return total, int(self.bytes.sum().item()), int(self.tokens.sum().item())
+
+
 @torch.no_grad()
 def evaluate_sliding(
     forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
@@ -117,6 +148,7 @@ def evaluate_sliding(
     batch_size: int,
     device: str,
     autocast_dtype: torch.dtype | None,
+    shard: Any = None,
 ) -> EvalResult:
     """Score every target once with windows of seq_len advancing by stride (see the module doc)."""
     n_targets = val_tokens.numel() - 1
@@ -125,10 +157,9 @@ def evaluate_sliding(
     luts = luts.to(device)
     offsets = torch.arange(T + 1)
     positions = torch.arange(T, device=device)
-    sum_nats = torch.zeros((), dtype=torch.float64, device=device)
-    sum_bytes = torch.zeros((), dtype=torch.int64, device=device)
-    sum_tokens = torch.zeros((), dtype=torch.int64, device=device)
-    for first in range(0, len(windows), batch_size):
+    firsts = range(0, len(windows), batch_size)
+    sums = _BatchSums(len(firsts), device)
+    for i, first in _dealt(firsts, shard):
         batch = windows[first: first + batch_size]
         starts = torch.tensor([w[0] for w in batch])
         score_from = torch.tensor([w[1] for w in batch], device=device)
@@ -140,10 +171,10 @@ def evaluate_sliding(
         else:
             nats = forward(x, y)
         scored = positions[None, :] >= score_from[:, None]
-        sum_nats += torch.where(scored, nats.double(), 0.0).sum()
-        sum_bytes += torch.where(scored, token_bytes(x, y, luts), 0).sum()
-        sum_tokens += scored.sum()
-    total_nats, total_bytes, total_tokens = float(sum_nats.item()), int(sum_bytes.item()), int(sum_tokens.item())
+        sums.nats[i] = torch.where(scored, nats.double(), 0.0).sum()
+        sums.bytes[i] = torch.where(scored, token_bytes(x, y, luts), 0).sum()
+        sums.tokens[i] = scored.sum()
+    total_nats, total_bytes, total_tokens = sums.totals(shard)
     assert total_tokens == n_targets, (total_tokens, n_targets)  # exactly once, by construction
     return EvalResult(
         val_loss=total_nats / total_tokens,
@@ -164,9 +195,10 @@ def run_eval(
     batch_size: int,
     device: str,
     autocast_dtype: torch.dtype | None,
+    shard: Any = None,
 ) -> EvalResult:
-    """The eval group's dispatch: ``standard`` or ``sliding`` (with ``stride``)."""
-    kwargs = dict(seq_len=seq_len, batch_size=batch_size, device=device, autocast_dtype=autocast_dtype)
+    """The eval group's dispatch: ``standard`` or ``sliding`` (with ``stride``); ``shard`` splits it over ranks."""
+    kwargs = dict(seq_len=seq_len, batch_size=batch_size, device=device, autocast_dtype=autocast_dtype, shard=shard)
     if name == "standard":
         return evaluate(forward, val_tokens, luts, **kwargs)
     if name == "sliding":

@@ -16,6 +16,11 @@ measured; ``on_phase(name)`` with no keys says a phase started.
 ``eval_fingerprint`` names the exact scored tokens: 16 hex digits of blake2b over the int32 ids of the validation
 tokens the windows cover (targets 1..eval_tokens and the context token 0). Runs with the same fingerprint scored
 the same tokens; the report and sweep summary compare only those.
+
+On several ranks (``world``): every score is split over the ranks and all-reduced (speedrun.evaluate), so it
+equals a one-rank score of the same weights; the export (Hessians, GPTQ, compression) runs on rank 0 alone, with
+the one-rank calibration stream, and its artifact is broadcast, so every rank scores the same dequantized
+weights; TTT deals its document batches over the ranks (each batch is independent: fresh adapters per batch).
 """
 from __future__ import annotations
 
@@ -51,7 +56,7 @@ def eval_fingerprint(tokens: torch.Tensor) -> str:
 
 def evaluate_and_export(plan: Plan, model: torch.nn.Module, eval_forward: Callable, data: Any,
                         run_dir: Path, log: Callable[[str], None],
-                        on_phase: Optional[PhaseCallback] = None) -> dict[str, Any]:
+                        on_phase: Optional[PhaseCallback] = None, world: Any = None) -> dict[str, Any]:
     out: dict[str, Any] = {"eval_mode": plan.eval.label}
     report: PhaseCallback = on_phase or (lambda name, keys=None: None)
     amp_dtype = autocast_dtype(plan)
@@ -62,7 +67,7 @@ def evaluate_and_export(plan: Plan, model: torch.nn.Module, eval_forward: Callab
         with document_mask(model, bos_id):
             return run_eval(plan.eval.mode, eval_forward, data.val_tokens, data.luts, seq_len=plan.model.seq_len,
                             stride=plan.eval.stride, batch_size=plan.eval.batch_size, device=plan.device,
-                            autocast_dtype=amp_dtype)
+                            autocast_dtype=amp_dtype, shard=world)
 
     t0 = time.perf_counter()
 
@@ -81,7 +86,10 @@ def evaluate_and_export(plan: Plan, model: torch.nn.Module, eval_forward: Callab
     if q.name != "off":
         report("quant")
         tq = time.perf_counter()
-        artifact = _export(plan, model, data, log)
+        def export() -> Artifact:
+            return _export(plan, model, data, log)
+
+        artifact = world.from_rank0(export) if world else export()  # rank 0 exports, every rank gets its bytes
         path = run_dir / f"model.{q.name}.{q.compressor}"
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(artifact.blob)
@@ -99,7 +107,7 @@ def evaluate_and_export(plan: Plan, model: torch.nn.Module, eval_forward: Callab
             f"{q.cap_bytes:,}: {'ok' if sizes['artifact_ok'] else 'OVER'}); val_bpb_quant {qres.val_bpb:.4f}")
     if plan.ttt.name != "off":
         report("ttt")
-        done("ttt", **_ttt(plan, model, data, amp_dtype, log))
+        done("ttt", **_ttt(plan, model, data, amp_dtype, log, world))
     return out
 
 
@@ -119,7 +127,7 @@ def _export(plan: Plan, model: torch.nn.Module, data: Any, log: Callable[[str], 
 
 
 def _ttt(plan: Plan, model: torch.nn.Module, data: Any, autocast_dtype: Any,
-         log: Callable[[str], None]) -> dict[str, Any]:
+         log: Callable[[str], None], world: Any = None) -> dict[str, Any]:
     from .ttt import ttt_evaluate
 
     t = plan.ttt
@@ -128,7 +136,7 @@ def _ttt(plan: Plan, model: torch.nn.Module, data: Any, autocast_dtype: Any,
         chunk_size=t.chunk_size, short_chunks=t.short_chunks, targets=t.targets,
         batch_size=t.batch_size, beta1=t.beta1, beta2=t.beta2, weight_decay=t.weight_decay,
         max_seconds=t.max_seconds, device=plan.device, autocast_dtype=autocast_dtype, seed=plan.seed, log=log,
-        score_base=t.score_base,
+        score_base=t.score_base, shard=world,
     )
     out = dict(val_bpb_ttt=None if res.val_bpb is None else round(res.val_bpb, 6),
                val_loss_ttt=None if res.val_loss is None else round(res.val_loss, 6),

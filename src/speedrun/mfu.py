@@ -56,7 +56,8 @@ def mfu_keys(plan: Any, stages: Sequence[dict[str, Any]], steps: int, train_seco
         out["mfu_profile"] = None
     if not flops or train_seconds <= 0:
         return out
-    achieved = flops / train_seconds
+    # flops are the whole run's (tokens are global), so the peak is every rank's card together
+    achieved = flops / train_seconds / getattr(plan, "world_size", 1)
     if plan.peak_flops:
         out["mfu"] = round(achieved / plan.peak_flops, 4)
     elif plan.device == "cuda":

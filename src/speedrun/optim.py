@@ -103,6 +103,9 @@ class Muon(torch.optim.Optimizer):
                     raise ValueError(f"Muon takes 2-D parameters only, got shape {tuple(p.shape)}")
         self.ns_dtype = ns_dtype
         self.compile_ns = compile_ns
+        self.distribute: Callable[[Callable[..., Tensor]], Callable[..., Tensor]] | None = None
+        """Set on a multi-rank run (speedrun.dist.World.prepare): wraps the Newton-Schulz function so that each
+        rank orthogonalises its share of every stack and the ranks all-gather the rest."""
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -124,10 +127,11 @@ class Muon(torch.optim.Optimizer):
                         state["momentum_buffer"] = torch.zeros_like(p.grad)
                     bufs.append(state["momentum_buffer"])
                 use_compiled = self.compile_ns if self.compile_ns is not None else params[0].is_cuda
+                orthogonalize = _compiled_newton_schulz() if use_compiled else newton_schulz
                 update = muon_update(
                     [p.grad for p in params], bufs, group["momentum"], group["nesterov"],
                     group["backend_steps"], self.ns_dtype,
-                    _compiled_newton_schulz() if use_compiled else newton_schulz,
+                    self.distribute(orthogonalize) if self.distribute else orthogonalize,
                 )
                 if wd > 0:
                     torch._foreach_mul_(params, 1.0 - lr * wd)

@@ -7,9 +7,11 @@ from a scheduler). In between, each phase writes its results to result.json and 
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -17,6 +19,7 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from . import dist
 from .config import Config, to_config
 from .identity import GPU_SHARED_ENV
 from .loggers import RunLogger, make_logger
@@ -50,15 +53,24 @@ class RunContext:
 
 def run_job(dict_cfg: DictConfig, ctx: Optional[RunContext] = None) -> dict[str, Any]:
     ctx = ctx or RunContext.from_hydra()
+    world = dist.current()  # this process's rank in a run of several (rank 0 of 1 for a plain run)
+    if world.rank > 0:  # the ranks share rank 0's run dir and row; theirs go to a private dir, removed at exit
+        ctx = RunContext(Path(world.private_dir()), ctx.overrides, ctx.sweep, ctx.original_cwd)
+        world.quiet()
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
     resume, refusal = _find_resume(dict_cfg, ctx)
+    if resume is not None and world.world_size > 1:
+        from .errors import ConfigError
+
+        resume, refusal = None, ConfigError("resume=<run dir> continues a one-process run; runs of several ranks "
+                                            "cannot resume yet (they write no checkpoints)")
     if resume is not None:  # the original job's config, dir and row (speedrun.resume)
         dict_cfg = OmegaConf.create(resume.config)
         ctx = RunContext(resume.run_dir, resume.overrides, ctx.sweep or dict_cfg.sweep, resume.cwd)
     # The record opens from the composed config's top-level knobs (types already checked by Hydra), before the
     # schemas' own checks run, so a bad value still leaves a failed row.
     config_tree = OmegaConf.to_container(dict_cfg, resolve=True, enum_to_str=True)
-    db = ResultsDB(results_db_path(dict_cfg.results_db, ctx.original_cwd))
+    db = ResultsDB(results_db_path(dict_cfg.results_db, ctx.original_cwd)) if world.rank == 0 else dist.NoRecords()
     run_id = str(ctx.run_dir.resolve())
     result = empty_result()
     result.update(status="running", seed=dict_cfg.seed, sweep=dict_cfg.sweep or ctx.sweep, run_dir=run_id,
@@ -72,7 +84,8 @@ def run_job(dict_cfg: DictConfig, ctx: Optional[RunContext] = None) -> dict[str,
     # a resumed run keeps its row's start, overrides and config, and counts its resumptions
     start = {"resumed_at": started, "resumed_from_step": resume.steps} if resume else start
     db.upsert(run_id, {**result, **start})
-    job = Job(ctx, result, config_tree, db, run_id, resume)
+    job = Job(ctx, result, config_tree, db, run_id, resume, world)
+    world.on_stop = functools.partial(job.close_early, db, run_id)
     try:
         with sigterm_as_interrupt():
             if refusal is not None:
@@ -81,6 +94,7 @@ def run_job(dict_cfg: DictConfig, ctx: Optional[RunContext] = None) -> dict[str,
     except KeyboardInterrupt as e:
         result["status"] = "interrupted"
         result["error"] = f"interrupted ({e})" if str(e) else "interrupted (Ctrl-C or SIGTERM)"
+        world.settle(result, e, ctx.run_dir)  # a peer rank's failure outranks the signal it caused here
         raise
     except BaseException as e:  # noqa: BLE001 - every failure is recorded, then re-raised
         (ctx.run_dir / "error.txt").write_text(traceback.format_exc())
@@ -92,6 +106,7 @@ def run_job(dict_cfg: DictConfig, ctx: Optional[RunContext] = None) -> dict[str,
             raise RunOutOfMemory(result["error"]) from e
         result["status"] = "failed"
         result["error"] = f"{type(e).__name__}: {e}"
+        world.settle(result, e, ctx.run_dir)  # names the rank that failed first, and tells the others to stop
         raise
     finally:
         with stop_signals_deferred():
@@ -113,10 +128,14 @@ def _find_resume(dict_cfg: DictConfig, ctx: RunContext) -> tuple[Any, Optional[E
 
 class Job:
     def __init__(self, ctx: RunContext, result: dict[str, Any], config_tree: Any, db: Optional[ResultsDB] = None,
-                 run_id: Optional[str] = None, resume: Any = None):
-        self.ctx, self.result, self.config_tree, self.resume = ctx, result, config_tree, resume
+                 run_id: Optional[str] = None, resume: Any = None, world: dist.World = dist.SINGLE):
+        self.ctx, self.result, self.config_tree, self.resume, self.world = ctx, result, config_tree, resume, world
         self.db, self.run_id = db, run_id
         self.peak_memory = None
+        self.delegated = False
+        """True in a `python -m run dist.nproc=N` process that started the ranks: rank 0 records the run."""
+        self._closing = threading.Lock()
+        self._finished = False
         self.metrics: Optional[MetricsLog] = None
         self.logger: Optional[RunLogger] = None
         self.state = None
@@ -132,11 +151,18 @@ class Job:
         from .records import capture_environment
 
         result = self.result
-        plan = self.plan = resolve(config, hardware.detect(), cwd=self.ctx.original_cwd)
+        plan = self.plan = resolve(config, hardware.detect(), cwd=self.ctx.original_cwd, world=self.world.info)
         del config
         log.info("plan:\n%s", _indent(plan.describe()))
         start_history(plan)  # hardware.memory_snapshot=true: allocations from the model build on
         (self.ctx.run_dir / "plan.json").write_text(plan_json(plan) + "\n")
+        from .launch import launch_ranks, needs_launch
+
+        if needs_launch(plan):  # dist.nproc > 1 under `python -m run`: start the ranks; rank 0 records the run
+            self.delegated = True
+            launch_ranks(plan, self.ctx.run_dir, log.info)
+            return
+        self.world.init(plan)
         env = capture_environment(plan.device)
         write_json(self.ctx.run_dir / "env.json", env)
         result.update(
@@ -147,8 +173,10 @@ class Job:
             tokens_per_step=plan.tokens_per_step, seq_len=plan.model.seq_len, card=plan.card,
             memory_estimate_gb=plan.memory_estimate_gb,
         )
+        result.update(self.world.describe(plan.device_name))  # world_size, nodes, each rank's GPU
         _configure_torch(plan)
-        self.logger = make_logger(plan.logger, self.ctx.run_dir, result["sweep"], plan.name)
+        if self.world.rank == 0:  # one W&B run per run, not per rank
+            self.logger = make_logger(plan.logger, self.ctx.run_dir, result["sweep"], plan.name)
         self._guard("start", self.config_tree, plan.to_dict())
 
         from .build import build_attention, build_data, build_model
@@ -156,6 +184,7 @@ class Job:
         attention = build_attention(plan)
         data = build_data(plan, log.info)
         model, forward, eval_forward, optimizers = build_model(plan, attention, data.bos_id)
+        self.world.prepare(model, optimizers)  # rank 0's initial weights everywhere; Muon's work split over ranks
         self.model = model
         result["params"] = model.num_params()
         log.info("model: %s parameters", f"{result['params']:,}")
@@ -165,20 +194,26 @@ class Job:
 
         self.state = state = TrainState()
         self.metrics = MetricsLog(self.ctx.run_dir / "metrics.jsonl", after_step=self.resume and self.resume.steps)
-        stepper = Stepper(model, forward, optimizers, plan)
-        from .loop_setup import prepare_loop
+        stepper = Stepper(model, forward, optimizers, plan, world=self.world)
+        # each rank reads its own micro-batches of every step (data.loader.TokenStream)
+        batches = functools.partial(data.train_batches, rank=self.world.rank, world_size=self.world.world_size)
+        extras = None
+        if self.world.world_size == 1:  # periodic validation, checkpoints, batch search: one process (plan refuses more)
+            from .loop_setup import prepare_loop
 
-        plan, extras = prepare_loop(self, stepper, eval_forward, data)
+            plan, extras = prepare_loop(self, stepper, eval_forward, data)
         self._on_phase("warmup")
-        warm_up(stepper, data.train_batches, state, log.info)
-        state.compile_seconds += extras.warm()
-        if self.resume:
-            extras.restore(state, self.resume)
+        warm_up(stepper, batches, state, log.info)
+        if extras is not None:
+            state.compile_seconds += extras.warm()
+            if self.resume:
+                extras.restore(state, self.resume)
         self.peak_memory = PeakMemory(plan.device)
         self.peak_memory.start()  # peak_mem_mb covers timed training only
         self._on_phase("train")
-        train(stepper, data.train_batches, state=state, log=log.info, on_metrics=self._on_metrics, extras=extras)
+        train(stepper, batches, state=state, log=log.info, on_metrics=self._on_metrics, extras=extras)
         self._record_training(model)
+        result["peak_mem_mb"] = self.world.max(result["peak_mem_mb"])  # the largest over the ranks
         self.result["data_epochs"] = round(state.tokens / data.train_tokens, 3)
         self._on_phase("train")  # training's keys are in the record before evaluation starts
         if self.result["data_epochs"] > 1:
@@ -196,14 +231,16 @@ class Job:
         model.eval()  # no dropout here, but fp8 layers switch to their bf16 path for evaluation
 
         result.update(evaluate_and_export(plan, model, eval_forward, data, self.ctx.run_dir, log.info,
-                                          on_phase=self._on_phase))
+                                          on_phase=self._on_phase, world=self.world))
         result.update(status="ok", phase="done")
 
     def _on_phase(self, phase: str, keys: Optional[dict[str, Any]] = None) -> None:
         """A phase starts (no keys) or ends (its keys): record both at once in result.json and the row, so a run
-        stopped later keeps them and says where it was."""
+        stopped later keeps them and says where it was. Only rank 0 holds the row."""
         self.result["phase"] = phase
         self.result.update(keys or {})
+        if self.world.rank > 0:
+            return
         write_json(self.ctx.run_dir / "result.json", self.result)
         if self.db is not None and self.run_id is not None:
             try:
@@ -243,10 +280,27 @@ class Job:
         result.update((self.peak_memory or PeakMemory(plan.device)).read())
 
     # -- always -------------------------------------------------------------------------------------------
+    def close_early(self, db: ResultsDB, run_id: str, status: str, error: str, tb: str) -> None:
+        """Rank 0, from the dist guard's thread: a peer failed or a stop signal came while this rank may be stuck
+        in a collective; close the row now, in case this process is killed before ``finish``."""
+        with self._closing:
+            if self._finished:
+                return
+            db.upsert(run_id, {"status": status, "error": error, "finished_at": time.time()})
+            if tb:
+                (self.ctx.run_dir / "error.txt").write_text(tb)
+
     def finish(self, db: ResultsDB, run_id: str, started: float) -> None:
         """Write result.json and complete the database row, whatever happened."""
+        with self._closing:
+            self._finished = True
         if self.metrics:
             self.metrics.close()
+        from .launch import adopt_rank0_record
+
+        if self.delegated and adopt_rank0_record(db, run_id, self.ctx.run_dir, self.result):
+            log.info("result:\n%s", format_result_block(self.result))  # rank 0 recorded the run
+            return
         if self.state is not None and self.result.get("steps") is None:
             try:  # interrupted or failed mid-training: keep what was measured
                 self._record_training(self.model)
@@ -263,7 +317,9 @@ class Job:
             log.error("could not update the results database %s: %s", db.path, e)
         self._guard("log_result", self.result)
         self._guard("finish", self.result["status"])
-        log.info("result:\n%s", format_result_block(self.result))
+        if self.world.info.launcher != "elastic":  # else the launching process prints it, last
+            log.info("result:\n%s", format_result_block(self.result))
+        self.world.shutdown(clean=self.result["status"] in ("ok", "diverged"))
 
 
 def _configure_torch(plan: Any) -> None:

@@ -30,13 +30,29 @@ def sigterm_as_interrupt() -> Iterator[None]:
 @contextlib.contextmanager
 def stop_signals_deferred() -> Iterator[None]:
     """Hold Ctrl-C and SIGTERM while the final record is written; they are delivered right after, so a second
-    signal cannot cut result.json or the database row in half."""
+    signal cannot cut result.json or the database row in half.
+
+    Blocking them in this thread is not enough in a process with other threads (torch's, NCCL's, gloo's): the
+    kernel hands the signal to one of those, and Python then runs the handler here anyway, or the default action
+    ends the process. So the handlers are also swapped for one that only notes the signal, which is raised again
+    once the record is written."""
+    caught: list[int] = []
+    try:
+        previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in _STOP_SIGNALS}
+    except ValueError:  # not the main thread: only the mask below
+        previous = {}
     try:
         signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-    except (AttributeError, ValueError, OSError):  # no pthread_sigmask here: write unprotected
-        yield
-        return
+        masked = True
+    except (AttributeError, ValueError, OSError):  # no pthread_sigmask here
+        masked = False
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+        if masked:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # what was held arrives: noted below
+        for signum, handler in previous.items():
+            if handler is not None:  # None: set outside Python, nothing to restore from here
+                signal.signal(signum, handler)
+        if caught:
+            signal.raise_signal(caught[0])

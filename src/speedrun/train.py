@@ -74,10 +74,14 @@ def muon_momentum(step: int, optim: OptimConfig) -> float:
 
 
 class Stepper:
-    """One optimizer step: grad accumulation over micro-batches, autocast, GradScaler, clipping."""
+    """One optimizer step: grad accumulation over micro-batches, autocast, GradScaler, clipping. On several ranks
+    (``world``, speedrun.dist) each runs its own micro-batches; gradients and the loss are averaged over them."""
 
-    def __init__(self, model: torch.nn.Module, forward: Callable, optimizers: list, plan: Plan):
+    def __init__(self, model: torch.nn.Module, forward: Callable, optimizers: list, plan: Plan, world: Any = None):
         self.model, self.forward, self.optimizers, self.plan = model, forward, optimizers, plan
+        from .dist import SINGLE
+
+        self.world = world or SINGLE
         dtype = autocast_dtype(plan)
         self.autocast = (lambda: torch.autocast(plan.device, dtype=dtype)) if dtype else _null_context
         self.scaler = torch.amp.GradScaler("cuda") if plan.grad_scaler else None
@@ -94,6 +98,7 @@ class Stepper:
             scaled = loss / self.plan.grad_accum
             (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             total = scaled.detach() if total is None else total + scaled.detach()
+        self.world.sync_grads(list(self.model.parameters()))
         if self.scaler is not None:
             for opt in self.optimizers:
                 self.scaler.unscale_(opt)
@@ -108,7 +113,7 @@ class Stepper:
             self.scaler.update()
         self.model.zero_grad(set_to_none=True)
         assert total is not None
-        return total
+        return self.world.mean(total)
 
 
 def _null_context():
@@ -176,7 +181,12 @@ def train(stepper: Stepper, make_batches: MakeBatches, *, state: TrainState, log
     batches: Any = None
     graphs_before = _graphs_compiled()
     step_tokens = plan.tokens_per_step
-    next_log = time.perf_counter() + min(log_every_seconds, 2.0)
+    # On several ranks every decision below (stop, LR, context stage, when to flush and log, periodic validation and
+    # checkpoints) is taken on rank 0's clock, broadcast after each step, so all ranks run the same steps and stop
+    # together (one scalar broadcast per step; nothing on one process).
+    agree = stepper.world.agree
+    seconds = agree(clock.elapsed())
+    next_log = seconds + min(log_every_seconds, 2.0)  # seconds into training, on the agreed clock
     lr = 1.0
 
     def used(seconds: float) -> tuple[float, int, int, float]:
@@ -202,7 +212,6 @@ def train(stepper: Stepper, make_batches: MakeBatches, *, state: TrainState, log
 
     with extras.deferring() if extras is not None else contextlib.nullcontext():
         while True:
-            seconds = clock.elapsed()
             if budget.progress(*used(seconds)) >= 1.0:
                 state.budget_end = budget.ended_by(*used(seconds))
                 break
@@ -231,14 +240,15 @@ def train(stepper: Stepper, make_batches: MakeBatches, *, state: TrainState, log
             state.tokens += step_tokens
             state.flops += step_flops
             state.position = batches.state_dict()["position"]
-            losses.add(loss, state.steps, state.tokens, lr, clock.elapsed())
-            line = time.perf_counter() >= next_log
-            boundary = extras is not None and extras.due(state, clock.elapsed())
+            seconds = agree(clock.elapsed())
+            losses.add(loss, state.steps, state.tokens, lr, seconds)
+            line = seconds >= next_log
+            boundary = extras is not None and extras.due(state, seconds)
             if line or boundary or losses.full:
                 if not flush(line):
                     break
                 if line:
-                    next_log = time.perf_counter() + log_every_seconds
+                    next_log = agree(clock.elapsed()) + log_every_seconds
             if boundary:
                 with clock.paused():
                     extras.run(state)  # raises KeyboardInterrupt after its checkpoint when a stop was requested

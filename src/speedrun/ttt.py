@@ -34,6 +34,10 @@ fresh, B = 0, so its adapted score is the base score); every later chunk costs o
 Budget: ``ttt.max_seconds`` is checked before every chunk step; when it is spent TTT stops there and reports
 what it scored (tokens_scored, fraction). Batches run in a seeded random order, so a partial run scores an
 unbiased sample of documents rather than the shortest or longest.
+
+Ranks (``shard``, a speedrun.dist.World): the shuffled batches are dealt round-robin, each rank adapts and scores
+its own (a batch's result does not depend on the others': fresh adapters and optimizer per batch), under its own
+``max_seconds``, and the sums are all-reduced; seconds is the slowest rank's.
 """
 from __future__ import annotations
 
@@ -42,7 +46,7 @@ import math
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
@@ -172,6 +176,7 @@ def ttt_evaluate(
     record_chunks: bool = False,
     log: Optional[Callable[[str], None]] = None,
     score_base: bool = True,
+    shard: Optional[Any] = None,
 ) -> TTTResult:
     """Score val_tokens with score-first LoRA TTT (see the module doc). ``model`` is not modified. With
     ``score_base`` each chunk is also scored by ``model`` itself, unadapted (base_val_loss, base_val_bpb)."""
@@ -193,6 +198,8 @@ def ttt_evaluate(
         else:
             batches.append([i])
     random.Random(seed).shuffle(batches)
+    if shard is not None:
+        batches = batches[shard.rank::shard.world_size]
 
     lora = LoRAModel(model, target_names, rank, min(batch_size, len(docs)), seed)
     luts = luts.to(device)
@@ -209,7 +216,12 @@ def ttt_evaluate(
         if stopped:
             break
         docs_done += len(batch)
-    seconds = time.perf_counter() - t0
+    if shard is not None:
+        counts = torch.tensor([state.tokens, docs_done], dtype=torch.int64, device=device)
+        shard.sum_(state.nats), shard.sum_(state.bytes), shard.sum_(state.base_nats), shard.sum_(counts)
+        state.tokens, docs_done = (int(v) for v in counts.tolist())
+        stopped = bool(shard.max(1.0 if stopped else 0.0))
+    seconds = time.perf_counter() - t0 if shard is None else shard.max(time.perf_counter() - t0)
     nats, n_bytes, n_tokens = state.totals()
     base_nats = float(state.base_nats.item()) if score_base else None
     total = val_tokens.numel() - 1

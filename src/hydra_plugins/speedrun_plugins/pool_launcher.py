@@ -1,8 +1,9 @@
 """The local GPU-pool launcher, ``hydra/launcher=pool`` (conf/hydra/launcher/pool.yaml; the project default).
 
 Every job is its own process, ``python -m run <job overrides>`` with the job's sweep subdir as its Hydra run
-dir and ``CUDA_VISIBLE_DEVICES`` naming one GPU; as many jobs run at once as there are slots (the visible GPUs
-x ``jobs_per_gpu``, or ``cpu_jobs`` on a machine without a GPU, 1 by default: sequential). A process per job
+dir and ``CUDA_VISIBLE_DEVICES`` naming its GPUs: one, or ``dist.nproc`` of the free ones for a job that runs
+several ranks (it starts them itself); as many jobs run at once as the slots allow (the visible GPUs x
+``jobs_per_gpu``, or ``cpu_jobs`` on a machine without a GPU, 1 by default: sequential). A process per job
 means a crash, an OOM or a wedged CUDA context ends one job, never the sweep, and every job starts with a fresh
 CUDA context and compile cache state.
 
@@ -21,7 +22,6 @@ import copy
 import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -40,6 +40,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from speedrun.identity import GPU_SHARED_ENV
 from speedrun.paths import results_db_path
 from speedrun.signals import sigterm_as_interrupt
+
+from .gpu_slots import pool_slots, take_slots, visible_gpus  # noqa: F401 - part of this module's interface
 
 log = logging.getLogger(__name__)
 
@@ -83,52 +85,6 @@ class JobNotRun(Exception):
     status = "not_run"
 
 
-def visible_gpus() -> list[str]:
-    """GPU ids as CUDA_VISIBLE_DEVICES spells them, without touching CUDA in this process."""
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is not None:
-        ids = [d.strip() for d in env.split(",") if d.strip()]
-        # CUDA stops at the first invalid id; "-1" is the usual way to hide every GPU
-        out = []
-        for d in ids:
-            if d.startswith("-"):
-                break
-            out.append(d)
-        return out
-    if shutil.which("nvidia-smi"):
-        try:
-            proc = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
-                                  capture_output=True, text=True, timeout=30)
-            if proc.returncode == 0:
-                return [line.strip() for line in proc.stdout.splitlines() if line.strip()]
-        except (OSError, subprocess.SubprocessError):
-            pass
-    try:
-        import torch
-
-        return [str(i) for i in range(torch.cuda.device_count())]
-    except Exception:  # noqa: BLE001 - no torch, no CUDA: a CPU machine
-        return []
-
-
-def pool_slots(gpus: Any, jobs_per_gpu: int, cpu_jobs: int) -> list[Optional[str]]:
-    """One entry per concurrent job: a GPU id, or None for a CPU slot."""
-    if gpus is None:
-        ids = visible_gpus()
-    elif isinstance(gpus, int) and not isinstance(gpus, bool):
-        visible = visible_gpus()
-        if gpus > len(visible):
-            raise ValueError(f"hydra.launcher.gpus={gpus}: only {len(visible)} GPU(s) visible ({visible})")
-        ids = visible[:gpus]
-    elif isinstance(gpus, str):
-        ids = [g.strip() for g in gpus.split(",") if g.strip()]
-    else:
-        ids = [str(g) for g in gpus]
-    if not ids:
-        return [None] * max(1, int(cpu_jobs))
-    return [g for g in ids for _ in range(max(1, int(jobs_per_gpu)))]
-
-
 def quote(value: str) -> str:
     """A value as one quoted Hydra override value (paths may hold characters the grammar reserves)."""
     if "'" in value or "\\" in value or "${" in value:
@@ -170,7 +126,9 @@ class _Job:
     config: DictConfig
     job_dir: Path
     cmd: list[str]
-    slot: Optional[int] = None
+    gpus: int = 1
+    """GPUs the job needs at once: its dist.nproc (a CPU slot runs any job)."""
+    slots: Optional[list[int]] = None
     proc: Optional[subprocess.Popen] = None
     pump: Optional[threading.Thread] = None
     started: float = 0.0
@@ -227,7 +185,8 @@ class PoolLauncher(Launcher):
         cmd = [sys.executable, "-m", module, *overrides, *forwarded,
                f"hydra.run.dir={quote(str(job_dir))}", f"hydra.sweep.dir={quote(str(sweep_dir))}",
                f"hydra.sweep.subdir={quote(subdir)}", f"hydra.job.num={num}", f"hydra.job.id={num}"]
-        return _Job(num=num, overrides=overrides, config=config, job_dir=job_dir, cmd=cmd)
+        gpus = int(OmegaConf.select(config, "dist.nproc", default=1) or 1)
+        return _Job(num=num, overrides=overrides, config=config, job_dir=job_dir, cmd=cmd, gpus=gpus)
 
 
 class _Pool:
@@ -249,13 +208,19 @@ class _Pool:
         try:
             while pending or running:
                 while pending and free and self.stopping is None:
-                    running.append(self._start(pending.popleft(), free.pop(0)))
+                    slots = take_slots(self.slots, free, pending[0].gpus)
+                    if slots is None:  # in order: the next job waits for enough free GPUs
+                        break
+                    if not slots:  # more than the pool has: it can never start
+                        self._refuse(pending.popleft())
+                        continue
+                    running.append(self._start(pending.popleft(), slots))
                 if self.stopping is not None:
                     while pending:
                         self._not_run(pending.popleft())
                 for job in [j for j in running if j.proc is not None and j.proc.poll() is not None]:
                     running.remove(job)
-                    free.append(job.slot)  # type: ignore[arg-type]
+                    free.extend(job.slots or [])
                     self._finish(job)
                     if job.ret is not None and job.ret.status == JobStatus.FAILED and self.fail_fast \
                             and self.stopping is None:
@@ -279,8 +244,8 @@ class _Pool:
                     self._not_run(job)
         return [j.ret for j in jobs]  # type: ignore[misc]
 
-    def _start(self, job: _Job, slot: int) -> _Job:
-        gpu = self.slots[slot]
+    def _start(self, job: _Job, slots: list[int]) -> _Job:
+        gpu = ",".join(g for g in (self.slots[i] for i in slots) if g is not None) or None
         env = {**os.environ, "PYTHONUNBUFFERED": "1", GPU_SHARED_ENV: "0"}
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpu
@@ -290,7 +255,7 @@ class _Pool:
             # parallel jobs share the cores: without this each one starts a thread per core and they thrash
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // len(self.slots)))
         job.job_dir.mkdir(parents=True, exist_ok=True)
-        job.slot, job.started = slot, time.time()
+        job.slots, job.started = slots, time.time()
         log.info(f"#{job.num} {' '.join(filter_overrides(job.overrides))}"
                  + (f" -> GPU {gpu}" if gpu is not None else ""))
         job.proc = subprocess.Popen(job.cmd, env=env, cwd=os.getcwd(), stdout=subprocess.PIPE,
@@ -325,6 +290,16 @@ class _Pool:
             ret.status = JobStatus.FAILED
             ret.return_value = JobFailed(f"job #{job.num} ({' '.join(job.overrides)}) {status}: {why}", status)
             log.error(f"#{job.num} {status} in {seconds:.1f}s: {why}  ({job.job_dir})")
+        job.ret = ret
+
+    def _refuse(self, job: _Job) -> None:
+        gpus = len({g for g in self.slots if g is not None})
+        why = f"dist.nproc={job.gpus} needs {job.gpus} GPUs at once; the pool has {gpus}"
+        log.error(f"#{job.num} failed: {why}")
+        _record_death(job, "failed", why)
+        ret = _job_return(job)
+        ret.status = JobStatus.FAILED
+        ret.return_value = JobFailed(f"job #{job.num} ({' '.join(job.overrides)}) failed: {why}")
         job.ret = ret
 
     def _not_run(self, job: _Job) -> None:

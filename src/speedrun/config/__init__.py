@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..paths import CONF_DIR, DEFAULT_RESULTS_DB
 from .checkpointing import CheckpointConfig
 from .choices import *  # noqa: F403 - the Enums are part of the schema's public names
+from .distributed import DistConfig
 from .finishing import EvalConfig, LoggerConfig, QuantConfig, TTTConfig
 from .training import (
     AttnConfig,
@@ -34,9 +35,9 @@ from .training import (
     ScheduleConfig,
 )
 
-__all__ = ["CONF_DIR", "Config", "GROUPS", "register_configs", "to_config", "AttnConfig", "BudgetConfig", "CheckpointConfig",
-           "DataConfig",
-           "EvalConfig", "HardwareConfig", "LoggerConfig", "ModelConfig", "OptimConfig", "PrecisionConfig",
+__all__ = ["CONF_DIR", "Config", "GROUPS", "register_configs", "to_config", "AttnConfig", "BudgetConfig",
+           "CheckpointConfig", "DataConfig", "DistConfig", "EvalConfig", "HardwareConfig", "LoggerConfig", "ModelConfig",
+           "OptimConfig", "PrecisionConfig",
            "QuantConfig", "ScheduleConfig", "TTTConfig"]
 
 
@@ -55,6 +56,7 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
     seed: int = 0
     """Seed for model initialisation, TTT's adapter init and document order. It does not change the training data
     order: every run reads the shards in the same order from the same position."""
@@ -81,6 +83,7 @@ GROUPS = {
     "ttt": TTTConfig,
     "quant": QuantConfig,
     "logger": LoggerConfig,
+    "dist": DistConfig,
 }
 
 

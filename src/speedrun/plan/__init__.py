@@ -21,9 +21,11 @@ from ..hardware import PROFILES, DetectedDevice, HardwareProfile
 from ..shape import ModelShape
 from .attention import check_scores_memory, resolve_attention
 from .memory import param_count, training_memory_bytes
+from .distributed import DistPlan, WorldInfo, check_step_split, resolve_dist
 from .types import DataPlan, EvalPlan, Plan, Stage, plan_json
 
-__all__ = ["Plan", "PlanError", "Stage", "EvalPlan", "DataPlan", "resolve", "load_option", "plan_json"]
+__all__ = ["Plan", "PlanError", "Stage", "EvalPlan", "DataPlan", "DistPlan", "WorldInfo", "resolve", "load_option",
+           "plan_json"]
 
 
 def load_option(group: str, option: str) -> dict[str, Any]:
@@ -62,10 +64,11 @@ def choose_profile(requested: str, device: DetectedDevice) -> tuple[HardwareProf
     return profile, True
 
 
-def resolve(cfg: Config, device: DetectedDevice, cwd: Optional[Path] = None) -> Plan:
+def resolve(cfg: Config, device: DetectedDevice, cwd: Optional[Path] = None, world: Optional[WorldInfo] = None) -> Plan:
     """Check the requested combination against the device and fill every ``auto``/None from the profile.
 
-    cwd: where relative data paths are taken from (the directory `python -m run` started in)."""
+    cwd: where relative data paths are taken from (the directory `python -m run` started in). world: the
+    processes of the run as this one's environment tells (speedrun.dist.current; None: a single process)."""
     profile, emulated = choose_profile(str(cfg.hardware.name), device)
     on_cuda = profile.device_type == "cuda"
 
@@ -90,12 +93,19 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Optional[Path] = None) -> 
     micro_batch = (start_micro_batch(profile, seq_len, tokens_per_step) if search
                    else cfg.hardware.micro_batch or max(1, profile.micro_batch_tokens // seq_len))
     micro_tokens = micro_batch * seq_len
-    if tokens_per_step % micro_tokens:
-        raise PlanError(
-            f"budget.tokens_per_step={tokens_per_step} is not a multiple of micro-batch tokens "
-            f"({micro_batch} seqs x {seq_len} = {micro_tokens}); set budget.tokens_per_step to a multiple of "
-            f"{micro_tokens} or change hardware.micro_batch"
-        )
+    dist = resolve_dist(cfg.dist, world, profile.device_type)
+    # tokens_per_step is global: every rank runs grad_accum micro-batches of its own share of each step
+    grad_accum = check_step_split(tokens_per_step, micro_batch, seq_len, dist.world_size)
+    if dist.world_size > 1 and (cfg.checkpoint.every_seconds or cfg.checkpoint.every_steps or cfg.eval.every_steps
+                                or cfg.eval.every_seconds):
+        # each rank would validate and checkpoint on its own clock; rank-0 checkpoints with a shared resume are
+        # not built yet, so refuse rather than write checkpoints no run can continue from
+        raise PlanError("periodic validation (eval.every_*) and checkpoints (checkpoint.every_*) run on one process "
+                        "only; with dist.nproc > 1 drop them, or run on one GPU")
+    if search and dist.world_size > 1:
+        # the search probes one process's memory; ranks that each searched could pick different sizes
+        raise PlanError("hardware.micro_batch=auto searches on one process; with several ranks set "
+                        "hardware.micro_batch=N (find N with a one-GPU run's micro_batch=auto, recorded as micro_batch)")
     check_scores_memory(attn, attn_options, micro_batch, model, profile, precision)
     memory_gb = _memory_estimate_gb(attn, attn_options, micro_batch, model, precision)
     card = card_for(device.name) if on_cuda else None
@@ -139,7 +149,7 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Optional[Path] = None) -> 
         stages=stages,
         stage_progress=str(cfg.schedule.progress),
         schedule=cfg.schedule,
-        grad_accum=tokens_per_step // micro_tokens,
+        grad_accum=grad_accum,
         tokens_per_step=tokens_per_step,
         train_seconds=float(train_seconds) if train_seconds > 0 else math.inf,
         max_steps=cfg.budget.max_steps,
@@ -157,6 +167,7 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Optional[Path] = None) -> 
         logger=cfg.logger,
         checkpoint=cfg.checkpoint,
         micro_batch_search=search,
+        dist=dist,
     )
 
 

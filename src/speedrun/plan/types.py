@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 from ..config import CheckpointConfig, LoggerConfig, OptimConfig, QuantConfig, ScheduleConfig, TTTConfig
 from ..shape import ModelShape
+from .distributed import DistPlan
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,12 @@ class Plan:
     micro_batch_search: bool = False
     """hardware.micro_batch=auto: search the largest micro-batch that fits during warm-up (stages and grad_accum
     are replaced with the choice, plan.json rewritten); micro_batch is then where the search starts."""
+    dist: DistPlan = DistPlan()
+    """Ranks of the run (world_size, nodes, nproc per node, backend, who starts them); one process by default."""
+
+    @property
+    def world_size(self) -> int:
+        return self.dist.world_size
 
     @property
     def eval_tokens(self) -> Optional[int]:
@@ -162,7 +169,10 @@ class Plan:
             f"model       {self.model_name}: {m.n_layer}x{m.d_model}, {m.n_head}/{m.n_kv_head} heads, "
             f"mlp {m.mlp_mult}x, vocab {m.vocab_size}, seq {m.seq_len}",
             f"batch       {self.tokens_per_step} tokens/step = {self.micro_batch} seqs x {m.seq_len} x "
-            f"{self.grad_accum} accum" + (" (micro-batch searched in warm-up)" if self.micro_batch_search else ""),
+            f"{self.grad_accum} accum" + (f" x {self.world_size} ranks" if self.world_size > 1 else "")
+            + (" (micro-batch searched in warm-up)" if self.micro_batch_search else ""),
+            *([f"ranks       {self.world_size} = {self.dist.nodes} node(s) x {self.dist.nproc}, {self.dist.backend}, "
+               f"started by {self.dist.launch}"] if self.world_size > 1 else []),
             *([f"stages      {stages} (of {self.stage_progress})"] if len(self.stages) > 1 else []),
             f"budget      {self.budget_text()}"
             + f", eval {self.eval.label} on {self.eval.tokens if self.eval.tokens is not None else 'all'} tokens, "

@@ -1,0 +1,357 @@
+"""One run on several processes (speedrun.dist, speedrun.launch, plan.distributed), on CPU with gloo.
+
+The two-process tests spawn real ranks (torch.multiprocessing, env:// rendezvous) that run the real Stepper, train
+loop, Muon and eval code; the end-to-end runs through `python -m run` / torchrun are in test_dist_cli.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import fake_device
+from speedrun.config import to_config
+from speedrun.errors import PlanError
+from speedrun.plan import WorldInfo, resolve
+
+STEPS = 4
+ACCUM = 4  # one rank: 4 micro-batches a step; two ranks: 2 each, the same tokens
+
+
+def plan_for(compose, *overrides, world=None, device="cpu"):
+    return resolve(to_config(compose(list(overrides))), fake_device(device), world=world)
+
+
+TINY_RUN = [
+    "hardware=cpu",
+    "model=tiny",
+    "model.n_layer=2",
+    "model.d_model=32",
+    "model.n_head=2",
+    "model.n_kv_head=1",
+    "model.seq_len=32",
+    "hardware.micro_batch=2",
+    "budget.tokens_per_step=256",
+    f"budget.max_steps={STEPS}",
+    "budget.warmup_steps=0",
+    "optim.grad_clip=1.0",
+    "optim.muon_momentum_warmup_steps=0",
+]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# resolve: what a dist request becomes, and what is refused before any rank starts
+
+
+def test_the_plan_splits_a_global_step_over_the_ranks(compose):
+    one = plan_for(compose, *TINY_RUN)
+    two = plan_for(compose, *TINY_RUN, "dist.nproc=2")
+    assert (one.grad_accum, one.world_size, one.dist.launch) == (ACCUM, 1, "single")
+    assert (two.grad_accum, two.world_size, two.dist.launch, two.dist.backend) == (ACCUM // 2, 2, "self", "gloo")
+    assert two.tokens_per_step == one.tokens_per_step == 256  # global, whatever the world size
+    gpu = plan_for(compose, "dist.nproc=2", device="h100", world=WorldInfo(visible_gpus=8))
+    assert gpu.dist.backend == "nccl" and gpu.grad_accum * 2 * gpu.micro_batch * gpu.model.seq_len == 524288
+
+
+@pytest.mark.parametrize(
+    "overrides, world, device, message",
+    [
+        (["dist.nproc=4"], WorldInfo(visible_gpus=2), "h100", "needs 4 GPUs on this node, 2 visible"),
+        (["dist.nproc=2"], None, "h100", "needs 2 GPUs on this node, 1 visible"),
+        ([*TINY_RUN, "dist.nproc=2", "budget.tokens_per_step=320"], None, "cpu", "must be a multiple of 128"),
+        ([*TINY_RUN, "dist.nproc=3"], None, "cpu", "does not split over 3 ranks"),
+        (["dist.nodes=2", "dist.nproc=8"], WorldInfo(visible_gpus=8), "h100", "hydra/launcher=slurm"),
+        (["dist.backend=nccl", "dist.nproc=2"], None, "cpu", "dist.backend=nccl needs CUDA"),
+        (["dist.nproc=4"], WorldInfo("torchrun", 0, 8, 0, 8, 8), "h100", "dist.nproc=4, but torchrun started 8"),
+    ],
+)
+def test_a_bad_dist_request_is_refused_at_resolve(compose, overrides, world, device, message):
+    with pytest.raises(PlanError, match=message):
+        plan_for(compose, *overrides, world=world, device=device)
+
+
+def test_a_started_world_comes_from_the_launcher(compose):
+    rank = WorldInfo("torchrun", rank=9, world_size=16, local_rank=1, local_world_size=8, visible_gpus=8)
+    with pytest.raises(PlanError, match="tokens_per_step=1048576, or hardware.micro_batch=32"):
+        plan_for(compose, world=rank, device="h100")  # 524288 tokens over 16 ranks x 64 sequences of 1024
+    plan = plan_for(compose, "hardware.micro_batch=16", world=rank, device="h100")  # dist.nproc left at 1
+    assert (plan.dist.world_size, plan.dist.nodes, plan.dist.nproc, plan.dist.launch) == (16, 2, 8, "torchrun")
+    assert plan.grad_accum == 524288 // (16 * 16 * 1024) == 2
+    with pytest.raises(PlanError, match="1 visible"):  # local rank 1 has no cuda:1
+        plan_for(compose, world=dataclasses.replace(rank, visible_gpus=1), device="h100")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# launchers: environments and command lines
+
+
+def test_submitit_job_environment_maps_to_torch_rendezvous(monkeypatch):
+    """A SLURM task of a 2-node x 8 job (as submitit sees it) gets env:// variables: master = first node,
+    one port for every task of the job, ranks from SLURM's ids."""
+    from speedrun import dist
+
+    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    slurm = dict(
+        SLURM_JOB_ID="4242",
+        SLURM_NTASKS="16",
+        SLURM_JOB_NUM_NODES="2",
+        SLURM_NODEID="1",
+        SLURM_PROCID="9",
+        SLURM_LOCALID="1",
+        SLURM_JOB_NODELIST="gpu[07-08]",
+    )
+    for key, value in slurm.items():
+        monkeypatch.setenv(key, value)
+    assert dist.submitit_rendezvous() is None  # a shell inside an allocation has SLURM_* too: not a rank
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+    env = dist.submitit_rendezvous()
+    assert {k: env[k] for k in ("MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")} == dict(
+        MASTER_ADDR="gpu07", RANK="9", WORLD_SIZE="16", LOCAL_RANK="1", LOCAL_WORLD_SIZE="8"
+    )
+    monkeypatch.setenv("SLURM_PROCID", "3")
+    monkeypatch.setenv("SLURM_LOCALID", "3")
+    monkeypatch.setenv("SLURM_NODEID", "0")
+    other = dist.submitit_rendezvous()
+    assert other["MASTER_PORT"] == env["MASTER_PORT"] and 20000 <= int(env["MASTER_PORT"]) <= 60000
+    assert other["RANK"] == "3" and other["MASTER_ADDR"] == "gpu07"
+    info = dist.world_from_env({**env, "SUBMITIT_EXECUTOR": "slurm"}, visible_gpus=8)
+    assert info == WorldInfo("submitit", rank=9, world_size=16, local_rank=1, local_world_size=8, visible_gpus=8)
+    assert dist.world_from_env({}, visible_gpus=2) == WorldInfo(visible_gpus=2)  # a plain run
+
+
+def test_ranks_above_zero_get_no_run_dir_of_their_own():
+    from speedrun.launch import worker_argv
+
+    argv = ["run.py", "debug=smoke", "hydra.run.dir=outputs/x"]
+    assert worker_argv(argv, {}) == argv and worker_argv(argv, {"RANK": "0", "WORLD_SIZE": "2"}) == argv
+    env = {"RANK": "1", "WORLD_SIZE": "2"}
+    out = worker_argv(argv, env)
+    private = env["SPEEDRUN_RANK_DIR"]
+    assert out == ["run.py", "debug=smoke", f"hydra.run.dir='{private}'", "hydra.output_subdir=null"]
+    assert Path(private).is_dir()
+    os.rmdir(private)
+    with pytest.raises(SystemExit, match="cannot run inside torchrun"):
+        worker_argv(["run.py", "-m", "seed=0,1"], {"RANK": "0", "WORLD_SIZE": "2"})
+
+
+def test_slurm_launcher_takes_nodes_and_ranks_from_dist(compose):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    from hydra.utils import instantiate
+
+    for option in ("slurm", "slurm_local"):
+        cfg = compose(
+            [f"hydra/launcher={option}", "dist.nproc=8", "dist.nodes=2" if option == "slurm" else "seed=0"],
+            return_hydra_config=True,
+        )
+        launcher = instantiate(cfg.hydra.launcher)  # as Hydra builds it: interpolations resolved against the job
+        nodes = 2 if option == "slurm" else 1
+        assert (launcher.params["nodes"], launcher.params["tasks_per_node"], launcher.params["gpus_per_node"]) == (
+            nodes,
+            8,
+            8,
+        )
+
+
+def test_the_pool_hands_each_job_its_nproc_gpus(tmp_path):
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.speedrun_plugins import pool_launcher as pl
+
+    jobs = []
+    for i, nproc in enumerate([2, 1, 2, 2]):
+        job_dir = tmp_path / str(i)
+        body = (
+            "import json, os, time\nt0 = time.time(); time.sleep(0.6)\n"
+            f"json.dump(dict(status='ok', gpus=os.environ['CUDA_VISIBLE_DEVICES'], t0=t0, t1=time.time()), "
+            f"open({str(job_dir / 'result.json')!r}, 'w'))\n"
+        )
+        config = OmegaConf.create(
+            {
+                "dist": {"nproc": nproc},
+                "hydra": {"job": {"name": "fake", "num": i}, "runtime": {"output_dir": str(job_dir)}},
+            }
+        )
+        jobs.append(
+            pl._Job(
+                num=i,
+                overrides=[f"job={i}"],
+                config=config,
+                job_dir=job_dir,
+                cmd=[sys.executable, "-c", body],
+                gpus=nproc,
+            )
+        )
+    rets = pl._Pool(["0", "1", "2"], fail_fast=False, echo=False, stop_timeout_s=10).run(jobs)
+    assert all(r.status.name == "COMPLETED" for r in rets)
+    results = [r.return_value for r in rets]
+    assert [len(r["gpus"].split(",")) for r in results] == [2, 1, 2, 2]
+    for a in results:  # no GPU is in two jobs at once
+        for b in results:
+            if a is not b and a["t0"] < b["t1"] and b["t0"] < a["t1"]:
+                assert not set(a["gpus"].split(",")) & set(b["gpus"].split(","))
+    too_big = dataclasses.replace(jobs[0], gpus=4, proc=None, ret=None)
+    (ret,) = pl._Pool(["0", "1"], fail_fast=False, echo=False, stop_timeout_s=10).run([too_big])
+    assert ret.status.name == "FAILED" and "dist.nproc=4" in str(ret._return_value)
+
+
+def test_stop_signals_are_held_while_the_record_is_written():
+    """A SIGTERM that arrives through another thread while the record is written is delivered after it."""
+    from speedrun.signals import stop_signals_deferred
+
+    seen = []
+    previous = signal.signal(signal.SIGTERM, lambda *_: seen.append(time.monotonic()))
+    try:
+        with stop_signals_deferred():
+            threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGTERM)).start()
+            time.sleep(0.3)
+            held_until = time.monotonic()
+            assert not seen
+        assert seen and seen[0] >= held_until
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# two gloo ranks against one process
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _luts(vocab: int):
+    from speedrun.data.bpb import ByteLUTs
+
+    g = torch.Generator().manual_seed(0)
+    base = torch.randint(1, 5, (vocab,), generator=g).to(torch.int16)
+    boundary = torch.zeros(vocab, dtype=torch.bool)
+    boundary[1], base[1] = True, 0
+    return ByteLUTs(base, torch.rand(vocab, generator=g) < 0.5, boundary)
+
+
+def _val_tokens(vocab: int) -> torch.Tensor:
+    t = torch.randint(2, vocab, (1 + 25 * 32,), generator=torch.Generator().manual_seed(1))
+    t[::97] = 1  # BOS: documents for TTT
+    return t
+
+
+def _run(plan, shard: Path, world, state=None) -> dict:
+    """Train STEPS steps with the real loop, then score: what a rank (or the single process) reports."""
+    from speedrun.attention import get_backend
+    from speedrun.build import build_model
+    from speedrun.data.loader import TokenStream
+    from speedrun.evaluate import run_eval
+    from speedrun.train import Stepper, TrainState, train
+    from speedrun.ttt import ttt_evaluate
+
+    torch.manual_seed(world.rank)  # different seeds: World.prepare must give every rank rank 0's weights
+    model, forward, eval_forward, optimizers = build_model(plan, get_backend("sdpa", kernel="math"), bos_id=1)
+    world.prepare(model, optimizers)
+    losses = []
+
+    class Recording(Stepper):
+        def __call__(self, batches):
+            loss = super().__call__(batches)
+            losses.append(float(loss))
+            return loss
+
+    def batches(seq_len, micro_batch, position=0):
+        stream = TokenStream([shard], seq_len, micro_batch, rank=world.rank, world_size=world.world_size)
+        stream.load_state_dict({"position": position})
+        return stream
+
+    out = {"losses": losses}
+    if state is None:
+        train(
+            Recording(model, forward, optimizers, plan, world=world),
+            batches,
+            state=TrainState(),
+            log=lambda _: None,
+            on_metrics=lambda _: None,
+        )
+        out["state"] = {k: v.clone() for k, v in model.state_dict().items()}
+    else:  # score given weights (rank 0's, trained on two ranks) on one process
+        model.load_state_dict(state)
+    val, luts = _val_tokens(plan.model.vocab_size), _luts(plan.model.vocab_size)
+    for mode, stride in (("standard", None), ("sliding", 8)):
+        out[mode] = run_eval(
+            mode,
+            eval_forward,
+            val,
+            luts,
+            seq_len=32,
+            stride=stride,
+            batch_size=2,
+            device="cpu",
+            autocast_dtype=None,
+            shard=world,
+        )
+    out["ttt"] = ttt_evaluate(
+        model, val, luts, bos_id=1, seq_len=32, rank=2, lr=0.01, chunk_size=8, batch_size=2, seed=0, shard=world
+    )
+    return out
+
+
+def _rank_main(rank: int, port: int, plan, shard: str, out_path: str) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE="2",
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE="2",
+    )
+    torch.set_num_threads(1)
+    from speedrun import dist
+
+    world = dist.current()
+    world.init(plan)
+    out = _run(plan, Path(shard), world)
+    if rank == 0:
+        torch.save(out, out_path)
+    world.shutdown(clean=True)
+
+
+def test_two_ranks_train_and_score_like_one_process(compose, tmp_path):
+    """Two ranks with accumulation 2 against one process with accumulation 4 (the same tokens each step): the
+    same loss per step, fp32, to 2e-6 relative (the sums run in another order; measured: equal over these steps,
+    final weights 8e-6 apart); the same final weights to 1e-5; eval sums of the same weights identical bit for bit
+    (standard and sliding); TTT to 1e-12. Without the gradient all-reduce the losses differ by 5e-3 relative, with
+    every rank orthogonalising the same share of Muon's matrices by 1e-4."""
+    from speedrun.data.shards import write_shard
+    from speedrun.dist import SINGLE
+
+    shard = tmp_path / "fineweb_train_000000.bin"
+    write_shard(shard, torch.randint(0, 1024, (40_000,), generator=torch.Generator().manual_seed(2)).numpy())
+    one = plan_for(compose, *TINY_RUN)
+    two = plan_for(compose, *TINY_RUN, world=WorldInfo("torchrun", 0, 2, 0, 2, 0))
+    assert (one.grad_accum, two.grad_accum) == (4, 2)
+    torch.multiprocessing.start_processes(
+        _rank_main, args=(_free_port(), two, str(shard), str(tmp_path / "r0.pt")), nprocs=2, start_method="spawn"
+    )
+    ranks = torch.load(tmp_path / "r0.pt", weights_only=False)
+    torch.set_num_threads(1)
+    single = _run(one, shard, SINGLE)
+    assert len(ranks["losses"]) == len(single["losses"]) == STEPS
+    for a, b in zip(ranks["losses"], single["losses"]):
+        assert math.isfinite(a) and abs(a - b) <= 2e-6 * abs(b), (ranks["losses"], single["losses"])
+    for key, value in single["state"].items():
+        torch.testing.assert_close(ranks["state"][key], value, rtol=1e-5, atol=1e-5)
+    same_weights = _run(one, shard, SINGLE, state=ranks["state"])
+    for mode in ("standard", "sliding"):
+        assert ranks[mode] == same_weights[mode]  # tokens, bytes, val_loss and val_bpb, exactly
+    r, s = ranks["ttt"], same_weights["ttt"]
+    assert (r.tokens_scored, r.bytes, r.docs_done, r.complete) == (s.tokens_scored, s.bytes, s.docs_done, True)
+    assert abs(r.val_bpb - s.val_bpb) <= 1e-12 * s.val_bpb
