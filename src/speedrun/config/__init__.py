@@ -34,8 +34,8 @@ from .training import (
     ScheduleConfig,
 )
 
-__all__ = ["CONF_DIR", "Config", "GROUPS", "register_configs", "to_config", "AttnConfig", "BudgetConfig", "CheckpointConfig",
-           "DataConfig",
+__all__ = ["CONF_DIR", "Config", "GROUPS", "register_configs", "to_config", "AttnConfig", "BudgetConfig",
+           "CheckpointConfig", "DataConfig",
            "EvalConfig", "HardwareConfig", "LoggerConfig", "ModelConfig", "OptimConfig", "PrecisionConfig",
            "QuantConfig", "ScheduleConfig", "TTTConfig"]
 
