@@ -71,7 +71,7 @@ class ResumableExtras(LoopExtras):
 def loop_result(plan: Any, state: Any) -> dict[str, Any]:
     """Result keys of the loop: which budget ended training, the FLOPs trained, the time kept out of
     train_seconds, and the batch sizes that ran (searched or not)."""
-    return {"budget_end": state.budget_end, "train_flops": state.flops,
+    return {"budget_end": state.budget_end,
             "val_seconds_periodic": round(state.val_seconds_periodic, 3),
             "checkpoint_seconds": round(state.checkpoint_seconds, 3), "micro_batch": plan.micro_batch,
             "grad_accum": plan.grad_accum, "eval_batch_size": plan.eval.batch_size}

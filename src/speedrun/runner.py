@@ -1,12 +1,15 @@
 """One job, end to end: compose -> resolve -> build -> train -> evaluate -> finalize -> record.
 
 The record is opened before anything can fail (row status ``running``) and closed whatever happens: ok,
-failed (with the error and a traceback file), diverged, or interrupted (Ctrl-C, SIGTERM from a scheduler).
+failed (with the error and a traceback file), oom (out of GPU memory), diverged, or interrupted (Ctrl-C, SIGTERM
+from a scheduler). In between, each phase writes its results to result.json and the row as soon as it ends, and
+``phase`` says which one was running, so a run stopped late keeps what it measured.
 """
 from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 import traceback
 from pathlib import Path
@@ -15,8 +18,10 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from .config import Config, to_config
+from .identity import GPU_SHARED_ENV
 from .loggers import RunLogger, make_logger
 from .paths import results_db_path
+from .errors import RunOutOfMemory
 from .records import MetricsLog, ResultsDB, empty_result, write_json
 from .signals import sigterm_as_interrupt, stop_signals_deferred
 
@@ -58,13 +63,16 @@ def run_job(dict_cfg: DictConfig, ctx: Optional[RunContext] = None) -> dict[str,
     result = empty_result()
     result.update(status="running", seed=dict_cfg.seed, sweep=dict_cfg.sweep or ctx.sweep, run_dir=run_id,
                   name=dict_cfg.name, hardware=str(dict_cfg.hardware.name), attn=str(dict_cfg.attn.name),
-                  precision=str(dict_cfg.precision.name))
+                  precision=str(dict_cfg.precision.name), phase="setup",
+                  # the pool launcher runs hydra.launcher.jobs_per_gpu > 1 jobs on one GPU at once: speed and
+                  # memory are then not the card's alone
+                  gpu_shared=os.environ.get(GPU_SHARED_ENV) == "1")
     started = time.time()
     start = {"started_at": started, "overrides": " ".join(ctx.overrides), "config": config_tree}
     # a resumed run keeps its row's start, overrides and config, and counts its resumptions
     start = {"resumed_at": started, "resumed_from_step": resume.steps} if resume else start
     db.upsert(run_id, {**result, **start})
-    job = Job(ctx, result, config_tree, resume)
+    job = Job(ctx, result, config_tree, db, run_id, resume)
     try:
         with sigterm_as_interrupt():
             if refusal is not None:
@@ -75,9 +83,15 @@ def run_job(dict_cfg: DictConfig, ctx: Optional[RunContext] = None) -> dict[str,
         result["error"] = f"interrupted ({e})" if str(e) else "interrupted (Ctrl-C or SIGTERM)"
         raise
     except BaseException as e:  # noqa: BLE001 - every failure is recorded, then re-raised
+        (ctx.run_dir / "error.txt").write_text(traceback.format_exc())
+        from .oom import find_oom, oom_result
+
+        oom = find_oom(e)
+        if oom is not None:  # an outcome with its own status and fix, not a bug
+            result.update(oom_result(job.plan, result.get("phase"), oom, ctx.run_dir))
+            raise RunOutOfMemory(result["error"]) from e
         result["status"] = "failed"
         result["error"] = f"{type(e).__name__}: {e}"
-        (ctx.run_dir / "error.txt").write_text(traceback.format_exc())
         raise
     finally:
         with stop_signals_deferred():
@@ -98,8 +112,11 @@ def _find_resume(dict_cfg: DictConfig, ctx: RunContext) -> tuple[Any, Optional[E
 
 
 class Job:
-    def __init__(self, ctx: RunContext, result: dict[str, Any], config_tree: Any, resume: Any = None):
+    def __init__(self, ctx: RunContext, result: dict[str, Any], config_tree: Any, db: Optional[ResultsDB] = None,
+                 run_id: Optional[str] = None, resume: Any = None):
         self.ctx, self.result, self.config_tree, self.resume = ctx, result, config_tree, resume
+        self.db, self.run_id = db, run_id
+        self.peak_memory = None
         self.metrics: Optional[MetricsLog] = None
         self.logger: Optional[RunLogger] = None
         self.state = None
@@ -109,9 +126,8 @@ class Job:
     # -- the pipeline ---------------------------------------------------------------------------------
     def run(self, config: Config) -> None:
         """The whole pipeline. ``config`` is read by the resolver alone; everything after it reads the Plan."""
-        import torch
-
         from . import hardware
+        from .oom import start_history
         from .plan import plan_json, resolve
         from .records import capture_environment
 
@@ -119,6 +135,7 @@ class Job:
         plan = self.plan = resolve(config, hardware.detect(), cwd=self.ctx.original_cwd)
         del config
         log.info("plan:\n%s", _indent(plan.describe()))
+        start_history(plan)  # hardware.memory_snapshot=true: allocations from the model build on
         (self.ctx.run_dir / "plan.json").write_text(plan_json(plan) + "\n")
         env = capture_environment(plan.device)
         write_json(self.ctx.run_dir / "env.json", env)
@@ -127,7 +144,8 @@ class Job:
             attn_kernel=plan.attn_kernel, precision=plan.precision, git_sha=env["git_sha"],
             git_dirty=env["git_dirty"], code_fingerprint=env["code_fingerprint"], torch_version=env["torch_version"],
             model=plan.model_name,
-            tokens_per_step=plan.tokens_per_step, seq_len=plan.model.seq_len,
+            tokens_per_step=plan.tokens_per_step, seq_len=plan.model.seq_len, card=plan.card,
+            memory_estimate_gb=plan.memory_estimate_gb,
         )
         _configure_torch(plan)
         self.logger = make_logger(plan.logger, self.ctx.run_dir, result["sweep"], plan.name)
@@ -142,6 +160,7 @@ class Job:
         result["params"] = model.num_params()
         log.info("model: %s parameters", f"{result['params']:,}")
 
+        from .memory import PeakMemory
         from .train import Stepper, TrainState, train, warm_up
 
         self.state = state = TrainState()
@@ -150,15 +169,18 @@ class Job:
         from .loop_setup import prepare_loop
 
         plan, extras = prepare_loop(self, stepper, eval_forward, data)
+        self._on_phase("warmup")
         warm_up(stepper, data.train_batches, state, log.info)
         state.compile_seconds += extras.warm()
         if self.resume:
             extras.restore(state, self.resume)
-        if plan.device == "cuda":
-            torch.cuda.reset_peak_memory_stats()
+        self.peak_memory = PeakMemory(plan.device)
+        self.peak_memory.start()  # peak_mem_mb covers timed training only
+        self._on_phase("train")
         train(stepper, data.train_batches, state=state, log=log.info, on_metrics=self._on_metrics, extras=extras)
         self._record_training(model)
         self.result["data_epochs"] = round(state.tokens / data.train_tokens, 3)
+        self._on_phase("train")  # training's keys are in the record before evaluation starts
         if self.result["data_epochs"] > 1:
             log.warning("training made %.1f passes over %s training tokens: val_bpb includes the effect of repeating "
                         "data (use a larger dataset, e.g. data=fineweb_sp1024, for comparable numbers)",
@@ -173,8 +195,21 @@ class Job:
 
         model.eval()  # no dropout here, but fp8 layers switch to their bf16 path for evaluation
 
-        result.update(evaluate_and_export(plan, model, eval_forward, data, self.ctx.run_dir, log.info))
-        result["status"] = "ok"
+        result.update(evaluate_and_export(plan, model, eval_forward, data, self.ctx.run_dir, log.info,
+                                          on_phase=self._on_phase))
+        result.update(status="ok", phase="done")
+
+    def _on_phase(self, phase: str, keys: Optional[dict[str, Any]] = None) -> None:
+        """A phase starts (no keys) or ends (its keys): record both at once in result.json and the row, so a run
+        stopped later keeps them and says where it was."""
+        self.result["phase"] = phase
+        self.result.update(keys or {})
+        write_json(self.ctx.run_dir / "result.json", self.result)
+        if self.db is not None and self.run_id is not None:
+            try:
+                self.db.upsert(self.run_id, self.result)
+            except Exception as e:  # noqa: BLE001 - result.json has it; the final write tries the row again
+                log.warning("could not update the results database %s: %s", self.db.path, e)
 
     def _on_metrics(self, record: dict[str, Any]) -> None:
         assert self.metrics is not None
@@ -191,7 +226,8 @@ class Job:
             log.warning("logger %s.%s failed: %s: %s", type(self.logger).__name__, method, type(e).__name__, e)
 
     def _record_training(self, model: Any) -> None:
-        import torch
+        from .memory import PeakMemory
+        from .mfu import mfu_keys
 
         plan, state, result = self.plan, self.state, self.result
         assert plan is not None and state is not None
@@ -203,19 +239,8 @@ class Job:
         from .loop_setup import loop_result  # torch-heavy: imported when a run records, not with the runner
 
         result.update(loop_result(plan, state))
-        if tok_s and plan.peak_flops:
-            result["flops_per_token"] = plan.model.flops_per_token(plan.model.seq_len)
-            result["mfu"] = round(result["flops_per_token"] * tok_s / plan.peak_flops, 4)
-            if plan.emulated and plan.device_peak_flops:
-                # MFU above is against the emulated profile's peak (what the recipe would get there, if it ran
-                # this fast); this one is against the card that actually ran.
-                result["mfu_device"] = round(result["flops_per_token"] * tok_s / plan.device_peak_flops, 4)
-        if plan.device == "cuda":
-            result["peak_mem_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
-        else:
-            import resource
-
-            result["peak_mem_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+        result.update(mfu_keys(plan, state.stages, state.steps, state.train_seconds))
+        result.update((self.peak_memory or PeakMemory(plan.device)).read())
 
     # -- always -------------------------------------------------------------------------------------------
     def finish(self, db: ResultsDB, run_id: str, started: float) -> None:
@@ -257,10 +282,11 @@ def _configure_torch(plan: Any) -> None:
             log.info("memory capped to %.1f GB (%.3f of the device)", plan.memory_cap_gb, fraction)
 
 
-BLOCK_KEYS = ("status", "val_bpb", "val_loss", "val_bpb_quant", "val_bpb_ttt", "artifact_bytes", "artifact_ok",
-              "tokens_per_s", "mfu", "peak_mem_mb", "steps", "tokens", "train_seconds", "compile_seconds",
-              "eval_seconds", "params", "hardware", "device_name", "emulated", "attn_kernel", "precision", "seed",
-              "run_dir", "error")
+BLOCK_KEYS = ("status", "val_bpb", "val_loss", "val_bpb_quant", "val_bpb_ttt", "val_bpb_ttt_base", "artifact_bytes",
+              "artifact_model_bytes", "artifact_code_bytes", "artifact_ok", "tokens_per_s", "mfu", "mfu_profile",
+              "peak_mem_mb", "steps", "tokens", "train_seconds", "compile_seconds", "eval_seconds", "eval_tokens",
+              "eval_fingerprint", "params", "hardware", "device_name", "card", "emulated", "attn_kernel",
+              "precision", "seed", "phase", "run_dir", "error")
 
 
 def format_result_block(result: dict[str, Any]) -> str:

@@ -15,6 +15,7 @@ import torch
 
 from .budget import Budget, Clock
 from .config import OptimConfig, ScheduleConfig
+from .mfu import plan_flops_per_token
 from .metrics import LossBuffer, first_non_finite, progress_line
 from .optim import set_lr_multiplier, set_muon_momentum
 from .plan import Plan
@@ -219,7 +220,7 @@ def train(stepper: Stepper, make_batches: MakeBatches, *, state: TrainState, log
                             f"{stage.micro_batch} from step {state.steps}")
                 stage = plan.stages[state.stage_index]
                 batches = make_batches(stage.seq_len, stage.micro_batch, position)
-                step_flops = step_tokens * plan.model.flops_per_token(stage.seq_len)
+                step_flops = step_tokens * plan_flops_per_token(plan, stage.seq_len)
             lr = lr_multiplier(budget.progress(*used(seconds)), schedule)
             if state.stage_index > 0 and schedule.rewarmup_steps > 0:
                 lr *= min(1.0, (state.steps - state.stage_start_step + 1) / schedule.rewarmup_steps)

@@ -37,6 +37,7 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from speedrun.identity import GPU_SHARED_ENV
 from speedrun.paths import results_db_path
 from speedrun.signals import sigterm_as_interrupt
 
@@ -280,9 +281,11 @@ class _Pool:
 
     def _start(self, job: _Job, slot: int) -> _Job:
         gpu = self.slots[slot]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", GPU_SHARED_ENV: "0"}
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpu
+            if self.slots.count(gpu) > 1:  # jobs_per_gpu > 1: the run records gpu_shared (speed is not the card's)
+                env[GPU_SHARED_ENV] = "1"
         if len(self.slots) > 1 and "OMP_NUM_THREADS" not in os.environ:
             # parallel jobs share the cores: without this each one starts a thread per core and they thrash
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // len(self.slots)))

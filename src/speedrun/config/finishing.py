@@ -15,7 +15,8 @@ class EvalConfig:
     """standard: non-overlapping windows of model.seq_len; sliding: windows of model.seq_len advancing by
     eval.stride, each val token scored exactly once with at least seq_len - stride tokens of context."""
     tokens: Optional[int] = None
-    """Validation tokens to score. None: the hardware profile's default; 0: the whole split."""
+    """Validation tokens to score: the first N of the split. None (or 0): the whole split, as parameter-golf
+    scores it; runs record eval_tokens and eval_fingerprint, and the report compares only runs of one set."""
     batch_size: Any = None
     """Windows per eval forward. None: hardware.micro_batch (searched too when that is auto); auto: the largest
     that fits, found on the device during warm-up, so an eval never runs out of memory where training did not."""
@@ -79,6 +80,10 @@ class TTTConfig:
     max_seconds: Optional[float] = None
     """Wall-clock budget for TTT; when spent it stops after the current chunk and records what was scored
     (ttt_tokens_scored, ttt_fraction). None: no limit."""
+    score_base: bool = True
+    """Also score every chunk unadapted, in the same pass and windows (val_bpb_ttt_base, so the gain is
+    val_bpb_ttt_base - val_bpb_ttt): one more forward per chunk after a document's first, about +40% TTT time
+    on CPU. false: skip it (val_bpb_ttt_base null)."""
 
     def __post_init__(self) -> None:
         parse_targets(self.targets)

@@ -22,6 +22,10 @@ class HardwareConfig:
     """torch.compile the model. None: on for CUDA, off for CPU (compile time would eat a CPU budget)."""
     memory_cap_gb: Optional[float] = None
     """Cap usable GPU memory (GB). None: the profile's memory when emulating, no cap otherwise."""
+    memory_snapshot: bool = False
+    """Record the CUDA allocation history (torch.cuda.memory._record_memory_history) and, if the run runs out of
+    memory, dump it to <run dir>/memory_snapshot.pickle (open it at https://pytorch.org/memory_viz). Costs some
+    speed; for diagnosis."""
 
     def __post_init__(self) -> None:
         self.micro_batch = parse_batch(self.micro_batch, f"hardware.micro_batch={self.micro_batch}")

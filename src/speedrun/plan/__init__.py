@@ -16,9 +16,11 @@ from omegaconf import OmegaConf
 
 from ..config import CONF_DIR, Config, DataConfig, ModelConfig, QuantConfig, TTTConfig
 from ..errors import PlanError
+from ..cards import card_for
 from ..hardware import PROFILES, DetectedDevice, HardwareProfile
 from ..shape import ModelShape
 from .attention import check_scores_memory, resolve_attention
+from .memory import param_count, training_memory_bytes
 from .types import DataPlan, EvalPlan, Plan, Stage, plan_json
 
 __all__ = ["Plan", "PlanError", "Stage", "EvalPlan", "DataPlan", "resolve", "load_option", "plan_json"]
@@ -47,8 +49,9 @@ def choose_profile(requested: str, device: DetectedDevice) -> tuple[HardwareProf
             f"hardware={requested} needs a CUDA GPU, and none is visible here; use hardware=auto or hardware=cpu"
         )
     if profile.family == device.profile.family:
-        # Same chip family (an H200 asked to be an h100): run natively, cap memory if the profile is smaller.
-        return profile, profile.memory_gb < device.memory_gb - 1
+        # Same chip family but another profile (an H200 asked to be an h100): the recipe runs with the profile's
+        # memory cap on a card that is not the profile's, so it is emulation, and recorded as such.
+        return profile, profile.name != device.profile.name
     too_big = profile.capability > device.capability or profile.memory_gb > device.memory_gb + 1
     if too_big:
         raise PlanError(
@@ -94,6 +97,8 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Optional[Path] = None) -> 
             f"{micro_tokens} or change hardware.micro_batch"
         )
     check_scores_memory(attn, attn_options, micro_batch, model, profile, precision)
+    memory_gb = _memory_estimate_gb(attn, attn_options, micro_batch, model, precision)
+    card = card_for(device.name) if on_cuda else None
     stages = _stages(lengths, micro_tokens) if lengths else (Stage(seq_len, 1.0, micro_batch),)
     b = cfg.budget
     if cfg.schedule.progress == "step" and not (b.max_steps or b.tokens or b.flops):
@@ -120,8 +125,9 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Optional[Path] = None) -> 
         autocast={"bf16": "bf16", "fp8": "bf16", "fp16": "fp16"}.get(precision),
         grad_scaler=precision == "fp16",
         matmul_dtype=matmul_dtype,
-        peak_flops=profile.peak_flops(matmul_dtype),
-        device_peak_flops=device.profile.peak_flops(matmul_dtype) if on_cuda else None,
+        card=card.name if card else None,
+        peak_flops=card.peak_flops(matmul_dtype) if card and on_cuda else None,
+        profile_peak_flops=profile.peak_flops(matmul_dtype) if emulated else None,
         ns_dtype="bf16" if on_cuda and profile.has_bf16 else "fp32",
         attn=attn,
         attn_options=tuple(sorted(attn_options.items())),
@@ -142,6 +148,8 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Optional[Path] = None) -> 
         warmup_steps=cfg.budget.warmup_steps,
         eval=eval_plan,
         compile=cfg.hardware.compile if cfg.hardware.compile is not None else on_cuda,
+        memory_estimate_gb=memory_gb,
+        memory_snapshot=bool(cfg.hardware.memory_snapshot) and on_cuda,
         optim=cfg.optim,
         quant=cfg.quant,
         ttt=ttt,
@@ -170,6 +178,14 @@ def _stages(lengths: list[tuple[int, float]], micro_tokens: int) -> tuple[Stage,
             f"pick lengths that divide {micro_tokens} or change hardware.micro_batch"
         )
     return tuple(Stage(length, until, micro_tokens // length) for length, until in lengths)
+
+
+def _memory_estimate_gb(attn: str, options: dict[str, Any], micro_batch: int, model: ModelShape,
+                        precision: str) -> float:
+    from ..attention import backend_class
+
+    scores = backend_class(attn).scores_bytes(options, micro_batch, model, precision)
+    return round(training_memory_bytes(model, micro_batch, precision, scores, param_count(model)) / 1e9, 2)
 
 
 def _sm(capability: Optional[tuple[int, int]]) -> str:
@@ -230,7 +246,7 @@ def _resolve_eval(cfg: Config, profile: HardwareProfile, attn: str, model: Model
     if e.document_isolated and not backend_class(attn).capabilities.document_mask:
         raise PlanError(f"eval.document_isolated=true needs an attention backend with a document mask; attn={attn} "
                         f"has none: use attn=flex (CUDA) or attn=math, or eval.document_isolated=false")
-    tokens = e.tokens if e.tokens is not None else profile.eval_tokens
+    tokens = e.tokens  # None or 0: the whole split, on every card, so scores compare across cards
     label = str(e.name) if e.name != "sliding" else f"sliding:{e.stride}"
     # a model trained with attn.document_mask keeps masking documents at eval too
     label += "+doc" if e.document_isolated or cfg.attn.document_mask else ""

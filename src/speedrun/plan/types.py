@@ -80,10 +80,13 @@ class Plan:
     grad_scaler: bool
     matmul_dtype: str
     """The dtype whose peak MFU divides by (tf32 for fp32 on sm80+)."""
+    card: Optional[str]
+    """The card that runs, as named in speedrun.cards (None: CPU, or a GPU the table does not know)."""
     peak_flops: Optional[float]
-    """Peak FLOP/s of matmul_dtype on the profile (the emulated one when emulating): MFU's denominator."""
-    device_peak_flops: Optional[float]
-    """The same peak on the device that actually runs (differs from peak_flops only when emulating)."""
+    """Dense peak FLOP/s of matmul_dtype on the card that runs (speedrun.cards): mfu's denominator. None on CPU
+    and on a card the table does not know (mfu is then null, never a neighbour's figure)."""
+    profile_peak_flops: Optional[float]
+    """When emulating: the same peak on the emulated profile (mfu_profile's denominator); else None."""
     ns_dtype: str
     """Dtype of Muon's Newton-Schulz iterations."""
     attn: str
@@ -115,6 +118,10 @@ class Plan:
     """Untimed compile/autotune steps, undone before training."""
     eval: EvalPlan
     compile: bool
+    memory_estimate_gb: float
+    """Rough training memory (plan/memory.py): weights, grads, optimizer, activations, logits, scores."""
+    memory_snapshot: bool
+    """Record CUDA allocation history and dump it to the run dir if the run runs out of memory."""
     optim: OptimConfig
     quant: QuantConfig
     ttt: TTTConfig
@@ -149,7 +156,8 @@ class Plan:
         lines = [
             f"hardware    {self.hardware}{' (emulated)' if self.emulated else ''} on {self.device_name}"
             + (f", memory cap {self.memory_cap_gb:g} GB" if self.memory_cap_gb else ""),
-            f"precision   {self.precision}{' + GradScaler' if self.grad_scaler else ''} (MFU peak: {self.matmul_dtype})",
+            f"precision   {self.precision}{' + GradScaler' if self.grad_scaler else ''} (MFU peak: {self.matmul_dtype}"
+            + (f" on {self.card})" if self.card else ", no known card: mfu null)" if self.device == "cuda" else ")"),
             f"attention   {self.attn_kernel}{' + document mask' if self.document_mask else ''}",
             f"model       {self.model_name}: {m.n_layer}x{m.d_model}, {m.n_head}/{m.n_kv_head} heads, "
             f"mlp {m.mlp_mult}x, vocab {m.vocab_size}, seq {m.seq_len}",
@@ -158,7 +166,7 @@ class Plan:
             *([f"stages      {stages} (of {self.stage_progress})"] if len(self.stages) > 1 else []),
             f"budget      {self.budget_text()}"
             + f", eval {self.eval.label} on {self.eval.tokens if self.eval.tokens is not None else 'all'} tokens, "
-            f"compile {'on' if self.compile else 'off'}",
+            f"compile {'on' if self.compile else 'off'}, memory estimate {self.memory_estimate_gb:g} GB",
         ]
         return "\n".join(lines)
 
