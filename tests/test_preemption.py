@@ -63,7 +63,8 @@ def test_usr2_under_submitit_checkpoints_then_hands_over_to_submitit(compose, tm
 def test_sigterm_under_submitit_checkpoints_and_goes_on(compose, tmp_path, data_cache, monkeypatch):
     monkeypatch.setenv("SUBMITIT_FOLDER", str(tmp_path / "submitit"))
     signal_at_step(monkeypatch, 3, signal.SIGTERM)
-    result = run(compose, tmp_path / "job", [*RUN, f"data.cache_dir={data_cache}", f"results_db={tmp_path / 'r.sqlite'}"])
+    result = run(compose, tmp_path / "job", [*RUN, f"data.cache_dir={data_cache}",
+                                             f"results_db={tmp_path / 'r.sqlite'}"])
     assert result["status"] == "ok" and result["steps"] == 8
     assert [p.name for p in (tmp_path / "job" / "checkpoints").glob("*.pt")] == ["step_00000003.pt"]
 

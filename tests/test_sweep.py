@@ -85,7 +85,8 @@ def test_the_slurm_launcher_config_composes(compose):
                         reason="hydra-submitit-launcher is not installed (pip install -e '.[slurm]')")
     launcher = compose(["hydra/launcher=slurm", "hydra.launcher.partition=gpu"], return_hydra_config=True
                        ).hydra.launcher
-    assert launcher._target_.endswith("submitit_launcher.SlurmLauncher")
+    # submitit's SLURM launcher, extended so a preempted job requeues with resume=<run dir> (test_preemption.py)
+    assert launcher._target_ == "hydra_plugins.speedrun_plugins.slurm_launcher.SpeedrunSlurmLauncher"
     assert (launcher.gpus_per_node, launcher.tasks_per_node, launcher.partition) == (1, 1, "gpu")
 
 

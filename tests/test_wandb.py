@@ -81,8 +81,8 @@ def test_an_offline_sweep_leaves_config_and_summary_in_each_run_dir(tmp_path, sh
                WANDB_CONFIG_DIR=str(tmp_path / "wandb-config"), WANDB_CACHE_DIR=str(tmp_path / "wandb-cache"),
                WANDB_DATA_DIR=str(tmp_path / "wandb-data"))
     proc = subprocess.run([sys.executable, "-m", "run", "-m", *SWEEP_TINY, f"data.cache_dir={shared_data}",
-                           "logger=wandb", "logger.project=speedrun-test", "data.path=null,nowhere", "data.tokenizer=nowhere.model",
-                           "eval.every_steps=2", "eval.periodic_tokens=1024"],
+                           "logger=wandb", "logger.project=speedrun-test", "data.path=null,nowhere",
+                           "data.tokenizer=nowhere.model", "eval.every_steps=2", "eval.periodic_tokens=1024"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-4000:]  # one job fails on purpose; the other is ok

@@ -38,7 +38,8 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     d = checkpoint_dir(run_dir)
     if not d.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in d.iterdir() if (m := _NAME.match(p.name)) and p.with_suffix(".json").exists()]
+    found = [(int(m.group(1)), p) for p in d.iterdir()
+             if (m := _NAME.match(p.name)) and p.with_suffix(".json").exists()]
     return [p for _, p in sorted(found)]
 
 

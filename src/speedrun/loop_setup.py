@@ -33,7 +33,8 @@ def prepare_loop(job: Any, stepper: Any, eval_forward: Any, data: Any) -> tuple[
         (job.ctx.run_dir / "plan.json").write_text(plan_json(plan) + "\n")
         job._guard("update_config", {"micro_batch": plan.micro_batch, "grad_accum": plan.grad_accum,
                                      "eval_batch_size": plan.eval.batch_size})
-    evaluator = PeriodicEval(plan, stepper.model, eval_forward, data.val_tokens, data.luts) if plan.eval.periodic else None
+    evaluator = (PeriodicEval(plan, stepper.model, eval_forward, data.val_tokens, data.luts) if plan.eval.periodic
+                 else None)
     meta = checkpoint_meta(job.config_tree, job.ctx.overrides, plan, job.ctx.original_cwd)
     return plan, ResumableExtras(plan, job.ctx.run_dir, stepper=stepper, evaluator=evaluator, meta=meta,
                                  on_metrics=job._on_metrics)

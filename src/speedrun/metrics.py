@@ -11,9 +11,9 @@ from a CUDA graph returns the same output tensor every time, overwritten by the 
 metrics.jsonl records (one JSON object per line):
 
 - train: ``{"step", "tokens", "train_loss", "lr_mult", "elapsed_s"}`` for every step (logger.dense=true) or for
-  the last step of each flush (dense=false: about one per progress line); the record of a step that printed a progress line also
-  has ``tokens_per_s`` and ``progress``. ``elapsed_s`` is train seconds as the host saw them when it queued the
-  step (exact at progress lines, where the device is synchronised).
+  the last step of each flush (dense=false: about one per progress line); the record of a step that printed a
+  progress line also has ``tokens_per_s`` and ``progress``. ``elapsed_s`` is train seconds as the host saw them
+  when it queued the step (exact at progress lines, where the device is synchronised).
 - validation (eval.every_steps / every_seconds): ``{"kind": "val", "step", "tokens", "val_loss", "val_bpb",
   "val_tokens", "elapsed_s", "val_seconds"}``.
 """

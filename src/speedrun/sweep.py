@@ -34,8 +34,9 @@ from .tables import first_line, format_table
 log = logging.getLogger(__name__)
 
 MANIFEST = "sweep.json"
-RESUME_IGNORED = ("sweep", "logger", "results_db")
-"""Top-level config keys that do not change what a run computes, so resume ignores them."""
+RESUME_IGNORED = ("sweep", "logger", "results_db", "checkpoint", "resume")
+"""Top-level config keys that do not change what a run computes, so resume ignores them (how often a run was
+checkpointed, or that it was resumed from one, changes none of its numbers)."""
 
 
 # ---------------------------------------------------------------------------------------------------------

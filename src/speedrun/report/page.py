@@ -21,7 +21,8 @@ figure { margin: 1em 0; } figcaption { color: #555; font-size: 0.9em; }
 """
 
 CAPTIONS = {"pareto": "val_bpb vs training throughput per card, with the Pareto front of group means",
-            "loss_curves": "train loss and periodic validation per group (mean ± std over its runs) from metrics.jsonl",
+            "loss_curves": "train loss and periodic validation per group (mean ± std over its runs), from "
+                           "metrics.jsonl",
             "quant_vs_size": "val_bpb of the dequantized artifact vs its compressed size"}
 
 Table = tuple[list[str], list[list[str]]]

@@ -1,5 +1,6 @@
 """The report's PNG plots: val_bpb vs throughput per card with the Pareto front, train-loss and validation curves
-per group (speedrun.report.curves), and val_bpb_quant vs artifact size. matplotlib is optional (the ``report`` extra); without it there are no plots."""
+per group (speedrun.report.curves), and val_bpb_quant vs artifact size. matplotlib is optional (the ``report``
+extra); without it there are no plots."""
 from __future__ import annotations
 
 import sys
