@@ -62,11 +62,12 @@ def test_h100_profile_on_an_h200_is_emulation_with_the_h200s_peak(compose):
 def _record(plan, stages, steps, seconds, caplog=None):
     """The runner's own recording of a finished training (Job._record_training) on a fake state."""
     from speedrun.runner import Job
+    from speedrun.train import TrainState
 
     job = Job(types.SimpleNamespace(run_dir=None), {}, None)
     job.plan = plan
-    job.state = types.SimpleNamespace(steps=steps, tokens=steps * plan.tokens_per_step, train_seconds=seconds,
-                                      compile_seconds=0.0, last_loss=1.0, stages=stages, recompiles=0)
+    job.state = TrainState(steps=steps, tokens=steps * plan.tokens_per_step, train_seconds=seconds,
+                           compile_seconds=0.0, last_loss=1.0, stages=stages, recompiles=0)
     job._record_training(None)
     return job.result
 

@@ -130,7 +130,7 @@ def test_pool_launcher_tells_a_job_whether_it_shares_its_gpu(tmp_path, slots, sh
 
     job = _Job(num=0, overrides=[], config=OmegaConf.create({}), job_dir=tmp_path / "0",
                cmd=[sys.executable, "-c", "import os; print('shared=' + os.environ['SPEEDRUN_GPU_SHARED'])"])
-    _Pool(slots, fail_fast=False, echo=False, stop_timeout_s=5)._start(job, 0)
+    _Pool(slots, fail_fast=False, echo=False, stop_timeout_s=5)._start(job, [0])
     job.proc.wait(60)
     job.pump.join(10)
     assert f"shared={shared}" in (tmp_path / "0" / "console.log").read_text()

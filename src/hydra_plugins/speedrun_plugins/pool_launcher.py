@@ -249,7 +249,8 @@ class _Pool:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", GPU_SHARED_ENV: "0"}
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpu
-            if self.slots.count(gpu) > 1:  # jobs_per_gpu > 1: the run records gpu_shared (speed is not the card's)
+            # jobs_per_gpu > 1: the run records gpu_shared (speed is not the card's alone)
+            if any(self.slots.count(self.slots[i]) > 1 for i in slots):
                 env[GPU_SHARED_ENV] = "1"
         if len(self.slots) > 1 and "OMP_NUM_THREADS" not in os.environ:
             # parallel jobs share the cores: without this each one starts a thread per core and they thrash
