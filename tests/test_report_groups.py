@@ -153,6 +153,9 @@ def test_runs_that_shared_a_gpu_are_counted_and_said(tmp_path, capsys):
     assert "4 of 8 ok run(s) shared their GPU" in printed
     _, plain = run_report(make_db(tmp_path / "plain", seeds("sdpa", SDPA)), tmp_path / "r2", capsys)
     assert "gpu_shared" not in plain[0]
+    # every run records gpu_shared now, false included: a column of zeros would say nothing
+    _, alone = run_report(make_db(tmp_path / "alone", seeds("sdpa", SDPA, gpu_shared=0)), tmp_path / "r3", capsys)
+    assert "gpu_shared" not in alone[0]
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -43,11 +43,11 @@ def metrics_for(groups: Sequence[Group], first: str = "val_bpb") -> dict[str, st
 
 def extra_columns(groups: Sequence[Group], keys: Sequence[str], sets: EvalSets) -> list[str]:
     """Columns shown only when they say something: the evaluation set when the groups span several, and how
-    many runs shared a GPU when any run records it."""
+    many runs shared a GPU when any run did (every run records gpu_shared, false included)."""
     cols = []
     if (len(sets.fingerprints) > 1 or sets.mixed) and EVAL_KEY not in keys:
         cols.append(EVAL_KEY)
-    if any(r.row.get(SHARED_KEY) is not None for g in groups for r in g.runs):
+    if any(r.row.get(SHARED_KEY) for g in groups for r in g.runs):
         cols.append(SHARED_KEY)
     return cols
 
