@@ -97,7 +97,8 @@ def run_job(dict_cfg: DictConfig, ctx: Optional[RunContext] = None) -> dict[str,
         world.settle(result, e, ctx.run_dir)  # a peer rank's failure outranks the signal it caused here
         raise
     except BaseException as e:  # noqa: BLE001 - every failure is recorded, then re-raised
-        (ctx.run_dir / "error.txt").write_text(traceback.format_exc())
+        if not job.delegated:  # a launching process keeps rank 0's error.txt
+            (ctx.run_dir / "error.txt").write_text(traceback.format_exc())
         from .oom import find_oom, oom_result
 
         oom = find_oom(e)
