@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..paths import CONF_DIR, DEFAULT_RESULTS_DB
 from .choices import *  # noqa: F403 - the Enums are part of the schema's public names
 from .finishing import EvalConfig, LoggerConfig, QuantConfig, TTTConfig
+from .kernel import KernelConfig
 from .training import (
     AttnConfig,
     BudgetConfig,
@@ -34,7 +35,7 @@ from .training import (
 )
 
 __all__ = ["CONF_DIR", "Config", "GROUPS", "register_configs", "to_config", "AttnConfig", "BudgetConfig", "DataConfig",
-           "EvalConfig", "HardwareConfig", "LoggerConfig", "ModelConfig", "OptimConfig", "PrecisionConfig",
+           "EvalConfig", "HardwareConfig", "KernelConfig", "LoggerConfig", "ModelConfig", "OptimConfig", "PrecisionConfig",
            "QuantConfig", "ScheduleConfig", "TTTConfig"]
 
 
@@ -51,6 +52,7 @@ class Config:
     ttt: TTTConfig = field(default_factory=TTTConfig)
     quant: QuantConfig = field(default_factory=QuantConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    kernel: KernelConfig = field(default_factory=KernelConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     seed: int = 0
     """Seed for model initialisation, TTT's adapter init and document order. It does not change the training data
@@ -75,6 +77,7 @@ GROUPS = {
     "ttt": TTTConfig,
     "quant": QuantConfig,
     "logger": LoggerConfig,
+    "kernel": KernelConfig,
 }
 
 

@@ -19,9 +19,10 @@ from ..errors import PlanError
 from ..hardware import PROFILES, DetectedDevice, HardwareProfile
 from ..shape import ModelShape
 from .attention import check_scores_memory, resolve_attention
-from .types import DataPlan, EvalPlan, Plan, Stage, plan_json
+from .kernel import resolve_kernel
+from .types import DataPlan, EvalPlan, KernelPlan, Plan, Stage, plan_json
 
-__all__ = ["Plan", "PlanError", "Stage", "EvalPlan", "DataPlan", "resolve", "load_option", "plan_json"]
+__all__ = ["Plan", "PlanError", "Stage", "EvalPlan", "DataPlan", "KernelPlan", "resolve", "load_option", "plan_json"]
 
 
 def load_option(group: str, option: str) -> dict[str, Any]:
@@ -101,6 +102,10 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Optional[Path] = None) -> 
     ttt = _resolve_ttt(cfg.ttt, model, eval_plan.batch_size)
     _check_compressor(cfg.quant)
     train_seconds = cfg.budget.train_seconds if cfg.budget.train_seconds is not None else profile.train_seconds
+    compile_on = cfg.hardware.compile if cfg.hardware.compile is not None else on_cuda
+    kernel, attn_options = resolve_kernel(cfg, profile, precision, model_name, model, attn, attn_options,
+                                          compile_on=compile_on, grad_accum=tokens_per_step // micro_tokens,
+                                          warmup_steps=cfg.budget.warmup_steps)
 
     return Plan(
         name=cfg.name,
@@ -133,12 +138,13 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Optional[Path] = None) -> 
         max_steps=cfg.budget.max_steps,
         warmup_steps=cfg.budget.warmup_steps,
         eval=eval_plan,
-        compile=cfg.hardware.compile if cfg.hardware.compile is not None else on_cuda,
+        compile=compile_on,
         optim=cfg.optim,
         quant=cfg.quant,
         ttt=ttt,
         data=_resolve_data(cfg.data, cwd or Path.cwd()),
         logger=cfg.logger,
+        kernel=kernel,
     )
 
 
