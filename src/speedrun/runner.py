@@ -108,6 +108,7 @@ class Job:
             model=plan.model_name,
             tokens_per_step=plan.tokens_per_step, seq_len=plan.model.seq_len,
         )
+        result.update(plan.kernel.result_keys())  # kernel_* settings that ran, so sweeps over kernel= group
         _configure_torch(plan)
         self.logger = make_logger(plan.logger, self.ctx.run_dir, result["sweep"], plan.name)
         self._guard("start", self.config_tree, plan.to_dict())
@@ -127,9 +128,18 @@ class Job:
         self.metrics = MetricsLog(self.ctx.run_dir / "metrics.jsonl")
         stepper = Stepper(model, forward, optimizers, plan)
         warm_up(stepper, data.train_batches, state, log.info)
+        if plan.kernel.profile:  # untimed and undone, like warm-up: trace.json + top-kernels table in run.log
+            from .kernels.profile import profile_steps
+
+            result.update(profile_steps(stepper, data.train_batches, self.ctx.run_dir, log.info,
+                                        plan.kernel.profile_steps))
         if plan.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         train(stepper, data.train_batches, state=state, log=log.info, on_metrics=self._on_metrics)
+        if plan.compile:
+            from .kernels.cache import cache_stats
+
+            result.update(cache_stats())
         self._record_training(model)
         self.result["data_epochs"] = round(state.tokens / data.train_tokens, 3)
         if self.result["data_epochs"] > 1:

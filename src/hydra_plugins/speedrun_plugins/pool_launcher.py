@@ -37,6 +37,7 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from speedrun.kernels.cache import cache_env
 from speedrun.paths import results_db_path
 from speedrun.signals import sigterm_as_interrupt
 
@@ -63,6 +64,9 @@ class PoolLauncherConf:
     """Copy each job's output to this console (always also in <job dir>/console.log). null: when one slot."""
     stop_timeout_s: float = 60.0
     """After SIGTERM (fail-fast, Ctrl-C), seconds a job gets to record itself before SIGKILL."""
+    compile_cache: Optional[str] = "outputs/.compile_cache"
+    """Inductor and Triton cache shared by the jobs (relative to where the sweep starts), so a job with shapes
+    compiled before loads them (speedrun.kernels.cache); null leaves torch's defaults. Variables already set win."""
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="pool", node=PoolLauncherConf, provider="speedrun")
@@ -207,6 +211,7 @@ class PoolLauncher(Launcher):
                  f"output in <job dir>/console.log")
         pool = _Pool(slots, fail_fast=bool(p.get("fail_fast", False)), echo=echo,
                      stop_timeout_s=float(p.get("stop_timeout_s", 60.0)))
+        pool.compile_cache = Path(str(p["compile_cache"])) if p.get("compile_cache") else None
         returns = pool.run(jobs)
         self.interrupted = self.interrupted or pool.interrupted
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
@@ -236,6 +241,7 @@ class _Pool:
         self.slots, self.fail_fast, self.echo, self.stop_timeout_s = slots, fail_fast, echo, stop_timeout_s
         self.interrupted = False
         self.stopping: Optional[str] = None
+        self.compile_cache: Optional[Path] = None  # the jobs' shared compile cache (None: torch's defaults)
 
     def run(self, jobs: list[_Job]) -> list[JobReturn]:
         with sigterm_as_interrupt():
@@ -281,6 +287,7 @@ class _Pool:
     def _start(self, job: _Job, slot: int) -> _Job:
         gpu = self.slots[slot]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env.update(cache_env(self.compile_cache))
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpu
         if len(self.slots) > 1 and "OMP_NUM_THREADS" not in os.environ:

@@ -35,8 +35,8 @@ from .training import (
 )
 
 __all__ = ["CONF_DIR", "Config", "GROUPS", "register_configs", "to_config", "AttnConfig", "BudgetConfig", "DataConfig",
-           "EvalConfig", "HardwareConfig", "KernelConfig", "LoggerConfig", "ModelConfig", "OptimConfig", "PrecisionConfig",
-           "QuantConfig", "ScheduleConfig", "TTTConfig"]
+           "EvalConfig", "HardwareConfig", "KernelConfig", "LoggerConfig", "ModelConfig", "OptimConfig",
+           "PrecisionConfig", "QuantConfig", "ScheduleConfig", "TTTConfig"]
 
 
 @dataclass
