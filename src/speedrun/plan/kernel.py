@@ -77,8 +77,9 @@ def _check_graphs(on_cuda: bool, compile_mode: str, dynamic: bool, grad_accum: i
                         f"kernel.cuda_graphs=false")
     if compile_mode in GRAPHING_MODES:
         raise PlanError(f"kernel.cuda_graphs=true captures the step itself, and kernel.compile_mode={compile_mode} "
-                        f"makes inductor record its own CUDA graphs inside it: use kernel.compile_mode=default or "
-                        f"max-autotune-no-cudagraphs with kernel.cuda_graphs=true, or kernel.cuda_graphs=false")
+                        f"makes inductor record its own CUDA graphs inside it: use "
+                        f"kernel.compile_mode=max-autotune-no-cudagraphs (or default) with kernel.cuda_graphs=true, "
+                        f"or kernel.cuda_graphs=false")
     if dynamic:
         raise PlanError("kernel.cuda_graphs=true replays fixed shapes and kernel.dynamic_shapes=true compiles for "
                         "changing ones: use kernel.dynamic_shapes=false (one static graph per context length) or "
@@ -106,13 +107,13 @@ def _resolve_fp8(settings: dict[str, Any], explicit: dict[str, Any], precision: 
     if not targets:
         return (), impl
     shown = "[" + ",".join(targets) + "]"
-    if precision not in ("bf16", "fp8"):
-        raise PlanError(f"kernel.fp8={shown} runs fp8 linears inside bf16 autocast, and precision={precision}: use "
-                        f"precision=bf16, or kernel.fp8=[]")
     if profile.device_type != "cuda" or profile.capability < (8, 9):
         where = "no GPU" if profile.device_type != "cuda" else f"sm{profile.capability[0]}{profile.capability[1]}"
         raise PlanError(f"kernel.fp8={shown} needs compute capability >= 8.9 (fp8 tensor cores); {profile.name} is "
                         f"{where} - use kernel.fp8=[]")
+    if precision not in ("bf16", "fp8"):
+        raise PlanError(f"kernel.fp8={shown} runs fp8 linears inside bf16 autocast, and precision={precision}: use "
+                        f"precision=bf16, or kernel.fp8=[]")
     if impl == "torchao" and importlib.util.find_spec("torchao") is None:
         raise PlanError("kernel.fp8_impl=torchao needs the torchao package (pip install torchao, built for this "
                         "torch); use kernel.fp8_impl=speedrun")
