@@ -107,3 +107,24 @@ def test_set_lr_multiplier_and_momentum():
     set_muon_momentum(opts, 0.85)
     assert opts[2].param_groups[0]["momentum"] == 0.85
     assert "momentum" not in opts[0].param_groups[0]
+
+
+def test_muon_batches_transposed_shapes_with_the_same_result_as_one_at_a_time():
+    """(4d, d) and (d, 4d) matrices share one Newton-Schulz stack (the tall one orientated wide); two steps must
+    land where each matrix alone lands, momentum buffers included."""
+    torch.manual_seed(0)
+    shapes = [(96, 32), (32, 96), (96, 32), (64, 64)]
+    together = [torch.nn.Parameter(torch.randn(*s)) for s in shapes]
+    alone = [torch.nn.Parameter(p.detach().clone()) for p in together]
+    opt = Muon(together, lr=0.05, momentum=0.9)
+    singles = [Muon([p], lr=0.05, momentum=0.9) for p in alone]
+    for _ in range(2):
+        grads = [torch.randn(*s) for s in shapes]
+        for p, q, g in zip(together, alone, grads):
+            p.grad, q.grad = g.clone(), g.clone()
+        opt.step()
+        for single in singles:
+            single.step()
+    for p, q, single in zip(together, alone, singles):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(opt.state[p]["momentum_buffer"], single.state[q]["momentum_buffer"])

@@ -112,10 +112,13 @@ class Muon(torch.optim.Optimizer):
                 loss = closure()
         for group in self.param_groups:
             lr, wd = group["lr"], group["weight_decay"]
-            buckets: dict[tuple, list[Tensor]] = {}  # same shape/dtype/device -> one batched NS call
+            # One batched Newton-Schulz call per matrix shape up to transposition: a tall matrix is orientated
+            # wide (NS iterates on the wide orientation anyway), so the MLP's (4d, d) and (d, 4d) weights share one
+            # stack: fewer launches per step, the same math (tests/test_optim.py checks against one at a time).
+            buckets: dict[tuple, list[Tensor]] = {}
             for p in group["params"]:
                 if p.grad is not None:
-                    buckets.setdefault((tuple(p.shape), p.dtype, p.device), []).append(p)
+                    buckets.setdefault((tuple(sorted(p.shape)), p.dtype, p.device), []).append(p)
             for params in buckets.values():
                 bufs = []
                 for p in params:
@@ -123,15 +126,23 @@ class Muon(torch.optim.Optimizer):
                     if "momentum_buffer" not in state:
                         state["momentum_buffer"] = torch.zeros_like(p.grad)
                     bufs.append(state["momentum_buffer"])
+                tall = [p.size(0) > p.size(1) for p in params]
+                mixed = any(tall) and not all(tall)
+                grads = [p.grad.mT if t and mixed else p.grad for p, t in zip(params, tall)]
+                bufs = [b.mT if t and mixed else b for b, t in zip(bufs, tall)]  # views: updated in place
                 use_compiled = self.compile_ns if self.compile_ns is not None else params[0].is_cuda
                 update = muon_update(
-                    [p.grad for p in params], bufs, group["momentum"], group["nesterov"],
+                    grads, bufs, group["momentum"], group["nesterov"],
                     group["backend_steps"], self.ns_dtype,
                     _compiled_newton_schulz() if use_compiled else newton_schulz,
                 )
+                updates = list(update.to(params[0].dtype).unbind(0))
+                if mixed:  # back to each matrix's own orientation, with its own sqrt(rows / cols) scale
+                    updates = [u.mT * (p.size(0) / p.size(1)) ** 0.5 if t else u
+                               for u, p, t in zip(updates, params, tall)]
                 if wd > 0:
                     torch._foreach_mul_(params, 1.0 - lr * wd)
-                torch._foreach_add_(params, list(update.to(params[0].dtype).unbind(0)), alpha=-lr)
+                torch._foreach_add_(params, updates, alpha=-lr)
         return loss
 
 
