@@ -104,12 +104,19 @@ class Muon(torch.optim.Optimizer):
         self.ns_dtype = ns_dtype
         self.compile_ns = compile_ns
 
+    # GradScaler (fp16) hands an optimizer that says so its found_inf (and grad_scale, None once unscaled) as
+    # attributes instead of reading found_inf on the host before step(): no host sync per step. A step with
+    # found_inf set leaves parameters and momentum buffers as they were, as the scaler's skipped step would.
+    _step_supports_amp_scaling = True
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        found_inf: Tensor | None = getattr(self, "found_inf", None)
+        grad_scale: Tensor | None = getattr(self, "grad_scale", None)
         for group in self.param_groups:
             lr, wd = group["lr"], group["weight_decay"]
             # One batched Newton-Schulz call per matrix shape up to transposition: a tall matrix is orientated
@@ -126,10 +133,13 @@ class Muon(torch.optim.Optimizer):
                     if "momentum_buffer" not in state:
                         state["momentum_buffer"] = torch.zeros_like(p.grad)
                     bufs.append(state["momentum_buffer"])
+                if grad_scale is not None:  # the scaler did not unscale these grads: do it here
+                    torch._foreach_mul_([p.grad for p in params], grad_scale.reciprocal())
                 tall = [p.size(0) > p.size(1) for p in params]
                 mixed = any(tall) and not all(tall)
                 grads = [p.grad.mT if t and mixed else p.grad for p, t in zip(params, tall)]
                 bufs = [b.mT if t and mixed else b for b, t in zip(bufs, tall)]  # views: updated in place
+                kept = [b.clone() for b in bufs] if found_inf is not None else None
                 use_compiled = self.compile_ns if self.compile_ns is not None else params[0].is_cuda
                 update = muon_update(
                     grads, bufs, group["momentum"], group["nesterov"],
@@ -140,8 +150,14 @@ class Muon(torch.optim.Optimizer):
                 if mixed:  # back to each matrix's own orientation, with its own sqrt(rows / cols) scale
                     updates = [u.mT * (p.size(0) / p.size(1)) ** 0.5 if t else u
                                for u, p, t in zip(updates, params, tall)]
+                if found_inf is not None:  # skip on device: zero update, buffers restored, no decay
+                    skip = found_inf.to(torch.bool)
+                    updates = [u.masked_fill(skip, 0.0) for u in updates]
+                    for b, old in zip(bufs, kept):  # type: ignore[arg-type]
+                        b.copy_(torch.where(skip, old, b))
                 if wd > 0:
-                    torch._foreach_mul_(params, 1.0 - lr * wd)
+                    decay = 1.0 - lr * wd if found_inf is None else 1.0 - lr * wd * (1.0 - found_inf.float())
+                    torch._foreach_mul_(params, decay)
                 torch._foreach_add_(params, updates, alpha=-lr)
         return loss
 
