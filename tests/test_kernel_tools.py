@@ -180,7 +180,7 @@ def test_sweep_summary_reports_wall_overhead():
     results = [{"status": "ok", "wall_seconds": 83.0, "train_seconds": 20.0, "seed": 0},
                {"status": "ok", "wall_seconds": 35.5, "train_seconds": 20.0, "seed": 0}]
     s = summarize(jobs, results)
-    assert "overhead_s" in s.metrics
+    assert "overhead_s" in s.metrics  # the report's leaderboard has the same column (one layout)
     assert [g.metric("overhead_s") for g in s.groups] == [[63.0], [15.5]]
 
 

@@ -219,8 +219,7 @@ def summarize(jobs: Sequence[JobEntry], results: Sequence[dict[str, Any]], sweep
     groups = group_runs(runs, keys, asked=True)
     sets = eval_sets(groups)
     reused = [j for j in jobs if j.state == "reused"]
-    # overhead_s (wall - train seconds per job): what compiling and evaluating cost beyond the budget
-    return Summary(keys=keys, fixed=fixed, groups=groups, metrics={**metrics_for(groups), "overhead_s": "{:.1f}"},
+    return Summary(keys=keys, fixed=fixed, groups=groups, metrics=metrics_for(groups),
                    extras=extra_columns(groups, keys, sets),
                    failures=[(j, r) for j, r in zip(jobs, results) if is_failure(r.get("status"))],
                    notes=sets.messages(keys, f"python -m speedrun.report --sweep {sweep}") + shared_note(groups),
