@@ -3,10 +3,11 @@
 #
 #   . scripts/device_env.sh && bash scripts/gpu_check_kernel.sh [PARTS]      # results under $OUT/kernel/
 #
-# PARTS: a comma list of the parts below, or "all" (default: speed,tune,tests,smem). Rough minutes on one H100,
-# compile cache cold: speed 2.5, tune 1.5, tests 1.5, smem 0.5, t4 1, longctx 2.5, cache 1, profile 1.5.
-#   speed    pgolf_baseline, kernel=default vs CUDA graphs / fp8 mlp_down / both / reduce-overhead, 40 steps each,
-#            tok/s and the ratio to default (same call, same card)
+# PARTS: a comma list of the parts below, or "all" (default: speed,tests,smem, ~5.5 min). Rough minutes on one
+# H100, compile cache cold: speed 3.5, tests 1.5, smem 0.5, tune 4, t4 1.2, cache 1.2, longctx 4, profile 1.5. One
+# device command may run 10 minutes: split "all" as speed,tests,smem / tune,t4,cache / longctx,profile.
+#   speed    pgolf_baseline, kernel=default vs CUDA graphs / fp8 mlp_down / coordinate descent tuning / all
+#            three, 40 steps each, tok/s and the ratio to default (same call, same card)
 #   tune     python -m speedrun.tune --quick on pgolf_baseline; the written table is copied to $OUT/kernel/
 #   tests    the gpu-marked tests of issue 10 (flex T4 tiles and sdpa:efficient vs math in fp16; math memory)
 #   smem     T4 tiles: flex's own fwd/bwd kernels recompiled for sm75, shared memory vs the 64 KB limit
@@ -16,7 +17,7 @@
 #   profile  kernel.profile=true (default and CUDA graphs): the top-kernels tables from run.log
 set -uo pipefail
 cd "$(dirname "$0")/.."
-parts=${1:-speed,tune,tests,smem}
+parts=${1:-speed,tests,smem}
 [ "$parts" = all ] && parts=speed,tune,tests,smem,t4,longctx,cache,profile
 out=${OUT:-outputs}/kernel
 mkdir -p "$out"
@@ -42,14 +43,14 @@ if want speed; then
   say "speed: pgolf_baseline kernel settings, 40 steps each"
   "$py" scripts/bench_matrix.py --out "$out/speed.md" \
     --common "model=pgolf_baseline budget.max_steps=40 budget.train_seconds=0 $quick" \
-    "kernel=default" "kernel.cuda_graphs=true" "kernel.fp8=[mlp_down]" "kernel.cuda_graphs=true kernel.fp8=[mlp_down]" \
-    "kernel.compile_mode=reduce-overhead" > "$out/speed.log" 2>&1
+    "kernel=default" "kernel.cuda_graphs=true" "kernel.fp8=[mlp_down]" "kernel.coordinate_descent_tuning=true" \
+    "kernel.cuda_graphs=true kernel.coordinate_descent_tuning=true kernel.fp8=[mlp_down]" > "$out/speed.log" 2>&1
   ratios "$out/speed.csv" | tee "$out/speed_ratios.txt"
 fi
 
 if want tune; then
   say "tune: python -m speedrun.tune --quick"
-  "$py" -m speedrun.tune --quick --steps 8 model=pgolf_baseline 2>&1 | tee "$out/tune.log" | tail -12
+  "$py" -m speedrun.tune --quick --steps 6 model=pgolf_baseline 2>&1 | tee "$out/tune.log" | tail -12
   cp conf/kernel/tuned/*.yaml "$out/" 2>/dev/null || echo "no tuned table written"
 fi
 

@@ -56,21 +56,24 @@ def candidate_overrides(plan: Any, quick: bool = False) -> list[list[str]]:
     """kernel.* override sets worth timing for this plan (the default first); the resolver refuses what cannot
     run, so this lists what is worth asking, not what is possible."""
     out: list[list[str]] = [[]]
-    cuda = plan.device == "cuda"
-    if not cuda:
+    if plan.device != "cuda":
         return out
-    graphs = ["kernel.cuda_graphs=true"]
-    fp8 = plan.precision == "bf16" and plan.device_peak_flops is not None and _has_fp8(plan)
-    if plan.compile and not quick:
-        out += [["kernel.compile_mode=max-autotune-no-cudagraphs"], ["kernel.compile_mode=reduce-overhead"]]
+    graphs, cdt = ["kernel.cuda_graphs=true"], ["kernel.coordinate_descent_tuning=true"]
+    fp8 = plan.precision == "bf16" and _has_fp8(plan)
+    if quick:  # each lever alone, and all of them together
+        out += [graphs] + ([cdt] if plan.compile else []) + ([["kernel.fp8=[mlp_down]"]] if fp8 else [])
+        out.append(graphs + (cdt if plan.compile else []) + (["kernel.fp8=[mlp_down]"] if fp8 else []))
+        return out
+    if plan.compile:
+        out += [["kernel.compile_mode=max-autotune-no-cudagraphs"], ["kernel.compile_mode=reduce-overhead"], cdt,
+                graphs + cdt, graphs + ["kernel.compile_mode=max-autotune-no-cudagraphs"]]
     out.append(graphs)
     if fp8:
-        out += [["kernel.fp8=[mlp_down]"], graphs + ["kernel.fp8=[mlp_down]"]]
-        if not quick:
-            out += [["kernel.fp8=[mlp]"], graphs + ["kernel.fp8=[mlp]"]]
-    if plan.compile and not quick:
-        out.append(graphs + ["kernel.compile_mode=max-autotune-no-cudagraphs"])
-    if plan.attn == "flex" and not quick:
+        for targets in ("[mlp_down]", "[mlp]"):
+            out += [[f"kernel.fp8={targets}"], graphs + [f"kernel.fp8={targets}"]]
+        if plan.compile:
+            out.append(graphs + cdt + ["kernel.fp8=[mlp_down]"])
+    if plan.attn == "flex":
         out += [["kernel.flex_fwd.block_m=128", "kernel.flex_fwd.block_n=64"],
                 ["kernel.flex_fwd.block_m=64", "kernel.flex_fwd.block_n=64"],
                 ["kernel.flex_bwd.block_m1=64", "kernel.flex_bwd.block_n1=128", "kernel.flex_bwd.block_m2=128",
@@ -194,8 +197,11 @@ def _release(cuda: bool) -> None:
     """Forget compiled graphs and captured CUDA graphs between candidates, so each compiles its own way."""
     import torch
 
+    import torch._inductor.config as inductor_config
+
     gc.collect()
     torch._dynamo.reset()
+    inductor_config.coordinate_descent_tuning = False  # a candidate's setting must not leak into the next
     if cuda:
         torch.cuda.empty_cache()
 
@@ -225,7 +231,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="python -m speedrun.tune", description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=12, help="timed steps per candidate (median taken)")
-    parser.add_argument("--quick", action="store_true", help="a short search: graphs and fp8 mlp_down only")
+    parser.add_argument("--quick", action="store_true",
+                        help="a short search: CUDA graphs, coordinate descent, fp8 mlp_down, each alone and together")
     parser.add_argument("--atol", type=float, default=DEFAULT_ATOL, help="numerics: absolute loss tolerance")
     parser.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help="numerics: relative loss tolerance")
     parser.add_argument("--min-gain", type=float, default=0.01, help="a winner must beat the default by this")

@@ -76,6 +76,9 @@ class KernelConfig:
     cuda_graphs: Optional[bool] = None
     """Capture each micro-batch's forward+backward in a CUDA graph, one per context length (static shapes),
     replayed every step; the optimizer step stays outside. Refused, never dropped, where it cannot run. None: off."""
+    coordinate_descent_tuning: Optional[bool] = None
+    """Let inductor tune its generated Triton kernels' block sizes by coordinate descent (what modded-nanogpt
+    turns on); more compile time, faster elementwise/norm/loss kernels. Needs compile on. None: off."""
     dynamic_shapes: Optional[bool] = None
     """Compile with dynamic shapes (one graph for every context length, recompiled less) instead of one static
     graph per length. Cannot go with CUDA graphs. None: off."""
@@ -124,7 +127,7 @@ class KernelConfig:
     def explicit(self) -> dict:
         """The fields set on this config (not None), flattened with dotted tile keys: what wins over a table."""
         out: dict = {}
-        for key in ("compile_mode", "cuda_graphs", "dynamic_shapes", "fp8", "fp8_impl"):
+        for key in ("compile_mode", "cuda_graphs", "coordinate_descent_tuning", "dynamic_shapes", "fp8", "fp8_impl"):
             if getattr(self, key) is not None:
                 out[key] = list(getattr(self, key)) if key == "fp8" else getattr(self, key)
         for part, names in TILE_FIELDS.items():

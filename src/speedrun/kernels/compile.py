@@ -20,6 +20,10 @@ def compile_model(model: torch.nn.Module, plan: Any) -> tuple[Any, Any, bool]:
         return model, model, False
     mode = plan.kernel.compile_mode
     dynamic = bool(plan.kernel.dynamic_shapes)
+    if plan.kernel.coordinate_descent_tuning:  # process-wide inductor setting, read when the graphs compile
+        import torch._inductor.config as inductor_config
+
+        inductor_config.coordinate_descent_tuning = True
     kwargs = {} if mode == "default" else {"mode": mode}
     compiled = torch.compile(model, dynamic=dynamic, **kwargs)
     if mode not in GRAPHING_MODES:

@@ -49,10 +49,13 @@ def resolve_kernel(cfg: Config, profile: HardwareProfile, precision: str, model_
 
     compile_mode = settings.get("compile_mode") or "default"
     dynamic = bool(settings.get("dynamic_shapes"))
-    if (compile_mode != "default" or dynamic) and not compile_on:
-        what = f"kernel.compile_mode={compile_mode}" if compile_mode != "default" else "kernel.dynamic_shapes=true"
+    cdt = bool(settings.get("coordinate_descent_tuning"))
+    if (compile_mode != "default" or dynamic or cdt) and not compile_on:
+        what = f"kernel.compile_mode={compile_mode}" if compile_mode != "default" else \
+            "kernel.dynamic_shapes=true" if dynamic else "kernel.coordinate_descent_tuning=true"
         raise PlanError(f"{what} needs torch.compile, which is off here: set hardware.compile=true, or use "
-                        f"kernel.compile_mode=default kernel.dynamic_shapes=false")
+                        f"kernel.compile_mode=default kernel.dynamic_shapes=false "
+                        f"kernel.coordinate_descent_tuning=false")
     graphs = bool(settings.get("cuda_graphs"))
     if graphs:
         _check_graphs(on_cuda, compile_mode, dynamic, grad_accum, warmup_steps, profile)
@@ -64,7 +67,8 @@ def resolve_kernel(cfg: Config, profile: HardwareProfile, precision: str, model_
     elif any(key in explicit for key in _TILE_KEYS):
         raise PlanError(f"kernel.flex_fwd / kernel.flex_bwd tiles are for attn=flex, and attn={attn} runs here: "
                         f"add attn=flex, or drop the kernel.flex_* settings")
-    plan = KernelPlan(source=source, compile_mode=compile_mode, cuda_graphs=graphs, dynamic_shapes=dynamic, fp8=fp8,
+    plan = KernelPlan(source=source, compile_mode=compile_mode, cuda_graphs=graphs, dynamic_shapes=dynamic,
+                      coordinate_descent_tuning=cdt, fp8=fp8,
                       fp8_impl=fp8_impl, flex_tiles=tiles, flex_smem=smem, profile=k.profile,
                       profile_steps=k.profile_steps)
     return plan, options

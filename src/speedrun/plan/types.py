@@ -59,6 +59,8 @@ class KernelPlan:
     """Each micro-batch's forward+backward replays a CUDA graph, one per context length."""
     dynamic_shapes: bool = False
     """torch.compile(dynamic=True): one graph for every context length."""
+    coordinate_descent_tuning: bool = False
+    """inductor tunes its generated Triton kernels by coordinate descent."""
     fp8: tuple[str, ...] = ()
     """FP8 targets among the block linears (mlp_down, mlp, attn_proj, attn_qkv, all); () for none."""
     fp8_impl: str = "speedrun"
@@ -75,13 +77,15 @@ class KernelPlan:
         """What result.json and the results row record, so a sweep over kernel= groups in the report."""
         return {"kernel": self.source, "kernel_compile_mode": self.compile_mode, "kernel_cuda_graphs": self.cuda_graphs,
                 "kernel_fp8": ",".join(self.fp8) or "none", "kernel_fp8_impl": self.fp8_impl if self.fp8 else None,
-                "kernel_flex_tiles": self.flex_tiles, "kernel_dynamic_shapes": self.dynamic_shapes}
+                "kernel_flex_tiles": self.flex_tiles, "kernel_dynamic_shapes": self.dynamic_shapes,
+                "kernel_coordinate_descent": self.coordinate_descent_tuning}
 
     def describe(self) -> str:
         fp8 = f"fp8 {'+'.join(self.fp8)} ({self.fp8_impl})" if self.fp8 else "no fp8"
         tiles = f", flex {self.flex_tiles}" if self.flex_tiles else ""
         smem = ", smem " + "/".join(f"{part} {b // 1024} KB" for part, b in self.flex_smem) if self.flex_smem else ""
-        return (f"{self.source}: compile {self.compile_mode}{' dynamic' if self.dynamic_shapes else ''}, "
+        cdt = " + coordinate descent" if self.coordinate_descent_tuning else ""
+        return (f"{self.source}: compile {self.compile_mode}{' dynamic' if self.dynamic_shapes else ''}{cdt}, "
                 f"cuda graphs {'on' if self.cuda_graphs else 'off'}, {fp8}{tiles}{smem}"
                 + (f", profile {self.profile_steps} steps" if self.profile else ""))
 
