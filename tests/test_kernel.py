@@ -48,8 +48,9 @@ def test_default_is_todays_behaviour(compose):
 
 def test_settings_reach_the_plan(compose):
     plan = plan_for(compose, "h100", "kernel.cuda_graphs=true", "kernel.fp8=[mlp,attn_proj]",
-                    "kernel.compile_mode=max-autotune-no-cudagraphs")
+                    "kernel.compile_mode=max-autotune-no-cudagraphs", "kernel.coordinate_descent_tuning=true")
     k = plan.kernel
+    assert k.coordinate_descent_tuning and plan.kernel.result_keys()["kernel_coordinate_descent"] is True
     assert (k.cuda_graphs, k.fp8, k.compile_mode, plan.precision) == (True, ("mlp", "attn_proj"),
                                                                      "max-autotune-no-cudagraphs", "bf16")
     assert plan.kernel.result_keys()["kernel_fp8"] == "mlp,attn_proj" and "cuda graphs on" in plan.describe()
@@ -74,6 +75,8 @@ REFUSALS = [
     ("h100", ["precision=fp8", "kernel.fp8=[]"], "asks for none", ["precision=bf16"]),
     ("h100", ["hardware.compile=false", "kernel.compile_mode=max-autotune"], "needs torch.compile",
      ["kernel.compile_mode=default"]),
+    ("h100", ["hardware.compile=false", "kernel.coordinate_descent_tuning=true"], "needs torch.compile",
+     ["kernel.coordinate_descent_tuning=false"]),
     ("h100", ["kernel.flex_fwd.block_m=64"], "are for attn=flex", ["attn=flex"]),
     ("h100", ["hardware=t4", "attn=flex", "model=hd80", "kernel.flex_bwd.block_m1=64", "kernel.flex_bwd.block_n1=64",
               "kernel.flex_bwd.block_m2=64", "kernel.flex_bwd.block_n2=64"], "has 64 KB",
