@@ -206,3 +206,48 @@ def test_fa3_trusts_only_the_builds_it_names(compose, monkeypatch):
     with pytest.raises(KernelUnavailable, match="attn.fa3_trust_remote_code=true"):
         load_fa3("someone/fa3", version=1)
     assert seen == {"varunneal/flash-attention-3": True, "someone/fa3": False}
+
+
+def test_graphed_step_matches_the_plain_step(compose, data_cache, monkeypatch):
+    """kernel.cuda_graphs on CPU with the two CUDA calls stood in for (a "graph" whose replay reruns the captured
+    function on the static buffers and writes its static output, as a real replay does): two eager micro-batches,
+    capture on the third, replays after; one graph per shape; the same losses and weights as the plain Stepper,
+    and gradients kept allocated (zeroed in place) between steps."""
+    import dataclasses
+
+    from speedrun.build import build_attention, build_data, build_model
+    from speedrun.kernels.graphs import GraphedMicroStep
+    from speedrun.train import Stepper
+
+    class Replay:
+        def __init__(self, fn, out):
+            self.fn, self.out = fn, out
+
+        def replay(self):
+            self.out.copy_(self.fn())
+
+    monkeypatch.setattr(GraphedMicroStep, "on_side_stream", lambda self, fn: fn())
+    monkeypatch.setattr(GraphedMicroStep, "record", lambda self, fn: (lambda out: (Replay(fn, out), out))(fn()))
+    plan = resolve(to_config(compose([*SMALL[:-1], "budget.tokens_per_step=1024", f"data.cache_dir={data_cache}"])),
+                   fake_device("cpu"))
+    assert plan.grad_accum == 4
+    graphed_plan = dataclasses.replace(plan, kernel=dataclasses.replace(plan.kernel, cuda_graphs=True))
+    data = build_data(plan, lambda m: None)
+    runs = []
+    for p in (plan, graphed_plan):
+        torch.manual_seed(0)
+        model, forward, _, opts = build_model(p, build_attention(p), data.bos_id)
+        stepper = Stepper(model, forward, opts, p)
+        batches = data.train_batches(64, 4)
+        losses = [float(stepper(batches)) for _ in range(3)]
+        runs.append((losses, model, stepper))
+    (plain, plain_model, _), (graphed, graphed_model, stepper) = runs
+    assert len(stepper.micro.graphs) == 1 and stepper.micro.seen[next(iter(stepper.micro.seen))] == 3
+    assert plain == pytest.approx(graphed, abs=1e-5)
+    for a, b in zip(plain_model.parameters(), graphed_model.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    used = [p for p in graphed_model.parameters() if p.numel()]  # one layer: skip_weights is (0, d), never used
+    assert all(p.grad is not None and not p.grad.any() for p in used)
+    assert all(p.grad is None for p in plain_model.parameters())
+    stepper(data.train_batches(32, 8))  # another context length: its own eager calls, then its own graph
+    assert len(stepper.micro.graphs) == 2

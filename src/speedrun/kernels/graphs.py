@@ -15,7 +15,7 @@ micro-batches to capture every length before the clock starts, and refuses combi
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -26,7 +26,7 @@ MicroStep = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class _Captured:
-    def __init__(self, graph: torch.cuda.CUDAGraph, x: torch.Tensor, y: torch.Tensor, loss: torch.Tensor):
+    def __init__(self, graph: Any, x: torch.Tensor, y: torch.Tensor, loss: torch.Tensor):
         self.graph, self.x, self.y, self.loss = graph, x, y, loss
 
 
@@ -56,27 +56,37 @@ class GraphedMicroStep:
         if calls < self.eager_calls - 1:
             return self.micro_step(x, y)
         if calls == self.eager_calls - 1:
-            # the last eager call on a side stream: lazy initialisations (cuBLAS workspaces, autograd's stream
-            # bookkeeping) then happen outside the default stream, as torch.cuda.graph's docs require
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                loss = self.micro_step(x, y)
-            torch.cuda.current_stream().wait_stream(side)
-            return loss
+            return self.on_side_stream(lambda: self.micro_step(x, y))
         return self._capture(key, x, y)
 
     def _capture(self, key: tuple, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         static_x, static_y = x.clone(), y.clone()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            loss = self.micro_step(static_x, static_y)
+        graph, loss = self.record(lambda: self.micro_step(static_x, static_y))
         self.graphs[key] = _Captured(graph, static_x, static_y, loss)
         if self.log:
             self.log(f"cuda graph captured for micro-batch {tuple(x.shape)} ({len(self.graphs)} graph(s))")
-        graph.replay()  # capture records the work without doing it: run it for this micro-batch
         return loss
+
+    # -- the two CUDA calls, apart so that tests can stand in for them on a machine without a GPU -----------------
+    def on_side_stream(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """fn() on a side stream: lazy initialisations (cuBLAS workspaces, autograd's stream bookkeeping) then
+        happen off the default stream, as torch.cuda.graph's docs require of the last call before capture."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            out = fn()
+        torch.cuda.current_stream().wait_stream(side)
+        return out
+
+    def record(self, fn: Callable[[], torch.Tensor]) -> tuple[Any, torch.Tensor]:
+        """Capture fn() in a CUDA graph and run it once for the current micro-batch (capture records the work
+        without doing it) -> (the graph, its static output, rewritten by every replay)."""
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn()
+        graph.replay()
+        return graph, out
 
     def reset(self) -> None:
         """Drop the graphs (their memory pools go with them)."""
