@@ -75,7 +75,7 @@ PROFILES: dict[str, HardwareProfile] = {
         micro_batch_tokens=4096, model="tiny", tokens_per_step=4096, train_seconds=60.0, eval_tokens=65536,
     ),
     # T4: no bf16, no flash/cuDNN attention (sm75), 64 KB shared memory per SM -> fp16 + GradScaler,
-    # SDPA's memory-efficient kernel, smaller flex blocks.
+    # SDPA's memory-efficient kernel, flex tiles chosen per head_dim to fit (speedrun.kernels.tiles).
     "t4": HardwareProfile(
         name="t4", family="t4", device_type="cuda", capability=(7, 5), memory_gb=15.0, smem_per_sm_kb=64,
         peak_tflops={"fp32": 8.1, "fp16": 65.0}, bandwidth_tbps=0.32, precision="fp16", attn="sdpa",
