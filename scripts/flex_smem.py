@@ -31,7 +31,7 @@ def mimic_rows() -> list[list]:
     from triton.compiler import ASTSource
 
     @triton.jit
-    def fwd(Q, K, V, O, stride, T, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+    def fwd(Q, K, V, Out, stride, T, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
         offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n, offs_d = tl.arange(0, BLOCK_N), tl.arange(0, D)
         q = tl.load(Q + offs_m[:, None] * stride + offs_d[None, :])
@@ -48,7 +48,7 @@ def mimic_rows() -> list[list]:
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
             m_i = m_new
-        tl.store(O + offs_m[:, None] * stride + offs_d[None, :], (acc / l_i[:, None]).to(tl.float16))
+        tl.store(Out + offs_m[:, None] * stride + offs_d[None, :], (acc / l_i[:, None]).to(tl.float16))
 
     @triton.jit
     def bwd(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, stride, T, NUM_DQ, BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
@@ -91,11 +91,10 @@ def mimic_rows() -> list[list]:
         return triton.compile(src, target=GPUTarget("cuda", 75, 32), options={"num_warps": 4, "num_stages": 1}) \
             .metadata.shared
 
-    fsig = {"Q": "*fp16", "K": "*fp16", "V": "*fp16", "O": "*fp16", "stride": "i32", "T": "i32",
+    fsig = {"Q": "*fp16", "K": "*fp16", "V": "*fp16", "Out": "*fp16", "stride": "i32", "T": "i32",
             "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "D": "constexpr"}
-    bsig = {**{n: "*fp16" for n in "Q K V DO DQ DK DV".split()}, "LSE": "*fp32", "DELTA": "*fp32", "stride": "i32",
-            "T": "i32", "NUM_DQ": "i32", **{n: "constexpr" for n in ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2",
-                                                                     "D")}}
+    bsig = {**dict.fromkeys("Q K V DO DQ DK DV".split(), "*fp16"), "LSE": "*fp32", "DELTA": "*fp32", "stride": "i32",
+            "T": "i32", "NUM_DQ": "i32", **dict.fromkeys(("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "D"), "constexpr")}
     rows = []
     for hd in HEAD_DIMS:
         t = choose_tiles(hd, T4, T4)

@@ -196,7 +196,6 @@ def _sync(cuda: bool) -> None:
 def _release(cuda: bool) -> None:
     """Forget compiled graphs and captured CUDA graphs between candidates, so each compiles its own way."""
     import torch
-
     import torch._inductor.config as inductor_config
 
     gc.collect()

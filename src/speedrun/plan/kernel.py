@@ -59,18 +59,17 @@ def resolve_kernel(cfg: Config, profile: HardwareProfile, precision: str, model_
     graphs = bool(settings.get("cuda_graphs"))
     if graphs:
         _check_graphs(on_cuda, compile_mode, dynamic, grad_accum, warmup_steps, profile)
-    fp8, fp8_impl = _resolve_fp8(settings, explicit, precision, profile)
+    fp8, fp8_impl = _resolve_fp8(settings, precision, profile)
     options = dict(attn_options)
     tiles, smem = None, ()
     if attn == "flex":
-        tiles, smem, options = _resolve_tiles(settings, explicit, profile, precision, model, options)
+        tiles, smem, options = _resolve_tiles(settings, profile, precision, model, options)
     elif any(key in explicit for key in _TILE_KEYS):
         raise PlanError(f"kernel.flex_fwd / kernel.flex_bwd tiles are for attn=flex, and attn={attn} runs here: "
                         f"add attn=flex, or drop the kernel.flex_* settings")
     plan = KernelPlan(source=source, compile_mode=compile_mode, cuda_graphs=graphs, dynamic_shapes=dynamic,
-                      coordinate_descent_tuning=cdt, fp8=fp8,
-                      fp8_impl=fp8_impl, flex_tiles=tiles, flex_smem=smem, profile=k.profile,
-                      profile_steps=k.profile_steps)
+                      coordinate_descent_tuning=cdt, fp8=fp8, fp8_impl=fp8_impl, flex_tiles=tiles, flex_smem=smem,
+                      profile=k.profile, profile_steps=k.profile_steps)
     return plan, options
 
 
@@ -96,8 +95,7 @@ def _check_graphs(on_cuda: bool, compile_mode: str, dynamic: bool, grad_accum: i
                         f"{grad_accum} micro-batches per step leaves too few: use budget.warmup_steps={need}")
 
 
-def _resolve_fp8(settings: dict[str, Any], explicit: dict[str, Any], precision: str,
-                 profile: HardwareProfile) -> tuple[tuple[str, ...], str]:
+def _resolve_fp8(settings: dict[str, Any], precision: str, profile: HardwareProfile) -> tuple[tuple[str, ...], str]:
     requested = settings.get("fp8")
     if requested is None:
         targets: tuple[str, ...] = ("all",) if precision == "fp8" else ()
@@ -124,8 +122,8 @@ def _resolve_fp8(settings: dict[str, Any], explicit: dict[str, Any], precision: 
     return targets, impl
 
 
-def _resolve_tiles(settings: dict[str, Any], explicit: dict[str, Any], profile: HardwareProfile, precision: str,
-                   model: ModelShape, options: dict[str, Any]) -> tuple[str | None, tuple, dict[str, Any]]:
+def _resolve_tiles(settings: dict[str, Any], profile: HardwareProfile, precision: str, model: ModelShape,
+                   options: dict[str, Any]) -> tuple[str | None, tuple, dict[str, Any]]:
     """Flex's tiles: the profile's (per head_dim where the card needs it) with the kernel group's on top; checked
     against the shared memory one program may use."""
     chosen = {field: settings[key] for key, field in _TILE_KEYS.items() if key in settings}
