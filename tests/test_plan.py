@@ -68,19 +68,21 @@ def test_gpu_default_trains_pgolf_baseline_in_bf16(compose):
     plan = plan_for(compose, "h100")
     assert (plan.model_name, plan.precision, plan.tokens_per_step, plan.compile) == ("pgolf_baseline", "bf16",
                                                                                     524288, True)
-    assert plan.grad_accum == 8 and plan.peak_flops == 989e12 and not plan.emulated
+    assert plan.grad_accum == 8 and plan.peak_flops == 989.5e12 and not plan.emulated and plan.card == "H100 SXM"
 
 
 def test_t4_on_h100_is_emulated_with_its_recipe(compose):
     plan = plan_for(compose, "h100", "hardware=t4")
     assert plan.emulated and plan.memory_cap_gb == 15.0
     assert (plan.precision, plan.grad_scaler, plan.attn_kernel) == ("fp16", True, "sdpa:efficient")
-    assert plan.peak_flops == 65e12 and plan.ns_dtype == "fp32"  # T4 peak, never the H100's
+    # mfu divides by the card that ran (the H100's fp16 peak); the T4's figure is mfu_profile's
+    assert (plan.peak_flops, plan.profile_peak_flops) == (989.5e12, 65e12) and plan.ns_dtype == "fp32"
 
 
 def test_h200_is_the_h100_family_with_its_own_memory(compose):
     plan = plan_for(compose, "h200")
-    assert plan.hardware == "h200" and plan.peak_flops == 989e12 and not plan.emulated
+    assert plan.hardware == "h200" and plan.peak_flops == 989.5e12 and not plan.emulated
+    assert plan.profile_peak_flops is None
     capped = plan_for(compose, "h200", "hardware=h100")
     assert capped.emulated and capped.memory_cap_gb == 80.0
 

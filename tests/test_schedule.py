@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import fake_device
-from speedrun.config import OptimConfig, ScheduleConfig, to_config
+from speedrun.config import ScheduleConfig, to_config
 from speedrun.errors import ConfigError
 from speedrun.plan import resolve
 

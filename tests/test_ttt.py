@@ -107,6 +107,22 @@ def test_ttt_adapts_to_a_repetitive_document():
     assert adapted.val_loss < frozen.val_loss - 0.5, (adapted.val_loss, frozen.val_loss)
 
 
+def test_unadapted_baseline_scores_the_same_chunks_and_windows_without_adaptation():
+    """val_bpb_ttt_base: the same chunks and windows scored with no adaptation, in the same pass. It equals a run
+    whose adapters never move (lr=0), so val_bpb_ttt_base - val_bpb_ttt is what adaptation alone bought."""
+    m = model()
+    g = torch.Generator().manual_seed(3)
+    motif = torch.randint(1, 64, (6,), generator=g)
+    tokens = torch.cat([docs_stream([40, 30]), torch.tensor([BOS]), motif.repeat(20)])  # several chunks each
+    adapted = run(m, tokens, lr=0.05, batch_size=2)
+    frozen = run(m, tokens, lr=0.0, batch_size=2)
+    assert adapted.complete and adapted.base_val_loss is not None
+    assert abs(adapted.base_val_loss - frozen.val_loss) < 1e-9 * frozen.val_loss
+    assert abs(adapted.base_val_bpb - frozen.val_bpb) < 1e-9 * frozen.val_bpb
+    assert adapted.val_loss < adapted.base_val_loss  # the repeated motif is learnt: a real, measured gain
+    assert run(m, tokens, score_base=False).base_val_bpb is None
+
+
 def test_time_budget_stops_cleanly_and_says_how_much_was_scored():
     m = model()
     tokens = docs_stream([40, 50, 30])
@@ -198,7 +214,7 @@ def test_finalize_scores_quantizes_and_adapts(compose, tmp_path):
     assert out["eval_mode"] == "sliding:16" and out["eval_tokens"] == 96
     assert out["val_bpb"] > 0 and abs(out["val_bpb_quant"] - out["val_bpb"]) < 0.05
     assert out["ttt_complete"] and out["ttt_fraction"] == 1.0 and out["ttt_tokens_scored"] == 96
-    assert out["val_bpb_ttt"] > 0 and out["ttt_seconds"] >= 0
+    assert out["val_bpb_ttt"] > 0 and out["ttt_seconds"] >= 0 and out["val_bpb_ttt_base"] > 0
     assert out["artifact_ok"] and out["artifact_bytes"] == out["artifact_model_bytes"] + out["artifact_code_bytes"]
     assert (tmp_path / "model.int6.lzma").stat().st_size == out["artifact_model_bytes"]
 

@@ -53,7 +53,7 @@ def wandb_records(run_dir: Path) -> dict:
             pending += chunk
         elif kind == 4:
             raw.append(pending + chunk)
-    out: dict = {"summary": {}, "history": 0, "exit_code": None, "run": None}
+    out: dict = {"summary": {}, "history": 0, "exit_code": None, "run": None, "metrics": {}, "keys": set()}
     for item in raw:
         rec = pb.Record()
         rec.ParseFromString(item)
@@ -64,6 +64,10 @@ def wandb_records(run_dir: Path) -> dict:
             out["summary"].update({u.key: json.loads(u.value_json) for u in rec.summary.update if u.key})
         elif kind == "history":
             out["history"] += 1
+            out["keys"].update(i.key or ".".join(i.nested_key) for i in rec.history.item)
+        elif kind == "metric" and rec.metric.name:
+            m = rec.metric
+            out["metrics"][m.name] = (m.step_metric, [f for f in ("min", "last") if getattr(m.summary, f)])
         elif kind == "exit":
             out["exit_code"] = rec.exit.exit_code
     return out
@@ -77,7 +81,8 @@ def test_an_offline_sweep_leaves_config_and_summary_in_each_run_dir(tmp_path, sh
                WANDB_CONFIG_DIR=str(tmp_path / "wandb-config"), WANDB_CACHE_DIR=str(tmp_path / "wandb-cache"),
                WANDB_DATA_DIR=str(tmp_path / "wandb-data"))
     proc = subprocess.run([sys.executable, "-m", "run", "-m", *SWEEP_TINY, f"data.cache_dir={shared_data}",
-                           "logger=wandb", "logger.project=speedrun-test", "data.path=null,nowhere", "data.tokenizer=nowhere.model"],
+                           "logger=wandb", "logger.project=speedrun-test", "data.path=null,nowhere", "data.tokenizer=nowhere.model",
+                           "eval.every_steps=2", "eval.periodic_tokens=1024"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-4000:]  # one job fails on purpose; the other is ok
@@ -99,6 +104,18 @@ def test_an_offline_sweep_leaves_config_and_summary_in_each_run_dir(tmp_path, sh
     assert good["summary"]["val_bpb"] == pytest.approx(result["val_bpb"])
     assert good["summary"]["artifact_bytes"] == result["artifact_bytes"]
     assert bad["summary"]["status"] == "failed" and bad["exit_code"] == 1 and "nowhere" in bad["summary"]["error"]
+    # curves against tokens; validation summarised by its minimum; the kernel and hardware choices as config
+    assert good["metrics"]["train_loss"] == ("tokens", ["last"]) and good["metrics"]["val_bpb"] == ("tokens", ["min"])
+    assert {"train_loss", "val_bpb", "tokens", "lr_mult"} <= good["keys"]
+    settings = {u.key: json.loads(u.value_json) for u in good["run"].config.update}["settings"]
+    assert settings["attn_kernel"] == "sdpa:flash" and settings["hardware"] == "cpu" and settings["micro_batch"] == 4
+    # the sweep's own W&B run: its leaderboard as a Table and the report's plots as images, in the sweep's group
+    summary = wandb_records(sweep)
+    assert summary["run"].run_group == sweep.name and summary["run"].job_type == "sweep-summary"
+    assert "leaderboard._type" in summary["keys"] and any(k.startswith("plots/") for k in summary["keys"])
+    (table,) = sweep.glob("wandb/offline-run-*/files/media/table/leaderboard_*.table.json")
+    data = json.loads(table.read_text())
+    assert "val_bpb_mean" in data["columns"] and len(data["data"]) == 2
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -143,6 +160,9 @@ def test_a_wandb_error_is_one_warning_then_the_logger_is_off(monkeypatch, tmp_pa
     class Run:
         dir = str(tmp_path / "files")
         summary: dict = {}
+
+        def define_metric(self, *a, **k):
+            pass
 
         def log(self, *a, **k):
             calls.append("log")

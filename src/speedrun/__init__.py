@@ -14,16 +14,16 @@ def main(cfg: Any) -> dict[str, Any]:
 
     A user error (speedrun.errors.ConfigError: a bad value, an impossible combination, missing or corrupt data, a
     kernel that cannot load) ends the process with one message naming the problem and the fix and exit status 1;
-    its traceback is in the run dir's error.txt and the results row says failed. Anything else is a bug and
-    keeps its traceback."""
+    its traceback is in the run dir's error.txt and the results row says failed. Running out of GPU memory ends the
+    same way with status oom (speedrun.oom). Anything else is a bug and keeps its traceback."""
     import logging
     import sys
 
-    from .errors import ConfigError
+    from .errors import ConfigError, RunOutOfMemory
     from .runner import run_job
 
     try:
         return run_job(cfg)
-    except ConfigError as e:
+    except (ConfigError, RunOutOfMemory) as e:
         logging.getLogger("speedrun").error("error: %s", e)
         sys.exit(1)

@@ -17,3 +17,7 @@ class PlanError(ConfigError):
 
 class DataError(ConfigError):
     """Missing or corrupt data or tokenizer; the message names the file and how to get or fix it."""
+
+
+class RunOutOfMemory(RuntimeError):
+    """The run ran out of GPU memory (status ``oom``); the message names the phase, the memory and the fix."""

@@ -5,18 +5,29 @@ Order and what each number measures (all on the same validation tokens and byte 
     val_bpb         the trained model, with the eval group's windows (standard or sliding)
     val_bpb_quant   the dequantized artifact, same windows          (quant != off)
     val_bpb_ttt     score-first LoRA TTT on the dequantized model   (ttt != off; on the trained model if quant=off)
+    val_bpb_ttt_base  the same TTT chunks and windows, unadapted    (ttt != off)
 
 GPTQ (quant=int6) takes its Hessians from a fresh stream of *training* batches, never from validation data.
+
+Each phase (eval, quant, ttt) reports its keys through ``on_phase`` as soon as it ends (the runner writes them to
+result.json and the results row), so a run stopped or failing in a later phase keeps what the earlier ones
+measured; ``on_phase(name)`` with no keys says a phase started.
+
+``eval_fingerprint`` names the exact scored tokens: 16 hex digits of blake2b over the int32 ids of the validation
+tokens the windows cover (targets 1..eval_tokens and the context token 0). Runs with the same fingerprint scored
+the same tokens; the report and sweep summary compare only those.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
+from .artifact import write_manifest
 from .evaluate import EvalResult, document_mask, run_eval
 from .plan import Plan
 from .quantize import (
@@ -30,9 +41,19 @@ from .quantize import (
 from .train import autocast_dtype
 
 
+PhaseCallback = Callable[..., None]
+"""on_phase(name) when a phase starts; on_phase(name, keys) when it ends."""
+
+
+def eval_fingerprint(tokens: torch.Tensor) -> str:
+    return hashlib.blake2b(tokens.to(torch.int32).cpu().numpy().tobytes(), digest_size=8).hexdigest()
+
+
 def evaluate_and_export(plan: Plan, model: torch.nn.Module, eval_forward: Callable, data: Any,
-                        run_dir: Path, log: Callable[[str], None]) -> dict[str, Any]:
+                        run_dir: Path, log: Callable[[str], None],
+                        on_phase: Optional[PhaseCallback] = None) -> dict[str, Any]:
     out: dict[str, Any] = {"eval_mode": plan.eval.label}
+    report: PhaseCallback = on_phase or (lambda name, keys=None: None)
     amp_dtype = autocast_dtype(plan)
     bos_id = data.bos_id if plan.eval.document_isolated else None
     q = plan.quant
@@ -44,12 +65,21 @@ def evaluate_and_export(plan: Plan, model: torch.nn.Module, eval_forward: Callab
                             autocast_dtype=amp_dtype)
 
     t0 = time.perf_counter()
+
+    def done(phase: str, **keys: Any) -> None:
+        out.update(keys, eval_seconds=round(time.perf_counter() - t0, 3))
+        report(phase, {**keys, "eval_seconds": out["eval_seconds"]})
+
+    report("eval")
     res = score()
-    out.update(val_loss=round(res.val_loss, 6), val_bpb=round(res.val_bpb, 6), eval_tokens=res.tokens,
-               eval_bytes=res.bytes)
+    # both window layouts score targets 1..res.tokens of the stream: tokens 0..res.tokens are what was read
+    done("eval", eval_mode=plan.eval.label, val_loss=round(res.val_loss, 6), val_bpb=round(res.val_bpb, 6),
+         eval_tokens=res.tokens, eval_bytes=res.bytes, eval_split="val",
+         eval_fingerprint=eval_fingerprint(data.val_tokens[: res.tokens + 1]))
     log(f"eval ({out['eval_mode']}): val_loss {res.val_loss:.4f}  val_bpb {res.val_bpb:.4f}  "
         f"({res.tokens:,} tokens, {res.bytes:,} bytes)")
     if q.name != "off":
+        report("quant")
         tq = time.perf_counter()
         artifact = _export(plan, model, data, log)
         path = run_dir / f"model.{q.name}.{q.compressor}"
@@ -58,18 +88,18 @@ def evaluate_and_export(plan: Plan, model: torch.nn.Module, eval_forward: Callab
         os.replace(tmp, path)
         restored = load_artifact(path.read_bytes(), str(q.compressor))
         model.load_state_dict({k: restored[k].to(v.dtype) for k, v in model.state_dict().items()})
-        out["quant_seconds"] = round(time.perf_counter() - tq, 3)
+        quant_seconds = round(time.perf_counter() - tq, 3)
+        sizes = write_manifest(run_dir, len(artifact.blob), q.cap_bytes)  # artifact_code.json: what was counted
+        report("quant", sizes)  # the artifact exists: its size is a result even if its scoring never ends
         qres = score()
-        out.update(val_bpb_quant=round(qres.val_bpb, 6), val_loss_quant=round(qres.val_loss, 6),
-                   artifact_bytes=artifact.total_bytes, artifact_model_bytes=len(artifact.blob),
-                   artifact_code_bytes=artifact.code_bytes, artifact_ok=artifact.total_bytes <= q.cap_bytes,
-                   quant=str(q.name), compressor=str(q.compressor))
-        log(f"quant: {q.name}+{q.compressor} artifact {artifact.total_bytes:,} bytes "
-            f"(model {len(artifact.blob):,} + code {artifact.code_bytes:,}; cap {q.cap_bytes:,}: "
-            f"{'ok' if out['artifact_ok'] else 'OVER'}); val_bpb_quant {qres.val_bpb:.4f}")
+        done("quant", val_bpb_quant=round(qres.val_bpb, 6), val_loss_quant=round(qres.val_loss, 6), **sizes,
+             quant=str(q.name), compressor=str(q.compressor), quant_seconds=quant_seconds)
+        log(f"quant: {q.name}+{q.compressor} artifact {sizes['artifact_bytes']:,} bytes "
+            f"(model {sizes['artifact_model_bytes']:,} + code {sizes['artifact_code_bytes']:,} raw; cap "
+            f"{q.cap_bytes:,}: {'ok' if sizes['artifact_ok'] else 'OVER'}); val_bpb_quant {qres.val_bpb:.4f}")
     if plan.ttt.name != "off":
-        out.update(_ttt(plan, model, data, amp_dtype, log))
-    out["eval_seconds"] = round(time.perf_counter() - t0, 3)
+        report("ttt")
+        done("ttt", **_ttt(plan, model, data, amp_dtype, log))
     return out
 
 
@@ -98,12 +128,16 @@ def _ttt(plan: Plan, model: torch.nn.Module, data: Any, autocast_dtype: Any,
         chunk_size=t.chunk_size, short_chunks=t.short_chunks, targets=t.targets,
         batch_size=t.batch_size, beta1=t.beta1, beta2=t.beta2, weight_decay=t.weight_decay,
         max_seconds=t.max_seconds, device=plan.device, autocast_dtype=autocast_dtype, seed=plan.seed, log=log,
+        score_base=t.score_base,
     )
     out = dict(val_bpb_ttt=None if res.val_bpb is None else round(res.val_bpb, 6),
                val_loss_ttt=None if res.val_loss is None else round(res.val_loss, 6),
+               val_bpb_ttt_base=None if res.base_val_bpb is None else round(res.base_val_bpb, 6),
+               val_loss_ttt_base=None if res.base_val_loss is None else round(res.base_val_loss, 6),
                ttt_seconds=round(res.seconds, 3), ttt_tokens_scored=res.tokens_scored,
                ttt_fraction=round(res.fraction, 6), ttt_complete=res.complete, ttt_docs=res.docs_total)
     log(f"ttt ({t.name}, rank {t.rank}, targets {t.targets}): val_bpb_ttt "
-        f"{'n/a' if res.val_bpb is None else f'{res.val_bpb:.4f}'} over {res.tokens_scored:,}/{res.tokens_total:,} "
+        f"{'n/a' if res.val_bpb is None else f'{res.val_bpb:.4f}'} (unadapted "
+        f"{'n/a' if res.base_val_bpb is None else f'{res.base_val_bpb:.4f}'}) over {res.tokens_scored:,}/{res.tokens_total:,} "
         f"tokens ({100 * res.fraction:.1f}%) of {res.docs_total:,} documents in {res.seconds:.1f} s")
     return out

@@ -1,8 +1,9 @@
 """Hardware profiles as data, and detection of the device we are actually on.
 
-Peak numbers are dense datasheet TFLOP/s (DESIGN.md "Facts"); MFU divides by the peak of the dtype that the
-run's matmuls actually use on the profile that ran (or was emulated), never by an H100 figure elsewhere.
-Detection happens only when ``detect()`` is called, never at import time.
+A profile is a recipe: dtypes, kernels, batch sizes, memory cap. Its peak numbers (dense datasheet TFLOP/s) are
+the emulated card's, for ``mfu_profile``; ``mfu`` divides by the peak of the card that actually ran, which comes
+from the card table (speedrun.cards), not from here. Detection happens only when ``detect()`` is called, never
+at import time.
 """
 from __future__ import annotations
 
@@ -38,7 +39,6 @@ class HardwareProfile:
     model: str
     tokens_per_step: int
     train_seconds: float
-    eval_tokens: int
     flex_blocks: tuple[int, int] = (128, 64)
     """Default (BLOCK_M, BLOCK_N) of flex attention's forward where tiles are not chosen per head_dim."""
     smem_per_block_kb: Optional[int] = None
@@ -62,7 +62,7 @@ class HardwareProfile:
 
 _GPU_DEFAULTS = dict(
     precision="bf16", attn="sdpa", sdpa_kernel="flash", micro_batch_tokens=65536, model="pgolf_baseline",
-    tokens_per_step=524288, train_seconds=120.0, eval_tokens=1_048_576,
+    tokens_per_step=524288, train_seconds=120.0,
 )
 # On sm90 SDPA's cuDNN kernel trained pgolf_baseline 11% faster than flash (1.97M vs 1.77M tok/s, H200, bf16,
 # scripts/bench_matrix.py); A100 and B200 keep flash until measured.
@@ -72,7 +72,7 @@ PROFILES: dict[str, HardwareProfile] = {
     "cpu": HardwareProfile(
         name="cpu", family="cpu", device_type="cpu", capability=None, memory_gb=0.0, smem_per_sm_kb=None,
         peak_tflops={}, bandwidth_tbps=None, precision="fp32", attn="sdpa", sdpa_kernel="flash",
-        micro_batch_tokens=4096, model="tiny", tokens_per_step=4096, train_seconds=60.0, eval_tokens=65536,
+        micro_batch_tokens=4096, model="tiny", tokens_per_step=4096, train_seconds=60.0,
     ),
     # T4: no bf16, no flash/cuDNN attention (sm75), 64 KB shared memory per SM -> fp16 + GradScaler,
     # SDPA's memory-efficient kernel, flex tiles chosen per head_dim to fit (speedrun.kernels.tiles).
@@ -80,7 +80,7 @@ PROFILES: dict[str, HardwareProfile] = {
         name="t4", family="t4", device_type="cuda", capability=(7, 5), memory_gb=15.0, smem_per_sm_kb=64,
         peak_tflops={"fp32": 8.1, "fp16": 65.0}, bandwidth_tbps=0.32, precision="fp16", attn="sdpa",
         sdpa_kernel="efficient", micro_batch_tokens=8192, model="pgolf_baseline", tokens_per_step=65536,
-        train_seconds=300.0, eval_tokens=262144, flex_blocks=(64, 32), name_patterns=("T4",),
+        train_seconds=300.0, flex_blocks=(64, 32), name_patterns=("T4",),
         smem_per_block_kb=64, flex_tiles_by_head_dim=True,
     ),
     "a100": HardwareProfile(
@@ -130,7 +130,7 @@ def profile_for_gpu(name: str, capability: tuple[int, int], memory_gb: float) ->
     nearest = below[-1] if below else gpus[0]
     warnings.warn(
         f"unknown GPU {name!r} (sm{capability[0]}{capability[1]}, {memory_gb:.0f} GB): using the nearest profile "
-        f"{nearest.name!r}; its peak FLOP/s (and so MFU) may not match this card",
+        f"{nearest.name!r} for its recipe; mfu is computed only for cards in speedrun.cards",
         stacklevel=2,
     )
     return nearest

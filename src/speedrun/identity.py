@@ -18,6 +18,10 @@ DEVICE_NAME_ENV = "SPEEDRUN_DEVICE_NAME"
 """Overrides ``current_device_name()``: for a sweep launched where its jobs do not run (a SLURM login node, whose
 own device says nothing about the compute nodes'), and for tests that pretend to be on another card."""
 
+GPU_SHARED_ENV = "SPEEDRUN_GPU_SHARED"
+"""Set to 1 by the pool launcher for a job that shares its GPU with others (hydra.launcher.jobs_per_gpu > 1); the
+run records ``gpu_shared``, since its speed and memory are then not the card's alone."""
+
 CODE_DIRS = ("src", "conf")
 """What a run's code is: everything under these (the package, the entry point, the Hydra config tree)."""
 

@@ -27,6 +27,9 @@ class RunLogger:
     def log_metrics(self, record: dict[str, Any]) -> None:
         pass
 
+    def update_config(self, values: dict[str, Any]) -> None:
+        pass
+
     def log_result(self, result: dict[str, Any]) -> None:
         pass
 
@@ -58,6 +61,10 @@ class WandbLogger(RunLogger):
         if self.run is not None:
             self._safely("log", self._log_metrics, record)
 
+    def update_config(self, values: dict[str, Any]) -> None:
+        if self.run is not None:
+            self._safely("config", lambda v: self.run.config.update(v, allow_val_change=True), values)
+
     def log_result(self, result: dict[str, Any]) -> None:
         if self.run is not None:
             self._safely("summary", self._log_result, result)
@@ -83,9 +90,11 @@ class WandbLogger(RunLogger):
             log.warning("logger=wandb: wandb is not installed (pip install -e '.[wandb]'); W&B logging is off")
             return
         mode = resolve_wandb_mode(self.cfg.mode)
+        # The run's id comes from its run dir, so a resumed run (resume=<run dir>) continues the same W&B run.
         kwargs = dict(project=self.cfg.project, entity=self.cfg.entity, group=self.group, job_type="train",
                       name=f"{self.group}/{self.run_dir.name}" if self.group else self.run_dir.name,
-                      dir=str(self.run_dir), config={**config, "plan": plan})
+                      dir=str(self.run_dir), config={**config, "plan": plan, "settings": settings_of(plan)},
+                      id=wandb_run_id(self.run_dir), resume="allow")
         try:
             self.run = wandb.init(mode=mode, settings=_settings(wandb, self.INIT_TIMEOUT_S), **kwargs)
         except Exception as e:  # noqa: BLE001 - e.g. a server that stopped answering: keep the record offline
@@ -94,6 +103,7 @@ class WandbLogger(RunLogger):
             log.warning("logger=wandb: %s: %s; logging offline instead", type(e).__name__, e)
             mode = "offline"
             self.run = wandb.init(mode=mode, settings=_settings(wandb, self.INIT_TIMEOUT_S), **kwargs)
+        define_metrics(self.run)
         if mode == "offline" or getattr(getattr(self.run, "settings", None), "mode", None) == "offline":
             log.info("logger=wandb: offline run in %s (upload later: wandb sync %s)", Path(self.run.dir).parent,
                      Path(self.run.dir).parent)
@@ -114,6 +124,33 @@ class WandbLogger(RunLogger):
     def _finish(run: Any, status: str) -> None:
         run.summary["status"] = status
         run.finish(exit_code=0 if status == "ok" else 1)
+
+
+SETTINGS = ("hardware", "device_name", "emulated", "precision", "matmul_dtype", "attn", "attn_kernel", "compile",
+            "micro_batch", "grad_accum", "tokens_per_step", "memory_cap_gb", "ns_dtype", "model_name")
+"""Plan fields copied flat into the W&B config as ``settings.<key>`` (the kernel and hardware choices that ran),
+so runs can be filtered and grouped by them without digging into the nested plan."""
+
+
+def settings_of(plan: Optional[dict[str, Any]]) -> dict[str, Any]:
+    return {k: plan.get(k) for k in SETTINGS if k in plan} if plan else {}
+
+
+def wandb_run_id(run_dir: Path) -> str:
+    import hashlib
+
+    return hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:16]
+
+
+def define_metrics(run: Any) -> None:
+    """Every curve against training tokens (the x-axis that compares across cards and batch sizes); validation
+    summarised by its minimum (the run's final summary then holds the final evaluation's values, see
+    log_result); train_loss by its last value."""
+    run.define_metric("tokens")
+    for key in ("train_loss", "lr_mult", "elapsed_s", "tokens_per_s", "progress", "step"):
+        run.define_metric(key, step_metric="tokens", summary="last")
+    for key in ("val_bpb", "val_loss"):
+        run.define_metric(key, step_metric="tokens", summary="min")
 
 
 def _is_number(value: Any) -> bool:

@@ -1,4 +1,4 @@
-"""The artifact: quantized weights, compressed, plus the compressed code that produced them.
+"""The artifact: quantized weights, compressed, plus the code that trains, evaluates and reads them (raw bytes).
 
 ``quant=int8`` follows parameter-golf's baseline export: 2-D float tensors large enough to matter become
 per-row int8 with a clipped absmax scale (fp16 scales); small tensors are kept in fp16, scalar controls in fp32.
@@ -18,7 +18,8 @@ values bit-packed 4-in-3 bytes first: packing splits values across byte boundari
 matching and entropy models cannot see through.
 
 val_bpb_quant is measured on the dequantized round trip, so it is the number the artifact actually earns.
-artifact_bytes = compressed blob + compressed code (the speedrun package and run.py, same compressor).
+artifact_bytes = compressed blob + code counted raw (UTF-8 bytes, uncompressed), parameter-golf's rule; which
+files count is speedrun.artifact.CODE_FILES.
 """
 from __future__ import annotations
 
@@ -28,7 +29,6 @@ import io
 import lzma
 import zlib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
@@ -83,7 +83,7 @@ class Artifact:
     blob: bytes
     """Compressed quantized state dict."""
     code_bytes: int
-    """Compressed size of the code (the speedrun package and run.py)."""
+    """Raw UTF-8 bytes of the code a submission needs (speedrun.artifact.CODE_FILES), uncompressed."""
 
     @property
     def total_bytes(self) -> int:
@@ -121,11 +121,6 @@ def dequantize_state_dict(packed: dict[str, dict[str, torch.Tensor]]) -> dict[st
     return state
 
 
-def code_files() -> list[Path]:
-    src = Path(__file__).resolve().parent
-    return sorted(src.rglob("*.py")) + [src.parent / "run.py"]
-
-
 def compress(data: bytes, compressor: str, level: int) -> bytes:
     check_compressor(compressor, level)
     return COMPRESSORS[compressor][0](data, level)
@@ -139,12 +134,6 @@ def decompress(blob: bytes, compressor: str) -> bytes:
     return COMPRESSORS[compressor][1](blob)
 
 
-def code_bytes(compressor: str, level: int) -> int:
-    """Compressed size of the code that makes and reads the artifact (the speedrun package and run.py)."""
-    code = b"".join(p.read_bytes() for p in code_files() if p.exists())
-    return len(compress(code, compressor, level))
-
-
 def export(state: dict[str, torch.Tensor], compressor: str, level: int) -> Artifact:
     """quant=int8: quantize, serialize, compress."""
     return export_packed(quantize_state_dict(state), compressor, level)
@@ -153,7 +142,9 @@ def export(state: dict[str, torch.Tensor], compressor: str, level: int) -> Artif
 def export_packed(packed: dict[str, dict[str, torch.Tensor]], compressor: str, level: int) -> Artifact:
     buf = io.BytesIO()
     torch.save(packed, buf)
-    return Artifact(blob=compress(buf.getvalue(), compressor, level), code_bytes=code_bytes(compressor, level))
+    from .artifact import code_bytes
+
+    return Artifact(blob=compress(buf.getvalue(), compressor, level), code_bytes=code_bytes())
 
 
 def load_artifact(blob: bytes, compressor: str) -> dict[str, torch.Tensor]:

@@ -45,15 +45,27 @@ def empty_result() -> dict[str, Any]:
 class MetricsLog:
     """metrics.jsonl: one JSON object per logged step, flushed as written (a killed run keeps its curve)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, after_step: Optional[int] = None):
+        """``after_step``: a resumed run keeps the records up to that step and appends (records written after its
+        checkpoint belong to steps it will run again)."""
         self.path = path
-        self._f = open(path, "w", buffering=1)
+        if after_step is not None and path.exists():
+            keep = [line for line in path.read_text().splitlines() if _step_of(line) <= after_step]
+            atomic_write_text(path, "".join(line + "\n" for line in keep))
+        self._f = open(path, "a" if after_step is not None else "w", buffering=1)
 
     def write(self, record: dict[str, Any]) -> None:
         self._f.write(json.dumps(record, default=float) + "\n")
 
     def close(self) -> None:
         self._f.close()
+
+
+def _step_of(line: str) -> float:
+    try:
+        return float(json.loads(line).get("step", 0))
+    except (ValueError, AttributeError, TypeError):
+        return float("inf")  # a line cut short by a kill: dropped
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -1,12 +1,15 @@
 """One job, end to end: compose -> resolve -> build -> train -> evaluate -> finalize -> record.
 
 The record is opened before anything can fail (row status ``running``) and closed whatever happens: ok,
-failed (with the error and a traceback file), diverged, or interrupted (Ctrl-C, SIGTERM from a scheduler).
+failed (with the error and a traceback file), oom (out of GPU memory), diverged, or interrupted (Ctrl-C, SIGTERM
+from a scheduler). In between, each phase writes its results to result.json and the row as soon as it ends, and
+``phase`` says which one was running, so a run stopped late keeps what it measured.
 """
 from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 import traceback
 from pathlib import Path
@@ -15,8 +18,10 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from .config import Config, to_config
+from .identity import GPU_SHARED_ENV
 from .loggers import RunLogger, make_logger
 from .paths import results_db_path
+from .errors import RunOutOfMemory
 from .records import MetricsLog, ResultsDB, empty_result, write_json
 from .signals import sigterm_as_interrupt, stop_signals_deferred
 
@@ -46,6 +51,10 @@ class RunContext:
 def run_job(dict_cfg: DictConfig, ctx: Optional[RunContext] = None) -> dict[str, Any]:
     ctx = ctx or RunContext.from_hydra()
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
+    resume, refusal = _find_resume(dict_cfg, ctx)
+    if resume is not None:  # the original job's config, dir and row (speedrun.resume)
+        dict_cfg = OmegaConf.create(resume.config)
+        ctx = RunContext(resume.run_dir, resume.overrides, ctx.sweep or dict_cfg.sweep, resume.cwd)
     # The record opens from the composed config's top-level knobs (types already checked by Hydra), before the
     # schemas' own checks run, so a bad value still leaves a failed row.
     config_tree = OmegaConf.to_container(dict_cfg, resolve=True, enum_to_str=True)
@@ -54,21 +63,35 @@ def run_job(dict_cfg: DictConfig, ctx: Optional[RunContext] = None) -> dict[str,
     result = empty_result()
     result.update(status="running", seed=dict_cfg.seed, sweep=dict_cfg.sweep or ctx.sweep, run_dir=run_id,
                   name=dict_cfg.name, hardware=str(dict_cfg.hardware.name), attn=str(dict_cfg.attn.name),
-                  precision=str(dict_cfg.precision.name))
+                  precision=str(dict_cfg.precision.name), phase="setup",
+                  # the pool launcher runs hydra.launcher.jobs_per_gpu > 1 jobs on one GPU at once: speed and
+                  # memory are then not the card's alone
+                  gpu_shared=os.environ.get(GPU_SHARED_ENV) == "1")
     started = time.time()
-    db.upsert(run_id, {**result, "started_at": started, "overrides": " ".join(ctx.overrides), "config": config_tree})
-    job = Job(ctx, result, config_tree)
+    start = {"started_at": started, "overrides": " ".join(ctx.overrides), "config": config_tree}
+    # a resumed run keeps its row's start, overrides and config, and counts its resumptions
+    start = {"resumed_at": started, "resumed_from_step": resume.steps} if resume else start
+    db.upsert(run_id, {**result, **start})
+    job = Job(ctx, result, config_tree, db, run_id, resume)
     try:
         with sigterm_as_interrupt():
+            if refusal is not None:
+                raise refusal
             job.run(to_config(dict_cfg))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         result["status"] = "interrupted"
-        result["error"] = "interrupted (Ctrl-C or SIGTERM)"
+        result["error"] = f"interrupted ({e})" if str(e) else "interrupted (Ctrl-C or SIGTERM)"
         raise
     except BaseException as e:  # noqa: BLE001 - every failure is recorded, then re-raised
+        (ctx.run_dir / "error.txt").write_text(traceback.format_exc())
+        from .oom import find_oom, oom_result
+
+        oom = find_oom(e)
+        if oom is not None:  # an outcome with its own status and fix, not a bug
+            result.update(oom_result(job.plan, result.get("phase"), oom, ctx.run_dir))
+            raise RunOutOfMemory(result["error"]) from e
         result["status"] = "failed"
         result["error"] = f"{type(e).__name__}: {e}"
-        (ctx.run_dir / "error.txt").write_text(traceback.format_exc())
         raise
     finally:
         with stop_signals_deferred():
@@ -76,9 +99,24 @@ def run_job(dict_cfg: DictConfig, ctx: Optional[RunContext] = None) -> dict[str,
     return result
 
 
+def _find_resume(dict_cfg: DictConfig, ctx: RunContext) -> tuple[Any, Optional[Exception]]:
+    """(the Resume this job does, or None; a refusal to raise once the record is open, or None)."""
+    from .errors import ConfigError
+    from .resume import find_resume
+
+    tree = OmegaConf.to_container(dict_cfg, resolve=True, enum_to_str=True)
+    try:
+        return find_resume(tree, ctx.overrides, ctx.run_dir, ctx.original_cwd), None  # type: ignore[arg-type]
+    except ConfigError as e:
+        return None, e
+
+
 class Job:
-    def __init__(self, ctx: RunContext, result: dict[str, Any], config_tree: Any):
-        self.ctx, self.result, self.config_tree = ctx, result, config_tree
+    def __init__(self, ctx: RunContext, result: dict[str, Any], config_tree: Any, db: Optional[ResultsDB] = None,
+                 run_id: Optional[str] = None, resume: Any = None):
+        self.ctx, self.result, self.config_tree, self.resume = ctx, result, config_tree, resume
+        self.db, self.run_id = db, run_id
+        self.peak_memory = None
         self.metrics: Optional[MetricsLog] = None
         self.logger: Optional[RunLogger] = None
         self.state = None
@@ -88,9 +126,8 @@ class Job:
     # -- the pipeline ---------------------------------------------------------------------------------
     def run(self, config: Config) -> None:
         """The whole pipeline. ``config`` is read by the resolver alone; everything after it reads the Plan."""
-        import torch
-
         from . import hardware
+        from .oom import start_history
         from .plan import plan_json, resolve
         from .records import capture_environment
 
@@ -98,6 +135,7 @@ class Job:
         plan = self.plan = resolve(config, hardware.detect(), cwd=self.ctx.original_cwd)
         del config
         log.info("plan:\n%s", _indent(plan.describe()))
+        start_history(plan)  # hardware.memory_snapshot=true: allocations from the model build on
         (self.ctx.run_dir / "plan.json").write_text(plan_json(plan) + "\n")
         env = capture_environment(plan.device)
         write_json(self.ctx.run_dir / "env.json", env)
@@ -106,7 +144,8 @@ class Job:
             attn_kernel=plan.attn_kernel, precision=plan.precision, git_sha=env["git_sha"],
             git_dirty=env["git_dirty"], code_fingerprint=env["code_fingerprint"], torch_version=env["torch_version"],
             model=plan.model_name,
-            tokens_per_step=plan.tokens_per_step, seq_len=plan.model.seq_len,
+            tokens_per_step=plan.tokens_per_step, seq_len=plan.model.seq_len, card=plan.card,
+            memory_estimate_gb=plan.memory_estimate_gb,
         )
         result.update(plan.kernel.result_keys())  # kernel_* settings that ran, so sweeps over kernel= group
         _configure_torch(plan)
@@ -122,26 +161,36 @@ class Job:
         result["params"] = model.num_params()
         log.info("model: %s parameters", f"{result['params']:,}")
 
+        from .memory import PeakMemory
         from .train import Stepper, TrainState, train, warm_up
 
         self.state = state = TrainState()
-        self.metrics = MetricsLog(self.ctx.run_dir / "metrics.jsonl")
+        self.metrics = MetricsLog(self.ctx.run_dir / "metrics.jsonl", after_step=self.resume and self.resume.steps)
         stepper = Stepper(model, forward, optimizers, plan)
+        from .loop_setup import prepare_loop
+
+        plan, extras = prepare_loop(self, stepper, eval_forward, data)
+        self._on_phase("warmup")
         warm_up(stepper, data.train_batches, state, log.info)
+        state.compile_seconds += extras.warm()
         if plan.kernel.profile:  # untimed and undone, like warm-up: trace.json + top-kernels table in run.log
             from .kernels.profile import profile_steps
 
             result.update(profile_steps(stepper, data.train_batches, self.ctx.run_dir, log.info,
                                         plan.kernel.profile_steps))
-        if plan.device == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        train(stepper, data.train_batches, state=state, log=log.info, on_metrics=self._on_metrics)
+        if self.resume:
+            extras.restore(state, self.resume)
+        self.peak_memory = PeakMemory(plan.device)
+        self.peak_memory.start()  # peak_mem_mb covers timed training only
+        self._on_phase("train")
+        train(stepper, data.train_batches, state=state, log=log.info, on_metrics=self._on_metrics, extras=extras)
         if plan.compile:
             from .kernels.cache import cache_stats
 
             result.update(cache_stats())
         self._record_training(model)
         self.result["data_epochs"] = round(state.tokens / data.train_tokens, 3)
+        self._on_phase("train")  # training's keys are in the record before evaluation starts
         if self.result["data_epochs"] > 1:
             log.warning("training made %.1f passes over %s training tokens: val_bpb includes the effect of repeating "
                         "data (use a larger dataset, e.g. data=fineweb_sp1024, for comparable numbers)",
@@ -156,8 +205,21 @@ class Job:
 
         model.eval()  # no dropout here, but fp8 layers switch to their bf16 path for evaluation
 
-        result.update(evaluate_and_export(plan, model, eval_forward, data, self.ctx.run_dir, log.info))
-        result["status"] = "ok"
+        result.update(evaluate_and_export(plan, model, eval_forward, data, self.ctx.run_dir, log.info,
+                                          on_phase=self._on_phase))
+        result.update(status="ok", phase="done")
+
+    def _on_phase(self, phase: str, keys: Optional[dict[str, Any]] = None) -> None:
+        """A phase starts (no keys) or ends (its keys): record both at once in result.json and the row, so a run
+        stopped later keeps them and says where it was."""
+        self.result["phase"] = phase
+        self.result.update(keys or {})
+        write_json(self.ctx.run_dir / "result.json", self.result)
+        if self.db is not None and self.run_id is not None:
+            try:
+                self.db.upsert(self.run_id, self.result)
+            except Exception as e:  # noqa: BLE001 - result.json has it; the final write tries the row again
+                log.warning("could not update the results database %s: %s", self.db.path, e)
 
     def _on_metrics(self, record: dict[str, Any]) -> None:
         assert self.metrics is not None
@@ -174,7 +236,8 @@ class Job:
             log.warning("logger %s.%s failed: %s: %s", type(self.logger).__name__, method, type(e).__name__, e)
 
     def _record_training(self, model: Any) -> None:
-        import torch
+        from .memory import PeakMemory
+        from .mfu import mfu_keys
 
         plan, state, result = self.plan, self.state, self.result
         assert plan is not None and state is not None
@@ -183,19 +246,11 @@ class Job:
                       compile_seconds=round(state.compile_seconds, 3), train_loss=state.last_loss,
                       stages=state.stages, recompiles=state.recompiles,
                       tokens_per_s=round(tok_s, 1) if tok_s else None)
-        if tok_s and plan.peak_flops:
-            result["flops_per_token"] = plan.model.flops_per_token(plan.model.seq_len)
-            result["mfu"] = round(result["flops_per_token"] * tok_s / plan.peak_flops, 4)
-            if plan.emulated and plan.device_peak_flops:
-                # MFU above is against the emulated profile's peak (what the recipe would get there, if it ran
-                # this fast); this one is against the card that actually ran.
-                result["mfu_device"] = round(result["flops_per_token"] * tok_s / plan.device_peak_flops, 4)
-        if plan.device == "cuda":
-            result["peak_mem_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
-        else:
-            import resource
+        from .loop_setup import loop_result  # torch-heavy: imported when a run records, not with the runner
 
-            result["peak_mem_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+        result.update(loop_result(plan, state))
+        result.update(mfu_keys(plan, state.stages, state.steps, state.train_seconds))
+        result.update((self.peak_memory or PeakMemory(plan.device)).read())
 
     # -- always -------------------------------------------------------------------------------------------
     def finish(self, db: ResultsDB, run_id: str, started: float) -> None:
@@ -237,10 +292,11 @@ def _configure_torch(plan: Any) -> None:
             log.info("memory capped to %.1f GB (%.3f of the device)", plan.memory_cap_gb, fraction)
 
 
-BLOCK_KEYS = ("status", "val_bpb", "val_loss", "val_bpb_quant", "val_bpb_ttt", "artifact_bytes", "artifact_ok",
-              "tokens_per_s", "mfu", "peak_mem_mb", "steps", "tokens", "train_seconds", "compile_seconds",
-              "eval_seconds", "params", "hardware", "device_name", "emulated", "attn_kernel", "precision", "seed",
-              "run_dir", "error")
+BLOCK_KEYS = ("status", "val_bpb", "val_loss", "val_bpb_quant", "val_bpb_ttt", "val_bpb_ttt_base", "artifact_bytes",
+              "artifact_model_bytes", "artifact_code_bytes", "artifact_ok", "tokens_per_s", "mfu", "mfu_profile",
+              "peak_mem_mb", "steps", "tokens", "train_seconds", "compile_seconds", "eval_seconds", "eval_tokens",
+              "eval_fingerprint", "params", "hardware", "device_name", "card", "emulated", "attn_kernel",
+              "precision", "seed", "phase", "run_dir", "error")
 
 
 def format_result_block(result: dict[str, Any]) -> str:

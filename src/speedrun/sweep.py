@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from omegaconf import OmegaConf
+
 from .paths import results_db_path
 from .report.groups import Group, default_group_keys, eval_sets, group_runs
 from .report.leaderboard import extra_columns, groups_csv, metrics_for, shared_note, table_rows
@@ -326,6 +328,10 @@ class SweepSummary(Callback):  # type: ignore[misc,valid-type]
         if s.not_run:
             print(f"not run: {s.not_run} job(s) (fail-fast or interrupted)", flush=True)
         print(f"summary: {sweep_dir / 'summary.md'}", flush=True)
+        if str(OmegaConf.select(config, "logger.name", default="")) == "wandb":
+            from .report.wandb_sweep import log_sweep_summary
+
+            log_sweep_summary(sweep_dir, sweep_dir.name, config.logger, summary_csv(s), s.groups)
         crashed = [r for _, r in s.failures if r.get("status") != "diverged"]  # a divergence is a result
         if self.exit_nonzero_on_failure and (crashed or s.not_run):
             sys.stdout.flush()

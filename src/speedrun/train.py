@@ -5,15 +5,18 @@ optimizer state restored), so train_seconds measures training alone and the warm
 """
 from __future__ import annotations
 
+import contextlib
 import copy
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
 import torch
 
+from .budget import Budget, Clock
 from .config import OptimConfig, ScheduleConfig
+from .mfu import plan_flops_per_token
+from .metrics import LossBuffer, first_non_finite, progress_line
 from .optim import set_lr_multiplier, set_muon_momentum
 from .plan import Plan
 
@@ -39,6 +42,19 @@ class TrainState:
     """Each context stage that ran: seq_len, start_step, start_seconds."""
     recompiles: Optional[int] = None
     """Graphs dynamo compiled during timed training (0 when warm-up covered every shape); None until it ends."""
+    flops: float = 0.0
+    """Model FLOPs trained so far (MFU convention, each step at its stage's seq_len): what budget.flops counts."""
+    stage_index: int = -1
+    """Index into Plan.stages of the stage running (-1 before the first step)."""
+    stage_start_step: int = 0
+    position: int = 0
+    """Token position of the training stream after the last step (what a checkpoint resumes from)."""
+    budget_end: Optional[str] = None
+    """The budget that ended training: time, steps, tokens or flops (None: stopped otherwise)."""
+    val_seconds_periodic: float = 0.0
+    """Wall seconds of periodic validation (kept out of train_seconds)."""
+    checkpoint_seconds: float = 0.0
+    """Wall seconds spent writing checkpoints (kept out of train_seconds)."""
 
 
 def lr_multiplier(progress: float, schedule: ScheduleConfig) -> float:
@@ -163,99 +179,95 @@ def warm_up(stepper: Stepper, make_batches: MakeBatches, state: TrainState, log:
 
 
 def train(stepper: Stepper, make_batches: MakeBatches, *, state: TrainState, log: Callable[[str], None],
-          on_metrics: Callable[[dict[str, Any]], None]) -> TrainState:
-    """Train until the budget is spent or the loss goes non-finite (state.diverged).
+          on_metrics: Callable[[dict[str, Any]], None], extras: Any = None) -> TrainState:
+    """Train until a budget is spent (speedrun.budget: time, steps, tokens or FLOPs, whichever first) or the loss
+    goes non-finite (state.diverged). ``state`` may come from a checkpoint: the loop continues where it stopped.
 
     Context stages switch when their fraction of the budget (time or steps, never later than whichever budget
     ends the run) is used up; the new stream continues at the token where the previous one stopped, and the LR
-    re-warms over schedule.rewarmup_steps.
+    re-warms over schedule.rewarmup_steps. Losses stay on the device until a flush (speedrun.metrics). ``extras``
+    (speedrun.periodic.LoopExtras) runs periodic validation and checkpoints between steps with the clock paused,
+    and turns a stop signal into a checkpoint at the end of the step.
     """
     plan = stepper.plan
     optim, schedule, log_every_seconds = plan.optim, plan.schedule, plan.logger.log_every_seconds
-    stage_index, stage_start_step = -1, 0
+    budget, clock = Budget.from_plan(plan), Clock(state.train_seconds)
+    losses = LossBuffer(plan.device, plan.logger.flush_every_steps)
     batches: Any = None
     graphs_before = _graphs_compiled()
     step_tokens = plan.tokens_per_step
-    budget_s, max_steps = plan.train_seconds, plan.max_steps
-    pending: Optional[torch.Tensor] = None  # last step's loss, read one step late to avoid a pipeline stall
-    t0 = time.perf_counter()
-    next_log = t0 + min(log_every_seconds, 2.0)
-    lr, last_logged = 1.0, -1
+    next_log = time.perf_counter() + min(log_every_seconds, 2.0)
+    lr = 1.0
 
-    def progress(elapsed: float) -> float:
-        p = elapsed / budget_s if math.isfinite(budget_s) else 0.0
-        return max(p, state.steps / max_steps) if max_steps else p
+    def used(seconds: float) -> tuple[float, int, int, float]:
+        return seconds, state.steps, state.tokens, state.flops
 
-    def stage_progress(elapsed: float) -> float:
-        own = state.steps / max_steps if plan.stage_progress == "step" and max_steps else 0.0
-        if plan.stage_progress == "time" and math.isfinite(budget_s):
-            own = elapsed / budget_s
-        return max(own, progress(elapsed))  # whichever budget ends the run also drives the stages
+    def flush(line: bool) -> bool:
+        """Copy the buffered losses out (one sync) into metrics.jsonl; False when one of them is not finite."""
+        _sync(plan.device)
+        state.train_seconds = clock.elapsed()
+        records = losses.flush()
+        if not records:
+            return True
+        bad = first_non_finite(records)
+        if bad is not None:
+            records = records[: bad + 1]
+            state.diverged = True
+        state.last_loss = records[-1]["train_loss"]
+        if line and not state.diverged:
+            progress_line(records[-1], budget.progress(*used(state.train_seconds)), state.train_seconds, log)
+        for record in records if plan.logger.dense else records[-1:]:
+            on_metrics(record)
+        return not state.diverged
 
-    while True:
-        elapsed = time.perf_counter() - t0
-        frac = progress(elapsed)
-        if frac >= 1.0:
-            break
-        wanted = next((i for i, st in enumerate(plan.stages) if stage_progress(elapsed) < st.until),
-                      len(plan.stages) - 1)
-        if wanted > stage_index:
-            stage = plan.stages[wanted]
-            position = batches.state_dict()["position"] if batches is not None else 0
-            batches = make_batches(stage.seq_len, stage.micro_batch, position)
-            stage_index, stage_start_step = wanted, state.steps
-            state.stages.append({"seq_len": stage.seq_len, "start_step": state.steps,
-                                 "start_seconds": round(elapsed, 3)})
-            if len(plan.stages) > 1:
-                log(f"context stage {wanted + 1}/{len(plan.stages)}: seq_len {stage.seq_len} x {stage.micro_batch} "
-                    f"from step {state.steps}")
-        lr = lr_multiplier(frac, schedule)
-        if stage_index > 0 and schedule.rewarmup_steps > 0:
-            lr *= min(1.0, (state.steps - stage_start_step + 1) / schedule.rewarmup_steps)
-        set_lr_multiplier(stepper.optimizers, lr)
-        set_muon_momentum(stepper.optimizers, muon_momentum(state.steps, optim))
-        loss = stepper(batches)
-        if pending is not None and not _check_finite(pending, state):
-            break
-        pending = loss
-        state.steps += 1
-        state.tokens += step_tokens
-        now = time.perf_counter()
-        state.train_seconds = now - t0
-        if now >= next_log:
-            _sync(plan.device)
-            state.train_seconds = time.perf_counter() - t0
-            if not _check_finite(pending, state):
+    with extras.deferring() if extras is not None else contextlib.nullcontext():
+        while True:
+            seconds = clock.elapsed()
+            if budget.progress(*used(seconds)) >= 1.0:
+                state.budget_end = budget.ended_by(*used(seconds))
                 break
-            _report(state, progress(state.train_seconds), lr, log, on_metrics)
-            last_logged = state.steps
-            next_log = time.perf_counter() + log_every_seconds
+            stage_frac = budget.stage_fraction(plan.stage_progress, *used(seconds))
+            wanted = next((i for i, st in enumerate(plan.stages) if stage_frac < st.until), len(plan.stages) - 1)
+            if wanted > state.stage_index or batches is None:
+                position = batches.state_dict()["position"] if batches is not None else state.position
+                if wanted > state.stage_index:
+                    stage = plan.stages[wanted]
+                    state.stage_index, state.stage_start_step = wanted, state.steps
+                    state.stages.append({"seq_len": stage.seq_len, "start_step": state.steps,
+                                         "start_seconds": round(seconds, 3)})
+                    if len(plan.stages) > 1:
+                        log(f"context stage {wanted + 1}/{len(plan.stages)}: seq_len {stage.seq_len} x "
+                            f"{stage.micro_batch} from step {state.steps}")
+                stage = plan.stages[state.stage_index]
+                batches = make_batches(stage.seq_len, stage.micro_batch, position)
+                step_flops = step_tokens * plan_flops_per_token(plan, stage.seq_len)
+            lr = lr_multiplier(budget.progress(*used(seconds)), schedule)
+            if state.stage_index > 0 and schedule.rewarmup_steps > 0:
+                lr *= min(1.0, (state.steps - state.stage_start_step + 1) / schedule.rewarmup_steps)
+            set_lr_multiplier(stepper.optimizers, lr)
+            set_muon_momentum(stepper.optimizers, muon_momentum(state.steps, optim))
+            loss = stepper(batches)
+            state.steps += 1
+            state.tokens += step_tokens
+            state.flops += step_flops
+            state.position = batches.state_dict()["position"]
+            losses.add(loss, state.steps, state.tokens, lr, clock.elapsed())
+            line = time.perf_counter() >= next_log
+            boundary = extras is not None and extras.due(state, clock.elapsed())
+            if line or boundary or losses.full:
+                if not flush(line):
+                    break
+                if line:
+                    next_log = time.perf_counter() + log_every_seconds
+            if boundary:
+                with clock.paused():
+                    extras.run(state)  # raises KeyboardInterrupt after its checkpoint when a stop was requested
     _sync(plan.device)
-    state.train_seconds = time.perf_counter() - t0
+    state.train_seconds = clock.elapsed()
     state.recompiles = _graphs_compiled() - graphs_before
-    if pending is not None and not state.diverged:
-        _check_finite(pending, state)
-    if not state.diverged and state.steps != last_logged:
-        _report(state, 1.0, lr, log, on_metrics)
+    if not state.diverged:
+        flush(line=True)
+    if extras is not None and not state.diverged:
+        with clock.paused():
+            extras.finish(state)
     return state
-
-
-def _check_finite(loss: torch.Tensor, state: TrainState) -> bool:
-    value = float(loss.item())
-    state.last_loss = value
-    if not math.isfinite(value):
-        state.diverged = True
-        return False
-    return True
-
-
-def _report(state: TrainState, frac: float, lr_mult: float, log: Callable[[str], None],
-            on_metrics: Callable[[dict[str, Any]], None]) -> None:
-    tok_s = state.tokens / state.train_seconds if state.train_seconds > 0 else 0.0
-    eta = state.train_seconds / frac - state.train_seconds if 0 < frac < 1 else 0.0
-    record = {"step": state.steps, "tokens": state.tokens, "train_loss": state.last_loss, "lr_mult": lr_mult,
-              "elapsed_s": round(state.train_seconds, 3), "tokens_per_s": round(tok_s, 1), "progress": round(frac, 4)}
-    on_metrics(record)
-    loss = f"{state.last_loss:.4f}" if state.last_loss is not None else "-"
-    log(f"step {state.steps:>6}  loss {loss}  lr x{lr_mult:.2f}  {tok_s:,.0f} tok/s  "
-        f"elapsed {state.train_seconds:.0f}s  eta {eta:.0f}s")

@@ -26,6 +26,11 @@ touched. The output head cannot get one: the GPT computes logits with F.linear o
 than by calling a module. Documents of a batch have independent adapters (batched A, B); the loss is a sum of
 per-document terms and Adam is elementwise, so a document's adapter sees only its own gradients.
 
+Baseline: every chunk is also scored by the base model with no adaptation, in the same pass and from the same
+window (``val_bpb_ttt_base``), so ``val_bpb_ttt_base - val_bpb_ttt`` is what adaptation bought, apart from what
+the document-local windows alone change against the plain eval. A chunk 0 costs nothing extra (its adapters are
+fresh, B = 0, so its adapted score is the base score); every later chunk costs one more forward without grad.
+
 Budget: ``ttt.max_seconds`` is checked before every chunk step; when it is spent TTT stops there and reports
 what it scored (tokens_scored, fraction). Batches run in a seeded random order, so a partial run scores an
 unbiased sample of documents rather than the shortest or longest.
@@ -125,6 +130,9 @@ class TTTResult:
     val_loss: Optional[float]
     """Mean nats per scored token (None if nothing was scored)."""
     val_bpb: Optional[float]
+    base_val_loss: Optional[float]
+    """The same chunks and windows scored by the model with no adaptation (None if not asked for)."""
+    base_val_bpb: Optional[float]
     tokens_scored: int
     tokens_total: int
     bytes: int
@@ -163,8 +171,10 @@ def ttt_evaluate(
     seed: int = 0,
     record_chunks: bool = False,
     log: Optional[Callable[[str], None]] = None,
+    score_base: bool = True,
 ) -> TTTResult:
-    """Score val_tokens with score-first LoRA TTT (see the module doc). ``model`` is not modified."""
+    """Score val_tokens with score-first LoRA TTT (see the module doc). ``model`` is not modified. With
+    ``score_base`` each chunk is also scored by ``model`` itself, unadapted (base_val_loss, base_val_bpb)."""
     steps = parse_short_chunks(short_chunks)
     target_names = parse_targets(targets)
     for size in [chunk_size] + [c for _, c in steps]:
@@ -195,18 +205,21 @@ def ttt_evaluate(
         stopped = _adapt_batch(lora, [docs[i] for i in batch], batch, c, tokens, luts, state, seq_len=seq_len,
                                lr=lr, betas=(beta1, beta2), weight_decay=weight_decay, device=device,
                                autocast_dtype=autocast_dtype, deadline=None if max_seconds is None else t0 + max_seconds,
-                               chunk_log=result_chunks if record_chunks else None)
+                               chunk_log=result_chunks if record_chunks else None, base=model if score_base else None)
         if stopped:
             break
         docs_done += len(batch)
     seconds = time.perf_counter() - t0
     nats, n_bytes, n_tokens = state.totals()
+    base_nats = float(state.base_nats.item()) if score_base else None
     total = val_tokens.numel() - 1
     if stopped and log:
         log(f"ttt: max_seconds={max_seconds:g} reached after {seconds:.1f} s; scored {n_tokens:,} of {total:,} tokens")
     return TTTResult(
         val_loss=nats / n_tokens if n_tokens else None,
         val_bpb=nats / math.log(2) / n_bytes if n_bytes else None,
+        base_val_loss=base_nats / n_tokens if base_nats is not None and n_tokens else None,
+        base_val_bpb=base_nats / math.log(2) / n_bytes if base_nats is not None and n_bytes else None,
         tokens_scored=n_tokens, tokens_total=total, bytes=n_bytes, docs_done=docs_done, docs_total=len(docs),
         seconds=seconds, complete=n_tokens == total, chunks=result_chunks,
     )
@@ -215,6 +228,7 @@ def ttt_evaluate(
 class _Sums:
     def __init__(self, device: str):
         self.nats = torch.zeros((), dtype=torch.float64, device=device)
+        self.base_nats = torch.zeros((), dtype=torch.float64, device=device)
         self.bytes = torch.zeros((), dtype=torch.int64, device=device)
         self.tokens = 0
 
@@ -228,10 +242,18 @@ def _width(n: int, seq_len: int) -> int:
     return min(seq_len, max(64, 1 << max(0, n - 1).bit_length()))
 
 
+def _nats(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: str,
+          autocast_dtype: Optional[torch.dtype]) -> torch.Tensor:
+    if autocast_dtype is None:
+        return model(x, y, reduction="none")
+    with torch.autocast(device, dtype=autocast_dtype):
+        return model(x, y, reduction="none")
+
+
 def _adapt_batch(lora: LoRAModel, docs: list[tuple[int, int]], doc_ids: list[int], chunk: int, tokens: torch.Tensor,
                  luts: ByteLUTs, sums: _Sums, *, seq_len: int, lr: float, betas: tuple[float, float],
                  weight_decay: float, device: str, autocast_dtype: Optional[torch.dtype],
-                 deadline: Optional[float], chunk_log: Optional[list]) -> bool:
+                 deadline: Optional[float], chunk_log: Optional[list], base: Optional[nn.Module] = None) -> bool:
     """Score-first TTT of one batch of documents (all with chunk size ``chunk``). True if the deadline hit.
 
     Every step runs one row per document of the batch at one padded width (documents that are done are all
@@ -263,14 +285,13 @@ def _adapt_batch(lora: LoRAModel, docs: list[tuple[int, int]], doc_ids: list[int
         weights = torch.tensor(train, device=device)
         training = any(train)
         with torch.set_grad_enabled(training):
-            if autocast_dtype is not None:
-                with torch.autocast(device, dtype=autocast_dtype):
-                    nats = lora.model(x, y, reduction="none")
-            else:
-                nats = lora.model(x, y, reduction="none")
+            nats = _nats(lora.model, x, y, device, autocast_dtype)
         with torch.no_grad():  # the score: before this chunk's update
             chunk_nats = torch.where(scored, nats.detach().double(), 0.0)
             sums.nats += chunk_nats.sum()
+            if base is not None:  # chunk 0: fresh adapters (B = 0) add exactly nothing, so it is the base score
+                base_nats = nats.detach() if k == 0 else _nats(base, x, y, device, autocast_dtype)
+                sums.base_nats += torch.where(scored, base_nats.double(), 0.0).sum()
             sums.bytes += torch.where(scored, token_bytes(x, y, luts), 0).sum()
             counts = scored.sum(dim=1)
             sums.tokens += int(counts.sum().item())

@@ -37,6 +37,7 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from speedrun.identity import GPU_SHARED_ENV
 from speedrun.kernels.cache import cache_env
 from speedrun.paths import results_db_path
 from speedrun.signals import sigterm_as_interrupt
@@ -65,8 +66,7 @@ class PoolLauncherConf:
     stop_timeout_s: float = 60.0
     """After SIGTERM (fail-fast, Ctrl-C), seconds a job gets to record itself before SIGKILL."""
     compile_cache: Optional[str] = "outputs/.compile_cache"
-    """Inductor and Triton cache shared by the jobs (relative to where the sweep starts), so a job with shapes
-    compiled before loads them (speedrun.kernels.cache); null leaves torch's defaults. Variables already set win."""
+    """Inductor/Triton cache the jobs share (speedrun.kernels.cache); null: torch's defaults; set variables win."""
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="pool", node=PoolLauncherConf, provider="speedrun")
@@ -209,9 +209,9 @@ class PoolLauncher(Launcher):
         where = ", ".join(f"GPU {s}" for s in dict.fromkeys(slots)) if slots[0] is not None else "CPU"
         log.info(f"Launching {len(jobs)} job(s), {len(slots)} at a time ({where}), one process each; "
                  f"output in <job dir>/console.log")
+        os.environ.update(cache_env(Path(str(p["compile_cache"])) if p.get("compile_cache") else None))  # jobs inherit
         pool = _Pool(slots, fail_fast=bool(p.get("fail_fast", False)), echo=echo,
                      stop_timeout_s=float(p.get("stop_timeout_s", 60.0)))
-        pool.compile_cache = Path(str(p["compile_cache"])) if p.get("compile_cache") else None
         returns = pool.run(jobs)
         self.interrupted = self.interrupted or pool.interrupted
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
@@ -241,7 +241,6 @@ class _Pool:
         self.slots, self.fail_fast, self.echo, self.stop_timeout_s = slots, fail_fast, echo, stop_timeout_s
         self.interrupted = False
         self.stopping: Optional[str] = None
-        self.compile_cache: Optional[Path] = None  # the jobs' shared compile cache (None: torch's defaults)
 
     def run(self, jobs: list[_Job]) -> list[JobReturn]:
         with sigterm_as_interrupt():
@@ -286,10 +285,11 @@ class _Pool:
 
     def _start(self, job: _Job, slot: int) -> _Job:
         gpu = self.slots[slot]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        env.update(cache_env(self.compile_cache))
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", GPU_SHARED_ENV: "0"}
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpu
+            if self.slots.count(gpu) > 1:  # jobs_per_gpu > 1: the run records gpu_shared (speed is not the card's)
+                env[GPU_SHARED_ENV] = "1"
         if len(self.slots) > 1 and "OMP_NUM_THREADS" not in os.environ:
             # parallel jobs share the cores: without this each one starts a thread per core and they thrash
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // len(self.slots)))

@@ -20,6 +20,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from ..paths import CONF_DIR, DEFAULT_RESULTS_DB
+from .checkpointing import CheckpointConfig
 from .choices import *  # noqa: F403 - the Enums are part of the schema's public names
 from .finishing import EvalConfig, LoggerConfig, QuantConfig, TTTConfig
 from .kernel import KernelConfig
@@ -34,7 +35,8 @@ from .training import (
     ScheduleConfig,
 )
 
-__all__ = ["CONF_DIR", "Config", "GROUPS", "register_configs", "to_config", "AttnConfig", "BudgetConfig", "DataConfig",
+__all__ = ["CONF_DIR", "Config", "GROUPS", "register_configs", "to_config", "AttnConfig", "BudgetConfig", "CheckpointConfig",
+           "DataConfig",
            "EvalConfig", "HardwareConfig", "KernelConfig", "LoggerConfig", "ModelConfig", "OptimConfig",
            "PrecisionConfig", "QuantConfig", "ScheduleConfig", "TTTConfig"]
 
@@ -54,6 +56,7 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     kernel: KernelConfig = field(default_factory=KernelConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     seed: int = 0
     """Seed for model initialisation, TTT's adapter init and document order. It does not change the training data
     order: every run reads the shards in the same order from the same position."""
@@ -63,6 +66,9 @@ class Config:
     """Results database (relative paths are taken from the directory `python -m run` was started in)."""
     sweep: Optional[str] = None
     """Sweep id, set by multirun; recorded with each run."""
+    resume: Optional[str] = None
+    """A run dir to continue from its latest checkpoint, to its original budget, recorded in the same row:
+    `python -m run resume=<run dir>`. The run's own config is used (speedrun.resume)."""
 
 
 GROUPS = {
@@ -87,6 +93,10 @@ def register_configs() -> None:
 
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
+    from ..resume import hydra_subdir_resolver, run_dir_resolver  # conf/config.yaml: resume=<dir> runs in <dir>
+
+    OmegaConf.register_new_resolver("speedrun_run_dir", run_dir_resolver, replace=True)
+    OmegaConf.register_new_resolver("speedrun_hydra_subdir", hydra_subdir_resolver, replace=True)
     for group, schema in GROUPS.items():
         cs.store(group=group, name=f"{group}_schema", node=schema)
 

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from ..specs import parse_short_chunks, parse_targets
+from .checkpointing import parse_batch
 from .choices import Compressor, EvalName, LoggerName, QuantName, TTTName, WandbMode, _require
 
 
@@ -14,9 +15,11 @@ class EvalConfig:
     """standard: non-overlapping windows of model.seq_len; sliding: windows of model.seq_len advancing by
     eval.stride, each val token scored exactly once with at least seq_len - stride tokens of context."""
     tokens: Optional[int] = None
-    """Validation tokens to score. None: the hardware profile's default; 0: the whole split."""
-    batch_size: Optional[int] = None
-    """Windows per eval forward. None: hardware.micro_batch."""
+    """Validation tokens to score: the first N of the split. None (or 0): the whole split, as parameter-golf
+    scores it; runs record eval_tokens and eval_fingerprint, and the report compares only runs of one set."""
+    batch_size: Any = None
+    """Windows per eval forward. None: hardware.micro_batch (searched too when that is auto); auto: the largest
+    that fits, found on the device during warm-up, so an eval never runs out of memory where training did not."""
     stride: Optional[int] = None
     """eval=sliding: tokens each window advances (1 <= stride <= model.seq_len); stride == seq_len is the
     standard eval. Must be unset for eval=standard."""
@@ -24,7 +27,22 @@ class EvalConfig:
     """Score with no attention across BOS (each token sees only its own document), through the attention
     backend's document mask: needs attn=flex or attn=math."""
 
+    every_steps: Optional[int] = None
+    """Periodic validation every this many optimizer steps (None: off), on the first eval.periodic_tokens validation
+    tokens with standard windows; its time is kept out of train_seconds (val_seconds_periodic) and each result is
+    a val_bpb record in metrics.jsonl. The final evaluation is unchanged."""
+    every_seconds: Optional[float] = None
+    """Periodic validation every this many seconds of training (train_seconds; None: off)."""
+    periodic_tokens: int = 65536
+    """Validation tokens each periodic evaluation scores (a fixed slice from the start of the val split)."""
+
     def __post_init__(self) -> None:
+        self.batch_size = parse_batch(self.batch_size, f"eval.batch_size={self.batch_size}")
+        _require(self.every_steps is None or self.every_steps >= 1,
+                 f"eval.every_steps={self.every_steps} must be >= 1 (or null: off)")
+        _require(self.every_seconds is None or self.every_seconds > 0,
+                 f"eval.every_seconds={self.every_seconds} must be > 0 (or null: off)")
+        _require(self.periodic_tokens >= 2, f"eval.periodic_tokens={self.periodic_tokens} must be >= 2")
         if self.name == EvalName.sliding:
             _require(self.stride is not None and self.stride >= 1,
                      f"eval=sliding needs eval.stride >= 1 (at most model.seq_len), got {self.stride}; "
@@ -33,7 +51,6 @@ class EvalConfig:
             _require(self.stride is None, "eval.stride is for eval=sliding; use eval=sliding eval.stride=N, or drop "
                                           "eval.stride")
         _require(self.tokens is None or self.tokens >= 0, f"eval.tokens={self.tokens} must be >= 0 (0: all)")
-        _require(self.batch_size is None or self.batch_size >= 1, f"eval.batch_size={self.batch_size} must be >= 1")
 
 
 @dataclass
@@ -63,6 +80,10 @@ class TTTConfig:
     max_seconds: Optional[float] = None
     """Wall-clock budget for TTT; when spent it stops after the current chunk and records what was scored
     (ttt_tokens_scored, ttt_fraction). None: no limit."""
+    score_base: bool = True
+    """Also score every chunk unadapted, in the same pass and windows (val_bpb_ttt_base, so the gain is
+    val_bpb_ttt_base - val_bpb_ttt): one more forward per chunk after a document's first, about +40% TTT time
+    on CPU. false: skip it (val_bpb_ttt_base null)."""
 
     def __post_init__(self) -> None:
         parse_targets(self.targets)
@@ -122,9 +143,19 @@ class LoggerConfig:
     """console, or wandb."""
     log_every_seconds: float = 10.0
     """Seconds between progress lines."""
+    dense: bool = True
+    """A metrics.jsonl record for every optimizer step (train_loss, lr_mult, tokens, elapsed_s). The losses are kept
+    on the device and copied out every flush_every_steps steps or at a progress line, so no step waits for the
+    host. false: one record per progress line."""
+    flush_every_steps: int = 100
+    """Steps between copies of the buffered losses to the host (also the latest a non-finite loss is noticed)."""
     project: str = "speedrun"
     """W&B project (logger=wandb)."""
     entity: Optional[str] = None
     """W&B entity (logger=wandb)."""
     mode: WandbMode = WandbMode.auto
     """W&B mode: auto (online if a key is set, else offline), online, offline."""
+
+    def __post_init__(self) -> None:
+        _require(self.log_every_seconds > 0, f"logger.log_every_seconds={self.log_every_seconds} must be > 0")
+        _require(self.flush_every_steps >= 1, f"logger.flush_every_steps={self.flush_every_steps} must be >= 1")

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ..specs import parse_stages
+from .checkpointing import parse_batch
 from .choices import HardwareName, PrecisionName, Progress, ScheduleName, SdpaKernel, _require
 
 
@@ -13,16 +14,21 @@ class HardwareConfig:
     name: HardwareName = HardwareName.auto
     """Hardware profile: auto (detect), cpu, t4, a100, h100, b200. A profile smaller than the real device is
     emulated (its dtypes, kernels and memory cap); a larger one is refused."""
-    micro_batch: Optional[int] = None
-    """Sequences per forward/backward; gradient accumulation makes up budget.tokens_per_step. None: profile default."""
+    micro_batch: Any = None
+    """Sequences per forward/backward; gradient accumulation makes up budget.tokens_per_step. None: profile default;
+    auto: the largest that fits the card (or the emulated profile's memory cap) and divides the sequences per
+    step, found during warm-up and recorded in plan.json (an int, "auto" or null: typed Any, see parse_batch)."""
     compile: Optional[bool] = None
     """torch.compile the model. None: on for CUDA, off for CPU (compile time would eat a CPU budget)."""
     memory_cap_gb: Optional[float] = None
     """Cap usable GPU memory (GB). None: the profile's memory when emulating, no cap otherwise."""
+    memory_snapshot: bool = False
+    """Record the CUDA allocation history (torch.cuda.memory._record_memory_history) and, if the run runs out of
+    memory, dump it to <run dir>/memory_snapshot.pickle (open it at https://pytorch.org/memory_viz). Costs some
+    speed; for diagnosis."""
 
     def __post_init__(self) -> None:
-        _require(self.micro_batch is None or self.micro_batch >= 1,
-                 f"hardware.micro_batch={self.micro_batch} must be >= 1 (or null for the profile's default)")
+        self.micro_batch = parse_batch(self.micro_batch, f"hardware.micro_batch={self.micro_batch}")
         _require(self.memory_cap_gb is None or self.memory_cap_gb > 0,
                  f"hardware.memory_cap_gb={self.memory_cap_gb} must be > 0 (or null)")
 
@@ -189,7 +195,14 @@ class BudgetConfig:
     train_seconds: Optional[float] = None
     """Wall-clock training budget (compile and warm-up excluded). None: the hardware profile's default."""
     max_steps: Optional[int] = None
-    """Stop after this many optimizer steps (whichever of the two budgets comes first). None: no step limit."""
+    """Stop after this many optimizer steps (whichever budget comes first). None: no step limit."""
+    tokens: Optional[int] = None
+    """Stop after this many training tokens (whichever budget comes first): the same amount of training on any
+    card. None: no token limit. Set alone (with budget.flops), it lifts the profile's default time budget."""
+    flops: Optional[float] = None
+    """Stop after this many model FLOPs (the MFU convention: ModelShape.flops_per_token at each stage's seq_len),
+    whichever budget comes first; e.g. budget.flops=1e17. None: no FLOPs limit. Like budget.tokens, set without
+    budget.train_seconds it lifts the profile's default time budget."""
     tokens_per_step: Optional[int] = None
     """Tokens per optimizer step (gradient accumulation fills it). None: the hardware profile's default."""
     warmup_steps: int = 1
@@ -200,5 +213,8 @@ class BudgetConfig:
         _require(self.tokens_per_step is None or self.tokens_per_step >= 1,
                  f"budget.tokens_per_step={self.tokens_per_step} must be >= 1")
         _require(self.warmup_steps >= 0, f"budget.warmup_steps={self.warmup_steps} must be >= 0")
-        _require(self.train_seconds is None or self.train_seconds > 0 or self.max_steps is not None,
-                 "budget.train_seconds must be > 0 unless budget.max_steps is set")
+        _require(self.tokens is None or self.tokens >= 1, f"budget.tokens={self.tokens} must be >= 1 (or null)")
+        _require(self.flops is None or self.flops > 0, f"budget.flops={self.flops} must be > 0 (or null)")
+        _require(self.train_seconds is None or self.train_seconds > 0 or self.max_steps is not None
+                 or self.tokens is not None or self.flops is not None,
+                 "budget.train_seconds must be > 0 unless budget.max_steps, budget.tokens or budget.flops is set")

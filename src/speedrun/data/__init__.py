@@ -1,5 +1,5 @@
 """Data layer: embedded corpus, SentencePiece tokenizers, token shards, BPB byte accounting,
-batch loading and dataset preparation. See DESIGN.md ("Facts") for the formats and the BPB rule."""
+batch loading and dataset preparation. See docs/architecture.md for the formats and the BPB rule."""
 
 from .bpb import ByteLUTs, bits_per_byte, build_byte_luts, stream_bytes, token_bytes, unigram_bits_per_byte
 from .corpus import EMBEDDED_CORPUS, iter_documents, load_embedded_documents, split_train_val

@@ -16,10 +16,12 @@ from omegaconf import OmegaConf
 
 from ..config import CONF_DIR, Config, DataConfig, ModelConfig, QuantConfig, TTTConfig
 from ..errors import PlanError
+from ..cards import card_for
 from ..hardware import PROFILES, DetectedDevice, HardwareProfile
 from ..shape import ModelShape
 from .attention import check_scores_memory, resolve_attention
 from .kernel import resolve_kernel
+from .memory import param_count, training_memory_bytes
 from .types import DataPlan, EvalPlan, KernelPlan, Plan, Stage, plan_json
 
 __all__ = ["Plan", "PlanError", "Stage", "EvalPlan", "DataPlan", "KernelPlan", "resolve", "load_option", "plan_json"]
@@ -48,8 +50,9 @@ def choose_profile(requested: str, device: DetectedDevice) -> tuple[HardwareProf
             f"hardware={requested} needs a CUDA GPU, and none is visible here; use hardware=auto or hardware=cpu"
         )
     if profile.family == device.profile.family:
-        # Same chip family (an H200 asked to be an h100): run natively, cap memory if the profile is smaller.
-        return profile, profile.memory_gb < device.memory_gb - 1
+        # Same chip family but another profile (an H200 asked to be an h100): the recipe runs with the profile's
+        # memory cap on a card that is not the profile's, so it is emulation, and recorded as such.
+        return profile, profile.name != device.profile.name
     too_big = profile.capability > device.capability or profile.memory_gb > device.memory_gb + 1
     if too_big:
         raise PlanError(
@@ -83,8 +86,10 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Optional[Path] = None) -> 
     attn, attn_options, attn_kernel = resolve_attention(cfg, profile, precision, model)
 
     seq_len = model.seq_len
-    micro_batch = cfg.hardware.micro_batch or max(1, profile.micro_batch_tokens // seq_len)
     tokens_per_step = cfg.budget.tokens_per_step or profile.tokens_per_step
+    search = cfg.hardware.micro_batch == "auto"
+    micro_batch = (start_micro_batch(profile, seq_len, tokens_per_step) if search
+                   else cfg.hardware.micro_batch or max(1, profile.micro_batch_tokens // seq_len))
     micro_tokens = micro_batch * seq_len
     if tokens_per_step % micro_tokens:
         raise PlanError(
@@ -93,18 +98,26 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Optional[Path] = None) -> 
             f"{micro_tokens} or change hardware.micro_batch"
         )
     check_scores_memory(attn, attn_options, micro_batch, model, profile, precision)
+    memory_gb = _memory_estimate_gb(attn, attn_options, micro_batch, model, precision)
+    card = card_for(device.name) if on_cuda else None
     stages = _stages(lengths, micro_tokens) if lengths else (Stage(seq_len, 1.0, micro_batch),)
-    if cfg.schedule.progress == "step" and not cfg.budget.max_steps:
-        raise PlanError("schedule.progress=step measures stages in steps: set budget.max_steps, or use "
-                        "schedule.progress=time")
+    b = cfg.budget
+    if cfg.schedule.progress == "step" and not (b.max_steps or b.tokens or b.flops):
+        raise PlanError("schedule.progress=step measures stages in steps: set budget.max_steps (or budget.tokens or "
+                        "budget.flops, which the stages then follow), or use schedule.progress=time")
 
-    eval_plan = _resolve_eval(cfg, profile, attn, model, micro_batch)
+    eval_plan = _resolve_eval(cfg, profile, attn, model, micro_batch, search)
     ttt = _resolve_ttt(cfg.ttt, model, eval_plan.batch_size)
     _check_compressor(cfg.quant)
-    train_seconds = cfg.budget.train_seconds if cfg.budget.train_seconds is not None else profile.train_seconds
+    # A card-independent budget (tokens, FLOPs) set without a time budget is not cut short by the profile's
+    # default seconds: the point of it is the same training on any card.
+    default_seconds = math.inf if (b.tokens or b.flops) else profile.train_seconds
+    train_seconds = b.train_seconds if b.train_seconds is not None else default_seconds
     compile_on = cfg.hardware.compile if cfg.hardware.compile is not None else on_cuda
+    # micro-batch search may raise the micro-batch after resolve: check CUDA graphs' warm-up for one per step
     kernel, attn_options = resolve_kernel(cfg, profile, precision, model_name, model, attn, attn_options,
-                                          compile_on=compile_on, grad_accum=tokens_per_step // micro_tokens,
+                                          compile_on=compile_on,
+                                          grad_accum=1 if search else tokens_per_step // micro_tokens,
                                           warmup_steps=cfg.budget.warmup_steps)
 
     return Plan(
@@ -119,8 +132,9 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Optional[Path] = None) -> 
         autocast={"bf16": "bf16", "fp8": "bf16", "fp16": "fp16"}.get(precision),
         grad_scaler=precision == "fp16",
         matmul_dtype=matmul_dtype,
-        peak_flops=profile.peak_flops(matmul_dtype),
-        device_peak_flops=device.profile.peak_flops(matmul_dtype) if on_cuda else None,
+        card=card.name if card else None,
+        peak_flops=card.peak_flops(matmul_dtype) if card and on_cuda else None,
+        profile_peak_flops=profile.peak_flops(matmul_dtype) if emulated else None,
         ns_dtype="bf16" if on_cuda and profile.has_bf16 else "fp32",
         attn=attn,
         attn_options=tuple(sorted(attn_options.items())),
@@ -136,16 +150,31 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Optional[Path] = None) -> 
         tokens_per_step=tokens_per_step,
         train_seconds=float(train_seconds) if train_seconds > 0 else math.inf,
         max_steps=cfg.budget.max_steps,
+        budget_tokens=b.tokens,
+        budget_flops=b.flops,
         warmup_steps=cfg.budget.warmup_steps,
         eval=eval_plan,
         compile=compile_on,
+        memory_estimate_gb=memory_gb,
+        memory_snapshot=bool(cfg.hardware.memory_snapshot) and on_cuda,
         optim=cfg.optim,
         quant=cfg.quant,
         ttt=ttt,
         data=_resolve_data(cfg.data, cwd or Path.cwd()),
         logger=cfg.logger,
+        checkpoint=cfg.checkpoint,
+        micro_batch_search=search,
         kernel=kernel,
     )
+
+
+def start_micro_batch(profile: HardwareProfile, seq_len: int, tokens_per_step: int) -> int:
+    """hardware.micro_batch=auto: the profile's default micro-batch, or the nearest smaller one that divides the
+    sequences per step, as the plan's value until the warm-up search replaces it (and on CPU, where it does not
+    run)."""
+    sequences = max(1, tokens_per_step // seq_len)
+    default = max(1, profile.micro_batch_tokens // seq_len)
+    return max(d for d in range(1, min(default, sequences) + 1) if sequences % d == 0)
 
 
 def _stages(lengths: list[tuple[int, float]], micro_tokens: int) -> tuple[Stage, ...]:
@@ -157,6 +186,14 @@ def _stages(lengths: list[tuple[int, float]], micro_tokens: int) -> tuple[Stage,
             f"pick lengths that divide {micro_tokens} or change hardware.micro_batch"
         )
     return tuple(Stage(length, until, micro_tokens // length) for length, until in lengths)
+
+
+def _memory_estimate_gb(attn: str, options: dict[str, Any], micro_batch: int, model: ModelShape,
+                        precision: str) -> float:
+    from ..attention import backend_class
+
+    scores = backend_class(attn).scores_bytes(options, micro_batch, model, precision)
+    return round(training_memory_bytes(model, micro_batch, precision, scores, param_count(model)) / 1e9, 2)
 
 
 def _sm(capability: Optional[tuple[int, int]]) -> str:
@@ -207,7 +244,7 @@ def _resolve_model(cfg: Config, profile: HardwareProfile) -> tuple[str, ModelSha
 
 
 def _resolve_eval(cfg: Config, profile: HardwareProfile, attn: str, model: ModelShape,
-                  micro_batch: int) -> EvalPlan:
+                  micro_batch: int, micro_batch_search: bool = False) -> EvalPlan:
     from ..attention import backend_class
 
     e = cfg.eval
@@ -217,12 +254,15 @@ def _resolve_eval(cfg: Config, profile: HardwareProfile, attn: str, model: Model
     if e.document_isolated and not backend_class(attn).capabilities.document_mask:
         raise PlanError(f"eval.document_isolated=true needs an attention backend with a document mask; attn={attn} "
                         f"has none: use attn=flex (CUDA) or attn=math, or eval.document_isolated=false")
-    tokens = e.tokens if e.tokens is not None else profile.eval_tokens
+    tokens = e.tokens  # None or 0: the whole split, on every card, so scores compare across cards
     label = str(e.name) if e.name != "sliding" else f"sliding:{e.stride}"
     # a model trained with attn.document_mask keeps masking documents at eval too
     label += "+doc" if e.document_isolated or cfg.attn.document_mask else ""
+    search = e.batch_size == "auto" or (e.batch_size is None and micro_batch_search)
+    batch_size = micro_batch if e.batch_size in (None, "auto") else e.batch_size
     return EvalPlan(mode=str(e.name), stride=e.stride, document_isolated=e.document_isolated, tokens=tokens or None,
-                    batch_size=e.batch_size or micro_batch, label=label)
+                    batch_size=batch_size, label=label, batch_search=search, every_steps=e.every_steps,
+                    every_seconds=e.every_seconds, periodic_tokens=e.periodic_tokens)
 
 
 def _resolve_ttt(ttt: TTTConfig, model: ModelShape, eval_batch: int) -> TTTConfig:

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..config import LoggerConfig, OptimConfig, QuantConfig, ScheduleConfig, TTTConfig
+from ..config import CheckpointConfig, LoggerConfig, OptimConfig, QuantConfig, ScheduleConfig, TTTConfig
 from ..shape import ModelShape
 
 
@@ -34,6 +34,20 @@ class EvalPlan:
     """Windows per eval forward."""
     label: str
     """What the scores mean, recorded as eval_mode: e.g. standard, sliding:64+doc."""
+    batch_search: bool = False
+    """Search the largest batch_size that fits during warm-up (eval.batch_size=auto, or hardware.micro_batch=auto
+    with eval.batch_size unset); batch_size is then where the search starts, and plan.json is rewritten with the
+    choice."""
+    every_steps: Optional[int] = None
+    """Periodic validation every this many steps (None: off)."""
+    every_seconds: Optional[float] = None
+    """Periodic validation every this many train seconds (None: off)."""
+    periodic_tokens: int = 65536
+    """Validation tokens each periodic evaluation scores (standard windows of model.seq_len)."""
+
+    @property
+    def periodic(self) -> bool:
+        return self.every_steps is not None or self.every_seconds is not None
 
 
 @dataclass(frozen=True)
@@ -109,10 +123,13 @@ class Plan:
     grad_scaler: bool
     matmul_dtype: str
     """The dtype whose peak MFU divides by (tf32 for fp32 on sm80+)."""
+    card: Optional[str]
+    """The card that runs, as named in speedrun.cards (None: CPU, or a GPU the table does not know)."""
     peak_flops: Optional[float]
-    """Peak FLOP/s of matmul_dtype on the profile (the emulated one when emulating): MFU's denominator."""
-    device_peak_flops: Optional[float]
-    """The same peak on the device that actually runs (differs from peak_flops only when emulating)."""
+    """Dense peak FLOP/s of matmul_dtype on the card that runs (speedrun.cards): mfu's denominator. None on CPU
+    and on a card the table does not know (mfu is then null, never a neighbour's figure)."""
+    profile_peak_flops: Optional[float]
+    """When emulating: the same peak on the emulated profile (mfu_profile's denominator); else None."""
     ns_dtype: str
     """Dtype of Muon's Newton-Schulz iterations."""
     attn: str
@@ -136,16 +153,28 @@ class Plan:
     tokens_per_step: int
     train_seconds: float
     max_steps: Optional[int]
+    budget_tokens: Optional[int]
+    """Training tokens after which the run ends (None: no token budget)."""
+    budget_flops: Optional[float]
+    """Model FLOPs (MFU convention, per stage's seq_len) after which the run ends (None: no FLOPs budget)."""
     warmup_steps: int
     """Untimed compile/autotune steps, undone before training."""
     eval: EvalPlan
     compile: bool
+    memory_estimate_gb: float
+    """Rough training memory (plan/memory.py): weights, grads, optimizer, activations, logits, scores."""
+    memory_snapshot: bool
+    """Record CUDA allocation history and dump it to the run dir if the run runs out of memory."""
     optim: OptimConfig
     quant: QuantConfig
     ttt: TTTConfig
     """TTT settings; batch_size resolved."""
     data: DataPlan
     logger: LoggerConfig
+    checkpoint: CheckpointConfig
+    micro_batch_search: bool = False
+    """hardware.micro_batch=auto: search the largest micro-batch that fits during warm-up (stages and grad_accum
+    are replaced with the choice, plan.json rewritten); micro_batch is then where the search starts."""
     kernel: KernelPlan = KernelPlan()
     """Compile mode, CUDA graphs, FP8 targets, flex tiles, profiling (the kernel group, resolved)."""
 
@@ -158,22 +187,31 @@ class Plan:
         d["attn_options"] = dict(self.attn_options)
         return json.loads(json.dumps(d, default=str))  # Choice enums -> their strings
 
+    def budget_text(self) -> str:
+        """The budgets, whichever ends first: e.g. "120 s or 1000 steps or 5e+08 tokens"."""
+        parts = [f"{self.train_seconds:g} s"] if self.train_seconds != float("inf") else []
+        parts += [f"{self.max_steps} steps"] if self.max_steps else []
+        parts += [f"{self.budget_tokens:.4g} tokens"] if self.budget_tokens else []
+        parts += [f"{self.budget_flops:.4g} FLOPs"] if self.budget_flops else []
+        return " or ".join(parts) or "none"
+
     def describe(self) -> str:
         m = self.model
         stages = ", ".join(f"{st.seq_len} x {st.micro_batch} until {st.until:g}" for st in self.stages)
         lines = [
             f"hardware    {self.hardware}{' (emulated)' if self.emulated else ''} on {self.device_name}"
             + (f", memory cap {self.memory_cap_gb:g} GB" if self.memory_cap_gb else ""),
-            f"precision   {self.precision}{' + GradScaler' if self.grad_scaler else ''} (MFU peak: {self.matmul_dtype})",
+            f"precision   {self.precision}{' + GradScaler' if self.grad_scaler else ''} (MFU peak: {self.matmul_dtype}"
+            + (f" on {self.card})" if self.card else ", no known card: mfu null)" if self.device == "cuda" else ")"),
             f"attention   {self.attn_kernel}{' + document mask' if self.document_mask else ''}",
             f"model       {self.model_name}: {m.n_layer}x{m.d_model}, {m.n_head}/{m.n_kv_head} heads, "
             f"mlp {m.mlp_mult}x, vocab {m.vocab_size}, seq {m.seq_len}",
             f"batch       {self.tokens_per_step} tokens/step = {self.micro_batch} seqs x {m.seq_len} x "
-            f"{self.grad_accum} accum",
+            f"{self.grad_accum} accum" + (" (micro-batch searched in warm-up)" if self.micro_batch_search else ""),
             *([f"stages      {stages} (of {self.stage_progress})"] if len(self.stages) > 1 else []),
-            f"budget      {self.train_seconds:g} s" + (f" or {self.max_steps} steps" if self.max_steps else "")
+            f"budget      {self.budget_text()}"
             + f", eval {self.eval.label} on {self.eval.tokens if self.eval.tokens is not None else 'all'} tokens, "
-            f"compile {'on' if self.compile else 'off'}",
+            f"compile {'on' if self.compile else 'off'}, memory estimate {self.memory_estimate_gb:g} GB",
             f"kernel      {self.kernel.describe()}",
         ]
         return "\n".join(lines)

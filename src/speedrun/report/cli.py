@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 from ..tables import format_table
 from .groups import compare, default_group_keys, eval_sets, group_runs, rank_groups
 from .leaderboard import extra_columns, groups_csv, metrics_for, shared_note, table_rows, ttest_rows
-from .page import render_html
+from .page import render_html, runs_section
 from .plots import make_plots
 from .selection import load_runs, parse_pairs
 
@@ -50,6 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--alpha", type=float, default=0.05, help="significance level for the verdict")
     p.add_argument("--out", type=Path, default=Path("outputs/report"), help="where CSV, PNGs and report.html go")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--curve-x", choices=("tokens", "seconds"), default="tokens",
+                   help="x-axis of the train and validation curves")
+    p.add_argument("--wandb-dashboard", metavar="SWEEP",
+                   help="build a W&B workspace for this sweep group (speedrun.report.dashboard) and exit")
+    p.add_argument("--wandb-project", default="speedrun", help="W&B project of --wandb-dashboard")
+    p.add_argument("--wandb-entity", help="W&B entity of --wandb-dashboard")
+    p.add_argument("--dry-run", action="store_true", help="--wandb-dashboard: print and save the layout only")
     return p
 
 
@@ -57,10 +64,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     where = parse_pairs(args.where, "--where")
     baseline = parse_pairs(args.baseline, "--baseline")
-    runs = load_runs(args.db, args.sweep, args.name, args.hardware, where)
+    runs = load_runs(args.db, args.sweep + ([args.wandb_dashboard] if args.wandb_dashboard else []), args.name,
+                     args.hardware, where)
     if not runs:
         print(f"no runs match in {args.db}", file=sys.stderr)
         return 2
+    if args.wandb_dashboard:
+        from .dashboard import run_dashboard
+
+        sweep = runs[-1].row.get("sweep") or args.wandb_dashboard
+        return run_dashboard(runs, sweep, args.wandb_project, args.wandb_entity, args.dry_run, args.out)
     keys = [k.strip() for k in args.group_by.split(",") if k.strip()] if args.group_by else default_group_keys(runs)
     keys = keys or ["name"]
     keys += [k for k in baseline if k not in keys]
@@ -92,12 +105,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     (out / "leaderboard.csv").write_text(groups_csv(groups, keys, list(metrics), extras))
-    plots = {} if args.no_plots else make_plots(groups, out, args.metric)
+    plots = {} if args.no_plots else make_plots(groups, out, args.metric, curve_x=args.curve_x)
     failures = [[r.status, g.label(), str(r.row.get("error") or "")[:300], str(r.row.get("run_dir") or "")]
                 for g in groups for r in g.runs if r.status != "ok"]
     classes = ["baseline" if g.is_baseline else "better" if g.welch and g.welch.p < args.alpha else ""
                for g in groups]
-    page = render_html("speedrun report", meta, notes, board, classes, ttest, failures, plots)
+    links = [f'<a href="#runs-{i}">{len(g.runs)} run(s)</a>' for i, g in enumerate(groups)]
+    page = render_html("speedrun report", meta, notes, board, classes, ttest, failures, plots,
+                       runs_html=runs_section(groups, out), board_links=links)
     (out / "report.html").write_text(page)
     print(f"\nwrote {out / 'leaderboard.csv'}" + "".join(f", {p}" for p in plots.values())
           + f", {out / 'report.html'}")

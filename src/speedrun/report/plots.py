@@ -1,20 +1,19 @@
-"""The report's PNG plots: val_bpb vs throughput per card with the Pareto front, training-loss curves, and
-val_bpb_quant vs artifact size. matplotlib is optional (the ``report`` extra); without it there are no plots."""
+"""The report's PNG plots: val_bpb vs throughput per card with the Pareto front, train-loss and validation curves
+per group (speedrun.report.curves), and val_bpb_quant vs artifact size. matplotlib is optional (the ``report`` extra); without it there are no plots."""
 from __future__ import annotations
 
-import json
-import math
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 from ..stats import finite, mean, pareto_front, std
 from ..tables import display
+from .curves import plot_curves
 from .groups import Group
 from .runs import Run, dotted
 
 
-def make_plots(groups: Sequence[Group], out: Path, metric: str) -> dict[str, Path]:
+def make_plots(groups: Sequence[Group], out: Path, metric: str, curve_x: str = "tokens") -> dict[str, Path]:
     """PNG plots into ``out``; {} (with a note) when matplotlib is missing."""
     try:
         import matplotlib
@@ -24,9 +23,14 @@ def make_plots(groups: Sequence[Group], out: Path, metric: str) -> dict[str, Pat
     except ImportError:
         print("plots skipped: matplotlib is not installed (pip install -e '.[report]')", file=sys.stderr)
         return {}
-    colors = {g.label(): plt.get_cmap("tab10")(i % 10) for i, g in enumerate(groups)}
+    cmap, n = ("tab10", 10) if len(groups) <= 10 else ("tab20", 20)
+    colors = {g.label(): plt.get_cmap(cmap)(i % n) for i, g in enumerate(groups)}
     plots = {}
-    for name, fn in (("pareto", _plot_pareto), ("loss_curves", _plot_loss), ("quant_vs_size", _plot_quant)):
+
+    def curves(plt: Any, groups: Sequence[Group], colors: dict, metric: str) -> Any:
+        return plot_curves(plt, groups, colors, x=curve_x)
+
+    for name, fn in (("pareto", _plot_pareto), ("loss_curves", curves), ("quant_vs_size", _plot_quant)):
         fig = fn(plt, groups, colors, metric)
         if fig is None:
             continue
@@ -79,48 +83,6 @@ def _finish(ax: Any, xlabel: str, ylabel: str) -> None:
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-
-
-def _plot_loss(plt: Any, groups: Sequence[Group], colors: dict, metric: str, max_runs: int = 60) -> Any:
-    fig, ax = plt.subplots(figsize=(8, 4.8))
-    drawn, labelled = 0, set()
-    for g in groups:
-        for r in g.runs:
-            if drawn >= max_runs:
-                break
-            xs, ys = _curve(r)
-            if not xs:
-                continue
-            label = g.label() if g.label() not in labelled else None
-            labelled.add(g.label())
-            ax.plot(xs, ys, color=colors[g.label()], alpha=0.8, lw=1.2, label=label,
-                    ls="-" if r.status == "ok" else ":", marker="o", ms=2.5)
-            drawn += 1
-    if not drawn:
-        plt.close(fig)
-        return None
-    ax.set_title("training loss (metrics.jsonl; dotted: runs that did not end ok)")
-    _finish(ax, "training tokens", "train loss (nats/token)")
-    return fig
-
-
-def _curve(r: Run) -> tuple[list[float], list[float]]:
-    run_dir = r.row.get("run_dir") or r.row.get("run_id")
-    path = Path(str(run_dir)) / "metrics.jsonl"
-    xs: list[float] = []
-    ys: list[float] = []
-    if not path.exists():
-        return xs, ys
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        x, y = rec.get("tokens"), rec.get("train_loss")
-        if isinstance(x, (int, float)) and isinstance(y, (int, float)) and math.isfinite(y):
-            xs.append(float(x))
-            ys.append(float(y))
-    return xs, ys
 
 
 def _plot_quant(plt: Any, groups: Sequence[Group], colors: dict, metric: str) -> Any:

@@ -1,0 +1,76 @@
+"""Training budgets, whichever ends first: wall-clock train seconds, optimizer steps, tokens and model FLOPs.
+
+Each budget gives a fraction of itself used; the run's progress is the largest of them, so the LR warm-up and
+warm-down and the progressive context stages follow whichever budget governs the run, and the budget whose
+fraction reaches 1 ends it (recorded as ``budget_end``: time, steps, tokens or flops). Tokens and FLOPs mean the
+same amount of training on any card; FLOPs follow the MFU convention (ModelShape.flops_per_token at the seq_len
+of the stage each token was trained in).
+
+The clock counts train seconds only: periodic validation and checkpoint writes pause it, and a resumed run
+starts it at the elapsed train seconds of its checkpoint.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from typing import Any, Iterator, Optional
+
+BUDGET_KINDS = ("time", "steps", "tokens", "flops")
+
+
+class Budget:
+    """The budgets of a Plan and the progress they make together."""
+
+    def __init__(self, train_seconds: float, max_steps: Optional[int] = None, tokens: Optional[int] = None,
+                 flops: Optional[float] = None):
+        self.limits = {"time": train_seconds if math.isfinite(train_seconds) else None, "steps": max_steps,
+                       "tokens": tokens, "flops": flops}
+
+    @classmethod
+    def from_plan(cls, plan: Any) -> "Budget":
+        return cls(plan.train_seconds, plan.max_steps, plan.budget_tokens, plan.budget_flops)
+
+    def fractions(self, seconds: float, steps: int, tokens: int, flops: float) -> dict[str, float]:
+        """The used fraction of each budget that is set."""
+        used = {"time": seconds, "steps": steps, "tokens": tokens, "flops": flops}
+        return {k: used[k] / limit for k, limit in self.limits.items() if limit}
+
+    def progress(self, seconds: float, steps: int, tokens: int, flops: float) -> float:
+        """The fraction of the run done: the largest fraction of any budget (0 when no budget is set)."""
+        return max(self.fractions(seconds, steps, tokens, flops).values(), default=0.0)
+
+    def ended_by(self, seconds: float, steps: int, tokens: int, flops: float) -> Optional[str]:
+        """The budget that ends the run at this point (the first spent one, in BUDGET_KINDS order when several
+        are spent at once), or None while none is spent."""
+        spent = [k for k, f in self.fractions(seconds, steps, tokens, flops).items() if f >= 1.0]
+        return min(spent, key=BUDGET_KINDS.index) if spent else None
+
+    def stage_fraction(self, own: str, seconds: float, steps: int, tokens: int, flops: float) -> float:
+        """Where the progressive stages stand: the schedule's own measure (``time`` of train_seconds, ``step`` of
+        max_steps), never behind the run's progress, so whichever budget ends the run also drives the stages."""
+        fr = self.fractions(seconds, steps, tokens, flops)
+        mine = fr.get("time" if own == "time" else "steps", 0.0)
+        return max(mine, self.progress(seconds, steps, tokens, flops))
+
+
+class Clock:
+    """Train seconds: wall time that can be paused (validation, checkpoints) and started at an offset (resume)."""
+
+    def __init__(self, start_seconds: float = 0.0):
+        self._t0 = time.perf_counter() - start_seconds
+        self.paused_seconds = 0.0
+        """Wall seconds spent paused (what periodic validation and checkpoints took)."""
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self._t0
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            spent = time.perf_counter() - t
+            self._t0 += spent
+            self.paused_seconds += spent

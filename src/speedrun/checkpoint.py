@@ -1,0 +1,146 @@
+"""Checkpoints: everything the training loop needs to continue bit for bit, written atomically into the run dir.
+
+``<run dir>/checkpoints/step_<steps>.pt`` holds the model, the optimizers, the GradScaler, the data position, the
+RNG states and the loop's progress (TrainState: steps, tokens, FLOPs, elapsed train seconds, stage index...);
+``step_<steps>.json`` beside it holds what resume reads without loading tensors (the composed config, the
+overrides, the Plan, the progress). Both are written to a temporary name and renamed into place, the .pt first, so
+a checkpoint counts only once both exist; the oldest are deleted beyond ``checkpoint.keep``.
+
+Loading uses ``torch.load(weights_only=True)``: the payload is tensors, numbers, strings, lists and dicts, and
+nothing else is ever unpickled. Multi-GPU: ``save_checkpoint`` is a plain function of (run dir, payload), so rank 0
+alone can call it; every rank calls ``load_checkpoint``. torch is imported inside the functions that need it: the
+listing functions serve resume's checks (and Hydra's resolvers, which run at every start).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import random
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+log = logging.getLogger("speedrun")
+
+FORMAT = 1
+DIRNAME = "checkpoints"
+_NAME = re.compile(r"^step_(\d+)\.pt$")
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / DIRNAME
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints (.pt with its .json), oldest first."""
+    d = checkpoint_dir(run_dir)
+    if not d.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in d.iterdir() if (m := _NAME.match(p.name)) and p.with_suffix(".json").exists()]
+    return [p for _, p in sorted(found)]
+
+
+def latest_meta(run_dir: Path) -> Optional[dict[str, Any]]:
+    """The .json of the newest complete checkpoint (config, overrides, plan, progress), or None."""
+    paths = list_checkpoints(run_dir)
+    return json.loads(paths[-1].with_suffix(".json").read_text()) if paths else None
+
+
+def _atomic(path: Path, write: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())  # a preempted node may lose power: the rename must not point at unwritten bytes
+    os.replace(tmp, path)
+
+
+def save_checkpoint(run_dir: Path, payload: dict[str, Any], meta: dict[str, Any], keep: int) -> Path:
+    """Write one checkpoint (payload -> .pt, meta -> .json) atomically and keep the newest ``keep``."""
+    import torch
+
+    d = checkpoint_dir(run_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"step_{int(payload['progress']['steps']):08d}.pt"
+    _atomic(path, lambda f: torch.save(payload, f))
+    _atomic(path.with_suffix(".json"), lambda f: f.write((json.dumps(meta, indent=1, default=str) + "\n").encode()))
+    for old in list_checkpoints(run_dir)[:-keep]:
+        old.with_suffix(".json").unlink(missing_ok=True)
+        old.unlink(missing_ok=True)
+    return path
+
+
+def load_checkpoint(run_dir: Path, map_location: Any = "cpu") -> Optional[dict[str, Any]]:
+    """The newest readable checkpoint's payload (an unreadable newest one is skipped with a warning), or None."""
+    import torch
+
+    for path in reversed(list_checkpoints(run_dir)):
+        try:
+            payload = torch.load(path, map_location=map_location, weights_only=True)
+        except Exception as e:  # noqa: BLE001 - e.g. a file cut short on a full disk: fall back to the previous one
+            log.warning("checkpoint %s unreadable (%s: %s); trying an older one", path, type(e).__name__, e)
+            continue
+        if payload.get("format") != FORMAT:
+            raise ValueError(f"{path}: checkpoint format {payload.get('format')}, this code reads {FORMAT}")
+        payload["path"] = str(path)
+        return payload
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# what goes in, and back
+
+
+def rng_state() -> dict[str, Any]:
+    import numpy as np
+    import torch
+
+    np_state = np.random.get_state()  # noqa: NPY002 - the global legacy RNG is what we save
+    version, internal, gauss = random.getstate()
+    return {"torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "python": [version, list(internal), gauss],
+            "numpy": [np_state[0], torch.from_numpy(np_state[1].astype("int64")), *np_state[2:]]}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    import numpy as np
+    import torch
+
+    torch.set_rng_state(state["torch"].cpu())
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype("uint32"), *rest))  # noqa: NPY002
+
+
+def capture(model: Any, optimizers: list, scaler: Any, state: Any) -> dict[str, Any]:
+    """The payload of a checkpoint at a step boundary (state: train.TrainState)."""
+    return {"format": FORMAT, "model": model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
+            "scaler": scaler.state_dict() if scaler is not None else None, "data": {"position": state.position},
+            "rng": rng_state(), "progress": dataclasses.asdict(state)}
+
+
+def restore(payload: dict[str, Any], model: Any, optimizers: list, scaler: Any, state: Any) -> None:
+    """Load a payload into a freshly built model, its optimizers, scaler and a TrainState, in place."""
+    model.load_state_dict(payload["model"])
+    if len(payload["optimizers"]) != len(optimizers):
+        raise ValueError(f"checkpoint has {len(payload['optimizers'])} optimizers, the model {len(optimizers)}")
+    for opt, saved in zip(optimizers, payload["optimizers"]):
+        opt.load_state_dict(saved)
+    if scaler is not None and payload["scaler"]:
+        scaler.load_state_dict(payload["scaler"])
+    progress = dict(payload["progress"])
+    # compile_seconds and recompiles belong to the process that measures them
+    progress.pop("compile_seconds", None)
+    progress.pop("recompiles", None)
+    for key, value in progress.items():
+        if hasattr(state, key):
+            setattr(state, key, value)
+    state.position = int(payload["data"]["position"])
+    state.budget_end = None
+    set_rng_state(payload["rng"])
