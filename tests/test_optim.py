@@ -107,3 +107,55 @@ def test_set_lr_multiplier_and_momentum():
     set_muon_momentum(opts, 0.85)
     assert opts[2].param_groups[0]["momentum"] == 0.85
     assert "momentum" not in opts[0].param_groups[0]
+
+
+def test_muon_batches_transposed_shapes_with_the_same_result_as_one_at_a_time():
+    """(4d, d) and (d, 4d) matrices share one Newton-Schulz stack (the tall one orientated wide); two steps must
+    land where each matrix alone lands, momentum buffers included."""
+    torch.manual_seed(0)
+    shapes = [(96, 32), (32, 96), (96, 32), (64, 64)]
+    together = [torch.nn.Parameter(torch.randn(*s)) for s in shapes]
+    alone = [torch.nn.Parameter(p.detach().clone()) for p in together]
+    opt = Muon(together, lr=0.05, momentum=0.9)
+    singles = [Muon([p], lr=0.05, momentum=0.9) for p in alone]
+    for _ in range(2):
+        grads = [torch.randn(*s) for s in shapes]
+        for p, q, g in zip(together, alone, grads):
+            p.grad, q.grad = g.clone(), g.clone()
+        opt.step()
+        for single in singles:
+            single.step()
+    for p, q, single in zip(together, alone, singles):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(opt.state[p]["momentum_buffer"], single.state[q]["momentum_buffer"])
+
+
+def test_muon_takes_the_scalers_found_inf_without_a_host_sync():
+    """GradScaler passes found_inf as an attribute (Muon._step_supports_amp_scaling): 1 leaves parameters and
+    momentum untouched (a skipped step, decided on the device), 0 is an ordinary step; grad_scale unscales."""
+    torch.manual_seed(0)
+    shapes = [(96, 32), (32, 96)]
+    params = [torch.nn.Parameter(torch.randn(*s)) for s in shapes]
+    ref = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    opt, plain = Muon(params, lr=0.05, weight_decay=0.1), Muon(ref, lr=0.05, weight_decay=0.1)
+    assert Muon._step_supports_amp_scaling
+    g = [torch.randn(*s) for s in shapes]
+    for p, q, x in zip(params, ref, g):
+        p.grad, q.grad = x.clone(), x.clone()
+    plain.step()  # builds momentum in both, so the skipped step has buffers to keep
+    opt.step()
+    before = [p.detach().clone() for p in params]
+    bufs = [opt.state[p]["momentum_buffer"].clone() for p in params]
+    for p in params:
+        p.grad = torch.full_like(p, float("inf"))
+    opt.found_inf, opt.grad_scale = torch.tensor(1.0), None
+    opt.step()
+    assert all(torch.equal(p, b) for p, b in zip(params, before))
+    assert all(torch.equal(opt.state[p]["momentum_buffer"], b) for p, b in zip(params, bufs))
+    for p, q, x in zip(params, ref, g):
+        p.grad, q.grad = 1024.0 * x, x.clone()
+    opt.found_inf, opt.grad_scale = torch.tensor(0.0), torch.tensor(1024.0)
+    opt.step()
+    plain.step()
+    for p, q in zip(params, ref):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5)

@@ -72,10 +72,10 @@ def build_model(plan: Plan, attention, bos_id: int):
 
     # bos_id switches on document masking in the model; only backends that can mask documents get it.
     model = GPT(plan.model, attention, bos_id=bos_id if plan.document_mask else None)
-    if plan.precision == "fp8":
-        from .fp8 import convert_linears
+    if plan.kernel.fp8:  # precision=fp8 resolves to every block linear; kernel.fp8 picks some
+        from .fp8 import convert_linears, convert_torchao
 
-        convert_linears(model.blocks)
+        (convert_torchao if plan.kernel.fp8_impl == "torchao" else convert_linears)(model.blocks, plan.kernel.fp8)
     model = model.to(plan.device)
     o = plan.optim
     optimizers = build_optimizers(
@@ -88,12 +88,16 @@ def build_model(plan: Plan, attention, bos_id: int):
         # Static shapes: one graph per context length, all compiled during warm-up (progressive schedules
         # switch lengths mid-run); raise dynamo's per-function cache limit so those graphs, plus eval's, fit.
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-    compiled = torch.compile(model, dynamic=False) if plan.compile else model
+    from .kernels.compile import compile_model
+
+    compiled, compiled_eval, mark_step = compile_model(model, plan)
 
     def forward(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if mark_step:  # inductor's CUDA graphs (compile_mode reduce-overhead / max-autotune): a new micro-batch
+            torch.compiler.cudagraph_mark_step_begin()
         return compiled(x, y)
 
     def eval_forward(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return compiled(x, y, reduction="none")
+        return compiled_eval(x, y, reduction="none")
 
     return model, forward, eval_forward, optimizers

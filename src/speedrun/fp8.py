@@ -65,20 +65,60 @@ class FP8Linear(nn.Linear):
         return y.view(*lead, self.out_features)
 
 
-def convert_linears(module: nn.Module) -> int:
-    """Swap every bias-free nn.Linear whose dims are multiples of 16 for an FP8Linear sharing its weight.
-    Returns how many were converted."""
+TARGET_MODULES = {
+    "mlp_down": ("mlp.proj",),
+    "mlp": ("mlp.fc", "mlp.proj"),
+    "attn_proj": ("attn.proj",),
+    "attn_qkv": ("attn.c_q", "attn.c_k", "attn.c_v"),
+}
+"""kernel.fp8 targets -> the block-relative module names they convert ("all": every block linear)."""
+
+
+def target_filter(targets: tuple[str, ...] | list[str] = ("all",)):
+    """A predicate on a module's qualified name (relative to the blocks, e.g. "3.mlp.proj") for the targets."""
+    if "all" in targets:
+        return lambda name: True
+    suffixes = tuple(s for t in targets for s in TARGET_MODULES[t])
+    return lambda name: name.split(".", 1)[-1] in suffixes
+
+
+def convert_linears(module: nn.Module, targets: tuple[str, ...] | list[str] = ("all",), _prefix: str = "") -> int:
+    """Swap every bias-free nn.Linear whose dims are multiples of 16 and whose name matches ``targets`` (kernel.fp8:
+    mlp_down, mlp, attn_proj, attn_qkv, all; names relative to ``module``, e.g. "0.mlp.proj" in model.blocks) for
+    an FP8Linear sharing its weight. Returns how many were converted."""
+    wanted = target_filter(targets)
     converted = 0
     for name, child in module.named_children():
+        qualified = f"{_prefix}{name}"
         if type(child) is nn.Linear and child.bias is None and child.in_features % 16 == 0 \
                 and child.out_features % 16 == 0:
-            fp8 = FP8Linear(child.in_features, child.out_features, bias=False, device="meta")
-            fp8.weight = child.weight
-            setattr(module, name, fp8)
-            converted += 1
+            if wanted(qualified):
+                fp8 = FP8Linear(child.in_features, child.out_features, bias=False, device="meta")
+                fp8.weight = child.weight
+                setattr(module, name, fp8)
+                converted += 1
         else:
-            converted += convert_linears(child)
+            converted += convert_linears(child, targets, f"{qualified}.")
     return converted
 
 
-__all__ = ["FP8Linear", "convert_linears"]
+def convert_torchao(module: nn.Module, targets: tuple[str, ...] | list[str] = ("all",)) -> int:
+    """kernel.fp8_impl=torchao: torchao.float8's tensorwise training recipe on the same targets (its own
+    Float8Linear; state_dict keys unchanged). Returns how many linears it converted."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    wanted = target_filter(targets)
+    picked: list[str] = []
+
+    def keep(mod: nn.Module, fqn: str) -> bool:
+        ok = isinstance(mod, nn.Linear) and mod.in_features % 16 == 0 and mod.out_features % 16 == 0 and wanted(fqn)
+        if ok:
+            picked.append(fqn)
+        return ok
+
+    convert_to_float8_training(module, config=Float8LinearConfig.from_recipe_name("tensorwise"),
+                               module_filter_fn=keep)
+    return len(picked)
+
+
+__all__ = ["FP8Linear", "convert_linears", "convert_torchao", "target_filter", "TARGET_MODULES"]

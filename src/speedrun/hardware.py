@@ -40,7 +40,13 @@ class HardwareProfile:
     tokens_per_step: int
     train_seconds: float
     flex_blocks: tuple[int, int] = (128, 64)
-    """Default (BLOCK_M, BLOCK_N) for flex attention."""
+    """Default (BLOCK_M, BLOCK_N) of flex attention's forward where tiles are not chosen per head_dim."""
+    smem_per_block_kb: Optional[int] = None
+    """Shared memory one program (thread block) may use, with the opt-in Triton makes (None: smem_per_sm_kb).
+    Without the opt-in a block gets 48 KB on every card."""
+    flex_tiles_by_head_dim: bool = False
+    """Choose flex's forward and backward tiles per head_dim from the shared-memory budget
+    (speedrun.kernels.tiles.choose_tiles): for cards whose Triton defaults do not fit (sm75)."""
     name_patterns: tuple[str, ...] = field(default=())
     """Substrings of torch.cuda.get_device_name() that identify this GPU."""
 
@@ -69,33 +75,34 @@ PROFILES: dict[str, HardwareProfile] = {
         micro_batch_tokens=4096, model="tiny", tokens_per_step=4096, train_seconds=60.0,
     ),
     # T4: no bf16, no flash/cuDNN attention (sm75), 64 KB shared memory per SM -> fp16 + GradScaler,
-    # SDPA's memory-efficient kernel, smaller flex blocks.
+    # SDPA's memory-efficient kernel, flex tiles chosen per head_dim to fit (speedrun.kernels.tiles).
     "t4": HardwareProfile(
         name="t4", family="t4", device_type="cuda", capability=(7, 5), memory_gb=15.0, smem_per_sm_kb=64,
         peak_tflops={"fp32": 8.1, "fp16": 65.0}, bandwidth_tbps=0.32, precision="fp16", attn="sdpa",
         sdpa_kernel="efficient", micro_batch_tokens=8192, model="pgolf_baseline", tokens_per_step=65536,
         train_seconds=300.0, flex_blocks=(64, 32), name_patterns=("T4",),
+        smem_per_block_kb=64, flex_tiles_by_head_dim=True,
     ),
     "a100": HardwareProfile(
         name="a100", family="a100", device_type="cuda", capability=(8, 0), memory_gb=80.0, smem_per_sm_kb=164,
         peak_tflops={"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}, bandwidth_tbps=2.0,
-        name_patterns=("A100",), **_GPU_DEFAULTS,
+        name_patterns=("A100",), smem_per_block_kb=163, **_GPU_DEFAULTS,
     ),
     "h100": HardwareProfile(
         name="h100", family="h100", device_type="cuda", capability=(9, 0), memory_gb=80.0, smem_per_sm_kb=228,
         peak_tflops={"fp32": 67.0, "tf32": 495.0, "bf16": 989.0, "fp16": 989.0, "fp8": 1979.0},
-        bandwidth_tbps=3.35, name_patterns=("H100",), **_SM90_DEFAULTS,
+        bandwidth_tbps=3.35, name_patterns=("H100",), smem_per_block_kb=227, **_SM90_DEFAULTS,
     ),
     # H200: H100 compute with more and faster memory. Detected, not a hardware= option of its own.
     "h200": HardwareProfile(
         name="h200", family="h100", device_type="cuda", capability=(9, 0), memory_gb=141.0, smem_per_sm_kb=228,
         peak_tflops={"fp32": 67.0, "tf32": 495.0, "bf16": 989.0, "fp16": 989.0, "fp8": 1979.0},
-        bandwidth_tbps=4.8, name_patterns=("H200",), **_SM90_DEFAULTS,
+        bandwidth_tbps=4.8, name_patterns=("H200",), smem_per_block_kb=227, **_SM90_DEFAULTS,
     ),
     "b200": HardwareProfile(
         name="b200", family="b200", device_type="cuda", capability=(10, 0), memory_gb=180.0, smem_per_sm_kb=228,
         peak_tflops={"fp32": 80.0, "tf32": 1100.0, "bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0},
-        bandwidth_tbps=8.0, name_patterns=("B200",), **_GPU_DEFAULTS,
+        bandwidth_tbps=8.0, name_patterns=("B200",), smem_per_block_kb=227, **_GPU_DEFAULTS,
     ),
 }
 

@@ -107,18 +107,28 @@ class Muon(torch.optim.Optimizer):
         """Set on a multi-rank run (speedrun.dist.World.prepare): wraps the Newton-Schulz function so that each
         rank orthogonalises its share of every stack and the ranks all-gather the rest."""
 
+    # GradScaler (fp16) hands an optimizer that says so its found_inf (and grad_scale, None once unscaled) as
+    # attributes instead of reading found_inf on the host before step(): no host sync per step. A step with
+    # found_inf set leaves parameters and momentum buffers as they were, as the scaler's skipped step would.
+    _step_supports_amp_scaling = True
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        found_inf: Tensor | None = getattr(self, "found_inf", None)
+        grad_scale: Tensor | None = getattr(self, "grad_scale", None)
         for group in self.param_groups:
             lr, wd = group["lr"], group["weight_decay"]
-            buckets: dict[tuple, list[Tensor]] = {}  # same shape/dtype/device -> one batched NS call
+            # One batched Newton-Schulz call per matrix shape up to transposition: a tall matrix is orientated
+            # wide (NS iterates on the wide orientation anyway), so the MLP's (4d, d) and (d, 4d) weights share one
+            # stack: fewer launches per step, the same math (tests/test_optim.py checks against one at a time).
+            buckets: dict[tuple, list[Tensor]] = {}
             for p in group["params"]:
                 if p.grad is not None:
-                    buckets.setdefault((tuple(p.shape), p.dtype, p.device), []).append(p)
+                    buckets.setdefault((tuple(sorted(p.shape)), p.dtype, p.device), []).append(p)
             for params in buckets.values():
                 bufs = []
                 for p in params:
@@ -126,16 +136,33 @@ class Muon(torch.optim.Optimizer):
                     if "momentum_buffer" not in state:
                         state["momentum_buffer"] = torch.zeros_like(p.grad)
                     bufs.append(state["momentum_buffer"])
+                if grad_scale is not None:  # the scaler did not unscale these grads: do it here
+                    torch._foreach_mul_([p.grad for p in params], grad_scale.reciprocal())
+                tall = [p.size(0) > p.size(1) for p in params]
+                mixed = any(tall) and not all(tall)
+                grads = [p.grad.mT if t and mixed else p.grad for p, t in zip(params, tall)]
+                bufs = [b.mT if t and mixed else b for b, t in zip(bufs, tall)]  # views: updated in place
+                kept = [b.clone() for b in bufs] if found_inf is not None else None
                 use_compiled = self.compile_ns if self.compile_ns is not None else params[0].is_cuda
                 orthogonalize = _compiled_newton_schulz() if use_compiled else newton_schulz
                 update = muon_update(
-                    [p.grad for p in params], bufs, group["momentum"], group["nesterov"],
+                    grads, bufs, group["momentum"], group["nesterov"],
                     group["backend_steps"], self.ns_dtype,
                     self.distribute(orthogonalize) if self.distribute else orthogonalize,
                 )
+                updates = list(update.to(params[0].dtype).unbind(0))
+                if mixed:  # back to each matrix's own orientation, with its own sqrt(rows / cols) scale
+                    updates = [u.mT * (p.size(0) / p.size(1)) ** 0.5 if t else u
+                               for u, p, t in zip(updates, params, tall)]
+                if found_inf is not None:  # skip on device: zero update, buffers restored, no decay
+                    skip = found_inf.to(torch.bool)
+                    updates = [u.masked_fill(skip, 0.0) for u in updates]
+                    for b, old in zip(bufs, kept):  # type: ignore[arg-type]
+                        b.copy_(torch.where(skip, old, b))
                 if wd > 0:
-                    torch._foreach_mul_(params, 1.0 - lr * wd)
-                torch._foreach_add_(params, list(update.to(params[0].dtype).unbind(0)), alpha=-lr)
+                    decay = 1.0 - lr * wd if found_inf is None else 1.0 - lr * wd * (1.0 - found_inf.float())
+                    torch._foreach_mul_(params, decay)
+                torch._foreach_add_(params, updates, alpha=-lr)
         return loss
 
 

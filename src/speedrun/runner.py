@@ -175,6 +175,7 @@ class Job:
             memory_estimate_gb=plan.memory_estimate_gb,
         )
         result.update(self.world.describe(plan.device_name))  # world_size, nodes, each rank's GPU
+        result.update(plan.kernel.result_keys())  # kernel_* settings that ran, so sweeps over kernel= group
         _configure_torch(plan)
         if self.world.rank == 0:  # one W&B run per run, not per rank
             self.logger = make_logger(plan.logger, self.ctx.run_dir, result["sweep"], plan.name)
@@ -207,12 +208,20 @@ class Job:
         warm_up(stepper, batches, state, log.info)
         if extras is not None:
             state.compile_seconds += extras.warm()
-            if self.resume:
-                extras.restore(state, self.resume)
+        if plan.kernel.profile:  # untimed and undone, like warm-up: trace.json + top-kernels table in run.log
+            from .kernels.profile import profile_steps
+
+            result.update(profile_steps(stepper, batches, self.ctx.run_dir, log.info, plan.kernel.profile_steps))
+        if extras is not None and self.resume:
+            extras.restore(state, self.resume)
         self.peak_memory = PeakMemory(plan.device)
         self.peak_memory.start()  # peak_mem_mb covers timed training only
         self._on_phase("train")
         train(stepper, batches, state=state, log=log.info, on_metrics=self._on_metrics, extras=extras)
+        if plan.compile:
+            from .kernels.cache import cache_stats
+
+            result.update(cache_stats())
         self._record_training(model)
         result["peak_mem_mb"] = self.world.max(result["peak_mem_mb"])  # the largest over the ranks
         self.result["data_epochs"] = round(state.tokens / data.train_tokens, 3)

@@ -83,21 +83,41 @@ class Stepper:
 
         self.world = world or SINGLE
         dtype = autocast_dtype(plan)
-        self.autocast = (lambda: torch.autocast(plan.device, dtype=dtype)) if dtype else _null_context
+        # a captured graph must not keep autocast's cache of cast weights (torch.cuda.graph's docs)
+        cache = not plan.kernel.cuda_graphs
+        self.autocast = (lambda: torch.autocast(plan.device, dtype=dtype, cache_enabled=cache)) if dtype \
+            else _null_context
         self.scaler = torch.amp.GradScaler("cuda") if plan.grad_scaler else None
+        from .kernels.compile import keeps_grads
+
+        # CUDA graphs accumulate into .grad tensors that must outlive each step (zeroed in place, never freed)
+        self.keep_grads = keeps_grads(plan)
+        self.micro: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = self._micro_step
+        if plan.kernel.cuda_graphs:
+            from .kernels.graphs import GraphedMicroStep
+
+            self.micro = GraphedMicroStep(self._micro_step, plan.device)
+
+    def _micro_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Forward and (scaled) backward of one micro-batch on the device; returns its share of the step's loss."""
+        with self.autocast():
+            loss = self.forward(x, y)
+        scaled = loss / self.plan.grad_accum
+        (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+        return scaled.detach()
 
     def __call__(self, batches: Iterator[Batch]) -> torch.Tensor:
         """Run one step; returns the mean micro-batch loss as a device tensor (no host sync)."""
         total = None
+        graphed = self.plan.kernel.cuda_graphs
         for _ in range(self.plan.grad_accum):
             x, y = next(batches)
-            x = x.to(self.plan.device, non_blocking=True)
-            y = y.to(self.plan.device, non_blocking=True)
-            with self.autocast():
-                loss = self.forward(x, y)
-            scaled = loss / self.plan.grad_accum
-            (self.scaler.scale(scaled) if self.scaler else scaled).backward()
-            total = scaled.detach() if total is None else total + scaled.detach()
+            if not graphed:  # the graphed step copies host batches into its static buffers itself
+                x = x.to(self.plan.device, non_blocking=True)
+                y = y.to(self.plan.device, non_blocking=True)
+            part = self.micro(x, y)
+            # clone: a replayed graph's loss is overwritten by the next replay
+            total = part.clone() if total is None else total + part
         self.world.sync_grads(list(self.model.parameters()))
         if self.scaler is not None:
             for opt in self.optimizers:
@@ -111,7 +131,7 @@ class Stepper:
                 opt.step()
         if self.scaler is not None:
             self.scaler.update()
-        self.model.zero_grad(set_to_none=True)
+        self.model.zero_grad(set_to_none=not self.keep_grads)
         assert total is not None
         return self.world.mean(total)
 

@@ -38,6 +38,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from speedrun.identity import GPU_SHARED_ENV
+from speedrun.kernels.cache import cache_env
 from speedrun.paths import results_db_path
 from speedrun.signals import sigterm_as_interrupt
 
@@ -66,6 +67,8 @@ class PoolLauncherConf:
     """Copy each job's output to this console (always also in <job dir>/console.log). null: when one slot."""
     stop_timeout_s: float = 60.0
     """After SIGTERM (fail-fast, Ctrl-C), seconds a job gets to record itself before SIGKILL."""
+    compile_cache: Optional[str] = "outputs/.compile_cache"
+    """Inductor/Triton cache the jobs share (speedrun.kernels.cache); null: torch's defaults; set variables win."""
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="pool", node=PoolLauncherConf, provider="speedrun")
@@ -164,6 +167,7 @@ class PoolLauncher(Launcher):
         where = ", ".join(f"GPU {s}" for s in dict.fromkeys(slots)) if slots[0] is not None else "CPU"
         log.info(f"Launching {len(jobs)} job(s), {len(slots)} at a time ({where}), one process each; "
                  f"output in <job dir>/console.log")
+        os.environ.update(cache_env(Path(str(p["compile_cache"])) if p.get("compile_cache") else None))  # jobs inherit
         pool = _Pool(slots, fail_fast=bool(p.get("fail_fast", False)), echo=echo,
                      stop_timeout_s=float(p.get("stop_timeout_s", 60.0)))
         returns = pool.run(jobs)

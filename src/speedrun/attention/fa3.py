@@ -5,6 +5,11 @@ resolver picks; FA3 has no sm75 or sm100 build). bf16 only. Since kernels 0.15, 
 explicit ``version=`` or ``revision=``, so the pin is part of the config and of attn_kernel
 ("fa3:<repo>@<pin>").
 
+Trust: since kernels 0.14, ``get_kernel`` refuses repos whose publisher is not on the Hub's trusted list unless
+called with ``trust_remote_code=True`` (kernels-community is trusted; varunneal, a personal account, is not), and
+the check needs the Hub's repo info. speedrun passes it for the builds it names in REPOS (their code is what this
+backend was written against); a repo of the user's choosing needs attn.fa3_trust_remote_code=true.
+
 Offline (our GPU machine has no network): `kernels` reads the Hugging Face cache when HF_HUB_OFFLINE=1, and
 LOCAL_KERNELS maps repo ids to local build directories. Loading happens once, when the backend is built (before
 any training), and every way it can fail becomes one KernelUnavailable error that says how to pre-fetch.
@@ -40,7 +45,7 @@ def _pin_kwargs(version: Any, revision: Any) -> dict[str, Any]:
     return {"version": version} if version is not None else {"revision": revision}
 
 
-def load_fa3(repo: str, version: Any = None, revision: Any = None) -> Any:
+def load_fa3(repo: str, version: Any = None, revision: Any = None, trust_remote_code: bool = False) -> Any:
     """The kernel module, or KernelUnavailable naming the cause and the fix."""
     pin = _pin_kwargs(version, revision)
     pin_text = ", ".join(f"{k}={v!r}" for k, v in pin.items())
@@ -50,8 +55,12 @@ def load_fa3(repo: str, version: Any = None, revision: Any = None) -> Any:
     except ImportError as e:
         raise KernelUnavailable(f"attn=fa3 needs the `kernels` package ({e}); {fix}") from e
     try:
-        module = get_kernel(repo, **pin)
+        module = get_kernel(repo, **pin, trust_remote_code=trust_remote_code)
     except Exception as e:  # noqa: BLE001 - network, cache miss, ABI mismatch: all mean "not loadable here"
+        if "trusted" in str(e) and not trust_remote_code:
+            raise KernelUnavailable(f"attn=fa3: `kernels` refuses {repo}: its publisher is not on the Hub's trusted "
+                                    f"list ({e}); if you trust its code, set attn.fa3_trust_remote_code=true, "
+                                    f"otherwise use attn=sdpa or attn=flex") from e
         offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0")
         raise KernelUnavailable(
             f"attn=fa3: could not load {repo} ({pin_text}){' offline' if offline else ''}: "
@@ -76,11 +85,17 @@ class FA3Attention(AttentionBackend):
         if version is None and revision is None:
             raise PlanError("attn=fa3 needs a pin: set attn.fa3_version=<int> or attn.fa3_revision=<rev>")
         pin = revision if revision is not None else version
-        return {"repo": repo, "version": version, "revision": revision}, f"fa3:{repo}@{pin}"
+        # the builds named in REPOS are vetted here; another repo is trusted only when the user says so
+        trust = request.fa3_trust_remote_code
+        trust = repo in REPOS.values() if trust is None else bool(trust)
+        return {"repo": repo, "version": version, "revision": revision, "trust_remote_code": trust}, \
+            f"fa3:{repo}@{pin}"
 
-    def __init__(self, repo: str, version: Any = None, revision: Any = None, module: Any = None):
-        """module: an already-loaded kernel module (tests inject a reference implementation here)."""
-        self._fa3 = module if module is not None else load_fa3(repo, version, revision)
+    def __init__(self, repo: str, version: Any = None, revision: Any = None, module: Any = None,
+                 trust_remote_code: bool = False):
+        """module: an already-loaded kernel module (tests inject a reference implementation here).
+        trust_remote_code: passed to kernels.get_kernel (see the module doc)."""
+        self._fa3 = module if module is not None else load_fa3(repo, version, revision, trust_remote_code)
         pin = version if version is not None else revision
         self.kernel = f"fa3:{repo}@{pin}"
 

@@ -10,9 +10,11 @@ model's graph.
 
 Hardware: training needs CUDA. On CPU the forward works (inductor's C++ template; the first call compiles
 for ~20 s), the backward does not (flex's backward is a Triton kernel). Triton tiling comes from
-``kernel_options`` (BLOCK_M, BLOCK_N, num_warps, num_stages; all optional, passed through unchanged): on sm75
-(T4, 64 KB shared memory per SM) use smaller blocks, e.g. BLOCK_M=BLOCK_N=32 or 64. ``block_size`` is the
-mask's sparsity block (default 128); the kernel's BLOCK_N must divide it.
+``kernel_options``, passed through unchanged: unprefixed BLOCK_M / BLOCK_N reach only the forward kernel (the
+backward's tiles are BLOCK_M1, BLOCK_N1, BLOCK_M2, BLOCK_N2); fwd_* and bwd_* keys reach one kernel each
+(torch/_inductor/kernel/flex/flex_attention.py strips the prefix for its own kernel and drops the other's). The
+kernel group chooses them (speedrun.kernels.tiles: per head_dim from the shared-memory budget on sm75).
+``block_size`` is the mask's sparsity block (default 128); every tile must divide it.
 """
 from __future__ import annotations
 
@@ -22,7 +24,11 @@ import torch
 
 from .base import AttentionBackend, Capabilities, check_shapes, check_window, document_ids
 
-KERNEL_OPTION_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+KERNEL_OPTION_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "fwd_BLOCK_M", "fwd_BLOCK_N",
+                      "fwd_num_warps", "fwd_num_stages", "bwd_BLOCK_M1", "bwd_BLOCK_N1", "bwd_BLOCK_M2",
+                      "bwd_BLOCK_N2", "bwd_num_warps", "bwd_num_stages")
+TILE_KEYS = ("BLOCK_N", "fwd_BLOCK_M", "fwd_BLOCK_N", "bwd_BLOCK_M1", "bwd_BLOCK_N1", "bwd_BLOCK_M2", "bwd_BLOCK_N2")
+"""Tiles that must divide the BlockMask's block_size (BLOCK_M too, but it was never checked and stays so)."""
 
 _compiled_flex: Callable[..., torch.Tensor] | None = None
 
@@ -75,13 +81,10 @@ class FlexAttention(AttentionBackend):
 
     @classmethod
     def plan_options(cls, request, profile, precision, model):
+        # The profile's forward blocks; speedrun.plan.kernel replaces them with the kernel group's tiles (forward
+        # and backward) where they are chosen per head_dim or set.
         block_m, block_n = profile.flex_blocks
-        kernel_options = {
-            "BLOCK_M": request.block_m or block_m,
-            "BLOCK_N": request.block_n or block_n,
-            **({"num_warps": request.num_warps} if request.num_warps else {}),
-            **({"num_stages": request.num_stages} if request.num_stages else {}),
-        }
+        kernel_options = {"BLOCK_M": block_m, "BLOCK_N": block_n}
         return {"window": request.window, "kernel_options": kernel_options}, "flex"
 
     def __init__(
@@ -102,8 +105,9 @@ class FlexAttention(AttentionBackend):
         self.kernel_options = opts or None
         if block_size < 16 or block_size & (block_size - 1):
             raise ValueError(f"flex block_size must be a power of two >= 16, got {block_size}")
-        if self.kernel_options and "BLOCK_N" in opts and block_size % opts["BLOCK_N"] != 0:
-            raise ValueError(f"flex BLOCK_N={opts['BLOCK_N']} must divide block_size={block_size}")
+        for key in TILE_KEYS:
+            if key in opts and block_size % opts[key] != 0:
+                raise ValueError(f"flex {key}={opts[key]} must divide block_size={block_size}")
         self.block_size = block_size
         self.compile = compile
 

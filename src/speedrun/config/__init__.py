@@ -24,6 +24,7 @@ from .checkpointing import CheckpointConfig
 from .choices import *  # noqa: F403 - the Enums are part of the schema's public names
 from .distributed import DistConfig
 from .finishing import EvalConfig, LoggerConfig, QuantConfig, TTTConfig
+from .kernel import KernelConfig
 from .training import (
     AttnConfig,
     BudgetConfig,
@@ -36,9 +37,9 @@ from .training import (
 )
 
 __all__ = ["CONF_DIR", "Config", "GROUPS", "register_configs", "to_config", "AttnConfig", "BudgetConfig",
-           "CheckpointConfig", "DataConfig", "DistConfig", "EvalConfig", "HardwareConfig", "LoggerConfig", "ModelConfig",
-           "OptimConfig", "PrecisionConfig",
-           "QuantConfig", "ScheduleConfig", "TTTConfig"]
+           "CheckpointConfig", "DataConfig", "DistConfig", "EvalConfig", "HardwareConfig", "KernelConfig",
+           "LoggerConfig", "ModelConfig", "OptimConfig", "PrecisionConfig", "QuantConfig", "ScheduleConfig",
+           "TTTConfig"]
 
 
 @dataclass
@@ -54,6 +55,7 @@ class Config:
     ttt: TTTConfig = field(default_factory=TTTConfig)
     quant: QuantConfig = field(default_factory=QuantConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    kernel: KernelConfig = field(default_factory=KernelConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     dist: DistConfig = field(default_factory=DistConfig)
@@ -84,6 +86,7 @@ GROUPS = {
     "quant": QuantConfig,
     "logger": LoggerConfig,
     "dist": DistConfig,
+    "kernel": KernelConfig,
 }
 
 

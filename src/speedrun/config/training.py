@@ -44,14 +44,6 @@ class AttnConfig:
     """Sliding-window length in tokens (flex only). None: full causal."""
     document_mask: bool = False
     """Attend only within a document (BOS-delimited). Needs a backend that supports it (flex, math)."""
-    block_m: Optional[int] = None
-    """flex Triton BLOCK_M. None: from the hardware profile."""
-    block_n: Optional[int] = None
-    """flex Triton BLOCK_N. None: from the hardware profile."""
-    num_warps: Optional[int] = None
-    """flex Triton num_warps. None: Triton's default."""
-    num_stages: Optional[int] = None
-    """flex Triton num_stages. None: Triton's default."""
     fa3_repo: Optional[str] = None
     """fa3 kernel repo on the Hugging Face Hub. None: by capability (sm90: varunneal/flash-attention-3,
     sm80-89: kernels-community/flash-attn3)."""
@@ -59,12 +51,13 @@ class AttnConfig:
     """fa3 kernel version pin (kernels >= 0.15 needs a version or a revision)."""
     fa3_revision: Optional[str] = None
     """fa3 kernel revision pin (a branch, tag or commit); set it to use a revision instead of fa3_version."""
+    fa3_trust_remote_code: Optional[bool] = None
+    """Let `kernels` load fa3_repo although its publisher is not on the Hub's trusted list (kernels' own
+    trust_remote_code). None: trusted only for the builds speedrun names (attention/fa3.py REPOS); a repo of
+    your own choosing needs true."""
 
     def __post_init__(self) -> None:
         _require(self.window is None or self.window >= 1, f"attn.window={self.window} must be >= 1 (or null: full)")
-        for key in ("block_m", "block_n", "num_warps", "num_stages"):
-            value = getattr(self, key)
-            _require(value is None or value >= 1, f"attn.{key}={value} must be >= 1 (or null: the default)")
 
 
 @dataclass

@@ -20,12 +20,13 @@ from ..cards import card_for
 from ..hardware import PROFILES, DetectedDevice, HardwareProfile
 from ..shape import ModelShape
 from .attention import check_scores_memory, resolve_attention
+from .kernel import resolve_kernel
 from .memory import param_count, training_memory_bytes
 from .distributed import DistPlan, WorldInfo, check_step_split, resolve_dist
-from .types import DataPlan, EvalPlan, Plan, Stage, plan_json
+from .types import DataPlan, EvalPlan, KernelPlan, Plan, Stage, plan_json
 
-__all__ = ["Plan", "PlanError", "Stage", "EvalPlan", "DataPlan", "DistPlan", "WorldInfo", "resolve", "load_option",
-           "plan_json"]
+__all__ = ["Plan", "PlanError", "Stage", "EvalPlan", "DataPlan", "DistPlan", "KernelPlan", "WorldInfo", "resolve",
+           "load_option", "plan_json"]
 
 
 def load_option(group: str, option: str) -> dict[str, Any]:
@@ -122,6 +123,12 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Optional[Path] = None, wor
     # default seconds: the point of it is the same training on any card.
     default_seconds = math.inf if (b.tokens or b.flops) else profile.train_seconds
     train_seconds = b.train_seconds if b.train_seconds is not None else default_seconds
+    compile_on = cfg.hardware.compile if cfg.hardware.compile is not None else on_cuda
+    # micro-batch search may raise the micro-batch after resolve: check CUDA graphs' warm-up for one per step
+    kernel, attn_options = resolve_kernel(cfg, profile, precision, model_name, model, attn, attn_options,
+                                          compile_on=compile_on,
+                                          grad_accum=1 if search else tokens_per_step // micro_tokens,
+                                          warmup_steps=cfg.budget.warmup_steps)
 
     return Plan(
         name=cfg.name,
@@ -157,7 +164,7 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Optional[Path] = None, wor
         budget_flops=b.flops,
         warmup_steps=cfg.budget.warmup_steps,
         eval=eval_plan,
-        compile=cfg.hardware.compile if cfg.hardware.compile is not None else on_cuda,
+        compile=compile_on,
         memory_estimate_gb=memory_gb,
         memory_snapshot=bool(cfg.hardware.memory_snapshot) and on_cuda,
         optim=cfg.optim,
@@ -168,6 +175,7 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Optional[Path] = None, wor
         checkpoint=cfg.checkpoint,
         micro_batch_search=search,
         dist=dist,
+        kernel=kernel,
     )
 
 

@@ -63,6 +63,49 @@ class DataPlan:
 
 
 @dataclass(frozen=True)
+class KernelPlan:
+    """How the run's math is done (the kernel group, resolved): speedrun.plan.kernel decides it."""
+    source: str = "default"
+    """Where the settings come from: default, tuned:<card>/<model> (a tuned table), or a custom option's name;
+    "+set" when command-line fields were applied on top."""
+    compile_mode: str = "default"
+    """torch.compile mode of the training forward (evaluation always compiles with the default mode)."""
+    cuda_graphs: bool = False
+    """Each micro-batch's forward+backward replays a CUDA graph, one per context length."""
+    dynamic_shapes: bool = False
+    """torch.compile(dynamic=True): one graph for every context length."""
+    coordinate_descent_tuning: bool = False
+    """inductor tunes its generated Triton kernels by coordinate descent."""
+    fp8: tuple[str, ...] = ()
+    """FP8 targets among the block linears (mlp_down, mlp, attn_proj, attn_qkv, all); () for none."""
+    fp8_impl: str = "speedrun"
+    """speedrun (speedrun.fp8) or torchao (torchao.float8)."""
+    flex_tiles: Optional[str] = None
+    """attn=flex: the tiles passed to both kernels (their kernel_options are in attn_options), or None."""
+    flex_smem: tuple[tuple[str, int], ...] = ()
+    """attn=flex: estimated shared memory per program of each tiled kernel (speedrun.kernels.tiles), bytes."""
+    profile: bool = False
+    """Profile profile_steps training steps after warm-up (untimed, undone)."""
+    profile_steps: int = 3
+
+    def result_keys(self) -> dict[str, Any]:
+        """What result.json and the results row record, so a sweep over kernel= groups in the report."""
+        return {"kernel": self.source, "kernel_compile_mode": self.compile_mode, "kernel_cuda_graphs": self.cuda_graphs,
+                "kernel_fp8": ",".join(self.fp8) or "none", "kernel_fp8_impl": self.fp8_impl if self.fp8 else None,
+                "kernel_flex_tiles": self.flex_tiles, "kernel_dynamic_shapes": self.dynamic_shapes,
+                "kernel_coordinate_descent": self.coordinate_descent_tuning}
+
+    def describe(self) -> str:
+        fp8 = f"fp8 {'+'.join(self.fp8)} ({self.fp8_impl})" if self.fp8 else "no fp8"
+        tiles = f", flex {self.flex_tiles}" if self.flex_tiles else ""
+        smem = ", smem " + "/".join(f"{part} {b // 1024} KB" for part, b in self.flex_smem) if self.flex_smem else ""
+        cdt = " + coordinate descent" if self.coordinate_descent_tuning else ""
+        return (f"{self.source}: compile {self.compile_mode}{' dynamic' if self.dynamic_shapes else ''}{cdt}, "
+                f"cuda graphs {'on' if self.cuda_graphs else 'off'}, {fp8}{tiles}{smem}"
+                + (f", profile {self.profile_steps} steps" if self.profile else ""))
+
+
+@dataclass(frozen=True)
 class Plan:
     name: str
     seed: int
@@ -133,6 +176,8 @@ class Plan:
     micro_batch_search: bool = False
     """hardware.micro_batch=auto: search the largest micro-batch that fits during warm-up (stages and grad_accum
     are replaced with the choice, plan.json rewritten); micro_batch is then where the search starts."""
+    kernel: KernelPlan = KernelPlan()
+    """Compile mode, CUDA graphs, FP8 targets, flex tiles, profiling (the kernel group, resolved)."""
     dist: DistPlan = DistPlan()
     """Ranks of the run (world_size, nodes, nproc per node, backend, who starts them); one process by default."""
 
@@ -177,6 +222,7 @@ class Plan:
             f"budget      {self.budget_text()}"
             + f", eval {self.eval.label} on {self.eval.tokens if self.eval.tokens is not None else 'all'} tokens, "
             f"compile {'on' if self.compile else 'off'}, memory estimate {self.memory_estimate_gb:g} GB",
+            f"kernel      {self.kernel.describe()}",
         ]
         return "\n".join(lines)
 

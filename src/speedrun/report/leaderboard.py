@@ -16,8 +16,10 @@ METRICS: dict[str, str] = {
     "mfu": "{:.4f}",
     "peak_mem_mb": "{:,.0f}",
     "artifact_bytes": "{:,.0f}",
+    "overhead_s": "{:.1f}",
 }
-"""The metrics every table folds over a group's ok runs (mean ± sample std), with their display format."""
+"""The metrics every table folds over a group's ok runs (mean ± sample std), with their display format.
+overhead_s is derived (Run.metric): wall minus training seconds, what start-up, compiling and evaluating cost."""
 
 TTT_METRICS: dict[str, str] = {"val_bpb_ttt_base": "{:.4f}", "val_bpb_ttt": "{:.4f}", "ttt_gain": "{:+.4f}"}
 """Shown when runs have them: val_bpb on the TTT evaluation without and with test-time training, and the gain

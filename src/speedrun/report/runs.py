@@ -94,7 +94,12 @@ class Run:
         return self.overrides[key] if key in self.overrides else display(self.get(key))
 
     def metric(self, key: str) -> Any:
-        """A metric of the row; ``ttt_gain`` is derived: val_bpb_ttt_base - val_bpb_ttt (what TTT bought)."""
+        """A metric of the row; ``ttt_gain`` is derived: val_bpb_ttt_base - val_bpb_ttt (what TTT bought), and
+        ``overhead_s``: wall_seconds - train_seconds (start-up, compilation, evaluation: what a job costs beyond
+        its training budget)."""
+        if key == "overhead_s":
+            wall, train = self.row.get("wall_seconds"), self.row.get("train_seconds")
+            return wall - train if _number(wall) and _number(train) else None
         if key == "ttt_gain":
             base, ttt = self.row.get("val_bpb_ttt_base"), self.row.get("val_bpb_ttt")
             if _number(base) and _number(ttt):

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# GPU evidence for the kernel group (issue 9) and the T4 tiles (issue 10), on one H100 or H200, offline:
+#
+#   . scripts/device_env.sh && bash scripts/gpu_check_kernel.sh [PARTS]      # results under $OUT/kernel/
+#
+# PARTS: a comma list of the parts below, or "all" (default: speed,tests,smem, ~5.5 min). Rough minutes on one
+# H100, compile cache cold: speed 3.5, tests 1.5, smem 0.5, tune 4, t4 1.2, cache 1.2, longctx 4, profile 1.5. One
+# device command may run 10 minutes: split "all" as speed,tests,smem / tune,t4,cache / longctx,profile.
+#   speed    pgolf_baseline, kernel=default vs CUDA graphs / fp8 mlp_down / coordinate descent tuning / all
+#            three, 40 steps each, tok/s and the ratio to default (same call, same card)
+#   tune     python -m speedrun.tune --quick on pgolf_baseline; the written table is copied to $OUT/kernel/
+#   tests    the gpu-marked tests of issue 10 (flex T4 tiles and sdpa:efficient vs math in fp16; math memory)
+#   smem     T4 tiles: flex's own fwd/bwd kernels recompiled for sm75, shared memory vs the 64 KB limit
+#   t4       model=hd80 under hardware=t4 (emulated, fp16) with attn=flex and attn=sdpa, 20 steps each
+#   longctx  hardware=t4, hd80 GQA, seq 4096/8192/16384, micro-batch 1: flex, sdpa:efficient, math (refused or run)
+#   cache    two identical jobs through the pool launcher with a fresh shared compile cache: compile_seconds
+#   profile  kernel.profile=true (default and CUDA graphs): the top-kernels tables from run.log
+set -uo pipefail
+cd "$(dirname "$0")/.."
+parts=${1:-speed,tests,smem}
+[ "$parts" = all ] && parts=speed,tune,tests,smem,t4,longctx,cache,profile
+out=${OUT:-outputs}/kernel
+mkdir -p "$out"
+py=${PYTHON:-python3}
+want() { [[ ",$parts," == *",$1,"* ]]; }
+say() { echo "== $* ($(date +%T))"; }
+quick="eval.tokens=65536 quant=off"
+
+ratios() {  # the bench CSV -> tok/s and the ratio to its first row
+  "$py" - "$1" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+base = float(rows[0]["tokens_per_s"] or 0) if rows else 0
+for r in rows:
+    tps = float(r["tokens_per_s"] or 0)
+    ratio = f"{tps / base:.3f}" if base and tps else "-"
+    print(f"{r['case'][:70]:<70} {r['status']:<8} {tps:>12,.0f} tok/s  x{ratio}  peak {r['peak_mem_mb']} MB  "
+          f"compile {r['compile_seconds']} s")
+PY
+}
+
+if want speed; then
+  say "speed: pgolf_baseline kernel settings, 40 steps each"
+  "$py" scripts/bench_matrix.py --out "$out/speed.md" \
+    --common "model=pgolf_baseline budget.max_steps=40 budget.train_seconds=0 $quick" \
+    "kernel=default" "kernel.cuda_graphs=true" "kernel.fp8=[mlp_down]" "kernel.coordinate_descent_tuning=true" \
+    "kernel.cuda_graphs=true kernel.coordinate_descent_tuning=true kernel.fp8=[mlp_down]" > "$out/speed.log" 2>&1
+  ratios "$out/speed.csv" | tee "$out/speed_ratios.txt"
+fi
+
+if want tune; then
+  say "tune: python -m speedrun.tune --quick"
+  "$py" -m speedrun.tune --quick --steps 6 model=pgolf_baseline 2>&1 | tee "$out/tune.log" | tail -12
+  cp conf/kernel/tuned/*.yaml "$out/" 2>/dev/null || echo "no tuned table written"
+fi
+
+if want tests; then
+  say "tests: issue 10 on the GPU"
+  GPU_TESTS_LOG="$out/gpu_tests.txt" bash scripts/gpu_tests.sh tests/test_t4_tiles.py -s 2>&1 | tail -4
+fi
+
+if want smem; then
+  say "smem: flex kernels recompiled for sm75"
+  "$py" scripts/flex_smem.py --mimic --flex 2>&1 | tee "$out/flex_smem.md" | tail -20
+fi
+
+if want t4; then
+  say "t4: model=hd80, hardware=t4 (emulated), flex and sdpa"
+  "$py" scripts/bench_matrix.py --out "$out/t4_hd80.md" \
+    --common "hardware=t4 model=hd80 budget.max_steps=20 budget.train_seconds=0 $quick" \
+    "attn=flex" "attn=sdpa attn.kernel=efficient" > "$out/t4_hd80.log" 2>&1
+  ratios "$out/t4_hd80.csv" | tee "$out/t4_hd80_ratios.txt"
+  grep -h "emulated\|kernel " "$out/t4_hd80.log" | head -4
+fi
+
+if want longctx; then
+  say "longctx: t4 profile, seq 4096/8192/16384, micro-batch 1"
+  cases=()
+  for s in 4096 8192 16384; do
+    for a in "attn=flex" "attn=sdpa attn.kernel=efficient" "attn=math"; do
+      cases+=("model.seq_len=$s $a")
+    done
+  done
+  "$py" scripts/bench_matrix.py --out "$out/longctx.md" \
+    --common "hardware=t4 model=hd80 hardware.micro_batch=1 budget.tokens_per_step=16384 budget.max_steps=4 \
+budget.train_seconds=0 eval.tokens=16384 quant=off" "${cases[@]}" > "$out/longctx.log" 2>&1
+  "$py" - "$out/longctx.csv" <<'PY' | tee "$out/longctx_table.md"
+import csv, sys
+print("| case | status | peak MB | tok/s | refusal / error |\n|---|---|---|---|---|")
+for r in csv.DictReader(open(sys.argv[1])):
+    print(f"| {r['case']} | {r['status']} | {r['peak_mem_mb']} | {r['tokens_per_s']} | {r['error'][:90]} |")
+PY
+fi
+
+if want cache; then
+  say "cache: two identical pool jobs, fresh shared compile cache"
+  cc=$(mktemp -d /tmp/speedrun_cc.XXXX)
+  "$py" -m run -m seed=0,1 model=pgolf_baseline budget.max_steps=10 budget.train_seconds=0 $quick \
+    hydra.launcher.gpus=1 "hydra.launcher.compile_cache=$cc" name=cachecheck > "$out/cache.log" 2>&1
+  for f in $(ls -d outputs/multirun/*/*_cachecheck | tail -1)/*/result.json; do
+    "$py" -c "import json,sys; r=json.load(open(sys.argv[1])); print({k: r.get(k) for k in ('seed','status',
+'compile_seconds','compile_cache_hits','compile_cache_misses','wall_seconds','train_seconds')})" "$f"
+  done | tee "$out/cache.txt"
+  rm -rf "$cc"
+fi
+
+if want profile; then
+  say "profile: top kernels, default and CUDA graphs"
+  for k in "kernel=default" "kernel.cuda_graphs=true"; do
+    "$py" -m run model=pgolf_baseline kernel.profile=true budget.max_steps=5 budget.train_seconds=0 $quick $k \
+      name=profile > "$out/profile_run.log" 2>&1
+    log=$(ls -t outputs/runs/*/*_profile/run.log | head -1)
+    { echo "### $k"; sed -n '/profile: /,/^\[/p' "$log" | grep -v '^\[' ; } | tee -a "$out/profile.md" | head -24
+  done
+fi
+say "done: $out"
+ls "$out"

@@ -1,0 +1,39 @@
+"""torch.compile of the model as the kernel group says: mode, static or dynamic shapes, and a separate evaluation
+graph where the training mode records CUDA graphs (evaluation batches vary and are read after the next call, which
+inductor's CUDA graph trees would overwrite)."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..config.kernel import GRAPHING_MODES
+
+EVAL_MODE = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
+"""Evaluation's compile mode for a training mode that records CUDA graphs."""
+
+
+def compile_model(model: torch.nn.Module, plan: Any) -> tuple[Any, Any, bool]:
+    """-> (training callable, evaluation callable, whether training needs cudagraph_mark_step_begin per call).
+    kernel=default compiles exactly as before: torch.compile(model, dynamic=False), one object for both."""
+    if not plan.compile:
+        return model, model, False
+    mode = plan.kernel.compile_mode
+    dynamic = bool(plan.kernel.dynamic_shapes)
+    if plan.kernel.coordinate_descent_tuning:  # process-wide inductor setting, read when the graphs compile
+        import torch._inductor.config as inductor_config
+
+        inductor_config.coordinate_descent_tuning = True
+    kwargs = {} if mode == "default" else {"mode": mode}
+    compiled = torch.compile(model, dynamic=dynamic, **kwargs)
+    if mode not in GRAPHING_MODES:
+        return compiled, compiled, False
+    eval_mode = EVAL_MODE[mode]
+    compiled_eval = torch.compile(model, dynamic=dynamic, **({} if eval_mode == "default" else {"mode": eval_mode}))
+    return compiled, compiled_eval, True
+
+
+def keeps_grads(plan: Any) -> bool:
+    """Whether gradients must stay allocated between steps (zeroed in place, not set to None): a CUDA graph,
+    ours or inductor's, accumulates into the .grad tensors it saw when it was recorded."""
+    return bool(plan.kernel.cuda_graphs) or (plan.compile and plan.kernel.compile_mode in GRAPHING_MODES)

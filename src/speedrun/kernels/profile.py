@@ -1,0 +1,108 @@
+"""kernel.profile=true: a few training steps under torch.profiler after warm-up, untimed and undone, leaving
+``trace.json`` (open in chrome://tracing or Perfetto) in the run dir and a top-kernels table in run.log: where a
+step's time goes, before deciding what to optimise.
+
+Times are the device's (CUDA kernel time) on a GPU and the operators' own CPU time on CPU. "% of step" divides a
+kernel's total by the profiled steps' wall time (CUDA-synchronised), so the column sums to the share of the step
+the GPU was busy; launch gaps are what is left.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+
+
+@dataclass
+class KernelRow:
+    name: str
+    calls: int
+    total_ms: float
+
+
+def kernel_rows(events: Iterable[Any], cuda: bool) -> list[KernelRow]:
+    """Rows from profiler key_averages(): device kernels on CUDA (self device time), operators on CPU."""
+    rows = []
+    for e in events:
+        if cuda:
+            us = getattr(e, "self_device_time_total", None)
+            if us is None:
+                us = getattr(e, "self_cuda_time_total", 0)
+            is_kernel = str(getattr(e, "device_type", "")).endswith("CUDA")
+            if not is_kernel or us <= 0:
+                continue
+        else:
+            us = e.self_cpu_time_total
+            if us <= 0:
+                continue
+        rows.append(KernelRow(e.key, int(e.count), us / 1000.0))
+    return rows
+
+
+def top_kernels_table(rows: list[KernelRow], step_ms: float, steps: int, top: int = 15) -> str:
+    """The table run.log gets: name, calls, total ms, ms per step, % of step, the top ``top`` by total time, and a
+    line for the rest."""
+    from ..tables import format_table
+
+    rows = sorted(rows, key=lambda r: r.total_ms, reverse=True)
+    step_total = step_ms * steps
+    body = []
+    for r in rows[:top]:
+        pct = 100.0 * r.total_ms / step_total if step_total > 0 else 0.0
+        body.append([_short(r.name), str(r.calls), f"{r.total_ms:.2f}", f"{r.total_ms / steps:.2f}", f"{pct:.1f}"])
+    rest = rows[top:]
+    if rest:
+        ms = sum(r.total_ms for r in rest)
+        body.append([f"({len(rest)} more)", str(sum(r.calls for r in rest)), f"{ms:.2f}", f"{ms / steps:.2f}",
+                     f"{100.0 * ms / step_total if step_total > 0 else 0.0:.1f}"])
+    busy = sum(r.total_ms for r in rows)
+    head = (f"profile: {steps} step(s), {step_ms:.1f} ms per step (wall), kernels busy {busy / steps:.1f} ms per "
+            f"step ({100.0 * busy / step_total if step_total > 0 else 0.0:.0f}%)")
+    return head + "\n" + format_table(["kernel", "calls", "total ms", "ms/step", "% of step"], body)
+
+
+def _short(name: str, width: int = 90) -> str:
+    return name if len(name) <= width else name[: width - 3] + "..."
+
+
+def profile_steps(stepper: Any, make_batches: Callable[..., Any], run_dir: Path, log: Callable[[str], None],
+                  steps: int) -> dict[str, Any]:
+    """Profile ``steps`` optimizer steps at the longest context length, then restore model, optimizers and
+    scaler (as warm-up does), so training starts from the same state. Returns result keys (profile_trace,
+    profile_step_ms)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    plan = stepper.plan
+    cuda = plan.device == "cuda"
+    saved_model = copy.deepcopy(stepper.model.state_dict())
+    saved_opts = [copy.deepcopy(opt.state_dict()) for opt in stepper.optimizers]
+    saved_scaler = copy.deepcopy(stepper.scaler.state_dict()) if stepper.scaler else None
+    stage = plan.stages[-1]
+    batches = make_batches(stage.seq_len, stage.micro_batch)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        _sync(cuda)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            stepper(batches)
+        _sync(cuda)
+        step_ms = (time.perf_counter() - t0) * 1000.0 / steps
+    trace = Path(run_dir) / "trace.json"
+    prof.export_chrome_trace(str(trace))
+    table = top_kernels_table(kernel_rows(prof.key_averages(), cuda), step_ms, steps)
+    log(table)
+    stepper.model.load_state_dict(saved_model)
+    for opt, state in zip(stepper.optimizers, saved_opts):
+        opt.load_state_dict(state)
+    if stepper.scaler and saved_scaler:
+        stepper.scaler.load_state_dict(saved_scaler)
+    return {"profile_trace": str(trace), "profile_step_ms": round(step_ms, 3)}
+
+
+def _sync(cuda: bool) -> None:
+    if cuda:
+        torch.cuda.synchronize()
