@@ -7,7 +7,7 @@ artifact's loader, the record keeping the entry point cannot run without). NOT_C
 imports but a submission would not need, each with the reason. tests/test_artifact_code.py walks the imports
 from src/run.py and fails when a module on the path is in neither list or a listed file is no longer on it, so
 the list cannot rot. Not counted either, because nothing on the path imports them: report/, sweep.py, stats.py,
-tables.py, the Hydra plugins, scripts/ (data preparation, benchmarks) and the embedded corpus (data, not code).
+the Hydra plugins, scripts/ (data preparation, benchmarks) and the embedded corpus (data, not code).
 The Hydra YAML under conf/ is configuration, not source, and is not counted.
 """
 from __future__ import annotations
