@@ -6,6 +6,7 @@
 Each case is a separate process (a fresh CUDA context, compile cache aside), so one failure does not stop the
 rest; failures are rows with their status and error. The table is printed last and written as Markdown and CSV.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,9 +18,25 @@ import sys
 import time
 from pathlib import Path
 
-COLUMNS = ("case", "status", "device_name", "hardware", "emulated", "attn_kernel", "precision", "tokens_per_s",
-           "mfu", "peak_mem_mb", "val_bpb", "val_bpb_quant", "artifact_bytes", "steps", "train_seconds",
-           "compile_seconds", "error")
+COLUMNS = (
+    "case",
+    "status",
+    "device_name",
+    "hardware",
+    "emulated",
+    "attn_kernel",
+    "precision",
+    "tokens_per_s",
+    "mfu",
+    "peak_mem_mb",
+    "val_bpb",
+    "val_bpb_quant",
+    "artifact_bytes",
+    "steps",
+    "train_seconds",
+    "compile_seconds",
+    "error",
+)
 
 
 def run_case(overrides: list[str], extra: list[str], timeout: float) -> dict:
@@ -60,8 +77,10 @@ def main() -> None:
     for case in args.cases:
         result = run_case(shlex.split(case), shlex.split(args.common), args.timeout)
         rows.append({"case": case, **{k: result.get(k) for k in COLUMNS if k != "case"}})
-        print(f"  -> {rows[-1]['status']} {fmt(rows[-1]['tokens_per_s'])} tok/s val_bpb {fmt(rows[-1]['val_bpb'])}",
-              flush=True)
+        print(
+            f"  -> {rows[-1]['status']} {fmt(rows[-1]['tokens_per_s'])} tok/s val_bpb {fmt(rows[-1]['val_bpb'])}",
+            flush=True,
+        )
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(fmt(r[c]) for c in COLUMNS) + " |" for r in rows]
     table = "\n".join(lines)

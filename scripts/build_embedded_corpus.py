@@ -155,7 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         same = corpus_path.is_file() and corpus_path.read_bytes() == blob
         same_lic = license_path.is_file() and license_path.read_text(encoding="utf-8") == lic
-        print(f"{corpus_path}: {'identical' if same else 'DIFFERS'}; {license_path}: {'identical' if same_lic else 'DIFFERS'}")
+        print(
+            f"{corpus_path}: {'identical' if same else 'DIFFERS'}; {license_path}: {'identical' if same_lic else 'DIFFERS'}"
+        )
         return 0 if same and same_lic else 1
     args.out_dir.mkdir(parents=True, exist_ok=True)
     corpus_path.write_bytes(blob)

@@ -10,6 +10,7 @@ Triton compiles for a target without that GPU: triton.compile(src, target=GPUTar
 sm75 binary and its metadata (no driver needed). A T4 lets one program use 64 KB (Triton opts in above 48 KB).
 Prints one table; exits 1 if a chosen tiling exceeds 64 KB on sm75.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,25 @@ def mimic_rows() -> list[list]:
         tl.store(Out + offs_m[:, None] * stride + offs_d[None, :], (acc / l_i[:, None]).to(tl.float16))
 
     @triton.jit
-    def bwd(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, stride, T, NUM_DQ, BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
-            BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, D: tl.constexpr):
+    def bwd(
+        Q,
+        K,
+        V,
+        DO,
+        DQ,
+        DK,
+        DV,
+        LSE,
+        DELTA,
+        stride,
+        T,
+        NUM_DQ,
+        BLOCK_M1: tl.constexpr,
+        BLOCK_N1: tl.constexpr,
+        BLOCK_M2: tl.constexpr,
+        BLOCK_N2: tl.constexpr,
+        D: tl.constexpr,
+    ):
         pid = tl.program_id(0)
         offs_d = tl.arange(0, D)
         if pid < NUM_DQ:  # dQ: q, do resident; k, v streamed (flex's bwd_dq_inner)
@@ -88,13 +106,30 @@ def mimic_rows() -> list[list]:
 
     def shared(fn, sig, consts) -> int:
         src = ASTSource(fn, sig, constexprs=consts)
-        return triton.compile(src, target=GPUTarget("cuda", 75, 32), options={"num_warps": 4, "num_stages": 1}) \
-            .metadata.shared
+        return triton.compile(
+            src, target=GPUTarget("cuda", 75, 32), options={"num_warps": 4, "num_stages": 1}
+        ).metadata.shared
 
-    fsig = {"Q": "*fp16", "K": "*fp16", "V": "*fp16", "Out": "*fp16", "stride": "i32", "T": "i32",
-            "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "D": "constexpr"}
-    bsig = {**dict.fromkeys("Q K V DO DQ DK DV".split(), "*fp16"), "LSE": "*fp32", "DELTA": "*fp32", "stride": "i32",
-            "T": "i32", "NUM_DQ": "i32", **dict.fromkeys(("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "D"), "constexpr")}
+    fsig = {
+        "Q": "*fp16",
+        "K": "*fp16",
+        "V": "*fp16",
+        "Out": "*fp16",
+        "stride": "i32",
+        "T": "i32",
+        "BLOCK_M": "constexpr",
+        "BLOCK_N": "constexpr",
+        "D": "constexpr",
+    }
+    bsig = {
+        **dict.fromkeys("Q K V DO DQ DK DV".split(), "*fp16"),
+        "LSE": "*fp32",
+        "DELTA": "*fp32",
+        "stride": "i32",
+        "T": "i32",
+        "NUM_DQ": "i32",
+        **dict.fromkeys(("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "D"), "constexpr"),
+    }
     rows = []
     for hd in HEAD_DIMS:
         t = choose_tiles(hd, T4, T4)
@@ -121,8 +156,9 @@ def flex_rows() -> list[list]:
         torch._dynamo.reset()
         gc.collect()
         t = choose_tiles(hd, T4, T4)
-        q, k, v = (torch.randn(1, h, 1024, hd, device="cuda", dtype=torch.float16, requires_grad=True)
-                   for h in (8, 4, 4))
+        q, k, v = (
+            torch.randn(1, h, 1024, hd, device="cuda", dtype=torch.float16, requires_grad=True) for h in (8, 4, 4)
+        )
         mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, 1024, 1024, device="cuda")
         fn = torch.compile(flex_attention, dynamic=False)
         fn(q, k, v, block_mask=mask, enable_gqa=True, kernel_options=t.kernel_options()).sum().backward()
@@ -140,8 +176,11 @@ def flex_rows() -> list[list]:
                     est = fwd_smem_bytes(*tiles, hd)
                 else:
                     continue
-                opts = tuner._create_compile_options(cfg, meta) if hasattr(tuner, "_create_compile_options") \
+                opts = (
+                    tuner._create_compile_options(cfg, meta)
+                    if hasattr(tuner, "_create_compile_options")
                     else {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+                )
                 try:
                     try:
                         src = ASTSource(tuner.fn, meta["signature"], consts, meta["configs"][0])

@@ -29,12 +29,22 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a SentencePiece BPE tokenizer on your documents and write train/val token shards.",
         epilog="Example: python scripts/prepare_data.py --input a.jsonl b.txt --out data/mine --vocab-size 1024",
     )
-    parser.add_argument("--input", nargs="+", type=Path, required=True, metavar="FILE",
-                        help="document files: .jsonl, .jsonl.xz, .jsonl.gz (field 'text') or .txt (one document)")
+    parser.add_argument(
+        "--input",
+        nargs="+",
+        type=Path,
+        required=True,
+        metavar="FILE",
+        help="document files: .jsonl, .jsonl.xz, .jsonl.gz (field 'text') or .txt (one document)",
+    )
     parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="output directory (must not exist)")
     parser.add_argument("--vocab-size", type=int, default=1024, help="tokenizer vocabulary size (default 1024)")
-    parser.add_argument("--val-every", type=int, default=20,
-                        help="every N-th document (starting with the first) goes to val (default 20)")
+    parser.add_argument(
+        "--val-every",
+        type=int,
+        default=20,
+        help="every N-th document (starting with the first) goes to val (default 20)",
+    )
     parser.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per shard (default 100M)")
     parser.add_argument("--seed", type=int, default=0, help="seed for the tokenizer's training-text sample")
     parser.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
@@ -47,9 +57,16 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.input:
         docs.extend(iter_documents(path))
     train, val = split_train_val(docs, args.val_every)
-    paths = prepare_dataset(train, val, args.out, args.vocab_size, args.shard_tokens,
-                            seed=args.seed, overwrite=args.overwrite,
-                            info={"inputs": [str(p) for p in args.input], "val_every": args.val_every})
+    paths = prepare_dataset(
+        train,
+        val,
+        args.out,
+        args.vocab_size,
+        args.shard_tokens,
+        seed=args.seed,
+        overwrite=args.overwrite,
+        info={"inputs": [str(p) for p in args.input], "val_every": args.val_every},
+    )
     info = read_dataset_info(paths.directory)
     rows = {
         "out": paths.directory,

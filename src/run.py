@@ -1,4 +1,5 @@
 """`python -m run [group=option ...]`: compose the config with Hydra and hand it to speedrun. Nothing else."""
+
 import sys
 
 import hydra

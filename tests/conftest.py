@@ -1,4 +1,5 @@
 """Shared fixtures: compose the real config tree, and fake devices for the resolver."""
+
 from __future__ import annotations
 
 import sys
@@ -34,8 +35,13 @@ def data_cache(tmp_path_factory):
 
 
 # What torch.cuda.get_device_name() says on each profile's card (the card table, speedrun.cards, matches these).
-DEVICE_NAMES = {"t4": "Tesla T4", "a100": "NVIDIA A100-SXM4-80GB", "h100": "NVIDIA H100 80GB HBM3",
-                "h200": "NVIDIA H200", "b200": "NVIDIA B200"}
+DEVICE_NAMES = {
+    "t4": "Tesla T4",
+    "a100": "NVIDIA A100-SXM4-80GB",
+    "h100": "NVIDIA H100 80GB HBM3",
+    "h200": "NVIDIA H200",
+    "b200": "NVIDIA B200",
+}
 
 
 def fake_device(profile_name: str, name: str | None = None):
@@ -54,5 +60,6 @@ def run_cli(args, cwd, timeout=300, env_extra=None):
     import subprocess
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}
-    return subprocess.run([sys.executable, "-m", "run", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "run", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )

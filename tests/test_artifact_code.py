@@ -4,6 +4,7 @@ The import graph is walked statically from src/run.py (every ``import`` and ``fr
 function-level ones included, and the "speedrun.x:Class" strings the attention registry imports by name), so a
 module added to, or dropped from, the path fails here until speedrun.artifact.CODE_FILES says so.
 """
+
 from __future__ import annotations
 
 import ast
@@ -96,11 +97,29 @@ def test_finalize_counts_code_raw_and_lists_the_files(compose, tmp_path):
     gpt = GPT(TINY, get_backend("sdpa", kernel="math"))
     data = types.SimpleNamespace(val_tokens=docs_stream([50, 30]), luts=luts(), bos_id=BOS, train_batches=None)
     for cap, ok in ((raw + 10**6, True), (raw, False)):
-        cfg = to_config(compose(["hardware=cpu", "model=tiny", "model.n_layer=2", "model.d_model=32",
-                                 "model.seq_len=24", "data.vocab_size=64", "hardware.micro_batch=4",
-                                 "budget.tokens_per_step=96", f"quant.cap_bytes={cap}"]))
-        out = evaluate_and_export(resolve(cfg, fake_device("cpu")), gpt, lambda x, y: gpt(x, y, reduction="none"),
-                                  data, tmp_path, lambda line: None)
+        cfg = to_config(
+            compose(
+                [
+                    "hardware=cpu",
+                    "model=tiny",
+                    "model.n_layer=2",
+                    "model.d_model=32",
+                    "model.seq_len=24",
+                    "data.vocab_size=64",
+                    "hardware.micro_batch=4",
+                    "budget.tokens_per_step=96",
+                    f"quant.cap_bytes={cap}",
+                ]
+            )
+        )
+        out = evaluate_and_export(
+            resolve(cfg, fake_device("cpu")),
+            gpt,
+            lambda x, y: gpt(x, y, reduction="none"),
+            data,
+            tmp_path,
+            lambda line: None,
+        )
         model_bytes = (tmp_path / "model.int8.zlib").stat().st_size
         assert (out["artifact_model_bytes"], out["artifact_code_bytes"]) == (model_bytes, raw)
         assert out["artifact_bytes"] == model_bytes + raw and out["artifact_ok"] is ok

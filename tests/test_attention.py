@@ -3,8 +3,8 @@
 Tolerances (fp32 inputs): sdpa kernels and flex 2e-5 absolute; the CUDA tests at the end (marked gpu) use
 bf16 inputs and compare against math in fp32 with 2e-2.
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 import pytest
 import torch
@@ -58,6 +58,7 @@ def _allowed(idx, window=None, docs=True):
 
 # ---- the reference itself ------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("window", [None, 24])
 @pytest.mark.parametrize("docs", [False, True])
 def test_math_matches_independent_reference(window, docs):
@@ -80,6 +81,7 @@ def test_math_document_mask_blocks_previous_document():
 
 
 # ---- sdpa ------------------------------------------------------------------------------------------
+
 
 def _cpu_sdpa_kernels():
     kernels = ["math"]
@@ -133,6 +135,7 @@ def test_sdpa_pin_holds_under_compile():
 
 # ---- flex ------------------------------------------------------------------------------------------
 
+
 @pytest.mark.filterwarnings("ignore:.*flex_attention called without torch.compile")
 @pytest.mark.parametrize("window", [None, 24])
 @pytest.mark.parametrize("docs", [False, True])
@@ -143,8 +146,9 @@ def test_flex_eager_matches_math(window, docs):
     bos = BOS if docs else None
     flex = get_backend("flex", window=window, compile=False, block_size=32)
     ref = get_backend("math", window=window)
-    torch.testing.assert_close(flex(q, k, v, flex.prepare(idx, bos)), ref(q, k, v, ref.prepare(idx, bos)),
-                               atol=ATOL, rtol=1e-5)
+    torch.testing.assert_close(
+        flex(q, k, v, flex.prepare(idx, bos)), ref(q, k, v, ref.prepare(idx, bos)), atol=ATOL, rtol=1e-5
+    )
 
 
 def test_flex_compiled_forward_matches_math_cpu():
@@ -172,6 +176,7 @@ def test_flex_option_validation():
 
 # ---- registry --------------------------------------------------------------------------------------
 
+
 def test_unknown_backend_lists_registered_names():
     with pytest.raises(ValueError) as e:
         get_backend("flash3000")
@@ -196,6 +201,7 @@ def test_gqa_shape_errors():
 
 
 # ---- CUDA (device machine) -------------------------------------------------------------------------
+
 
 def _cuda_cases():
     return ["sdpa:flash", "sdpa:cudnn", "sdpa:efficient", "sdpa:math", "flex", "flex:docs", "flex:window"]

@@ -1,5 +1,6 @@
 """hardware.micro_batch=auto / eval.batch_size=auto: the search logic, with a fake device that runs out of memory
 above a threshold (the real search needs CUDA; scripts/gpu_check_loop.sh runs it on a GPU)."""
+
 from __future__ import annotations
 
 import pytest
@@ -17,6 +18,7 @@ def oom_above(limit_tokens: int, seen: list):
         seen.append((seq_len, micro_batch))
         if seq_len * micro_batch > limit_tokens:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (fake)")
+
     return attempt
 
 
@@ -31,8 +33,17 @@ def test_largest_fitting_is_a_binary_search_that_catches_only_oom():
 
 
 def test_auto_micro_batch_keeps_tokens_per_step_and_fits_every_stage(compose):
-    cfg = to_config(compose(["model=tiny", "hardware.micro_batch=auto", "budget.tokens_per_step=8192",
-                             "schedule=progressive", "schedule.seq_len=[64@0.5,128@1.0]"]))
+    cfg = to_config(
+        compose(
+            [
+                "model=tiny",
+                "hardware.micro_batch=auto",
+                "budget.tokens_per_step=8192",
+                "schedule=progressive",
+                "schedule.seq_len=[64@0.5,128@1.0]",
+            ]
+        )
+    )
     plan = resolve(cfg, fake_device("cpu"))
     assert plan.micro_batch_search and plan.eval.batch_search  # eval follows hardware.micro_batch=auto
     seen: list = []
@@ -71,8 +82,9 @@ def test_on_cpu_the_plan_keeps_its_start_values(compose):
     assert plan.micro_batch == 4096 // plan.model.seq_len  # the profile's default, which divides the step
 
 
-@pytest.mark.parametrize("value,ok", [("auto", True), (8, True), ("8", True), (None, True), (0, False),
-                                      ("big", False), (True, False)])
+@pytest.mark.parametrize(
+    "value,ok", [("auto", True), (8, True), ("8", True), (None, True), (0, False), ("big", False), (True, False)]
+)
 def test_the_batch_fields_take_an_int_auto_or_null(compose, value, ok):
     override = f"hardware.micro_batch={'null' if value is None else value}"
     if ok:
@@ -92,8 +104,12 @@ def test_the_real_search_runs_on_cuda(compose):
     from speedrun.attention import get_backend
     from speedrun.build import build_model
 
-    plan = resolve(to_config(compose(["model=tiny", "hardware.micro_batch=auto", "budget.tokens_per_step=16384",
-                                      "eval.tokens=8192"])), hardware.detect())
+    plan = resolve(
+        to_config(
+            compose(["model=tiny", "hardware.micro_batch=auto", "budget.tokens_per_step=16384", "eval.tokens=8192"])
+        ),
+        hardware.detect(),
+    )
     model, _, _, _ = build_model(plan, get_backend(plan.attn, **dict(plan.attn_options)), bos_id=1)
     lines: list = []
     new, report = search_batches(plan, model, lines.append)

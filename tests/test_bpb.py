@@ -48,11 +48,26 @@ EDGE_DOCS = [
 
 # --- hand-computed example -------------------------------------------------------------------
 
+
 class FakeProcessor:
     """The handful of SentencePieceProcessor methods build_byte_luts uses, over a fixed vocab."""
 
-    PIECES = ["<pad>", "<s>", "</s>", "<unk>", "<0xE2>", "<0x82>", "<0xAC>",
-              SPACE, SPACE + "the", "cat", SPACE * 4, "\u00e9", SPACE + "na\u00efve", "\n"]
+    PIECES = [
+        "<pad>",
+        "<s>",
+        "</s>",
+        "<unk>",
+        "<0xE2>",
+        "<0x82>",
+        "<0xAC>",
+        SPACE,
+        SPACE + "the",
+        "cat",
+        SPACE * 4,
+        "\u00e9",
+        SPACE + "na\u00efve",
+        "\n",
+    ]
     KINDS = {0: "control", 1: "control", 2: "control", 3: "unknown", 4: "byte", 5: "byte", 6: "byte"}
 
     def get_piece_size(self):
@@ -92,7 +107,7 @@ def test_hand_computed_example():
     stream = torch.tensor([BOS, 8, 7, 4, 5, 6, 9, 13, 10, 12, BOS, 8, 11])
     got = token_bytes(stream[:-1], stream[1:], luts)
     #            ▁the ▁  E2 82 AC cat \n ▁▁▁▁ ▁naïve BOS ▁the é
-    expected = [3,   1, 1, 1, 1, 3,  1, 4,   7,     0,  3,   2]
+    expected = [3, 1, 1, 1, 1, 3, 1, 4, 7, 0, 3, 2]
     assert got.dtype == torch.int64 and got.tolist() == expected
     texts = ["the \u20accat\n     na\u00efve", "the\u00e9"]
     assert sum(expected) == sum(len(t.encode("utf-8")) for t in texts) == 27
@@ -125,6 +140,7 @@ def test_unigram_bits_per_byte_by_hand():
 
 
 # --- real tokenizers over the embedded val split ---------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def split():
@@ -206,6 +222,7 @@ def test_lut_matches_parameter_golf_formula_except_interior_spaces(main_model):
 
 # Tokenizers without a standalone "▁" piece -------------------------------------------------
 
+
 def _varint(buf, i):
     value = shift = 0
     while True:
@@ -267,7 +284,9 @@ def mark_piece_unused(model: bytes, piece: str) -> bytes:
                     name = body[k:e].decode("utf-8")
             if name == piece:
                 hits += 1
-                new_body = b"".join(body[s:e] for n, _, s, e in _fields(body) if n != 3) + bytes([3 << 3]) + _enc_varint(5)
+                new_body = (
+                    b"".join(body[s:e] for n, _, s, e in _fields(body) if n != 3) + bytes([3 << 3]) + _enc_varint(5)
+                )
                 chunk = bytes([1 << 3 | 2]) + _enc_varint(len(new_body)) + new_body
         out += chunk
     assert hits == 1
@@ -291,7 +310,9 @@ def test_tokenizer_without_standalone_space_piece(no_space_models, split, kind):
     # precondition: no ordinary piece "▁" (it is unused / control, so never a counted text piece)
     assert sp.is_unused(sid) if kind == "unused" else sp.is_control(sid)
     assert all(sp.id_to_piece(i) != SPACE or sp.is_unused(i) or sp.is_control(i) for i in range(sp.get_piece_size()))
-    lead_pieces = [i for i in range(sp.get_piece_size()) if sp.id_to_piece(i).startswith(SPACE) and len(sp.id_to_piece(i)) > 1]
+    lead_pieces = [
+        i for i in range(sp.get_piece_size()) if sp.id_to_piece(i).startswith(SPACE) and len(sp.id_to_piece(i)) > 1
+    ]
     assert (len(lead_pieces) > 100) if kind == "unused" else not lead_pieces
     with pytest.warns(UserWarning, match="no standalone"):
         luts = build_byte_luts(sp)

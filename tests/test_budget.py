@@ -1,5 +1,6 @@
 """Budgets that mean the same on any card: tokens and FLOPs beside seconds and steps, whichever ends first; the LR
 schedule and the stages follow the budget that governs; the record says which budget ended the run."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,9 +15,18 @@ from speedrun.config import to_config
 from speedrun.plan import resolve
 from speedrun.train import lr_multiplier
 
-TINY = ["model=tiny", "model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.n_kv_head=1",
-        "model.seq_len=64", "hardware.micro_batch=2", "budget.tokens_per_step=256", "budget.warmup_steps=0",
-        "schedule.warmdown_frac=0.5"]
+TINY = [
+    "model=tiny",
+    "model.n_layer=1",
+    "model.d_model=32",
+    "model.n_head=2",
+    "model.n_kv_head=1",
+    "model.seq_len=64",
+    "hardware.micro_batch=2",
+    "budget.tokens_per_step=256",
+    "budget.warmup_steps=0",
+    "schedule.warmdown_frac=0.5",
+]
 
 
 def plan_for(compose, *overrides):
@@ -43,8 +53,13 @@ def train_plan(plan, tmp_path):
         return stream
 
     records = []
-    state = train(Stepper(model, forward, optimizers, plan), make_batches, state=TrainState(), log=lambda _: None,
-                  on_metrics=records.append)
+    state = train(
+        Stepper(model, forward, optimizers, plan),
+        make_batches,
+        state=TrainState(),
+        log=lambda _: None,
+        on_metrics=records.append,
+    )
     return state, records
 
 
@@ -64,8 +79,13 @@ def test_budget_flops_counts_each_step_at_its_stage_length(compose, tmp_path):
     plan = plan_for(compose)
     per_token = {L: plan.model.flops_per_token(L) for L in (32, 64)}
     flops = 4 * 256 * per_token[32] + 3 * 256 * per_token[64]  # stages switch at half the FLOPs: 4 short steps
-    plan = plan_for(compose, "schedule=progressive", "schedule.seq_len=[32@0.5,64@1.0]", "schedule.progress=step",
-                    f"budget.flops={float(flops)}")
+    plan = plan_for(
+        compose,
+        "schedule=progressive",
+        "schedule.seq_len=[32@0.5,64@1.0]",
+        "schedule.progress=step",
+        f"budget.flops={float(flops)}",
+    )
     state, _ = train_plan(plan, tmp_path)
     assert state.budget_end == "flops" and state.flops == pytest.approx(flops)
     assert [(s["seq_len"], s["start_step"]) for s in state.stages] == [(32, 0), (64, 4)] and state.steps == 7
@@ -100,8 +120,13 @@ def test_the_clock_pauses_and_starts_at_an_offset():
 def test_card_independent_budgets_in_the_plan(compose):
     plan = plan_for(compose, "budget.tokens=1000", "budget.train_seconds=30")
     assert plan.train_seconds == 30 and "30 s or 1000 tokens" in plan.describe()
-    plan = plan_for(compose, "budget.flops=1e12", "schedule=progressive", "schedule.seq_len=[32@0.5,64@1.0]",
-                    "schedule.progress=step")  # step progress follows the FLOPs budget: no max_steps needed
+    plan = plan_for(
+        compose,
+        "budget.flops=1e12",
+        "schedule=progressive",
+        "schedule.seq_len=[32@0.5,64@1.0]",
+        "schedule.progress=step",
+    )  # step progress follows the FLOPs budget: no max_steps needed
     assert plan.budget_flops == 1e12 and plan.train_seconds == math.inf
     from speedrun.errors import ConfigError
 

@@ -1,5 +1,6 @@
 """MFU: the peak of the card that ran (by its torch name, from a table of cards), mfu_profile for an emulated
 profile, and each token charged the context length of the stage it was trained in."""
+
 from __future__ import annotations
 
 import logging
@@ -15,14 +16,25 @@ from speedrun.plan import resolve
 
 # torch.cuda.get_device_name() of each card -> (table entry, dense bf16 TFLOP/s or fp16 where the card has no bf16)
 NAMES = {
-    "NVIDIA H100 80GB HBM3": ("H100 SXM", 989.5), "NVIDIA H100 PCIe": ("H100 PCIe", 756),
-    "NVIDIA H100 NVL": ("H100 NVL", 835.5), "NVIDIA H200": ("H200 SXM", 989.5), "NVIDIA H200 NVL": ("H200 NVL", 835.5),
-    "NVIDIA A100-SXM4-40GB": ("A100 SXM 40GB", 312), "NVIDIA A100-SXM4-80GB": ("A100 SXM 80GB", 312),
-    "NVIDIA A100-PCIE-40GB": ("A100 PCIe 40GB", 312), "NVIDIA A100 80GB PCIe": ("A100 PCIe 80GB", 312),
-    "NVIDIA L4": ("L4", 121), "NVIDIA A10": ("A10", 125), "NVIDIA A10G": ("A10G", 70),
-    "NVIDIA GeForce RTX 4090": ("RTX 4090", 165.2), "NVIDIA GeForce RTX 5090": ("RTX 5090", 209.5),
-    "Tesla V100-SXM2-16GB": ("V100 SXM2", 125), "Tesla V100-PCIE-32GB": ("V100 PCIe", 112),
-    "Tesla T4": ("T4", 65), "NVIDIA B200": ("B200", 2250), "NVIDIA GB200": ("GB200", 2500),
+    "NVIDIA H100 80GB HBM3": ("H100 SXM", 989.5),
+    "NVIDIA H100 PCIe": ("H100 PCIe", 756),
+    "NVIDIA H100 NVL": ("H100 NVL", 835.5),
+    "NVIDIA H200": ("H200 SXM", 989.5),
+    "NVIDIA H200 NVL": ("H200 NVL", 835.5),
+    "NVIDIA A100-SXM4-40GB": ("A100 SXM 40GB", 312),
+    "NVIDIA A100-SXM4-80GB": ("A100 SXM 80GB", 312),
+    "NVIDIA A100-PCIE-40GB": ("A100 PCIe 40GB", 312),
+    "NVIDIA A100 80GB PCIe": ("A100 PCIe 80GB", 312),
+    "NVIDIA L4": ("L4", 121),
+    "NVIDIA A10": ("A10", 125),
+    "NVIDIA A10G": ("A10G", 70),
+    "NVIDIA GeForce RTX 4090": ("RTX 4090", 165.2),
+    "NVIDIA GeForce RTX 5090": ("RTX 5090", 209.5),
+    "Tesla V100-SXM2-16GB": ("V100 SXM2", 125),
+    "Tesla V100-PCIE-32GB": ("V100 PCIe", 112),
+    "Tesla T4": ("T4", 65),
+    "NVIDIA B200": ("B200", 2250),
+    "NVIDIA GB200": ("GB200", 2500),
 }
 
 
@@ -35,8 +47,15 @@ def test_each_known_card_is_matched_by_its_torch_name(device_name, expected):
 
 def test_cards_that_are_not_in_the_table_get_no_peak():
     # neighbours by name or capability, never their figures
-    for name in ("NVIDIA RTX 6000 Ada Generation", "NVIDIA H100", "NVIDIA GH200 480GB", "NVIDIA A100X",
-                 "NVIDIA GeForce RTX 4090 D", "NVIDIA L40S", "NVIDIA A40"):
+    for name in (
+        "NVIDIA RTX 6000 Ada Generation",
+        "NVIDIA H100",
+        "NVIDIA GH200 480GB",
+        "NVIDIA A100X",
+        "NVIDIA GeForce RTX 4090 D",
+        "NVIDIA L40S",
+        "NVIDIA A40",
+    ):
         assert card_for(name) is None, name
     assert all(card.peak_tflops["fp16"] > 0 for card in CARDS)
 
@@ -66,8 +85,15 @@ def _record(plan, stages, steps, seconds, caplog=None):
 
     job = Job(types.SimpleNamespace(run_dir=None), {}, None)
     job.plan = plan
-    job.state = TrainState(steps=steps, tokens=steps * plan.tokens_per_step, train_seconds=seconds,
-                           compile_seconds=0.0, last_loss=1.0, stages=stages, recompiles=0)
+    job.state = TrainState(
+        steps=steps,
+        tokens=steps * plan.tokens_per_step,
+        train_seconds=seconds,
+        compile_seconds=0.0,
+        last_loss=1.0,
+        stages=stages,
+        recompiles=0,
+    )
     job._record_training(None)
     return job.result
 
@@ -79,8 +105,12 @@ def test_runner_records_mfu_against_the_card_and_mfu_profile_when_emulated(compo
     assert result["mfu"] == round(flops / 60.0 / 989.5e12, 4) and result["card"] == "H200 SXM"
     assert result["mfu_profile"] == round(flops / 60.0 / 989e12, 4) and "mfu_device" not in result
     with caplog.at_level(logging.WARNING, logger="speedrun"):
-        unknown = _record(plan_on(compose, "a100", name="NVIDIA RTX 6000 Ada Generation"),
-                          [{"seq_len": 1024, "start_step": 0}], 100, 60.0)
+        unknown = _record(
+            plan_on(compose, "a100", name="NVIDIA RTX 6000 Ada Generation"),
+            [{"seq_len": 1024, "start_step": 0}],
+            100,
+            60.0,
+        )
     assert unknown["mfu"] is None and unknown["tokens_per_s"] > 0
     assert "no peak FLOP/s known for 'NVIDIA RTX 6000 Ada Generation'" in caplog.text
 
@@ -89,14 +119,21 @@ def test_progressive_schedule_charges_each_token_its_own_stage(compose):
     """pgolf_progressive's stages as they ran on the H100 (docs/benchmarks.md): 1024 from step 0, 2048 from step
     46, 3072 from step 293, 404 steps. Charging every token at 3072 overstates the FLOPs (and MFU)."""
     plan = plan_on(compose, "h100", "experiment=pgolf_progressive")
-    stages = [{"seq_len": 1024, "start_step": 0}, {"seq_len": 2048, "start_step": 46},
-              {"seq_len": 3072, "start_step": 293}]
+    stages = [
+        {"seq_len": 1024, "start_step": 0},
+        {"seq_len": 2048, "start_step": 46},
+        {"seq_len": 3072, "start_step": 293},
+    ]
     step_tokens = plan.tokens_per_step
-    assert stage_tokens(stages, 404, step_tokens, 3072) == [(1024, 46 * step_tokens), (2048, 247 * step_tokens),
-                                                            (3072, 111 * step_tokens)]
+    assert stage_tokens(stages, 404, step_tokens, 3072) == [
+        (1024, 46 * step_tokens),
+        (2048, 247 * step_tokens),
+        (3072, 111 * step_tokens),
+    ]
     m = plan.model
-    expected = step_tokens * (46 * m.flops_per_token(1024) + 247 * m.flops_per_token(2048)
-                              + 111 * m.flops_per_token(3072))
+    expected = step_tokens * (
+        46 * m.flops_per_token(1024) + 247 * m.flops_per_token(2048) + 111 * m.flops_per_token(3072)
+    )
     result = _record(plan, stages, 404, 300.0)
     assert result["train_flops"] == expected
     assert result["mfu"] == round(expected / 300.0 / 989.5e12, 4)

@@ -1,5 +1,6 @@
 """Checkpoints and resume: a run stopped by SIGTERM mid-training and resumed ends exactly where an uninterrupted run
 ends (fp32 on CPU), in the same row; refusals are clear; files are atomic, pruned and load with weights_only."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,16 @@ from speedrun.errors import ConfigError
 
 # A tiny CPU run on a step budget (the time budget never governs), with a flush every 3 steps so that the
 # signal lands between flushes, and periodic validation so its records are checked too.
-RUN = ["debug=smoke", "budget.max_steps=12", "budget.train_seconds=600", "budget.tokens_per_step=1024",
-       "eval.tokens=2048", "quant=off", "logger.flush_every_steps=3", "eval.every_steps=4"]
+RUN = [
+    "debug=smoke",
+    "budget.max_steps=12",
+    "budget.train_seconds=600",
+    "budget.tokens_per_step=1024",
+    "eval.tokens=2048",
+    "quant=off",
+    "logger.flush_every_steps=3",
+    "eval.every_steps=4",
+]
 
 
 def run(compose, tmp_path: Path, name: str, overrides: list[str]):
@@ -32,8 +41,9 @@ def records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_sigterm_checkpoints_and_resume_matches_an_uninterrupted_run_exactly(compose, tmp_path, data_cache,
-                                                                             monkeypatch):
+def test_sigterm_checkpoints_and_resume_matches_an_uninterrupted_run_exactly(
+    compose, tmp_path, data_cache, monkeypatch
+):
     common = [*RUN, f"data.cache_dir={data_cache}", f"results_db={tmp_path / 'r.sqlite'}"]
     full = run(compose, tmp_path, "full", common)
 
@@ -63,12 +73,14 @@ def test_sigterm_checkpoints_and_resume_matches_an_uninterrupted_run_exactly(com
         assert resumed[key] == full[key], key
     assert resumed["resumed_from_step"] if "resumed_from_step" in resumed else True
     # the curve too: every train and validation record of the uninterrupted run, once, with the same values
-    strip = [{k: v for k, v in r.items() if "elapsed" not in k and k not in ("tokens_per_s", "progress",
-                                                                            "val_seconds")}
-             for r in records(tmp_path / "full")]
-    again = [{k: v for k, v in r.items() if "elapsed" not in k and k not in ("tokens_per_s", "progress",
-                                                                            "val_seconds")}
-             for r in records(cut)]
+    strip = [
+        {k: v for k, v in r.items() if "elapsed" not in k and k not in ("tokens_per_s", "progress", "val_seconds")}
+        for r in records(tmp_path / "full")
+    ]
+    again = [
+        {k: v for k, v in r.items() if "elapsed" not in k and k not in ("tokens_per_s", "progress", "val_seconds")}
+        for r in records(cut)
+    ]
     assert again == strip
     con = sqlite3.connect(tmp_path / "r.sqlite")
     rows = con.execute("SELECT run_id, status, steps, resumed_from_step, overrides FROM runs").fetchall()
@@ -81,8 +93,13 @@ def test_the_equivalence_check_can_fail(compose, tmp_path, data_cache):
     """A resume that lost the optimizer state would not match: the comparison above is sensitive to it."""
     from speedrun import checkpoint
 
-    common = [*RUN, "budget.max_steps=6", "checkpoint.every_steps=3", f"data.cache_dir={data_cache}",
-              f"results_db={tmp_path / 'r.sqlite'}"]
+    common = [
+        *RUN,
+        "budget.max_steps=6",
+        "checkpoint.every_steps=3",
+        f"data.cache_dir={data_cache}",
+        f"results_db={tmp_path / 'r.sqlite'}",
+    ]
     full = run(compose, tmp_path, "full", common)
     run(compose, tmp_path, "twin", common)
     twin = tmp_path / "twin"
@@ -98,12 +115,17 @@ def test_the_equivalence_check_can_fail(compose, tmp_path, data_cache):
     assert broken["steps"] == full["steps"] and broken["val_loss"] != full["val_loss"]
 
 
-@pytest.mark.parametrize("make,needle", [
-    (lambda d: d / "absent", "no such directory"),
-    (lambda d: (d / "stranger").mkdir() or d / "stranger", "not a speedrun run dir"),
-    (lambda d: ((d / "bare").mkdir(), (d / "bare" / "plan.json").write_text("{}"))[0] or d / "bare",
-     "holds no checkpoint"),
-])
+@pytest.mark.parametrize(
+    "make,needle",
+    [
+        (lambda d: d / "absent", "no such directory"),
+        (lambda d: (d / "stranger").mkdir() or d / "stranger", "not a speedrun run dir"),
+        (
+            lambda d: ((d / "bare").mkdir(), (d / "bare" / "plan.json").write_text("{}"))[0] or d / "bare",
+            "holds no checkpoint",
+        ),
+    ],
+)
 def test_resume_of_a_missing_foreign_or_checkpointless_dir_is_a_clear_error(tmp_path, make, needle):
     from speedrun.resume import find_resume
 
@@ -128,8 +150,12 @@ def test_resume_refuses_overrides_the_run_did_not_have(tmp_path):
     run_dir = tmp_path / "r"
     run_dir.mkdir()
     (run_dir / "plan.json").write_text("{}")
-    save_checkpoint(run_dir, {"format": 1, "progress": {"steps": 3}}, {"config": {"seed": 0}, "overrides": ["seed=0"],
-                                                                        "steps": 3}, keep=2)
+    save_checkpoint(
+        run_dir,
+        {"format": 1, "progress": {"steps": 3}},
+        {"config": {"seed": 0}, "overrides": ["seed=0"], "steps": 3},
+        keep=2,
+    )
     assert find_resume({"resume": str(run_dir)}, [f"resume={run_dir}", "seed=0"], tmp_path, tmp_path).steps == 3
     with pytest.raises(ConfigError, match="seed=1"):
         find_resume({"resume": str(run_dir)}, [f"resume={run_dir}", "seed=1"], tmp_path, tmp_path)
@@ -139,8 +165,12 @@ def test_checkpoints_are_atomic_pruned_and_load_with_weights_only(tmp_path):
     from speedrun.checkpoint import list_checkpoints, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 
     for step in (1, 2, 3):
-        payload = {"format": 1, "progress": {"steps": step, "stages": [{"seq_len": 8}]}, "rng": rng_state(),
-                   "model": {"w": torch.full((2,), float(step))}}
+        payload = {
+            "format": 1,
+            "progress": {"steps": step, "stages": [{"seq_len": 8}]},
+            "rng": rng_state(),
+            "model": {"w": torch.full((2,), float(step))},
+        }
         save_checkpoint(tmp_path, payload, {"steps": step}, keep=2)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000002.pt", "step_00000003.pt"]
     assert not list((tmp_path / "checkpoints").glob(".*tmp"))
@@ -169,11 +199,25 @@ def test_sigterm_from_outside_writes_a_checkpoint_and_resume_finishes_the_row(tm
     # one thread: on a shared machine, spinning OpenMP threads make each step many times slower
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     # many short steps (one micro-batch each) and early progress lines: still training when the signal comes
-    args = ["debug=smoke", "budget.max_steps=300", "budget.train_seconds=600", "budget.tokens_per_step=256",
-            "logger.log_every_seconds=0.2", "eval.tokens=2048", "quant=off", f"data.cache_dir={data_cache}",
-            "hydra.run.dir=outputs/cut"]
-    proc = subprocess.Popen([sys.executable, "-m", "run", *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    args = [
+        "debug=smoke",
+        "budget.max_steps=300",
+        "budget.train_seconds=600",
+        "budget.tokens_per_step=256",
+        "logger.log_every_seconds=0.2",
+        "eval.tokens=2048",
+        "quant=off",
+        f"data.cache_dir={data_cache}",
+        "hydra.run.dir=outputs/cut",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "run", *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     seen, deadline = [], time.time() + 240
     try:
         for line in proc.stdout:
@@ -191,9 +235,16 @@ def test_sigterm_from_outside_writes_a_checkpoint_and_resume_finishes_the_row(tm
     assert list((run_dir / "checkpoints").glob("step_*.pt"))
     con = sqlite3.connect(tmp_path / "outputs" / "results.sqlite")
     assert con.execute("SELECT status FROM runs").fetchall() == [("interrupted",)]
-    done = subprocess.run([sys.executable, "-m", "run", "resume=outputs/cut"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "run", "resume=outputs/cut"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert con.execute("SELECT run_id, status, steps FROM runs").fetchall() == [(str(run_dir.resolve()), "ok", 300)]
     assert (run_dir / ".hydra" / "resume" / "overrides.yaml").exists() and "resume" not in (
-        run_dir / ".hydra" / "overrides.yaml").read_text()
+        run_dir / ".hydra" / "overrides.yaml"
+    ).read_text()

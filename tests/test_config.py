@@ -1,4 +1,5 @@
 """The real config tree: every option of every group composes, and mistakes fail at compose time."""
+
 from __future__ import annotations
 
 import pytest
@@ -26,8 +27,15 @@ def test_every_option_composes_into_the_typed_config(compose, group, option):
 def test_default_config_and_contract_knobs(compose):
     cfg = compose()
     missing = object()
-    for key in ("seed", "name", "budget.train_seconds", "budget.max_steps", "budget.tokens_per_step",
-                "eval.tokens", "data.path"):
+    for key in (
+        "seed",
+        "name",
+        "budget.train_seconds",
+        "budget.max_steps",
+        "budget.tokens_per_step",
+        "eval.tokens",
+        "data.path",
+    ):
         assert OmegaConf.select(cfg, key, default=missing) is not missing, key
     typed = to_config(compose(["budget.train_seconds=5", "eval.tokens=1024", "seed=3"]))
     assert (typed.budget.train_seconds, typed.eval.tokens, typed.seed) == (5.0, 1024, 3)

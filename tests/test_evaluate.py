@@ -1,5 +1,6 @@
 """The eval group: sliding windows score every target exactly once (tail included), equal the standard eval when
 the stride is the window, and document isolation goes through the backend's document mask."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,11 +10,11 @@ from conftest import fake_device
 from speedrun.attention import get_backend
 from speedrun.config import to_config
 from speedrun.data.bpb import ByteLUTs
+from speedrun.errors import ConfigError
 from speedrun.evaluate import document_mask, evaluate, evaluate_sliding, run_eval, sliding_windows
 from speedrun.model import GPT
-from speedrun.shape import ModelShape
-from speedrun.errors import ConfigError
 from speedrun.plan import resolve
+from speedrun.shape import ModelShape
 
 TINY = ModelShape(vocab_size=64, n_layer=2, d_model=32, n_head=4, n_kv_head=2, mlp_mult=2, seq_len=32)
 
@@ -58,7 +59,7 @@ def test_sliding_windows_score_every_target_exactly_once(seq_len):
                 assert 0 <= start and start + T <= n_targets and 0 <= score_from < T
                 if i > 0:  # every later window keeps at least T - stride tokens of context
                     assert score_from >= T - stride
-                counts[start + score_from + 1: start + T + 1] += 1
+                counts[start + score_from + 1 : start + T + 1] += 1
             assert counts[0] == 0 and bool((counts[1:] == 1).all()), (n_targets, seq_len, stride, windows)
 
 
@@ -67,12 +68,22 @@ def test_sliding_eval_counts_each_position_once_end_to_end():
     sum(1..M) and sum(1..M)^2 only if every target position was scored exactly once, tail included."""
     n = 203  # M = 202 targets; with T = 32, S = 12 the last full stride stops short: a tail window is needed
     tokens = torch.arange(n)
-    ones = ByteLUTs(torch.ones(n, dtype=torch.int16), torch.zeros(n, dtype=torch.bool), torch.zeros(n, dtype=torch.bool))
+    ones = ByteLUTs(
+        torch.ones(n, dtype=torch.int16), torch.zeros(n, dtype=torch.bool), torch.zeros(n, dtype=torch.bool)
+    )
     assert (n - 1 - 32) % 12 != 0
     m = n - 1
     for power, expected in ((1, m * (m + 1) // 2), (2, m * (m + 1) * (2 * m + 1) // 6)):
-        res = evaluate_sliding(lambda x, y: y.double() ** power, tokens, ones, seq_len=32, stride=12, batch_size=5,
-                               device="cpu", autocast_dtype=None)
+        res = evaluate_sliding(
+            lambda x, y, power=power: y.double() ** power,
+            tokens,
+            ones,
+            seq_len=32,
+            stride=12,
+            batch_size=5,
+            device="cpu",
+            autocast_dtype=None,
+        )
         assert res.tokens == m and res.bytes == m
         assert round(res.val_loss * res.tokens) == expected
 
@@ -115,12 +126,15 @@ def plan_for(compose, device, *overrides):
     return resolve(to_config(compose(list(overrides))), fake_device(device))
 
 
-@pytest.mark.parametrize("overrides,needle", [
-    (["eval=sliding", "eval.stride=0"], "eval.stride"),
-    (["eval=sliding", "model=tiny", "eval.stride=257"], "model.seq_len=256"),
-    (["eval=standard", "eval.stride=64"], "use eval=sliding"),
-    (["attn=sdpa", "eval.document_isolated=true"], "use attn=flex (CUDA) or attn=math"),
-])
+@pytest.mark.parametrize(
+    "overrides,needle",
+    [
+        (["eval=sliding", "eval.stride=0"], "eval.stride"),
+        (["eval=sliding", "model=tiny", "eval.stride=257"], "model.seq_len=256"),
+        (["eval=standard", "eval.stride=64"], "use eval=sliding"),
+        (["attn=sdpa", "eval.document_isolated=true"], "use attn=flex (CUDA) or attn=math"),
+    ],
+)
 def test_eval_refusals(compose, overrides, needle):
     with pytest.raises(ConfigError) as e:
         plan_for(compose, "cpu", *overrides)
@@ -134,6 +148,7 @@ def test_eval_options_resolve(compose):
 
 
 # ---- CUDA (device machine) -------------------------------------------------------------------------
+
 
 @pytest.mark.gpu
 def test_cuda_document_isolated_sliding_eval_flex_matches_math():
@@ -152,7 +167,15 @@ def test_cuda_document_isolated_sliding_eval_flex_matches_math():
             for p in m.parameters():
                 p.add_(0.05 * torch.randn_like(p))
         with document_mask(m, 0):
-            results[attn] = evaluate_sliding(lambda x, y: m(x, y, reduction="none"), tokens, luts, seq_len=128,
-                                             stride=48, batch_size=3, device="cuda", autocast_dtype=torch.bfloat16)
+            results[attn] = evaluate_sliding(
+                lambda x, y, m=m: m(x, y, reduction="none"),
+                tokens,
+                luts,
+                seq_len=128,
+                stride=48,
+                batch_size=3,
+                device="cuda",
+                autocast_dtype=torch.bfloat16,
+            )
     assert results["flex"].tokens == results["math"].tokens == 4 * 128
     assert abs(results["flex"].val_loss - results["math"].val_loss) < 2e-2

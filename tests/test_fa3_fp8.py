@@ -1,4 +1,5 @@
 """fa3 (logic and error paths without the kernel) and fp8 linears (torch._scaled_mm runs on CPU too)."""
+
 from __future__ import annotations
 
 import sys
@@ -17,6 +18,7 @@ from speedrun.plan import PlanError
 
 def _reference_fa3_module():
     """A stand-in with FA3's calling convention: (B, T, H, D) tensors, grouped K/V, returns (out, lse)."""
+
     def flash_attn_func(q, k, v, causal=True):
         assert causal
         ref = get_backend("math")
@@ -59,15 +61,18 @@ def test_fa3_needs_exactly_one_pin():
         load_fa3("kernels-community/flash-attn3")
 
 
-@pytest.mark.parametrize("device,overrides,expect", [
-    ("h100", ["attn=fa3", "precision=bf16"], "fa3:varunneal/flash-attention-3@1"),
-    ("h100", ["hardware=a100", "attn=fa3"], "fa3:kernels-community/flash-attn3@1"),
-    ("h100", ["attn=fa3", "attn.fa3_revision=v2"], "fa3:varunneal/flash-attention-3@v2"),
-    ("h100", ["hardware=t4", "attn=fa3"], "needs compute capability >= sm80"),
-    ("b200", ["attn=fa3"], "has no build beyond sm90"),
-    ("h100", ["attn=fa3", "precision=fp16"], "runs bf16, fp8 only"),
-    ("cpu", ["attn=fa3"], "does not run on cpu"),
-])
+@pytest.mark.parametrize(
+    "device,overrides,expect",
+    [
+        ("h100", ["attn=fa3", "precision=bf16"], "fa3:varunneal/flash-attention-3@1"),
+        ("h100", ["hardware=a100", "attn=fa3"], "fa3:kernels-community/flash-attn3@1"),
+        ("h100", ["attn=fa3", "attn.fa3_revision=v2"], "fa3:varunneal/flash-attention-3@v2"),
+        ("h100", ["hardware=t4", "attn=fa3"], "needs compute capability >= sm80"),
+        ("b200", ["attn=fa3"], "has no build beyond sm90"),
+        ("h100", ["attn=fa3", "precision=fp16"], "runs bf16, fp8 only"),
+        ("cpu", ["attn=fa3"], "does not run on cpu"),
+    ],
+)
 def test_fa3_plan(compose, device, overrides, expect):
     from speedrun.config import to_config
     from speedrun.plan import resolve
@@ -80,10 +85,16 @@ def test_fa3_plan(compose, device, overrides, expect):
             resolve(cfg, fake_device(device))
 
 
-@pytest.mark.parametrize("device,overrides,ok", [
-    ("h100", ["precision=fp8"], True), ("h200", ["precision=fp8"], True), ("h100", ["hardware=a100",
-     "precision=fp8"], False), ("h100", ["hardware=t4", "precision=fp8"], False), ("cpu", ["precision=fp8"], False),
-])
+@pytest.mark.parametrize(
+    "device,overrides,ok",
+    [
+        ("h100", ["precision=fp8"], True),
+        ("h200", ["precision=fp8"], True),
+        ("h100", ["hardware=a100", "precision=fp8"], False),
+        ("h100", ["hardware=t4", "precision=fp8"], False),
+        ("cpu", ["precision=fp8"], False),
+    ],
+)
 def test_fp8_plan(compose, device, overrides, ok):
     from speedrun.config import to_config
     from speedrun.plan import resolve
@@ -124,8 +135,17 @@ def test_convert_linears_keeps_parameters_and_keys():
     from speedrun.model import GPT
     from speedrun.shape import ModelShape
 
-    cfg = ModelShape(vocab_size=64, n_layer=2, d_model=32, n_head=2, n_kv_head=1, mlp_mult=2, seq_len=16,
-                    tie_embeddings=True, logit_softcap=30.0)
+    cfg = ModelShape(
+        vocab_size=64,
+        n_layer=2,
+        d_model=32,
+        n_head=2,
+        n_kv_head=1,
+        mlp_mult=2,
+        seq_len=16,
+        tie_embeddings=True,
+        logit_softcap=30.0,
+    )
     model = GPT(cfg, get_backend("math"))
     keys, n_params = list(model.state_dict()), model.num_params()
     weight = model.blocks[0].attn.c_q.weight

@@ -1,6 +1,7 @@
 """The kernel group: it composes, resolves against the device with refusals that name a fix that works, picks flex
 tiles that fit a T4's shared memory per head_dim, reads tuned tables with their provenance, and the tuner's
 numerics check rejects a wrong candidate however fast it is."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,17 +19,23 @@ def plan_for(compose, device, *overrides):
 
 def test_default_and_tuned_options_compose(compose):
     cfg = to_config(compose(["kernel.compile_mode=max-autotune-no-cudagraphs", "kernel.fp8=[mlp_down]"]))
-    assert (cfg.kernel.name, cfg.kernel.compile_mode, cfg.kernel.fp8) == ("default", "max-autotune-no-cudagraphs",
-                                                                          ["mlp_down"])
+    assert (cfg.kernel.name, cfg.kernel.compile_mode, cfg.kernel.fp8) == (
+        "default",
+        "max-autotune-no-cudagraphs",
+        ["mlp_down"],
+    )
     assert to_config(compose(["kernel=tuned"])).kernel.name == "tuned"
 
 
-@pytest.mark.parametrize("override,needle", [
-    ("kernel.compile_mode=fast", "max-autotune-no-cudagraphs"),
-    ("kernel.fp8=[mlp_up]", "mlp_down"),
-    ("kernel.flex_fwd.block_m=48", "power of two"),
-    ("kernel.flex_bwd.block_n1=16", "multiple of block_m1"),
-])
+@pytest.mark.parametrize(
+    "override,needle",
+    [
+        ("kernel.compile_mode=fast", "max-autotune-no-cudagraphs"),
+        ("kernel.fp8=[mlp_up]", "mlp_down"),
+        ("kernel.flex_fwd.block_m=48", "power of two"),
+        ("kernel.flex_bwd.block_n1=16", "multiple of block_m1"),
+    ],
+)
 def test_schema_checks_name_the_valid_values(compose, override, needle):
     extra = ["kernel.flex_bwd.block_m1=32"] if "block_n1" in override else []
     with pytest.raises(ConfigError, match=needle):
@@ -47,41 +54,95 @@ def test_default_is_todays_behaviour(compose):
 
 
 def test_settings_reach_the_plan(compose):
-    plan = plan_for(compose, "h100", "kernel.cuda_graphs=true", "kernel.fp8=[mlp,attn_proj]",
-                    "kernel.compile_mode=max-autotune-no-cudagraphs", "kernel.coordinate_descent_tuning=true")
+    plan = plan_for(
+        compose,
+        "h100",
+        "kernel.cuda_graphs=true",
+        "kernel.fp8=[mlp,attn_proj]",
+        "kernel.compile_mode=max-autotune-no-cudagraphs",
+        "kernel.coordinate_descent_tuning=true",
+    )
     k = plan.kernel
     assert k.coordinate_descent_tuning and plan.kernel.result_keys()["kernel_coordinate_descent"] is True
-    assert (k.cuda_graphs, k.fp8, k.compile_mode, plan.precision) == (True, ("mlp", "attn_proj"),
-                                                                     "max-autotune-no-cudagraphs", "bf16")
+    assert (k.cuda_graphs, k.fp8, k.compile_mode, plan.precision) == (
+        True,
+        ("mlp", "attn_proj"),
+        "max-autotune-no-cudagraphs",
+        "bf16",
+    )
     assert plan.kernel.result_keys()["kernel_fp8"] == "mlp,attn_proj" and "cuda graphs on" in plan.describe()
-    tiles = plan_for(compose, "h100", "attn=flex", "kernel.flex_bwd.block_m1=32", "kernel.flex_bwd.block_n1=64",
-                     "kernel.flex_bwd.block_m2=64", "kernel.flex_bwd.block_n2=32")
+    tiles = plan_for(
+        compose,
+        "h100",
+        "attn=flex",
+        "kernel.flex_bwd.block_m1=32",
+        "kernel.flex_bwd.block_n1=64",
+        "kernel.flex_bwd.block_m2=64",
+        "kernel.flex_bwd.block_n2=32",
+    )
     opts = dict(tiles.attn_options)["kernel_options"]
-    assert opts == {"fwd_BLOCK_M": 128, "fwd_BLOCK_N": 64, "bwd_BLOCK_M1": 32, "bwd_BLOCK_N1": 64,
-                    "bwd_BLOCK_M2": 64, "bwd_BLOCK_N2": 32}
+    assert opts == {
+        "fwd_BLOCK_M": 128,
+        "fwd_BLOCK_N": 64,
+        "bwd_BLOCK_M1": 32,
+        "bwd_BLOCK_N1": 64,
+        "bwd_BLOCK_M2": 64,
+        "bwd_BLOCK_N2": 32,
+    }
 
 
 # device, the request, a needle of the refusal, and the fix the message names (appended to the request).
 REFUSALS = [
     ("cpu", ["kernel.cuda_graphs=true"], "needs a CUDA GPU", ["kernel.cuda_graphs=false"]),
-    ("h100", ["kernel.cuda_graphs=true", "kernel.compile_mode=reduce-overhead"], "own CUDA graphs",
-     ["kernel.compile_mode=max-autotune-no-cudagraphs"]),
-    ("h100", ["kernel.cuda_graphs=true", "kernel.dynamic_shapes=true"], "changing ones",
-     ["kernel.dynamic_shapes=false"]),
+    (
+        "h100",
+        ["kernel.cuda_graphs=true", "kernel.compile_mode=reduce-overhead"],
+        "own CUDA graphs",
+        ["kernel.compile_mode=max-autotune-no-cudagraphs"],
+    ),
+    (
+        "h100",
+        ["kernel.cuda_graphs=true", "kernel.dynamic_shapes=true"],
+        "changing ones",
+        ["kernel.dynamic_shapes=false"],
+    ),
     ("h100", ["kernel.cuda_graphs=true", "budget.warmup_steps=0"], "during warm-up", ["budget.warmup_steps=1"]),
     ("h100", ["hardware=t4", "kernel.fp8=[mlp_down]"], "compute capability >= 8.9", ["kernel.fp8=[]"]),
     ("h100", ["hardware=a100", "kernel.fp8=[mlp_down]"], "compute capability >= 8.9", ["kernel.fp8=[]"]),
     ("h100", ["precision=fp16", "kernel.fp8=[mlp_down]"], "precision=bf16", ["precision=bf16"]),
     ("h100", ["precision=fp8", "kernel.fp8=[]"], "asks for none", ["precision=bf16"]),
-    ("h100", ["hardware.compile=false", "kernel.compile_mode=max-autotune"], "needs torch.compile",
-     ["kernel.compile_mode=default"]),
-    ("h100", ["hardware.compile=false", "kernel.coordinate_descent_tuning=true"], "needs torch.compile",
-     ["kernel.coordinate_descent_tuning=false"]),
+    (
+        "h100",
+        ["hardware.compile=false", "kernel.compile_mode=max-autotune"],
+        "needs torch.compile",
+        ["kernel.compile_mode=default"],
+    ),
+    (
+        "h100",
+        ["hardware.compile=false", "kernel.coordinate_descent_tuning=true"],
+        "needs torch.compile",
+        ["kernel.coordinate_descent_tuning=false"],
+    ),
     ("h100", ["kernel.flex_fwd.block_m=64"], "are for attn=flex", ["attn=flex"]),
-    ("h100", ["hardware=t4", "attn=flex", "model=hd80", "kernel.flex_bwd.block_m1=64", "kernel.flex_bwd.block_n1=64",
-              "kernel.flex_bwd.block_m2=64", "kernel.flex_bwd.block_n2=64"], "has 64 KB",
-     ["kernel.flex_bwd.block_m1=32", "kernel.flex_bwd.block_n1=32", "kernel.flex_bwd.block_m2=32",
-      "kernel.flex_bwd.block_n2=32"]),
+    (
+        "h100",
+        [
+            "hardware=t4",
+            "attn=flex",
+            "model=hd80",
+            "kernel.flex_bwd.block_m1=64",
+            "kernel.flex_bwd.block_n1=64",
+            "kernel.flex_bwd.block_m2=64",
+            "kernel.flex_bwd.block_n2=64",
+        ],
+        "has 64 KB",
+        [
+            "kernel.flex_bwd.block_m1=32",
+            "kernel.flex_bwd.block_n1=32",
+            "kernel.flex_bwd.block_m2=32",
+            "kernel.flex_bwd.block_n2=32",
+        ],
+    ),
 ]
 
 
@@ -103,10 +164,17 @@ def test_refusals_name_a_fix_that_resolves(compose, device, overrides, needle, f
 # num_warps 4 (scripts/flex_smem.py --mimic): (kind, tiles, head_dim, bytes). The estimate must reproduce them
 # exactly, or over-estimate by at most the R x S scratch it adds for safety.
 MEASURED_SM75 = [
-    ("fwd", (64, 32), 64, 24576), ("fwd", (64, 64), 128, 65536), ("fwd", (128, 64), 128, 98304),
-    ("bwd", (16, 16, 16, 16), 64, 12288), ("bwd", (32, 32, 32, 32), 64, 24576), ("bwd", (64, 64, 64, 64), 64, 49152),
-    ("bwd", (32, 64, 64, 32), 64, 40960), ("bwd", (64, 128, 128, 64), 64, 98304),
-    ("bwd", (16, 16, 16, 16), 128, 24576), ("bwd", (32, 32, 32, 32), 128, 49152), ("bwd", (32, 64, 64, 32), 128, 81920),
+    ("fwd", (64, 32), 64, 24576),
+    ("fwd", (64, 64), 128, 65536),
+    ("fwd", (128, 64), 128, 98304),
+    ("bwd", (16, 16, 16, 16), 64, 12288),
+    ("bwd", (32, 32, 32, 32), 64, 24576),
+    ("bwd", (64, 64, 64, 64), 64, 49152),
+    ("bwd", (32, 64, 64, 32), 64, 40960),
+    ("bwd", (64, 128, 128, 64), 64, 98304),
+    ("bwd", (16, 16, 16, 16), 128, 24576),
+    ("bwd", (32, 32, 32, 32), 128, 49152),
+    ("bwd", (32, 64, 64, 32), 128, 81920),
     ("bwd", (32, 128, 128, 32), 128, 147456),
 ]
 

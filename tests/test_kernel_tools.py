@@ -1,5 +1,6 @@
 """The kernel group's tools: tuned tables (lookup, provenance, refusals), the tuner's numerics check and winner,
 the step profile, FP8 targets, the shared compile cache, the sweep's overhead column and fa3's trust flag."""
+
 from __future__ import annotations
 
 import math
@@ -24,8 +25,15 @@ def table_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
-PROVENANCE = {"device_name": "NVIDIA H100 80GB HBM3", "torch": "2.11.0", "triton": "3.6.0", "date": "2026-11-26",
-              "model": "pgolf_baseline", "default_tokens_per_s": 1.8e6, "winner_tokens_per_s": 2.0e6}
+PROVENANCE = {
+    "device_name": "NVIDIA H100 80GB HBM3",
+    "torch": "2.11.0",
+    "triton": "3.6.0",
+    "date": "2026-11-26",
+    "model": "pgolf_baseline",
+    "default_tokens_per_s": 1.8e6,
+    "winner_tokens_per_s": 2.0e6,
+}
 
 
 def test_tuned_table_is_picked_by_card_and_model_with_its_provenance(compose, table_dir):
@@ -69,17 +77,28 @@ def _fake_run(speeds: dict[str, float], losses: dict[str, list[float]]):
         c.tokens_per_s = speeds[c.label]
         c.step_ms = [1000.0] * 4
         c.losses = losses.get(c.label, LOSSES)
+
     return run
 
 
 def test_tune_rejects_a_wrong_candidate_however_fast():
-    cands = [Candidate([]), Candidate(["kernel.cuda_graphs=true"]), Candidate(["kernel.fp8=[all]"]),
-             Candidate(["kernel.boom=true"]), Candidate(["kernel.compile_mode=max-autotune"], refused="refused: x")]
+    cands = [
+        Candidate([]),
+        Candidate(["kernel.cuda_graphs=true"]),
+        Candidate(["kernel.fp8=[all]"]),
+        Candidate(["kernel.boom=true"]),
+        Candidate(["kernel.compile_mode=max-autotune"], refused="refused: x"),
+    ]
     speeds = {"default": 1.0e6, "kernel.cuda_graphs=true": 1.2e6, "kernel.fp8=[all]": 2.0e6}
     close = [x + 0.004 for x in LOSSES]
     wrong = [x + 0.5 for x in LOSSES]  # a broken kernel: fast and wrong
-    winner = tune(cands, _fake_run(speeds, {"kernel.cuda_graphs=true": close, "kernel.fp8=[all]": wrong}),
-                  atol=0.03, rtol=0.01, log=lambda m: None)
+    winner = tune(
+        cands,
+        _fake_run(speeds, {"kernel.cuda_graphs=true": close, "kernel.fp8=[all]": wrong}),
+        atol=0.03,
+        rtol=0.01,
+        log=lambda m: None,
+    )
     assert winner is cands[1]
     assert cands[2].numerics.startswith("step 1: loss 7.4300 vs default 6.9300")
     assert cands[3].error.startswith("RuntimeError") and cands[3].numerics is None
@@ -98,16 +117,18 @@ def test_numerics_check_bounds_and_nan():
 
 def test_default_wins_when_nothing_beats_it_by_the_margin():
     cands = [Candidate([]), Candidate(["kernel.cuda_graphs=true"])]
-    winner = tune(cands, _fake_run({"default": 1.0e6, "kernel.cuda_graphs=true": 1.005e6}, {}), 0.03, 0.01,
-                  lambda m: None)
+    winner = tune(
+        cands, _fake_run({"default": 1.0e6, "kernel.cuda_graphs=true": 1.005e6}, {}), 0.03, 0.01, lambda m: None
+    )
     assert winner is cands[0]
 
 
 def test_tune_end_to_end_on_cpu_writes_a_table_that_kernel_tuned_reads(compose, table_dir, data_cache, capsys):
     from speedrun.tune import main
 
-    rc = main(["--steps", "1", "--table-dir", str(table_dir), *SMALL, "budget.warmup_steps=0",
-               f"data.cache_dir={data_cache}"])
+    rc = main(
+        ["--steps", "1", "--table-dir", str(table_dir), *SMALL, "budget.warmup_steps=0", f"data.cache_dir={data_cache}"]
+    )
     out = capsys.readouterr().out
     assert rc == 0 and "[1/1] default: measuring" in out and "| * default" in out
     text = (table_dir / "cpu.yaml").read_text()
@@ -123,8 +144,12 @@ def test_tune_end_to_end_on_cpu_writes_a_table_that_kernel_tuned_reads(compose, 
 def test_top_kernels_table():
     from speedrun.kernels.profile import KernelRow, top_kernels_table
 
-    rows = [KernelRow("triton_poi_fused_add_mul_0", 90, 45.0), KernelRow("sm90_xmma_gemm_bf16", 60, 120.0),
-            KernelRow("cudnn_sdpa_bwd", 9, 30.0), KernelRow("tiny", 1, 1.0)]
+    rows = [
+        KernelRow("triton_poi_fused_add_mul_0", 90, 45.0),
+        KernelRow("sm90_xmma_gemm_bf16", 60, 120.0),
+        KernelRow("cudnn_sdpa_bwd", 9, 30.0),
+        KernelRow("tiny", 1, 1.0),
+    ]
     text = top_kernels_table(rows, step_ms=100.0, steps=2, top=3)
     lines = text.splitlines()
     assert "kernels busy 98.0 ms per step (98%)" in lines[0]
@@ -148,16 +173,27 @@ def test_profile_steps_on_cpu_writes_a_trace_and_undoes_its_steps(compose, tmp_p
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
-@pytest.mark.parametrize("targets,per_block", [(("mlp_down",), 1), (("mlp",), 2), (("attn_proj",), 1),
-                                               (("attn_qkv",), 3), (("mlp", "attn_proj"), 3), (("all",), 6)])
+@pytest.mark.parametrize(
+    "targets,per_block",
+    [
+        (("mlp_down",), 1),
+        (("mlp",), 2),
+        (("attn_proj",), 1),
+        (("attn_qkv",), 3),
+        (("mlp", "attn_proj"), 3),
+        (("all",), 6),
+    ],
+)
 def test_fp8_targets_convert_the_named_linears(targets, per_block):
     from speedrun.attention import get_backend
     from speedrun.fp8 import FP8Linear, convert_linears
     from speedrun.model import GPT
     from speedrun.shape import ModelShape
 
-    model = GPT(ModelShape(vocab_size=64, n_layer=2, d_model=32, n_head=2, n_kv_head=1, mlp_mult=2, seq_len=16),
-                get_backend("math"))
+    model = GPT(
+        ModelShape(vocab_size=64, n_layer=2, d_model=32, n_head=2, n_kv_head=1, mlp_mult=2, seq_len=16),
+        get_backend("math"),
+    )
     assert convert_linears(model.blocks, targets) == 2 * per_block
     if targets == ("mlp_down",):
         assert isinstance(model.blocks[1].mlp.proj, FP8Linear) and type(model.blocks[1].mlp.fc) is torch.nn.Linear
@@ -177,8 +213,10 @@ def test_sweep_summary_reports_wall_overhead():
     from speedrun.sweep import JobEntry, summarize
 
     jobs = [JobEntry(0, ["kernel=default"], state="launched"), JobEntry(1, ["kernel=tuned"], state="launched")]
-    results = [{"status": "ok", "wall_seconds": 83.0, "train_seconds": 20.0, "seed": 0},
-               {"status": "ok", "wall_seconds": 35.5, "train_seconds": 20.0, "seed": 0}]
+    results = [
+        {"status": "ok", "wall_seconds": 83.0, "train_seconds": 20.0, "seed": 0},
+        {"status": "ok", "wall_seconds": 35.5, "train_seconds": 20.0, "seed": 0},
+    ]
     s = summarize(jobs, results)
     assert "overhead_s" in s.metrics  # the report's leaderboard has the same column (one layout)
     assert [g.metric("overhead_s") for g in s.groups] == [[63.0], [15.5]]
@@ -228,8 +266,10 @@ def test_graphed_step_matches_the_plain_step(compose, data_cache, monkeypatch):
 
     monkeypatch.setattr(GraphedMicroStep, "on_side_stream", lambda self, fn: fn())
     monkeypatch.setattr(GraphedMicroStep, "record", lambda self, fn: (lambda out: (Replay(fn, out), out))(fn()))
-    plan = resolve(to_config(compose([*SMALL[:-1], "budget.tokens_per_step=1024", f"data.cache_dir={data_cache}"])),
-                   fake_device("cpu"))
+    plan = resolve(
+        to_config(compose([*SMALL[:-1], "budget.tokens_per_step=1024", f"data.cache_dir={data_cache}"])),
+        fake_device("cpu"),
+    )
     assert plan.grad_accum == 4
     graphed_plan = dataclasses.replace(plan, kernel=dataclasses.replace(plan.kernel, cuda_graphs=True))
     data = build_data(plan, lambda m: None)

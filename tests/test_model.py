@@ -1,4 +1,5 @@
 """The GPT: shapes, init loss, parameter accounting, param groups, autocast, compile."""
+
 from __future__ import annotations
 
 import math
@@ -11,8 +12,17 @@ from speedrun.attention import get_backend
 from speedrun.model import GPT
 from speedrun.shape import ModelShape
 
-TINY = ModelShape(vocab_size=64, n_layer=3, d_model=32, n_head=4, n_kv_head=2, mlp_mult=2, seq_len=32,
-                 tie_embeddings=True, logit_softcap=30.0)
+TINY = ModelShape(
+    vocab_size=64,
+    n_layer=3,
+    d_model=32,
+    n_head=4,
+    n_kv_head=2,
+    mlp_mult=2,
+    seq_len=32,
+    tie_embeddings=True,
+    logit_softcap=30.0,
+)
 
 
 def _model(cfg=TINY, attn="sdpa", bos_id=None, seed=0, **attn_opts):

@@ -1,4 +1,5 @@
 """A request that cannot be met never runs a different kernel."""
+
 from __future__ import annotations
 
 import pytest
@@ -22,16 +23,20 @@ def test_t4_with_gqa_runs_efficient_with_math_disabled(compose, monkeypatch):
     seen = {}
 
     def spy(q, k, v, **kwargs):
-        seen.update(k_heads=k.size(1), q_heads=q.size(1), enable_gqa=kwargs.get("enable_gqa"),
-                    math=torch.backends.cuda.math_sdp_enabled(), flash=torch.backends.cuda.flash_sdp_enabled(),
-                    efficient=torch.backends.cuda.mem_efficient_sdp_enabled())
+        seen.update(
+            k_heads=k.size(1),
+            q_heads=q.size(1),
+            enable_gqa=kwargs.get("enable_gqa"),
+            math=torch.backends.cuda.math_sdp_enabled(),
+            flash=torch.backends.cuda.flash_sdp_enabled(),
+            efficient=torch.backends.cuda.mem_efficient_sdp_enabled(),
+        )
         return q
 
     monkeypatch.setattr(sdpa_module.F, "scaled_dot_product_attention", spy)
     q, kv = torch.randn(1, 8, 16, 64), torch.randn(1, 4, 16, 64)
     backend(q, kv, kv, None)
-    assert seen == {"k_heads": 8, "q_heads": 8, "enable_gqa": False, "math": False, "flash": False,
-                    "efficient": True}
+    assert seen == {"k_heads": 8, "q_heads": 8, "enable_gqa": False, "math": False, "flash": False, "efficient": True}
 
 
 @pytest.mark.parametrize("kernel", ["efficient", "cudnn"])

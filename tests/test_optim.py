@@ -1,20 +1,35 @@
 """Muon's Newton-Schulz, the Muon+Adam split on a tiny GPT, and the schedule hooks."""
-from __future__ import annotations
 
+from __future__ import annotations
 
 import pytest
 import torch
 
 from speedrun.attention import get_backend
 from speedrun.model import GPT
-from speedrun.shape import ModelShape
 from speedrun.optim import (
-    Muon, build_optimizers, muon_update, newton_schulz, set_lr_multiplier, set_muon_momentum,
+    Muon,
+    build_optimizers,
+    muon_update,
+    newton_schulz,
+    set_lr_multiplier,
+    set_muon_momentum,
 )
+from speedrun.shape import ModelShape
 
 TINY = ModelShape(vocab_size=64, n_layer=2, d_model=32, n_head=4, n_kv_head=2, mlp_mult=2, seq_len=32)
-PGOLF = dict(matrix_lr=0.04, scalar_lr=0.04, embed_lr=0.6, tied_embed_lr=0.05, head_lr=0.008,
-             muon_momentum=0.95, muon_backend_steps=5, beta1=0.9, beta2=0.95, eps=1e-8)
+PGOLF = dict(
+    matrix_lr=0.04,
+    scalar_lr=0.04,
+    embed_lr=0.6,
+    tied_embed_lr=0.05,
+    head_lr=0.008,
+    muon_momentum=0.95,
+    muon_backend_steps=5,
+    beta1=0.9,
+    beta2=0.95,
+    eps=1e-8,
+)
 
 
 @pytest.mark.parametrize("shape", [(64, 64), (32, 96), (96, 32)])

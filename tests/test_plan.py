@@ -1,4 +1,5 @@
 """The resolver: every hardware x attention x precision either resolves to a Plan or raises PlanError."""
+
 from __future__ import annotations
 
 import copy
@@ -66,8 +67,12 @@ def test_cpu_default_is_small_and_pinned(compose):
 
 def test_gpu_default_trains_pgolf_baseline_in_bf16(compose):
     plan = plan_for(compose, "h100")
-    assert (plan.model_name, plan.precision, plan.tokens_per_step, plan.compile) == ("pgolf_baseline", "bf16",
-                                                                                    524288, True)
+    assert (plan.model_name, plan.precision, plan.tokens_per_step, plan.compile) == (
+        "pgolf_baseline",
+        "bf16",
+        524288,
+        True,
+    )
     assert plan.grad_accum == 8 and plan.peak_flops == 989.5e12 and not plan.emulated and plan.card == "H100 SXM"
 
 
@@ -119,8 +124,11 @@ def test_refusals_name_the_problem_and_a_fix_that_resolves(compose, device, over
 
 
 def test_a_misspelt_choice_is_refused_at_compose_time_listing_the_valid_values(compose):
-    for override, valid in (("quant.compressor=gzip", "zlib, lzma, brotli, zstd"),
-                            ("schedule.progress=steps", "time, step"), ("attn.kernel=flash2", "flash, cudnn")):
+    for override, valid in (
+        ("quant.compressor=gzip", "zlib, lzma, brotli, zstd"),
+        ("schedule.progress=steps", "time, step"),
+        ("attn.kernel=flash2", "flash, cudnn"),
+    ):
         with pytest.raises(Exception) as e:
             compose([override])
         chain, err = [], e.value

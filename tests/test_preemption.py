@@ -1,6 +1,7 @@
 """SLURM preemption on CPU: submitit's USR2 becomes a checkpoint at the end of the step, then submitit's own handler
 (requeue) whose exit is recorded as interrupted; the launcher's checkpoint() requeues the job with resume=<run dir>;
 under submitit a SIGTERM writes a checkpoint and training goes on (submitit's convention)."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,15 @@ import pytest
 
 from speedrun.preempt import Preempted
 
-RUN = ["debug=smoke", "budget.max_steps=8", "budget.train_seconds=600", "budget.tokens_per_step=1024",
-       "eval.tokens=2048", "quant=off", "logger.flush_every_steps=3"]
+RUN = [
+    "debug=smoke",
+    "budget.max_steps=8",
+    "budget.train_seconds=600",
+    "budget.tokens_per_step=1024",
+    "eval.tokens=2048",
+    "quant=off",
+    "logger.flush_every_steps=3",
+]
 
 
 def signal_at_step(monkeypatch, step: int, signum: int) -> None:
@@ -50,8 +58,9 @@ def test_usr2_under_submitit_checkpoints_then_hands_over_to_submitit(compose, tm
     try:
         signal_at_step(monkeypatch, 5, signal.SIGUSR2)
         with pytest.raises(Preempted, match="requeued"):
-            run(compose, tmp_path / "job", [*RUN, f"data.cache_dir={data_cache}",
-                                            f"results_db={tmp_path / 'r.sqlite'}"])
+            run(
+                compose, tmp_path / "job", [*RUN, f"data.cache_dir={data_cache}", f"results_db={tmp_path / 'r.sqlite'}"]
+            )
     finally:
         signal.signal(signal.SIGUSR2, previous)
     assert handed == [signal.SIGUSR2]  # submitit ran after the checkpoint, once
@@ -63,8 +72,9 @@ def test_usr2_under_submitit_checkpoints_then_hands_over_to_submitit(compose, tm
 def test_sigterm_under_submitit_checkpoints_and_goes_on(compose, tmp_path, data_cache, monkeypatch):
     monkeypatch.setenv("SUBMITIT_FOLDER", str(tmp_path / "submitit"))
     signal_at_step(monkeypatch, 3, signal.SIGTERM)
-    result = run(compose, tmp_path / "job", [*RUN, f"data.cache_dir={data_cache}",
-                                             f"results_db={tmp_path / 'r.sqlite'}"])
+    result = run(
+        compose, tmp_path / "job", [*RUN, f"data.cache_dir={data_cache}", f"results_db={tmp_path / 'r.sqlite'}"]
+    )
     assert result["status"] == "ok" and result["steps"] == 8
     assert [p.name for p in (tmp_path / "job" / "checkpoints").glob("*.pt")] == ["step_00000003.pt"]
 

@@ -116,6 +116,7 @@ def test_builds_are_byte_identical(docs, tmp_path):
 
 # --- loader ----------------------------------------------------------------------------------
 
+
 def test_token_stream_batches_shift_and_wrap(prepared):
     paths = prepared[0]
     stream = _stream(paths.train)
@@ -178,6 +179,7 @@ def test_load_val_tokens(prepared):
 
 # --- opening existing shard directories ------------------------------------------------------
 
+
 def test_open_dataset_missing_paths_explain_how_to_get_data(tmp_path, prepared):
     missing = tmp_path / "data" / "datasets" / "fineweb10B_sp1024"
     with pytest.raises(DataNotFoundError) as err:
@@ -216,13 +218,20 @@ def test_open_dataset_checks_vocab_and_shards(prepared, tmp_path):
 
 # --- the embedded dataset ---------------------------------------------------------------------
 
+
 def test_ensure_embedded_dataset_builds_once_under_concurrency(tmp_path):
     cache = tmp_path / "cache"
-    code = ("import sys; from speedrun.data import ensure_embedded_dataset as e; "
-            "p = e(sys.argv[1], 1024); print(p.tokenizer, len(p.train), len(p.val))")
+    code = (
+        "import sys; from speedrun.data import ensure_embedded_dataset as e; "
+        "p = e(sys.argv[1], 1024); print(p.tokenizer, len(p.train), len(p.val))"
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(cache)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(cache)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[1] for o in outs]
     assert outs[0][0] == outs[1][0]
@@ -246,6 +255,7 @@ def test_ensure_embedded_dataset_builds_once_under_concurrency(tmp_path):
 
 
 # --- corpus readers and the CLI ---------------------------------------------------------------
+
 
 def test_iter_documents_formats(tmp_path):
     import gzip
@@ -295,7 +305,9 @@ def test_prepare_data_cli(docs, tmp_path, capsys):
     txt = tmp_path / "notes.txt"
     txt.write_text(docs[8], encoding="utf-8")
     out = tmp_path / "out"
-    assert cli.main(["--input", str(jsonl), str(txt), "--out", str(out), "--vocab-size", "400", "--val-every", "3"]) == 0
+    assert (
+        cli.main(["--input", str(jsonl), str(txt), "--out", str(out), "--vocab-size", "400", "--val-every", "3"]) == 0
+    )
     printed = capsys.readouterr().out
     assert "train_tokens" in printed and "unigram_val_bpb" in printed
     info = read_dataset_info(out)

@@ -1,4 +1,5 @@
 """The quant group: GPTQ's round-trip error, Hessians from the batches it is given, compressors, artifact sizes."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -11,13 +12,14 @@ from conftest import fake_device
 from speedrun import quantize as Q
 from speedrun.attention import get_backend
 from speedrun.config import to_config
-from speedrun.model import GPT
-from speedrun.shape import ModelShape
 from speedrun.errors import ConfigError
+from speedrun.model import GPT
 from speedrun.plan import resolve
+from speedrun.shape import ModelShape
 
-TINY = ModelShape(vocab_size=64, n_layer=2, d_model=32, n_head=4, n_kv_head=2, mlp_mult=2, seq_len=16,
-                 tie_embeddings=True)
+TINY = ModelShape(
+    vocab_size=64, n_layer=2, d_model=32, n_head=4, n_kv_head=2, mlp_mult=2, seq_len=16, tie_embeddings=True
+)
 
 
 def correlated_inputs(n: int, dim: int, seed: int) -> torch.Tensor:
@@ -40,7 +42,7 @@ def test_int6_gptq_output_error_beats_naive_rounding_and_is_bounded():
     the same distribution. GPTQ minimises exactly that and deliberately trades weight error for it, so its
     weight-space error is larger than plain rounding's (checked below, and bounded too)."""
     torch.manual_seed(0)
-    w = torch.randn(96, 128) / 128 ** 0.5
+    w = torch.randn(96, 128) / 128**0.5
     X, X_test = correlated_inputs(4096, 128, seed=1), correlated_inputs(4096, 128, seed=2)
     q, scale = Q.quantize_gptq(w, X.T @ X / len(X), bits=6, clip_ratios=[1.0, 0.9, 0.8, 0.7])
     assert q.dtype == torch.int8 and int(q.abs().max()) <= 31 and scale.dtype == torch.float16
@@ -104,11 +106,15 @@ def test_int6_state_dict_round_trip_through_every_compressor():
     model = _gpt()
     batches = [(torch.randint(0, 64, (4, 16)), torch.randint(0, 64, (4, 16))) for _ in range(4)]
     H = Q.collect_hessians(model, iter(batches), 4, device="cpu")
-    assert set(H) == {f"blocks.{i}.{m}.weight" for i in range(2)
-                      for m in ("attn.c_q", "attn.c_k", "attn.c_v", "attn.proj", "mlp.fc", "mlp.proj")}
+    assert set(H) == {
+        f"blocks.{i}.{m}.weight"
+        for i in range(2)
+        for m in ("attn.c_q", "attn.c_k", "attn.c_v", "attn.proj", "mlp.fc", "mlp.proj")
+    }
     state = model.state_dict()
-    packed = Q.quantize_state_dict_gptq(state, H, bits=6, embed_bits=7, damp=0.01, block_size=8,
-                                        clip_ratios=[1.0, 0.9, 0.8])
+    packed = Q.quantize_state_dict_gptq(
+        state, H, bits=6, embed_bits=7, damp=0.01, block_size=8, clip_ratios=[1.0, 0.9, 0.8]
+    )
     assert list(packed) == list(state)
     assert all(int(packed[k]["q"].abs().max()) <= 31 for k in H)
     assert int(packed["tok_emb.weight"]["q"].abs().max()) <= 63  # int7 embeddings
@@ -167,12 +173,15 @@ def plan_for(compose, device, *overrides):
     return resolve(to_config(compose(list(overrides))), fake_device(device))
 
 
-@pytest.mark.parametrize("overrides,needle", [
-    (["quant=int6", "quant.bits=9"], "quant.bits=9"),
-    (["quant=int6", "quant.clip_ratios=[1.2]"], "clip_ratios"),
-    (["quant=int6", "quant.calib_batches=0"], "calib_batches"),
-    (["quant=int8", "quant.compressor=zlib", "quant.level=11"], "use 0..9"),
-])
+@pytest.mark.parametrize(
+    "overrides,needle",
+    [
+        (["quant=int6", "quant.bits=9"], "quant.bits=9"),
+        (["quant=int6", "quant.clip_ratios=[1.2]"], "clip_ratios"),
+        (["quant=int6", "quant.calib_batches=0"], "calib_batches"),
+        (["quant=int8", "quant.compressor=zlib", "quant.level=11"], "use 0..9"),
+    ],
+)
 def test_quant_refusals(compose, overrides, needle):
     with pytest.raises(ConfigError) as e:
         plan_for(compose, "cpu", *overrides)
@@ -189,12 +198,13 @@ def test_resolver_names_the_extra_for_a_missing_compressor(compose, monkeypatch)
 
 # ---- CUDA (device machine) -------------------------------------------------------------------------
 
+
 @pytest.mark.gpu
 def test_cuda_gptq_matches_cpu_quality():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     torch.manual_seed(0)
-    w = torch.randn(96, 128) / 128 ** 0.5
+    w = torch.randn(96, 128) / 128**0.5
     X, X_test = correlated_inputs(4096, 128, seed=1), correlated_inputs(4096, 128, seed=2)
     H = X.T @ X / len(X)
     errs = []

@@ -1,4 +1,5 @@
 """Records: atomic files, the results database under concurrent writers, the result block."""
+
 from __future__ import annotations
 
 import json

@@ -2,6 +2,7 @@
 
 These tests build a synthetic results.sqlite (the real sweep's database is reported on in test_sweep.py).
 """
+
 from __future__ import annotations
 
 import csv
@@ -11,7 +12,6 @@ import random
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Optional
 
 import pytest
 
@@ -37,16 +37,35 @@ def make_db(root: Path) -> Path:
         with open(run_dir / "metrics.jsonl", "w") as f:
             for step in range(1, 6):
                 f.write(json.dumps({"step": step, "tokens": step * 1000, "train_loss": 5.0 / step}) + "\n")
-        config = {"name": "t", "seed": seed, "attn": {"name": attn}, "optim": {"matrix_lr": lr},
-                  "quant": {"cap_bytes": 16_000_000}}
-        db.upsert(str(run_dir), {
-            "status": status, "error": "RuntimeError: boom" if status != "ok" else None, "name": "t",
-            "sweep": sweep, "hardware": hardware, "attn": attn, "seed": seed, "val_bpb": val,
-            "val_bpb_quant": val + 0.01 if val else None, "tokens_per_s": {"sdpa": 9e5, "flex": 8e5, "math": 3e5}[attn],
-            "mfu": 0.4, "peak_mem_mb": 1000.0, "artifact_bytes": 15_000_000 + seed, "run_dir": str(run_dir),
-            "started_at": t, "overrides": f"attn={attn} seed={seed}" + (f" optim.matrix_lr={lr}" if lr != 0.04 else ""),
-            "config": config,
-        })
+        config = {
+            "name": "t",
+            "seed": seed,
+            "attn": {"name": attn},
+            "optim": {"matrix_lr": lr},
+            "quant": {"cap_bytes": 16_000_000},
+        }
+        db.upsert(
+            str(run_dir),
+            {
+                "status": status,
+                "error": "RuntimeError: boom" if status != "ok" else None,
+                "name": "t",
+                "sweep": sweep,
+                "hardware": hardware,
+                "attn": attn,
+                "seed": seed,
+                "val_bpb": val,
+                "val_bpb_quant": val + 0.01 if val else None,
+                "tokens_per_s": {"sdpa": 9e5, "flex": 8e5, "math": 3e5}[attn],
+                "mfu": 0.4,
+                "peak_mem_mb": 1000.0,
+                "artifact_bytes": 15_000_000 + seed,
+                "run_dir": str(run_dir),
+                "started_at": t,
+                "overrides": f"attn={attn} seed={seed}" + (f" optim.matrix_lr={lr}" if lr != 0.04 else ""),
+                "config": config,
+            },
+        )
 
     for attn in MEANS:
         for seed in range(4):
@@ -155,7 +174,7 @@ def test_a_resumed_sweep_includes_the_runs_it_reused(tmp_path):
 # HTML in a real browser
 
 
-def chromium() -> Optional[str]:
+def chromium() -> str | None:
     for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
         if shutil.which(name):
             return shutil.which(name)
@@ -182,15 +201,27 @@ def check_in_browser(html_path: Path, tmp_path: Path) -> dict[str, int]:
     alone.mkdir()
     page = alone / "report.html"
     page.write_text(html_path.read_text().replace("</body>", _PROBE + "</body>"))
-    base = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-            f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000"]
+    base = [
+        exe,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--virtual-time-budget=10000",
+    ]
     env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    dom = subprocess.run([*base, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120,
-                         env=env)
+    dom = subprocess.run([*base, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120, env=env)
     assert dom.returncode == 0, dom.stderr[-2000:]
     shot = tmp_path / "shot.png"
-    subprocess.run([*base, f"--screenshot={shot}", "--window-size=1400,2400", page.as_uri()], capture_output=True,
-                   text=True, timeout=120, env=env)
+    subprocess.run(
+        [*base, f"--screenshot={shot}", "--window-size=1400,2400", page.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert shot.exists() and shot.stat().st_size > 10_000, "the page did not render"
     import re
 
@@ -217,6 +248,11 @@ def test_model_keys_come_from_the_model_that_ran():
     """model=auto stores nulls in the composed config; the Plan has the resolved preset."""
     from speedrun.report import Run
 
-    run = Run.from_row({"status": "ok", "config": {"model": {"name": "auto", "n_layer": None}},
-                        "plan": {"model_name": "pgolf_baseline", "model": {"n_layer": 9}}})
+    run = Run.from_row(
+        {
+            "status": "ok",
+            "config": {"model": {"name": "auto", "n_layer": None}},
+            "plan": {"model_name": "pgolf_baseline", "model": {"n_layer": 9}},
+        }
+    )
     assert run.get("model.name") == "pgolf_baseline" and run.get("model.n_layer") == 9

@@ -1,5 +1,6 @@
 """The report's curves (group mean ± std of train loss and periodic val_bpb, against tokens or seconds), its links to
 each run's files, and the W&B dashboard layout (built offline, never saved)."""
+
 from __future__ import annotations
 
 import json
@@ -27,14 +28,34 @@ def make_db(root: Path, groups=("sdpa", "flex"), seeds=3, steps=300) -> Path:
                 loss = 6.0 / (1 + step / 50) + 0.1 * gi + rng.normal(0, 0.05)
                 lines.append({"step": step, "tokens": step * 1024, "train_loss": loss, "elapsed_s": step * 0.01})
                 if step % 100 == 0:
-                    lines.append({"kind": "val", "step": step, "tokens": step * 1024, "val_bpb": 3 - step / 200 + gi,
-                                  "elapsed_s": step * 0.01})
+                    lines.append(
+                        {
+                            "kind": "val",
+                            "step": step,
+                            "tokens": step * 1024,
+                            "val_bpb": 3 - step / 200 + gi,
+                            "elapsed_s": step * 0.01,
+                        }
+                    )
             (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-            db.upsert(str(run_dir), {"status": "ok", "name": "t", "sweep": "s1", "hardware": "h100", "attn": attn,
-                                     "seed": seed, "val_bpb": 1.3 + gi / 100 + seed / 1000, "tokens_per_s": 1e6,
-                                     "run_dir": str(run_dir), "started_at": 1000.0 + seed + 10 * gi,
-                                     "overrides": f"attn={attn} seed={seed}", "config": {"attn": {"name": attn}},
-                                     "budget_end": "steps"})
+            db.upsert(
+                str(run_dir),
+                {
+                    "status": "ok",
+                    "name": "t",
+                    "sweep": "s1",
+                    "hardware": "h100",
+                    "attn": attn,
+                    "seed": seed,
+                    "val_bpb": 1.3 + gi / 100 + seed / 1000,
+                    "tokens_per_s": 1e6,
+                    "run_dir": str(run_dir),
+                    "started_at": 1000.0 + seed + 10 * gi,
+                    "overrides": f"attn={attn} seed={seed}",
+                    "config": {"attn": {"name": attn}},
+                    "budget_end": "steps",
+                },
+            )
     return root / "results.sqlite"
 
 
@@ -44,7 +65,7 @@ def test_curves_read_train_and_val_records_and_average_over_the_common_range(tmp
     assert len(curves["train"][0]) == 200 and curves["val"] == ([102400.0, 204800.0], [2.5, 2.0])
     assert read_curves(tmp_path / "runs" / "sdpa-0", x="seconds")["val"][0] == [1.0, 2.0]
     grid, mean, std = aggregate([([0, 10], [1, 3]), ([0, 5, 20], [3, 3, 3])], points=3)
-    assert grid.tolist() == [0, 5, 10] and mean.tolist() == [2, 2.5, 3] and std[0] == pytest.approx(2 ** 0.5)
+    assert grid.tolist() == [0, 5, 10] and mean.tolist() == [2, 2.5, 3] and std[0] == pytest.approx(2**0.5)
     assert aggregate([([0, 1], [1, 1])], points=2)[2] is None  # one run: no band
 
 
@@ -101,7 +122,10 @@ def test_the_wandb_dashboard_layout(tmp_path, capsys):
 
     workspace = build_workspace({**spec, "entity": "me"})
     assert isinstance(workspace, ws_mod.Workspace) and [s.name for s in workspace.sections] == [
-        "Training", "Validation", "Sweep summary"]
+        "Training",
+        "Validation",
+        "Sweep summary",
+    ]
     line = workspace.sections[0].panels[0]
     assert line.x == "tokens" and line.y == ["train_loss"] and line.groupby_rangefunc == "stddev"
     assert str(workspace.runset_settings.filters) == """Metric("Group") == 's1' and Metric("JobType") == 'train'"""

@@ -3,6 +3,7 @@ shown when runs record them, and the sweep summary counting and laying out group
 
 Synthetic databases and manifests only; test_sweep.py runs the real CLI.
 """
+
 from __future__ import annotations
 
 import csv
@@ -12,8 +13,8 @@ from typing import Any
 import pytest
 
 from speedrun import report
-from speedrun.report import plots
 from speedrun.records import ResultsDB
+from speedrun.report import plots
 from speedrun.sweep import JobEntry, Manifest, summarize, summary_csv, summary_markdown
 
 H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
@@ -24,8 +25,19 @@ def make_db(root: Path, rows: list[dict[str, Any]]) -> Path:
     path = root / "results.sqlite"
     db = ResultsDB(path)
     for i, extra in enumerate(rows):
-        row = {"status": "ok", "name": "t", "sweep": "s1", "hardware": "h100", "device_name": H100, "seed": 0,
-               "attn": "sdpa", "val_bpb": 1.3, "tokens_per_s": 1e6, "started_at": 1000.0 + i, **extra}
+        row = {
+            "status": "ok",
+            "name": "t",
+            "sweep": "s1",
+            "hardware": "h100",
+            "device_name": H100,
+            "seed": 0,
+            "attn": "sdpa",
+            "val_bpb": 1.3,
+            "tokens_per_s": 1e6,
+            "started_at": 1000.0 + i,
+            **extra,
+        }
         row["overrides"] = f"attn={row['attn']} seed={row['seed']}"
         row["run_dir"] = str(root / "runs" / str(i))
         db.upsert(row["run_dir"], row)
@@ -51,8 +63,12 @@ FLEX = [1.280, 1.282, 1.279, 1.281]
 
 
 def test_an_h100_and_an_h200_under_one_profile_are_never_folded(tmp_path, capsys):
-    db = make_db(tmp_path, seeds("sdpa", SDPA[:2], device_name=H100) + seeds("sdpa", SDPA[2:], device_name=H200)
-                 + [{"status": "failed", "device_name": None, "seed": 9}])  # failed before it saw a device
+    db = make_db(
+        tmp_path,
+        seeds("sdpa", SDPA[:2], device_name=H100)
+        + seeds("sdpa", SDPA[2:], device_name=H200)
+        + [{"status": "failed", "device_name": None, "seed": 9}],
+    )  # failed before it saw a device
     runs = report.load_runs(db)
     # the profile is the same, the card is not; the null of the failed run is not a third card
     assert report.default_group_keys(runs) == ["device_name"]
@@ -61,8 +77,10 @@ def test_an_h100_and_an_h200_under_one_profile_are_never_folded(tmp_path, capsys
     assert sorted((r["device_name"], r["n"]) for r in rows) == [(H100, "2"), (H200, "2"), ("null", "0")]
     # the sweep summary adds the card the same way, in front of the swept keys
     results = [{**r.row, "overrides": None} for r in runs]
-    jobs = [JobEntry(index=i, overrides=["hardware=auto", f"seed={r['seed']}"], state="launched")
-            for i, r in enumerate(results)]
+    jobs = [
+        JobEntry(index=i, overrides=["hardware=auto", f"seed={r['seed']}"], state="launched")
+        for i, r in enumerate(results)
+    ]
     s = summarize(jobs, results)
     assert s.keys == ["device_name"] and [g.values["device_name"] for g in s.groups] == [H100, H200, "null"]
     # a profile that varies is what ran, not the hardware=auto every job asked for
@@ -70,8 +88,12 @@ def test_an_h100_and_an_h200_under_one_profile_are_never_folded(tmp_path, capsys
     assert [g.values["hardware"] for g in summarize(jobs, results).groups] == ["h100", "a100", "h100"]
     # and the throughput plot gets one panel per card
     plt = pytest.importorskip("matplotlib.pyplot", reason="matplotlib is in the report extra")
-    fig = plots._plot_pareto(plt, report.group_runs(runs, ["device_name"]), {"device_name=" + H100: "r",
-                             "device_name=" + H200: "b", "device_name=null": "k"}, "val_bpb")
+    fig = plots._plot_pareto(
+        plt,
+        report.group_runs(runs, ["device_name"]),
+        {"device_name=" + H100: "r", "device_name=" + H200: "b", "device_name=null": "k"},
+        "val_bpb",
+    )
     assert sorted(ax.get_title() for ax in fig.axes) == [f"hardware: h100 ({H100})", f"hardware: h100 ({H200})"]
     # one card: no device column (runs on one card are repeats, as before)
     one = make_db(tmp_path / "one", seeds("sdpa", SDPA) + seeds("flex", FLEX))
@@ -84,8 +106,15 @@ def test_an_h100_and_an_h200_under_one_profile_are_never_folded(tmp_path, capsys
 
 def test_groups_that_mix_evaluation_sets_are_neither_ranked_nor_tested(tmp_path, capsys):
     # each group's seeds 0-1 were scored on one token set, 2-3 on another
-    fp = lambda rows: [{**r, "eval_fingerprint": "aaaa1111" if r["seed"] < 2 else "bbbb2222",  # noqa: E731
-                        "eval_tokens": 2048 if r["seed"] < 2 else 4096} for r in rows]
+    def fp(rows):
+        return [
+            {
+                **r,
+                "eval_fingerprint": "aaaa1111" if r["seed"] < 2 else "bbbb2222",
+                "eval_tokens": 2048 if r["seed"] < 2 else 4096,
+            }
+            for r in rows
+        ]
     db = make_db(tmp_path, fp(seeds("sdpa", SDPA)) + fp(seeds("flex", FLEX)))
     printed, rows = run_report(db, tmp_path / "r", capsys, "--baseline", "attn=sdpa")
     assert "2 different evaluation sets" in printed and "aaaa1111 (2048 tokens)" in printed
@@ -97,25 +126,32 @@ def test_groups_that_mix_evaluation_sets_are_neither_ranked_nor_tested(tmp_path,
     assert "not ranked, not tested" in (tmp_path / "r" / "report.html").read_text()
 
     # grouped by the set: shown, ranked within each set, tested only within a set
-    printed, rows = run_report(db, tmp_path / "r2", capsys, "--baseline", "attn=sdpa",
-                               "--group-by", "attn,eval_fingerprint")
+    printed, rows = run_report(
+        db, tmp_path / "r2", capsys, "--baseline", "attn=sdpa", "--group-by", "attn,eval_fingerprint"
+    )
     assert "not ranked" not in printed and "2 different evaluation sets" in printed
     by = {(r["attn"], r["eval_fingerprint"]): r for r in rows}
     assert [(r["eval_fingerprint"], r["rank"], r["attn"]) for r in rows] == [
-        ("aaaa1111", "1", "flex"), ("aaaa1111", "2", "sdpa"), ("bbbb2222", "1", "flex"), ("bbbb2222", "2", "sdpa")]
+        ("aaaa1111", "1", "flex"),
+        ("aaaa1111", "2", "sdpa"),
+        ("bbbb2222", "1", "flex"),
+        ("bbbb2222", "2", "sdpa"),
+    ]
     assert by[("flex", "aaaa1111")]["baseline"] == "attn=sdpa eval_fingerprint=aaaa1111"
     assert 0 < float(by[("flex", "aaaa1111")]["p"]) < 0.05
 
     # one set picked with --where: one ranking, no note about sets
-    printed, rows = run_report(db, tmp_path / "r3", capsys, "--baseline", "attn=sdpa",
-                               "--where", "eval_fingerprint=bbbb2222")
+    printed, rows = run_report(
+        db, tmp_path / "r3", capsys, "--baseline", "attn=sdpa", "--where", "eval_fingerprint=bbbb2222"
+    )
     assert "evaluation sets" not in printed and [r["rank"] for r in rows] == ["1", "2"] and rows[0]["p"]
 
 
 def test_groups_scored_on_different_sets_are_ranked_apart_and_not_tested(tmp_path, capsys):
     # e.g. a sweep over eval.tokens: each group is one set, but no two groups share one
-    db = make_db(tmp_path, seeds("sdpa", SDPA, eval_fingerprint="aaaa1111")
-                 + seeds("flex", FLEX, eval_fingerprint="bbbb2222"))
+    db = make_db(
+        tmp_path, seeds("sdpa", SDPA, eval_fingerprint="aaaa1111") + seeds("flex", FLEX, eval_fingerprint="bbbb2222")
+    )
     printed, rows = run_report(db, tmp_path / "r", capsys, "--baseline", "attn=sdpa")
     assert [(r["attn"], r["rank"], r["p"]) for r in rows] == [("sdpa", "1", ""), ("flex", "1", "")]
     assert "ranked and t-tested only against groups of their own set" in printed and "other eval set" in printed
@@ -134,8 +170,9 @@ def test_runs_without_a_fingerprint_are_compared_with_a_warning(tmp_path, capsys
 
 
 def test_ttt_base_ttt_and_gain_are_shown_when_present(tmp_path, capsys):
-    rows = [{**r, "val_bpb_ttt_base": r["val_bpb"] + 0.01, "val_bpb_ttt": r["val_bpb"] - 0.02}
-            for r in seeds("sdpa", SDPA)]
+    rows = [
+        {**r, "val_bpb_ttt_base": r["val_bpb"] + 0.01, "val_bpb_ttt": r["val_bpb"] - 0.02} for r in seeds("sdpa", SDPA)
+    ]
     printed, board = run_report(make_db(tmp_path, rows), tmp_path / "r", capsys)
     (row,) = board
     assert abs(float(row["val_bpb_ttt_base_mean"]) - (sum(SDPA) / 4 + 0.01)) < 1e-9
@@ -163,14 +200,21 @@ def test_runs_that_shared_a_gpu_are_counted_and_said(tmp_path, capsys):
 
 
 def _jobs(results: list[dict[str, Any]]) -> list[JobEntry]:
-    return [JobEntry(index=i, overrides=[f"attn={r['attn']}", f"seed={r['seed']}"], state="launched")
-            for i, r in enumerate(results)]
+    return [
+        JobEntry(index=i, overrides=[f"attn={r['attn']}", f"seed={r['seed']}"], state="launched")
+        for i, r in enumerate(results)
+    ]
 
 
 def test_the_sweep_summary_counts_and_lays_out_groups_as_the_report_does(tmp_path, capsys):
-    rows = seeds("sdpa", SDPA[:3]) + seeds("flex", FLEX[:2]) + [
-        {"attn": "flex", "seed": 2, "status": "diverged", "val_bpb": None},
-        {"attn": "flex", "seed": 3, "status": "failed", "val_bpb": None}]
+    rows = (
+        seeds("sdpa", SDPA[:3])
+        + seeds("flex", FLEX[:2])
+        + [
+            {"attn": "flex", "seed": 2, "status": "diverged", "val_bpb": None},
+            {"attn": "flex", "seed": 3, "status": "failed", "val_bpb": None},
+        ]
+    )
     results = [{"status": "ok", "hardware": "cpu", "device_name": "cpu0", **r} for r in rows]
     jobs = _jobs(results) + [JobEntry(index=7, overrides=["attn=sdpa", "seed=3"], state="not_run")]
     s = summarize(jobs, results + [{"status": "not_run"}])
@@ -202,13 +246,17 @@ def test_the_sweep_summary_says_what_it_reused_from_where_and_what_ran_again(tmp
 
 
 def test_the_sweep_summary_refuses_to_treat_evaluation_sets_as_one(tmp_path):
-    results = [{"status": "ok", "eval_fingerprint": "aaaa1111" if r["seed"] else "bbbb2222", **r}
-               for r in seeds("sdpa", SDPA[:2]) + seeds("flex", FLEX[:2])]
+    results = [
+        {"status": "ok", "eval_fingerprint": "aaaa1111" if r["seed"] else "bbbb2222", **r}
+        for r in seeds("sdpa", SDPA[:2]) + seeds("flex", FLEX[:2])
+    ]
     s = summarize(_jobs(results), results, "s9")
     text = summary_markdown(s, None, tmp_path)
     assert "not ranked, not tested: 2 group(s)" in text
     assert "`python -m speedrun.report --sweep s9 --group-by attn,eval_fingerprint`" in text
     header = next(line for line in text.splitlines() if line.startswith("| attn"))
     assert [c.strip() for c in header.strip("|").split("|")][:3] == ["attn", "eval_fingerprint", "n"]
-    assert {r["attn"]: r["eval_fingerprint"] for r in csv.DictReader(summary_csv(s).splitlines())} == \
-        {"sdpa": "bbbb2222,aaaa1111", "flex": "bbbb2222,aaaa1111"}
+    assert {r["attn"]: r["eval_fingerprint"] for r in csv.DictReader(summary_csv(s).splitlines())} == {
+        "sdpa": "bbbb2222,aaaa1111",
+        "flex": "bbbb2222,aaaa1111",
+    }

@@ -1,5 +1,6 @@
 """speedrun.identity: the code fingerprint resume compares (working tree, tracked and untracked-not-ignored files
 under src/ and conf/, or a plain walk without git) and the name of the card here."""
+
 from __future__ import annotations
 
 import shutil
@@ -20,8 +21,9 @@ def _tree(root):
 
 
 def _git(root, *args):
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True, capture_output=True
+    )
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")

@@ -1,5 +1,6 @@
 """What a run records when it ends early or runs out of memory, run in-process on CPU (seconds each): results
 written phase by phase, ``oom`` as its own status, ``gpu_shared``, training-only CPU memory, comparable evals."""
+
 from __future__ import annotations
 
 import hashlib
@@ -18,8 +19,14 @@ from speedrun.errors import RunOutOfMemory
 from speedrun.plan import resolve
 from speedrun.runner import RunContext, run_job
 
-FAST = ["debug=smoke", "budget.tokens_per_step=256", "budget.max_steps=2", "budget.warmup_steps=0",
-        "eval.tokens=1024", "quant.calib_batches=1"]
+FAST = [
+    "debug=smoke",
+    "budget.tokens_per_step=256",
+    "budget.max_steps=2",
+    "budget.warmup_steps=0",
+    "eval.tokens=1024",
+    "quant.calib_batches=1",
+]
 FAKE_OOM = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB"
 
 
@@ -128,8 +135,13 @@ def test_gpu_shared_is_recorded_from_the_pool_launcher(compose, tmp_path, data_c
 def test_pool_launcher_tells_a_job_whether_it_shares_its_gpu(tmp_path, slots, shared):
     from hydra_plugins.speedrun_plugins.pool_launcher import _Job, _Pool
 
-    job = _Job(num=0, overrides=[], config=OmegaConf.create({}), job_dir=tmp_path / "0",
-               cmd=[sys.executable, "-c", "import os; print('shared=' + os.environ['SPEEDRUN_GPU_SHARED'])"])
+    job = _Job(
+        num=0,
+        overrides=[],
+        config=OmegaConf.create({}),
+        job_dir=tmp_path / "0",
+        cmd=[sys.executable, "-c", "import os; print('shared=' + os.environ['SPEEDRUN_GPU_SHARED'])"],
+    )
     _Pool(slots, fail_fast=False, echo=False, stop_timeout_s=5)._start(job, [0])
     job.proc.wait(60)
     job.pump.join(10)
@@ -145,7 +157,7 @@ def test_cpu_peak_memory_covers_training_not_the_data_build(compose, tmp_path, d
 
     def build_with_a_spike(plan, log):
         block = bytearray(600 * 2**20)
-        block[:: 4096] = b"x" * len(block[:: 4096])  # resident, not just reserved
+        block[::4096] = b"x" * len(block[::4096])  # resident, not just reserved
         with open("/proc/self/status") as f:
             spike["mb"] = next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
         del block
@@ -171,15 +183,31 @@ def test_eval_fingerprint_names_exactly_the_scored_tokens(compose, tmp_path):
     from speedrun.model import GPT
     from test_ttt import BOS, TINY, docs_stream, luts
 
-    plan = resolve(to_config(compose(["hardware=cpu", "model=tiny", "model.n_layer=2", "model.d_model=32",
-                                      "model.seq_len=24", "data.vocab_size=64", "hardware.micro_batch=4",
-                                      "budget.tokens_per_step=96", "quant=off"])), fake_device("cpu"))
+    plan = resolve(
+        to_config(
+            compose(
+                [
+                    "hardware=cpu",
+                    "model=tiny",
+                    "model.n_layer=2",
+                    "model.d_model=32",
+                    "model.seq_len=24",
+                    "data.vocab_size=64",
+                    "hardware.micro_batch=4",
+                    "budget.tokens_per_step=96",
+                    "quant=off",
+                ]
+            )
+        ),
+        fake_device("cpu"),
+    )
     gpt = GPT(TINY, get_backend("sdpa", kernel="math"))
 
     def fingerprint(tokens):
         data = types.SimpleNamespace(val_tokens=tokens, luts=luts(), bos_id=BOS)
-        return evaluate_and_export(plan, gpt, lambda x, y: gpt(x, y, reduction="none"), data, tmp_path,
-                                   lambda line: None)
+        return evaluate_and_export(
+            plan, gpt, lambda x, y: gpt(x, y, reduction="none"), data, tmp_path, lambda line: None
+        )
 
     tokens = docs_stream([40, 45])  # 85 tokens: 3 windows of 24 score targets 1..72
     out = fingerprint(tokens)

@@ -1,4 +1,5 @@
 """Progressive context growth: parsing and its errors, stage switching, and no recompilation after warm-up."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,27 +18,35 @@ def plan_for(compose, *overrides):
 
 
 def test_stages_hold_tokens_per_micro_batch_constant(compose):
-    plan = plan_for(compose, "schedule=progressive", "model=tiny", "hardware.micro_batch=8",
-                    "schedule.seq_len=[64@0.2,128@0.5,256@1.0]")
-    assert [(s.seq_len, s.micro_batch, s.until) for s in plan.stages] == [(64, 32, 0.2), (128, 16, 0.5),
-                                                                         (256, 8, 1.0)]
+    plan = plan_for(
+        compose,
+        "schedule=progressive",
+        "model=tiny",
+        "hardware.micro_batch=8",
+        "schedule.seq_len=[64@0.2,128@0.5,256@1.0]",
+    )
+    assert [(s.seq_len, s.micro_batch, s.until) for s in plan.stages] == [(64, 32, 0.2), (128, 16, 0.5), (256, 8, 1.0)]
     assert plan.model.seq_len == 256  # RoPE sized for the longest length
     assert {s.seq_len * s.micro_batch for s in plan.stages} == {plan.micro_batch * plan.model.seq_len}
 
 
 def test_the_string_form_parses_like_the_list(compose):
-    plan = plan_for(compose, "schedule=progressive", "model=tiny", 'schedule.seq_len="128@0.5,512@1.0"',
-                    "hardware.micro_batch=4")
+    plan = plan_for(
+        compose, "schedule=progressive", "model=tiny", 'schedule.seq_len="128@0.5,512@1.0"', "hardware.micro_batch=4"
+    )
     assert [(s.seq_len, s.until) for s in plan.stages] == [(128, 0.5), (512, 1.0)] and plan.model.seq_len == 512
 
 
-@pytest.mark.parametrize("spec,needle", [
-    ('"256@0.5,128@1.0"', "strictly increasing"),
-    ('"128@0.7,256@0.5"', "fractions must be positive and strictly increasing"),
-    ('"128@0.5,256@0.9"', "last stage must run to 1.0"),
-    ('"100@0.5,256@1.0"', "do not divide the micro-batch tokens"),
-    ('"128-0.5,256@1.0"', "write LENGTH@FRACTION"),
-])
+@pytest.mark.parametrize(
+    "spec,needle",
+    [
+        ('"256@0.5,128@1.0"', "strictly increasing"),
+        ('"128@0.7,256@0.5"', "fractions must be positive and strictly increasing"),
+        ('"128@0.5,256@0.9"', "last stage must run to 1.0"),
+        ('"100@0.5,256@1.0"', "do not divide the micro-batch tokens"),
+        ('"128-0.5,256@1.0"', "write LENGTH@FRACTION"),
+    ],
+)
 def test_bad_schedules_are_refused_at_resolve_time(compose, spec, needle):
     with pytest.raises(ConfigError, match=needle):
         plan_for(compose, "schedule=progressive", "model=tiny", f"schedule.seq_len={spec}")
@@ -55,16 +64,26 @@ def test_every_length_is_compiled_in_warm_up_and_nothing_recompiles(compose, tmp
     not move after warm-up, the stages start where the schedule says, and each stage's batches have its shape."""
     from speedrun.attention import get_backend
     from speedrun.build import build_model
+    from speedrun.data.loader import TokenStream
     from speedrun.data.shards import write_shard
     from speedrun.train import Stepper, TrainState, train, warm_up
-    from speedrun.data.loader import TokenStream
 
-    plan = plan_for(compose, "schedule=progressive", "model=tiny", "model.n_layer=2", "model.d_model=64",
-                    "hardware.micro_batch=2", "budget.tokens_per_step=1024", "budget.max_steps=12",
-                    "schedule.progress=step", "schedule.seq_len=[64@0.25,128@0.5,256@1.0]")
+    plan = plan_for(
+        compose,
+        "schedule=progressive",
+        "model=tiny",
+        "model.n_layer=2",
+        "model.d_model=64",
+        "hardware.micro_batch=2",
+        "budget.tokens_per_step=1024",
+        "budget.max_steps=12",
+        "schedule.progress=step",
+        "schedule.seq_len=[64@0.25,128@0.5,256@1.0]",
+    )
     plan = dataclasses.replace(plan, compile=False)
-    plan = dataclasses.replace(plan, schedule=ScheduleConfig(name="progressive", seq_len=plan.schedule.seq_len,
-                                                             rewarmup_steps=2))
+    plan = dataclasses.replace(
+        plan, schedule=ScheduleConfig(name="progressive", seq_len=plan.schedule.seq_len, rewarmup_steps=2)
+    )
     torch.manual_seed(0)
     attention = get_backend("sdpa", kernel="math")
     model, _, _, optimizers = build_model(plan, attention, bos_id=1)
@@ -93,7 +112,7 @@ def test_every_length_is_compiled_in_warm_up_and_nothing_recompiles(compose, tmp
     assert state.steps == 12 and not state.diverged
     assert [(s["seq_len"], s["start_step"]) for s in state.stages] == [(64, 0), (128, 3), (256, 6)]
     assert state.recompiles == 0
-    assert set(shapes[len(warm_shapes) * 2:]) <= warm_shapes
+    assert set(shapes[len(warm_shapes) * 2 :]) <= warm_shapes
 
 
 def test_the_recompile_counter_can_fail():

@@ -113,11 +113,21 @@ def test_missing_file_is_file_not_found(tmp_path):
 
 
 def test_list_shards(tmp_path):
-    for name in ["fineweb_train_000002.bin", "fineweb_train_000000.bin", "fineweb_train_000001.bin",
-                 "fineweb_val_000000.bin", "fineweb_train_1.bin", "other.bin", ".fineweb_train_000003.bin.tmp1"]:
+    for name in [
+        "fineweb_train_000002.bin",
+        "fineweb_train_000000.bin",
+        "fineweb_train_000001.bin",
+        "fineweb_val_000000.bin",
+        "fineweb_train_1.bin",
+        "other.bin",
+        ".fineweb_train_000003.bin.tmp1",
+    ]:
         (tmp_path / name).write_bytes(b"")
     assert [p.name for p in list_shards(tmp_path, "train")] == [
-        "fineweb_train_000000.bin", "fineweb_train_000001.bin", "fineweb_train_000002.bin"]
+        "fineweb_train_000000.bin",
+        "fineweb_train_000001.bin",
+        "fineweb_train_000002.bin",
+    ]
     assert [p.name for p in list_shards(tmp_path, "val")] == ["fineweb_val_000000.bin"]
     with pytest.raises(ValueError, match="split"):
         list_shards(tmp_path, "test")

@@ -1,5 +1,6 @@
 """Sweeps: the pool launcher, the sweeper (keep going, fail fast, resume), the summary, and a real 2 x 2 multirun
 through `python -m run -m` followed by `python -m speedrun.report` on its database."""
+
 from __future__ import annotations
 
 import csv
@@ -17,8 +18,16 @@ from conftest import run_cli
 from hydra_plugins.speedrun_plugins import pool_launcher as pl
 
 # test_cli.py's TINY with a 2 s budget, no warm-up step and a shorter eval: every job is a real run, just short
-SWEEP_TINY = ["hardware=cpu", "model=tiny", "hardware.micro_batch=4", "budget.tokens_per_step=2048",
-              "eval.tokens=2048", "logger.log_every_seconds=0.5", "budget.train_seconds=2", "budget.warmup_steps=0"]
+SWEEP_TINY = [
+    "hardware=cpu",
+    "model=tiny",
+    "hardware.micro_batch=4",
+    "budget.tokens_per_step=2048",
+    "eval.tokens=2048",
+    "logger.log_every_seconds=0.5",
+    "budget.train_seconds=2",
+    "budget.warmup_steps=0",
+]
 GRID = ["model.n_layer=1,2", "optim.matrix_lr=0.04,0.02"]
 
 
@@ -65,9 +74,18 @@ def test_pool_slots_follow_the_visible_gpus(monkeypatch):
 
 
 def test_only_job_level_hydra_overrides_reach_a_job():
-    kept = pl._forwarded(["hydra.mode=MULTIRUN", "hydra/launcher=pool", "hydra.launcher.gpus=[0]",
-                          "hydra.sweeper.resume=true", "hydra.sweep.dir=x", "hydra.run.dir=y", "hydra.verbose=true",
-                          "hydra.job_logging.root.level=WARNING"])
+    kept = pl._forwarded(
+        [
+            "hydra.mode=MULTIRUN",
+            "hydra/launcher=pool",
+            "hydra.launcher.gpus=[0]",
+            "hydra.sweeper.resume=true",
+            "hydra.sweep.dir=x",
+            "hydra.run.dir=y",
+            "hydra.verbose=true",
+            "hydra.job_logging.root.level=WARNING",
+        ]
+    )
     assert kept == ["hydra.verbose=true", "hydra.job_logging.root.level=WARNING"]
 
 
@@ -81,10 +99,13 @@ def test_the_default_config_sweeps_with_the_pool_the_sweeper_and_the_summary(com
 
 
 def test_the_slurm_launcher_config_composes(compose):
-    pytest.importorskip("hydra_plugins.hydra_submitit_launcher",
-                        reason="hydra-submitit-launcher is not installed (pip install -e '.[slurm]')")
-    launcher = compose(["hydra/launcher=slurm", "hydra.launcher.partition=gpu"], return_hydra_config=True
-                       ).hydra.launcher
+    pytest.importorskip(
+        "hydra_plugins.hydra_submitit_launcher",
+        reason="hydra-submitit-launcher is not installed (pip install -e '.[slurm]')",
+    )
+    launcher = compose(
+        ["hydra/launcher=slurm", "hydra.launcher.partition=gpu"], return_hydra_config=True
+    ).hydra.launcher
     # submitit's SLURM launcher, extended so a preempted job requeues with resume=<run dir> (test_preemption.py)
     assert launcher._target_ == "hydra_plugins.speedrun_plugins.slurm_launcher.SpeedrunSlurmLauncher"
     assert (launcher.gpus_per_node, launcher.tasks_per_node, launcher.partition) == (1, 1, "gpu")
@@ -97,10 +118,20 @@ def test_resume_reuses_only_ok_runs_of_this_card_and_this_code(tmp_path):
     db = ResultsDB(tmp_path / "results.sqlite")
     config = {"name": "t", "seed": 0, "sweep": "ignored"}
     ident = config_identity(config)
-    for i, (status, card, code) in enumerate([("ok", "H100", "c0"), ("ok", "H100", "c1"), ("failed", "H100", "c1"),
-                                              ("ok", "H200", "c1")]):
-        db.upsert(f"run{i}", {"status": status, "device_name": card, "code_fingerprint": code, "started_at": i,
-                              "config": config, "run_dir": f"run{i}"})
+    for i, (status, card, code) in enumerate(
+        [("ok", "H100", "c0"), ("ok", "H100", "c1"), ("failed", "H100", "c1"), ("ok", "H200", "c1")]
+    ):
+        db.upsert(
+            f"run{i}",
+            {
+                "status": status,
+                "device_name": card,
+                "code_fingerprint": code,
+                "started_at": i,
+                "config": config,
+                "run_dir": f"run{i}",
+            },
+        )
     assert completed_runs(db.path).reusable[ident]["run_dir"] == "run3"  # no conditions: the latest ok run
     assert completed_runs(db.path, device_name="H100", code="c1").reusable[ident]["run_dir"] == "run1"
     assert completed_runs(db.path, device_name="H100", code="c0").reusable[ident]["run_dir"] == "run0"
@@ -122,15 +153,19 @@ def _fake_jobs(tmp_path: Path, scripts: list[str]) -> list[pl._Job]:
     jobs = []
     for i, code in enumerate(scripts):
         job_dir = tmp_path / str(i)
-        body = ("import json, os, sys, time\n"
-                f"d = {str(job_dir)!r}\n"
-                "def done(status, **kw):\n"
-                "    json.dump(dict(status=status, gpu=os.environ.get('CUDA_VISIBLE_DEVICES'), **kw),"
-                " open(os.path.join(d, 'result.json'), 'w'))\n" + code)
-        config = OmegaConf.create({"hydra": {"job": {"name": "fake", "num": i},
-                                             "runtime": {"output_dir": str(job_dir)}}})
-        jobs.append(pl._Job(num=i, overrides=[f"job={i}"], config=config, job_dir=job_dir,
-                            cmd=[sys.executable, "-c", body]))
+        body = (
+            "import json, os, sys, time\n"
+            f"d = {str(job_dir)!r}\n"
+            "def done(status, **kw):\n"
+            "    json.dump(dict(status=status, gpu=os.environ.get('CUDA_VISIBLE_DEVICES'), **kw),"
+            " open(os.path.join(d, 'result.json'), 'w'))\n" + code
+        )
+        config = OmegaConf.create(
+            {"hydra": {"job": {"name": "fake", "num": i}, "runtime": {"output_dir": str(job_dir)}}}
+        )
+        jobs.append(
+            pl._Job(num=i, overrides=[f"job={i}"], config=config, job_dir=job_dir, cmd=[sys.executable, "-c", body])
+        )
     return jobs
 
 
@@ -151,11 +186,13 @@ def test_pool_runs_one_job_per_gpu_at_a_time(tmp_path):
 
 
 def test_pool_fail_fast_stops_running_jobs_and_starts_no_more(tmp_path):
-    scripts = ["time.sleep(0.3); done('failed', error='boom'); sys.exit(1)\n",
-               "import signal\n"
-               "signal.signal(signal.SIGTERM, lambda *a: (done('interrupted'), sys.exit(1)))\n"
-               "time.sleep(30); done('ok')\n",
-               "done('ok')\n"]
+    scripts = [
+        "time.sleep(0.3); done('failed', error='boom'); sys.exit(1)\n",
+        "import signal\n"
+        "signal.signal(signal.SIGTERM, lambda *a: (done('interrupted'), sys.exit(1)))\n"
+        "time.sleep(30); done('ok')\n",
+        "done('ok')\n",
+    ]
     jobs = _fake_jobs(tmp_path, scripts)
     start = time.time()
     rets = pl._Pool(["0", "1"], fail_fast=True, echo=False, stop_timeout_s=10).run(jobs)
@@ -182,8 +219,12 @@ def project(tmp_path_factory, shared_data):
 
 
 def _sweep(project, *args, timeout=600, env=None):
-    return run_cli(["-m", *SWEEP_TINY, f"data.cache_dir={project['data']}", *args], cwd=project["cwd"],
-                   timeout=timeout, env_extra=env)
+    return run_cli(
+        ["-m", *SWEEP_TINY, f"data.cache_dir={project['data']}", *args],
+        cwd=project["cwd"],
+        timeout=timeout,
+        env_extra=env,
+    )
 
 
 @pytest.mark.slow
@@ -199,12 +240,17 @@ def test_a_2x2_multirun_records_every_job_and_writes_the_summary(project):
     assert {r["sweep"] for r in rows} == {sweep.name}
     assert {r["run_dir"] for r in rows} == {str(p.resolve()) for p in job_dirs}
     combos = {(f"model.n_layer={a}", f"optim.matrix_lr={b}") for a in (1, 2) for b in ("0.04", "0.02")}
-    assert {tuple(o for o in r["overrides"].split() if o.startswith(("model.n_layer", "optim."))) for r in rows} \
-        == combos
+    assert {
+        tuple(o for o in r["overrides"].split() if o.startswith(("model.n_layer", "optim."))) for r in rows
+    } == combos
     assert not any("hydra" in r["overrides"] for r in rows)  # the launcher's plumbing is not a task override
     summary = read_csv(sweep / "summary.csv")
-    assert len(summary) == 4 and {(r["model.n_layer"], r["optim.matrix_lr"]) for r in summary} == \
-        {("1", "0.04"), ("1", "0.02"), ("2", "0.04"), ("2", "0.02")}
+    assert len(summary) == 4 and {(r["model.n_layer"], r["optim.matrix_lr"]) for r in summary} == {
+        ("1", "0.04"),
+        ("1", "0.02"),
+        ("2", "0.04"),
+        ("2", "0.02"),
+    }
     assert all(r["n"] == "1" and r["failures"] == "0" and float(r["val_bpb_mean"]) > 0 for r in summary)
     assert "| model.n_layer | optim.matrix_lr | n | failures | val_bpb" in (sweep / "summary.md").read_text()
     assert "sweep summary" in out and "| model.n_layer" in out  # the same table on the console
@@ -252,8 +298,10 @@ def test_a_sweep_resumed_on_another_card_runs_its_jobs_again(project):
     assert [p.name for p in sweep.iterdir() if p.is_dir()] == ["0"] and len(db_rows(project["cwd"])) == before + 1
     manifest = json.loads((sweep / "sweep.json").read_text())
     assert manifest["device_name"] == "NVIDIA H200" and manifest["jobs"][0]["state"] == "launched"
-    assert "ran again, not reused: 1 combination(s) whose earlier ok run ran on another card" in \
-        (sweep / "summary.md").read_text()
+    assert (
+        "ran again, not reused: 1 combination(s) whose earlier ok run ran on another card"
+        in (sweep / "summary.md").read_text()
+    )
 
 
 @pytest.mark.slow
@@ -288,8 +336,13 @@ def test_a_code_change_reruns_unless_resume_across_code(project):
 @pytest.mark.slow
 def test_a_failing_job_is_recorded_and_the_sweep_goes_on(project):
     # two slots (CUDA_VISIBLE_DEVICES 0 and 1, harmless on CPU): the failing job runs beside the good one
-    proc = _sweep(project, "model.n_layer=1", "data.path=nowhere,null", "data.tokenizer=nowhere.model",
-                  "hydra.launcher.gpus=[0,1]")
+    proc = _sweep(
+        project,
+        "model.n_layer=1",
+        "data.path=nowhere,null",
+        "data.tokenizer=nowhere.model",
+        "hydra.launcher.gpus=[0,1]",
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-4000:]  # the summary is written, then the exit status says a job failed
     sweep = sweep_dirs(project["cwd"])[-1]
@@ -325,9 +378,25 @@ def test_the_report_on_the_sweep_database(project, tmp_path):
 
     first = sweep_dirs(project["cwd"])[0].name
     out = tmp_path / "report"
-    proc = subprocess.run([sys.executable, "-m", "speedrun.report", "--sweep", first, "--group-by", "model.n_layer",
-                           "--baseline", "model.n_layer=1", "--out", str(out)],
-                          cwd=project["cwd"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "speedrun.report",
+            "--sweep",
+            first,
+            "--group-by",
+            "model.n_layer",
+            "--baseline",
+            "model.n_layer=1",
+            "--out",
+            str(out),
+        ],
+        cwd=project["cwd"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = proc.stdout
     assert "leaderboard (val_bpb" in text and "one-sided Welch t-test" in text and "baseline" in text
@@ -349,13 +418,18 @@ def test_sigterm_to_the_sweep_stops_its_jobs_instead_of_orphaning_them(tmp_path)
         "from pathlib import Path\n"
         "from test_sweep import _fake_jobs, pl\n"
         "scripts = ['import signal\\n"
-        "signal.signal(signal.SIGTERM, lambda *a: (done(\"interrupted\"), sys.exit(1)))\\n"
-        "open(os.path.join(d, \"started\"), \"w\").close(); time.sleep(60); done(\"ok\")\\n', \"done('ok')\\n\"]\n"
+        'signal.signal(signal.SIGTERM, lambda *a: (done("interrupted"), sys.exit(1)))\\n'
+        'open(os.path.join(d, "started"), "w").close(); time.sleep(60); done("ok")\\n\', "done(\'ok\')\\n"]\n'
         "rets = pl._Pool([None], fail_fast=False, echo=False, stop_timeout_s=10)"
         ".run(_fake_jobs(Path(sys.argv[1]), scripts))\n"
-        "print([type(r._return_value).__name__ + ':' + getattr(r._return_value, 'status', '') for r in rets])\n")
-    proc = subprocess.Popen([sys.executable, str(driver), str(tmp_path / "jobs")], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+        "print([type(r._return_value).__name__ + ':' + getattr(r._return_value, 'status', '') for r in rets])\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(driver), str(tmp_path / "jobs")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.time() + 30
     while not (tmp_path / "jobs" / "0" / "started").exists() and time.time() < deadline:
         time.sleep(0.05)

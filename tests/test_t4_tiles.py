@@ -6,6 +6,7 @@ Tolerances, against math computed in fp32 from the same fp16 inputs: outputs 1e-
 keeps 11 significant bits; softmax outputs and values are O(1)); q/k/v gradients of sum(out^2) 5e-2 (they
 accumulate over T = 512 keys in the kernels' own order). Run: bash scripts/gpu_tests.sh tests/test_t4_tiles.py
 """
+
 from __future__ import annotations
 
 import pytest
@@ -77,8 +78,9 @@ def test_math_scores_estimate_matches_a_measured_peak():
     from speedrun.shape import ModelShape
 
     t, head_dim, layers = 2048, 80, 1
-    shape = ModelShape(vocab_size=1024, n_layer=layers, d_model=HQ * head_dim, n_head=HQ, n_kv_head=HKV, mlp_mult=2,
-                       seq_len=t)
+    shape = ModelShape(
+        vocab_size=1024, n_layer=layers, d_model=HQ * head_dim, n_head=HQ, n_kv_head=HKV, mlp_mult=2, seq_len=t
+    )
     estimate = materialized_scores_bytes(1, shape, "fp16")
 
     def peak(backend) -> int:

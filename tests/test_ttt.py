@@ -1,5 +1,6 @@
 """Score-first LoRA TTT: causality, per-document independence, identity at init, budget stop, parsing, resolver,
 and the whole finalize step (eval + int6 + TTT) on a tiny model."""
+
 from __future__ import annotations
 
 import types
@@ -11,10 +12,10 @@ from conftest import fake_device
 from speedrun.attention import get_backend
 from speedrun.config import to_config
 from speedrun.data.bpb import ByteLUTs
-from speedrun.model import GPT
-from speedrun.shape import ModelShape
 from speedrun.errors import ConfigError
+from speedrun.model import GPT
 from speedrun.plan import resolve
+from speedrun.shape import ModelShape
 from speedrun.ttt import chunk_size_for, parse_short_chunks, parse_targets, split_documents, ttt_evaluate
 
 TINY = ModelShape(vocab_size=64, n_layer=2, d_model=32, n_head=4, n_kv_head=2, mlp_mult=2, seq_len=24)
@@ -91,7 +92,9 @@ def test_adapters_start_as_the_base_model_and_leave_it_untouched():
     for n in lengths:
         end = min(start + n, tokens.numel() - 1)  # each document's targets run to the next BOS
         with torch.no_grad():
-            direct += float(m(tokens[start:end][None], tokens[start + 1:end + 1][None], reduction="none").double().sum())
+            direct += float(
+                m(tokens[start:end][None], tokens[start + 1 : end + 1][None], reduction="none").double().sum()
+            )
         start += n
     assert abs(res.val_loss * res.tokens_scored - direct) < 1e-6 * abs(direct)
     assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
@@ -144,7 +147,7 @@ def test_short_document_chunk_schedule():
     # a short document gets more, smaller chunks: 3 documents x ceil(n / chunk) chunks
     res = run(model(), docs_stream([10, 30, 40]), short_chunks="12:2,32:4")
     per_doc = {}
-    for d, c, _, n in res.chunks:
+    for d, _c, _, n in res.chunks:
         per_doc.setdefault(d, []).append(n)
     assert per_doc == {0: [2] * 5, 1: [4] * 7 + [2], 2: [8] * 4 + [7]}  # the last document ends at M
 
@@ -167,13 +170,16 @@ def plan_for(compose, *overrides):
     return resolve(to_config(compose(list(overrides))), fake_device("cpu"))
 
 
-@pytest.mark.parametrize("overrides,needle", [
-    (["ttt=lora", "ttt.short_chunks=256-8"], "LEN:CHUNK"),
-    (["ttt=lora", "model=tiny", "ttt.chunk_size=300"], "model.seq_len=256"),
-    (["ttt=lora", "ttt.targets=head"], "F.linear"),
-    (["ttt=lora", "ttt.rank=0"], "ttt.rank"),
-    (["ttt=lora", "ttt.max_seconds=0"], "ttt.max_seconds"),
-])
+@pytest.mark.parametrize(
+    "overrides,needle",
+    [
+        (["ttt=lora", "ttt.short_chunks=256-8"], "LEN:CHUNK"),
+        (["ttt=lora", "model=tiny", "ttt.chunk_size=300"], "model.seq_len=256"),
+        (["ttt=lora", "ttt.targets=head"], "F.linear"),
+        (["ttt=lora", "ttt.rank=0"], "ttt.rank"),
+        (["ttt=lora", "ttt.max_seconds=0"], "ttt.max_seconds"),
+    ],
+)
 def test_ttt_refusals(compose, overrides, needle):
     with pytest.raises(ConfigError) as e:
         plan_for(compose, *overrides)
@@ -184,10 +190,27 @@ def test_finalize_scores_quantizes_and_adapts(compose, tmp_path):
     """The runner's last step on a tiny model: sliding eval, int6 GPTQ (+ lzma), TTT on the dequantized model."""
     from speedrun.finalize import evaluate_and_export
 
-    cfg = to_config(compose(["hardware=cpu", "model=tiny", "model.n_layer=2", "model.d_model=32", "model.seq_len=32",
-                             "data.vocab_size=64", "hardware.micro_batch=4", "budget.tokens_per_step=128",
-                             "eval=sliding", "eval.stride=16", "quant=int6", "quant.calib_batches=2",
-                             "ttt=lora", "ttt.chunk_size=16", "ttt.short_chunks=20:4"]))
+    cfg = to_config(
+        compose(
+            [
+                "hardware=cpu",
+                "model=tiny",
+                "model.n_layer=2",
+                "model.d_model=32",
+                "model.seq_len=32",
+                "data.vocab_size=64",
+                "hardware.micro_batch=4",
+                "budget.tokens_per_step=128",
+                "eval=sliding",
+                "eval.stride=16",
+                "quant=int6",
+                "quant.calib_batches=2",
+                "ttt=lora",
+                "ttt.chunk_size=16",
+                "ttt.short_chunks=20:4",
+            ]
+        )
+    )
     plan = resolve(cfg, fake_device("cpu"))
     assert (plan.model.seq_len, plan.model.vocab_size, plan.eval.batch_size) == (32, 64, 4)
     gpt = GPT(ModelShape(**{**TINY.__dict__, "seq_len": 32}), get_backend("sdpa", kernel="math"))
@@ -206,8 +229,9 @@ def test_finalize_scores_quantizes_and_adapts(compose, tmp_path):
             seen.append(x)
             yield x, x
 
-    data = types.SimpleNamespace(val_tokens=docs_stream([50, 15, 32]), luts=luts(), bos_id=BOS,
-                                 train_batches=train_batches)
+    data = types.SimpleNamespace(
+        val_tokens=docs_stream([50, 15, 32]), luts=luts(), bos_id=BOS, train_batches=train_batches
+    )
     lines = []
     out = evaluate_and_export(plan, gpt, eval_forward, data, tmp_path, lines.append)
     assert len(seen) == 2  # Hessians from exactly calib_batches training batches
@@ -220,6 +244,7 @@ def test_finalize_scores_quantizes_and_adapts(compose, tmp_path):
 
 
 # ---- CUDA (device machine) -------------------------------------------------------------------------
+
 
 @pytest.mark.gpu
 def test_cuda_bf16_ttt_completes_and_agrees_with_cpu():

@@ -1,6 +1,7 @@
 """User errors through the real CLI: one message naming the problem and the fix, no traceback on the console (it
 goes to the run dir's error.txt), a non-zero exit status and a failed row. Hydra's own compose errors (an unknown
 or wrong-typed option) end before speedrun runs: Hydra prints its message, and no row can exist yet."""
+
 from __future__ import annotations
 
 import shutil
@@ -44,11 +45,14 @@ def assert_user_error(proc, cwd: Path, needle: str, status: str = "failed") -> d
     return row
 
 
-@pytest.mark.parametrize("override,needle", [
-    ("attn.foo=1", "Could not override 'attn.foo'"),             # unknown option
-    ("seed=abc", "could not be converted to Integer"),           # wrong type
-    ("attn=nope", "Could not find 'attn/nope'"),                 # unknown choice
-])
+@pytest.mark.parametrize(
+    "override,needle",
+    [
+        ("attn.foo=1", "Could not override 'attn.foo'"),  # unknown option
+        ("seed=abc", "could not be converted to Integer"),  # wrong type
+        ("attn=nope", "Could not find 'attn/nope'"),  # unknown choice
+    ],
+)
 def test_hydra_compose_errors_print_hydras_message_and_exit_nonzero(tmp_path, override, needle):
     proc = run_cli([*SMOKE, override], cwd=tmp_path)
     out = console(proc)
@@ -56,11 +60,14 @@ def test_hydra_compose_errors_print_hydras_message_and_exit_nonzero(tmp_path, ov
     assert rows(tmp_path) == []  # composition failed before speedrun ran: there is no run to record
 
 
-@pytest.mark.parametrize("overrides,needle", [
-    (["precision=fp16"], "precision=fp16 needs a CUDA GPU"),      # impossible combination (resolver)
-    (["eval.tokens=-5"], "eval.tokens=-5 must be >= 0"),          # a value the schema refuses
-    (["data=fineweb_sp1024", "data.path=nowhere/fineweb10B_sp1024"], "dataset directory not found"),
-])
+@pytest.mark.parametrize(
+    "overrides,needle",
+    [
+        (["precision=fp16"], "precision=fp16 needs a CUDA GPU"),  # impossible combination (resolver)
+        (["eval.tokens=-5"], "eval.tokens=-5 must be >= 0"),  # a value the schema refuses
+        (["data=fineweb_sp1024", "data.path=nowhere/fineweb10B_sp1024"], "dataset directory not found"),
+    ],
+)
 def test_config_and_plan_errors_are_one_message_and_a_failed_row(tmp_path, overrides, needle):
     proc = run_cli([*SMOKE, "hardware=cpu", *overrides], cwd=tmp_path)
     assert_user_error(proc, tmp_path, needle)
@@ -119,13 +126,20 @@ def test_ids_past_the_vocabulary_in_the_val_shard(tmp_path, dataset):
 
 def test_out_of_memory_through_the_cli_is_an_oom_row_without_a_traceback(tmp_path, data_cache):
     """A CUDA OOM in training (raised by a stand-in for the training loop, as CUDA would) -> status oom."""
-    code = ("import runpy, sys, torch, speedrun.train as t\n"
-            "def boom(*a, **k):\n"
-            "    raise torch.cuda.OutOfMemoryError('CUDA out of memory. Tried to allocate 3.00 GiB')\n"
-            "t.train = boom\n"
-            "sys.argv = ['run'] + sys.argv[1:]\n"
-            "runpy.run_module('run', run_name='__main__', alter_sys=True)\n")
-    proc = subprocess.run([sys.executable, "-c", code, *SMOKE, f"data.cache_dir={data_cache}"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
+    code = (
+        "import runpy, sys, torch, speedrun.train as t\n"
+        "def boom(*a, **k):\n"
+        "    raise torch.cuda.OutOfMemoryError('CUDA out of memory. Tried to allocate 3.00 GiB')\n"
+        "t.train = boom\n"
+        "sys.argv = ['run'] + sys.argv[1:]\n"
+        "runpy.run_module('run', run_name='__main__', alter_sys=True)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *SMOKE, f"data.cache_dir={data_cache}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     row = assert_user_error(proc, tmp_path, "out of memory in train; tried to allocate 3.00 GiB", status="oom")
     assert row["phase"] == "train" and "fix: lower hardware.micro_batch" in row["error"]

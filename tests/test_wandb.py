@@ -1,5 +1,6 @@
 """logger=wandb: a real offline sweep (no API key, no network) leaves each job's config and summary in its run
 dir, failed jobs included; W&B problems are warnings, never a failed run."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,16 @@ from speedrun.config import LoggerConfig
 from speedrun.loggers import WandbLogger, make_logger, resolve_wandb_mode
 
 # test_cli.py's TINY with a 2 s budget, no warm-up step and a shorter eval: every job is a real run, just short
-SWEEP_TINY = ["hardware=cpu", "model=tiny", "hardware.micro_batch=4", "budget.tokens_per_step=2048",
-              "eval.tokens=2048", "logger.log_every_seconds=0.5", "budget.train_seconds=2", "budget.warmup_steps=0"]
+SWEEP_TINY = [
+    "hardware=cpu",
+    "model=tiny",
+    "hardware.micro_batch=4",
+    "budget.tokens_per_step=2048",
+    "eval.tokens=2048",
+    "logger.log_every_seconds=0.5",
+    "budget.train_seconds=2",
+    "budget.warmup_steps=0",
+]
 
 
 @pytest.fixture(scope="session")
@@ -43,8 +52,8 @@ def wandb_records(run_dir: Path) -> dict:
         if left < 7:  # block trailer
             pos += left
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
         if kind == 1:
             raw.append(chunk)
         elif kind == 2:
@@ -77,13 +86,35 @@ def wandb_records(run_dir: Path) -> dict:
 def test_an_offline_sweep_leaves_config_and_summary_in_each_run_dir(tmp_path, shared_data):
     pytest.importorskip("wandb", reason="wandb is not installed (pip install -e '.[wandb]'; it is in the dev extra)")
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    env.update(WANDB_MODE="offline", HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1",
-               WANDB_CONFIG_DIR=str(tmp_path / "wandb-config"), WANDB_CACHE_DIR=str(tmp_path / "wandb-cache"),
-               WANDB_DATA_DIR=str(tmp_path / "wandb-data"))
-    proc = subprocess.run([sys.executable, "-m", "run", "-m", *SWEEP_TINY, f"data.cache_dir={shared_data}",
-                           "logger=wandb", "logger.project=speedrun-test", "data.path=null,nowhere",
-                           "data.tokenizer=nowhere.model", "eval.every_steps=2", "eval.periodic_tokens=1024"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    env.update(
+        WANDB_MODE="offline",
+        HOME=str(tmp_path / "home"),
+        PYTHONUNBUFFERED="1",
+        WANDB_CONFIG_DIR=str(tmp_path / "wandb-config"),
+        WANDB_CACHE_DIR=str(tmp_path / "wandb-cache"),
+        WANDB_DATA_DIR=str(tmp_path / "wandb-data"),
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "run",
+            "-m",
+            *SWEEP_TINY,
+            f"data.cache_dir={shared_data}",
+            "logger=wandb",
+            "logger.project=speedrun-test",
+            "data.path=null,nowhere",
+            "data.tokenizer=nowhere.model",
+            "eval.every_steps=2",
+            "eval.periodic_tokens=1024",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-4000:]  # one job fails on purpose; the other is ok
     (sweep,) = (tmp_path / "outputs" / "multirun").glob("*/*")

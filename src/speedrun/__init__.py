@@ -2,6 +2,7 @@
 
 The package imports nothing heavy at import time; ``main`` pulls in torch and the rest when a run starts.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -10,6 +10,7 @@ the list cannot rot. Not counted either, because nothing on the path imports the
 the Hydra plugins, scripts/ (data preparation, benchmarks) and the embedded corpus (data, not code).
 The Hydra YAML under conf/ is configuration, not source, and is not counted.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -93,7 +94,7 @@ CODE_FILES: tuple[str, ...] = (
 
 NOT_COUNTED: dict[str, str] = {
     "speedrun/loggers.py": "reporting only (console progress lines, Weights & Biases); training, evaluation and "
-                           "dequantization run the same without it",
+    "dequantization run the same without it",
 }
 
 MANIFEST = "artifact_code.json"
@@ -116,9 +117,20 @@ def write_manifest(run_dir: Path, model_bytes: int, cap_bytes: int) -> dict[str,
 
     files = code_manifest()
     code = sum(f["bytes"] for f in files)
-    keys = {"artifact_model_bytes": model_bytes, "artifact_code_bytes": code, "artifact_bytes": model_bytes + code,
-            "artifact_ok": model_bytes + code <= cap_bytes}
-    write_json(run_dir / MANIFEST, {"rule": "code counted as raw UTF-8 bytes (parameter-golf), model compressed",
-                                    **keys, "cap_bytes": cap_bytes, "files": files,
-                                    "not_counted": NOT_COUNTED})
+    keys = {
+        "artifact_model_bytes": model_bytes,
+        "artifact_code_bytes": code,
+        "artifact_bytes": model_bytes + code,
+        "artifact_ok": model_bytes + code <= cap_bytes,
+    }
+    write_json(
+        run_dir / MANIFEST,
+        {
+            "rule": "code counted as raw UTF-8 bytes (parameter-golf), model compressed",
+            **keys,
+            "cap_bytes": cap_bytes,
+            "files": files,
+            "not_counted": NOT_COUNTED,
+        },
+    )
     return keys

@@ -15,11 +15,13 @@ forward) by the same search, without gradients, so an eval that would run out of
 On CPU there is no out-of-memory signal to search by: the plan keeps its starting values (the profile's default
 micro-batch, or the nearest smaller divisor of the sequences per step) and says so in the log.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import gc
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -47,8 +49,9 @@ def fits_probe(try_size: Callable[[int], Any], on_free: Callable[[], None] = lam
     return fits
 
 
-def largest_fitting(candidates: Sequence[int], fits: Callable[[int], bool],
-                    tried: Optional[dict[int, bool]] = None) -> Optional[int]:
+def largest_fitting(
+    candidates: Sequence[int], fits: Callable[[int], bool], tried: dict[int, bool] | None = None
+) -> int | None:
     """The largest candidate (ascending list) that fits, by binary search; None when not even the smallest does.
     ``tried`` collects every size tried and whether it fit."""
     tried = {} if tried is None else tried
@@ -63,8 +66,13 @@ def largest_fitting(candidates: Sequence[int], fits: Callable[[int], bool],
     return best
 
 
-def plan_with_batches(plan: Any, try_train: Callable[[int, int], Any], try_eval: Callable[[int], Any],
-                      log: Callable[[str], None], on_free: Callable[[], None] = lambda: None) -> tuple[Any, dict]:
+def plan_with_batches(
+    plan: Any,
+    try_train: Callable[[int, int], Any],
+    try_eval: Callable[[int], Any],
+    log: Callable[[str], None],
+    on_free: Callable[[], None] = lambda: None,
+) -> tuple[Any, dict]:
     """The plan with the micro-batch (and stages, grad_accum) and the eval batch the searches chose, and a report
     of what was tried. try_train(seq_len, micro_batch) and try_eval(batch_size) raise OOM when a size does not fit."""
     report: dict[str, Any] = {}
@@ -72,8 +80,11 @@ def plan_with_batches(plan: Any, try_train: Callable[[int, int], Any], try_eval:
         lengths = [st.seq_len for st in plan.stages]
         longest = plan.model.seq_len
         # micro-batch token counts every length divides and that divide tokens_per_step, as in plan._stages
-        options = [d * longest for d in divisors(plan.tokens_per_step // longest)
-                   if all((d * longest) % L == 0 for L in lengths)]
+        options = [
+            d * longest
+            for d in divisors(plan.tokens_per_step // longest)
+            if all((d * longest) % L == 0 for L in lengths)
+        ]
         best_tokens = None
         for L in sorted(lengths, reverse=True):
             tried: dict[int, bool] = {}
@@ -83,14 +94,15 @@ def plan_with_batches(plan: Any, try_train: Callable[[int, int], Any], try_eval:
             if found is None:
                 raise torch.cuda.OutOfMemoryError(
                     f"hardware.micro_batch=auto: not even {ok[0] // L} sequence(s) of {L} tokens fit in memory; use a "
-                    f"shorter context, another attention backend or a smaller model")
+                    f"shorter context, another attention backend or a smaller model"
+                )
             best_tokens = found
         assert best_tokens is not None
         stages = tuple(dataclasses.replace(st, micro_batch=best_tokens // st.seq_len) for st in plan.stages)
-        plan = dataclasses.replace(plan, micro_batch=best_tokens // longest, stages=stages,
-                                   grad_accum=plan.tokens_per_step // best_tokens)
-        log(f"micro-batch search: {plan.micro_batch} x {longest} tokens x {plan.grad_accum} accum "
-            f"(tried {report})")
+        plan = dataclasses.replace(
+            plan, micro_batch=best_tokens // longest, stages=stages, grad_accum=plan.tokens_per_step // best_tokens
+        )
+        log(f"micro-batch search: {plan.micro_batch} x {longest} tokens x {plan.grad_accum} accum (tried {report})")
     if plan.eval.batch_search:
         tried = {}
         windows = plan.eval.tokens // plan.model.seq_len if plan.eval.tokens else 4096
@@ -107,8 +119,10 @@ def plan_with_batches(plan: Any, try_train: Callable[[int, int], Any], try_eval:
 def search_batches(plan: Any, model: torch.nn.Module, log: Callable[[str], None]) -> tuple[Any, dict]:
     """plan_with_batches with real tries of the eager model on the plan's device (CUDA only)."""
     if plan.device != "cuda":
-        log(f"batch-size search needs a CUDA device (it searches by out-of-memory errors): keeping micro-batch "
-            f"{plan.micro_batch} and eval batch {plan.eval.batch_size} on {plan.device}")
+        log(
+            f"batch-size search needs a CUDA device (it searches by out-of-memory errors): keeping micro-batch "
+            f"{plan.micro_batch} and eval batch {plan.eval.batch_size} on {plan.device}"
+        )
         return plan, {"skipped": plan.device}
     from .train import autocast_dtype
 

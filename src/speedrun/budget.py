@@ -9,12 +9,14 @@ of the stage each token was trained in).
 The clock counts train seconds only: periodic validation and checkpoint writes pause it, and a resumed run
 starts it at the elapsed train seconds of its checkpoint.
 """
+
 from __future__ import annotations
 
 import contextlib
 import math
 import time
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any
 
 BUDGET_KINDS = ("time", "steps", "tokens", "flops")
 
@@ -22,13 +24,18 @@ BUDGET_KINDS = ("time", "steps", "tokens", "flops")
 class Budget:
     """The budgets of a Plan and the progress they make together."""
 
-    def __init__(self, train_seconds: float, max_steps: Optional[int] = None, tokens: Optional[int] = None,
-                 flops: Optional[float] = None):
-        self.limits = {"time": train_seconds if math.isfinite(train_seconds) else None, "steps": max_steps,
-                       "tokens": tokens, "flops": flops}
+    def __init__(
+        self, train_seconds: float, max_steps: int | None = None, tokens: int | None = None, flops: float | None = None
+    ):
+        self.limits = {
+            "time": train_seconds if math.isfinite(train_seconds) else None,
+            "steps": max_steps,
+            "tokens": tokens,
+            "flops": flops,
+        }
 
     @classmethod
-    def from_plan(cls, plan: Any) -> "Budget":
+    def from_plan(cls, plan: Any) -> Budget:
         return cls(plan.train_seconds, plan.max_steps, plan.budget_tokens, plan.budget_flops)
 
     def fractions(self, seconds: float, steps: int, tokens: int, flops: float) -> dict[str, float]:
@@ -40,7 +47,7 @@ class Budget:
         """The fraction of the run done: the largest fraction of any budget (0 when no budget is set)."""
         return max(self.fractions(seconds, steps, tokens, flops).values(), default=0.0)
 
-    def ended_by(self, seconds: float, steps: int, tokens: int, flops: float) -> Optional[str]:
+    def ended_by(self, seconds: float, steps: int, tokens: int, flops: float) -> str | None:
         """The budget that ends the run at this point (the first spent one, in BUDGET_KINDS order when several
         are spent at once), or None while none is spent."""
         spent = [k for k, f in self.fractions(seconds, steps, tokens, flops).items() if f >= 1.0]

@@ -2,11 +2,12 @@
 
 The attention backend is looked up by name here, once; the model never sees a backend string.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -42,19 +43,39 @@ def build_data(plan: Plan, log: Callable[[str], None]) -> DataBundle:
     sp = load_tokenizer(paths.tokenizer)
     seq_len = plan.model.seq_len
     val_tokens = load_val_tokens(paths.val, plan.eval.tokens, seq_len, vocab_size=paths.vocab_size)
-    log(f"data: {len(paths.train)} train shard(s), {val_tokens.numel() - 1:,} val tokens scored, "
-        f"tokenizer {paths.tokenizer} (vocab {paths.vocab_size})")
+    log(
+        f"data: {len(paths.train)} train shard(s), {val_tokens.numel() - 1:,} val tokens scored, "
+        f"tokenizer {paths.tokenizer} (vocab {paths.vocab_size})"
+    )
     pin = plan.device == "cuda"
 
-    def train_batches(seq_len: int = seq_len, micro_batch: int = plan.micro_batch, position: int = 0,
-                      rank: int = 0, world_size: int = 1) -> TokenStream:
-        stream = TokenStream(paths.train, seq_len, micro_batch, rank=rank, world_size=world_size,
-                             vocab_size=paths.vocab_size, pin_memory=pin)
+    def train_batches(
+        seq_len: int = seq_len,
+        micro_batch: int = plan.micro_batch,
+        position: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> TokenStream:
+        stream = TokenStream(
+            paths.train,
+            seq_len,
+            micro_batch,
+            rank=rank,
+            world_size=world_size,
+            vocab_size=paths.vocab_size,
+            pin_memory=pin,
+        )
         stream.load_state_dict({"position": position})
         return stream
 
-    return DataBundle(paths=paths, luts=build_byte_luts(sp), bos_id=sp.bos_id(), val_tokens=val_tokens,
-                      train_batches=train_batches, train_tokens=sum(read_header(p) for p in paths.train))
+    return DataBundle(
+        paths=paths,
+        luts=build_byte_luts(sp),
+        bos_id=sp.bos_id(),
+        val_tokens=val_tokens,
+        train_batches=train_batches,
+        train_tokens=sum(read_header(p) for p in paths.train),
+    )
 
 
 def build_attention(plan: Plan):
@@ -79,9 +100,17 @@ def build_model(plan: Plan, attention, bos_id: int):
     model = model.to(plan.device)
     o = plan.optim
     optimizers = build_optimizers(
-        model, matrix_lr=o.matrix_lr, scalar_lr=o.scalar_lr, embed_lr=o.embed_lr, tied_embed_lr=o.tied_embed_lr,
-        head_lr=o.head_lr, muon_momentum=o.muon_momentum, muon_backend_steps=o.muon_backend_steps,
-        beta1=o.beta1, beta2=o.beta2, eps=o.eps,
+        model,
+        matrix_lr=o.matrix_lr,
+        scalar_lr=o.scalar_lr,
+        embed_lr=o.embed_lr,
+        tied_embed_lr=o.tied_embed_lr,
+        head_lr=o.head_lr,
+        muon_momentum=o.muon_momentum,
+        muon_backend_steps=o.muon_backend_steps,
+        beta1=o.beta1,
+        beta2=o.beta2,
+        eps=o.eps,
         ns_dtype=torch.bfloat16 if plan.ns_dtype == "bf16" else torch.float32,
     )
     if plan.compile:

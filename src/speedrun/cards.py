@@ -10,11 +10,11 @@ TFLOP/s. For GeForce cards they are the rates with FP32 accumulation (what torch
 runs FP16-accumulate at twice that). dtypes: fp32 (CUDA cores), tf32, bf16, fp16, fp8 (tensor cores); a dtype
 missing is one the card has no tensor-core rate for.
 """
+
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -28,13 +28,14 @@ class Card:
     source: str
     """Where the figures come from."""
 
-    def peak_flops(self, dtype: str) -> Optional[float]:
+    def peak_flops(self, dtype: str) -> float | None:
         tflops = self.peak_tflops.get(dtype)
         return None if tflops is None else tflops * 1e12
 
 
-def _peaks(fp32: float, tf32: Optional[float], half: float, fp8: Optional[float] = None,
-           bf16: bool = True) -> dict[str, float]:
+def _peaks(
+    fp32: float, tf32: float | None, half: float, fp8: float | None = None, bf16: bool = True
+) -> dict[str, float]:
     out = {"fp32": fp32, "fp16": half}
     if tf32 is not None:
         out["tf32"] = tf32
@@ -58,10 +59,12 @@ CARDS: tuple[Card, ...] = (
     Card("B200", r"\bb200\b", _peaks(75, 1125, 2250, 4500), "HGX B200 datasheet, per GPU (1/8)"),
     Card("A100 SXM 80GB", r"\ba100\b.*\bsxm.*\b80gb\b", _peaks(19.5, 156, 312), "A100 datasheet"),
     Card("A100 SXM 40GB", r"\ba100\b.*\bsxm.*\b40gb\b", _peaks(19.5, 156, 312), "A100 datasheet"),
-    Card("A100 PCIe 80GB", r"\ba100\b.*(\b80gb\b.*\bpcie\b|\bpcie\b.*\b80gb\b)", _peaks(19.5, 156, 312),
-         "A100 datasheet"),
-    Card("A100 PCIe 40GB", r"\ba100\b.*(\b40gb\b.*\bpcie\b|\bpcie\b.*\b40gb\b)", _peaks(19.5, 156, 312),
-         "A100 datasheet"),
+    Card(
+        "A100 PCIe 80GB", r"\ba100\b.*(\b80gb\b.*\bpcie\b|\bpcie\b.*\b80gb\b)", _peaks(19.5, 156, 312), "A100 datasheet"
+    ),
+    Card(
+        "A100 PCIe 40GB", r"\ba100\b.*(\b40gb\b.*\bpcie\b|\bpcie\b.*\b40gb\b)", _peaks(19.5, 156, 312), "A100 datasheet"
+    ),
     Card("L4", r"\bl4\b", _peaks(30.3, 60, 121, 242.5), "L4 datasheet"),
     # A10G: AWS's variant; NVIDIA publishes no datasheet. Its tensor cores run at half the A10's rate (measured
     # bf16 matmuls top out near 70 TFLOP/s), so the A10's 125 would understate its MFU by half.
@@ -80,7 +83,7 @@ def _normal(device_name: str) -> str:
     return re.sub(r"[-_]+", " ", device_name.lower()).strip()
 
 
-def card_for(device_name: Optional[str]) -> Optional[Card]:
+def card_for(device_name: str | None) -> Card | None:
     """The table's entry for a torch device name, or None for a card it does not know (and for None)."""
     if not device_name:
         return None

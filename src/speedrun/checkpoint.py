@@ -11,6 +11,7 @@ nothing else is ever unpickled. Multi-GPU: ``save_checkpoint`` is a plain functi
 alone can call it; every rank calls ``load_checkpoint``. torch is imported inside the functions that need it: the
 listing functions serve resume's checks (and Hydra's resolvers, which run at every start).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,7 +21,7 @@ import os
 import random
 import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 log = logging.getLogger("speedrun")
 
@@ -38,12 +39,13 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     d = checkpoint_dir(run_dir)
     if not d.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in d.iterdir()
-             if (m := _NAME.match(p.name)) and p.with_suffix(".json").exists()]
+    found = [
+        (int(m.group(1)), p) for p in d.iterdir() if (m := _NAME.match(p.name)) and p.with_suffix(".json").exists()
+    ]
     return [p for _, p in sorted(found)]
 
 
-def latest_meta(run_dir: Path) -> Optional[dict[str, Any]]:
+def latest_meta(run_dir: Path) -> dict[str, Any] | None:
     """The .json of the newest complete checkpoint (config, overrides, plan, progress), or None."""
     paths = list_checkpoints(run_dir)
     return json.loads(paths[-1].with_suffix(".json").read_text()) if paths else None
@@ -73,7 +75,7 @@ def save_checkpoint(run_dir: Path, payload: dict[str, Any], meta: dict[str, Any]
     return path
 
 
-def load_checkpoint(run_dir: Path, map_location: Any = "cpu") -> Optional[dict[str, Any]]:
+def load_checkpoint(run_dir: Path, map_location: Any = "cpu") -> dict[str, Any] | None:
     """The newest readable checkpoint's payload (an unreadable newest one is skipped with a warning), or None."""
     import torch
 
@@ -100,10 +102,12 @@ def rng_state() -> dict[str, Any]:
 
     np_state = np.random.get_state()  # noqa: NPY002 - the global legacy RNG is what we save
     version, internal, gauss = random.getstate()
-    return {"torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            "python": [version, list(internal), gauss],
-            "numpy": [np_state[0], torch.from_numpy(np_state[1].astype("int64")), *np_state[2:]]}
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "python": [version, list(internal), gauss],
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype("int64")), *np_state[2:]],
+    }
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
@@ -121,9 +125,15 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def capture(model: Any, optimizers: list, scaler: Any, state: Any) -> dict[str, Any]:
     """The payload of a checkpoint at a step boundary (state: train.TrainState)."""
-    return {"format": FORMAT, "model": model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
-            "scaler": scaler.state_dict() if scaler is not None else None, "data": {"position": state.position},
-            "rng": rng_state(), "progress": dataclasses.asdict(state)}
+    return {
+        "format": FORMAT,
+        "model": model.state_dict(),
+        "optimizers": [o.state_dict() for o in optimizers],
+        "scaler": scaler.state_dict() if scaler is not None else None,
+        "data": {"position": state.position},
+        "rng": rng_state(),
+        "progress": dataclasses.asdict(state),
+    }
 
 
 def restore(payload: dict[str, Any], model: Any, optimizers: list, scaler: Any, state: Any) -> None:

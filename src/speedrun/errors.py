@@ -4,6 +4,7 @@ The runner prints these as one line (no traceback on the console; the traceback 
 a failed row. Anything else is a bug and keeps its traceback. All are ValueErrors, so callers that catch
 ValueError keep working.
 """
+
 from __future__ import annotations
 
 

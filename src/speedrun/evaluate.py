@@ -22,12 +22,14 @@ all-reduced: each slot has one non-zero term, so the sum is exact, and adding th
 gives the same sums, bit for bit, as one rank scoring every batch (the batches, and so the kernels' shapes, are
 the same).
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
 import torch
 
@@ -69,7 +71,7 @@ def evaluate(
     sum_tokens = n_windows * seq_len
     for i, start in _dealt(starts, shard):
         count = min(batch_size, n_windows - start)
-        span = val_tokens[start * seq_len: (start + count) * seq_len + 1].to(device, non_blocking=True)
+        span = val_tokens[start * seq_len : (start + count) * seq_len + 1].to(device, non_blocking=True)
         x = span[:-1].view(count, seq_len)
         y = span[1:].view(count, seq_len)
         if autocast_dtype is not None:
@@ -160,7 +162,7 @@ def evaluate_sliding(
     firsts = range(0, len(windows), batch_size)
     sums = _BatchSums(len(firsts), device)
     for i, first in _dealt(firsts, shard):
-        batch = windows[first: first + batch_size]
+        batch = windows[first : first + batch_size]
         starts = torch.tensor([w[0] for w in batch])
         score_from = torch.tensor([w[1] for w in batch], device=device)
         span = val_tokens[starts[:, None] + offsets[None, :]].to(device, non_blocking=True)
@@ -191,7 +193,7 @@ def run_eval(
     luts: ByteLUTs,
     *,
     seq_len: int,
-    stride: Optional[int],
+    stride: int | None,
     batch_size: int,
     device: str,
     autocast_dtype: torch.dtype | None,
@@ -209,7 +211,7 @@ def run_eval(
 
 
 @contextmanager
-def document_mask(model: torch.nn.Module, bos_id: Optional[int]) -> Iterator[None]:
+def document_mask(model: torch.nn.Module, bos_id: int | None) -> Iterator[None]:
     """Switch the GPT's document mask on (attention only within BOS-delimited documents) for the duration.
 
     The model reads ``bos_id`` on every forward and hands it to its attention backend, whose prepare() builds

@@ -9,6 +9,7 @@ measured on the same weights without fp8 rounding.
 _scaled_mm wants its first operand row-major and its second column-major, with dimensions divisible by 16;
 ``convert_linears`` only converts layers whose shapes allow it.
 """
+
 from __future__ import annotations
 
 import torch
@@ -45,8 +46,9 @@ class _FP8Matmul(torch.autograd.Function):
         # grad_x = grad (N, out) @ weight (out, in)
         grad_x = torch._scaled_mm(g8, _col_major(w8), scale_a=g_inv, scale_b=w_inv, out_dtype=ctx.out_dtype)
         # grad_w = grad^T (out, N) @ x (N, in)
-        grad_w = torch._scaled_mm(g8.t().contiguous(), _col_major(x8), scale_a=g_inv, scale_b=x_inv,
-                                  out_dtype=torch.float32)
+        grad_w = torch._scaled_mm(
+            g8.t().contiguous(), _col_major(x8), scale_a=g_inv, scale_b=x_inv, out_dtype=torch.float32
+        )
         return grad_x.to(ctx.x_dtype), grad_w.to(ctx.w_dtype), None
 
 
@@ -90,8 +92,12 @@ def convert_linears(module: nn.Module, targets: tuple[str, ...] | list[str] = ("
     converted = 0
     for name, child in module.named_children():
         qualified = f"{_prefix}{name}"
-        if type(child) is nn.Linear and child.bias is None and child.in_features % 16 == 0 \
-                and child.out_features % 16 == 0:
+        if (
+            type(child) is nn.Linear
+            and child.bias is None
+            and child.in_features % 16 == 0
+            and child.out_features % 16 == 0
+        ):
             if wanted(qualified):
                 fp8 = FP8Linear(child.in_features, child.out_features, bias=False, device="meta")
                 fp8.weight = child.weight
@@ -116,8 +122,7 @@ def convert_torchao(module: nn.Module, targets: tuple[str, ...] | list[str] = ("
             picked.append(fqn)
         return ok
 
-    convert_to_float8_training(module, config=Float8LinearConfig.from_recipe_name("tensorwise"),
-                               module_filter_fn=keep)
+    convert_to_float8_training(module, config=Float8LinearConfig.from_recipe_name("tensorwise"), module_filter_fn=keep)
     return len(picked)
 
 

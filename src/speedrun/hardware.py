@@ -5,11 +5,11 @@ the emulated card's, for ``mfu_profile``; ``mfu`` divides by the peak of the car
 from the card table (speedrun.cards), not from here. Detection happens only when ``detect()`` is called, never
 at import time.
 """
+
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -20,15 +20,15 @@ class HardwareProfile:
     """Compute family: the profile whose kernels and recipe apply (an H200 is an h100)."""
     device_type: str
     """torch device type: cuda or cpu."""
-    capability: Optional[tuple[int, int]]
+    capability: tuple[int, int] | None
     """CUDA compute capability, None for CPU."""
     memory_gb: float
     """Usable device memory in GB (a T4 is 15)."""
-    smem_per_sm_kb: Optional[int]
+    smem_per_sm_kb: int | None
     """Shared memory per SM, which bounds Triton block sizes."""
     peak_tflops: dict[str, float]
     """Dense peak TFLOP/s per matmul dtype (fp32, tf32, bf16, fp16, fp8); a dtype missing is unsupported."""
-    bandwidth_tbps: Optional[float]
+    bandwidth_tbps: float | None
     """Memory bandwidth in TB/s."""
     # Recommended defaults, used where the config leaves a field as None / auto.
     precision: str
@@ -41,7 +41,7 @@ class HardwareProfile:
     train_seconds: float
     flex_blocks: tuple[int, int] = (128, 64)
     """Default (BLOCK_M, BLOCK_N) of flex attention's forward where tiles are not chosen per head_dim."""
-    smem_per_block_kb: Optional[int] = None
+    smem_per_block_kb: int | None = None
     """Shared memory one program (thread block) may use, with the opt-in Triton makes (None: smem_per_sm_kb).
     Without the opt-in a block gets 48 KB on every card."""
     flex_tiles_by_head_dim: bool = False
@@ -54,15 +54,20 @@ class HardwareProfile:
     def has_bf16(self) -> bool:
         return "bf16" in self.peak_tflops
 
-    def peak_flops(self, matmul_dtype: str) -> Optional[float]:
+    def peak_flops(self, matmul_dtype: str) -> float | None:
         """Peak FLOP/s for a matmul dtype, or None if the profile has no figure (CPU)."""
         tflops = self.peak_tflops.get(matmul_dtype)
         return None if tflops is None else tflops * 1e12
 
 
 _GPU_DEFAULTS = dict(
-    precision="bf16", attn="sdpa", sdpa_kernel="flash", micro_batch_tokens=65536, model="pgolf_baseline",
-    tokens_per_step=524288, train_seconds=120.0,
+    precision="bf16",
+    attn="sdpa",
+    sdpa_kernel="flash",
+    micro_batch_tokens=65536,
+    model="pgolf_baseline",
+    tokens_per_step=524288,
+    train_seconds=120.0,
 )
 # On sm90 SDPA's cuDNN kernel trained pgolf_baseline 11% faster than flash (1.97M vs 1.77M tok/s, H200, bf16,
 # scripts/bench_matrix.py); A100 and B200 keep flash until measured.
@@ -70,39 +75,97 @@ _SM90_DEFAULTS = {**_GPU_DEFAULTS, "sdpa_kernel": "cudnn"}
 
 PROFILES: dict[str, HardwareProfile] = {
     "cpu": HardwareProfile(
-        name="cpu", family="cpu", device_type="cpu", capability=None, memory_gb=0.0, smem_per_sm_kb=None,
-        peak_tflops={}, bandwidth_tbps=None, precision="fp32", attn="sdpa", sdpa_kernel="flash",
-        micro_batch_tokens=4096, model="tiny", tokens_per_step=4096, train_seconds=60.0,
+        name="cpu",
+        family="cpu",
+        device_type="cpu",
+        capability=None,
+        memory_gb=0.0,
+        smem_per_sm_kb=None,
+        peak_tflops={},
+        bandwidth_tbps=None,
+        precision="fp32",
+        attn="sdpa",
+        sdpa_kernel="flash",
+        micro_batch_tokens=4096,
+        model="tiny",
+        tokens_per_step=4096,
+        train_seconds=60.0,
     ),
     # T4: no bf16, no flash/cuDNN attention (sm75), 64 KB shared memory per SM -> fp16 + GradScaler,
     # SDPA's memory-efficient kernel, flex tiles chosen per head_dim to fit (speedrun.kernels.tiles).
     "t4": HardwareProfile(
-        name="t4", family="t4", device_type="cuda", capability=(7, 5), memory_gb=15.0, smem_per_sm_kb=64,
-        peak_tflops={"fp32": 8.1, "fp16": 65.0}, bandwidth_tbps=0.32, precision="fp16", attn="sdpa",
-        sdpa_kernel="efficient", micro_batch_tokens=8192, model="pgolf_baseline", tokens_per_step=65536,
-        train_seconds=300.0, flex_blocks=(64, 32), name_patterns=("T4",),
-        smem_per_block_kb=64, flex_tiles_by_head_dim=True,
+        name="t4",
+        family="t4",
+        device_type="cuda",
+        capability=(7, 5),
+        memory_gb=15.0,
+        smem_per_sm_kb=64,
+        peak_tflops={"fp32": 8.1, "fp16": 65.0},
+        bandwidth_tbps=0.32,
+        precision="fp16",
+        attn="sdpa",
+        sdpa_kernel="efficient",
+        micro_batch_tokens=8192,
+        model="pgolf_baseline",
+        tokens_per_step=65536,
+        train_seconds=300.0,
+        flex_blocks=(64, 32),
+        name_patterns=("T4",),
+        smem_per_block_kb=64,
+        flex_tiles_by_head_dim=True,
     ),
     "a100": HardwareProfile(
-        name="a100", family="a100", device_type="cuda", capability=(8, 0), memory_gb=80.0, smem_per_sm_kb=164,
-        peak_tflops={"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}, bandwidth_tbps=2.0,
-        name_patterns=("A100",), smem_per_block_kb=163, **_GPU_DEFAULTS,
+        name="a100",
+        family="a100",
+        device_type="cuda",
+        capability=(8, 0),
+        memory_gb=80.0,
+        smem_per_sm_kb=164,
+        peak_tflops={"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
+        bandwidth_tbps=2.0,
+        name_patterns=("A100",),
+        smem_per_block_kb=163,
+        **_GPU_DEFAULTS,
     ),
     "h100": HardwareProfile(
-        name="h100", family="h100", device_type="cuda", capability=(9, 0), memory_gb=80.0, smem_per_sm_kb=228,
+        name="h100",
+        family="h100",
+        device_type="cuda",
+        capability=(9, 0),
+        memory_gb=80.0,
+        smem_per_sm_kb=228,
         peak_tflops={"fp32": 67.0, "tf32": 495.0, "bf16": 989.0, "fp16": 989.0, "fp8": 1979.0},
-        bandwidth_tbps=3.35, name_patterns=("H100",), smem_per_block_kb=227, **_SM90_DEFAULTS,
+        bandwidth_tbps=3.35,
+        name_patterns=("H100",),
+        smem_per_block_kb=227,
+        **_SM90_DEFAULTS,
     ),
     # H200: H100 compute with more and faster memory. Detected, not a hardware= option of its own.
     "h200": HardwareProfile(
-        name="h200", family="h100", device_type="cuda", capability=(9, 0), memory_gb=141.0, smem_per_sm_kb=228,
+        name="h200",
+        family="h100",
+        device_type="cuda",
+        capability=(9, 0),
+        memory_gb=141.0,
+        smem_per_sm_kb=228,
         peak_tflops={"fp32": 67.0, "tf32": 495.0, "bf16": 989.0, "fp16": 989.0, "fp8": 1979.0},
-        bandwidth_tbps=4.8, name_patterns=("H200",), smem_per_block_kb=227, **_SM90_DEFAULTS,
+        bandwidth_tbps=4.8,
+        name_patterns=("H200",),
+        smem_per_block_kb=227,
+        **_SM90_DEFAULTS,
     ),
     "b200": HardwareProfile(
-        name="b200", family="b200", device_type="cuda", capability=(10, 0), memory_gb=180.0, smem_per_sm_kb=228,
+        name="b200",
+        family="b200",
+        device_type="cuda",
+        capability=(10, 0),
+        memory_gb=180.0,
+        smem_per_sm_kb=228,
         peak_tflops={"fp32": 80.0, "tf32": 1100.0, "bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0},
-        bandwidth_tbps=8.0, name_patterns=("B200",), smem_per_block_kb=227, **_GPU_DEFAULTS,
+        bandwidth_tbps=8.0,
+        name_patterns=("B200",),
+        smem_per_block_kb=227,
+        **_GPU_DEFAULTS,
     ),
 }
 
@@ -112,9 +175,10 @@ SELECTABLE = ("auto", "cpu", "t4", "a100", "h100", "b200")
 @dataclass(frozen=True)
 class DetectedDevice:
     """What is physically there."""
+
     device_type: str
     name: str
-    capability: Optional[tuple[int, int]]
+    capability: tuple[int, int] | None
     memory_gb: float
     profile: HardwareProfile
     """The profile that matches it (by name, else the nearest by capability)."""

@@ -4,6 +4,7 @@ Resume (the sweeper) reuses an earlier ok run only when both match the sweeping 
 ``current_device_name()`` (the ``device_name`` a run records) and the same ``code_fingerprint(REPO_ROOT)`` (the
 ``code_fingerprint`` a run records), so a sweep moved to another card or a code edit makes the jobs run again.
 """
+
 from __future__ import annotations
 
 import functools
@@ -12,7 +13,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Optional
 
 DEVICE_NAME_ENV = "SPEEDRUN_DEVICE_NAME"
 """Overrides ``current_device_name()``: for a sweep launched where its jobs do not run (a SLURM login node, whose
@@ -42,8 +42,7 @@ def _detected_device_name() -> str:
     # Asked in a child process: touching CUDA here would leave the sweeping process holding a context (hundreds of
     # MB) on GPU 0 for the whole sweep, beside the jobs the pool runs there.
     package_parent = str(Path(__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH"))
-                                                       if p)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH")) if p)}
     code = "from speedrun.hardware import detect; print(detect().name)"
     try:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
@@ -74,10 +73,14 @@ def code_fingerprint(root: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def _git_files(root: Path) -> Optional[list[str]]:
+def _git_files(root: Path) -> list[str] | None:
     try:
-        out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z", "--", *CODE_DIRS], cwd=root,
-                             capture_output=True, timeout=60)
+        out = subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard", "-z", "--", *CODE_DIRS],
+            cwd=root,
+            capture_output=True,
+            timeout=60,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     if out.returncode != 0:  # not a git checkout

@@ -3,6 +3,7 @@
 A logger must never fail or block a training run: every call is guarded by the runner, and problems become
 warnings in run.log.
 """
+
 from __future__ import annotations
 
 import logging
@@ -10,7 +11,7 @@ import math
 import os
 import socket
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 from urllib.parse import urlparse
 
 from .config import LoggerConfig
@@ -21,7 +22,7 @@ log = logging.getLogger("speedrun.logger")
 class RunLogger:
     """The console logger: progress lines already go through `logging`, so there is nothing more to send."""
 
-    def start(self, config: dict[str, Any], plan: Optional[dict[str, Any]]) -> None:
+    def start(self, config: dict[str, Any], plan: dict[str, Any] | None) -> None:
         pass
 
     def log_metrics(self, record: dict[str, Any]) -> None:
@@ -49,12 +50,12 @@ class WandbLogger(RunLogger):
     INIT_TIMEOUT_S = 60.0
     PROBE_TIMEOUT_S = 3.0
 
-    def __init__(self, cfg: LoggerConfig, run_dir: Path, group: Optional[str], name: str):
-        self.cfg, self.run_dir, self.group, self.name = cfg, run_dir, group, name
+    def __init__(self, settings: LoggerConfig, run_dir: Path, group: str | None, name: str):
+        self.settings, self.run_dir, self.group, self.name = settings, run_dir, group, name
         self.run: Any = None
         self._last_step = 0
 
-    def start(self, config: dict[str, Any], plan: Optional[dict[str, Any]]) -> None:
+    def start(self, config: dict[str, Any], plan: dict[str, Any] | None) -> None:
         self._safely("start", self._start, config, plan)
 
     def log_metrics(self, record: dict[str, Any]) -> None:
@@ -79,22 +80,28 @@ class WandbLogger(RunLogger):
         try:
             fn(*args)
         except Exception as e:  # noqa: BLE001
-            log.warning("logger=wandb: %s failed (%s: %s); W&B logging is off for this run",
-                        what, type(e).__name__, e)
+            log.warning("logger=wandb: %s failed (%s: %s); W&B logging is off for this run", what, type(e).__name__, e)
             self.run = None
 
-    def _start(self, config: dict[str, Any], plan: Optional[dict[str, Any]]) -> None:
+    def _start(self, config: dict[str, Any], plan: dict[str, Any] | None) -> None:
         try:
             import wandb
         except ImportError:
             log.warning("logger=wandb: wandb is not installed (pip install -e '.[wandb]'); W&B logging is off")
             return
-        mode = resolve_wandb_mode(self.cfg.mode)
+        mode = resolve_wandb_mode(self.settings.mode)
         # The run's id comes from its run dir, so a resumed run (resume=<run dir>) continues the same W&B run.
-        kwargs = dict(project=self.cfg.project, entity=self.cfg.entity, group=self.group, job_type="train",
-                      name=f"{self.group}/{self.run_dir.name}" if self.group else self.run_dir.name,
-                      dir=str(self.run_dir), config={**config, "plan": plan, "settings": settings_of(plan)},
-                      id=wandb_run_id(self.run_dir), resume="allow")
+        kwargs = dict(
+            project=self.settings.project,
+            entity=self.settings.entity,
+            group=self.group,
+            job_type="train",
+            name=f"{self.group}/{self.run_dir.name}" if self.group else self.run_dir.name,
+            dir=str(self.run_dir),
+            config={**config, "plan": plan, "settings": settings_of(plan)},
+            id=wandb_run_id(self.run_dir),
+            resume="allow",
+        )
         try:
             self.run = wandb.init(mode=mode, settings=_settings(wandb, self.INIT_TIMEOUT_S), **kwargs)
         except Exception as e:  # noqa: BLE001 - e.g. a server that stopped answering: keep the record offline
@@ -105,8 +112,11 @@ class WandbLogger(RunLogger):
             self.run = wandb.init(mode=mode, settings=_settings(wandb, self.INIT_TIMEOUT_S), **kwargs)
         define_metrics(self.run)
         if mode == "offline" or getattr(getattr(self.run, "settings", None), "mode", None) == "offline":
-            log.info("logger=wandb: offline run in %s (upload later: wandb sync %s)", Path(self.run.dir).parent,
-                     Path(self.run.dir).parent)
+            log.info(
+                "logger=wandb: offline run in %s (upload later: wandb sync %s)",
+                Path(self.run.dir).parent,
+                Path(self.run.dir).parent,
+            )
         else:
             log.info("logger=wandb: %s", getattr(self.run, "url", None) or self.run.dir)
 
@@ -117,8 +127,9 @@ class WandbLogger(RunLogger):
         self.run.log({k: v for k, v in record.items() if _is_number(v)}, step=step)
 
     def _log_result(self, result: dict[str, Any]) -> None:
-        self.run.summary.update({k: v for k, v in result.items()
-                                 if v is not None and (isinstance(v, (str, bool)) or _is_number(v))})
+        self.run.summary.update(
+            {k: v for k, v in result.items() if v is not None and (isinstance(v, (str, bool)) or _is_number(v))}
+        )
 
     @staticmethod
     def _finish(run: Any, status: str) -> None:
@@ -126,13 +137,27 @@ class WandbLogger(RunLogger):
         run.finish(exit_code=0 if status == "ok" else 1)
 
 
-SETTINGS = ("hardware", "device_name", "emulated", "precision", "matmul_dtype", "attn", "attn_kernel", "compile",
-            "micro_batch", "grad_accum", "tokens_per_step", "memory_cap_gb", "ns_dtype", "model_name")
+SETTINGS = (
+    "hardware",
+    "device_name",
+    "emulated",
+    "precision",
+    "matmul_dtype",
+    "attn",
+    "attn_kernel",
+    "compile",
+    "micro_batch",
+    "grad_accum",
+    "tokens_per_step",
+    "memory_cap_gb",
+    "ns_dtype",
+    "model_name",
+)
 """Plan fields copied flat into the W&B config as ``settings.<key>`` (the kernel and hardware choices that ran),
 so runs can be filtered and grouped by them without digging into the nested plan."""
 
 
-def settings_of(plan: Optional[dict[str, Any]]) -> dict[str, Any]:
+def settings_of(plan: dict[str, Any] | None) -> dict[str, Any]:
     return {k: plan.get(k) for k in SETTINGS if k in plan} if plan else {}
 
 
@@ -166,7 +191,7 @@ def _settings(wandb: Any, init_timeout: float) -> Any:
     return wandb.Settings(**wanted)
 
 
-def resolve_wandb_mode(mode: str) -> Optional[str]:
+def resolve_wandb_mode(mode: str) -> str | None:
     """logger.mode -> the mode passed to wandb.init (None: WANDB_MODE from the environment decides)."""
     if mode in ("online", "offline", "disabled"):
         return mode
@@ -199,9 +224,9 @@ def _has_api_key(host: str) -> bool:
         return False
 
 
-def make_logger(cfg: LoggerConfig, run_dir: Path, group: Optional[str], name: str) -> RunLogger:
-    if cfg.name == "console":
+def make_logger(settings: LoggerConfig, run_dir: Path, group: str | None, name: str) -> RunLogger:
+    if settings.name == "console":
         return RunLogger()
-    if cfg.name == "wandb":
-        return WandbLogger(cfg, run_dir, group, name)
-    raise ValueError(f"logger={cfg.name}: unknown; choose one of console, wandb")
+    if settings.name == "wandb":
+        return WandbLogger(settings, run_dir, group, name)
+    raise ValueError(f"logger={settings.name}: unknown; choose one of console, wandb")

@@ -7,11 +7,12 @@ torch, the model, data pages in use) plus what training added, but not a dataset
 before it, which can take more memory than the run. Where the reset is not possible (not Linux) the figure is the
 whole process's peak (``ru_maxrss``) and ``peak_mem_scope`` says ``process`` instead of ``training``.
 """
+
 from __future__ import annotations
 
 import resource
 import sys
-from typing import Any, Optional
+from typing import Any
 
 _CLEAR_REFS = "/proc/self/clear_refs"
 _STATUS = "/proc/self/status"
@@ -51,7 +52,7 @@ class PeakMemory:
         return {"peak_mem_mb": round(hwm / 1024, 1), "peak_mem_scope": self.scope}
 
 
-def _vm_hwm_kb() -> Optional[int]:
+def _vm_hwm_kb() -> int | None:
     try:
         with open(_STATUS) as f:
             for line in f:

@@ -17,10 +17,12 @@ metrics.jsonl records (one JSON object per line):
 - validation (eval.every_steps / every_seconds): ``{"kind": "val", "step", "tokens", "val_loss", "val_bpb",
   "val_tokens", "elapsed_s", "val_seconds"}``.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -48,14 +50,21 @@ class LossBuffer:
         if not self._meta:
             return []
         values = self._values[: len(self._meta)].tolist()
-        records = [{"step": step, "tokens": tokens, "train_loss": value, "lr_mult": round(lr, 6),
-                    "elapsed_s": round(elapsed, 3)}
-                   for (step, tokens, lr, elapsed), value in zip(self._meta, values)]
+        records = [
+            {
+                "step": step,
+                "tokens": tokens,
+                "train_loss": value,
+                "lr_mult": round(lr, 6),
+                "elapsed_s": round(elapsed, 3),
+            }
+            for (step, tokens, lr, elapsed), value in zip(self._meta, values)
+        ]
         self._meta.clear()
         return records
 
 
-def first_non_finite(records: list[dict[str, Any]]) -> Optional[int]:
+def first_non_finite(records: list[dict[str, Any]]) -> int | None:
     """Index of the first record whose train_loss is not finite, or None."""
     return next((i for i, r in enumerate(records) if not math.isfinite(r["train_loss"])), None)
 
@@ -65,11 +74,22 @@ def progress_line(record: dict[str, Any], frac: float, train_seconds: float, log
     tok_s = record["tokens"] / train_seconds if train_seconds > 0 else 0.0
     eta = train_seconds / frac - train_seconds if 0 < frac < 1 else 0.0
     record.update(elapsed_s=round(train_seconds, 3), tokens_per_s=round(tok_s, 1), progress=round(min(frac, 1.0), 4))
-    log(f"step {record['step']:>6}  loss {record['train_loss']:.4f}  lr x{record['lr_mult']:.2f}  {tok_s:,.0f} tok/s  "
-        f"elapsed {train_seconds:.0f}s  eta {eta:.0f}s")
+    log(
+        f"step {record['step']:>6}  loss {record['train_loss']:.4f}  lr x{record['lr_mult']:.2f}  {tok_s:,.0f} tok/s  "
+        f"elapsed {train_seconds:.0f}s  eta {eta:.0f}s"
+    )
 
 
-def val_record(step: int, tokens: int, elapsed: float, val_loss: float, val_bpb: float, val_tokens: int,
-               seconds: float) -> dict[str, Any]:
-    return {"kind": "val", "step": step, "tokens": tokens, "val_loss": round(val_loss, 6), "val_bpb": round(val_bpb, 6),
-            "val_tokens": val_tokens, "elapsed_s": round(elapsed, 3), "val_seconds": round(seconds, 3)}
+def val_record(
+    step: int, tokens: int, elapsed: float, val_loss: float, val_bpb: float, val_tokens: int, seconds: float
+) -> dict[str, Any]:
+    return {
+        "kind": "val",
+        "step": step,
+        "tokens": tokens,
+        "val_loss": round(val_loss, 6),
+        "val_bpb": round(val_bpb, 6),
+        "val_tokens": val_tokens,
+        "elapsed_s": round(elapsed, 3),
+        "val_seconds": round(seconds, 3),
+    }

@@ -9,18 +9,21 @@ Per token at context T: 6 x matmul parameters + 12 x layers x d_model x T_eff (M
 A progressive schedule charges each token the T_eff of the stage it was trained in (TrainState.stages holds
 each stage's start step; tokens per step are the same in every stage).
 """
+
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from .shape import ModelShape
 
 log = logging.getLogger("speedrun")
 
 
-def stage_tokens(stages: Sequence[dict[str, Any]], steps: int, tokens_per_step: int,
-                 default_seq_len: int) -> list[tuple[int, int]]:
+def stage_tokens(
+    stages: Sequence[dict[str, Any]], steps: int, tokens_per_step: int, default_seq_len: int
+) -> list[tuple[int, int]]:
     """(seq_len, tokens trained at it) for each stage that ran; every token at ``default_seq_len`` if none did."""
     if not stages:
         return [(default_seq_len, steps * tokens_per_step)]
@@ -38,10 +41,11 @@ def plan_flops_per_token(plan: Any, seq_len: int) -> int:
     return plan.model.flops_per_token(min(seq_len, window) if window else seq_len)
 
 
-def training_flops(model: ModelShape, per_stage: Sequence[tuple[int, int]], window: Optional[int] = None) -> int:
+def training_flops(model: ModelShape, per_stage: Sequence[tuple[int, int]], window: int | None = None) -> int:
     """Model FLOPs of training ``per_stage`` = [(seq_len, tokens), ...] by the convention above."""
-    return sum(tokens * model.flops_per_token(min(seq_len, window) if window else seq_len)
-               for seq_len, tokens in per_stage)
+    return sum(
+        tokens * model.flops_per_token(min(seq_len, window) if window else seq_len) for seq_len, tokens in per_stage
+    )
 
 
 def mfu_keys(plan: Any, stages: Sequence[dict[str, Any]], steps: int, train_seconds: float) -> dict[str, Any]:
@@ -50,8 +54,12 @@ def mfu_keys(plan: Any, stages: Sequence[dict[str, Any]], steps: int, train_seco
     per_stage = stage_tokens(stages, steps, plan.tokens_per_step, plan.model.seq_len)
     tokens = sum(t for _, t in per_stage)
     flops = training_flops(plan.model, per_stage, dict(plan.attn_options).get("window"))
-    out: dict[str, Any] = {"card": plan.card, "train_flops": flops,
-                           "flops_per_token": round(flops / tokens) if tokens else None, "mfu": None}
+    out: dict[str, Any] = {
+        "card": plan.card,
+        "train_flops": flops,
+        "flops_per_token": round(flops / tokens) if tokens else None,
+        "mfu": None,
+    }
     if plan.emulated:
         out["mfu_profile"] = None
     if not flops or train_seconds <= 0:
@@ -61,8 +69,11 @@ def mfu_keys(plan: Any, stages: Sequence[dict[str, Any]], steps: int, train_seco
     if plan.peak_flops:
         out["mfu"] = round(achieved / plan.peak_flops, 4)
     elif plan.device == "cuda":
-        log.warning("mfu: no peak FLOP/s known for %r (not in speedrun.cards): mfu is null; add the card's dense "
-                    "datasheet peaks to speedrun/cards.py", plan.device_name)
+        log.warning(
+            "mfu: no peak FLOP/s known for %r (not in speedrun.cards): mfu is null; add the card's dense "
+            "datasheet peaks to speedrun/cards.py",
+            plan.device_name,
+        )
     if plan.emulated and plan.profile_peak_flops:
         # what the recipe would score if the emulated card ran this fast: can exceed 1
         out["mfu_profile"] = round(achieved / plan.profile_peak_flops, 4)

@@ -14,8 +14,8 @@ Weights are fp32 masters; run under torch.autocast for bf16/fp16 matmuls. Under 
 stream is bf16 (as in parameter-golf, whose model is cast to bf16); otherwise it stays fp32 (fp16's range is
 too narrow for it). Norms, the q/k path before attention, the softcap and the loss are computed in fp32.
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
@@ -52,17 +52,17 @@ def _linear(d_in: int, d_out: int, zero_init: bool = False) -> nn.Linear:
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: ModelShape, attention: AttentionBackend):
+    def __init__(self, shape: ModelShape, attention: AttentionBackend):
         super().__init__()
-        self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
-        kv_dim = cfg.n_kv_head * cfg.head_dim
-        self.c_q = _linear(cfg.d_model, cfg.d_model)
-        self.c_k = _linear(cfg.d_model, kv_dim)
-        self.c_v = _linear(cfg.d_model, kv_dim)
-        self.proj = _linear(cfg.d_model, cfg.d_model, zero_init=True)
-        self.qk_norm = cfg.qk_norm
-        if cfg.qk_norm:
-            self.q_gain = nn.Parameter(torch.full((cfg.n_head,), cfg.qk_gain_init, dtype=torch.float32))
+        self.n_head, self.n_kv_head, self.head_dim = shape.n_head, shape.n_kv_head, shape.head_dim
+        kv_dim = shape.n_kv_head * shape.head_dim
+        self.c_q = _linear(shape.d_model, shape.d_model)
+        self.c_k = _linear(shape.d_model, kv_dim)
+        self.c_v = _linear(shape.d_model, kv_dim)
+        self.proj = _linear(shape.d_model, shape.d_model, zero_init=True)
+        self.qk_norm = shape.qk_norm
+        if shape.qk_norm:
+            self.q_gain = nn.Parameter(torch.full((shape.n_head,), shape.qk_gain_init, dtype=torch.float32))
         self.attention = attention  # a plain object, not a module: no parameters, not in state_dict
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: object) -> torch.Tensor:
@@ -86,10 +86,10 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelShape):
+    def __init__(self, shape: ModelShape):
         super().__init__()
-        self.fc = _linear(cfg.d_model, cfg.mlp_mult * cfg.d_model)
-        self.proj = _linear(cfg.mlp_mult * cfg.d_model, cfg.d_model, zero_init=True)
+        self.fc = _linear(shape.d_model, shape.mlp_mult * shape.d_model)
+        self.proj = _linear(shape.mlp_mult * shape.d_model, shape.d_model, zero_init=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(torch.relu(self.fc(x)).square())
@@ -99,13 +99,13 @@ class Block(nn.Module):
     # 1-D/0-D and mixing parameters: Adam, kept fp32; everything else in a block is a matrix for Muon.
     CONTROL = ("attn_scale", "mlp_scale", "resid_mix", "q_gain")
 
-    def __init__(self, cfg: ModelShape, attention: AttentionBackend):
+    def __init__(self, shape: ModelShape, attention: AttentionBackend):
         super().__init__()
-        self.attn = CausalSelfAttention(cfg, attention)
-        self.mlp = MLP(cfg)
-        self.attn_scale = nn.Parameter(torch.ones(cfg.d_model))
-        self.mlp_scale = nn.Parameter(torch.ones(cfg.d_model))
-        self.resid_mix = nn.Parameter(torch.stack((torch.ones(cfg.d_model), torch.zeros(cfg.d_model))))
+        self.attn = CausalSelfAttention(shape, attention)
+        self.mlp = MLP(shape)
+        self.attn_scale = nn.Parameter(torch.ones(shape.d_model))
+        self.mlp_scale = nn.Parameter(torch.ones(shape.d_model))
+        self.resid_mix = nn.Parameter(torch.stack((torch.ones(shape.d_model), torch.zeros(shape.d_model))))
 
     def forward(self, x, x0, cos, sin, ctx):
         dt = x.dtype
@@ -126,7 +126,7 @@ def _residual_dtype(device_type: str) -> torch.dtype:
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: ModelShape, attention: AttentionBackend, bos_id: int | None = None):
+    def __init__(self, shape: ModelShape, attention: AttentionBackend, bos_id: int | None = None):
         """attention: the backend every layer calls (speedrun.attention.get_backend). bos_id: mask attention at
         document boundaries (documents start at BOS); None attends across documents, as parameter-golf does."""
         super().__init__()
@@ -135,17 +135,17 @@ class GPT(nn.Module):
                 f"document masking (bos_id={bos_id}) needs an attention backend that supports it "
                 f"(flex, math); {attention.kernel!r} does not"
             )
-        self.cfg, self.attention, self.bos_id = cfg, attention, bos_id
-        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.num_encoder_layers = cfg.n_layer // 2
-        self.num_decoder_layers = cfg.n_layer - self.num_encoder_layers
+        self.shape, self.attention, self.bos_id = shape, attention, bos_id
+        self.tok_emb = nn.Embedding(shape.vocab_size, shape.d_model)
+        self.num_encoder_layers = shape.n_layer // 2
+        self.num_decoder_layers = shape.n_layer - self.num_encoder_layers
         n_skip = min(self.num_encoder_layers, self.num_decoder_layers)
-        self.skip_weights = nn.Parameter(torch.ones(n_skip, cfg.d_model))
-        self.blocks = nn.ModuleList([Block(cfg, attention) for _ in range(cfg.n_layer)])
-        self.lm_head = None if cfg.tie_embeddings else _linear(cfg.d_model, cfg.vocab_size, zero_init=True)
-        if cfg.tie_embeddings:
-            nn.init.normal_(self.tok_emb.weight, mean=0.0, std=cfg.tied_embed_init_std)
-        cos, sin = rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_base)
+        self.skip_weights = nn.Parameter(torch.ones(n_skip, shape.d_model))
+        self.blocks = nn.ModuleList([Block(shape, attention) for _ in range(shape.n_layer)])
+        self.lm_head = None if shape.tie_embeddings else _linear(shape.d_model, shape.vocab_size, zero_init=True)
+        if shape.tie_embeddings:
+            nn.init.normal_(self.tok_emb.weight, mean=0.0, std=shape.tied_embed_init_std)
+        cos, sin = rope_tables(shape.seq_len, shape.head_dim, shape.rope_base)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
@@ -155,8 +155,8 @@ class GPT(nn.Module):
         """idx (B, T) token ids. Returns the mean cross-entropy (fp32 scalar) when targets are given and
         reduction == "mean", the per-token loss (B, T) fp32 for reduction == "none", else logits (B, T, V)."""
         B, T = idx.shape
-        if T > self.cfg.seq_len:
-            raise ValueError(f"sequence length {T} exceeds model.seq_len {self.cfg.seq_len}")
+        if T > self.shape.seq_len:
+            raise ValueError(f"sequence length {T} exceeds model.seq_len {self.shape.seq_len}")
         ctx = self.attention.prepare(idx, self.bos_id)
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
 
@@ -174,8 +174,8 @@ class GPT(nn.Module):
 
         weight = self.tok_emb.weight if self.lm_head is None else self.lm_head.weight
         logits = F.linear(x, weight).float()
-        if self.cfg.logit_softcap > 0:
-            cap = self.cfg.logit_softcap
+        if self.shape.logit_softcap > 0:
+            cap = self.shape.logit_softcap
             logits = cap * torch.tanh(logits / cap)
         if targets is None:
             return logits

@@ -5,18 +5,19 @@ the run dir for https://pytorch.org/memory_viz.
 An OOM is not a bug in the code but a request the card cannot hold, so like a user error it ends the process
 with one line and exit status 1 (traceback in error.txt); a sweep records it and goes on.
 """
+
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 SNAPSHOT_FILE = "memory_snapshot.pickle"
 HISTORY_ENTRIES = 100_000
 """Allocation events kept (a ring buffer): enough for the steps before an OOM, bounded in memory."""
 
 
-def find_oom(exc: Optional[BaseException]) -> Optional[BaseException]:
+def find_oom(exc: BaseException | None) -> BaseException | None:
     """The torch.cuda.OutOfMemoryError behind ``exc`` (itself, or wrapped as a cause, e.g. by torch.compile)."""
     import torch
 
@@ -37,7 +38,7 @@ def start_history(plan: Any) -> None:
         torch.cuda.memory._record_memory_history(max_entries=HISTORY_ENTRIES)
 
 
-def dump_history(plan: Any, run_dir: Path) -> Optional[str]:
+def dump_history(plan: Any, run_dir: Path) -> str | None:
     """Write the recorded history to the run dir; the path, or None when none was recorded or it failed."""
     if plan is None or not plan.memory_snapshot:
         return None
@@ -51,7 +52,7 @@ def dump_history(plan: Any, run_dir: Path) -> Optional[str]:
     return str(path)
 
 
-def fix_for(phase: Optional[str], plan: Any) -> str:
+def fix_for(phase: str | None, plan: Any) -> str:
     """What to change, for the phase that ran out of memory."""
     if plan is None:
         return "use a smaller model or micro-batch (hardware.micro_batch)"
@@ -60,15 +61,22 @@ def fix_for(phase: Optional[str], plan: Any) -> str:
     if phase == "ttt":
         return f"lower ttt.batch_size (now {plan.ttt.batch_size}) or ttt.chunk_size (now {plan.ttt.chunk_size})"
     if phase == "quant":
-        return (f"lower hardware.micro_batch (now {plan.micro_batch}; GPTQ calibrates on training micro-batches) "
-                f"or use quant=int8")
-    attn = ("attn=sdpa or attn=flex (math keeps B x H x T x T scores)" if "math" in plan.attn_kernel
-            else "another attention backend (attn=sdpa, attn=flex)")
-    return (f"lower hardware.micro_batch (now {plan.micro_batch}; budget.tokens_per_step stays, through more "
-            f"accumulation), a shorter model.seq_len (now {plan.model.seq_len}), or {attn}")
+        return (
+            f"lower hardware.micro_batch (now {plan.micro_batch}; GPTQ calibrates on training micro-batches) "
+            f"or use quant=int8"
+        )
+    attn = (
+        "attn=sdpa or attn=flex (math keeps B x H x T x T scores)"
+        if "math" in plan.attn_kernel
+        else "another attention backend (attn=sdpa, attn=flex)"
+    )
+    return (
+        f"lower hardware.micro_batch (now {plan.micro_batch}; budget.tokens_per_step stays, through more "
+        f"accumulation), a shorter model.seq_len (now {plan.model.seq_len}), or {attn}"
+    )
 
 
-def oom_result(plan: Any, phase: Optional[str], exc: BaseException, run_dir: Path) -> dict[str, Any]:
+def oom_result(plan: Any, phase: str | None, exc: BaseException, run_dir: Path) -> dict[str, Any]:
     """The result keys of a run that ran out of memory: status, error (one line), oom_peak_mem_mb,
     memory_estimate_gb, memory_snapshot."""
     import torch
@@ -84,6 +92,10 @@ def oom_result(plan: Any, phase: Optional[str], exc: BaseException, run_dir: Pat
         cap = f", memory cap {plan.memory_cap_gb:g} GB" if plan.memory_cap_gb else ""
         parts.append(f"plan estimate {plan.memory_estimate_gb:g} GB{cap}")
     snapshot = dump_history(plan, run_dir)
-    return {"status": "oom", "error": "; ".join(parts) + f"; fix: {fix_for(phase, plan)}",
-            "oom_peak_mem_mb": peak_mb, "memory_estimate_gb": plan.memory_estimate_gb if plan else None,
-            "memory_snapshot": snapshot}
+    return {
+        "status": "oom",
+        "error": "; ".join(parts) + f"; fix: {fix_for(phase, plan)}",
+        "oom_peak_mem_mb": peak_mb,
+        "memory_estimate_gb": plan.memory_estimate_gb if plan else None,
+        "memory_snapshot": snapshot,
+    }

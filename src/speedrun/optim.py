@@ -5,9 +5,10 @@ Muon: SGD momentum with Nesterov, whose update is orthogonalised by a quintic Ne
 The whole per-matrix update lives in ``muon_update`` so a distributed version can shard matrices across
 ranks and all-gather the results without duplicating the math.
 """
+
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import Tensor
@@ -94,8 +95,9 @@ class Muon(torch.optim.Optimizer):
                 f"Muon: need lr >= 0, 0 <= momentum < 1, backend_steps >= 1, weight_decay >= 0; got "
                 f"lr={lr}, momentum={momentum}, backend_steps={backend_steps}, weight_decay={weight_decay}"
             )
-        defaults = dict(lr=lr, momentum=momentum, backend_steps=backend_steps, nesterov=nesterov,
-                        weight_decay=weight_decay)
+        defaults = dict(
+            lr=lr, momentum=momentum, backend_steps=backend_steps, nesterov=nesterov, weight_decay=weight_decay
+        )
         super().__init__(params, defaults)
         for group in self.param_groups:
             for p in group["params"]:
@@ -146,14 +148,19 @@ class Muon(torch.optim.Optimizer):
                 use_compiled = self.compile_ns if self.compile_ns is not None else params[0].is_cuda
                 orthogonalize = _compiled_newton_schulz() if use_compiled else newton_schulz
                 update = muon_update(
-                    grads, bufs, group["momentum"], group["nesterov"],
-                    group["backend_steps"], self.ns_dtype,
+                    grads,
+                    bufs,
+                    group["momentum"],
+                    group["nesterov"],
+                    group["backend_steps"],
+                    self.ns_dtype,
                     self.distribute(orthogonalize) if self.distribute else orthogonalize,
                 )
                 updates = list(update.to(params[0].dtype).unbind(0))
                 if mixed:  # back to each matrix's own orientation, with its own sqrt(rows / cols) scale
-                    updates = [u.mT * (p.size(0) / p.size(1)) ** 0.5 if t else u
-                               for u, p, t in zip(updates, params, tall)]
+                    updates = [
+                        u.mT * (p.size(0) / p.size(1)) ** 0.5 if t else u for u, p, t in zip(updates, params, tall)
+                    ]
                 if found_inf is not None:  # skip on device: zero update, buffers restored, no decay
                     skip = found_inf.to(torch.bool)
                     updates = [u.masked_fill(skip, 0.0) for u in updates]
@@ -205,15 +212,22 @@ def build_optimizers(
     betas = (beta1, beta2)
 
     def adam(params: list[Tensor], lr: float) -> torch.optim.Optimizer:
-        return torch.optim.Adam([{"params": params, "lr": lr, "base_lr": lr}], betas=betas, eps=eps,
-                                weight_decay=0.0, fused=fused)
+        return torch.optim.Adam(
+            [{"params": params, "lr": lr, "base_lr": lr}], betas=betas, eps=eps, weight_decay=0.0, fused=fused
+        )
 
     token_lr = tied_embed_lr if not groups["head"] else embed_lr
     optimizers: list[torch.optim.Optimizer] = [adam(groups["embed"], token_lr)]
     if groups["head"]:
         optimizers.append(adam(groups["head"], head_lr))
-    muon = Muon([{"params": groups["matrix"], "base_lr": matrix_lr}], lr=matrix_lr, momentum=muon_momentum,
-                backend_steps=muon_backend_steps, weight_decay=weight_decay, ns_dtype=ns_dtype)
+    muon = Muon(
+        [{"params": groups["matrix"], "base_lr": matrix_lr}],
+        lr=matrix_lr,
+        momentum=muon_momentum,
+        backend_steps=muon_backend_steps,
+        weight_decay=weight_decay,
+        ns_dtype=ns_dtype,
+    )
     optimizers.append(muon)
     optimizers.append(adam(groups["scalar"], scalar_lr))
     return optimizers
@@ -234,5 +248,12 @@ def set_muon_momentum(optimizers: Iterable[torch.optim.Optimizer], momentum: flo
                 group["momentum"] = momentum
 
 
-__all__ = ["Muon", "newton_schulz", "muon_update", "build_optimizers", "set_lr_multiplier", "set_muon_momentum",
-           "NS_COEFFS"]
+__all__ = [
+    "Muon",
+    "newton_schulz",
+    "muon_update",
+    "build_optimizers",
+    "set_lr_multiplier",
+    "set_muon_momentum",
+    "NS_COEFFS",
+]

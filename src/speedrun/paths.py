@@ -2,10 +2,11 @@
 
 One home for each path, so the runner, the sweep launcher, the sweeper and the report agree on them.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 """The repository the speedrun package runs from (it is installed editable, beside conf/)."""
@@ -16,7 +17,7 @@ CONF_DIR = REPO_ROOT / "conf"
 DEFAULT_RESULTS_DB = "outputs/results.sqlite"
 
 
-def results_db_path(value: Optional[Any] = None, cwd: Optional[Path] = None) -> Path:
+def results_db_path(value: Any | None = None, cwd: Path | None = None) -> Path:
     """The results database a config's ``results_db`` names: ``~`` expanded, a relative path taken from ``cwd``
     (the directory `python -m run` was started in; Hydra does not change it, hydra.job.chdir is false)."""
     path = Path(str(value if value is not None else DEFAULT_RESULTS_DB)).expanduser()

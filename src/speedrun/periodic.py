@@ -6,14 +6,16 @@ validation nor the checkpoint write counts in train_seconds (they are reported a
 checkpoint_seconds). ``finish`` runs after the last step: a last validation point and, with periodic checkpoints
 on, a checkpoint of the finished training, so a job stopped during the final evaluation resumes straight to it.
 """
+
 from __future__ import annotations
 
 import contextlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 
@@ -40,25 +42,41 @@ class PeriodicEval:
         was_training = self.model.training
         self.model.eval()
         try:
-            return run_eval("standard", self.forward, self.tokens, self.luts, seq_len=self.plan.model.seq_len,
-                            stride=None, batch_size=self.plan.eval.batch_size, device=self.plan.device,
-                            autocast_dtype=autocast_dtype(self.plan))
+            return run_eval(
+                "standard",
+                self.forward,
+                self.tokens,
+                self.luts,
+                seq_len=self.plan.model.seq_len,
+                stride=None,
+                batch_size=self.plan.eval.batch_size,
+                device=self.plan.device,
+                autocast_dtype=autocast_dtype(self.plan),
+            )
         finally:
             self.model.train(was_training)
 
 
 class LoopExtras:
-    def __init__(self, plan: Any, run_dir: Path, *, stepper: Any, evaluator: Optional[PeriodicEval],
-                 meta: dict[str, Any], on_metrics: Callable[[dict[str, Any]], None],
-                 log_fn: Callable[[str], None] = log.info):
+    def __init__(
+        self,
+        plan: Any,
+        run_dir: Path,
+        *,
+        stepper: Any,
+        evaluator: PeriodicEval | None,
+        meta: dict[str, Any],
+        on_metrics: Callable[[dict[str, Any]], None],
+        log_fn: Callable[[str], None] = log.info,
+    ):
         self.plan, self.run_dir, self.stepper, self.evaluator = plan, Path(run_dir), stepper, evaluator
         self.meta, self.on_metrics, self.log = meta, on_metrics, log_fn
         self.stop = StopRequests()
         ck = plan.checkpoint
         self.next_ckpt_wall = time.monotonic() + ck.every_seconds if ck.every_seconds else float("inf")
         self.next_eval_seconds = plan.eval.every_seconds or float("inf")
-        self.last_eval_step: Optional[int] = None
-        self.last_ckpt: tuple[int, Optional[str]] = (-1, None)
+        self.last_eval_step: int | None = None
+        self.last_ckpt: tuple[int, str | None] = (-1, None)
 
     # -- what the loop calls ---------------------------------------------------------------------------------
     def deferring(self) -> Any:
@@ -113,17 +131,26 @@ class LoopExtras:
         if self.plan.eval.every_seconds:
             while self.next_eval_seconds <= state.train_seconds:
                 self.next_eval_seconds += self.plan.eval.every_seconds
-        self.on_metrics(val_record(state.steps, state.tokens, state.train_seconds, res.val_loss, res.val_bpb,
-                                   res.tokens, seconds))
-        self.log(f"val    {state.steps:>6}  val_bpb {res.val_bpb:.4f}  val_loss {res.val_loss:.4f}  "
-                 f"({res.tokens:,} tokens, {seconds:.1f}s, not in train time)")
+        self.on_metrics(
+            val_record(state.steps, state.tokens, state.train_seconds, res.val_loss, res.val_bpb, res.tokens, seconds)
+        )
+        self.log(
+            f"val    {state.steps:>6}  val_bpb {res.val_bpb:.4f}  val_loss {res.val_loss:.4f}  "
+            f"({res.tokens:,} tokens, {seconds:.1f}s, not in train time)"
+        )
 
     def save(self, state: Any) -> str:
         t = time.perf_counter()
         s = self.stepper
         payload = capture(s.model, s.optimizers, s.scaler, state)
-        meta = {**self.meta, "steps": state.steps, "tokens": state.tokens, "train_seconds": state.train_seconds,
-                "last_eval_step": self.last_eval_step, "saved_at": time.time()}
+        meta = {
+            **self.meta,
+            "steps": state.steps,
+            "tokens": state.tokens,
+            "train_seconds": state.train_seconds,
+            "last_eval_step": self.last_eval_step,
+            "saved_at": time.time(),
+        }
         path = save_checkpoint(self.run_dir, payload, meta, self.plan.checkpoint.keep)
         seconds = time.perf_counter() - t
         state.checkpoint_seconds += seconds
@@ -137,5 +164,9 @@ class LoopExtras:
 def checkpoint_meta(config_tree: Any, overrides: list[str], plan: Any, cwd: Path) -> dict[str, Any]:
     """What a checkpoint's .json keeps for resume: the composed config, the job's overrides, the directory relative
     paths in them are taken from, and the Plan."""
-    return {"config": config_tree, "overrides": list(overrides), "cwd": str(cwd),
-            "plan": json.loads(json.dumps(plan.to_dict()))}
+    return {
+        "config": config_tree,
+        "overrides": list(overrides),
+        "cwd": str(cwd),
+        "plan": json.loads(json.dumps(plan.to_dict())),
+    }

@@ -11,12 +11,14 @@ hydra_plugins/speedrun_plugins/slurm_launcher.py), requeueing the job and exitin
 checkpoint first, then submitit's own handler, whose exit becomes ``Preempted``. submitit ignores SIGTERM (a
 USR2 follows it on preemption), so there a SIGTERM writes a checkpoint and training goes on.
 """
+
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import Any
 
 
 class Preempted(KeyboardInterrupt):
@@ -61,7 +63,7 @@ class StopRequests:
             for sig in installed:
                 signal.signal(sig, self._previous[sig])
 
-    def act(self, steps: int, checkpointed: Optional[str], save: Callable[[], Optional[str]]) -> None:
+    def act(self, steps: int, checkpointed: str | None, save: Callable[[], str | None]) -> None:
         """At a step boundary with signals pending: checkpoint (``save``, unless ``checkpointed`` already names
         this step's file), then stop, requeue, or carry on (SIGTERM under submitit)."""
         pending, self.pending = self.pending, []

@@ -21,6 +21,7 @@ val_bpb_quant is measured on the dequantized round trip, so it is the number the
 artifact_bytes = compressed blob + code counted raw (UTF-8 bytes, uncompressed), parameter-golf's rule; which
 files count is speedrun.artifact.CODE_FILES.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -28,8 +29,9 @@ import importlib.util
 import io
 import lzma
 import zlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+from typing import Any
 
 import torch
 
@@ -53,8 +55,10 @@ COMPRESSORS: dict[str, tuple[Callable[[bytes, int], bytes], Callable[[bytes], by
     "zlib": (lambda data, level: zlib.compress(data, level), zlib.decompress),
     "lzma": (lambda data, level: lzma.compress(data, preset=level), lzma.decompress),
     "brotli": (lambda data, level: _brotli().compress(data, quality=level), lambda blob: _brotli().decompress(blob)),
-    "zstd": (lambda data, level: _zstd().ZstdCompressor(level=level).compress(data),
-             lambda blob: _zstd().ZstdDecompressor().decompress(blob)),
+    "zstd": (
+        lambda data, level: _zstd().ZstdCompressor(level=level).compress(data),
+        lambda blob: _zstd().ZstdDecompressor().decompress(blob),
+    ),
 }
 LEVELS = {"zlib": (0, 9), "lzma": (0, 9), "brotli": (0, 11), "zstd": (1, 22)}
 """Valid compression levels per compressor (inclusive)."""
@@ -173,7 +177,7 @@ def collect_hessians(
     n_batches: int,
     *,
     device: str,
-    autocast_dtype: Optional[torch.dtype] = None,
+    autocast_dtype: torch.dtype | None = None,
 ) -> dict[str, torch.Tensor]:
     """H = X^T X / n (fp32, on ``device``) of the inputs of every GPTQ layer over ``n_batches`` (x, y) batches.
 
@@ -194,6 +198,7 @@ def collect_hessians(
                 counts[name] = 0
             sums[name].addmm_(x.T, x)
             counts[name] += x.size(0)
+
         return accumulate
 
     handles = [module.register_forward_pre_hook(hook(name)) for name, module in layers.items()]
@@ -222,8 +227,7 @@ def qmax_of(bits: int) -> int:
     return 2 ** (bits - 1) - 1
 
 
-def search_scales(w: torch.Tensor, importance: torch.Tensor, qmax: int,
-                  clip_ratios: Sequence[float]) -> torch.Tensor:
+def search_scales(w: torch.Tensor, importance: torch.Tensor, qmax: int, clip_ratios: Sequence[float]) -> torch.Tensor:
     """Per-row fp16 scales: for each row the clip (ratio x row absmax) whose round-to-nearest error, weighted
     per column by ``importance`` (the Hessian diagonal; ones for embeddings), is least. Returns (rows,) fp16."""
     if not clip_ratios or any(not 0 < r <= 1 for r in clip_ratios):
@@ -242,7 +246,9 @@ def search_scales(w: torch.Tensor, importance: torch.Tensor, qmax: int,
     return best.half()
 
 
-def quantize_rtn(w: torch.Tensor, bits: int, clip_ratios: Sequence[float] = (1.0,)) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rtn(
+    w: torch.Tensor, bits: int, clip_ratios: Sequence[float] = (1.0,)
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Round-to-nearest per row with the clip search (uniform importance) -> (int8 values, fp16 scales)."""
     qmax = qmax_of(bits)
     w = w.float()
@@ -251,8 +257,15 @@ def quantize_rtn(w: torch.Tensor, bits: int, clip_ratios: Sequence[float] = (1.0
     return q, scale
 
 
-def quantize_gptq(w: torch.Tensor, hessian: torch.Tensor, *, bits: int, damp: float = 0.01, block_size: int = 128,
-                  clip_ratios: Sequence[float] = (1.0,)) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_gptq(
+    w: torch.Tensor,
+    hessian: torch.Tensor,
+    *,
+    bits: int,
+    damp: float = 0.01,
+    block_size: int = 128,
+    clip_ratios: Sequence[float] = (1.0,),
+) -> tuple[torch.Tensor, torch.Tensor]:
     """GPTQ of one (out, in) weight given H = X^T X / n of its inputs -> (int8 values, fp16 per-row scales).
 
     Minimises ||X (W - Q)^T|| column by column: round a column, divide its error by the pivot of the upper
@@ -285,20 +298,27 @@ def quantize_gptq(w: torch.Tensor, hessian: torch.Tensor, *, bits: int, damp: fl
         Ub = U[i1:i2, i1:i2]
         Err = torch.zeros(rows, i2 - i1, device=W.device)
         for j in range(i2 - i1):
-            col = Wb[:, j:j + 1]
+            col = Wb[:, j : j + 1]
             q = torch.clamp(torch.round(col / s), -qmax, qmax)
             Q[:, i1 + j] = q[:, 0].to(torch.int8)
             err = (col - q * s) / Ub[j, j]
-            Wb[:, j:] -= err * Ub[j:j + 1, j:]
-            Err[:, j:j + 1] = err
+            Wb[:, j:] -= err * Ub[j : j + 1, j:]
+            Err[:, j : j + 1] = err
         if i2 < cols:
             W[:, i2:] -= Err @ U[i1:i2, i2:]
     return Q[:, torch.argsort(perm)].contiguous(), scale
 
 
-def quantize_state_dict_gptq(state: dict[str, torch.Tensor], hessians: dict[str, torch.Tensor], *, bits: int,
-                             embed_bits: int, damp: float, block_size: int,
-                             clip_ratios: Sequence[float]) -> dict[str, dict[str, torch.Tensor]]:
+def quantize_state_dict_gptq(
+    state: dict[str, torch.Tensor],
+    hessians: dict[str, torch.Tensor],
+    *,
+    bits: int,
+    embed_bits: int,
+    damp: float,
+    block_size: int,
+    clip_ratios: Sequence[float],
+) -> dict[str, dict[str, torch.Tensor]]:
     """quant=int6: GPTQ for the layers in ``hessians``, clip-searched round-to-nearest at embed_bits for the
     embedding (and an lm_head without a Hessian), the int8 export's rules for everything else."""
     packed: dict[str, dict[str, torch.Tensor]] = {}
@@ -306,8 +326,9 @@ def quantize_state_dict_gptq(state: dict[str, torch.Tensor], hessians: dict[str,
     for name, tensor in state.items():
         if name in hessians:
             H = hessians[name]
-            q, scale = quantize_gptq(tensor.to(H.device), H, bits=bits, damp=damp, block_size=block_size,
-                                     clip_ratios=clip_ratios)
+            q, scale = quantize_gptq(
+                tensor.to(H.device), H, bits=bits, damp=damp, block_size=block_size, clip_ratios=clip_ratios
+            )
             packed[name] = {"q": q.cpu(), "scale": scale.cpu()}
         elif name in ("tok_emb.weight", "lm_head.weight") and tensor.is_floating_point():
             q, scale = quantize_rtn(tensor.detach(), embed_bits, clip_ratios)

@@ -4,6 +4,7 @@ Every file is written to a temporary name and renamed into place, so a run kille
 the previous complete file or the new complete one. The database row is written when the run starts (status
 running) and completed when it ends, so a crash, Ctrl-C or error leaves a row that says so.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,17 +15,40 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from .identity import code_fingerprint
 from .paths import REPO_ROOT
 
-# The result.json contract (DESIGN.md): add keys freely, never rename these.
+# The result.json contract (docs/architecture.md): add keys freely, never rename these.
 RESULT_KEYS = (
-    "status", "error", "val_bpb", "val_loss", "val_bpb_quant", "val_bpb_ttt", "tokens_per_s", "mfu",
-    "peak_mem_mb", "artifact_bytes", "train_seconds", "compile_seconds", "eval_seconds", "steps", "tokens",
-    "params", "hardware", "device_name", "emulated", "attn", "attn_kernel", "precision", "seed", "sweep",
-    "git_sha", "torch_version", "run_dir",
+    "status",
+    "error",
+    "val_bpb",
+    "val_loss",
+    "val_bpb_quant",
+    "val_bpb_ttt",
+    "tokens_per_s",
+    "mfu",
+    "peak_mem_mb",
+    "artifact_bytes",
+    "train_seconds",
+    "compile_seconds",
+    "eval_seconds",
+    "steps",
+    "tokens",
+    "params",
+    "hardware",
+    "device_name",
+    "emulated",
+    "attn",
+    "attn_kernel",
+    "precision",
+    "seed",
+    "sweep",
+    "git_sha",
+    "torch_version",
+    "run_dir",
 )
 
 
@@ -39,13 +63,13 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 def empty_result() -> dict[str, Any]:
-    return {key: None for key in RESULT_KEYS}
+    return dict.fromkeys(RESULT_KEYS)
 
 
 class MetricsLog:
     """metrics.jsonl: one JSON object per logged step, flushed as written (a killed run keeps its curve)."""
 
-    def __init__(self, path: Path, after_step: Optional[int] = None):
+    def __init__(self, path: Path, after_step: int | None = None):
         """``after_step``: a resumed run keeps the records up to that step and appends (records written after its
         checkpoint belong to steps it will run again)."""
         self.path = path
@@ -72,12 +96,29 @@ def _step_of(line: str) -> float:
 # results database
 
 
-_BASE_COLUMNS = {"run_id": "TEXT PRIMARY KEY", "name": "TEXT", "started_at": "REAL", "finished_at": "REAL",
-                 "overrides": "TEXT", "config": "TEXT", "plan": "TEXT"}
+_BASE_COLUMNS = {
+    "run_id": "TEXT PRIMARY KEY",
+    "name": "TEXT",
+    "started_at": "REAL",
+    "finished_at": "REAL",
+    "overrides": "TEXT",
+    "config": "TEXT",
+    "plan": "TEXT",
+}
 
 
-_REAL = ("val_bpb", "val_loss", "val_bpb_quant", "val_bpb_ttt", "tokens_per_s", "mfu", "peak_mem_mb",
-         "train_seconds", "compile_seconds", "eval_seconds")
+_REAL = (
+    "val_bpb",
+    "val_loss",
+    "val_bpb_quant",
+    "val_bpb_ttt",
+    "tokens_per_s",
+    "mfu",
+    "peak_mem_mb",
+    "train_seconds",
+    "compile_seconds",
+    "eval_seconds",
+)
 _INTEGER = ("artifact_bytes", "steps", "tokens", "params", "seed", "emulated")
 
 
@@ -130,7 +171,7 @@ class ResultsDB:
             placeholders = ", ".join("?" for _ in keys)
             updates = ", ".join(f'"{k}"=excluded."{k}"' for k in keys if k != "run_id")
             con.execute(
-                f'INSERT INTO runs ({", ".join(chr(34) + k + chr(34) for k in keys)}) VALUES ({placeholders}) '
+                f"INSERT INTO runs ({', '.join(chr(34) + k + chr(34) for k in keys)}) VALUES ({placeholders}) "
                 f"ON CONFLICT(run_id) DO UPDATE SET {updates}",
                 [row[k] for k in keys],
             )
@@ -163,7 +204,7 @@ def _sql_value(value: Any) -> Any:
 # environment capture
 
 
-def _run(cmd: list[str], cwd: Optional[Path] = None) -> Optional[str]:
+def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
     try:
         out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.SubprocessError):

@@ -10,12 +10,13 @@ job requeued into its sweep dir) resumes the same way without being asked (check
 A refusal is a ConfigError naming the problem: the dir does not exist, is not a speedrun run dir, or holds no
 checkpoint.
 """
+
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from .checkpoint import DIRNAME, latest_meta
 from .errors import ConfigError
@@ -42,7 +43,7 @@ def is_run_dir(path: Path) -> bool:
     return (path / "plan.json").is_file() or (path / ".hydra" / "config.yaml").is_file()
 
 
-def run_dir_resolver(resume: Optional[str], default: str) -> str:
+def run_dir_resolver(resume: str | None, default: str) -> str:
     """hydra.run.dir: the resumed run's own dir when ``resume`` names a speedrun run dir, else the usual new one
     (where a refused resume is then recorded as a failed run)."""
     if resume:
@@ -52,7 +53,7 @@ def run_dir_resolver(resume: Optional[str], default: str) -> str:
     return default
 
 
-def hydra_subdir_resolver(resume: Optional[str]) -> str:
+def hydra_subdir_resolver(resume: str | None) -> str:
     return ".hydra/resume" if resume else ".hydra"
 
 
@@ -61,32 +62,52 @@ def identity(config: Any) -> str:
     return json.dumps(kept, sort_keys=True, default=str)
 
 
-def find_resume(config: dict[str, Any], overrides: list[str], run_dir: Path, cwd: Path) -> Optional[Resume]:
+def find_resume(config: dict[str, Any], overrides: list[str], run_dir: Path, cwd: Path) -> Resume | None:
     """The resume this job asks for (``resume=``) or may do (auto_resume), or None; ConfigError when refused."""
     asked = config.get("resume")
     if not asked:
         meta = latest_meta(run_dir) if (config.get("checkpoint") or {}).get("auto_resume", True) else None
         if meta is None or identity(meta.get("config")) != identity(config):
             return None
-        return Resume(run_dir.resolve(), {**meta["config"], "resume": str(run_dir.resolve())},
-                      list(meta.get("overrides") or []), Path(meta.get("cwd") or cwd), int(meta["steps"]), auto=True)
+        return Resume(
+            run_dir.resolve(),
+            {**meta["config"], "resume": str(run_dir.resolve())},
+            list(meta.get("overrides") or []),
+            Path(meta.get("cwd") or cwd),
+            int(meta["steps"]),
+            auto=True,
+        )
     path = Path(str(asked)).expanduser()
     path = (path if path.is_absolute() else cwd / path).resolve()
     if not path.is_dir():
-        raise ConfigError(f"resume={asked}: no such directory ({path}); give the dir of an earlier run, e.g. "
-                          f"outputs/runs/<date>/<time>_<name> (the run_dir column of results.sqlite)")
+        raise ConfigError(
+            f"resume={asked}: no such directory ({path}); give the dir of an earlier run, e.g. "
+            f"outputs/runs/<date>/<time>_<name> (the run_dir column of results.sqlite)"
+        )
     if not is_run_dir(path):
-        raise ConfigError(f"resume={asked}: {path} is not a speedrun run dir (it has no plan.json or .hydra/"
-                          f"config.yaml); give the dir a `python -m run` job wrote")
+        raise ConfigError(
+            f"resume={asked}: {path} is not a speedrun run dir (it has no plan.json or .hydra/"
+            f"config.yaml); give the dir a `python -m run` job wrote"
+        )
     meta = latest_meta(path)
     if meta is None:
-        raise ConfigError(f"resume={asked}: {path} holds no checkpoint ({DIRNAME}/ is empty or missing): the run was "
-                          f"not stopped by a signal during training and checkpoint.every_seconds/every_steps were "
-                          f"off; run it again instead (with checkpoint.every_seconds=600 to keep one)")
+        raise ConfigError(
+            f"resume={asked}: {path} holds no checkpoint ({DIRNAME}/ is empty or missing): the run was "
+            f"not stopped by a signal during training and checkpoint.every_seconds/every_steps were "
+            f"off; run it again instead (with checkpoint.every_seconds=600 to keep one)"
+        )
     saved = list(meta.get("overrides") or [])
     extra = [o for o in overrides if not o.startswith("resume=") and o not in saved]
     if extra:
-        raise ConfigError(f"resume={asked} continues the run as it was configured ({' '.join(saved) or 'defaults'}); "
-                          f"these overrides differ from it: {' '.join(extra)}; drop them, or start a new run")
-    return Resume(path, {**meta["config"], "resume": str(path)}, saved, Path(meta.get("cwd") or cwd),
-                  int(meta["steps"]), auto=False)
+        raise ConfigError(
+            f"resume={asked} continues the run as it was configured ({' '.join(saved) or 'defaults'}); "
+            f"these overrides differ from it: {' '.join(extra)}; drop them, or start a new run"
+        )
+    return Resume(
+        path,
+        {**meta["config"], "resume": str(path)},
+        saved,
+        Path(meta.get("cwd") or cwd),
+        int(meta["steps"]),
+        auto=False,
+    )

@@ -5,6 +5,7 @@ failed (with the error and a traceback file), oom (out of GPU memory), diverged,
 from a scheduler). In between, each phase writes its results to result.json and the row as soon as it ends, and
 ``phase`` says which one was running, so a run stopped late keeps what it measured.
 """
+
 from __future__ import annotations
 
 import functools
@@ -15,16 +16,16 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from . import dist
 from .config import Config, to_config
+from .errors import RunOutOfMemory
 from .identity import GPU_SHARED_ENV
 from .loggers import RunLogger, make_logger
 from .paths import results_db_path
-from .errors import RunOutOfMemory
 from .records import MetricsLog, ResultsDB, empty_result, write_json
 from .signals import sigterm_as_interrupt, stop_signals_deferred
 
@@ -34,11 +35,11 @@ log = logging.getLogger("speedrun")
 class RunContext:
     """Where this job writes, and what Hydra knows about it (overrides, sweep)."""
 
-    def __init__(self, run_dir: Path, overrides: list[str], sweep: Optional[str], original_cwd: Path):
+    def __init__(self, run_dir: Path, overrides: list[str], sweep: str | None, original_cwd: Path):
         self.run_dir, self.overrides, self.sweep, self.original_cwd = run_dir, overrides, sweep, original_cwd
 
     @classmethod
-    def from_hydra(cls) -> "RunContext":
+    def from_hydra(cls) -> RunContext:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
 
@@ -51,7 +52,7 @@ class RunContext:
         return cls(Path(hc.runtime.output_dir), list(hc.overrides.task), sweep, Path(hc.runtime.cwd))
 
 
-def run_job(dict_cfg: DictConfig, ctx: Optional[RunContext] = None) -> dict[str, Any]:
+def run_job(dict_cfg: DictConfig, ctx: RunContext | None = None) -> dict[str, Any]:
     ctx = ctx or RunContext.from_hydra()
     world = dist.current()  # this process's rank in a run of several (rank 0 of 1 for a plain run)
     if world.rank > 0:  # the ranks share rank 0's run dir and row; theirs go to a private dir, removed at exit
@@ -62,8 +63,13 @@ def run_job(dict_cfg: DictConfig, ctx: Optional[RunContext] = None) -> dict[str,
     if resume is not None and world.world_size > 1:
         from .errors import ConfigError
 
-        resume, refusal = None, ConfigError("resume=<run dir> continues a one-process run; runs of several ranks "
-                                            "cannot resume yet (they write no checkpoints)")
+        resume, refusal = (
+            None,
+            ConfigError(
+                "resume=<run dir> continues a one-process run; runs of several ranks "
+                "cannot resume yet (they write no checkpoints)"
+            ),
+        )
     if resume is not None:  # the original job's config, dir and row (speedrun.resume)
         dict_cfg = OmegaConf.create(resume.config)
         ctx = RunContext(resume.run_dir, resume.overrides, ctx.sweep or dict_cfg.sweep, resume.cwd)
@@ -73,12 +79,20 @@ def run_job(dict_cfg: DictConfig, ctx: Optional[RunContext] = None) -> dict[str,
     db = ResultsDB(results_db_path(dict_cfg.results_db, ctx.original_cwd)) if world.rank == 0 else dist.NoRecords()
     run_id = str(ctx.run_dir.resolve())
     result = empty_result()
-    result.update(status="running", seed=dict_cfg.seed, sweep=dict_cfg.sweep or ctx.sweep, run_dir=run_id,
-                  name=dict_cfg.name, hardware=str(dict_cfg.hardware.name), attn=str(dict_cfg.attn.name),
-                  precision=str(dict_cfg.precision.name), phase="setup",
-                  # the pool launcher runs hydra.launcher.jobs_per_gpu > 1 jobs on one GPU at once: speed and
-                  # memory are then not the card's alone
-                  gpu_shared=os.environ.get(GPU_SHARED_ENV) == "1")
+    result.update(
+        status="running",
+        seed=dict_cfg.seed,
+        sweep=dict_cfg.sweep or ctx.sweep,
+        run_dir=run_id,
+        name=dict_cfg.name,
+        hardware=str(dict_cfg.hardware.name),
+        attn=str(dict_cfg.attn.name),
+        precision=str(dict_cfg.precision.name),
+        phase="setup",
+        # the pool launcher runs hydra.launcher.jobs_per_gpu > 1 jobs on one GPU at once: speed and
+        # memory are then not the card's alone
+        gpu_shared=os.environ.get(GPU_SHARED_ENV) == "1",
+    )
     started = time.time()
     start = {"started_at": started, "overrides": " ".join(ctx.overrides), "config": config_tree}
     # a resumed run keeps its row's start, overrides and config, and counts its resumptions
@@ -115,7 +129,7 @@ def run_job(dict_cfg: DictConfig, ctx: Optional[RunContext] = None) -> dict[str,
     return result
 
 
-def _find_resume(dict_cfg: DictConfig, ctx: RunContext) -> tuple[Any, Optional[Exception]]:
+def _find_resume(dict_cfg: DictConfig, ctx: RunContext) -> tuple[Any, Exception | None]:
     """(the Resume this job does, or None; a refusal to raise once the record is open, or None)."""
     from .errors import ConfigError
     from .resume import find_resume
@@ -128,8 +142,16 @@ def _find_resume(dict_cfg: DictConfig, ctx: RunContext) -> tuple[Any, Optional[E
 
 
 class Job:
-    def __init__(self, ctx: RunContext, result: dict[str, Any], config_tree: Any, db: Optional[ResultsDB] = None,
-                 run_id: Optional[str] = None, resume: Any = None, world: dist.World = dist.SINGLE):
+    def __init__(
+        self,
+        ctx: RunContext,
+        result: dict[str, Any],
+        config_tree: Any,
+        db: ResultsDB | None = None,
+        run_id: str | None = None,
+        resume: Any = None,
+        world: dist.World = dist.SINGLE,
+    ):
         self.ctx, self.result, self.config_tree, self.resume, self.world = ctx, result, config_tree, resume, world
         self.db, self.run_id = db, run_id
         self.peak_memory = None
@@ -137,8 +159,8 @@ class Job:
         """True in a `python -m run dist.nproc=N` process that started the ranks: rank 0 records the run."""
         self._closing = threading.Lock()
         self._finished = False
-        self.metrics: Optional[MetricsLog] = None
-        self.logger: Optional[RunLogger] = None
+        self.metrics: MetricsLog | None = None
+        self.logger: RunLogger | None = None
         self.state = None
         self.plan = None
         self.model = None
@@ -167,11 +189,20 @@ class Job:
         env = capture_environment(plan.device)
         write_json(self.ctx.run_dir / "env.json", env)
         result.update(
-            hardware=plan.hardware, device_name=plan.device_name, emulated=plan.emulated, attn=plan.attn,
-            attn_kernel=plan.attn_kernel, precision=plan.precision, git_sha=env["git_sha"],
-            git_dirty=env["git_dirty"], code_fingerprint=env["code_fingerprint"], torch_version=env["torch_version"],
+            hardware=plan.hardware,
+            device_name=plan.device_name,
+            emulated=plan.emulated,
+            attn=plan.attn,
+            attn_kernel=plan.attn_kernel,
+            precision=plan.precision,
+            git_sha=env["git_sha"],
+            git_dirty=env["git_dirty"],
+            code_fingerprint=env["code_fingerprint"],
+            torch_version=env["torch_version"],
             model=plan.model_name,
-            tokens_per_step=plan.tokens_per_step, seq_len=plan.model.seq_len, card=plan.card,
+            tokens_per_step=plan.tokens_per_step,
+            seq_len=plan.model.seq_len,
+            card=plan.card,
             memory_estimate_gb=plan.memory_estimate_gb,
         )
         result.update(self.world.describe(plan.device_name))  # world_size, nodes, each rank's GPU
@@ -200,7 +231,9 @@ class Job:
         # each rank reads its own micro-batches of every step (data.loader.TokenStream)
         batches = functools.partial(data.train_batches, rank=self.world.rank, world_size=self.world.world_size)
         extras = None
-        if self.world.world_size == 1:  # periodic validation, checkpoints, batch search: one process (plan refuses more)
+        if (
+            self.world.world_size == 1
+        ):  # periodic validation, checkpoints, batch search: one process (plan refuses more)
             from .loop_setup import prepare_loop
 
             plan, extras = prepare_loop(self, stepper, eval_forward, data)
@@ -227,9 +260,12 @@ class Job:
         self.result["data_epochs"] = round(state.tokens / data.train_tokens, 3)
         self._on_phase("train")  # training's keys are in the record before evaluation starts
         if self.result["data_epochs"] > 1:
-            log.warning("training made %.1f passes over %s training tokens: val_bpb includes the effect of repeating "
-                        "data (use a larger dataset, e.g. data=fineweb_sp1024, for comparable numbers)",
-                        self.result["data_epochs"], f"{data.train_tokens:,}")
+            log.warning(
+                "training made %.1f passes over %s training tokens: val_bpb includes the effect of repeating "
+                "data (use a larger dataset, e.g. data=fineweb_sp1024, for comparable numbers)",
+                self.result["data_epochs"],
+                f"{data.train_tokens:,}",
+            )
         if state.diverged:
             result["status"] = "diverged"
             result["error"] = f"non-finite training loss ({state.last_loss}) at step {state.steps}"
@@ -240,11 +276,14 @@ class Job:
 
         model.eval()  # no dropout here, but fp8 layers switch to their bf16 path for evaluation
 
-        result.update(evaluate_and_export(plan, model, eval_forward, data, self.ctx.run_dir, log.info,
-                                          on_phase=self._on_phase, world=self.world))
+        result.update(
+            evaluate_and_export(
+                plan, model, eval_forward, data, self.ctx.run_dir, log.info, on_phase=self._on_phase, world=self.world
+            )
+        )
         result.update(status="ok", phase="done")
 
-    def _on_phase(self, phase: str, keys: Optional[dict[str, Any]] = None) -> None:
+    def _on_phase(self, phase: str, keys: dict[str, Any] | None = None) -> None:
         """A phase starts (no keys) or ends (its keys): record both at once in result.json and the row, so a run
         stopped later keeps them and says where it was. Only rank 0 holds the row."""
         self.result["phase"] = phase
@@ -279,10 +318,16 @@ class Job:
         plan, state, result = self.plan, self.state, self.result
         assert plan is not None and state is not None
         tok_s = state.tokens / state.train_seconds if state.train_seconds > 0 else None
-        result.update(steps=state.steps, tokens=state.tokens, train_seconds=round(state.train_seconds, 3),
-                      compile_seconds=round(state.compile_seconds, 3), train_loss=state.last_loss,
-                      stages=state.stages, recompiles=state.recompiles,
-                      tokens_per_s=round(tok_s, 1) if tok_s else None)
+        result.update(
+            steps=state.steps,
+            tokens=state.tokens,
+            train_seconds=round(state.train_seconds, 3),
+            compile_seconds=round(state.compile_seconds, 3),
+            train_loss=state.last_loss,
+            stages=state.stages,
+            recompiles=state.recompiles,
+            tokens_per_s=round(tok_s, 1) if tok_s else None,
+        )
         from .loop_setup import loop_result  # torch-heavy: imported when a run records, not with the runner
 
         result.update(loop_result(plan, state))
@@ -321,8 +366,9 @@ class Job:
         self.result["wall_seconds"] = round(finished - started, 3)
         write_json(self.ctx.run_dir / "result.json", self.result)
         try:
-            db.upsert(run_id, {**self.result, "finished_at": finished,
-                               "plan": self.plan.to_dict() if self.plan else None})
+            db.upsert(
+                run_id, {**self.result, "finished_at": finished, "plan": self.plan.to_dict() if self.plan else None}
+            )
         except Exception as e:  # noqa: BLE001 - result.json already holds the record
             log.error("could not update the results database %s: %s", db.path, e)
         self._guard("log_result", self.result)
@@ -348,11 +394,40 @@ def _configure_torch(plan: Any) -> None:
             log.info("memory capped to %.1f GB (%.3f of the device)", plan.memory_cap_gb, fraction)
 
 
-BLOCK_KEYS = ("status", "val_bpb", "val_loss", "val_bpb_quant", "val_bpb_ttt", "val_bpb_ttt_base", "artifact_bytes",
-              "artifact_model_bytes", "artifact_code_bytes", "artifact_ok", "tokens_per_s", "mfu", "mfu_profile",
-              "peak_mem_mb", "steps", "tokens", "train_seconds", "compile_seconds", "eval_seconds", "eval_tokens",
-              "eval_fingerprint", "params", "hardware", "device_name", "card", "emulated", "attn_kernel",
-              "precision", "seed", "phase", "run_dir", "error")
+BLOCK_KEYS = (
+    "status",
+    "val_bpb",
+    "val_loss",
+    "val_bpb_quant",
+    "val_bpb_ttt",
+    "val_bpb_ttt_base",
+    "artifact_bytes",
+    "artifact_model_bytes",
+    "artifact_code_bytes",
+    "artifact_ok",
+    "tokens_per_s",
+    "mfu",
+    "mfu_profile",
+    "peak_mem_mb",
+    "steps",
+    "tokens",
+    "train_seconds",
+    "compile_seconds",
+    "eval_seconds",
+    "eval_tokens",
+    "eval_fingerprint",
+    "params",
+    "hardware",
+    "device_name",
+    "card",
+    "emulated",
+    "attn_kernel",
+    "precision",
+    "seed",
+    "phase",
+    "run_dir",
+    "error",
+)
 
 
 def format_result_block(result: dict[str, Any]) -> str:

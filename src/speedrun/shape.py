@@ -3,6 +3,7 @@
 The model group's schema (config.ModelConfig) leaves fields None for "take the preset's"; the resolver fills
 them and builds a ModelShape, whose checks run here, once.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,8 +37,9 @@ class ModelShape:
                 raise ConfigError(f"model.{name} must be >= 1, got {getattr(self, name)}")
         if self.n_head % self.n_kv_head:
             divisors = ", ".join(str(k) for k in range(1, self.n_head + 1) if self.n_head % k == 0)
-            raise ConfigError(f"model.n_kv_head={self.n_kv_head} must divide model.n_head={self.n_head}; use one of "
-                              f"{divisors}")
+            raise ConfigError(
+                f"model.n_kv_head={self.n_kv_head} must divide model.n_head={self.n_head}; use one of {divisors}"
+            )
         if self.d_model % self.n_head or (self.d_model // self.n_head) % 2:
             raise ConfigError(
                 f"model.d_model={self.d_model} must split into n_head={self.n_head} heads of even size (RoPE)"

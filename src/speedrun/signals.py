@@ -1,10 +1,12 @@
 """Signal handling shared by a run and the sweep launcher (no heavy imports: Hydra loads the launcher plugin
 on every start)."""
+
 from __future__ import annotations
 
 import contextlib
 import signal
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
@@ -13,6 +15,7 @@ _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 def sigterm_as_interrupt() -> Iterator[None]:
     """SLURM and `kill` send SIGTERM: treat it as Ctrl-C, so a run is recorded as interrupted and a sweep stops
     its jobs instead of orphaning them."""
+
     def handler(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 

@@ -2,6 +2,7 @@
 
 Torch-free, so the config schemas can check these values beside their fields, at compose time.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -21,7 +22,7 @@ TTT_PRESETS = {
 def parse_stages(spec: Any) -> list[tuple[int, float]]:
     """schedule.seq_len "1024@0.1,2048@0.7,3072@1.0" (or a list of "L@f") -> [(1024, 0.1), ...], checked."""
     if spec is None:
-        raise ConfigError('schedule=progressive needs schedule.seq_len, e.g. \'schedule.seq_len="1024@0.5,2048@1.0"\'')
+        raise ConfigError("schedule=progressive needs schedule.seq_len, e.g. 'schedule.seq_len=\"1024@0.5,2048@1.0\"'")
     items = [str(x).strip() for x in (spec if isinstance(spec, (list, tuple)) else str(spec).split(","))]
     stages = []
     for item in items:
@@ -79,9 +80,7 @@ def parse_short_chunks(spec: str) -> list[tuple[int, int]]:
                 raise ValueError
             length, chunk = int(parts[0]), int(parts[1])
         except ValueError:
-            raise ConfigError(
-                f"ttt.short_chunks={spec!r}: {item!r} is not LEN:CHUNK (e.g. \"256:8,2000:24\")"
-            ) from None
+            raise ConfigError(f'ttt.short_chunks={spec!r}: {item!r} is not LEN:CHUNK (e.g. "256:8,2000:24")') from None
         if length < 1 or chunk < 1:
             raise ConfigError(f"ttt.short_chunks={spec!r}: lengths and chunk sizes must be positive, got {item!r}")
         steps.append((length, chunk))

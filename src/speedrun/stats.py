@@ -3,11 +3,12 @@
 Pure Python so the sweep summary works anywhere; the t-test uses scipy when it is installed (it is in the
 ``dev`` and ``report`` extras) and an equivalent Student-t tail (regularized incomplete beta) otherwise.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence
 
 
 def finite(values: Iterable[object]) -> list[float]:
@@ -21,11 +22,11 @@ def finite(values: Iterable[object]) -> list[float]:
     return out
 
 
-def mean(xs: Sequence[float]) -> Optional[float]:
+def mean(xs: Sequence[float]) -> float | None:
     return math.fsum(xs) / len(xs) if xs else None
 
 
-def std(xs: Sequence[float]) -> Optional[float]:
+def std(xs: Sequence[float]) -> float | None:
     """Sample standard deviation (n - 1); None below two values."""
     if len(xs) < 2:
         return None
@@ -44,7 +45,7 @@ class Welch:
     """mean(a) - mean(b)."""
 
 
-def welch_less(a: Sequence[float], b: Sequence[float]) -> Optional[Welch]:
+def welch_less(a: Sequence[float], b: Sequence[float]) -> Welch | None:
     """One-sided Welch t-test that ``a`` has a lower mean than ``b``. None when either side has < 2 values."""
     a, b = finite(a), finite(b)
     if len(a) < 2 or len(b) < 2:
@@ -56,10 +57,14 @@ def welch_less(a: Sequence[float], b: Sequence[float]) -> Optional[Welch]:
     delta = ma - mb
     if se2 == 0.0:  # identical constant samples: no evidence either way unless the means differ
         p = 0.0 if delta < 0 else 1.0 if delta > 0 else 0.5
-        return Welch(t=-math.inf if delta < 0 else math.inf if delta > 0 else 0.0, df=float(len(a) + len(b) - 2),
-                     p=p, delta=delta)
+        return Welch(
+            t=-math.inf if delta < 0 else math.inf if delta > 0 else 0.0,
+            df=float(len(a) + len(b) - 2),
+            p=p,
+            delta=delta,
+        )
     t = delta / math.sqrt(se2)
-    df = se2 ** 2 / ((va / len(a)) ** 2 / (len(a) - 1) + (vb / len(b)) ** 2 / (len(b) - 1))
+    df = se2**2 / ((va / len(a)) ** 2 / (len(a) - 1) + (vb / len(b)) ** 2 / (len(b) - 1))
     return Welch(t=t, df=df, p=student_t_cdf(t, df), delta=delta)
 
 
@@ -95,8 +100,10 @@ def _betainc(a: float, b: float, x: float) -> float:
     d = 1.0 / (d if abs(d) > tiny else tiny)
     h = d
     for m in range(1, 500):
-        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+        for num in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
             d = 1.0 + num * d
             d = 1.0 / (d if abs(d) > tiny else tiny)
             c = 1.0 + num / c

@@ -12,6 +12,7 @@ the card the sweep runs on (``device_name``) and with the code the sweep runs (`
 speedrun.identity). Same name, same overrides and the same conf/ defaults give the same config; the sweep id (a
 new timestamped dir per invocation) plays no part.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,9 +20,10 @@ import logging
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -43,7 +45,7 @@ checkpointed, or that it was resumed from one, changes none of its numbers)."""
 # resume identity
 
 
-def config_identity(config: Any) -> Optional[str]:
+def config_identity(config: Any) -> str | None:
     """A canonical string for a task config (dict or JSON text) without the keys resume ignores."""
     if isinstance(config, str):
         try:
@@ -56,7 +58,7 @@ def config_identity(config: Any) -> Optional[str]:
     return json.dumps(kept, sort_keys=True, default=str)
 
 
-def reuse_refusal(row: dict[str, Any], device_name: Optional[str], code: Optional[str]) -> Optional[str]:
+def reuse_refusal(row: dict[str, Any], device_name: str | None, code: str | None) -> str | None:
     """Why an ok run may not stand in for a job that would run on ``device_name`` with code ``code`` (None: it
     may). A run on another card measured another card; a run of other code measured other code. A run recorded
     before runs kept their code_fingerprint is let through (its code cannot be checked; the sweeper says so)."""
@@ -75,8 +77,9 @@ class Completed:
     """{config identity: why its latest ok row may not be reused}, for identities with no reusable row."""
 
 
-def completed_runs(db_path: Path, name: Optional[str] = None, device_name: Optional[str] = None,
-                   code: Optional[str] = None) -> Completed:
+def completed_runs(
+    db_path: Path, name: str | None = None, device_name: str | None = None, code: str | None = None
+) -> Completed:
     """The ok runs in results.sqlite (of ``name`` only, if given) by config identity; with ``device_name`` and
     ``code`` only those on that card and of that code are reusable (see ``reuse_refusal``)."""
     from .records import ResultsDB
@@ -112,12 +115,12 @@ class JobEntry:
     overrides: list[str]
     state: str = "pending"
     """pending, launched, reused (done ok by an earlier run; resume), not_run (fail-fast or interrupted)."""
-    num: Optional[int] = None
+    num: int | None = None
     """hydra.job.num of the launched job (its subdir)."""
-    run_dir: Optional[str] = None
-    status: Optional[str] = None
-    error: Optional[str] = None
-    note: Optional[str] = None
+    run_dir: str | None = None
+    status: str | None = None
+    error: str | None = None
+    note: str | None = None
     """Why resume did not reuse an earlier ok run of this combination (another card, other code)."""
 
 
@@ -129,10 +132,10 @@ class Manifest:
     resume: bool = False
     fail_fast: bool = False
     started_at: float = field(default_factory=time.time)
-    finished_at: Optional[float] = None
-    device_name: Optional[str] = None
+    finished_at: float | None = None
+    device_name: str | None = None
     """With resume: the card the jobs run on, which a reused run must have run on."""
-    code_fingerprint: Optional[str] = None
+    code_fingerprint: str | None = None
     """The code the jobs run (speedrun.identity.code_fingerprint), which a reused run must have run."""
     resume_across_code: bool = False
     """Resume reused runs of other code too."""
@@ -144,7 +147,7 @@ class Manifest:
         write_json(Path(self.sweep_dir) / MANIFEST, {**self.__dict__, "jobs": [j.__dict__ for j in self.jobs]})
 
     @classmethod
-    def load(cls, sweep_dir: Path) -> Optional["Manifest"]:
+    def load(cls, sweep_dir: Path) -> Manifest | None:
         path = Path(sweep_dir) / MANIFEST
         if not path.exists():
             return None
@@ -159,15 +162,23 @@ def jobs_from_dirs(sweep_dir: Path) -> list[JobEntry]:
 
     entries = []
     subdirs = [p.parent.parent for p in Path(sweep_dir).glob("*/.hydra/overrides.yaml")]
-    for i, d in enumerate(sorted(subdirs, key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit()
-                                                         else 0, p.name))):
+    for i, d in enumerate(
+        sorted(subdirs, key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name))
+    ):
         overrides = [str(o) for o in OmegaConf.load(d / ".hydra" / "overrides.yaml")]
-        entries.append(JobEntry(index=i, overrides=overrides, state="launched", run_dir=str(d.resolve()),
-                                num=int(d.name) if d.name.isdigit() else None))
+        entries.append(
+            JobEntry(
+                index=i,
+                overrides=overrides,
+                state="launched",
+                run_dir=str(d.resolve()),
+                num=int(d.name) if d.name.isdigit() else None,
+            )
+        )
     return entries
 
 
-def job_result(job: JobEntry, db_path: Optional[Path] = None) -> dict[str, Any]:
+def job_result(job: JobEntry, db_path: Path | None = None) -> dict[str, Any]:
     """The record of one job: its result.json, else its database row, else what the launcher said."""
     if job.state == "not_run":
         return {"status": "not_run", "error": job.error}
@@ -222,13 +233,19 @@ def summarize(jobs: Sequence[JobEntry], results: Sequence[dict[str, Any]], sweep
     groups = group_runs(runs, keys, asked=True)
     sets = eval_sets(groups)
     reused = [j for j in jobs if j.state == "reused"]
-    return Summary(keys=keys, fixed=fixed, groups=groups, metrics=metrics_for(groups),
-                   extras=extra_columns(groups, keys, sets),
-                   failures=[(j, r) for j, r in zip(jobs, results) if is_failure(r.get("status"))],
-                   notes=sets.messages(keys, f"python -m speedrun.report --sweep {sweep}") + shared_note(groups),
-                   not_run=sum(r.get("status") == "not_run" for r in results), reused=len(reused),
-                   reused_from=dict(Counter(_source(j.run_dir) for j in reused if j.run_dir)),
-                   rerun=dict(Counter(j.note for j in jobs if j.note)))
+    return Summary(
+        keys=keys,
+        fixed=fixed,
+        groups=groups,
+        metrics=metrics_for(groups),
+        extras=extra_columns(groups, keys, sets),
+        failures=[(j, r) for j, r in zip(jobs, results) if is_failure(r.get("status"))],
+        notes=sets.messages(keys, f"python -m speedrun.report --sweep {sweep}") + shared_note(groups),
+        not_run=sum(r.get("status") == "not_run" for r in results),
+        reused=len(reused),
+        reused_from=dict(Counter(_source(j.run_dir) for j in reused if j.run_dir)),
+        rerun=dict(Counter(j.note for j in jobs if j.note)),
+    )
 
 
 def _source(run_dir: str) -> str:
@@ -245,29 +262,38 @@ def resume_lines(s: Summary) -> list[str]:
     """How many runs resume reused and from where, and which combinations ran again although done elsewhere."""
     lines = []
     if s.reused:
-        lines.append(f"reused by resume: {s.reused} run(s), from "
-                     + "; ".join(f"{src} ({n})" for src, n in sorted(s.reused_from.items())))
+        lines.append(
+            f"reused by resume: {s.reused} run(s), from "
+            + "; ".join(f"{src} ({n})" for src, n in sorted(s.reused_from.items()))
+        )
     lines += [f"ran again, not reused: {n} combination(s) whose earlier ok run {why}" for why, n in s.rerun.items()]
     return lines
 
 
-def summary_markdown(s: Summary, manifest: Optional[Manifest], sweep_dir: Path) -> str:
+def summary_markdown(s: Summary, manifest: Manifest | None, sweep_dir: Path) -> str:
     title = manifest.sweep if manifest else Path(sweep_dir).name
     lines = [f"# Sweep {title}", "", f"- dir: `{sweep_dir}`"]
     if s.fixed:
         lines.append("- fixed overrides: " + " ".join(f"`{k}={v}`" for k, v in s.fixed.items()))
     n_jobs = sum(len(g.ok) + g.failures for g in s.groups)
-    lines.append(f"- runs: {n_jobs} ({s.reused} reused from earlier runs by resume), failures: {len(s.failures)}"
-                 + (f", not run: {s.not_run} (fail-fast or interrupted)" if s.not_run else ""))
+    lines.append(
+        f"- runs: {n_jobs} ({s.reused} reused from earlier runs by resume), failures: {len(s.failures)}"
+        + (f", not run: {s.not_run} (fail-fast or interrupted)" if s.not_run else "")
+    )
     lines += [f"- {line}" for line in resume_lines(s) + s.notes]
     lines.append("- cells: mean ± sample std over the ok runs (seeds folded); n counts ok runs")
     lines += ["", summary_table(s), ""]
     if s.failures:
         lines += ["## Failures", ""]
-        lines.append(format_table(
-            ["overrides", "status", "error", "dir"],
-            [[" ".join(j.overrides), r.get("status"), first_line(r.get("error")), j.run_dir or ""]
-             for j, r in s.failures]))
+        lines.append(
+            format_table(
+                ["overrides", "status", "error", "dir"],
+                [
+                    [" ".join(j.overrides), r.get("status"), first_line(r.get("error")), j.run_dir or ""]
+                    for j, r in s.failures
+                ],
+            )
+        )
         lines.append("")
     return "\n".join(lines)
 
@@ -276,7 +302,7 @@ def summary_csv(s: Summary) -> str:
     return groups_csv(s.groups, s.keys, list(s.metrics), s.extras)
 
 
-def write_summary(sweep_dir: Path, db_path: Optional[Path] = None) -> Optional[Summary]:
+def write_summary(sweep_dir: Path, db_path: Path | None = None) -> Summary | None:
     """Write summary.md and summary.csv into a sweep dir; returns the Summary (None if there are no jobs)."""
     sweep_dir = Path(sweep_dir)
     manifest = Manifest.load(sweep_dir)
@@ -324,8 +350,11 @@ class SweepSummary(Callback):  # type: ignore[misc,valid-type]
         text = "\n".join([*resume_lines(s), *s.notes, summary_table(s)])
         print(f"\nsweep summary ({sweep_dir}):\n{text}", flush=True)
         for job, r in s.failures:
-            print(f"failed: {' '.join(job.overrides)}: {r.get('status')}: {first_line(r.get('error'))}"
-                  f"{'  (' + job.run_dir + ')' if job.run_dir else ''}", flush=True)
+            print(
+                f"failed: {' '.join(job.overrides)}: {r.get('status')}: {first_line(r.get('error'))}"
+                f"{'  (' + job.run_dir + ')' if job.run_dir else ''}",
+                flush=True,
+            )
         if s.not_run:
             print(f"not run: {s.not_run} job(s) (fail-fast or interrupted)", flush=True)
         print(f"summary: {sweep_dir / 'summary.md'}", flush=True)

@@ -1,11 +1,13 @@
 """Text formatting shared by the sweep summary and the report: numbers, mean ± std cells, aligned Markdown tables
 and CSV text. Nothing here knows about runs or groups, so both sides import it without importing each other.
 """
+
 from __future__ import annotations
 
 import csv
 import io
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 
 def fmt_number(value: Any, spec: str = "{:.4g}") -> str:
@@ -20,7 +22,7 @@ def fmt_number(value: Any, spec: str = "{:.4g}") -> str:
         return str(value)
 
 
-def mean_std_cell(m: Optional[float], s: Optional[float], spec: str) -> str:
+def mean_std_cell(m: float | None, s: float | None, spec: str) -> str:
     """``mean ± std`` (std left out below two values, the cell empty without a mean)."""
     if m is None:
         return ""
@@ -49,8 +51,7 @@ def first_line(text: Any, limit: int = 160) -> str:
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A Markdown table padded to aligned columns, readable as plain text on a console too."""
-    cells = [[str(h) for h in headers]] + [[("" if c is None else str(c)).replace("|", "\\|") for c in r]
-                                           for r in rows]
+    cells = [[str(h) for h in headers]] + [[("" if c is None else str(c)).replace("|", "\\|") for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
 
     def line(r: list[str]) -> str:

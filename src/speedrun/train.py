@@ -3,27 +3,29 @@
 Warm-up steps (compilation, autotuning) run before the clock starts and are undone afterwards (model and
 optimizer state restored), so train_seconds measures training alone and the warm-up does not leak updates.
 """
+
 from __future__ import annotations
 
 import contextlib
 import copy
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
 import torch
 
 from .budget import Budget, Clock
 from .config import OptimConfig, ScheduleConfig
-from .mfu import plan_flops_per_token
 from .metrics import LossBuffer, first_non_finite, progress_line
+from .mfu import plan_flops_per_token
 from .optim import set_lr_multiplier, set_muon_momentum
 from .plan import Plan
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
-def autocast_dtype(plan: Plan) -> Optional[torch.dtype]:
+def autocast_dtype(plan: Plan) -> torch.dtype | None:
     """The torch dtype of Plan.autocast (None: no autocast, fp32). fp8 plans autocast to bf16 around their fp8
     linears, and evaluate in bf16."""
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.autocast or "")
@@ -32,15 +34,16 @@ def autocast_dtype(plan: Plan) -> Optional[torch.dtype]:
 @dataclass
 class TrainState:
     """Progress so far; the runner reads it to record a run that was interrupted or failed mid-way."""
+
     steps: int = 0
     tokens: int = 0
     train_seconds: float = 0.0
     compile_seconds: float = 0.0
-    last_loss: Optional[float] = None
+    last_loss: float | None = None
     diverged: bool = False
     stages: list[dict[str, Any]] = field(default_factory=list)
     """Each context stage that ran: seq_len, start_step, start_seconds."""
-    recompiles: Optional[int] = None
+    recompiles: int | None = None
     """Graphs dynamo compiled during timed training (0 when warm-up covered every shape); None until it ends."""
     flops: float = 0.0
     """Model FLOPs trained so far (MFU convention, each step at its stage's seq_len): what budget.flops counts."""
@@ -49,7 +52,7 @@ class TrainState:
     stage_start_step: int = 0
     position: int = 0
     """Token position of the training stream after the last step (what a checkpoint resumes from)."""
-    budget_end: Optional[str] = None
+    budget_end: str | None = None
     """The budget that ended training: time, steps, tokens or flops (None: stopped otherwise)."""
     val_seconds_periodic: float = 0.0
     """Wall seconds of periodic validation (kept out of train_seconds)."""
@@ -85,8 +88,9 @@ class Stepper:
         dtype = autocast_dtype(plan)
         # a captured graph must not keep autocast's cache of cast weights (torch.cuda.graph's docs)
         cache = not plan.kernel.cuda_graphs
-        self.autocast = (lambda: torch.autocast(plan.device, dtype=dtype, cache_enabled=cache)) if dtype \
-            else _null_context
+        self.autocast = (
+            (lambda: torch.autocast(plan.device, dtype=dtype, cache_enabled=cache)) if dtype else _null_context
+        )
         self.scaler = torch.amp.GradScaler("cuda") if plan.grad_scaler else None
         from .kernels.compile import keeps_grads
 
@@ -183,8 +187,15 @@ def warm_up(stepper: Stepper, make_batches: MakeBatches, state: TrainState, log:
     log(f"warm-up done in {state.compile_seconds:.1f}s")
 
 
-def train(stepper: Stepper, make_batches: MakeBatches, *, state: TrainState, log: Callable[[str], None],
-          on_metrics: Callable[[dict[str, Any]], None], extras: Any = None) -> TrainState:
+def train(
+    stepper: Stepper,
+    make_batches: MakeBatches,
+    *,
+    state: TrainState,
+    log: Callable[[str], None],
+    on_metrics: Callable[[dict[str, Any]], None],
+    extras: Any = None,
+) -> TrainState:
     """Train until a budget is spent (speedrun.budget: time, steps, tokens or FLOPs, whichever first) or the loss
     goes non-finite (state.diverged). ``state`` may come from a checkpoint: the loop continues where it stopped.
 
@@ -242,11 +253,14 @@ def train(stepper: Stepper, make_batches: MakeBatches, *, state: TrainState, log
                 if wanted > state.stage_index:
                     stage = plan.stages[wanted]
                     state.stage_index, state.stage_start_step = wanted, state.steps
-                    state.stages.append({"seq_len": stage.seq_len, "start_step": state.steps,
-                                         "start_seconds": round(seconds, 3)})
+                    state.stages.append(
+                        {"seq_len": stage.seq_len, "start_step": state.steps, "start_seconds": round(seconds, 3)}
+                    )
                     if len(plan.stages) > 1:
-                        log(f"context stage {wanted + 1}/{len(plan.stages)}: seq_len {stage.seq_len} x "
-                            f"{stage.micro_batch} from step {state.steps}")
+                        log(
+                            f"context stage {wanted + 1}/{len(plan.stages)}: seq_len {stage.seq_len} x "
+                            f"{stage.micro_batch} from step {state.steps}"
+                        )
                 stage = plan.stages[state.stage_index]
                 batches = make_batches(stage.seq_len, stage.micro_batch, position)
                 step_flops = step_tokens * plan_flops_per_token(plan, stage.seq_len)

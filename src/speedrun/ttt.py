@@ -39,14 +39,16 @@ Ranks (``shard``, a speedrun.dist.World): the shuffled batches are dealt round-r
 its own (a batch's result does not depend on the others': fresh adapters and optimizer per batch), under its own
 ``max_seconds``, and the sums are all-reduced; seconds is the slowest rank's.
 """
+
 from __future__ import annotations
 
 import copy
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 from torch import nn
@@ -54,9 +56,17 @@ from torch import nn
 from .data.bpb import ByteLUTs, token_bytes
 from .specs import parse_short_chunks, parse_targets
 
-TARGETS = {"q": ("attn", "c_q"), "k": ("attn", "c_k"), "v": ("attn", "c_v"), "o": ("attn", "proj"),
-           "up": ("mlp", "fc"), "down": ("mlp", "proj")}
+TARGETS = {
+    "q": ("attn", "c_q"),
+    "k": ("attn", "c_k"),
+    "v": ("attn", "c_v"),
+    "o": ("attn", "proj"),
+    "up": ("mlp", "fc"),
+    "down": ("mlp", "proj"),
+}
 """Adapter target -> (submodule of a block, attribute): blocks.N.attn.c_q etc."""
+
+
 def chunk_size_for(n_targets: int, chunk_size: int, short_chunks: list[tuple[int, int]]) -> int:
     """The chunk size of a document with n_targets scored tokens."""
     for length, chunk in short_chunks:
@@ -115,8 +125,10 @@ class LoRAModel:
         # One A init (kaiming-uniform, seeded) shared by every document, so a document's result does not depend
         # on which batch or slot it lands in.
         gen = torch.Generator().manual_seed(seed)
-        self.a_init = [torch.empty(layer.A.shape[1:]).uniform_(-1, 1, generator=gen) / math.sqrt(layer.A.shape[2])
-                       for layer in self.layers]
+        self.a_init = [
+            torch.empty(layer.A.shape[1:]).uniform_(-1, 1, generator=gen) / math.sqrt(layer.A.shape[2])
+            for layer in self.layers
+        ]
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for layer in self.layers for p in (layer.A, layer.B)]
@@ -131,12 +143,12 @@ class LoRAModel:
 
 @dataclass
 class TTTResult:
-    val_loss: Optional[float]
+    val_loss: float | None
     """Mean nats per scored token (None if nothing was scored)."""
-    val_bpb: Optional[float]
-    base_val_loss: Optional[float]
+    val_bpb: float | None
+    base_val_loss: float | None
     """The same chunks and windows scored by the model with no adaptation (None if not asked for)."""
-    base_val_bpb: Optional[float]
+    base_val_bpb: float | None
     tokens_scored: int
     tokens_total: int
     bytes: int
@@ -169,14 +181,14 @@ def ttt_evaluate(
     beta1: float = 0.9,
     beta2: float = 0.95,
     weight_decay: float = 0.0,
-    max_seconds: Optional[float] = None,
+    max_seconds: float | None = None,
     device: str = "cpu",
-    autocast_dtype: Optional[torch.dtype] = None,
+    autocast_dtype: torch.dtype | None = None,
     seed: int = 0,
     record_chunks: bool = False,
-    log: Optional[Callable[[str], None]] = None,
+    log: Callable[[str], None] | None = None,
     score_base: bool = True,
-    shard: Optional[Any] = None,
+    shard: Any | None = None,
 ) -> TTTResult:
     """Score val_tokens with score-first LoRA TTT (see the module doc). ``model`` is not modified. With
     ``score_base`` each chunk is also scored by ``model`` itself, unadapted (base_val_loss, base_val_bpb)."""
@@ -193,13 +205,17 @@ def ttt_evaluate(
     batches: list[list[int]] = []
     for i in order:
         c = chunk_size_for(docs[i][1], chunk_size, steps)
-        if batches and len(batches[-1]) < batch_size and chunk_size_for(docs[batches[-1][0]][1], chunk_size, steps) == c:
+        if (
+            batches
+            and len(batches[-1]) < batch_size
+            and chunk_size_for(docs[batches[-1][0]][1], chunk_size, steps) == c
+        ):
             batches[-1].append(i)
         else:
             batches.append([i])
     random.Random(seed).shuffle(batches)
     if shard is not None:
-        batches = batches[shard.rank::shard.world_size]
+        batches = batches[shard.rank :: shard.world_size]
 
     lora = LoRAModel(model, target_names, rank, min(batch_size, len(docs)), seed)
     luts = luts.to(device)
@@ -209,10 +225,24 @@ def ttt_evaluate(
     docs_done, stopped = 0, False
     for batch in batches:
         c = chunk_size_for(docs[batch[0]][1], chunk_size, steps)
-        stopped = _adapt_batch(lora, [docs[i] for i in batch], batch, c, tokens, luts, state, seq_len=seq_len,
-                               lr=lr, betas=(beta1, beta2), weight_decay=weight_decay, device=device,
-                               autocast_dtype=autocast_dtype, deadline=None if max_seconds is None else t0 + max_seconds,
-                               chunk_log=result_chunks if record_chunks else None, base=model if score_base else None)
+        stopped = _adapt_batch(
+            lora,
+            [docs[i] for i in batch],
+            batch,
+            c,
+            tokens,
+            luts,
+            state,
+            seq_len=seq_len,
+            lr=lr,
+            betas=(beta1, beta2),
+            weight_decay=weight_decay,
+            device=device,
+            autocast_dtype=autocast_dtype,
+            deadline=None if max_seconds is None else t0 + max_seconds,
+            chunk_log=result_chunks if record_chunks else None,
+            base=model if score_base else None,
+        )
         if stopped:
             break
         docs_done += len(batch)
@@ -232,8 +262,14 @@ def ttt_evaluate(
         val_bpb=nats / math.log(2) / n_bytes if n_bytes else None,
         base_val_loss=base_nats / n_tokens if base_nats is not None and n_tokens else None,
         base_val_bpb=base_nats / math.log(2) / n_bytes if base_nats is not None and n_bytes else None,
-        tokens_scored=n_tokens, tokens_total=total, bytes=n_bytes, docs_done=docs_done, docs_total=len(docs),
-        seconds=seconds, complete=n_tokens == total, chunks=result_chunks,
+        tokens_scored=n_tokens,
+        tokens_total=total,
+        bytes=n_bytes,
+        docs_done=docs_done,
+        docs_total=len(docs),
+        seconds=seconds,
+        complete=n_tokens == total,
+        chunks=result_chunks,
     )
 
 
@@ -254,18 +290,34 @@ def _width(n: int, seq_len: int) -> int:
     return min(seq_len, max(64, 1 << max(0, n - 1).bit_length()))
 
 
-def _nats(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: str,
-          autocast_dtype: Optional[torch.dtype]) -> torch.Tensor:
+def _nats(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: str, autocast_dtype: torch.dtype | None
+) -> torch.Tensor:
     if autocast_dtype is None:
         return model(x, y, reduction="none")
     with torch.autocast(device, dtype=autocast_dtype):
         return model(x, y, reduction="none")
 
 
-def _adapt_batch(lora: LoRAModel, docs: list[tuple[int, int]], doc_ids: list[int], chunk: int, tokens: torch.Tensor,
-                 luts: ByteLUTs, sums: _Sums, *, seq_len: int, lr: float, betas: tuple[float, float],
-                 weight_decay: float, device: str, autocast_dtype: Optional[torch.dtype],
-                 deadline: Optional[float], chunk_log: Optional[list], base: Optional[nn.Module] = None) -> bool:
+def _adapt_batch(
+    lora: LoRAModel,
+    docs: list[tuple[int, int]],
+    doc_ids: list[int],
+    chunk: int,
+    tokens: torch.Tensor,
+    luts: ByteLUTs,
+    sums: _Sums,
+    *,
+    seq_len: int,
+    lr: float,
+    betas: tuple[float, float],
+    weight_decay: float,
+    device: str,
+    autocast_dtype: torch.dtype | None,
+    deadline: float | None,
+    chunk_log: list | None,
+    base: nn.Module | None = None,
+) -> bool:
     """Score-first TTT of one batch of documents (all with chunk size ``chunk``). True if the deadline hit.
 
     Every step runs one row per document of the batch at one padded width (documents that are done are all

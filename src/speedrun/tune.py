@@ -14,6 +14,7 @@ reassociation moves a loss by ~1e-3, fp8 rounding by ~1e-2; a wrong kernel by fa
 candidate that passes and beats the default by ``--min-gain``; otherwise the default itself is written, so the
 table always says what was measured.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,9 +24,10 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 from .errors import ConfigError
 
@@ -39,13 +41,13 @@ class Candidate:
     plan: Any = None
     kernel_settings: dict[str, Any] = field(default_factory=dict)
     """The candidate's kernel-group fields (KernelConfig.explicit()): what the table stores."""
-    refused: Optional[str] = None
-    tokens_per_s: Optional[float] = None
+    refused: str | None = None
+    tokens_per_s: float | None = None
     step_ms: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
-    numerics: Optional[str] = None
+    numerics: str | None = None
     """None until checked; "ok" or why the losses differ from the default's."""
-    error: Optional[str] = None
+    error: str | None = None
 
     @property
     def label(self) -> str:
@@ -65,8 +67,13 @@ def candidate_overrides(plan: Any, quick: bool = False) -> list[list[str]]:
         out.append(graphs + (cdt if plan.compile else []) + (["kernel.fp8=[mlp_down]"] if fp8 else []))
         return out
     if plan.compile:
-        out += [["kernel.compile_mode=max-autotune-no-cudagraphs"], ["kernel.compile_mode=reduce-overhead"], cdt,
-                graphs + cdt, graphs + ["kernel.compile_mode=max-autotune-no-cudagraphs"]]
+        out += [
+            ["kernel.compile_mode=max-autotune-no-cudagraphs"],
+            ["kernel.compile_mode=reduce-overhead"],
+            cdt,
+            graphs + cdt,
+            graphs + ["kernel.compile_mode=max-autotune-no-cudagraphs"],
+        ]
     out.append(graphs)
     if fp8:
         for targets in ("[mlp_down]", "[mlp]"):
@@ -74,12 +81,22 @@ def candidate_overrides(plan: Any, quick: bool = False) -> list[list[str]]:
         if plan.compile:
             out.append(graphs + cdt + ["kernel.fp8=[mlp_down]"])
     if plan.attn == "flex":
-        out += [["kernel.flex_fwd.block_m=128", "kernel.flex_fwd.block_n=64"],
-                ["kernel.flex_fwd.block_m=64", "kernel.flex_fwd.block_n=64"],
-                ["kernel.flex_bwd.block_m1=64", "kernel.flex_bwd.block_n1=128", "kernel.flex_bwd.block_m2=128",
-                 "kernel.flex_bwd.block_n2=64"],
-                ["kernel.flex_bwd.block_m1=32", "kernel.flex_bwd.block_n1=64", "kernel.flex_bwd.block_m2=64",
-                 "kernel.flex_bwd.block_n2=32"]]
+        out += [
+            ["kernel.flex_fwd.block_m=128", "kernel.flex_fwd.block_n=64"],
+            ["kernel.flex_fwd.block_m=64", "kernel.flex_fwd.block_n=64"],
+            [
+                "kernel.flex_bwd.block_m1=64",
+                "kernel.flex_bwd.block_n1=128",
+                "kernel.flex_bwd.block_m2=128",
+                "kernel.flex_bwd.block_n2=64",
+            ],
+            [
+                "kernel.flex_bwd.block_m1=32",
+                "kernel.flex_bwd.block_n1=64",
+                "kernel.flex_bwd.block_m2=64",
+                "kernel.flex_bwd.block_n2=32",
+            ],
+        ]
     return out
 
 
@@ -90,9 +107,10 @@ def _has_fp8(plan: Any) -> bool:
     return bool(profile and profile.capability and profile.capability >= (8, 9))
 
 
-def check_numerics(reference: list[float], losses: list[float], atol: float = DEFAULT_ATOL,
-                   rtol: float = DEFAULT_RTOL) -> str:
-    """"ok", or which step's loss is how far from the reference's (same batches, same initial weights)."""
+def check_numerics(
+    reference: list[float], losses: list[float], atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL
+) -> str:
+    """ "ok", or which step's loss is how far from the reference's (same batches, same initial weights)."""
     if len(losses) != len(reference) or not reference:
         return f"{len(losses)} losses against {len(reference)} of the default"
     for i, (ref, got) in enumerate(zip(reference, losses)):
@@ -122,20 +140,30 @@ def provenance(plan: Any, default: Candidate, winner: Candidate, steps: int, arg
     try:
         import triton
 
-        triton_version: Optional[str] = triton.__version__
+        triton_version: str | None = triton.__version__
     except ImportError:
         triton_version = None
     speedup = winner.tokens_per_s / default.tokens_per_s if winner.tokens_per_s and default.tokens_per_s else None
-    info = {"device_name": plan.device_name, "hardware": plan.hardware, "torch": torch.__version__,
-            "triton": triton_version, "cuda": torch.version.cuda,
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "model": plan.model_name, "model_shape": dataclasses.asdict(plan.model), "attn_kernel": plan.attn_kernel,
-            "precision": plan.precision, "tokens_per_step": plan.tokens_per_step, "micro_batch": plan.micro_batch,
-            "steps_timed": steps, "winner": winner.label,
-            "default_tokens_per_s": round(default.tokens_per_s or 0.0, 1),
-            "winner_tokens_per_s": round(winner.tokens_per_s or 0.0, 1),
-            "speedup": round(speedup, 4) if speedup else None,
-            "command": "python -m speedrun.tune " + " ".join(argv)}
+    info = {
+        "device_name": plan.device_name,
+        "hardware": plan.hardware,
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "cuda": torch.version.cuda,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "model": plan.model_name,
+        "model_shape": dataclasses.asdict(plan.model),
+        "attn_kernel": plan.attn_kernel,
+        "precision": plan.precision,
+        "tokens_per_step": plan.tokens_per_step,
+        "micro_batch": plan.micro_batch,
+        "steps_timed": steps,
+        "winner": winner.label,
+        "default_tokens_per_s": round(default.tokens_per_s or 0.0, 1),
+        "winner_tokens_per_s": round(winner.tokens_per_s or 0.0, 1),
+        "speedup": round(speedup, 4) if speedup else None,
+        "command": "python -m speedrun.tune " + " ".join(argv),
+    }
     return json.loads(json.dumps(info, default=str))  # plain types only (torch.__version__ is a str subclass)
 
 
@@ -148,8 +176,15 @@ def results_table(candidates: list[Candidate], winner: Candidate) -> str:
         ratio = f"{c.tokens_per_s / base:.3f}" if c.tokens_per_s and base else ""
         med = f"{statistics.median(c.step_ms):.1f}" if c.step_ms else ""
         status = c.refused and f"refused: {c.refused}" or c.error and f"failed: {c.error}" or c.numerics or ""
-        rows.append([("* " if c is winner else "  ") + c.label, f"{c.tokens_per_s:,.0f}" if c.tokens_per_s else "",
-                     ratio, med, status[:110]])
+        rows.append(
+            [
+                ("* " if c is winner else "  ") + c.label,
+                f"{c.tokens_per_s:,.0f}" if c.tokens_per_s else "",
+                ratio,
+                med,
+                status[:110],
+            ]
+        )
     return format_table(["candidate", "tokens/s", "vs default", "median ms/step", "numerics / status"], rows)
 
 
@@ -205,8 +240,14 @@ def _release(cuda: bool) -> None:
         torch.cuda.empty_cache()
 
 
-def tune(candidates: list[Candidate], run: Callable[[Candidate], None], atol: float, rtol: float,
-         log: Callable[[str], None], min_gain: float = 0.01) -> Candidate:
+def tune(
+    candidates: list[Candidate],
+    run: Callable[[Candidate], None],
+    atol: float,
+    rtol: float,
+    log: Callable[[str], None],
+    min_gain: float = 0.01,
+) -> Candidate:
     """Measure every resolvable candidate with ``run`` (progress on ``log``), check numerics against the first
     (the default), and return the winner. A candidate that raises is recorded as failed, never the winner."""
     todo = [c for c in candidates if c.refused is None]
@@ -226,12 +267,15 @@ def tune(candidates: list[Candidate], run: Callable[[Candidate], None], atol: fl
     return pick_winner(candidates, min_gain)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="python -m speedrun.tune", description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=12, help="timed steps per candidate (median taken)")
-    parser.add_argument("--quick", action="store_true",
-                        help="a short search: CUDA graphs, coordinate descent, fp8 mlp_down, each alone and together")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a short search: CUDA graphs, coordinate descent, fp8 mlp_down, each alone and together",
+    )
     parser.add_argument("--atol", type=float, default=DEFAULT_ATOL, help="numerics: absolute loss tolerance")
     parser.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help="numerics: relative loss tolerance")
     parser.add_argument("--min-gain", type=float, default=0.01, help="a winner must beat the default by this")
@@ -270,16 +314,21 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
             c.refused = str(e)
         candidates.append(c)
     plan = default_plan
-    log(f"tune: {plan.device_name} ({plan.hardware}), model {plan.model_name}, {plan.attn_kernel}, {plan.precision}; "
-        f"{sum(c.refused is None for c in candidates)} candidate(s), {args.steps} timed steps each")
+    log(
+        f"tune: {plan.device_name} ({plan.hardware}), model {plan.model_name}, {plan.attn_kernel}, {plan.precision}; "
+        f"{sum(c.refused is None for c in candidates)} candidate(s), {args.steps} timed steps each"
+    )
     _configure_torch(plan)
     data = build_data(plan, log)
-    winner = tune(candidates, lambda c: measure(c, data, args.steps, lambda m: None), args.atol, args.rtol, log,
-                  args.min_gain)
+    winner = tune(
+        candidates, lambda c: measure(c, data, args.steps, lambda m: None), args.atol, args.rtol, log, args.min_gain
+    )
     log(results_table(candidates, winner))
     info = provenance(plan, candidates[0], winner, args.steps, argv)
-    log(f"winner: {winner.label} ({info['winner_tokens_per_s']:,.0f} tok/s, default "
-        f"{info['default_tokens_per_s']:,.0f}, x{info['speedup']})")
+    log(
+        f"winner: {winner.label} ({info['winner_tokens_per_s']:,.0f} tok/s, default "
+        f"{info['default_tokens_per_s']:,.0f}, x{info['speedup']})"
+    )
     if not args.dry_run:
         path = write_entry(plan.hardware, plan.model_name, winner.kernel_settings, info, args.table_dir)
         log(f"wrote {path} (kernel=tuned on {plan.hardware} now runs: {winner.label})")

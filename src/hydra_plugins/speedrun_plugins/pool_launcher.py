@@ -27,9 +27,10 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
@@ -63,11 +64,11 @@ class PoolLauncherConf:
     """Start no job after the first failure and stop the running ones (default: the sweeper's fail_fast)."""
     module: str = "run"
     """The Python module each job runs (python -m <module>)."""
-    echo: Optional[bool] = None
+    echo: bool | None = None
     """Copy each job's output to this console (always also in <job dir>/console.log). null: when one slot."""
     stop_timeout_s: float = 60.0
     """After SIGTERM (fail-fast, Ctrl-C), seconds a job gets to record itself before SIGKILL."""
-    compile_cache: Optional[str] = "outputs/.compile_cache"
+    compile_cache: str | None = "outputs/.compile_cache"
     """Inductor/Triton cache the jobs share (speedrun.kernels.cache); null: torch's defaults; set variables win."""
 
 
@@ -96,8 +97,17 @@ def quote(value: str) -> str:
 
 
 # Hydra overrides of the sweep itself: meaningless (or wrong: hydra.mode=MULTIRUN) in a job's RUN-mode process.
-_SWEEP_ONLY = ("hydra/launcher", "hydra.launcher", "hydra/sweeper", "hydra.sweeper", "hydra.sweep", "hydra.run",
-               "hydra.mode", "hydra.job.num", "hydra.job.id")
+_SWEEP_ONLY = (
+    "hydra/launcher",
+    "hydra.launcher",
+    "hydra/sweeper",
+    "hydra.sweeper",
+    "hydra.sweep",
+    "hydra.run",
+    "hydra.mode",
+    "hydra.job.num",
+    "hydra.job.id",
+)
 
 
 def _forwarded(hydra_overrides: Sequence[str]) -> list[str]:
@@ -116,8 +126,9 @@ def _record_death(job: "_Job", status: str, why: str) -> None:
 
     db_path = results_db_path(job.config.get("results_db"))
     try:
-        ResultsDB(db_path).upsert(str(job.job_dir.resolve()), {"status": status, "error": why,
-                                                              "finished_at": time.time()})
+        ResultsDB(db_path).upsert(
+            str(job.job_dir.resolve()), {"status": status, "error": why, "finished_at": time.time()}
+        )
     except Exception as e:  # noqa: BLE001 - the sweep goes on; the console already says what happened
         log.warning(f"could not record job #{job.num} as {status} in {db_path}: {e}")
 
@@ -131,20 +142,20 @@ class _Job:
     cmd: list[str]
     gpus: int = 1
     """GPUs the job needs at once: its dist.nproc (a CPU slot runs any job)."""
-    slots: Optional[list[int]] = None
-    proc: Optional[subprocess.Popen] = None
-    pump: Optional[threading.Thread] = None
+    slots: list[int] | None = None
+    proc: subprocess.Popen | None = None
+    pump: threading.Thread | None = None
     started: float = 0.0
-    ret: Optional[JobReturn] = None
+    ret: JobReturn | None = None
 
 
 class PoolLauncher(Launcher):
     def __init__(self, **params: Any) -> None:
         super().__init__()
         self.params = params
-        self.config: Optional[DictConfig] = None
-        self.hydra_context: Optional[HydraContext] = None
-        self.task_function: Optional[TaskFunction] = None
+        self.config: DictConfig | None = None
+        self.hydra_context: HydraContext | None = None
+        self.task_function: TaskFunction | None = None
         self.interrupted = False
         """True after Ctrl-C: the sweeper launches no further batch."""
 
@@ -162,14 +173,19 @@ class PoolLauncher(Launcher):
         echo = p.get("echo")
         echo = len(slots) == 1 if echo is None else bool(echo)
         forwarded = _forwarded(OmegaConf.to_container(self.config.hydra.overrides.hydra))  # type: ignore[arg-type]
-        jobs = [self._prepare(initial_job_idx + i, list(o), sweep_dir, forwarded)
-                for i, o in enumerate(job_overrides)]
+        jobs = [self._prepare(initial_job_idx + i, list(o), sweep_dir, forwarded) for i, o in enumerate(job_overrides)]
         where = ", ".join(f"GPU {s}" for s in dict.fromkeys(slots)) if slots[0] is not None else "CPU"
-        log.info(f"Launching {len(jobs)} job(s), {len(slots)} at a time ({where}), one process each; "
-                 f"output in <job dir>/console.log")
+        log.info(
+            f"Launching {len(jobs)} job(s), {len(slots)} at a time ({where}), one process each; "
+            f"output in <job dir>/console.log"
+        )
         os.environ.update(cache_env(Path(str(p["compile_cache"])) if p.get("compile_cache") else None))  # jobs inherit
-        pool = _Pool(slots, fail_fast=bool(p.get("fail_fast", False)), echo=echo,
-                     stop_timeout_s=float(p.get("stop_timeout_s", 60.0)))
+        pool = _Pool(
+            slots,
+            fail_fast=bool(p.get("fail_fast", False)),
+            echo=echo,
+            stop_timeout_s=float(p.get("stop_timeout_s", 60.0)),
+        )
         returns = pool.run(jobs)
         self.interrupted = self.interrupted or pool.interrupted
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
@@ -186,9 +202,18 @@ class PoolLauncher(Launcher):
         with read_write(config.hydra.runtime), open_dict(config.hydra.runtime):
             config.hydra.runtime.output_dir = str(job_dir)
         module = str(self.params.get("module", "run"))
-        cmd = [sys.executable, "-m", module, *overrides, *forwarded,
-               f"hydra.run.dir={quote(str(job_dir))}", f"hydra.sweep.dir={quote(str(sweep_dir))}",
-               f"hydra.sweep.subdir={quote(subdir)}", f"hydra.job.num={num}", f"hydra.job.id={num}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            module,
+            *overrides,
+            *forwarded,
+            f"hydra.run.dir={quote(str(job_dir))}",
+            f"hydra.sweep.dir={quote(str(sweep_dir))}",
+            f"hydra.sweep.subdir={quote(subdir)}",
+            f"hydra.job.num={num}",
+            f"hydra.job.id={num}",
+        ]
         gpus = int(OmegaConf.select(config, "dist.nproc", default=1) or 1)
         return _Job(num=num, overrides=overrides, config=config, job_dir=job_dir, cmd=cmd, gpus=gpus)
 
@@ -196,10 +221,10 @@ class PoolLauncher(Launcher):
 class _Pool:
     """Runs prepared jobs over the slots; the main thread polls, one thread per job copies its output."""
 
-    def __init__(self, slots: list[Optional[str]], fail_fast: bool, echo: bool, stop_timeout_s: float):
+    def __init__(self, slots: list[str | None], fail_fast: bool, echo: bool, stop_timeout_s: float):
         self.slots, self.fail_fast, self.echo, self.stop_timeout_s = slots, fail_fast, echo, stop_timeout_s
         self.interrupted = False
-        self.stopping: Optional[str] = None
+        self.stopping: str | None = None
 
     def run(self, jobs: list[_Job]) -> list[JobReturn]:
         with sigterm_as_interrupt():
@@ -226,11 +251,16 @@ class _Pool:
                     running.remove(job)
                     free.extend(job.slots or [])
                     self._finish(job)
-                    if job.ret is not None and job.ret.status == JobStatus.FAILED and self.fail_fast \
-                            and self.stopping is None:
+                    if (
+                        job.ret is not None
+                        and job.ret.status == JobStatus.FAILED
+                        and self.fail_fast
+                        and self.stopping is None
+                    ):
                         self.stopping = f"fail_fast: job #{job.num} failed"
-                        log.error(f"{self.stopping}; stopping {len(running)} running job(s), "
-                                  f"not starting {len(pending)}")
+                        log.error(
+                            f"{self.stopping}; stopping {len(running)} running job(s), not starting {len(pending)}"
+                        )
                         self._terminate(running)
                 time.sleep(0.05)
         except KeyboardInterrupt:
@@ -261,14 +291,24 @@ class _Pool:
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // len(self.slots)))
         job.job_dir.mkdir(parents=True, exist_ok=True)
         job.slots, job.started = slots, time.time()
-        log.info(f"#{job.num} {' '.join(filter_overrides(job.overrides))}"
-                 + (f" -> GPU {gpu}" if gpu is not None else ""))
-        job.proc = subprocess.Popen(job.cmd, env=env, cwd=os.getcwd(), stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, bufsize=1,
-                                    errors="replace")
+        log.info(
+            f"#{job.num} {' '.join(filter_overrides(job.overrides))}" + (f" -> GPU {gpu}" if gpu is not None else "")
+        )
+        job.proc = subprocess.Popen(
+            job.cmd,
+            env=env,
+            cwd=os.getcwd(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            bufsize=1,
+            errors="replace",
+        )
         prefix = f"[#{job.num}] " if len(self.slots) > 1 else ""
-        job.pump = threading.Thread(target=_pump, args=(job.proc, job.job_dir / "console.log", self.echo, prefix),
-                                    daemon=True)
+        job.pump = threading.Thread(
+            target=_pump, args=(job.proc, job.job_dir / "console.log", self.echo, prefix), daemon=True
+        )
         job.pump.start()
         return job
 
@@ -284,8 +324,11 @@ class _Pool:
         if rc == 0 and status not in ("failed", "interrupted", "running"):
             ret.status = JobStatus.COMPLETED
             ret.return_value = result
-            metrics = "  ".join(f"{k} {result[k]:.4g}" for k in ("val_bpb", "val_bpb_quant", "tokens_per_s")
-                                if result and isinstance(result.get(k), (int, float)))
+            metrics = "  ".join(
+                f"{k} {result[k]:.4g}"
+                for k in ("val_bpb", "val_bpb_quant", "tokens_per_s")
+                if result and isinstance(result.get(k), (int, float))
+            )
             log.info(f"#{job.num} {status or 'done'} in {seconds:.1f}s  {metrics}  ({job.job_dir})")
         else:
             status = status if status not in (None, "running", "ok") else "failed"
@@ -368,7 +411,7 @@ def _pump(proc: subprocess.Popen, path: Path, echo: bool, prefix: str) -> None:
                     echo = False
 
 
-def _read_json(path: Path) -> Optional[dict[str, Any]]:
+def _read_json(path: Path) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):

@@ -9,10 +9,12 @@ the signal to the end of the current step, writes that checkpoint, and only then
 
 Imported by Hydra's plugin scan on every start: nothing heavy at import, and nothing at all without the extra.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 try:
     from hydra_plugins.hydra_submitit_launcher import submitit_launcher as _submitit
@@ -20,7 +22,7 @@ except ImportError:  # the `slurm` extra is not installed: no SLURM launcher to 
     _submitit = None
 
 
-def requeue_overrides(overrides: Sequence[str], run_dir: Optional[Path]) -> list[str]:
+def requeue_overrides(overrides: Sequence[str], run_dir: Path | None) -> list[str]:
     """The job's overrides for its requeued run: plus ``resume=<run dir>`` when that dir holds a checkpoint."""
     from speedrun.checkpoint import list_checkpoints
 
@@ -30,7 +32,7 @@ def requeue_overrides(overrides: Sequence[str], run_dir: Optional[Path]) -> list
     return list(overrides)
 
 
-def current_run_dir() -> Optional[Path]:
+def current_run_dir() -> Path | None:
     """The run dir of the job running in this process (Hydra's output dir), or None outside a job."""
     from hydra.core.hydra_config import HydraConfig
 
@@ -48,4 +50,5 @@ if _submitit is not None:
 
             sweep_overrides, *rest = args
             return submitit.helpers.DelayedSubmission(
-                self, requeue_overrides(sweep_overrides, current_run_dir()), *rest, **kwargs)
+                self, requeue_overrides(sweep_overrides, current_run_dir()), *rest, **kwargs
+            )

@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
@@ -45,24 +45,29 @@ class SpeedrunSweeperConf:
     affect results. The card must still match."""
     fail_fast: bool = False
     """Stop at the first failed job (no new job starts; the pool launcher also stops the running ones)."""
-    max_batch_size: Optional[int] = None
+    max_batch_size: int | None = None
     """Jobs handed to the launcher at once (null: all)."""
-    params: Optional[Dict[str, str]] = None
+    params: dict[str, str] | None = None
     """Sweep parameters as in Hydra's basic sweeper, e.g. {seed: 0,1,2}."""
 
 
-ConfigStore.instance().store(group="hydra/sweeper", name="speedrun", node=SpeedrunSweeperConf,
-                             provider="speedrun")
+ConfigStore.instance().store(group="hydra/sweeper", name="speedrun", node=SpeedrunSweeperConf, provider="speedrun")
 
 
 class SpeedrunSweeper(BasicSweeper):
-    def __init__(self, resume: bool = False, fail_fast: bool = False, max_batch_size: Optional[int] = None,
-                 params: Optional[Dict[str, str]] = None, resume_across_code: bool = False) -> None:
+    def __init__(
+        self,
+        resume: bool = False,
+        fail_fast: bool = False,
+        max_batch_size: int | None = None,
+        params: dict[str, str] | None = None,
+        resume_across_code: bool = False,
+    ) -> None:
         super().__init__(max_batch_size=max_batch_size, params=params)
         self.resume, self.fail_fast = bool(resume), bool(fail_fast)
         self.resume_across_code = bool(resume_across_code)
 
-    def sweep(self, arguments: List[str]) -> Any:
+    def sweep(self, arguments: list[str]) -> Any:
         from speedrun.identity import code_fingerprint
         from speedrun.paths import REPO_ROOT
         from speedrun.sweep import JobEntry, Manifest
@@ -74,10 +79,16 @@ class SpeedrunSweeper(BasicSweeper):
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
-        manifest = Manifest(sweep=sweep_dir.name, sweep_dir=str(sweep_dir), name=str(self.config.get("name")),
-                            resume=self.resume, fail_fast=self.fail_fast, resume_across_code=self.resume_across_code,
-                            code_fingerprint=code_fingerprint(REPO_ROOT),
-                            jobs=[JobEntry(index=i, overrides=list(c)) for i, c in enumerate(combos)])
+        manifest = Manifest(
+            sweep=sweep_dir.name,
+            sweep_dir=str(sweep_dir),
+            name=str(self.config.get("name")),
+            resume=self.resume,
+            fail_fast=self.fail_fast,
+            resume_across_code=self.resume_across_code,
+            code_fingerprint=code_fingerprint(REPO_ROOT),
+            jobs=[JobEntry(index=i, overrides=list(c)) for i, c in enumerate(combos)],
+        )
         # compose every job now: a composition error fails the sweep before any job runs (as the basic sweeper)
         identities = [self._identity(c) for c in combos]
         if self.resume:
@@ -107,7 +118,7 @@ class SpeedrunSweeper(BasicSweeper):
         manifest.save()
         return returns
 
-    def _mark_reused(self, manifest: Any, identities: List[Optional[str]]) -> None:
+    def _mark_reused(self, manifest: Any, identities: list[str | None]) -> None:
         """Mark the jobs an earlier ok run (same config, this card, this code) already did; note why the others
         that were done elsewhere run again."""
         from speedrun.identity import current_device_name
@@ -126,15 +137,19 @@ class SpeedrunSweeper(BasicSweeper):
                 job.note = done.refused[ident]
         reused = sum(j.state == "reused" for j in manifest.jobs)
         across = ", any code" if self.resume_across_code else f", code {manifest.code_fingerprint}"
-        log.info(f"resume: {reused} of {len(identities)} combination(s) already completed ok (on "
-                 f"{manifest.device_name}{across}) and are skipped; {len(identities) - reused} to run")
+        log.info(
+            f"resume: {reused} of {len(identities)} combination(s) already completed ok (on "
+            f"{manifest.device_name}{across}) and are skipped; {len(identities) - reused} to run"
+        )
         for why, n in Counter(j.note for j in manifest.jobs if j.note).items():
             log.info(f"resume: {n} combination(s) run again: their earlier ok run {why}")
         if unchecked:
-            log.warning(f"resume: {unchecked} reused run(s) have no code_fingerprint (recorded before runs kept it): "
-                        f"that they ran this code cannot be checked")
+            log.warning(
+                f"resume: {unchecked} reused run(s) have no code_fingerprint (recorded before runs kept it): "
+                f"that they ran this code cannot be checked"
+            )
 
-    def _identity(self, overrides: List[str]) -> Optional[str]:
+    def _identity(self, overrides: list[str]) -> str | None:
         from speedrun.sweep import config_identity
 
         assert self.config is not None and self.hydra_context is not None

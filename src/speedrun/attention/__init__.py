@@ -7,6 +7,7 @@
 The registry maps a name to "module:Class"; the module is imported on first use, so importing this package
 does no work. The resolver asks a backend's class (``backend_class``) what it can run before anything is built.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -20,11 +20,12 @@ conf/attn YAML (README "Extending").
 Backends hold no parameters and no per-step state, so a compiled model can inline them: nothing in
 ``__call__`` or ``prepare`` branches on tensor values or calls ``.item()``.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -42,9 +43,9 @@ class Capabilities:
 
     devices: tuple[str, ...] = ("cuda",)
     """torch device types it trains on."""
-    min_capability: Optional[tuple[int, int]] = None
+    min_capability: tuple[int, int] | None = None
     """Lowest CUDA compute capability (None: any)."""
-    max_capability: Optional[tuple[int, int]] = None
+    max_capability: tuple[int, int] | None = None
     """Highest CUDA compute capability it has builds for (None: any)."""
     precisions: tuple[str, ...] = PRECISIONS
     """Run precisions it accepts (fp8 runs attention in bf16)."""
@@ -53,12 +54,13 @@ class Capabilities:
     document_mask: bool = False
     window: bool = False
     min_head_dim: int = 1
-    max_head_dim: Optional[int] = None
+    max_head_dim: int | None = None
     why: str = ""
     """One clause on where the limits come from, appended to refusals."""
 
-    def problems(self, profile: "HardwareProfile", precision: str, model: "ModelShape", *, document_mask: bool,
-                 window: bool) -> list[str]:
+    def problems(
+        self, profile: HardwareProfile, precision: str, model: ModelShape, *, document_mask: bool, window: bool
+    ) -> list[str]:
         """Why this backend cannot run the request ([] when it can)."""
         out = []
         cap = profile.capability
@@ -104,14 +106,15 @@ class AttentionBackend(ABC):
 
     # -- what the resolver asks (class methods: no backend is built before the plan is settled) ------------
     @classmethod
-    def plan_options(cls, request: "AttnConfig", profile: "HardwareProfile", precision: str,
-                     model: "ModelShape") -> tuple[dict[str, Any], str]:
+    def plan_options(
+        cls, request: AttnConfig, profile: HardwareProfile, precision: str, model: ModelShape
+    ) -> tuple[dict[str, Any], str]:
         """The constructor options this request resolves to on this profile, and the kernel label that will
         run. Raise speedrun.errors.PlanError (naming what works) for what ``capabilities`` cannot express."""
         return {}, cls.name
 
     @classmethod
-    def scores_bytes(cls, options: dict[str, Any], micro_batch: int, model: "ModelShape", precision: str) -> int:
+    def scores_bytes(cls, options: dict[str, Any], micro_batch: int, model: ModelShape, precision: str) -> int:
         """Bytes of B x H x T x T scores kept for backward across all layers (0: the kernel never holds them)."""
         return 0
 
@@ -132,7 +135,7 @@ class AttentionBackend(ABC):
         return f"{type(self).__name__}(kernel={self.kernel!r}, window={self.window})"
 
 
-def materialized_scores_bytes(micro_batch: int, model: "ModelShape", precision: str) -> int:
+def materialized_scores_bytes(micro_batch: int, model: ModelShape, precision: str) -> int:
     """Scores plus softmax probabilities (fp32) kept for backward in every layer by a kernel that materialises
     B x H x T x T: the estimate the resolver compares with the card's memory before any allocation."""
     bytes_per = 4 if precision == "fp32" else 2

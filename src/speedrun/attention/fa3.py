@@ -14,6 +14,7 @@ Offline (our GPU machine has no network): `kernels` reads the Hugging Face cache
 LOCAL_KERNELS maps repo ids to local build directories. Loading happens once, when the backend is built (before
 any training), and every way it can fail becomes one KernelUnavailable error that says how to pre-fetch.
 """
+
 from __future__ import annotations
 
 import os
@@ -58,9 +59,11 @@ def load_fa3(repo: str, version: Any = None, revision: Any = None, trust_remote_
         module = get_kernel(repo, **pin, trust_remote_code=trust_remote_code)
     except Exception as e:  # noqa: BLE001 - network, cache miss, ABI mismatch: all mean "not loadable here"
         if "trusted" in str(e) and not trust_remote_code:
-            raise KernelUnavailable(f"attn=fa3: `kernels` refuses {repo}: its publisher is not on the Hub's trusted "
-                                    f"list ({e}); if you trust its code, set attn.fa3_trust_remote_code=true, "
-                                    f"otherwise use attn=sdpa or attn=flex") from e
+            raise KernelUnavailable(
+                f"attn=fa3: `kernels` refuses {repo}: its publisher is not on the Hub's trusted "
+                f"list ({e}); if you trust its code, set attn.fa3_trust_remote_code=true, "
+                f"otherwise use attn=sdpa or attn=flex"
+            ) from e
         offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0")
         raise KernelUnavailable(
             f"attn=fa3: could not load {repo} ({pin_text}){' offline' if offline else ''}: "
@@ -73,9 +76,14 @@ def load_fa3(repo: str, version: Any = None, revision: Any = None, trust_remote_
 
 class FA3Attention(AttentionBackend):
     name = "fa3"
-    capabilities = Capabilities(devices=("cuda",), min_capability=(8, 0), max_capability=(9, 0),
-                                precisions=("bf16", "fp8"), max_head_dim=256,
-                                why="FA3 builds exist for sm80 and sm90, bf16 only")
+    capabilities = Capabilities(
+        devices=("cuda",),
+        min_capability=(8, 0),
+        max_capability=(9, 0),
+        precisions=("bf16", "fp8"),
+        max_head_dim=256,
+        why="FA3 builds exist for sm80 and sm90, bf16 only",
+    )
 
     @classmethod
     def plan_options(cls, request, profile, precision, model):
@@ -88,11 +96,11 @@ class FA3Attention(AttentionBackend):
         # the builds named in REPOS are vetted here; another repo is trusted only when the user says so
         trust = request.fa3_trust_remote_code
         trust = repo in REPOS.values() if trust is None else bool(trust)
-        return {"repo": repo, "version": version, "revision": revision, "trust_remote_code": trust}, \
-            f"fa3:{repo}@{pin}"
+        return {"repo": repo, "version": version, "revision": revision, "trust_remote_code": trust}, f"fa3:{repo}@{pin}"
 
-    def __init__(self, repo: str, version: Any = None, revision: Any = None, module: Any = None,
-                 trust_remote_code: bool = False):
+    def __init__(
+        self, repo: str, version: Any = None, revision: Any = None, module: Any = None, trust_remote_code: bool = False
+    ):
         """module: an already-loaded kernel module (tests inject a reference implementation here).
         trust_remote_code: passed to kernels.get_kernel (see the module doc)."""
         self._fa3 = module if module is not None else load_fa3(repo, version, revision, trust_remote_code)

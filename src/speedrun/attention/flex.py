@@ -16,17 +16,32 @@ backward's tiles are BLOCK_M1, BLOCK_N1, BLOCK_M2, BLOCK_N2); fwd_* and bwd_* ke
 kernel group chooses them (speedrun.kernels.tiles: per head_dim from the shared-memory budget on sm75).
 ``block_size`` is the mask's sparsity block (default 128); every tile must divide it.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from .base import AttentionBackend, Capabilities, check_shapes, check_window, document_ids
 
-KERNEL_OPTION_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "fwd_BLOCK_M", "fwd_BLOCK_N",
-                      "fwd_num_warps", "fwd_num_stages", "bwd_BLOCK_M1", "bwd_BLOCK_N1", "bwd_BLOCK_M2",
-                      "bwd_BLOCK_N2", "bwd_num_warps", "bwd_num_stages")
+KERNEL_OPTION_KEYS = (
+    "BLOCK_M",
+    "BLOCK_N",
+    "num_warps",
+    "num_stages",
+    "fwd_BLOCK_M",
+    "fwd_BLOCK_N",
+    "fwd_num_warps",
+    "fwd_num_stages",
+    "bwd_BLOCK_M1",
+    "bwd_BLOCK_N1",
+    "bwd_BLOCK_M2",
+    "bwd_BLOCK_N2",
+    "bwd_num_warps",
+    "bwd_num_stages",
+)
 TILE_KEYS = ("BLOCK_N", "fwd_BLOCK_M", "fwd_BLOCK_N", "bwd_BLOCK_M1", "bwd_BLOCK_N1", "bwd_BLOCK_M2", "bwd_BLOCK_N2")
 """Tiles that must divide the BlockMask's block_size (BLOCK_M too, but it was never checked and stays so)."""
 
@@ -43,8 +58,9 @@ def compiled_flex_attention() -> Callable[..., torch.Tensor]:
     return _compiled_flex
 
 
-def block_mask(docs: torch.Tensor | None, B: int, T: int, window: int | None, block_size: int,
-               device: torch.device) -> Any:
+def block_mask(
+    docs: torch.Tensor | None, B: int, T: int, window: int | None, block_size: int, device: torch.device
+) -> Any:
     """BlockMask for causal attention, within documents (docs: (B, T) ids, or None) and a window."""
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -56,8 +72,9 @@ def block_mask(docs: torch.Tensor | None, B: int, T: int, window: int | None, bl
             allowed = allowed & (docs[b, q_idx] == docs[b, kv_idx])
         return allowed
 
-    return create_block_mask(mask_mod, B if docs is not None else None, None, T, T, device=device,
-                             BLOCK_SIZE=block_size)
+    return create_block_mask(
+        mask_mod, B if docs is not None else None, None, T, T, device=device, BLOCK_SIZE=block_size
+    )
 
 
 _compiled_block_mask: Callable[..., Any] | None = None
@@ -76,8 +93,9 @@ class FlexAttention(AttentionBackend):
     kernel = "flex"
     # Triton's tl.dot needs K >= 16, so a head_dim below 16 cannot compile ("embedding dimension ... must be at
     # least 16"); training needs CUDA (flex's backward is a Triton kernel; CPU has the forward only).
-    capabilities = Capabilities(devices=("cuda",), document_mask=True, window=True, min_head_dim=16,
-                                why="flex compiles Triton kernels for CUDA")
+    capabilities = Capabilities(
+        devices=("cuda",), document_mask=True, window=True, min_head_dim=16, why="flex compiles Triton kernels for CUDA"
+    )
 
     @classmethod
     def plan_options(cls, request, profile, precision, model):

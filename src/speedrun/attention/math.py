@@ -5,6 +5,7 @@ small models and tests only (plan.py estimates that memory and refuses before an
 boolean mask once per forward: causal, plus the document mask when bos_id is given, plus the sliding window
 when one is set, which makes it the reference for flex's masking as well.
 """
+
 from __future__ import annotations
 
 import torch

@@ -9,6 +9,7 @@ GQA: flash and math take ``enable_gqa=True``. efficient and cudnn get K/V expand
 (efficient has no GQA path and would otherwise fall to math; expanding lets it run on sm75 T4s).
 Document masks and sliding windows are not offered (is_causal only): use flex for those.
 """
+
 from __future__ import annotations
 
 import torch
@@ -53,8 +54,10 @@ class SDPAAttention(AttentionBackend):
                     f"GQA) or attn=flex"
                 )
             if precision == "fp32":
-                raise PlanError(f"attn.kernel={kernel} needs fp16 or bf16 inputs; with precision=fp32 use "
-                                f"attn.kernel=efficient or math")
+                raise PlanError(
+                    f"attn.kernel={kernel} needs fp16 or bf16 inputs; with precision=fp32 use "
+                    f"attn.kernel=efficient or math"
+                )
         return {"kernel": kernel}, f"sdpa:{kernel}"
 
     @classmethod

@@ -12,10 +12,11 @@ checks that need the device are the resolver's (speedrun.plan). One module per f
 Only run.py sees a DictConfig; ``to_config`` turns it into these dataclasses, and ``speedrun.plan.resolve``
 turns those into the frozen Plan that everything after it reads.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -36,10 +37,28 @@ from .training import (
     ScheduleConfig,
 )
 
-__all__ = ["CONF_DIR", "Config", "GROUPS", "register_configs", "to_config", "AttnConfig", "BudgetConfig",
-           "CheckpointConfig", "DataConfig", "DistConfig", "EvalConfig", "HardwareConfig", "KernelConfig",
-           "LoggerConfig", "ModelConfig", "OptimConfig", "PrecisionConfig", "QuantConfig", "ScheduleConfig",
-           "TTTConfig"]
+__all__ = [
+    "CONF_DIR",
+    "Config",
+    "GROUPS",
+    "register_configs",
+    "to_config",
+    "AttnConfig",
+    "BudgetConfig",
+    "CheckpointConfig",
+    "DataConfig",
+    "DistConfig",
+    "EvalConfig",
+    "HardwareConfig",
+    "KernelConfig",
+    "LoggerConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "PrecisionConfig",
+    "QuantConfig",
+    "ScheduleConfig",
+    "TTTConfig",
+]
 
 
 @dataclass
@@ -66,9 +85,9 @@ class Config:
     """A label for this run, stored with its record."""
     results_db: str = DEFAULT_RESULTS_DB
     """Results database (relative paths are taken from the directory `python -m run` was started in)."""
-    sweep: Optional[str] = None
+    sweep: str | None = None
     """Sweep id, set by multirun; recorded with each run."""
-    resume: Optional[str] = None
+    resume: str | None = None
     """A run dir to continue from its latest checkpoint, to its original budget, recorded in the same row:
     `python -m run resume=<run dir>`. The run's own config is used (speedrun.resume)."""
 

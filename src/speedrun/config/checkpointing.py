@@ -4,20 +4,21 @@ Checkpoints hold everything the loop needs to continue bit for bit (model, optim
 RNG states, schedule progress and the elapsed budget); speedrun.checkpoint writes and reads them, and
 speedrun.resume turns ``resume=<run dir>`` into the run's own config.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from .choices import _require
 
 
 @dataclass
 class CheckpointConfig:
-    every_seconds: Optional[float] = None
+    every_seconds: float | None = None
     """Write a checkpoint every this many wall-clock seconds of training (None: off). Wall clock, not train
     seconds: what a preemption or a time limit takes away is wall time."""
-    every_steps: Optional[int] = None
+    every_steps: int | None = None
     """Write a checkpoint every this many optimizer steps (None: off); exact and card-independent."""
     keep: int = 2
     """Checkpoints kept in <run dir>/checkpoints/ (the oldest are deleted after a newer one is complete)."""
@@ -29,10 +30,14 @@ class CheckpointConfig:
     its sweep dir) resumes from it instead of starting over."""
 
     def __post_init__(self) -> None:
-        _require(self.every_seconds is None or self.every_seconds > 0,
-                 f"checkpoint.every_seconds={self.every_seconds} must be > 0 (or null: off)")
-        _require(self.every_steps is None or self.every_steps >= 1,
-                 f"checkpoint.every_steps={self.every_steps} must be >= 1 (or null: off)")
+        _require(
+            self.every_seconds is None or self.every_seconds > 0,
+            f"checkpoint.every_seconds={self.every_seconds} must be > 0 (or null: off)",
+        )
+        _require(
+            self.every_steps is None or self.every_steps >= 1,
+            f"checkpoint.every_steps={self.every_steps} must be >= 1 (or null: off)",
+        )
         _require(self.keep >= 1, f"checkpoint.keep={self.keep} must be >= 1")
 
     @property
@@ -40,7 +45,7 @@ class CheckpointConfig:
         return self.every_seconds is not None or self.every_steps is not None
 
 
-def parse_batch(value: Any, key: str) -> Optional[int | str]:
+def parse_batch(value: Any, key: str) -> int | str | None:
     """A batch-size field that takes an int >= 1, "auto" (searched on the device during warm-up) or null.
 
     The field is typed Any in the schema: OmegaConf has no int-or-str union, and a str field would turn every
@@ -55,6 +60,9 @@ def parse_batch(value: Any, key: str) -> Optional[int | str]:
         except ValueError:
             value = None
     ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
-    _require(ok, f"{key} must be an integer >= 1, auto (the largest that fits, found during warm-up) or null "
-                 f"(the profile's default)")
+    _require(
+        ok,
+        f"{key} must be an integer >= 1, auto (the largest that fits, found during warm-up) or null "
+        f"(the profile's default)",
+    )
     return value

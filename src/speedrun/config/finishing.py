@@ -1,8 +1,9 @@
 """Schemas of the groups that say what happens after training and how it is reported: eval, ttt, quant, logger."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from ..specs import parse_short_chunks, parse_targets
 from .checkpointing import parse_batch
@@ -14,42 +15,50 @@ class EvalConfig:
     name: EvalName = EvalName.standard
     """standard: non-overlapping windows of model.seq_len; sliding: windows of model.seq_len advancing by
     eval.stride, each val token scored exactly once with at least seq_len - stride tokens of context."""
-    tokens: Optional[int] = None
+    tokens: int | None = None
     """Validation tokens to score: the first N of the split. None (or 0): the whole split, as parameter-golf
     scores it; runs record eval_tokens and eval_fingerprint, and the report compares only runs of one set."""
     batch_size: Any = None
     """Windows per eval forward. None: hardware.micro_batch (searched too when that is auto); auto: the largest
     that fits, found on the device during warm-up, so an eval never runs out of memory where training did not."""
-    stride: Optional[int] = None
+    stride: int | None = None
     """eval=sliding: tokens each window advances (1 <= stride <= model.seq_len); stride == seq_len is the
     standard eval. Must be unset for eval=standard."""
     document_isolated: bool = False
     """Score with no attention across BOS (each token sees only its own document), through the attention
     backend's document mask: needs attn=flex or attn=math."""
 
-    every_steps: Optional[int] = None
+    every_steps: int | None = None
     """Periodic validation every this many optimizer steps (None: off), on the first eval.periodic_tokens validation
     tokens with standard windows; its time is kept out of train_seconds (val_seconds_periodic) and each result is
     a val_bpb record in metrics.jsonl. The final evaluation is unchanged."""
-    every_seconds: Optional[float] = None
+    every_seconds: float | None = None
     """Periodic validation every this many seconds of training (train_seconds; None: off)."""
     periodic_tokens: int = 65536
     """Validation tokens each periodic evaluation scores (a fixed slice from the start of the val split)."""
 
     def __post_init__(self) -> None:
         self.batch_size = parse_batch(self.batch_size, f"eval.batch_size={self.batch_size}")
-        _require(self.every_steps is None or self.every_steps >= 1,
-                 f"eval.every_steps={self.every_steps} must be >= 1 (or null: off)")
-        _require(self.every_seconds is None or self.every_seconds > 0,
-                 f"eval.every_seconds={self.every_seconds} must be > 0 (or null: off)")
+        _require(
+            self.every_steps is None or self.every_steps >= 1,
+            f"eval.every_steps={self.every_steps} must be >= 1 (or null: off)",
+        )
+        _require(
+            self.every_seconds is None or self.every_seconds > 0,
+            f"eval.every_seconds={self.every_seconds} must be > 0 (or null: off)",
+        )
         _require(self.periodic_tokens >= 2, f"eval.periodic_tokens={self.periodic_tokens} must be >= 2")
         if self.name == EvalName.sliding:
-            _require(self.stride is not None and self.stride >= 1,
-                     f"eval=sliding needs eval.stride >= 1 (at most model.seq_len), got {self.stride}; "
-                     f"use e.g. eval.stride=64")
+            _require(
+                self.stride is not None and self.stride >= 1,
+                f"eval=sliding needs eval.stride >= 1 (at most model.seq_len), got {self.stride}; "
+                f"use e.g. eval.stride=64",
+            )
         else:
-            _require(self.stride is None, "eval.stride is for eval=sliding; use eval=sliding eval.stride=N, or drop "
-                                          "eval.stride")
+            _require(
+                self.stride is None,
+                "eval.stride is for eval=sliding; use eval=sliding eval.stride=N, or drop eval.stride",
+            )
         _require(self.tokens is None or self.tokens >= 0, f"eval.tokens={self.tokens} must be >= 0 (0: all)")
 
 
@@ -75,9 +84,9 @@ class TTTConfig:
     targets: str = "all"
     """Block linears that get adapters: a preset (all, no_qv, qkvo, qv) or a comma list of q, k, v, o (attention),
     up, down (MLP). The output head cannot: the GPT applies its weight with F.linear, not a module call."""
-    batch_size: Optional[int] = None
+    batch_size: int | None = None
     """Documents adapted side by side (independent adapters). None: the eval batch size."""
-    max_seconds: Optional[float] = None
+    max_seconds: float | None = None
     """Wall-clock budget for TTT; when spent it stops after the current chunk and records what was scored
     (ttt_tokens_scored, ttt_fraction). None: no limit."""
     score_base: bool = True
@@ -88,12 +97,16 @@ class TTTConfig:
     def __post_init__(self) -> None:
         parse_targets(self.targets)
         parse_short_chunks(self.short_chunks)
-        _require(self.rank >= 1 and self.chunk_size >= 1 and (self.batch_size is None or self.batch_size >= 1),
-                 f"ttt.rank ({self.rank}), ttt.chunk_size ({self.chunk_size}) and ttt.batch_size ({self.batch_size}) "
-                 f"must be >= 1; use e.g. ttt.rank=8")
+        _require(
+            self.rank >= 1 and self.chunk_size >= 1 and (self.batch_size is None or self.batch_size >= 1),
+            f"ttt.rank ({self.rank}), ttt.chunk_size ({self.chunk_size}) and ttt.batch_size ({self.batch_size}) "
+            f"must be >= 1; use e.g. ttt.rank=8",
+        )
         _require(self.lr > 0, f"ttt.lr={self.lr} must be > 0; use e.g. ttt.lr=0.01")
-        _require(self.max_seconds is None or self.max_seconds > 0,
-                 f"ttt.max_seconds={self.max_seconds} must be > 0; use null for no limit")
+        _require(
+            self.max_seconds is None or self.max_seconds > 0,
+            f"ttt.max_seconds={self.max_seconds} must be > 0; use null for no limit",
+        )
 
     def chunk_sizes(self) -> list[int]:
         """Every chunk size TTT may use (chunk_size and the short-document ones)."""
@@ -126,14 +139,20 @@ class QuantConfig:
     least Hessian-diagonal-weighted rounding error."""
 
     def __post_init__(self) -> None:
-        _require(2 <= self.bits <= 8 and 2 <= self.embed_bits <= 8,
-                 f"quant.bits={self.bits} and quant.embed_bits={self.embed_bits} must be in 2..8 (one int8 byte per "
-                 f"value); use e.g. quant.bits=6 quant.embed_bits=8")
-        _require(self.calib_batches >= 1 and self.block_size >= 1 and self.damp >= 0,
-                 f"quant.calib_batches ({self.calib_batches}) and quant.block_size ({self.block_size}) must be >= 1 "
-                 f"and quant.damp ({self.damp}) >= 0; use the int6 defaults (8, 128, 0.01)")
-        _require(bool(self.clip_ratios) and all(0 < r <= 1 for r in self.clip_ratios),
-                 f"quant.clip_ratios={list(self.clip_ratios)} must be fractions in (0, 1]; use e.g. [1.0,0.9,0.8]")
+        _require(
+            2 <= self.bits <= 8 and 2 <= self.embed_bits <= 8,
+            f"quant.bits={self.bits} and quant.embed_bits={self.embed_bits} must be in 2..8 (one int8 byte per "
+            f"value); use e.g. quant.bits=6 quant.embed_bits=8",
+        )
+        _require(
+            self.calib_batches >= 1 and self.block_size >= 1 and self.damp >= 0,
+            f"quant.calib_batches ({self.calib_batches}) and quant.block_size ({self.block_size}) must be >= 1 "
+            f"and quant.damp ({self.damp}) >= 0; use the int6 defaults (8, 128, 0.01)",
+        )
+        _require(
+            bool(self.clip_ratios) and all(0 < r <= 1 for r in self.clip_ratios),
+            f"quant.clip_ratios={list(self.clip_ratios)} must be fractions in (0, 1]; use e.g. [1.0,0.9,0.8]",
+        )
         _require(self.cap_bytes >= 1, f"quant.cap_bytes={self.cap_bytes} must be >= 1")
 
 
@@ -151,7 +170,7 @@ class LoggerConfig:
     """Steps between copies of the buffered losses to the host (also the latest a non-finite loss is noticed)."""
     project: str = "speedrun"
     """W&B project (logger=wandb)."""
-    entity: Optional[str] = None
+    entity: str | None = None
     """W&B entity (logger=wandb)."""
     mode: WandbMode = WandbMode.auto
     """W&B mode: auto (online if a key is set, else offline), online, offline."""

@@ -6,10 +6,10 @@ setting must not change the loss beyond a stated tolerance (``python -m speedrun
 card that runs (conf/kernel/tuned/<card>.yaml); a value set on the command line always wins over the table.
 Device-free checks live here; what needs the device (shared memory, FP8 capability, CUDA) is speedrun.plan.kernel.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 from .choices import _require
 
@@ -30,13 +30,13 @@ precision=fp8 means); none = no FP8. The lm_head never runs in FP8."""
 class FlexFwdTiles:
     """Triton tiles of FlexAttention's forward kernel (kernel_options fwd_*). None: flex's own choice."""
 
-    block_m: Optional[int] = None
+    block_m: int | None = None
     """Query rows per program (fwd_BLOCK_M)."""
-    block_n: Optional[int] = None
+    block_n: int | None = None
     """Key/value rows per inner-loop step (fwd_BLOCK_N)."""
-    num_warps: Optional[int] = None
+    num_warps: int | None = None
     """Warps per program (fwd_num_warps)."""
-    num_stages: Optional[int] = None
+    num_stages: int | None = None
     """Software-pipelining stages (fwd_num_stages; no effect on sm75, which has no async copies)."""
 
 
@@ -46,22 +46,24 @@ class FlexBwdTiles:
     kernel computes dK/dV over a block of block_n1 keys iterating over queries in steps of block_m1, and dQ over
     block_m2 queries iterating over keys in steps of block_n2: block_n1 % block_m1 == 0, block_m2 % block_n2 == 0."""
 
-    block_m1: Optional[int] = None
+    block_m1: int | None = None
     """dK/dV: query rows per inner step (bwd_BLOCK_M1)."""
-    block_n1: Optional[int] = None
+    block_n1: int | None = None
     """dK/dV: key rows per program (bwd_BLOCK_N1)."""
-    block_m2: Optional[int] = None
+    block_m2: int | None = None
     """dQ: query rows per program (bwd_BLOCK_M2)."""
-    block_n2: Optional[int] = None
+    block_n2: int | None = None
     """dQ: key rows per inner step (bwd_BLOCK_N2)."""
-    num_warps: Optional[int] = None
+    num_warps: int | None = None
     """Warps per program (bwd_num_warps)."""
-    num_stages: Optional[int] = None
+    num_stages: int | None = None
     """Software-pipelining stages (bwd_num_stages)."""
 
 
-TILE_FIELDS = {"fwd": ("block_m", "block_n", "num_warps", "num_stages"),
-               "bwd": ("block_m1", "block_n1", "block_m2", "block_n2", "num_warps", "num_stages")}
+TILE_FIELDS = {
+    "fwd": ("block_m", "block_n", "num_warps", "num_stages"),
+    "bwd": ("block_m1", "block_n1", "block_m2", "block_n2", "num_warps", "num_stages"),
+}
 
 
 @dataclass
@@ -70,22 +72,22 @@ class KernelConfig:
     """default (today's kernels: compile mode default, no CUDA graphs, flex tiles from the profile, FP8 only with
     precision=fp8), tuned (this card's table in conf/kernel/tuned/<card>.yaml, written by python -m
     speedrun.tune), or any name for a custom option YAML."""
-    compile_mode: Optional[str] = None
+    compile_mode: str | None = None
     """torch.compile mode: default, max-autotune, max-autotune-no-cudagraphs, reduce-overhead (the last and
     max-autotune record CUDA graphs inside inductor). Needs compile on. None: default."""
-    cuda_graphs: Optional[bool] = None
+    cuda_graphs: bool | None = None
     """Capture each micro-batch's forward+backward in a CUDA graph, one per context length (static shapes),
     replayed every step; the optimizer step stays outside. Refused, never dropped, where it cannot run. None: off."""
-    coordinate_descent_tuning: Optional[bool] = None
+    coordinate_descent_tuning: bool | None = None
     """Let inductor tune its generated Triton kernels' block sizes by coordinate descent (what modded-nanogpt
     turns on); more compile time, faster elementwise/norm/loss kernels. Needs compile on. None: off."""
-    dynamic_shapes: Optional[bool] = None
+    dynamic_shapes: bool | None = None
     """Compile with dynamic shapes (one graph for every context length, recompiled less) instead of one static
     graph per length. Cannot go with CUDA graphs. None: off."""
-    fp8: Optional[list[str]] = None
+    fp8: list[str] | None = None
     """FP8 targets (any of mlp_down, mlp, attn_proj, attn_qkv, all; [] or [none]: no FP8), e.g.
     kernel.fp8='[mlp_down]'. sm89+, with precision=bf16 (or fp8). None: all under precision=fp8, else none."""
-    fp8_impl: Optional[str] = None
+    fp8_impl: str | None = None
     """speedrun (speedrun.fp8: torch._scaled_mm, tensorwise scales) or torchao (torchao.float8's tensorwise
     recipe; needs the torchao package). None: speedrun."""
     flex_fwd: FlexFwdTiles = field(default_factory=FlexFwdTiles)
@@ -99,30 +101,45 @@ class KernelConfig:
     """Optimizer steps recorded by kernel.profile."""
 
     def __post_init__(self) -> None:
-        _require(self.compile_mode is None or self.compile_mode in COMPILE_MODES,
-                 f"kernel.compile_mode={self.compile_mode!r} is not one of {', '.join(COMPILE_MODES)}")
-        _require(self.fp8_impl in (None, "speedrun", "torchao"),
-                 f"kernel.fp8_impl={self.fp8_impl!r}: use speedrun or torchao")
+        _require(
+            self.compile_mode is None or self.compile_mode in COMPILE_MODES,
+            f"kernel.compile_mode={self.compile_mode!r} is not one of {', '.join(COMPILE_MODES)}",
+        )
+        _require(
+            self.fp8_impl in (None, "speedrun", "torchao"),
+            f"kernel.fp8_impl={self.fp8_impl!r}: use speedrun or torchao",
+        )
         bad = [t for t in (self.fp8 or []) if t not in FP8_TARGETS]
-        _require(not bad, f"kernel.fp8 targets {bad} unknown; choose from {', '.join(FP8_TARGETS)} "
-                          f"(e.g. kernel.fp8='[mlp_down]')")
-        _require(not (self.fp8 and "none" in self.fp8 and len(set(self.fp8)) > 1),
-                 f"kernel.fp8={list(self.fp8 or [])} mixes none with targets; use [] for none")
+        _require(
+            not bad,
+            f"kernel.fp8 targets {bad} unknown; choose from {', '.join(FP8_TARGETS)} (e.g. kernel.fp8='[mlp_down]')",
+        )
+        _require(
+            not (self.fp8 and "none" in self.fp8 and len(set(self.fp8)) > 1),
+            f"kernel.fp8={list(self.fp8 or [])} mixes none with targets; use [] for none",
+        )
         _require(self.profile_steps >= 1, f"kernel.profile_steps={self.profile_steps} must be >= 1")
         for part, names in TILE_FIELDS.items():
             tiles = getattr(self, f"flex_{part}")
             for key in names:
                 value = getattr(tiles, key)
                 ok = value is None or (value >= 1 and (key.startswith("num_") or value & (value - 1) == 0))
-                _require(ok, f"kernel.flex_{part}.{key}={value} must be a power of two >= 16 (tiles) or >= 1 "
-                             f"(num_warps, num_stages), or null for the profile's choice")
+                _require(
+                    ok,
+                    f"kernel.flex_{part}.{key}={value} must be a power of two >= 16 (tiles) or >= 1 "
+                    f"(num_warps, num_stages), or null for the profile's choice",
+                )
                 if key.startswith("block_") and value is not None:
                     _require(16 <= value <= 256, f"kernel.flex_{part}.{key}={value} must be in 16..256")
         b = self.flex_bwd
-        _require(b.block_n1 is None or b.block_m1 is None or b.block_n1 % b.block_m1 == 0,
-                 f"kernel.flex_bwd.block_n1={b.block_n1} must be a multiple of block_m1={b.block_m1}")
-        _require(b.block_m2 is None or b.block_n2 is None or b.block_m2 % b.block_n2 == 0,
-                 f"kernel.flex_bwd.block_m2={b.block_m2} must be a multiple of block_n2={b.block_n2}")
+        _require(
+            b.block_n1 is None or b.block_m1 is None or b.block_n1 % b.block_m1 == 0,
+            f"kernel.flex_bwd.block_n1={b.block_n1} must be a multiple of block_m1={b.block_m1}",
+        )
+        _require(
+            b.block_m2 is None or b.block_n2 is None or b.block_m2 % b.block_n2 == 0,
+            f"kernel.flex_bwd.block_m2={b.block_m2} must be a multiple of block_n2={b.block_n2}",
+        )
 
     def explicit(self) -> dict:
         """The fields set on this config (not None), flattened with dotted tile keys: what wins over a table."""

@@ -1,8 +1,9 @@
 """Schemas of the groups that say what trains: hardware, attn, precision, model, data, optim, schedule, budget."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from ..specs import parse_stages
 from .checkpointing import parse_batch
@@ -18,9 +19,9 @@ class HardwareConfig:
     """Sequences per forward/backward; gradient accumulation makes up budget.tokens_per_step. None: profile default;
     auto: the largest that fits the card (or the emulated profile's memory cap) and divides the sequences per
     step, found during warm-up and recorded in plan.json (an int, "auto" or null: typed Any, see parse_batch)."""
-    compile: Optional[bool] = None
+    compile: bool | None = None
     """torch.compile the model. None: on for CUDA, off for CPU (compile time would eat a CPU budget)."""
-    memory_cap_gb: Optional[float] = None
+    memory_cap_gb: float | None = None
     """Cap usable GPU memory (GB). None: the profile's memory when emulating, no cap otherwise."""
     memory_snapshot: bool = False
     """Record the CUDA allocation history (torch.cuda.memory._record_memory_history) and, if the run runs out of
@@ -29,8 +30,10 @@ class HardwareConfig:
 
     def __post_init__(self) -> None:
         self.micro_batch = parse_batch(self.micro_batch, f"hardware.micro_batch={self.micro_batch}")
-        _require(self.memory_cap_gb is None or self.memory_cap_gb > 0,
-                 f"hardware.memory_cap_gb={self.memory_cap_gb} must be > 0 (or null)")
+        _require(
+            self.memory_cap_gb is None or self.memory_cap_gb > 0,
+            f"hardware.memory_cap_gb={self.memory_cap_gb} must be > 0 (or null)",
+        )
 
 
 @dataclass
@@ -40,18 +43,18 @@ class AttnConfig:
     any backend registered in speedrun.attention (one module + one conf/attn YAML; see README "Extending")."""
     kernel: SdpaKernel = SdpaKernel.auto
     """For sdpa: auto, flash, cudnn, efficient, math. The chosen kernel is pinned, never a silent fallback."""
-    window: Optional[int] = None
+    window: int | None = None
     """Sliding-window length in tokens (flex only). None: full causal."""
     document_mask: bool = False
     """Attend only within a document (BOS-delimited). Needs a backend that supports it (flex, math)."""
-    fa3_repo: Optional[str] = None
+    fa3_repo: str | None = None
     """fa3 kernel repo on the Hugging Face Hub. None: by capability (sm90: varunneal/flash-attention-3,
     sm80-89: kernels-community/flash-attn3)."""
-    fa3_version: Optional[int] = 1
+    fa3_version: int | None = 1
     """fa3 kernel version pin (kernels >= 0.15 needs a version or a revision)."""
-    fa3_revision: Optional[str] = None
+    fa3_revision: str | None = None
     """fa3 kernel revision pin (a branch, tag or commit); set it to use a revision instead of fa3_version."""
-    fa3_trust_remote_code: Optional[bool] = None
+    fa3_trust_remote_code: bool | None = None
     """Let `kernels` load fa3_repo although its publisher is not on the Hub's trusted list (kernels' own
     trust_remote_code). None: trusted only for the builds speedrun names (attention/fa3.py REPOS); a repo of
     your own choosing needs true."""
@@ -72,21 +75,21 @@ class ModelConfig:
     name: str = "auto"
     """Preset name. auto: the hardware profile's default model (tiny on CPU, pgolf_baseline on a GPU); shape
     fields set on the command line (model.n_layer=6) override the preset's."""
-    vocab_size: Optional[int] = None
+    vocab_size: int | None = None
     """Token vocabulary. None: the data's tokenizer vocabulary."""
-    n_layer: Optional[int] = None
+    n_layer: int | None = None
     """Transformer blocks (None: from the preset)."""
-    d_model: Optional[int] = None
+    d_model: int | None = None
     """Residual width (None: from the preset)."""
-    n_head: Optional[int] = None
+    n_head: int | None = None
     """Query heads (None: from the preset)."""
-    n_kv_head: Optional[int] = None
+    n_kv_head: int | None = None
     """Key/value heads (grouped-query attention); must divide n_head (None: from the preset)."""
-    mlp_mult: Optional[int] = None
+    mlp_mult: int | None = None
     """MLP hidden width = mlp_mult * d_model, ReLU^2 (None: from the preset)."""
-    seq_len: Optional[int] = None
+    seq_len: int | None = None
     """Training context length in tokens (None: from the preset)."""
-    tie_embeddings: Optional[bool] = None
+    tie_embeddings: bool | None = None
     """Share the token embedding with the output head (None: from the preset)."""
     logit_softcap: float = 30.0
     """softcap * tanh(logits / softcap); 0 turns it off."""
@@ -107,9 +110,9 @@ class ModelConfig:
 class DataConfig:
     name: str = "embedded"
     """embedded (Python docs shipped in the repo), fineweb_sp1024, fineweb_sp8192, or a custom name."""
-    path: Optional[str] = None
+    path: str | None = None
     """Directory holding fineweb_{train,val}_%06d.bin shards. None for the embedded corpus."""
-    tokenizer: Optional[str] = None
+    tokenizer: str | None = None
     """SentencePiece .model file. None for the embedded corpus."""
     vocab_size: int = 1024
     """Tokenizer vocabulary (the embedded corpus trains one of this size)."""
@@ -117,8 +120,10 @@ class DataConfig:
     """Where the embedded dataset is built on first use."""
 
     def __post_init__(self) -> None:
-        _require(self.path is None or self.tokenizer is not None,
-                 f"data.path={self.path} needs data.tokenizer=<the SentencePiece .model of those shards>")
+        _require(
+            self.path is None or self.tokenizer is not None,
+            f"data.path={self.path} needs data.tokenizer=<the SentencePiece .model of those shards>",
+        )
         _require(self.vocab_size >= 2, f"data.vocab_size={self.vocab_size} must be >= 2")
 
 
@@ -177,44 +182,54 @@ class ScheduleConfig:
         if self.name == ScheduleName.progressive:
             parse_stages(self.seq_len)
         else:
-            _require(self.seq_len is None,
-                     "schedule.seq_len is for schedule=progressive; add schedule=progressive or drop it")
-        _require(0 <= self.warmup_frac <= 1 and 0 <= self.warmdown_frac <= 1
-                 and self.warmup_frac + self.warmdown_frac <= 1,
-                 f"schedule.warmup_frac={self.warmup_frac} and warmdown_frac={self.warmdown_frac} must be fractions "
-                 f"of the budget that add up to at most 1")
+            _require(
+                self.seq_len is None,
+                "schedule.seq_len is for schedule=progressive; add schedule=progressive or drop it",
+            )
+        _require(
+            0 <= self.warmup_frac <= 1 and 0 <= self.warmdown_frac <= 1 and self.warmup_frac + self.warmdown_frac <= 1,
+            f"schedule.warmup_frac={self.warmup_frac} and warmdown_frac={self.warmdown_frac} must be fractions "
+            f"of the budget that add up to at most 1",
+        )
         _require(self.rewarmup_steps >= 0, f"schedule.rewarmup_steps={self.rewarmup_steps} must be >= 0")
 
-    def stages(self) -> Optional[list[tuple[int, float]]]:
+    def stages(self) -> list[tuple[int, float]] | None:
         """[(seq_len, until), ...] for a progressive schedule; None for a constant one."""
         return parse_stages(self.seq_len) if self.name == ScheduleName.progressive else None
 
 
 @dataclass
 class BudgetConfig:
-    train_seconds: Optional[float] = None
+    train_seconds: float | None = None
     """Wall-clock training budget (compile and warm-up excluded). None: the hardware profile's default."""
-    max_steps: Optional[int] = None
+    max_steps: int | None = None
     """Stop after this many optimizer steps (whichever budget comes first). None: no step limit."""
-    tokens: Optional[int] = None
+    tokens: int | None = None
     """Stop after this many training tokens (whichever budget comes first): the same amount of training on any
     card. None: no token limit. Set alone (with budget.flops), it lifts the profile's default time budget."""
-    flops: Optional[float] = None
+    flops: float | None = None
     """Stop after this many model FLOPs (the MFU convention: ModelShape.flops_per_token at each stage's seq_len),
     whichever budget comes first; e.g. budget.flops=1e17. None: no FLOPs limit. Like budget.tokens, set without
     budget.train_seconds it lifts the profile's default time budget."""
-    tokens_per_step: Optional[int] = None
+    tokens_per_step: int | None = None
     """Tokens per optimizer step (gradient accumulation fills it). None: the hardware profile's default."""
     warmup_steps: int = 1
     """Untimed steps run before training (compile, autotune), after which model and optimizer are restored."""
 
     def __post_init__(self) -> None:
         _require(self.max_steps is None or self.max_steps >= 1, f"budget.max_steps={self.max_steps} must be >= 1")
-        _require(self.tokens_per_step is None or self.tokens_per_step >= 1,
-                 f"budget.tokens_per_step={self.tokens_per_step} must be >= 1")
+        _require(
+            self.tokens_per_step is None or self.tokens_per_step >= 1,
+            f"budget.tokens_per_step={self.tokens_per_step} must be >= 1",
+        )
         _require(self.warmup_steps >= 0, f"budget.warmup_steps={self.warmup_steps} must be >= 0")
         _require(self.tokens is None or self.tokens >= 1, f"budget.tokens={self.tokens} must be >= 1 (or null)")
         _require(self.flops is None or self.flops > 0, f"budget.flops={self.flops} must be > 0 (or null)")
-        _require(self.train_seconds is None or self.train_seconds > 0 or self.max_steps is not None
-                 or self.tokens is not None or self.flops is not None,
-                 "budget.train_seconds must be > 0 unless budget.max_steps, budget.tokens or budget.flops is set")
+        _require(
+            self.train_seconds is None
+            or self.train_seconds > 0
+            or self.max_steps is not None
+            or self.tokens is not None
+            or self.flops is not None,
+            "budget.train_seconds must be > 0 unless budget.max_steps, budget.tokens or budget.flops is set",
+        )

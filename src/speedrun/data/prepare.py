@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..errors import DataError
 from .bpb import build_byte_luts, stream_bytes, unigram_bits_per_byte
 from .corpus import EMBEDDED_CORPUS, load_embedded_documents, split_train_val
-from ..errors import DataError
 from .shards import list_shards, read_header, shard_name, write_shard
 from .tokenizer import TRAINER_SETTINGS, load_tokenizer, train_tokenizer
 
@@ -169,8 +169,10 @@ def prepare_dataset(
         if val_bytes != decoded_bytes:
             _log(f"WARNING: counted val bytes {val_bytes} != decoded val bytes {decoded_bytes} (BPB would be off)")
         elif val_bytes != original_bytes:
-            _log(f"note: the tokenizer does not round-trip all val text ({val_bytes} counted bytes vs "
-                 f"{original_bytes} in the original; a literal U+2581 decodes to a space)")
+            _log(
+                f"note: the tokenizer does not round-trip all val text ({val_bytes} counted bytes vs "
+                f"{original_bytes} in the original; a literal U+2581 decodes to a space)"
+            )
         record = {
             "build_version": BUILD_VERSION,
             "vocab_size": vocab_size,
@@ -308,8 +310,11 @@ def parameter_golf_help(vocab_size: int) -> str:
         "  or leave data.path unset to train on the embedded corpus (Python 3.11 docs).",
     ]
     if vocab_size not in _PGOLF_VARIANTS:
-        lines.insert(0, f"(parameter-golf publishes no vocab {vocab_size} export; variants: "
-                        f"{', '.join(v for v, _ in _PGOLF_VARIANTS.values())}.)")
+        lines.insert(
+            0,
+            f"(parameter-golf publishes no vocab {vocab_size} export; variants: "
+            f"{', '.join(v for v, _ in _PGOLF_VARIANTS.values())}.)",
+        )
     return "\n".join(lines)
 
 

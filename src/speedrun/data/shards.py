@@ -138,5 +138,7 @@ def list_shards(directory: Path, split: str) -> list[Path]:
         raise FileNotFoundError(f"shard directory does not exist: {directory} (expected files named {pattern})")
     paths = sorted(p for p in directory.iterdir() if _NAME_RE[split].fullmatch(p.name) and p.is_file())
     if not paths:
-        raise FileNotFoundError(f"no {split} shards in {directory}: expected files named {pattern} (e.g. {shard_name(split, 0)})")
+        raise FileNotFoundError(
+            f"no {split} shards in {directory}: expected files named {pattern} (e.g. {shard_name(split, 0)})"
+        )
     return paths

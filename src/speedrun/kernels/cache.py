@@ -6,17 +6,19 @@ torch's defaults (/tmp/torchinductor_$USER, ~/.triton/cache) are shared too, but
 schedulers and cleaned on reboot; a directory beside the results survives both. The pool launcher sets the
 variables for its jobs (never overriding ones the user set); each run records what its compile hit.
 """
+
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any
 
 CACHE_VARS = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
 """Environment variable -> subdirectory of the shared cache."""
 
 
-def cache_env(root: Optional[Path], environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+def cache_env(root: Path | None, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The variables to add to a job's environment for a cache under ``root`` (None: none); variables already in
     ``environ`` are left alone, so a user's own cache location wins."""
     if root is None:
@@ -33,5 +35,8 @@ def cache_stats() -> dict[str, Any]:
     inductor, aot = counters.get("inductor", {}), counters.get("aot_autograd", {})
     hits = int(inductor.get("fxgraph_cache_hit", 0)) + int(aot.get("autograd_cache_hit", 0))
     misses = int(inductor.get("fxgraph_cache_miss", 0)) + int(aot.get("autograd_cache_miss", 0))
-    return {"compile_cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"), "compile_cache_hits": hits,
-            "compile_cache_misses": misses}
+    return {
+        "compile_cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+        "compile_cache_hits": hits,
+        "compile_cache_misses": misses,
+    }

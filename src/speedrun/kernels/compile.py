@@ -1,6 +1,7 @@
 """torch.compile of the model as the kernel group says: mode, static or dynamic shapes, and a separate evaluation
 graph where the training mode records CUDA graphs (evaluation batches vary and are read after the next call, which
 inductor's CUDA graph trees would overwrite)."""
+
 from __future__ import annotations
 
 from typing import Any

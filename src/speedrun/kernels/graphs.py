@@ -13,9 +13,11 @@ before capture and are zeroed in place between steps (``zero_grad(set_to_none=Fa
 accumulation would write into memory the graph no longer owns. The resolver guarantees that warm-up runs enough
 micro-batches to capture every length before the clock starts, and refuses combinations that cannot be captured.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -33,8 +35,13 @@ class _Captured:
 class GraphedMicroStep:
     """Wraps micro_step (forward, scaled backward) with per-shape capture and replay."""
 
-    def __init__(self, micro_step: MicroStep, device: str = "cuda", eager_calls: int = GRAPH_EAGER_CALLS,
-                 log: Optional[Callable[[str], None]] = None):
+    def __init__(
+        self,
+        micro_step: MicroStep,
+        device: str = "cuda",
+        eager_calls: int = GRAPH_EAGER_CALLS,
+        log: Callable[[str], None] | None = None,
+    ):
         self.micro_step, self.device, self.eager_calls, self.log = micro_step, device, eager_calls, log
         self.graphs: dict[tuple, _Captured] = {}
         self.seen: dict[tuple, int] = {}

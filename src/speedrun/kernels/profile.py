@@ -6,13 +6,15 @@ Times are the device's (CUDA kernel time) on a GPU and the operators' own CPU ti
 kernel's total by the profiled steps' wall time (CUDA-synchronised), so the column sums to the share of the step
 the GPU was busy; launch gaps are what is left.
 """
+
 from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
 
@@ -57,11 +59,20 @@ def top_kernels_table(rows: list[KernelRow], step_ms: float, steps: int, top: in
     rest = rows[top:]
     if rest:
         ms = sum(r.total_ms for r in rest)
-        body.append([f"({len(rest)} more)", str(sum(r.calls for r in rest)), f"{ms:.2f}", f"{ms / steps:.2f}",
-                     f"{100.0 * ms / step_total if step_total > 0 else 0.0:.1f}"])
+        body.append(
+            [
+                f"({len(rest)} more)",
+                str(sum(r.calls for r in rest)),
+                f"{ms:.2f}",
+                f"{ms / steps:.2f}",
+                f"{100.0 * ms / step_total if step_total > 0 else 0.0:.1f}",
+            ]
+        )
     busy = sum(r.total_ms for r in rows)
-    head = (f"profile: {steps} step(s), {step_ms:.1f} ms per step (wall), kernels busy {busy / steps:.1f} ms per "
-            f"step ({100.0 * busy / step_total if step_total > 0 else 0.0:.0f}%)")
+    head = (
+        f"profile: {steps} step(s), {step_ms:.1f} ms per step (wall), kernels busy {busy / steps:.1f} ms per "
+        f"step ({100.0 * busy / step_total if step_total > 0 else 0.0:.0f}%)"
+    )
     return head + "\n" + format_table(["kernel", "calls", "total ms", "ms/step", "% of step"], body)
 
 
@@ -69,8 +80,9 @@ def _short(name: str, width: int = 90) -> str:
     return name if len(name) <= width else name[: width - 3] + "..."
 
 
-def profile_steps(stepper: Any, make_batches: Callable[..., Any], run_dir: Path, log: Callable[[str], None],
-                  steps: int) -> dict[str, Any]:
+def profile_steps(
+    stepper: Any, make_batches: Callable[..., Any], run_dir: Path, log: Callable[[str], None], steps: int
+) -> dict[str, Any]:
     """Profile ``steps`` optimizer steps at the longest context length, then restore model, optimizers and
     scaler (as warm-up does), so training starts from the same state. Returns result keys (profile_trace,
     profile_step_ms)."""

@@ -16,10 +16,11 @@ checked against flex's own generated kernels recompiled for sm75 on the GPU mach
 sm75 does not pipeline loads (no cp.async), so num_stages does not change it there; on sm80+ each extra stage
 adds a k/v (q/do) buffer, which the estimate adds as (num_stages - 1) x the streamed tiles.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 FWD_CANDIDATES = ((128, 64), (64, 64), (64, 32), (32, 32), (32, 16), (16, 16))
 """(BLOCK_M, BLOCK_N) tried for the forward, largest first."""
@@ -37,16 +38,16 @@ def rounded_head_dim(head_dim: int) -> int:
 class FlexTiles:
     """One tiling of both flex kernels; None fields are left to flex (its per-GPU defaults)."""
 
-    block_m: Optional[int] = None
-    block_n: Optional[int] = None
-    fwd_num_warps: Optional[int] = None
-    fwd_num_stages: Optional[int] = None
-    block_m1: Optional[int] = None
-    block_n1: Optional[int] = None
-    block_m2: Optional[int] = None
-    block_n2: Optional[int] = None
-    bwd_num_warps: Optional[int] = None
-    bwd_num_stages: Optional[int] = None
+    block_m: int | None = None
+    block_n: int | None = None
+    fwd_num_warps: int | None = None
+    fwd_num_stages: int | None = None
+    block_m1: int | None = None
+    block_n1: int | None = None
+    block_m2: int | None = None
+    block_n2: int | None = None
+    bwd_num_warps: int | None = None
+    bwd_num_stages: int | None = None
 
     @property
     def has_fwd(self) -> bool:
@@ -59,38 +60,56 @@ class FlexTiles:
     def kernel_options(self) -> dict[str, int]:
         """flex_attention kernel_options: fwd_* reach only the forward kernel, bwd_* only the backward one
         (torch/_inductor/kernel/flex/flex_attention.py strips the prefix for its own kernel, drops the other's)."""
-        keys = {"block_m": "fwd_BLOCK_M", "block_n": "fwd_BLOCK_N", "fwd_num_warps": "fwd_num_warps",
-                "fwd_num_stages": "fwd_num_stages", "block_m1": "bwd_BLOCK_M1", "block_n1": "bwd_BLOCK_N1",
-                "block_m2": "bwd_BLOCK_M2", "block_n2": "bwd_BLOCK_N2", "bwd_num_warps": "bwd_num_warps",
-                "bwd_num_stages": "bwd_num_stages"}
+        keys = {
+            "block_m": "fwd_BLOCK_M",
+            "block_n": "fwd_BLOCK_N",
+            "fwd_num_warps": "fwd_num_warps",
+            "fwd_num_stages": "fwd_num_stages",
+            "block_m1": "bwd_BLOCK_M1",
+            "block_n1": "bwd_BLOCK_N1",
+            "block_m2": "bwd_BLOCK_M2",
+            "block_n2": "bwd_BLOCK_N2",
+            "bwd_num_warps": "bwd_num_warps",
+            "bwd_num_stages": "bwd_num_stages",
+        }
         return {option: getattr(self, key) for key, option in keys.items() if getattr(self, key) is not None}
 
     def label(self) -> str:
         """Short text for result.json's kernel_flex_tiles, e.g. "fwd 64x32 w4 s1, bwd 16/32/32/16"."""
         parts = []
         if self.block_m or self.block_n:
-            parts.append(f"fwd {self.block_m or '-'}x{self.block_n or '-'}" + _ws(self.fwd_num_warps,
-                                                                                    self.fwd_num_stages))
+            parts.append(
+                f"fwd {self.block_m or '-'}x{self.block_n or '-'}" + _ws(self.fwd_num_warps, self.fwd_num_stages)
+            )
         if any((self.block_m1, self.block_n1, self.block_m2, self.block_n2)):
             dims = "/".join(str(v or "-") for v in (self.block_m1, self.block_n1, self.block_m2, self.block_n2))
             parts.append(f"bwd {dims}" + _ws(self.bwd_num_warps, self.bwd_num_stages))
         return ", ".join(parts) or "flex default"
 
 
-def _ws(warps: Optional[int], stages: Optional[int]) -> str:
+def _ws(warps: int | None, stages: int | None) -> str:
     return (f" w{warps}" if warps else "") + (f" s{stages}" if stages else "")
 
 
-def fwd_smem_bytes(block_m: int, block_n: int, head_dim: int, elem_bytes: int = 2, num_stages: int = 1,
-                   pipelined: bool = False) -> int:
+def fwd_smem_bytes(
+    block_m: int, block_n: int, head_dim: int, elem_bytes: int = 2, num_stages: int = 1, pipelined: bool = False
+) -> int:
     """Shared memory of flex's forward kernel per program (see the module doc)."""
     d = rounded_head_dim(head_dim)
     extra = max(0, num_stages - 1) * 2 * block_n * d if pipelined else 0
     return elem_bytes * (2 * (block_m + block_n) * d + extra)
 
 
-def bwd_smem_bytes(block_m1: int, block_n1: int, block_m2: int, block_n2: int, head_dim: int, elem_bytes: int = 2,
-                   num_stages: int = 1, pipelined: bool = False) -> int:
+def bwd_smem_bytes(
+    block_m1: int,
+    block_n1: int,
+    block_m2: int,
+    block_n2: int,
+    head_dim: int,
+    elem_bytes: int = 2,
+    num_stages: int = 1,
+    pipelined: bool = False,
+) -> int:
     """Shared memory of flex's backward kernel per program: the larger of its dQ and dK/dV branches."""
     d = rounded_head_dim(head_dim)
 
@@ -105,11 +124,25 @@ def tiles_smem(tiles: FlexTiles, head_dim: int, elem_bytes: int, pipelined: bool
     """{"fwd": bytes, "bwd": bytes} for the parts of ``tiles`` that are set."""
     out = {}
     if tiles.has_fwd:
-        out["fwd"] = fwd_smem_bytes(tiles.block_m, tiles.block_n, head_dim, elem_bytes,  # type: ignore[arg-type]
-                                    tiles.fwd_num_stages or 1, pipelined)
+        out["fwd"] = fwd_smem_bytes(
+            tiles.block_m,
+            tiles.block_n,
+            head_dim,
+            elem_bytes,  # type: ignore[arg-type]
+            tiles.fwd_num_stages or 1,
+            pipelined,
+        )
     if tiles.has_bwd:
-        out["bwd"] = bwd_smem_bytes(tiles.block_m1, tiles.block_n1, tiles.block_m2,  # type: ignore[arg-type]
-                                    tiles.block_n2, head_dim, elem_bytes, tiles.bwd_num_stages or 1, pipelined)
+        out["bwd"] = bwd_smem_bytes(
+            tiles.block_m1,
+            tiles.block_n1,
+            tiles.block_m2,  # type: ignore[arg-type]
+            tiles.block_n2,
+            head_dim,
+            elem_bytes,
+            tiles.bwd_num_stages or 1,
+            pipelined,
+        )
     return out
 
 
@@ -136,12 +169,23 @@ def choose_tiles(head_dim: int, smem_per_sm: int, smem_per_block: int, elem_byte
     for fitting in (fitting_fwd, fitting_bwd):
         found = fitting(head_dim, smem_per_sm // 2, elem_bytes) or fitting(head_dim, smem_per_block, elem_bytes)
         if not found:
-            raise ValueError(f"no flex tiling of head_dim {head_dim} fits {smem_per_block // 1024} KB of shared "
-                             f"memory per program")
+            raise ValueError(
+                f"no flex tiling of head_dim {head_dim} fits {smem_per_block // 1024} KB of shared memory per program"
+            )
         picks.append(found[0])
     (m, n), (m1, n1, m2, n2) = picks
-    return FlexTiles(block_m=m, block_n=n, fwd_num_warps=4, fwd_num_stages=1, block_m1=m1, block_n1=n1,
-                     block_m2=m2, block_n2=n2, bwd_num_warps=4, bwd_num_stages=1)
+    return FlexTiles(
+        block_m=m,
+        block_n=n,
+        fwd_num_warps=4,
+        fwd_num_stages=1,
+        block_m1=m1,
+        block_n1=n1,
+        block_m2=m2,
+        block_n2=n2,
+        bwd_num_warps=4,
+        bwd_num_stages=1,
+    )
 
 
 def merge(base: FlexTiles, overrides: dict[str, Any]) -> FlexTiles:
@@ -151,5 +195,16 @@ def merge(base: FlexTiles, overrides: dict[str, Any]) -> FlexTiles:
     return dataclasses.replace(base, **overrides)
 
 
-__all__ = ["FlexTiles", "fwd_smem_bytes", "bwd_smem_bytes", "tiles_smem", "fitting_fwd", "fitting_bwd",
-           "choose_tiles", "rounded_head_dim", "merge", "FWD_CANDIDATES", "BWD_CANDIDATES"]
+__all__ = [
+    "FlexTiles",
+    "fwd_smem_bytes",
+    "bwd_smem_bytes",
+    "tiles_smem",
+    "fitting_fwd",
+    "fitting_bwd",
+    "choose_tiles",
+    "rounded_head_dim",
+    "merge",
+    "FWD_CANDIDATES",
+    "BWD_CANDIDATES",
+]

@@ -11,10 +11,11 @@ read by the resolver under ``kernel=tuned``.
 ``settings`` holds kernel-group fields in KernelConfig.explicit()'s flat form (tile fields as "flex_fwd.block_m");
 ``provenance`` says where the numbers came from, so a table is never a bare claim.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from ..errors import ConfigError, PlanError
 from ..paths import CONF_DIR
@@ -22,7 +23,7 @@ from ..paths import CONF_DIR
 TABLE_DIR = CONF_DIR / "kernel" / "tuned"
 
 
-def table_path(card: str, table_dir: Optional[Path] = None) -> Path:
+def table_path(card: str, table_dir: Path | None = None) -> Path:
     return Path(table_dir or TABLE_DIR) / f"{card}.yaml"
 
 
@@ -52,7 +53,7 @@ def validate_settings(settings: dict[str, Any], where: str) -> dict[str, Any]:
     return cfg.explicit()
 
 
-def load_entry(card: str, model_name: str, table_dir: Optional[Path] = None) -> tuple[dict[str, Any], dict]:
+def load_entry(card: str, model_name: str, table_dir: Path | None = None) -> tuple[dict[str, Any], dict]:
     """(settings, provenance) of ``model_name`` in ``card``'s table; PlanError naming how to make one."""
     from omegaconf import OmegaConf
 
@@ -60,22 +61,27 @@ def load_entry(card: str, model_name: str, table_dir: Optional[Path] = None) -> 
     make = f"python -m speedrun.tune model={model_name}"
     if not path.exists():
         have = sorted(p.stem for p in path.parent.glob("*.yaml")) if path.parent.exists() else []
-        raise PlanError(f"kernel=tuned: no tuned table for this card ({card}): {path} does not exist "
-                        f"(tables exist for: {', '.join(have) or 'none'}); run `{make}` on this card to write one, "
-                        f"or use kernel=default")
+        raise PlanError(
+            f"kernel=tuned: no tuned table for this card ({card}): {path} does not exist "
+            f"(tables exist for: {', '.join(have) or 'none'}); run `{make}` on this card to write one, "
+            f"or use kernel=default"
+        )
     data = OmegaConf.to_container(OmegaConf.load(path))
     models = data.get("models") if isinstance(data, dict) else None
     if not isinstance(models, dict) or model_name not in models:
         names = ", ".join(sorted(models)) if isinstance(models, dict) else "none"
-        raise PlanError(f"kernel=tuned: {path} has no entry for model={model_name} (it has: {names}); run `{make}` "
-                        f"on this card, or use kernel=default")
+        raise PlanError(
+            f"kernel=tuned: {path} has no entry for model={model_name} (it has: {names}); run `{make}` "
+            f"on this card, or use kernel=default"
+        )
     entry = models[model_name] or {}
     settings = validate_settings(dict(entry.get("settings") or {}), f"{path} ({model_name})")
     return settings, dict(entry.get("provenance") or {})
 
 
-def write_entry(card: str, model_name: str, settings: dict[str, Any], provenance: dict[str, Any],
-                table_dir: Optional[Path] = None) -> Path:
+def write_entry(
+    card: str, model_name: str, settings: dict[str, Any], provenance: dict[str, Any], table_dir: Path | None = None
+) -> Path:
     """Write (or replace) ``model_name``'s entry in ``card``'s table, keeping the other models' entries."""
     import yaml
 
@@ -87,8 +93,10 @@ def write_entry(card: str, model_name: str, settings: dict[str, Any], provenance
         data["models"] = dict(old.get("models") or {})
     data["models"][model_name] = {"settings": settings, "provenance": provenance}
     path.parent.mkdir(parents=True, exist_ok=True)
-    header = (f"# Kernel settings measured fastest on {card} by `python -m speedrun.tune` (one entry per model);\n"
-              f"# read by kernel=tuned. Provenance says on what, with what and how fast. Rewritten by the tuner.\n")
+    header = (
+        f"# Kernel settings measured fastest on {card} by `python -m speedrun.tune` (one entry per model);\n"
+        f"# read by kernel=tuned. Provenance says on what, with what and how fast. Rewritten by the tuner.\n"
+    )
     tmp = path.with_suffix(".yaml.tmp")
     tmp.write_text(header + yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
     tmp.replace(path)

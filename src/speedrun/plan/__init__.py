@@ -5,28 +5,40 @@ Every decision about what will run is made here, once, before any data is built 
 the config, and plan.json (``Plan.to_dict``) is exactly what ran. Checks that need no device live beside their
 fields in speedrun.config; this module keeps the ones that need the device, the model or the data.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from omegaconf import OmegaConf
 
+from ..cards import card_for
 from ..config import CONF_DIR, Config, DataConfig, ModelConfig, QuantConfig, TTTConfig
 from ..errors import PlanError
-from ..cards import card_for
 from ..hardware import PROFILES, DetectedDevice, HardwareProfile
 from ..shape import ModelShape
 from .attention import check_scores_memory, resolve_attention
+from .distributed import DistPlan, WorldInfo, check_step_split, resolve_dist
 from .kernel import resolve_kernel
 from .memory import param_count, training_memory_bytes
-from .distributed import DistPlan, WorldInfo, check_step_split, resolve_dist
 from .types import DataPlan, EvalPlan, KernelPlan, Plan, Stage, plan_json
 
-__all__ = ["Plan", "PlanError", "Stage", "EvalPlan", "DataPlan", "DistPlan", "KernelPlan", "WorldInfo", "resolve",
-           "load_option", "plan_json"]
+__all__ = [
+    "Plan",
+    "PlanError",
+    "Stage",
+    "EvalPlan",
+    "DataPlan",
+    "DistPlan",
+    "KernelPlan",
+    "WorldInfo",
+    "resolve",
+    "load_option",
+    "plan_json",
+]
 
 
 def load_option(group: str, option: str) -> dict[str, Any]:
@@ -65,7 +77,7 @@ def choose_profile(requested: str, device: DetectedDevice) -> tuple[HardwareProf
     return profile, True
 
 
-def resolve(cfg: Config, device: DetectedDevice, cwd: Optional[Path] = None, world: Optional[WorldInfo] = None) -> Plan:
+def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world: WorldInfo | None = None) -> Plan:
     """Check the requested combination against the device and fill every ``auto``/None from the profile.
 
     cwd: where relative data paths are taken from (the directory `python -m run` started in). world: the
@@ -91,30 +103,40 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Optional[Path] = None, wor
     seq_len = model.seq_len
     tokens_per_step = cfg.budget.tokens_per_step or profile.tokens_per_step
     search = cfg.hardware.micro_batch == "auto"
-    micro_batch = (start_micro_batch(profile, seq_len, tokens_per_step) if search
-                   else cfg.hardware.micro_batch or max(1, profile.micro_batch_tokens // seq_len))
+    micro_batch = (
+        start_micro_batch(profile, seq_len, tokens_per_step)
+        if search
+        else cfg.hardware.micro_batch or max(1, profile.micro_batch_tokens // seq_len)
+    )
     micro_tokens = micro_batch * seq_len
     dist = resolve_dist(cfg.dist, world, profile.device_type)
     # tokens_per_step is global: every rank runs grad_accum micro-batches of its own share of each step
     grad_accum = check_step_split(tokens_per_step, micro_batch, seq_len, dist.world_size)
-    if dist.world_size > 1 and (cfg.checkpoint.every_seconds or cfg.checkpoint.every_steps or cfg.eval.every_steps
-                                or cfg.eval.every_seconds):
+    if dist.world_size > 1 and (
+        cfg.checkpoint.every_seconds or cfg.checkpoint.every_steps or cfg.eval.every_steps or cfg.eval.every_seconds
+    ):
         # each rank would validate and checkpoint on its own clock; rank-0 checkpoints with a shared resume are
         # not built yet, so refuse rather than write checkpoints no run can continue from
-        raise PlanError("periodic validation (eval.every_*) and checkpoints (checkpoint.every_*) run on one process "
-                        "only; with dist.nproc > 1 drop them, or run on one GPU")
+        raise PlanError(
+            "periodic validation (eval.every_*) and checkpoints (checkpoint.every_*) run on one process "
+            "only; with dist.nproc > 1 drop them, or run on one GPU"
+        )
     if search and dist.world_size > 1:
         # the search probes one process's memory; ranks that each searched could pick different sizes
-        raise PlanError("hardware.micro_batch=auto searches on one process; with several ranks set "
-                        "hardware.micro_batch=N (find N with a one-GPU run's micro_batch=auto, recorded as micro_batch)")
+        raise PlanError(
+            "hardware.micro_batch=auto searches on one process; with several ranks set "
+            "hardware.micro_batch=N (find N with a one-GPU run's micro_batch=auto, recorded as micro_batch)"
+        )
     check_scores_memory(attn, attn_options, micro_batch, model, profile, precision)
     memory_gb = _memory_estimate_gb(attn, attn_options, micro_batch, model, precision)
     card = card_for(device.name) if on_cuda else None
     stages = _stages(lengths, micro_tokens) if lengths else (Stage(seq_len, 1.0, micro_batch),)
     b = cfg.budget
     if cfg.schedule.progress == "step" and not (b.max_steps or b.tokens or b.flops):
-        raise PlanError("schedule.progress=step measures stages in steps: set budget.max_steps (or budget.tokens or "
-                        "budget.flops, which the stages then follow), or use schedule.progress=time")
+        raise PlanError(
+            "schedule.progress=step measures stages in steps: set budget.max_steps (or budget.tokens or "
+            "budget.flops, which the stages then follow), or use schedule.progress=time"
+        )
 
     eval_plan = _resolve_eval(cfg, profile, attn, model, micro_batch, search)
     ttt = _resolve_ttt(cfg.ttt, model, eval_plan.batch_size)
@@ -125,10 +147,18 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Optional[Path] = None, wor
     train_seconds = b.train_seconds if b.train_seconds is not None else default_seconds
     compile_on = cfg.hardware.compile if cfg.hardware.compile is not None else on_cuda
     # micro-batch search may raise the micro-batch after resolve: check CUDA graphs' warm-up for one per step
-    kernel, attn_options = resolve_kernel(cfg, profile, precision, model_name, model, attn, attn_options,
-                                          compile_on=compile_on,
-                                          grad_accum=1 if search else tokens_per_step // micro_tokens,
-                                          warmup_steps=cfg.budget.warmup_steps)
+    kernel, attn_options = resolve_kernel(
+        cfg,
+        profile,
+        precision,
+        model_name,
+        model,
+        attn,
+        attn_options,
+        compile_on=compile_on,
+        grad_accum=1 if search else tokens_per_step // micro_tokens,
+        warmup_steps=cfg.budget.warmup_steps,
+    )
 
     return Plan(
         name=cfg.name,
@@ -199,15 +229,16 @@ def _stages(lengths: list[tuple[int, float]], micro_tokens: int) -> tuple[Stage,
     return tuple(Stage(length, until, micro_tokens // length) for length, until in lengths)
 
 
-def _memory_estimate_gb(attn: str, options: dict[str, Any], micro_batch: int, model: ModelShape,
-                        precision: str) -> float:
+def _memory_estimate_gb(
+    attn: str, options: dict[str, Any], micro_batch: int, model: ModelShape, precision: str
+) -> float:
     from ..attention import backend_class
 
     scores = backend_class(attn).scores_bytes(options, micro_batch, model, precision)
     return round(training_memory_bytes(model, micro_batch, precision, scores, param_count(model)) / 1e9, 2)
 
 
-def _sm(capability: Optional[tuple[int, int]]) -> str:
+def _sm(capability: tuple[int, int] | None) -> str:
     return "" if capability is None else f"{capability[0]}{capability[1]}"
 
 
@@ -235,14 +266,22 @@ def _resolve_model(cfg: Config, profile: HardwareProfile) -> tuple[str, ModelSha
         # The profile's preset, with whatever the user set explicitly on top (set fields are not None).
         name = profile.model
         preset = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), load_option("model", name)))
-        explicit = {f.name: getattr(cfg.model, f.name) for f in dataclasses.fields(ModelConfig)
-                    if f.name != "name" and getattr(cfg.model, f.name) is not None}
+        explicit = {
+            f.name: getattr(cfg.model, f.name)
+            for f in dataclasses.fields(ModelConfig)
+            if f.name != "name" and getattr(cfg.model, f.name) is not None
+        }
         model_cfg = dataclasses.replace(preset, **explicit)  # type: ignore[type-var]
-    missing = [f for f in ("n_layer", "d_model", "n_head", "n_kv_head", "mlp_mult", "seq_len", "tie_embeddings")
-               if getattr(model_cfg, f) is None]
+    missing = [
+        f
+        for f in ("n_layer", "d_model", "n_head", "n_kv_head", "mlp_mult", "seq_len", "tie_embeddings")
+        if getattr(model_cfg, f) is None
+    ]
     if missing:
-        raise PlanError(f"model={name} leaves {', '.join(missing)} unset; set model.<field>=... or use a preset "
-                        f"(model=tiny, pgolf_baseline, ...)")
+        raise PlanError(
+            f"model={name} leaves {', '.join(missing)} unset; set model.<field>=... or use a preset "
+            f"(model=tiny, pgolf_baseline, ...)"
+        )
     vocab = model_cfg.vocab_size or cfg.data.vocab_size
     if vocab != cfg.data.vocab_size:
         raise PlanError(
@@ -254,26 +293,44 @@ def _resolve_model(cfg: Config, profile: HardwareProfile) -> tuple[str, ModelSha
     return name, ModelShape(vocab_size=vocab, **values)
 
 
-def _resolve_eval(cfg: Config, profile: HardwareProfile, attn: str, model: ModelShape,
-                  micro_batch: int, micro_batch_search: bool = False) -> EvalPlan:
+def _resolve_eval(
+    cfg: Config,
+    profile: HardwareProfile,
+    attn: str,
+    model: ModelShape,
+    micro_batch: int,
+    micro_batch_search: bool = False,
+) -> EvalPlan:
     from ..attention import backend_class
 
     e = cfg.eval
     if e.name == "sliding" and e.stride > model.seq_len:
-        raise PlanError(f"eval=sliding needs eval.stride <= model.seq_len={model.seq_len}, got {e.stride}; "
-                        f"use e.g. eval.stride=64")
+        raise PlanError(
+            f"eval=sliding needs eval.stride <= model.seq_len={model.seq_len}, got {e.stride}; use e.g. eval.stride=64"
+        )
     if e.document_isolated and not backend_class(attn).capabilities.document_mask:
-        raise PlanError(f"eval.document_isolated=true needs an attention backend with a document mask; attn={attn} "
-                        f"has none: use attn=flex (CUDA) or attn=math, or eval.document_isolated=false")
+        raise PlanError(
+            f"eval.document_isolated=true needs an attention backend with a document mask; attn={attn} "
+            f"has none: use attn=flex (CUDA) or attn=math, or eval.document_isolated=false"
+        )
     tokens = e.tokens  # None or 0: the whole split, on every card, so scores compare across cards
     label = str(e.name) if e.name != "sliding" else f"sliding:{e.stride}"
     # a model trained with attn.document_mask keeps masking documents at eval too
     label += "+doc" if e.document_isolated or cfg.attn.document_mask else ""
     search = e.batch_size == "auto" or (e.batch_size is None and micro_batch_search)
     batch_size = micro_batch if e.batch_size in (None, "auto") else e.batch_size
-    return EvalPlan(mode=str(e.name), stride=e.stride, document_isolated=e.document_isolated, tokens=tokens or None,
-                    batch_size=batch_size, label=label, batch_search=search, every_steps=e.every_steps,
-                    every_seconds=e.every_seconds, periodic_tokens=e.periodic_tokens)
+    return EvalPlan(
+        mode=str(e.name),
+        stride=e.stride,
+        document_isolated=e.document_isolated,
+        tokens=tokens or None,
+        batch_size=batch_size,
+        label=label,
+        batch_search=search,
+        every_steps=e.every_steps,
+        every_seconds=e.every_seconds,
+        periodic_tokens=e.periodic_tokens,
+    )
 
 
 def _resolve_ttt(ttt: TTTConfig, model: ModelShape, eval_batch: int) -> TTTConfig:
@@ -281,8 +338,10 @@ def _resolve_ttt(ttt: TTTConfig, model: ModelShape, eval_batch: int) -> TTTConfi
         return ttt
     chunks = ttt.chunk_sizes()
     if any(c > model.seq_len for c in chunks):
-        raise PlanError(f"ttt chunk sizes {chunks} (ttt.chunk_size, ttt.short_chunks) must be in "
-                        f"1..model.seq_len={model.seq_len}; use smaller chunks")
+        raise PlanError(
+            f"ttt chunk sizes {chunks} (ttt.chunk_size, ttt.short_chunks) must be in "
+            f"1..model.seq_len={model.seq_len}; use smaller chunks"
+        )
     return dataclasses.replace(ttt, batch_size=ttt.batch_size or eval_batch)
 
 
@@ -299,11 +358,15 @@ def _check_compressor(quant: QuantConfig) -> None:
 
 
 def _resolve_data(data: DataConfig, cwd: Path) -> DataPlan:
-    def absolute(value: Optional[str]) -> Optional[str]:
+    def absolute(value: str | None) -> str | None:
         if value is None:
             return None
         path = Path(value).expanduser()
         return str(path if path.is_absolute() else cwd / path)
 
-    return DataPlan(path=absolute(data.path), tokenizer=absolute(data.tokenizer), vocab_size=data.vocab_size,
-                    cache_dir=str(absolute(data.cache_dir)))
+    return DataPlan(
+        path=absolute(data.path),
+        tokenizer=absolute(data.tokenizer),
+        vocab_size=data.vocab_size,
+        cache_dir=str(absolute(data.cache_dir)),
+    )

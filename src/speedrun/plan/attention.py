@@ -1,4 +1,5 @@
 """The attention part of the plan: the resolver asks the backend (its capabilities, then its own options)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -9,8 +10,9 @@ from ..hardware import HardwareProfile
 from ..shape import ModelShape
 
 
-def resolve_attention(cfg: Config, profile: HardwareProfile, precision: str,
-                       model: ModelShape) -> tuple[str, dict[str, Any], str]:
+def resolve_attention(
+    cfg: Config, profile: HardwareProfile, precision: str, model: ModelShape
+) -> tuple[str, dict[str, Any], str]:
     """Ask the requested backend whether it can run here (its capabilities), then for its options."""
     from ..attention import REGISTRY, backend_class
 
@@ -21,17 +23,23 @@ def resolve_attention(cfg: Config, profile: HardwareProfile, precision: str,
     wants = dict(document_mask=request.document_mask, window=request.window is not None)
     problems = backend_class(name).capabilities.problems(profile, precision, model, **wants)
     if problems:
-        fits = [other for other in sorted(REGISTRY)
-                if other != name and not backend_class(other).capabilities.problems(profile, precision, model, **wants)]
+        fits = [
+            other
+            for other in sorted(REGISTRY)
+            if other != name and not backend_class(other).capabilities.problems(profile, precision, model, **wants)
+        ]
         why = backend_class(name).capabilities.why
-        raise PlanError(f"attn={name} {'; '.join(problems)}{f' ({why})' if why else ''} - "
-                        + (f"use attn={' or attn='.join(fits)}" if fits else "no backend fits; change the request"))
+        raise PlanError(
+            f"attn={name} {'; '.join(problems)}{f' ({why})' if why else ''} - "
+            + (f"use attn={' or attn='.join(fits)}" if fits else "no backend fits; change the request")
+        )
     options, kernel = backend_class(name).plan_options(request, profile, precision, model)
     return name, options, kernel
 
 
-def check_scores_memory(attn: str, options: dict[str, Any], micro_batch: int, model: ModelShape,
-                         profile: HardwareProfile, precision: str) -> None:
+def check_scores_memory(
+    attn: str, options: dict[str, Any], micro_batch: int, model: ModelShape, profile: HardwareProfile, precision: str
+) -> None:
     """A kernel that materialises B x H x T x T scores is refused before an OOM, not after."""
     from ..attention import backend_class
 

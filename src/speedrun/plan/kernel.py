@@ -2,6 +2,7 @@
 device, the precision, the attention backend and the budget. Every refusal names what works instead; nothing is
 dropped silently (a CUDA graph that cannot be captured is refused here, not skipped at run time).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -19,19 +20,37 @@ GRAPH_EAGER_CALLS = 2
 """Micro-batches run eagerly at a new shape before its CUDA graph is captured (speedrun.kernels.graphs): the
 compiled code and its autotuning must have run before capture."""
 
-_TILE_KEYS = {"flex_fwd.block_m": "block_m", "flex_fwd.block_n": "block_n", "flex_fwd.num_warps": "fwd_num_warps",
-              "flex_fwd.num_stages": "fwd_num_stages", "flex_bwd.block_m1": "block_m1",
-              "flex_bwd.block_n1": "block_n1", "flex_bwd.block_m2": "block_m2", "flex_bwd.block_n2": "block_n2",
-              "flex_bwd.num_warps": "bwd_num_warps", "flex_bwd.num_stages": "bwd_num_stages"}
+_TILE_KEYS = {
+    "flex_fwd.block_m": "block_m",
+    "flex_fwd.block_n": "block_n",
+    "flex_fwd.num_warps": "fwd_num_warps",
+    "flex_fwd.num_stages": "fwd_num_stages",
+    "flex_bwd.block_m1": "block_m1",
+    "flex_bwd.block_n1": "block_n1",
+    "flex_bwd.block_m2": "block_m2",
+    "flex_bwd.block_n2": "block_n2",
+    "flex_bwd.num_warps": "bwd_num_warps",
+    "flex_bwd.num_stages": "bwd_num_stages",
+}
 """kernel-group tile settings -> FlexTiles fields."""
 
 FLEX_BLOCK_SIZE = 128
 """The BlockMask block of attention/flex.py; every tile must divide it."""
 
 
-def resolve_kernel(cfg: Config, profile: HardwareProfile, precision: str, model_name: str, model: ModelShape,
-                   attn: str, attn_options: dict[str, Any], *, compile_on: bool, grad_accum: int,
-                   warmup_steps: int) -> tuple[KernelPlan, dict[str, Any]]:
+def resolve_kernel(
+    cfg: Config,
+    profile: HardwareProfile,
+    precision: str,
+    model_name: str,
+    model: ModelShape,
+    attn: str,
+    attn_options: dict[str, Any],
+    *,
+    compile_on: bool,
+    grad_accum: int,
+    warmup_steps: int,
+) -> tuple[KernelPlan, dict[str, Any]]:
     """-> (the KernelPlan, the attention options with flex's tiles in them)."""
     k = cfg.kernel
     explicit = k.explicit()
@@ -51,11 +70,18 @@ def resolve_kernel(cfg: Config, profile: HardwareProfile, precision: str, model_
     dynamic = bool(settings.get("dynamic_shapes"))
     cdt = bool(settings.get("coordinate_descent_tuning"))
     if (compile_mode != "default" or dynamic or cdt) and not compile_on:
-        what = f"kernel.compile_mode={compile_mode}" if compile_mode != "default" else \
-            "kernel.dynamic_shapes=true" if dynamic else "kernel.coordinate_descent_tuning=true"
-        raise PlanError(f"{what} needs torch.compile, which is off here: set hardware.compile=true, or use "
-                        f"kernel.compile_mode=default kernel.dynamic_shapes=false "
-                        f"kernel.coordinate_descent_tuning=false")
+        what = (
+            f"kernel.compile_mode={compile_mode}"
+            if compile_mode != "default"
+            else "kernel.dynamic_shapes=true"
+            if dynamic
+            else "kernel.coordinate_descent_tuning=true"
+        )
+        raise PlanError(
+            f"{what} needs torch.compile, which is off here: set hardware.compile=true, or use "
+            f"kernel.compile_mode=default kernel.dynamic_shapes=false "
+            f"kernel.coordinate_descent_tuning=false"
+        )
     graphs = bool(settings.get("cuda_graphs"))
     if graphs:
         _check_graphs(on_cuda, compile_mode, dynamic, grad_accum, warmup_steps, profile)
@@ -65,34 +91,54 @@ def resolve_kernel(cfg: Config, profile: HardwareProfile, precision: str, model_
     if attn == "flex":
         tiles, smem, options = _resolve_tiles(settings, profile, precision, model, options)
     elif any(key in explicit for key in _TILE_KEYS):
-        raise PlanError(f"kernel.flex_fwd / kernel.flex_bwd tiles are for attn=flex, and attn={attn} runs here: "
-                        f"add attn=flex, or drop the kernel.flex_* settings")
-    plan = KernelPlan(source=source, compile_mode=compile_mode, cuda_graphs=graphs, dynamic_shapes=dynamic,
-                      coordinate_descent_tuning=cdt, fp8=fp8, fp8_impl=fp8_impl, flex_tiles=tiles, flex_smem=smem,
-                      profile=k.profile, profile_steps=k.profile_steps)
+        raise PlanError(
+            f"kernel.flex_fwd / kernel.flex_bwd tiles are for attn=flex, and attn={attn} runs here: "
+            f"add attn=flex, or drop the kernel.flex_* settings"
+        )
+    plan = KernelPlan(
+        source=source,
+        compile_mode=compile_mode,
+        cuda_graphs=graphs,
+        dynamic_shapes=dynamic,
+        coordinate_descent_tuning=cdt,
+        fp8=fp8,
+        fp8_impl=fp8_impl,
+        flex_tiles=tiles,
+        flex_smem=smem,
+        profile=k.profile,
+        profile_steps=k.profile_steps,
+    )
     return plan, options
 
 
-def _check_graphs(on_cuda: bool, compile_mode: str, dynamic: bool, grad_accum: int, warmup_steps: int,
-                  profile: HardwareProfile) -> None:
+def _check_graphs(
+    on_cuda: bool, compile_mode: str, dynamic: bool, grad_accum: int, warmup_steps: int, profile: HardwareProfile
+) -> None:
     if not on_cuda:
-        raise PlanError(f"kernel.cuda_graphs=true needs a CUDA GPU ({profile.name} has none); use "
-                        f"kernel.cuda_graphs=false")
+        raise PlanError(
+            f"kernel.cuda_graphs=true needs a CUDA GPU ({profile.name} has none); use kernel.cuda_graphs=false"
+        )
     if compile_mode in GRAPHING_MODES:
-        raise PlanError(f"kernel.cuda_graphs=true captures the step itself, and kernel.compile_mode={compile_mode} "
-                        f"makes inductor record its own CUDA graphs inside it: use "
-                        f"kernel.compile_mode=max-autotune-no-cudagraphs (or default) with kernel.cuda_graphs=true, "
-                        f"or kernel.cuda_graphs=false")
+        raise PlanError(
+            f"kernel.cuda_graphs=true captures the step itself, and kernel.compile_mode={compile_mode} "
+            f"makes inductor record its own CUDA graphs inside it: use "
+            f"kernel.compile_mode=max-autotune-no-cudagraphs (or default) with kernel.cuda_graphs=true, "
+            f"or kernel.cuda_graphs=false"
+        )
     if dynamic:
-        raise PlanError("kernel.cuda_graphs=true replays fixed shapes and kernel.dynamic_shapes=true compiles for "
-                        "changing ones: use kernel.dynamic_shapes=false (one static graph per context length) or "
-                        "kernel.cuda_graphs=false")
+        raise PlanError(
+            "kernel.cuda_graphs=true replays fixed shapes and kernel.dynamic_shapes=true compiles for "
+            "changing ones: use kernel.dynamic_shapes=false (one static graph per context length) or "
+            "kernel.cuda_graphs=false"
+        )
     calls = max(warmup_steps, 0) * grad_accum
     if calls < GRAPH_EAGER_CALLS + 1:
         need = -(-(GRAPH_EAGER_CALLS + 1) // grad_accum)
-        raise PlanError(f"kernel.cuda_graphs=true captures each context length during warm-up after "
-                        f"{GRAPH_EAGER_CALLS} eager micro-batches, and budget.warmup_steps={warmup_steps} x "
-                        f"{grad_accum} micro-batches per step leaves too few: use budget.warmup_steps={need}")
+        raise PlanError(
+            f"kernel.cuda_graphs=true captures each context length during warm-up after "
+            f"{GRAPH_EAGER_CALLS} eager micro-batches, and budget.warmup_steps={warmup_steps} x "
+            f"{grad_accum} micro-batches per step leaves too few: use budget.warmup_steps={need}"
+        )
 
 
 def _resolve_fp8(settings: dict[str, Any], precision: str, profile: HardwareProfile) -> tuple[tuple[str, ...], str]:
@@ -104,26 +150,35 @@ def _resolve_fp8(settings: dict[str, Any], precision: str, profile: HardwareProf
         targets = ("all",) if "all" in wanted else tuple(t for t in FP8_TARGETS if t in wanted)
     impl = settings.get("fp8_impl") or "speedrun"
     if precision == "fp8" and not targets:
-        raise PlanError("precision=fp8 runs the block linears in fp8, and kernel.fp8=[] asks for none: use "
-                        "precision=bf16 kernel.fp8=[], or drop kernel.fp8")
+        raise PlanError(
+            "precision=fp8 runs the block linears in fp8, and kernel.fp8=[] asks for none: use "
+            "precision=bf16 kernel.fp8=[], or drop kernel.fp8"
+        )
     if not targets:
         return (), impl
     shown = "[" + ",".join(targets) + "]"
     if profile.device_type != "cuda" or profile.capability < (8, 9):
         where = "no GPU" if profile.device_type != "cuda" else f"sm{profile.capability[0]}{profile.capability[1]}"
-        raise PlanError(f"kernel.fp8={shown} needs compute capability >= 8.9 (fp8 tensor cores); {profile.name} is "
-                        f"{where} - use kernel.fp8=[]")
+        raise PlanError(
+            f"kernel.fp8={shown} needs compute capability >= 8.9 (fp8 tensor cores); {profile.name} is "
+            f"{where} - use kernel.fp8=[]"
+        )
     if precision not in ("bf16", "fp8"):
-        raise PlanError(f"kernel.fp8={shown} runs fp8 linears inside bf16 autocast, and precision={precision}: use "
-                        f"precision=bf16, or kernel.fp8=[]")
+        raise PlanError(
+            f"kernel.fp8={shown} runs fp8 linears inside bf16 autocast, and precision={precision}: use "
+            f"precision=bf16, or kernel.fp8=[]"
+        )
     if impl == "torchao" and importlib.util.find_spec("torchao") is None:
-        raise PlanError("kernel.fp8_impl=torchao needs the torchao package (pip install torchao, built for this "
-                        "torch); use kernel.fp8_impl=speedrun")
+        raise PlanError(
+            "kernel.fp8_impl=torchao needs the torchao package (pip install torchao, built for this "
+            "torch); use kernel.fp8_impl=speedrun"
+        )
     return targets, impl
 
 
-def _resolve_tiles(settings: dict[str, Any], profile: HardwareProfile, precision: str, model: ModelShape,
-                   options: dict[str, Any]) -> tuple[str | None, tuple, dict[str, Any]]:
+def _resolve_tiles(
+    settings: dict[str, Any], profile: HardwareProfile, precision: str, model: ModelShape, options: dict[str, Any]
+) -> tuple[str | None, tuple, dict[str, Any]]:
     """Flex's tiles: the profile's (per head_dim where the card needs it) with the kernel group's on top; checked
     against the shared memory one program may use."""
     chosen = {field: settings[key] for key, field in _TILE_KEYS.items() if key in settings}
@@ -133,8 +188,9 @@ def _resolve_tiles(settings: dict[str, Any], profile: HardwareProfile, precision
         try:
             base = choose_tiles(model.head_dim, (profile.smem_per_sm_kb or 0) * 1024, smem_block, elem)
         except ValueError as e:
-            raise PlanError(f"attn=flex on {profile.name}: {e}; use attn=sdpa or a smaller model.d_model / "
-                            f"model.n_head") from None
+            raise PlanError(
+                f"attn=flex on {profile.name}: {e}; use attn=sdpa or a smaller model.d_model / model.n_head"
+            ) from None
     elif not chosen:
         return None, (), options  # today's path: the profile's forward blocks from flex's plan_options
     else:
@@ -143,20 +199,29 @@ def _resolve_tiles(settings: dict[str, Any], profile: HardwareProfile, precision
     import dataclasses
 
     tiles = dataclasses.replace(base, **chosen)
-    big = [f"{k}={v}" for k, v in dataclasses.asdict(tiles).items()
-           if k.startswith("block") and v is not None and FLEX_BLOCK_SIZE % v]
+    big = [
+        f"{k}={v}"
+        for k, v in dataclasses.asdict(tiles).items()
+        if k.startswith("block") and v is not None and FLEX_BLOCK_SIZE % v
+    ]
     if big:
-        raise PlanError(f"flex tiles {', '.join(big)} must divide the block mask's {FLEX_BLOCK_SIZE}: use tiles of "
-                        f"16, 32, 64 or 128")
+        raise PlanError(
+            f"flex tiles {', '.join(big)} must divide the block mask's {FLEX_BLOCK_SIZE}: use tiles of "
+            f"16, 32, 64 or 128"
+        )
     smem = tiles_smem(tiles, model.head_dim, elem, pipelined=profile.capability >= (8, 0))
     for part, need in smem.items():
         if smem_block and need > smem_block:
-            fits = fitting_fwd(model.head_dim, smem_block, elem) if part == "fwd" else \
-                fitting_bwd(model.head_dim, smem_block, elem)
+            fits = (
+                fitting_fwd(model.head_dim, smem_block, elem)
+                if part == "fwd"
+                else fitting_bwd(model.head_dim, smem_block, elem)
+            )
             shown = ", ".join("x".join(map(str, f)) if part == "fwd" else "/".join(map(str, f)) for f in fits[:4])
             names = "block_m x block_n" if part == "fwd" else "block_m1/block_n1/block_m2/block_n2"
             raise PlanError(
                 f"kernel.flex_{part} tiles ({tiles.label()}) need ~{need // 1024} KB of shared memory per program "
                 f"for head_dim {model.head_dim} (tiles padded to {1 << (model.head_dim - 1).bit_length()}); "
-                f"{profile.name} has {smem_block // 1024} KB: use {names} = {shown or 'none fits: use attn=sdpa'}")
+                f"{profile.name} has {smem_block // 1024} KB: use {names} = {shown or 'none fits: use attn=sdpa'}"
+            )
     return tiles.label(), tuple(sorted(smem.items())), {**options, "kernel_options": tiles.kernel_options()}

@@ -14,13 +14,13 @@ micro-batch of B sequences of T tokens, L layers of width d and vocabulary V:
 The micro-batch is taken at the longest context (tokens per micro-batch are constant across stages, so only the
 scores grow with T). Measured against pgolf_baseline on an H100 (11.9 GB peak, docs/benchmarks.md) it reads 9.4 GB.
 """
+
 from __future__ import annotations
 
 from ..shape import ModelShape
 
 
-def training_memory_bytes(model: ModelShape, micro_batch: int, precision: str, scores_bytes: int,
-                          params: int) -> int:
+def training_memory_bytes(model: ModelShape, micro_batch: int, precision: str, scores_bytes: int, params: int) -> int:
     tokens = micro_batch * model.seq_len
     act_bytes = 4 if precision == "fp32" else 2
     states = 16 * params

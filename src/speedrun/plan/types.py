@@ -1,10 +1,11 @@
 """The frozen Plan and its parts: what the resolver decided, and the only description of the run after it."""
+
 from __future__ import annotations
 
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from ..config import CheckpointConfig, LoggerConfig, OptimConfig, QuantConfig, ScheduleConfig, TTTConfig
 from ..shape import ModelShape
@@ -14,6 +15,7 @@ from .distributed import DistPlan
 @dataclass(frozen=True)
 class Stage:
     """One context length of the training schedule."""
+
     seq_len: int
     until: float
     """Train at this length until this fraction of the budget (time or steps, per Plan.stage_progress)."""
@@ -25,11 +27,11 @@ class Stage:
 class EvalPlan:
     mode: str
     """standard or sliding."""
-    stride: Optional[int]
+    stride: int | None
     """sliding: tokens each window advances."""
     document_isolated: bool
     """Score with the document mask on (no attention across BOS)."""
-    tokens: Optional[int]
+    tokens: int | None
     """Validation tokens to score; None: the whole split."""
     batch_size: int
     """Windows per eval forward."""
@@ -39,9 +41,9 @@ class EvalPlan:
     """Search the largest batch_size that fits during warm-up (eval.batch_size=auto, or hardware.micro_batch=auto
     with eval.batch_size unset); batch_size is then where the search starts, and plan.json is rewritten with the
     choice."""
-    every_steps: Optional[int] = None
+    every_steps: int | None = None
     """Periodic validation every this many steps (None: off)."""
-    every_seconds: Optional[float] = None
+    every_seconds: float | None = None
     """Periodic validation every this many train seconds (None: off)."""
     periodic_tokens: int = 65536
     """Validation tokens each periodic evaluation scores (standard windows of model.seq_len)."""
@@ -53,9 +55,9 @@ class EvalPlan:
 
 @dataclass(frozen=True)
 class DataPlan:
-    path: Optional[str]
+    path: str | None
     """Absolute shard directory; None for the embedded corpus."""
-    tokenizer: Optional[str]
+    tokenizer: str | None
     """Absolute SentencePiece model; None for the embedded corpus."""
     vocab_size: int
     cache_dir: str
@@ -65,6 +67,7 @@ class DataPlan:
 @dataclass(frozen=True)
 class KernelPlan:
     """How the run's math is done (the kernel group, resolved): speedrun.plan.kernel decides it."""
+
     source: str = "default"
     """Where the settings come from: default, tuned:<card>/<model> (a tuned table), or a custom option's name;
     "+set" when command-line fields were applied on top."""
@@ -80,7 +83,7 @@ class KernelPlan:
     """FP8 targets among the block linears (mlp_down, mlp, attn_proj, attn_qkv, all); () for none."""
     fp8_impl: str = "speedrun"
     """speedrun (speedrun.fp8) or torchao (torchao.float8)."""
-    flex_tiles: Optional[str] = None
+    flex_tiles: str | None = None
     """attn=flex: the tiles passed to both kernels (their kernel_options are in attn_options), or None."""
     flex_smem: tuple[tuple[str, int], ...] = ()
     """attn=flex: estimated shared memory per program of each tiled kernel (speedrun.kernels.tiles), bytes."""
@@ -90,19 +93,27 @@ class KernelPlan:
 
     def result_keys(self) -> dict[str, Any]:
         """What result.json and the results row record, so a sweep over kernel= groups in the report."""
-        return {"kernel": self.source, "kernel_compile_mode": self.compile_mode, "kernel_cuda_graphs": self.cuda_graphs,
-                "kernel_fp8": ",".join(self.fp8) or "none", "kernel_fp8_impl": self.fp8_impl if self.fp8 else None,
-                "kernel_flex_tiles": self.flex_tiles, "kernel_dynamic_shapes": self.dynamic_shapes,
-                "kernel_coordinate_descent": self.coordinate_descent_tuning}
+        return {
+            "kernel": self.source,
+            "kernel_compile_mode": self.compile_mode,
+            "kernel_cuda_graphs": self.cuda_graphs,
+            "kernel_fp8": ",".join(self.fp8) or "none",
+            "kernel_fp8_impl": self.fp8_impl if self.fp8 else None,
+            "kernel_flex_tiles": self.flex_tiles,
+            "kernel_dynamic_shapes": self.dynamic_shapes,
+            "kernel_coordinate_descent": self.coordinate_descent_tuning,
+        }
 
     def describe(self) -> str:
         fp8 = f"fp8 {'+'.join(self.fp8)} ({self.fp8_impl})" if self.fp8 else "no fp8"
         tiles = f", flex {self.flex_tiles}" if self.flex_tiles else ""
         smem = ", smem " + "/".join(f"{part} {b // 1024} KB" for part, b in self.flex_smem) if self.flex_smem else ""
         cdt = " + coordinate descent" if self.coordinate_descent_tuning else ""
-        return (f"{self.source}: compile {self.compile_mode}{' dynamic' if self.dynamic_shapes else ''}{cdt}, "
-                f"cuda graphs {'on' if self.cuda_graphs else 'off'}, {fp8}{tiles}{smem}"
-                + (f", profile {self.profile_steps} steps" if self.profile else ""))
+        return (
+            f"{self.source}: compile {self.compile_mode}{' dynamic' if self.dynamic_shapes else ''}{cdt}, "
+            f"cuda graphs {'on' if self.cuda_graphs else 'off'}, {fp8}{tiles}{smem}"
+            + (f", profile {self.profile_steps} steps" if self.profile else "")
+        )
 
 
 @dataclass(frozen=True)
@@ -116,20 +127,20 @@ class Plan:
     device_name: str
     emulated: bool
     """True when a smaller profile runs on a bigger device (its recipe, capped memory)."""
-    memory_cap_gb: Optional[float]
+    memory_cap_gb: float | None
     precision: str
     """fp32, bf16, fp16 or fp8."""
-    autocast: Optional[str]
+    autocast: str | None
     """Autocast dtype (bf16 or fp16; fp8 runs its block linears in fp8 inside bf16 autocast); None for fp32."""
     grad_scaler: bool
     matmul_dtype: str
     """The dtype whose peak MFU divides by (tf32 for fp32 on sm80+)."""
-    card: Optional[str]
+    card: str | None
     """The card that runs, as named in speedrun.cards (None: CPU, or a GPU the table does not know)."""
-    peak_flops: Optional[float]
+    peak_flops: float | None
     """Dense peak FLOP/s of matmul_dtype on the card that runs (speedrun.cards): mfu's denominator. None on CPU
     and on a card the table does not know (mfu is then null, never a neighbour's figure)."""
-    profile_peak_flops: Optional[float]
+    profile_peak_flops: float | None
     """When emulating: the same peak on the emulated profile (mfu_profile's denominator); else None."""
     ns_dtype: str
     """Dtype of Muon's Newton-Schulz iterations."""
@@ -153,10 +164,10 @@ class Plan:
     grad_accum: int
     tokens_per_step: int
     train_seconds: float
-    max_steps: Optional[int]
-    budget_tokens: Optional[int]
+    max_steps: int | None
+    budget_tokens: int | None
     """Training tokens after which the run ends (None: no token budget)."""
-    budget_flops: Optional[float]
+    budget_flops: float | None
     """Model FLOPs (MFU convention, per stage's seq_len) after which the run ends (None: no FLOPs budget)."""
     warmup_steps: int
     """Untimed compile/autotune steps, undone before training."""
@@ -186,7 +197,7 @@ class Plan:
         return self.dist.world_size
 
     @property
-    def eval_tokens(self) -> Optional[int]:
+    def eval_tokens(self) -> int | None:
         return self.eval.tokens
 
     def to_dict(self) -> dict[str, Any]:
@@ -214,10 +225,17 @@ class Plan:
             f"model       {self.model_name}: {m.n_layer}x{m.d_model}, {m.n_head}/{m.n_kv_head} heads, "
             f"mlp {m.mlp_mult}x, vocab {m.vocab_size}, seq {m.seq_len}",
             f"batch       {self.tokens_per_step} tokens/step = {self.micro_batch} seqs x {m.seq_len} x "
-            f"{self.grad_accum} accum" + (f" x {self.world_size} ranks" if self.world_size > 1 else "")
+            f"{self.grad_accum} accum"
+            + (f" x {self.world_size} ranks" if self.world_size > 1 else "")
             + (" (micro-batch searched in warm-up)" if self.micro_batch_search else ""),
-            *([f"ranks       {self.world_size} = {self.dist.nodes} node(s) x {self.dist.nproc}, {self.dist.backend}, "
-               f"started by {self.dist.launch}"] if self.world_size > 1 else []),
+            *(
+                [
+                    f"ranks       {self.world_size} = {self.dist.nodes} node(s) x {self.dist.nproc}, {self.dist.backend}, "
+                    f"started by {self.dist.launch}"
+                ]
+                if self.world_size > 1
+                else []
+            ),
             *([f"stages      {stages} (of {self.stage_progress})"] if len(self.stages) > 1 else []),
             f"budget      {self.budget_text()}"
             + f", eval {self.eval.label} on {self.eval.tokens if self.eval.tokens is not None else 'all'} tokens, "

@@ -9,6 +9,7 @@ One module per job:
 - ``plots``, ``page``: the PNGs and report.html;
 - ``cli``: the command.
 """
+
 from __future__ import annotations
 
 from .cli import LOWER_IS_BETTER, build_parser, main
@@ -16,5 +17,20 @@ from .groups import EvalSets, Group, compare, default_group_keys, eval_sets, gro
 from .runs import Run, canon, is_failure
 from .selection import load_runs, parse_pairs
 
-__all__ = ["LOWER_IS_BETTER", "EvalSets", "Group", "Run", "build_parser", "canon", "compare", "default_group_keys",
-           "eval_sets", "group_runs", "is_failure", "load_runs", "main", "parse_pairs", "rank_groups"]
+__all__ = [
+    "LOWER_IS_BETTER",
+    "EvalSets",
+    "Group",
+    "Run",
+    "build_parser",
+    "canon",
+    "compare",
+    "default_group_keys",
+    "eval_sets",
+    "group_runs",
+    "is_failure",
+    "load_runs",
+    "main",
+    "parse_pairs",
+    "rank_groups",
+]

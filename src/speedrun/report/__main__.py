@@ -1,4 +1,5 @@
 """``python -m speedrun.report``: see speedrun.report.cli."""
+
 from __future__ import annotations
 
 import sys

@@ -13,13 +13,14 @@ that has KEY=VALUE and the same other keys, by a one-sided Welch t-test of H1: t
 (val_bpb) is lower than the baseline's. Runs scored on different evaluation sets (``eval_fingerprint``) are
 never ranked or tested against each other: group by ``eval_fingerprint`` or select one set with ``--where``.
 """
+
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from ..tables import format_table
 from .groups import compare, default_group_keys, eval_sets, group_runs, rank_groups
@@ -32,40 +33,59 @@ LOWER_IS_BETTER = ("val_bpb", "val_bpb_quant", "val_bpb_ttt", "val_bpb_ttt_base"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m speedrun.report", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
+    p = argparse.ArgumentParser(
+        prog="python -m speedrun.report",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
     p.add_argument("--db", type=Path, default=Path("outputs/results.sqlite"), help="results database")
-    p.add_argument("--sweep", action="append", default=[], metavar="ID",
-                   help="a sweep id, 'latest', or a sweep dir (repeatable)")
+    p.add_argument(
+        "--sweep", action="append", default=[], metavar="ID", help="a sweep id, 'latest', or a sweep dir (repeatable)"
+    )
     p.add_argument("--name", help="only runs with this name")
     p.add_argument("--hardware", help="only runs on this hardware profile (the resolved one: cpu, t4, h100...)")
-    p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
-                   help="only runs where KEY (column or config key, e.g. optim.matrix_lr) is VALUE; "
-                        "VALUE may be a comma list (repeatable)")
+    p.add_argument(
+        "--where",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="only runs where KEY (column or config key, e.g. optim.matrix_lr) is VALUE; "
+        "VALUE may be a comma list (repeatable)",
+    )
     p.add_argument("--group-by", metavar="KEYS", help="comma-separated keys (default: the overrides that vary)")
-    p.add_argument("--baseline", action="append", default=[], metavar="KEY=VALUE",
-                   help="compare every group with the group where KEY=VALUE (one-sided Welch t-test)")
+    p.add_argument(
+        "--baseline",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="compare every group with the group where KEY=VALUE (one-sided Welch t-test)",
+    )
     p.add_argument("--metric", default="val_bpb", choices=LOWER_IS_BETTER, help="metric to rank and test")
     p.add_argument("--alpha", type=float, default=0.05, help="significance level for the verdict")
     p.add_argument("--out", type=Path, default=Path("outputs/report"), help="where CSV, PNGs and report.html go")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    p.add_argument("--curve-x", choices=("tokens", "seconds"), default="tokens",
-                   help="x-axis of the train and validation curves")
-    p.add_argument("--wandb-dashboard", metavar="SWEEP",
-                   help="build a W&B workspace for this sweep group (speedrun.report.dashboard) and exit")
+    p.add_argument(
+        "--curve-x", choices=("tokens", "seconds"), default="tokens", help="x-axis of the train and validation curves"
+    )
+    p.add_argument(
+        "--wandb-dashboard",
+        metavar="SWEEP",
+        help="build a W&B workspace for this sweep group (speedrun.report.dashboard) and exit",
+    )
     p.add_argument("--wandb-project", default="speedrun", help="W&B project of --wandb-dashboard")
     p.add_argument("--wandb-entity", help="W&B entity of --wandb-dashboard")
     p.add_argument("--dry-run", action="store_true", help="--wandb-dashboard: print and save the layout only")
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     where = parse_pairs(args.where, "--where")
     baseline = parse_pairs(args.baseline, "--baseline")
-    runs = load_runs(args.db, args.sweep + ([args.wandb_dashboard] if args.wandb_dashboard else []), args.name,
-                     args.hardware, where)
+    runs = load_runs(
+        args.db, args.sweep + ([args.wandb_dashboard] if args.wandb_dashboard else []), args.name, args.hardware, where
+    )
     if not runs:
         print(f"no runs match in {args.db}", file=sys.stderr)
         return 2
@@ -90,8 +110,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     board = table_rows(groups, keys, metrics, extras, ranked=True, alpha=args.alpha if baseline else None)
     ttest = ttest_rows(groups, args.metric, args.alpha) if baseline else None
 
-    filters = [f"--sweep {s}" for s in args.sweep] + [f"--{k} {v}" for k, v in (("name", args.name),
-                                                                                  ("hardware", args.hardware)) if v]
+    filters = [f"--sweep {s}" for s in args.sweep] + [
+        f"--{k} {v}" for k, v in (("name", args.name), ("hardware", args.hardware)) if v
+    ]
     filters += [f"--where {k}={v}" for k, v in where.items()]
     notes = sets.messages(keys, " ".join(["python -m speedrun.report", *filters])) + shared_note(groups)
     meta = _meta(args, runs, keys, filters, baseline)
@@ -106,28 +127,47 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "leaderboard.csv").write_text(groups_csv(groups, keys, list(metrics), extras))
     plots = {} if args.no_plots else make_plots(groups, out, args.metric, curve_x=args.curve_x)
-    failures = [[r.status, g.label(), str(r.row.get("error") or "")[:300], str(r.row.get("run_dir") or "")]
-                for g in groups for r in g.runs if r.status != "ok"]
-    classes = ["baseline" if g.is_baseline else "better" if g.welch and g.welch.p < args.alpha else ""
-               for g in groups]
+    failures = [
+        [r.status, g.label(), str(r.row.get("error") or "")[:300], str(r.row.get("run_dir") or "")]
+        for g in groups
+        for r in g.runs
+        if r.status != "ok"
+    ]
+    classes = ["baseline" if g.is_baseline else "better" if g.welch and g.welch.p < args.alpha else "" for g in groups]
     links = [f'<a href="#runs-{i}">{len(g.runs)} run(s)</a>' for i, g in enumerate(groups)]
-    page = render_html("speedrun report", meta, notes, board, classes, ttest, failures, plots,
-                       runs_html=runs_section(groups, out), board_links=links)
+    page = render_html(
+        "speedrun report",
+        meta,
+        notes,
+        board,
+        classes,
+        ttest,
+        failures,
+        plots,
+        runs_html=runs_section(groups, out),
+        board_links=links,
+    )
     (out / "report.html").write_text(page)
-    print(f"\nwrote {out / 'leaderboard.csv'}" + "".join(f", {p}" for p in plots.values())
-          + f", {out / 'report.html'}")
+    print(f"\nwrote {out / 'leaderboard.csv'}" + "".join(f", {p}" for p in plots.values()) + f", {out / 'report.html'}")
     return 0
 
 
-def _meta(args: argparse.Namespace, runs: Sequence, keys: Sequence[str], filters: list[str],
-          baseline: dict[str, str]) -> list[str]:
+def _meta(
+    args: argparse.Namespace, runs: Sequence, keys: Sequence[str], filters: list[str], baseline: dict[str, str]
+) -> list[str]:
     running = sum(r.status == "running" for r in runs)
-    meta = [f"database: {args.db.resolve()}", f"runs: {len(runs)} ({running} still running or killed)",
-            f"grouped by: {', '.join(keys)}; cells: mean ± sample std over ok runs; failures: runs that did not end "
-            f"ok; #: rank within an evaluation set", f"generated: {time.strftime('%Y-%m-%d %H:%M:%S')}"]
+    meta = [
+        f"database: {args.db.resolve()}",
+        f"runs: {len(runs)} ({running} still running or killed)",
+        f"grouped by: {', '.join(keys)}; cells: mean ± sample std over ok runs; failures: runs that did not end "
+        f"ok; #: rank within an evaluation set",
+        f"generated: {time.strftime('%Y-%m-%d %H:%M:%S')}",
+    ]
     if filters:
         meta.insert(1, "filters: " + " ".join(filters))
     if baseline:
-        meta.append(f"baseline: {', '.join(f'{k}={v}' for k, v in baseline.items())}; H1: the group's mean "
-                    f"{args.metric} is lower than its baseline's (one-sided Welch t-test), alpha {args.alpha:g}")
+        meta.append(
+            f"baseline: {', '.join(f'{k}={v}' for k, v in baseline.items())}; H1: the group's mean "
+            f"{args.metric} is lower than its baseline's (one-sided Welch t-test), alpha {args.alpha:g}"
+        )
     return meta

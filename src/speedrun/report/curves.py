@@ -6,12 +6,14 @@ smoothed (an exponential moving average over about 2% of the points) before aver
 interpolated onto a common grid over the range every run of the group covers, so the mean never mixes runs in
 and out. More groups than ``max_groups`` are cut to the first ones (the leaderboard's order) with a note.
 """
+
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -58,8 +60,9 @@ def smooth(ys: Sequence[float]) -> np.ndarray:
     return out
 
 
-def aggregate(curves: Sequence[tuple[Sequence[float], Sequence[float]]], points: int = 200
-              ) -> Optional[tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]]:
+def aggregate(
+    curves: Sequence[tuple[Sequence[float], Sequence[float]]], points: int = 200
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
     """(grid, mean, std or None for a single run) over the x range all curves cover; None without two points."""
     curves = [(np.asarray(xs, float), np.asarray(ys, float)) for xs, ys in curves if len(xs) >= 1]
     if not curves:
@@ -82,8 +85,10 @@ def plot_curves(plt: Any, groups: Sequence[Group], colors: dict, x: str = "token
         train = [(c["train"][0], smooth(c["train"][1])) for c in per_run if c["train"][0]]
         val = [c["val"] for c in per_run if c["val"][0]]
         # validation points are few and exact: keep as many grid points as the sparsest run has, marked
-        data[g.label()] = {"train": aggregate(train),
-                           "val": aggregate(val, points=min(len(xs) for xs, _ in val)) if val else None}
+        data[g.label()] = {
+            "train": aggregate(train),
+            "val": aggregate(val, points=min(len(xs) for xs, _ in val)) if val else None,
+        }
     has_val = any(d["val"] is not None for d in data.values())
     if not any(d["train"] is not None for d in data.values()) and not has_val:
         return None
@@ -95,8 +100,15 @@ def plot_curves(plt: Any, groups: Sequence[Group], colors: dict, x: str = "token
             if agg is None:
                 continue
             grid, mean, std = agg
-            ax.plot(grid, mean, color=colors[label], lw=1.4, label=label or "(all)",
-                    marker="o" if kind == "val" and len(grid) < 30 else None, ms=3)
+            ax.plot(
+                grid,
+                mean,
+                color=colors[label],
+                lw=1.4,
+                label=label or "(all)",
+                marker="o" if kind == "val" and len(grid) < 30 else None,
+                ms=3,
+            )
             if std is not None:
                 ax.fill_between(grid, mean - std, mean + std, color=colors[label], alpha=0.18, lw=0)
         ax.set_xlabel("training tokens" if x == "tokens" else "train seconds")

@@ -9,15 +9,28 @@ varies (seeds folded, so each line is a combination's mean with a std band): tra
 against training tokens, the periodic validation curve, val_bpb against throughput, and the sweep-summary run's
 leaderboard table and plots.
 """
+
 from __future__ import annotations
 
 import json
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from .groups import default_group_keys
 
-GROUP_OPTIONS = ("hardware", "attn", "precision", "model", "data", "optim", "schedule", "eval", "ttt", "quant",
-                 "logger")
+GROUP_OPTIONS = (
+    "hardware",
+    "attn",
+    "precision",
+    "model",
+    "data",
+    "optim",
+    "schedule",
+    "eval",
+    "ttt",
+    "quant",
+    "logger",
+)
 """Config groups: an override ``attn=flex`` is the config value ``attn.name`` in W&B."""
 
 
@@ -26,27 +39,53 @@ def config_key(override_key: str) -> str:
     return f"{override_key}.name" if override_key in GROUP_OPTIONS else override_key
 
 
-def dashboard_spec(runs: Sequence[Any], sweep: str, project: str, entity: Optional[str] = None) -> dict[str, Any]:
+def dashboard_spec(runs: Sequence[Any], sweep: str, project: str, entity: str | None = None) -> dict[str, Any]:
     keys = [k for k in default_group_keys(list(runs), by_value=False) if k not in ("device_name",)]
     groupby = [config_key(k) if k != "hardware" else "settings.hardware" for k in keys]
 
     def line(title: str, y: list[str], smoothing: float = 0.0) -> dict[str, Any]:
-        return {"type": "line", "title": title, "x": "tokens", "y": y, "groupby": groupby, "agg": "mean",
-                "range": "stddev", "smoothing": smoothing}
+        return {
+            "type": "line",
+            "title": title,
+            "x": "tokens",
+            "y": y,
+            "groupby": groupby,
+            "agg": "mean",
+            "range": "stddev",
+            "smoothing": smoothing,
+        }
 
     return {
-        "entity": entity, "project": project, "name": f"speedrun sweep {sweep}",
+        "entity": entity,
+        "project": project,
+        "name": f"speedrun sweep {sweep}",
         "filters": {"Group": sweep, "JobType": "train"},
         "groupby": groupby,
         "sections": [
-            {"name": "Training", "panels": [line("train loss (mean ± std over seeds)", ["train_loss"], 0.6),
-                                            line("LR multiplier", ["lr_mult"])]},
-            {"name": "Validation", "panels": [line("val_bpb, periodic (eval.periodic_tokens)", ["val_bpb"]),
-                                              {"type": "scatter", "title": "final val_bpb vs tokens/s",
-                                               "x": "tokens_per_s", "y": "val_bpb"}]},
-            {"name": "Sweep summary", "panels": [{"type": "media", "title": "report plots",
-                                                  "keys": ["plots/pareto", "plots/loss_curves",
-                                                           "plots/quant_vs_size"]}]},
+            {
+                "name": "Training",
+                "panels": [
+                    line("train loss (mean ± std over seeds)", ["train_loss"], 0.6),
+                    line("LR multiplier", ["lr_mult"]),
+                ],
+            },
+            {
+                "name": "Validation",
+                "panels": [
+                    line("val_bpb, periodic (eval.periodic_tokens)", ["val_bpb"]),
+                    {"type": "scatter", "title": "final val_bpb vs tokens/s", "x": "tokens_per_s", "y": "val_bpb"},
+                ],
+            },
+            {
+                "name": "Sweep summary",
+                "panels": [
+                    {
+                        "type": "media",
+                        "title": "report plots",
+                        "keys": ["plots/pareto", "plots/loss_curves", "plots/quant_vs_size"],
+                    }
+                ],
+            },
         ],
     }
 
@@ -58,10 +97,15 @@ def build_workspace(spec: dict[str, Any]) -> Any:
 
     def panel(p: dict[str, Any]) -> Any:
         if p["type"] == "line":
-            return wr.LinePlot(title=p["title"], x=p["x"], y=list(p["y"]),
-                               groupby=p["groupby"][0] if p["groupby"] else None,
-                               groupby_aggfunc=p["agg"], groupby_rangefunc=p["range"],
-                               smoothing_factor=p["smoothing"] or None)
+            return wr.LinePlot(
+                title=p["title"],
+                x=p["x"],
+                y=list(p["y"]),
+                groupby=p["groupby"][0] if p["groupby"] else None,
+                groupby_aggfunc=p["agg"],
+                groupby_rangefunc=p["range"],
+                smoothing_factor=p["smoothing"] or None,
+            )
         if p["type"] == "scatter":
             return wr.ScatterPlot(title=p["title"], x=wr.SummaryMetric(p["x"]), y=wr.SummaryMetric(p["y"]))
         if p["type"] == "media":
@@ -70,14 +114,18 @@ def build_workspace(spec: dict[str, Any]) -> Any:
 
     filters = ws.And(*[ws.Metric(k) == v for k, v in spec["filters"].items()])
     runset = ws.RunsetSettings(filters=filters, groupby=[ws.Config(k) for k in spec["groupby"]])
-    return ws.Workspace(entity=spec["entity"] or "", project=spec["project"], name=spec["name"],
-                        sections=[ws.Section(name=s["name"], panels=[panel(p) for p in s["panels"]], is_open=True)
-                                  for s in spec["sections"]],
-                        runset_settings=runset)
+    return ws.Workspace(
+        entity=spec["entity"] or "",
+        project=spec["project"],
+        name=spec["name"],
+        sections=[
+            ws.Section(name=s["name"], panels=[panel(p) for p in s["panels"]], is_open=True) for s in spec["sections"]
+        ],
+        runset_settings=runset,
+    )
 
 
-def run_dashboard(runs: Sequence[Any], sweep: str, project: str, entity: Optional[str], dry_run: bool,
-                  out: Any) -> int:
+def run_dashboard(runs: Sequence[Any], sweep: str, project: str, entity: str | None, dry_run: bool, out: Any) -> int:
     """The CLI's --wandb-dashboard: write dashboard.json; unless --dry-run, create the workspace online."""
     spec = dashboard_spec(runs, sweep, project, entity)
     out.mkdir(parents=True, exist_ok=True)
@@ -89,8 +137,10 @@ def run_dashboard(runs: Sequence[Any], sweep: str, project: str, entity: Optiona
     try:
         workspace = build_workspace(spec)
     except ImportError:
-        print("wandb-workspaces is not installed: pip install -e '.[dashboard]' (the layout is in "
-              f"{out / 'dashboard.json'})")
+        print(
+            "wandb-workspaces is not installed: pip install -e '.[dashboard]' (the layout is in "
+            f"{out / 'dashboard.json'})"
+        )
         return 2
     if not spec["entity"]:
         print("--wandb-entity is needed to create a workspace online")

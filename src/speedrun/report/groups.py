@@ -2,10 +2,11 @@
 of each group (its repeats), their failures and metrics, the baseline each group is tested against (one-sided
 Welch t-test, speedrun.stats), which evaluation sets the runs were scored on, and the rank of each group.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 from ..stats import Welch, finite, mean, welch_less
 from ..tables import display
@@ -35,8 +36,8 @@ def default_group_keys(runs: Sequence[Run], by_value: bool = True) -> list[str]:
 class Group:
     values: dict[str, str]
     runs: list[Run]
-    welch: Optional[Welch] = None
-    baseline: Optional["Group"] = None
+    welch: Welch | None = None
+    baseline: Group | None = None
     is_baseline: bool = False
     untested: str = ""
     """Why a group with a baseline got no test (e.g. its runs and the baseline's were scored on other tokens)."""
@@ -106,7 +107,7 @@ class EvalSets:
     tokens: dict[str, str]
     """Fingerprint -> the eval_tokens its runs scored (for the messages)."""
 
-    def block(self, g: Group) -> Optional[str]:
+    def block(self, g: Group) -> str | None:
         """The set a group is ranked within: its fingerprint; None for a group of unknown runs (then ranked with
         the only known set, or apart when there are several)."""
         fps = g.fingerprints()
@@ -118,20 +119,28 @@ class EvalSets:
         out = []
         if len(self.fingerprints) > 1:
             sets = ", ".join(f"{fp} ({self.tokens.get(fp) or '?'} tokens)" for fp in self.fingerprints)
-            out.append(f"these runs were scored on {len(self.fingerprints)} different evaluation sets "
-                       f"(eval_fingerprint: {sets}); a val_bpb from one set is not comparable with another's, so "
-                       f"groups are ranked and t-tested only against groups of their own set")
+            out.append(
+                f"these runs were scored on {len(self.fingerprints)} different evaluation sets "
+                f"(eval_fingerprint: {sets}); a val_bpb from one set is not comparable with another's, so "
+                f"groups are ranked and t-tested only against groups of their own set"
+            )
         if self.mixed:
             by = ",".join([*keys, EVAL_KEY] if EVAL_KEY not in keys else keys)
-            out.append(f"not ranked, not tested: {len(self.mixed)} group(s) mix runs scored on different evaluation "
-                       f"sets ({'; '.join(g.label() or '(all)' for g in self.mixed)}). Keep the sets apart with "
-                       f"`{how} --group-by {by}`, or take one with `{how} --where {EVAL_KEY}={self.fingerprints[0]}`")
+            out.append(
+                f"not ranked, not tested: {len(self.mixed)} group(s) mix runs scored on different evaluation "
+                f"sets ({'; '.join(g.label() or '(all)' for g in self.mixed)}). Keep the sets apart with "
+                f"`{how} --group-by {by}`, or take one with `{how} --where {EVAL_KEY}={self.fingerprints[0]}`"
+            )
         if self.unknown and self.fingerprints:
-            out.append(f"warning: {self.unknown} of {self.total} ok run(s) have no eval_fingerprint (recorded before "
-                       f"it was kept): they are compared as if scored on the same tokens, which cannot be checked")
+            out.append(
+                f"warning: {self.unknown} of {self.total} ok run(s) have no eval_fingerprint (recorded before "
+                f"it was kept): they are compared as if scored on the same tokens, which cannot be checked"
+            )
         elif self.unknown:
-            out.append("warning: no run records an eval_fingerprint (recorded before it was kept): that they were "
-                       "scored on the same tokens cannot be checked")
+            out.append(
+                "warning: no run records an eval_fingerprint (recorded before it was kept): that they were "
+                "scored on the same tokens cannot be checked"
+            )
         return out
 
 
@@ -144,9 +153,13 @@ def eval_sets(groups: Sequence[Group]) -> EvalSets:
             seen = tokens.setdefault(str(r.row[EVAL_KEY]), display(r.row.get("eval_tokens")))
             if seen != display(r.row.get("eval_tokens")):  # should not happen: one set has one size
                 tokens[str(r.row[EVAL_KEY])] = "several"
-    return EvalSets(fingerprints=fps, mixed=[g for g in groups if len(g.fingerprints()) > 1],
-                    unknown=sum(r.row.get(EVAL_KEY) is None for r in ok), total=len(ok),
-                    tokens={k: v for k, v in tokens.items() if v != "null"})
+    return EvalSets(
+        fingerprints=fps,
+        mixed=[g for g in groups if len(g.fingerprints()) > 1],
+        unknown=sum(r.row.get(EVAL_KEY) is None for r in ok),
+        total=len(ok),
+        tokens={k: v for k, v in tokens.items() if v != "null"},
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -178,7 +191,7 @@ def rank_groups(groups: Sequence[Group], metric: str, sets: EvalSets) -> list[Gr
     order = {fp: i for i, fp in enumerate(sets.fingerprints)}
     separate = len(sets.fingerprints) > 1  # one known set: the unknown runs are ranked with it
 
-    def block(g: Group) -> Optional[str]:
+    def block(g: Group) -> str | None:
         return sets.block(g) if separate else None
 
     def key(g: Group) -> tuple:
@@ -187,7 +200,7 @@ def rank_groups(groups: Sequence[Group], metric: str, sets: EvalSets) -> list[Gr
         return (g in sets.mixed, order.get(block(g), len(order)), m is None, m if m is not None else 0.0)
 
     ranked = sorted(groups, key=key)
-    counters: dict[Optional[str], int] = {}
+    counters: dict[str | None, int] = {}
     for g in ranked:
         if g in sets.mixed:
             g.rank = "-"

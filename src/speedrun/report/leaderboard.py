@@ -1,9 +1,11 @@
 """Groups as tables: the one layout of the report's leaderboard and the sweep's summary, as aligned text
 (console, summary.md, report.html) and as CSV (leaderboard.csv, summary.csv), plus the t-test table.
 """
+
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..stats import mean, std
 from ..tables import csv_text, fmt_number, fmt_p, mean_std_cell
@@ -60,8 +62,10 @@ def shared_note(groups: Sequence[Group]) -> list[str]:
     shared = sum(bool(r.row.get(SHARED_KEY)) for r in ok)
     if not shared:
         return []
-    return [f"{shared} of {len(ok)} ok run(s) shared their GPU with other jobs (jobs_per_gpu > 1; column "
-            f"{SHARED_KEY} counts them): their tokens_per_s, mfu and peak_mem_mb are not the card's alone"]
+    return [
+        f"{shared} of {len(ok)} ok run(s) shared their GPU with other jobs (jobs_per_gpu > 1; column "
+        f"{SHARED_KEY} counts them): their tokens_per_s, mfu and peak_mem_mb are not the card's alone"
+    ]
 
 
 def _extra(g: Group, col: str) -> Any:
@@ -84,8 +88,14 @@ def verdict(g: Group, alpha: float) -> list[str]:
     return [f"{w.delta:+.4f}", fmt_p(w.p), f"better (p<{alpha:g})" if w.p < alpha else "not significant"]
 
 
-def table_rows(groups: Sequence[Group], keys: Sequence[str], metrics: dict[str, str], extras: Sequence[str],
-               ranked: bool = False, alpha: Optional[float] = None) -> tuple[list[str], list[list[str]]]:
+def table_rows(
+    groups: Sequence[Group],
+    keys: Sequence[str],
+    metrics: dict[str, str],
+    extras: Sequence[str],
+    ranked: bool = False,
+    alpha: float | None = None,
+) -> tuple[list[str], list[list[str]]]:
     """Headers and rows: [#], the keys (or "combination"), extras, n (ok runs), failures, [not_run], the first
     metric, [delta, p, verdict when ``alpha`` is given: a baseline was compared], the other metrics."""
     first, *others = metrics
@@ -118,11 +128,22 @@ def ttest_rows(groups: Sequence[Group], metric: str, alpha: float) -> tuple[list
             continue
         a, b = g.metric(metric), g.baseline.metric(metric)
         w = g.welch
-        rows.append([g.values[k] for k in keys]
-                    + [str(len(a)), fmt_number(mean(a), "{:.4f}"), fmt_number(std(a), "{:.4f}"),
-                       str(len(b)), fmt_number(mean(b), "{:.4f}"), fmt_number(std(b), "{:.4f}"),
-                       f"{w.delta:+.4f}" if w else "", f"{w.t:.3f}" if w else "", f"{w.df:.1f}" if w else "",
-                       fmt_p(w.p) if w else "", verdict(g, alpha)[2]])
+        rows.append(
+            [g.values[k] for k in keys]
+            + [
+                str(len(a)),
+                fmt_number(mean(a), "{:.4f}"),
+                fmt_number(std(a), "{:.4f}"),
+                str(len(b)),
+                fmt_number(mean(b), "{:.4f}"),
+                fmt_number(std(b), "{:.4f}"),
+                f"{w.delta:+.4f}" if w else "",
+                f"{w.t:.3f}" if w else "",
+                f"{w.df:.1f}" if w else "",
+                fmt_p(w.p) if w else "",
+                verdict(g, alpha)[2],
+            ]
+        )
     return headers, rows
 
 

@@ -1,11 +1,13 @@
 """The report's PNG plots: val_bpb vs throughput per card with the Pareto front, train-loss and validation curves
 per group (speedrun.report.curves), and val_bpb_quant vs artifact size. matplotlib is optional (the ``report``
 extra); without it there are no plots."""
+
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..stats import finite, mean, pareto_front, std
 from ..tables import display
@@ -65,8 +67,9 @@ def _plot_pareto(plt: Any, groups: Sequence[Group], colors: dict, metric: str) -
             c = colors[g.label()]
             ax.scatter(xs, ys, color=c, alpha=0.35, s=14)
             mx, my = mean(xs), mean(ys)
-            ax.errorbar([mx], [my], xerr=[std(xs) or 0], yerr=[std(ys) or 0], fmt="o", color=c, ms=7, capsize=3,
-                        label=g.label())
+            ax.errorbar(
+                [mx], [my], xerr=[std(xs) or 0], yerr=[std(ys) or 0], fmt="o", color=c, ms=7, capsize=3, label=g.label()
+            )
             points.append((mx, my))
         front = pareto_front(points)
         if front:

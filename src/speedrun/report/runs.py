@@ -1,12 +1,14 @@
 """One run as the report and the sweep summary see it: its result row, config, Plan and overrides, and how a key
 is looked up in them; plus the override helpers both use to find what a set of runs varies.
 """
+
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any
 
 from ..tables import display
 
@@ -43,7 +45,7 @@ def override_dict(overrides: Iterable[str]) -> dict[str, str]:
     return out
 
 
-def split_overrides(text: Optional[str]) -> list[str]:
+def split_overrides(text: str | None) -> list[str]:
     """The ``overrides`` column of results.sqlite (space-joined) back to a list."""
     return [o for o in (text or "").split(" ") if o]
 
@@ -68,11 +70,12 @@ class Run:
     overrides: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def from_row(cls, row: dict[str, Any], overrides: Optional[Sequence[str]] = None) -> "Run":
+    def from_row(cls, row: dict[str, Any], overrides: Sequence[str] | None = None) -> Run:
         """A results row (database or result.json); ``overrides`` (a sweep job's own) replace the row's."""
         listed = split_overrides(row.get("overrides")) if overrides is None else overrides
-        return cls(row=row, config=_json(row.get("config")), plan=_json(row.get("plan")),
-                   overrides=override_dict(listed))
+        return cls(
+            row=row, config=_json(row.get("config")), plan=_json(row.get("plan")), overrides=override_dict(listed)
+        )
 
     def get(self, key: str) -> Any:
         """A key's value for this run: results column, else config (dotted), else Plan, else override text."""
@@ -82,7 +85,7 @@ class Run:
         if key == "model.name" and self.plan.get("model_name"):
             return self.plan["model_name"]
         # model=auto is resolved per device: the Plan holds the model that actually ran.
-        for tree in ((self.plan, self.config) if key.startswith("model.") else (self.config, self.plan)):
+        for tree in (self.plan, self.config) if key.startswith("model.") else (self.config, self.plan):
             found, value = dotted(tree, key)
             if found:
                 return value.get("name", json.dumps(value, sort_keys=True)) if isinstance(value, dict) else value

@@ -1,10 +1,11 @@
 """Which runs a report covers: rows of results.sqlite, narrowed by sweep (id, ``latest`` or a sweep dir, with the
 earlier runs a resumed sweep reused), name, hardware profile and ``--where KEY=VALUE[,VALUE...]``."""
+
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from .runs import Run, canon
 
@@ -21,8 +22,13 @@ def parse_pairs(items: Sequence[str], what: str) -> dict[str, str]:
     return out
 
 
-def load_runs(db: Path, sweeps: Sequence[str] = (), name: Optional[str] = None, hardware: Optional[str] = None,
-              where: Optional[dict[str, str]] = None) -> list[Run]:
+def load_runs(
+    db: Path,
+    sweeps: Sequence[str] = (),
+    name: str | None = None,
+    hardware: str | None = None,
+    where: dict[str, str] | None = None,
+) -> list[Run]:
     """The selected runs, oldest first. A ``where`` value may be a comma list; values compare as canon strings."""
     from ..records import ResultsDB
 
@@ -42,7 +48,7 @@ def load_runs(db: Path, sweeps: Sequence[str] = (), name: Optional[str] = None, 
     return sorted(runs, key=lambda r: r.row.get("started_at") or 0.0)
 
 
-def _select_sweeps(runs: list[Run], sweeps: Sequence[str], multirun: Optional[Path] = None) -> list[Run]:
+def _select_sweeps(runs: list[Run], sweeps: Sequence[str], multirun: Path | None = None) -> list[Run]:
     """Runs of the named sweeps: an id, ``latest``, or a sweep dir. A sweep that resumed also takes the
     earlier runs its manifest (sweep.json) reused, even when it ran no job itself. ``multirun`` is where
     sweep dirs live (outputs/multirun beside the database), searched for manifests by id."""

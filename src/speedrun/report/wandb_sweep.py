@@ -4,6 +4,7 @@ one extra W&B run of the sweep's group (job_type ``sweep-summary``, files in ``<
 Offline-safe like the job loggers: the mode is resolved the same way (offline without a key or server), and any
 W&B problem is a warning, never a failed sweep.
 """
+
 from __future__ import annotations
 
 import csv
@@ -34,8 +35,9 @@ def _number(value: str) -> Any:
     return int(f) if f.is_integer() and "." not in value and "e" not in value.lower() else f
 
 
-def log_sweep_summary(sweep_dir: Path, sweep: str, logger_cfg: Any, csv_text: str, groups: Any,
-                      metric: str = "val_bpb") -> None:
+def log_sweep_summary(
+    sweep_dir: Path, sweep: str, logger_cfg: Any, csv_text: str, groups: Any, metric: str = "val_bpb"
+) -> None:
     """Log the sweep's table and plots to W&B (logger_cfg: the sweep's LoggerConfig-like node)."""
     try:
         import wandb
@@ -48,16 +50,24 @@ def log_sweep_summary(sweep_dir: Path, sweep: str, logger_cfg: Any, csv_text: st
     try:
         plots = make_plots(groups, _plots_dir(sweep_dir), metric)
         columns, rows = table_data(csv_text)
-        run = wandb.init(mode=resolve_wandb_mode(str(logger_cfg.mode)), project=logger_cfg.project,
-                         entity=logger_cfg.entity, group=sweep, job_type="sweep-summary", name=f"{sweep}/summary",
-                         dir=str(sweep_dir), settings=_settings(wandb, WandbLogger.INIT_TIMEOUT_S))
+        run = wandb.init(
+            mode=resolve_wandb_mode(str(logger_cfg.mode)),
+            project=logger_cfg.project,
+            entity=logger_cfg.entity,
+            group=sweep,
+            job_type="sweep-summary",
+            name=f"{sweep}/summary",
+            dir=str(sweep_dir),
+            settings=_settings(wandb, WandbLogger.INIT_TIMEOUT_S),
+        )
         payload: dict[str, Any] = {"leaderboard": wandb.Table(columns=columns, data=rows)}
         payload.update({f"plots/{name}": wandb.Image(str(path), caption=name) for name, path in plots.items()})
         run.log(payload)
         run.summary["n_combinations"] = len(rows)
         run.finish()
-        log.info("logger=wandb: sweep leaderboard (%d rows) and %d plot(s) logged in group %s", len(rows), len(plots),
-                 sweep)
+        log.info(
+            "logger=wandb: sweep leaderboard (%d rows) and %d plot(s) logged in group %s", len(rows), len(plots), sweep
+        )
     except Exception as e:  # noqa: BLE001 - the sweep's own summary is already on disk
         log.warning("logger=wandb: sweep summary failed (%s: %s)", type(e).__name__, e)
 
