@@ -115,6 +115,7 @@ def test_groups_that_mix_evaluation_sets_are_neither_ranked_nor_tested(tmp_path,
             }
             for r in rows
         ]
+
     db = make_db(tmp_path, fp(seeds("sdpa", SDPA)) + fp(seeds("flex", FLEX)))
     printed, rows = run_report(db, tmp_path / "r", capsys, "--baseline", "attn=sdpa")
     assert "2 different evaluation sets" in printed and "aaaa1111 (2048 tokens)" in printed
