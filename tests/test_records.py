@@ -7,7 +7,7 @@ import multiprocessing as mp
 import sqlite3
 
 from speedrun.records import RESULT_KEYS, ResultsDB, empty_result, write_json
-from speedrun.runner import format_result_block
+from speedrun.result_block import format_result_block
 
 
 def _writer(path, worker):

@@ -82,6 +82,7 @@ CODE_FILES: tuple[str, ...] = (
     "speedrun/preempt.py",
     "speedrun/quantize.py",
     "speedrun/records.py",
+    "speedrun/result_block.py",
     "speedrun/resume.py",
     "speedrun/runner.py",
     "speedrun/shape.py",

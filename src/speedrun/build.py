@@ -5,6 +5,7 @@ The attention backend is looked up by name here, once; the model never sees a ba
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,8 @@ from .data.prepare import DatasetPaths, ensure_embedded_dataset, open_dataset
 from .data.shards import read_header
 from .data.tokenizer import load_tokenizer
 from .plan import Plan
+
+log = logging.getLogger("speedrun")
 
 
 @dataclass
@@ -130,3 +133,20 @@ def build_model(plan: Plan, attention, bos_id: int):
         return compiled_eval(x, y, reduction="none")
 
     return model, forward, eval_forward, optimizers
+
+
+def configure_torch(plan: Plan) -> None:
+    """Seed, TF32 and the memory cap the Plan asks for, before anything is built."""
+    import torch
+
+    torch.manual_seed(plan.seed)
+    if plan.device == "cuda":
+        # TF32 only where the profile has it: an emulated T4 keeps true fp32 matmuls, as the card would.
+        tf32 = plan.matmul_dtype == "tf32"
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+        if plan.memory_cap_gb:
+            total = torch.cuda.get_device_properties(0).total_memory
+            fraction = min(1.0, plan.memory_cap_gb * 1e9 / total)
+            torch.cuda.set_per_process_memory_fraction(fraction)
+            log.info("memory capped to %.1f GB (%.3f of the device)", plan.memory_cap_gb, fraction)

@@ -20,36 +20,38 @@ from typing import Any
 from .identity import code_fingerprint
 from .paths import REPO_ROOT
 
-# The result.json contract (docs/architecture.md): add keys freely, never rename these.
-RESULT_KEYS = (
-    "status",
-    "error",
-    "val_bpb",
-    "val_loss",
-    "val_bpb_quant",
-    "val_bpb_ttt",
-    "tokens_per_s",
-    "mfu",
-    "peak_mem_mb",
-    "artifact_bytes",
-    "train_seconds",
-    "compile_seconds",
-    "eval_seconds",
-    "steps",
-    "tokens",
-    "params",
-    "hardware",
-    "device_name",
-    "emulated",
-    "attn",
-    "attn_kernel",
-    "precision",
-    "seed",
-    "sweep",
-    "git_sha",
-    "torch_version",
-    "run_dir",
-)
+# The result.json contract (docs/architecture.md): add keys freely, never rename these. Each comes with the column
+# type the results database declares for it.
+CONTRACT_TYPES: dict[str, str] = {
+    "status": "TEXT",
+    "error": "TEXT",
+    "val_bpb": "REAL",
+    "val_loss": "REAL",
+    "val_bpb_quant": "REAL",
+    "val_bpb_ttt": "REAL",
+    "tokens_per_s": "REAL",
+    "mfu": "REAL",
+    "peak_mem_mb": "REAL",
+    "artifact_bytes": "INTEGER",
+    "train_seconds": "REAL",
+    "compile_seconds": "REAL",
+    "eval_seconds": "REAL",
+    "steps": "INTEGER",
+    "tokens": "INTEGER",
+    "params": "INTEGER",
+    "hardware": "TEXT",
+    "device_name": "TEXT",
+    "emulated": "INTEGER",
+    "attn": "TEXT",
+    "attn_kernel": "TEXT",
+    "precision": "TEXT",
+    "seed": "INTEGER",
+    "sweep": "TEXT",
+    "git_sha": "TEXT",
+    "torch_version": "TEXT",
+    "run_dir": "TEXT",
+}
+RESULT_KEYS = tuple(CONTRACT_TYPES)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -107,24 +109,9 @@ _BASE_COLUMNS = {
 }
 
 
-_REAL = (
-    "val_bpb",
-    "val_loss",
-    "val_bpb_quant",
-    "val_bpb_ttt",
-    "tokens_per_s",
-    "mfu",
-    "peak_mem_mb",
-    "train_seconds",
-    "compile_seconds",
-    "eval_seconds",
-)
-_INTEGER = ("artifact_bytes", "steps", "tokens", "params", "seed", "emulated")
-
-
 def _column_type(key: str) -> str:
     """Declared types for the contract's keys; other columns get none, so SQLite keeps each value's own type."""
-    return "REAL" if key in _REAL else "INTEGER" if key in _INTEGER else "TEXT" if key in RESULT_KEYS else ""
+    return CONTRACT_TYPES.get(key, "")
 
 
 class ResultsDB:

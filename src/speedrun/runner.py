@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import os
 import threading
 import time
@@ -27,6 +26,7 @@ from .identity import GPU_SHARED_ENV
 from .loggers import RunLogger, make_logger
 from .paths import results_db_path
 from .records import MetricsLog, ResultsDB, empty_result, write_json
+from .result_block import format_result_block
 from .signals import sigterm_as_interrupt, stop_signals_deferred
 
 log = logging.getLogger("speedrun")
@@ -207,7 +207,9 @@ class Job:
         )
         result.update(self.world.describe(plan.device_name))  # world_size, nodes, each rank's GPU
         result.update(plan.kernel.result_keys())  # kernel_* settings that ran, so sweeps over kernel= group
-        _configure_torch(plan)
+        from .build import configure_torch
+
+        configure_torch(plan)
         if self.world.rank == 0:  # one W&B run per run, not per rank
             self.logger = make_logger(plan.logger, self.ctx.run_dir, result["sweep"], plan.name)
         self._guard("start", self.config_tree, plan.to_dict())
@@ -376,70 +378,6 @@ class Job:
         if self.world.info.launcher != "elastic":  # else the launching process prints it, last
             log.info("result:\n%s", format_result_block(self.result))
         self.world.shutdown(clean=self.result["status"] in ("ok", "diverged"))
-
-
-def _configure_torch(plan: Any) -> None:
-    import torch
-
-    torch.manual_seed(plan.seed)
-    if plan.device == "cuda":
-        # TF32 only where the profile has it: an emulated T4 keeps true fp32 matmuls, as the card would.
-        tf32 = plan.matmul_dtype == "tf32"
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        torch.backends.cudnn.allow_tf32 = tf32
-        if plan.memory_cap_gb:
-            total = torch.cuda.get_device_properties(0).total_memory
-            fraction = min(1.0, plan.memory_cap_gb * 1e9 / total)
-            torch.cuda.set_per_process_memory_fraction(fraction)
-            log.info("memory capped to %.1f GB (%.3f of the device)", plan.memory_cap_gb, fraction)
-
-
-BLOCK_KEYS = (
-    "status",
-    "val_bpb",
-    "val_loss",
-    "val_bpb_quant",
-    "val_bpb_ttt",
-    "val_bpb_ttt_base",
-    "artifact_bytes",
-    "artifact_model_bytes",
-    "artifact_code_bytes",
-    "artifact_ok",
-    "tokens_per_s",
-    "mfu",
-    "mfu_profile",
-    "peak_mem_mb",
-    "steps",
-    "tokens",
-    "train_seconds",
-    "compile_seconds",
-    "eval_seconds",
-    "eval_tokens",
-    "eval_fingerprint",
-    "params",
-    "hardware",
-    "device_name",
-    "card",
-    "emulated",
-    "attn_kernel",
-    "precision",
-    "seed",
-    "phase",
-    "run_dir",
-    "error",
-)
-
-
-def format_result_block(result: dict[str, Any]) -> str:
-    """The grep-able end of every run: one aligned ``key: value`` per line."""
-    width = max(len(k) for k in BLOCK_KEYS)
-    lines = []
-    for key in BLOCK_KEYS:
-        value = result.get(key)
-        if isinstance(value, float) and math.isfinite(value):
-            value = f"{value:.6g}" if abs(value) < 1e6 else f"{value:.0f}"
-        lines.append(f"{key + ':':<{width + 1}} {value}")
-    return "\n".join(lines)
 
 
 def _indent(text: str) -> str:

@@ -291,12 +291,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace, argv: list[str]) -> int:
-    from .build import build_data
+    from .build import build_data, configure_torch
     from .config import to_config
     from .hardware import detect
     from .kernels.tuned import write_entry
     from .plan import PlanError, resolve
-    from .runner import _configure_torch
 
     def log(msg: str) -> None:
         print(msg, flush=True)
@@ -318,7 +317,7 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         f"tune: {plan.device_name} ({plan.hardware}), model {plan.model_name}, {plan.attn_kernel}, {plan.precision}; "
         f"{sum(c.refused is None for c in candidates)} candidate(s), {args.steps} timed steps each"
     )
-    _configure_torch(plan)
+    configure_torch(plan)
     data = build_data(plan, log)
     winner = tune(
         candidates, lambda c: measure(c, data, args.steps, lambda m: None), args.atol, args.rtol, log, args.min_gain

@@ -19,7 +19,6 @@ The child learns it belongs to the sweep through Hydra overrides that are not ta
 """
 
 import copy
-import json
 import logging
 import os
 import subprocess
@@ -44,6 +43,7 @@ from speedrun.paths import results_db_path
 from speedrun.signals import sigterm_as_interrupt
 
 from .gpu_slots import pool_slots, take_slots, visible_gpus  # noqa: F401 - part of this module's interface
+from .job_io import pump_output, read_json
 
 log = logging.getLogger(__name__)
 
@@ -307,7 +307,7 @@ class _Pool:
         )
         prefix = f"[#{job.num}] " if len(self.slots) > 1 else ""
         job.pump = threading.Thread(
-            target=_pump, args=(job.proc, job.job_dir / "console.log", self.echo, prefix), daemon=True
+            target=pump_output, args=(job.proc, job.job_dir / "console.log", self.echo, prefix), daemon=True
         )
         job.pump.start()
         return job
@@ -318,7 +318,7 @@ class _Pool:
             job.pump.join(timeout=10)
         rc = job.proc.returncode
         seconds = time.time() - job.started
-        result = _read_json(job.job_dir / "result.json")
+        result = read_json(job.job_dir / "result.json")
         status = result.get("status") if result else None
         ret = _job_return(job)
         if rc == 0 and status not in ("failed", "interrupted", "running"):
@@ -395,25 +395,3 @@ def _job_return(job: _Job) -> JobReturn:
     ret.working_dir = os.getcwd()
     ret.task_name = str(OmegaConf.select(job.config, "hydra.job.name", default=""))
     return ret
-
-
-def _pump(proc: subprocess.Popen, path: Path, echo: bool, prefix: str) -> None:
-    """Copy a job's output to its console.log (and to this console when echoing), line by line."""
-    assert proc.stdout is not None
-    with open(path, "a", buffering=1, errors="replace") as f:
-        for line in proc.stdout:
-            f.write(line)
-            if echo:
-                try:
-                    sys.stdout.write(prefix + line)
-                    sys.stdout.flush()
-                except (OSError, ValueError):
-                    echo = False
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None

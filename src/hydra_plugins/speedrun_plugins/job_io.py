@@ -1,0 +1,31 @@
+"""A pool job's files: its console output copied line by line, and its result.json read back."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def pump_output(proc: subprocess.Popen, path: Path, echo: bool, prefix: str) -> None:
+    """Copy a job's output to its console.log (and to this console when echoing), line by line."""
+    assert proc.stdout is not None
+    with open(path, "a", buffering=1, errors="replace") as f:
+        for line in proc.stdout:
+            f.write(line)
+            if echo:
+                try:
+                    sys.stdout.write(prefix + line)
+                    sys.stdout.flush()
+                except (OSError, ValueError):
+                    echo = False
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
