@@ -169,3 +169,18 @@ def test_model_overrides_apply_on_top_of_the_auto_preset(compose):
     assert (plan.model_name, plan.model.n_layer, plan.model.seq_len, plan.model.d_model) == ("tiny", 2, 128, 128)
     gpu = plan_for(compose, "h100", "model.d_model=256")
     assert (gpu.model_name, gpu.model.d_model, gpu.model.n_layer) == ("pgolf_baseline", 256, 9)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["checkpoint.every_steps=10"], ["eval.every_steps=10"], ["hardware.micro_batch=auto"]],
+)
+def test_one_process_features_are_refused_on_several_ranks(compose, extra):
+    """Periodic validation, checkpoints and the micro-batch search run on one process; with ranks they are refused
+    before any rank starts, not silently skipped."""
+    from speedrun.plan import WorldInfo
+
+    cfg = to_config(compose(["dist.nproc=2", *extra]))
+    with pytest.raises(PlanError, match="dist.nproc > 1|several ranks"):
+        resolve(cfg, fake_device("h100"), world=WorldInfo(visible_gpus=2))
+    resolve(to_config(compose(extra)), fake_device("h100"), world=WorldInfo(visible_gpus=2))  # one rank: fine
