@@ -118,6 +118,7 @@ def run_job(dict_cfg: DictConfig, ctx: RunContext | None = None) -> dict[str, An
         oom = find_oom(e)
         if oom is not None:  # an outcome with its own status and fix, not a bug
             result.update(oom_result(job.plan, result.get("phase"), oom, ctx.run_dir))
+            world.settle(dict(result), e, ctx.run_dir)  # tell the other ranks to stop; this row keeps status oom
             raise RunOutOfMemory(result["error"]) from e
         result["status"] = "failed"
         result["error"] = f"{type(e).__name__}: {e}"
