@@ -291,3 +291,37 @@ def test_graphed_step_matches_the_plain_step(compose, data_cache, monkeypatch):
     assert all(p.grad is None for p in plain_model.parameters())
     stepper(data.train_batches(32, 8))  # another context length: its own eager calls, then its own graph
     assert len(stepper.micro.graphs) == 2
+
+
+def test_micro_batch_from_the_kernel_group_a_table_or_the_hardware(compose, table_dir):
+    from speedrun.kernels.tuned import write_entry
+
+    h100 = fake_device("h100")
+    default = resolve(to_config(compose([])), h100)
+    write_entry("h100", "pgolf_baseline", {"micro_batch": 2 * default.micro_batch}, PROVENANCE)
+    tuned = resolve(to_config(compose(["kernel=tuned"])), h100)
+    assert tuned.micro_batch == tuned.kernel.micro_batch == 2 * default.micro_batch
+    assert tuned.grad_accum * 2 == default.grad_accum and tuned.tokens_per_step == default.tokens_per_step
+    assert tuned.kernel.result_keys()["kernel_micro_batch"] == tuned.micro_batch
+    # a micro-batch the run (or its experiment) set wins over the table's
+    mine = resolve(to_config(compose(["kernel=tuned", "hardware.micro_batch=16"])), h100)
+    assert mine.micro_batch == 16 and mine.kernel.micro_batch is None
+    assert resolve(to_config(compose(["kernel.micro_batch=16"])), h100).micro_batch == 16
+    with pytest.raises(PlanError, match=r"hardware.micro_batch=32 and kernel.micro_batch=16 both set"):
+        resolve(to_config(compose(["kernel.micro_batch=16", "hardware.micro_batch=32"])), h100)
+    with pytest.raises(ConfigError, match="kernel.micro_batch=0 must be >= 1"):
+        to_config(compose(["kernel.micro_batch=0"]))
+
+
+def test_tuner_candidates_resolve_and_include_a_bigger_micro_batch(compose):
+    from speedrun.tune import candidate_overrides, main
+
+    h100 = fake_device("h100")
+    plan = resolve(to_config(compose([])), h100)
+    for quick in (True, False):
+        wanted = candidate_overrides(plan, quick)
+        assert wanted[0] == [] and [f"kernel.micro_batch={2 * plan.micro_batch}"] in wanted
+        for extra in wanted:
+            assert all(o.startswith("kernel.") for o in extra)
+            resolve(to_config(compose(extra)), h100)  # every listed candidate is one the resolver accepts
+    assert main(["--candidate", "hardware.micro_batch=8"]) == 1  # refused before anything is built

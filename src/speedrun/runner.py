@@ -262,7 +262,7 @@ class Job:
         result["peak_mem_mb"] = self.world.max(result["peak_mem_mb"])  # the largest over the ranks
         self.result["data_epochs"] = round(state.tokens / data.train_tokens, 3)
         self._on_phase("train")  # training's keys are in the record before evaluation starts
-        if self.result["data_epochs"] > 1:
+        if self.result["data_epochs"] > 1 and self.world.rank == 0:  # once per run, not once per rank
             log.warning(
                 "training made %.1f passes over %s training tokens: val_bpb includes the effect of repeating "
                 "data (use a larger dataset, e.g. data=fineweb_sp1024, for comparable numbers)",

@@ -62,10 +62,15 @@ def candidate_overrides(plan: Any, quick: bool = False) -> list[list[str]]:
         return out
     graphs, cdt = ["kernel.cuda_graphs=true"], ["kernel.coordinate_descent_tuning=true"]
     fp8 = plan.precision == "bf16" and _has_fp8(plan)
+    # twice the micro-batch, where the step still splits evenly: fewer, larger kernels per step
+    bigger = [f"kernel.micro_batch={2 * plan.micro_batch}"] if plan.grad_accum % 2 == 0 else []
     if quick:  # each lever alone, and all of them together
         out += [graphs] + ([cdt] if plan.compile else []) + ([["kernel.fp8=[mlp_down]"]] if fp8 else [])
-        out.append(graphs + (cdt if plan.compile else []) + (["kernel.fp8=[mlp_down]"] if fp8 else []))
+        out += [bigger] if bigger else []
+        out.append(bigger + graphs + (cdt if plan.compile else []) + (["kernel.fp8=[mlp_down]"] if fp8 else []))
         return out
+    if bigger:
+        out += [bigger, bigger + graphs] + ([bigger + graphs + cdt] if plan.compile else [])
     if plan.compile:
         out += [
             ["kernel.compile_mode=max-autotune-no-cudagraphs"],
@@ -79,7 +84,7 @@ def candidate_overrides(plan: Any, quick: bool = False) -> list[list[str]]:
         for targets in ("[mlp_down]", "[mlp]"):
             out += [[f"kernel.fp8={targets}"], graphs + [f"kernel.fp8={targets}"]]
         if plan.compile:
-            out.append(graphs + cdt + ["kernel.fp8=[mlp_down]"])
+            out.append(bigger + graphs + cdt + ["kernel.fp8=[mlp_down]"])
     if plan.attn == "flex":
         out += [
             ["kernel.flex_fwd.block_m=128", "kernel.flex_fwd.block_n=64"],
@@ -276,6 +281,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="a short search: CUDA graphs, coordinate descent, fp8 mlp_down, each alone and together",
     )
+    parser.add_argument(
+        "--candidate",
+        action="append",
+        default=None,
+        metavar="OVERRIDES",
+        help='time these kernel.* overrides (space-separated, e.g. "kernel.cuda_graphs=true kernel.micro_batch=128")'
+        " instead of the built-in list; repeat for more; the default is always measured first",
+    )
     parser.add_argument("--atol", type=float, default=DEFAULT_ATOL, help="numerics: absolute loss tolerance")
     parser.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help="numerics: relative loss tolerance")
     parser.add_argument("--min-gain", type=float, default=0.01, help="a winner must beat the default by this")
@@ -300,11 +313,18 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     def log(msg: str) -> None:
         print(msg, flush=True)
 
+    given = [c.split() for c in args.candidate or []]
+    bad = [o for c in given for o in c if not o.startswith("kernel.")]
+    if bad:
+        raise ConfigError(
+            f"--candidate takes kernel.* overrides only, got {bad}; pass other overrides as arguments after the options"
+        )
     device = detect()
     base = ["kernel=default", *args.overrides]
     default_plan = resolve(to_config(_compose(base)), device)
     candidates = []
-    for extra in candidate_overrides(default_plan, args.quick):
+    wanted = [[]] + [c for c in given if c] if given else candidate_overrides(default_plan, args.quick)
+    for extra in wanted:
         c = Candidate(overrides=extra)
         try:
             cfg = to_config(_compose(base + extra))

@@ -90,6 +90,11 @@ class KernelConfig:
     fp8_impl: str | None = None
     """speedrun (speedrun.fp8: torch._scaled_mm, tensorwise scales) or torchao (torchao.float8's tensorwise
     recipe; needs the torchao package). None: speedrun."""
+    micro_batch: int | None = None
+    """Sequences per micro-batch, chosen for speed (the tuner searches it): the same tokens per step in fewer or
+    more accumulation steps, so the same gradients up to summation order. Wins over the profile's default;
+    hardware.micro_batch, when set, wins over a tuned table's value (and must agree with one set here). None:
+    hardware.micro_batch, else the profile's default."""
     flex_fwd: FlexFwdTiles = field(default_factory=FlexFwdTiles)
     """attn=flex forward tiles; unset fields come from the hardware profile (per head_dim on a T4)."""
     flex_bwd: FlexBwdTiles = field(default_factory=FlexBwdTiles)
@@ -118,6 +123,10 @@ class KernelConfig:
             not (self.fp8 and "none" in self.fp8 and len(set(self.fp8)) > 1),
             f"kernel.fp8={list(self.fp8 or [])} mixes none with targets; use [] for none",
         )
+        _require(
+            self.micro_batch is None or self.micro_batch >= 1,
+            f"kernel.micro_batch={self.micro_batch} must be >= 1, or null for hardware.micro_batch",
+        )
         _require(self.profile_steps >= 1, f"kernel.profile_steps={self.profile_steps} must be >= 1")
         for part, names in TILE_FIELDS.items():
             tiles = getattr(self, f"flex_{part}")
@@ -144,7 +153,15 @@ class KernelConfig:
     def explicit(self) -> dict:
         """The fields set on this config (not None), flattened with dotted tile keys: what wins over a table."""
         out: dict = {}
-        for key in ("compile_mode", "cuda_graphs", "coordinate_descent_tuning", "dynamic_shapes", "fp8", "fp8_impl"):
+        for key in (
+            "compile_mode",
+            "cuda_graphs",
+            "coordinate_descent_tuning",
+            "dynamic_shapes",
+            "fp8",
+            "fp8_impl",
+            "micro_batch",
+        ):
             if getattr(self, key) is not None:
                 out[key] = list(getattr(self, key)) if key == "fp8" else getattr(self, key)
         for part, names in TILE_FIELDS.items():

@@ -22,7 +22,7 @@ from ..hardware import PROFILES, DetectedDevice, HardwareProfile
 from ..shape import ModelShape
 from .attention import check_scores_memory, resolve_attention
 from .distributed import DistPlan, WorldInfo, check_step_split, resolve_dist
-from .kernel import resolve_kernel
+from .kernel import kernel_micro_batch, kernel_settings, resolve_kernel
 from .memory import param_count, training_memory_bytes
 from .types import DataPlan, EvalPlan, KernelPlan, Plan, Stage, plan_json
 
@@ -102,11 +102,14 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
 
     seq_len = model.seq_len
     tokens_per_step = cfg.budget.tokens_per_step or profile.tokens_per_step
+    # the kernel group may choose the micro-batch (kernel.micro_batch, or a tuned table's): read it first
+    settings, kernel_source = kernel_settings(cfg, profile, model_name)
+    kernel_micro = kernel_micro_batch(cfg, settings)
     search = cfg.hardware.micro_batch == "auto"
     micro_batch = (
         start_micro_batch(profile, seq_len, tokens_per_step)
         if search
-        else cfg.hardware.micro_batch or max(1, profile.micro_batch_tokens // seq_len)
+        else kernel_micro or cfg.hardware.micro_batch or max(1, profile.micro_batch_tokens // seq_len)
     )
     micro_tokens = micro_batch * seq_len
     dist = resolve_dist(cfg.dist, world, profile.device_type)
@@ -151,10 +154,12 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
         cfg,
         profile,
         precision,
-        model_name,
         model,
         attn,
         attn_options,
+        settings=settings,
+        source=kernel_source,
+        micro_batch=kernel_micro,
         compile_on=compile_on,
         grad_accum=1 if search else tokens_per_step // micro_tokens,
         warmup_steps=cfg.budget.warmup_steps,

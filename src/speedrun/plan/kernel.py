@@ -38,20 +38,9 @@ FLEX_BLOCK_SIZE = 128
 """The BlockMask block of attention/flex.py; every tile must divide it."""
 
 
-def resolve_kernel(
-    cfg: Config,
-    profile: HardwareProfile,
-    precision: str,
-    model_name: str,
-    model: ModelShape,
-    attn: str,
-    attn_options: dict[str, Any],
-    *,
-    compile_on: bool,
-    grad_accum: int,
-    warmup_steps: int,
-) -> tuple[KernelPlan, dict[str, Any]]:
-    """-> (the KernelPlan, the attention options with flex's tiles in them)."""
+def kernel_settings(cfg: Config, profile: HardwareProfile, model_name: str) -> tuple[dict[str, Any], str]:
+    """-> (the kernel fields that apply: this card's tuned table under kernel=tuned with the command line's fields
+    on top, flat as KernelConfig.explicit(); where they come from, for KernelPlan.source)."""
     k = cfg.kernel
     explicit = k.explicit()
     table: dict[str, Any] = {}
@@ -61,9 +50,45 @@ def resolve_kernel(
 
         table, _ = load_entry(profile.name, model_name)
         source = f"tuned:{profile.name}/{model_name}"
-    settings = {**table, **explicit}
     if explicit and k.name != "default":
         source += "+set"
+    return {**table, **explicit}, source
+
+
+def kernel_micro_batch(cfg: Config, settings: dict[str, Any]) -> int | None:
+    """The micro-batch the kernel settings choose, or None when hardware.micro_batch (or the profile) decides.
+    hardware.micro_batch, set, wins over a tuned table's value; set beside kernel.micro_batch, the two must agree."""
+    chosen = settings.get("micro_batch")
+    hardware = cfg.hardware.micro_batch
+    if chosen is None or hardware is None:
+        return chosen
+    if cfg.kernel.micro_batch is not None and hardware != chosen:
+        raise PlanError(
+            f"hardware.micro_batch={hardware} and kernel.micro_batch={chosen} both set the micro-batch: "
+            f"keep one of them"
+        )
+    return None  # the hardware group's micro-batch (a run's or an experiment's choice) wins over a table
+
+
+def resolve_kernel(
+    cfg: Config,
+    profile: HardwareProfile,
+    precision: str,
+    model: ModelShape,
+    attn: str,
+    attn_options: dict[str, Any],
+    *,
+    settings: dict[str, Any],
+    source: str,
+    micro_batch: int | None,
+    compile_on: bool,
+    grad_accum: int,
+    warmup_steps: int,
+) -> tuple[KernelPlan, dict[str, Any]]:
+    """-> (the KernelPlan, the attention options with flex's tiles in them). settings, source: kernel_settings';
+    micro_batch: kernel_micro_batch's."""
+    k = cfg.kernel
+    explicit = k.explicit()
     on_cuda = profile.device_type == "cuda"
 
     compile_mode = settings.get("compile_mode") or "default"
@@ -105,6 +130,7 @@ def resolve_kernel(
         fp8_impl=fp8_impl,
         flex_tiles=tiles,
         flex_smem=smem,
+        micro_batch=micro_batch,
         profile=k.profile,
         profile_steps=k.profile_steps,
     )

@@ -87,6 +87,9 @@ class KernelPlan:
     """attn=flex: the tiles passed to both kernels (their kernel_options are in attn_options), or None."""
     flex_smem: tuple[tuple[str, int], ...] = ()
     """attn=flex: estimated shared memory per program of each tiled kernel (speedrun.kernels.tiles), bytes."""
+    micro_batch: int | None = None
+    """The micro-batch the kernel settings chose (kernel.micro_batch or a tuned table's), which the plan runs;
+    None when hardware.micro_batch or the profile's default decided it."""
     profile: bool = False
     """Profile profile_steps training steps after warm-up (untimed, undone)."""
     profile_steps: int = 3
@@ -102,6 +105,7 @@ class KernelPlan:
             "kernel_flex_tiles": self.flex_tiles,
             "kernel_dynamic_shapes": self.dynamic_shapes,
             "kernel_coordinate_descent": self.coordinate_descent_tuning,
+            "kernel_micro_batch": self.micro_batch,
         }
 
     def describe(self) -> str:
@@ -109,9 +113,10 @@ class KernelPlan:
         tiles = f", flex {self.flex_tiles}" if self.flex_tiles else ""
         smem = ", smem " + "/".join(f"{part} {b // 1024} KB" for part, b in self.flex_smem) if self.flex_smem else ""
         cdt = " + coordinate descent" if self.coordinate_descent_tuning else ""
+        micro = f", micro-batch {self.micro_batch}" if self.micro_batch else ""
         return (
             f"{self.source}: compile {self.compile_mode}{' dynamic' if self.dynamic_shapes else ''}{cdt}, "
-            f"cuda graphs {'on' if self.cuda_graphs else 'off'}, {fp8}{tiles}{smem}"
+            f"cuda graphs {'on' if self.cuda_graphs else 'off'}, {fp8}{tiles}{smem}{micro}"
             + (f", profile {self.profile_steps} steps" if self.profile else "")
         )
 
