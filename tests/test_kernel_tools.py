@@ -325,3 +325,35 @@ def test_tuner_candidates_resolve_and_include_a_bigger_micro_batch(compose):
             assert all(o.startswith("kernel.") for o in extra)
             resolve(to_config(compose(extra)), h100)  # every listed candidate is one the resolver accepts
     assert main(["--candidate", "hardware.micro_batch=8"]) == 1  # refused before anything is built
+
+
+def test_peak_memory_counts_reserved_memory_under_cuda_graphs(monkeypatch):
+    """A graph's private pool is missed by max_memory_allocated: graphed runs record reserved memory, and say so."""
+    from speedrun.memory import PeakMemory
+
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 559 * 2**20)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda: 12_000 * 2**20)
+    for graphs, want in ((False, (559.0, "training")), (True, (12_000.0, "reserved"))):
+        peak = PeakMemory("cuda", graph_pools=graphs)
+        peak.start()
+        got = peak.read()
+        assert (got["peak_mem_mb"], got["peak_mem_scope"]) == want
+    assert not PeakMemory("cpu", graph_pools=True).graph_pools  # no graphs off CUDA
+
+
+def test_shipped_tuned_tables_load_and_say_where_they_come_from(compose):
+    """Every table in conf/kernel/tuned validates against the schema, carries its provenance, and kernel=tuned
+    resolves it on its card."""
+    from speedrun.kernels.tuned import TABLE_DIR, load_entry
+
+    tables = sorted(TABLE_DIR.glob("*.yaml"))
+    assert tables, "no tuned table shipped"
+    for path in tables:
+        settings, prov = load_entry(path.stem, "pgolf_baseline")
+        for key in ("device_name", "torch", "date", "default_tokens_per_s", "winner_tokens_per_s", "command"):
+            assert prov.get(key), f"{path.name}: provenance lacks {key}"
+        plan = resolve(to_config(compose(["kernel=tuned"])), fake_device(path.stem))
+        assert plan.kernel.source == f"tuned:{path.stem}/pgolf_baseline"
+        assert plan.kernel.cuda_graphs == bool(settings.get("cuda_graphs"))
+        assert plan.micro_batch == settings.get("micro_batch", plan.micro_batch)

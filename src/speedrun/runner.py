@@ -250,7 +250,9 @@ class Job:
             result.update(profile_steps(stepper, batches, self.ctx.run_dir, log.info, plan.kernel.profile_steps))
         if extras is not None and self.resume:
             extras.restore(state, self.resume)
-        self.peak_memory = PeakMemory(plan.device)
+        from .kernels.compile import keeps_grads  # true exactly when training replays CUDA graphs
+
+        self.peak_memory = PeakMemory(plan.device, graph_pools=keeps_grads(plan))
         self.peak_memory.start()  # peak_mem_mb covers timed training only
         self._on_phase("train")
         train(stepper, batches, state=state, log=log.info, on_metrics=self._on_metrics, extras=extras)
