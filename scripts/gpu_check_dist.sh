@@ -2,6 +2,8 @@
 # One run on 2 GPUs against the same run on 1 GPU, on the offline 2-GPU device machine (about 4 minutes):
 #   . scripts/device_env.sh && bash scripts/gpu_check_dist.sh                # pgolf_baseline, 1 vs 2 GPUs
 #   . scripts/device_env.sh && bash scripts/gpu_check_dist.sh progressive    # pgolf_progressive on 2 GPUs, briefly
+#   NPROC=4 PROGRESSIVE_ARGS='budget.train_seconds=30 ttt.max_seconds=15 quant.compressor=zlib quant.level=9' \
+#     bash scripts/gpu_check_dist.sh progressive                            # on 4 GPUs, ~200 s (what was measured)
 #   . scripts/device_env.sh && bash scripts/gpu_check_dist.sh slurm_local    # the SLURM path, submitit's local executor
 #   . scripts/device_env.sh && bash scripts/gpu_check_dist.sh faults         # a rank raising, Ctrl-C, with NCCL
 # Results under $OUT/dist/ (or ./dist_check/ without $OUT).
@@ -12,7 +14,7 @@
 #   the two per-step loss curves (curves.csv, curves.png), the cost of one gradient all-reduce of the model's
 #   size (allreduce.json: what DDP's overlap could save at most), and which processes hold GPU memory during the
 #   2-GPU run (nvidia_smi_apps.txt: the launching process should hold none, or little).
-# progressive: experiment=pgolf_progressive on 2 GPUs (context 1024 -> 2048 -> 3072, int6 GPTQ + brotli, TTT) with
+# progressive: experiment=pgolf_progressive on NPROC GPUs (default 2; context 1024 -> 2048 -> 3072, int6 GPTQ + brotli, TTT) with
 #   a 60 s training budget and 40 s of TTT; recompiles must be 0.
 # faults: pgolf_baseline (compile off, to get there fast) on 2 GPUs, rank 1 raising at its second step (the row must
 #   say failed with rank 1's error, the ranks must all end), then Ctrl-C once training runs (interrupted).
@@ -29,8 +31,8 @@ mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
 start=$SECONDS
 ngpu=$("$py" -c "import torch; print(torch.cuda.device_count())")
-if [ "$ngpu" -lt 2 ]; then
-  echo "gpu_check_dist.sh: needs 2 GPUs, $ngpu visible" >&2
+if [ "$ngpu" -lt "${NPROC:-2}" ]; then
+  echo "gpu_check_dist.sh: needs ${NPROC:-2} GPUs, $ngpu visible" >&2
   exit 2
 fi
 "$py" -c "import torch; print([torch.cuda.get_device_name(i) for i in range(2)], 'torch', torch.__version__)" \
@@ -38,11 +40,13 @@ fi
 common=(seed=0 results_db="$out/results.sqlite" hydra.job.chdir=false)
 
 if [ "${1:-baseline}" = progressive ]; then
-  "$py" -m run experiment=pgolf_progressive dist.nproc=2 "${common[@]}" name=progressive_2gpu \
-    budget.train_seconds=60 ttt.max_seconds=40 logger.log_every_seconds=5 hydra.run.dir="$out/progressive_2gpu" \
-    2>&1 | tee "$out/progressive_2gpu.log" \
+  n=${NPROC:-2}
+  # shellcheck disable=SC2086 - PROGRESSIVE_ARGS is a list of overrides
+  "$py" -m run experiment=pgolf_progressive dist.nproc="$n" "${common[@]}" name="progressive_${n}gpu" \
+    budget.train_seconds=60 ttt.max_seconds=40 logger.log_every_seconds=5 hydra.run.dir="$out/progressive_${n}gpu" \
+    ${PROGRESSIVE_ARGS:-} 2>&1 | tee "$out/progressive_${n}gpu.log" \
     | grep -E "starting|context stage|step .*tok/s|eval|quant|ttt|warm-up|^(status|val_bpb|recompiles|error)"
-  "$py" - "$out/progressive_2gpu/result.json" <<'EOF'
+  "$py" - "$out/progressive_${n}gpu/result.json" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
 keys = ("status", "world_size", "steps", "tokens_per_s", "mfu", "stages", "recompiles", "val_bpb", "val_bpb_quant",
@@ -50,7 +54,7 @@ keys = ("status", "world_size", "steps", "tokens_per_s", "mfu", "stages", "recom
 for k in keys:
     print(f"{k:>16}: {r.get(k)}")
 ok = r.get("status") == "ok" and r.get("recompiles") == 0
-print("progressive on 2 GPUs:", "OK" if ok else "NOT OK (status or recompiles)")
+print(f"progressive on {r.get('world_size')} GPUs:", "OK" if ok else "NOT OK (status or recompiles)")
 sys.exit(0 if ok else 1)
 EOF
   rc=$?

@@ -8,7 +8,7 @@
 # device command may run 10 minutes: split "all" as speed,tests,smem / tune,t4,cache / longctx,profile.
 #   speed    pgolf_baseline, kernel=default vs CUDA graphs / fp8 mlp_down / coordinate descent tuning / all
 #            three, 40 steps each, tok/s and the ratio to default (same call, same card)
-#   tune     python -m speedrun.tune --quick on pgolf_baseline; the written table is copied to $OUT/kernel/
+#   tune     python -m speedrun.tune on pgolf_baseline (micro-batch 128, +CUDA graphs); the table is copied to $OUT/kernel/
 #   tests    the gpu-marked tests of issue 10 (flex T4 tiles and sdpa:efficient vs math in fp16; math memory)
 #   smem     T4 tiles: flex's own fwd/bwd kernels recompiled for sm75, shared memory vs the 64 KB limit
 #   t4       model=hd80 under hardware=t4 (emulated, fp16) with attn=flex and attn=sdpa, 20 steps each
@@ -49,8 +49,10 @@ if want speed; then
 fi
 
 if want tune; then
-  say "tune: python -m speedrun.tune --quick"
-  "$py" -m speedrun.tune --quick --steps 6 model=pgolf_baseline 2>&1 | tee "$out/tune.log" | tail -12
+  # the candidates that made the shipped H200 table; --quick adds coordinate descent, whose compile takes minutes
+  say "tune: python -m speedrun.tune, micro-batch x2 with and without CUDA graphs"
+  "$py" -m speedrun.tune --steps 12 --candidate "kernel.micro_batch=128" \
+    --candidate "kernel.micro_batch=128 kernel.cuda_graphs=true" model=pgolf_baseline 2>&1 | tee "$out/tune.log" | tail -12
   cp conf/kernel/tuned/*.yaml "$out/" 2>/dev/null || echo "no tuned table written"
 fi
 
@@ -83,7 +85,7 @@ if want longctx; then
   done
   "$py" scripts/bench_matrix.py --out "$out/longctx.md" \
     --common "hardware=t4 model=hd80 hardware.micro_batch=1 budget.tokens_per_step=16384 budget.max_steps=4 \
-budget.train_seconds=0 eval.tokens=16384 quant=off" "${cases[@]}" > "$out/longctx.log" 2>&1
+budget.train_seconds=0 eval.tokens=32768 quant=off" "${cases[@]}" > "$out/longctx.log" 2>&1
   "$py" - "$out/longctx.csv" <<'PY' | tee "$out/longctx_table.md"
 import csv, sys
 print("| case | status | peak MB | tok/s | refusal / error |\n|---|---|---|---|---|")
