@@ -357,3 +357,43 @@ def test_shipped_tuned_tables_load_and_say_where_they_come_from(compose):
         assert plan.kernel.source == f"tuned:{path.stem}/pgolf_baseline"
         assert plan.kernel.cuda_graphs == bool(settings.get("cuda_graphs"))
         assert plan.micro_batch == settings.get("micro_batch", plan.micro_batch)
+
+
+def test_compile_per_block_traces_one_graph_for_all_blocks_and_matches_eager(compose):
+    """kernel.compile_scope=blocks (regional compilation) on CPU: the blocks are compiled in place and share their
+    graphs (two for four blocks: the first block's x and x0 are one tensor, an aliasing dynamo guards on), with
+    no graph break, and the loss is eager's."""
+    from torch._dynamo.utils import counters
+
+    from speedrun.build import build_attention, build_model
+
+    overrides = ["model=tiny", "model.n_layer=4", "model.seq_len=32", "hardware.micro_batch=2"]
+    overrides += ["budget.tokens_per_step=64", "hardware.compile=true", "kernel.compile_scope=blocks"]
+    plan = resolve(to_config(compose(overrides)), fake_device("cpu"))
+    assert plan.kernel.compile_scope == "blocks" and plan.kernel.result_keys()["kernel_compile_scope"] == "blocks"
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model, forward, _, _ = build_model(plan, build_attention(plan), bos_id=1)
+    x = torch.randint(0, plan.model.vocab_size, (2, 32))
+    y = torch.roll(x, -1, dims=1)
+    counters.clear()
+    loss = forward(x, y)
+    assert counters["stats"]["unique_graphs"] == 2 and not counters["graph_break"]
+    with torch.no_grad():
+        for block in model.blocks:  # the same weights, uncompiled
+            block._compiled_call_impl = None
+        eager = model(x, y)
+    assert torch.allclose(loss.detach(), eager, rtol=1e-4, atol=1e-5)
+    torch._dynamo.reset()
+
+
+def test_compile_per_block_is_refused_where_it_cannot_run(compose):
+    with pytest.raises(PlanError, match="compile_scope=blocks compiles each block.*hardware.compile=true"):
+        resolve(to_config(compose(["kernel.compile_scope=blocks", "hardware.compile=false"])), fake_device("h100"))
+    with pytest.raises(PlanError, match="max-autotune-no-cudagraphs"):
+        resolve(
+            to_config(compose(["kernel.compile_scope=blocks", "kernel.compile_mode=reduce-overhead"])),
+            fake_device("h100"),
+        )
+    with pytest.raises(ConfigError, match="compile_scope='layers' is not one of model, blocks"):
+        to_config(compose(["kernel.compile_scope=layers"]))

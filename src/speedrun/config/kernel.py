@@ -18,6 +18,11 @@ COMPILE_MODES = ("default", "max-autotune", "max-autotune-no-cudagraphs", "reduc
 these names have hyphens."""
 
 GRAPHING_MODES = ("max-autotune", "reduce-overhead")
+
+COMPILE_SCOPES = ("model", "blocks")
+"""What torch.compile wraps: the whole model (one graph: the most fusion, the longest compile) or each transformer
+block (regional compilation: the blocks share one compiled graph, traced once; embedding, skips, head and loss
+run eagerly)."""
 """Compile modes that make inductor record CUDA graphs itself (CUDAGraph trees)."""
 
 FP8_TARGETS = ("none", "mlp_down", "mlp", "attn_proj", "attn_qkv", "all")
@@ -75,6 +80,10 @@ class KernelConfig:
     compile_mode: str | None = None
     """torch.compile mode: default, max-autotune, max-autotune-no-cudagraphs, reduce-overhead (the last and
     max-autotune record CUDA graphs inside inductor). Needs compile on. None: default."""
+    compile_scope: str | None = None
+    """model (one graph for the whole forward) or blocks (each block compiled, all sharing one graph: a fraction of
+    the compile time, for sweeps of short jobs; the code between blocks runs eagerly, so steps may be slower).
+    Needs compile on and a compile mode without inductor's CUDA graphs. None: model."""
     cuda_graphs: bool | None = None
     """Capture each micro-batch's forward+backward in a CUDA graph, one per context length (static shapes),
     replayed every step; the optimizer step stays outside. Refused, never dropped, where it cannot run. None: off."""
@@ -109,6 +118,10 @@ class KernelConfig:
         _require(
             self.compile_mode is None or self.compile_mode in COMPILE_MODES,
             f"kernel.compile_mode={self.compile_mode!r} is not one of {', '.join(COMPILE_MODES)}",
+        )
+        _require(
+            self.compile_scope is None or self.compile_scope in COMPILE_SCOPES,
+            f"kernel.compile_scope={self.compile_scope!r} is not one of {', '.join(COMPILE_SCOPES)}",
         )
         _require(
             self.fp8_impl in (None, "speedrun", "torchao"),
@@ -155,6 +168,7 @@ class KernelConfig:
         out: dict = {}
         for key in (
             "compile_mode",
+            "compile_scope",
             "cuda_graphs",
             "coordinate_descent_tuning",
             "dynamic_shapes",

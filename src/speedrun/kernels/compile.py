@@ -16,7 +16,8 @@ EVAL_MODE = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cuda
 
 def compile_model(model: torch.nn.Module, plan: Any) -> tuple[Any, Any, bool]:
     """-> (training callable, evaluation callable, whether training needs cudagraph_mark_step_begin per call).
-    kernel=default compiles exactly as before: torch.compile(model, dynamic=False), one object for both."""
+    kernel=default compiles exactly as before: torch.compile(model, dynamic=False), one object for both;
+    kernel.compile_scope=blocks compiles the blocks in place and returns the model itself."""
     if not plan.compile:
         return model, model, False
     mode = plan.kernel.compile_mode
@@ -26,6 +27,13 @@ def compile_model(model: torch.nn.Module, plan: Any) -> tuple[Any, Any, bool]:
 
         inductor_config.coordinate_descent_tuning = True
     kwargs = {} if mode == "default" else {"mode": mode}
+    if plan.kernel.compile_scope == "blocks":
+        # Regional compilation: each block compiled in place. The blocks run the same code on parameters that
+        # dynamo lifts as inputs, so it traces and compiles one graph and reuses it for every block; the
+        # embedding, the U-Net skips, the head and the loss stay eager. The resolver refuses graphing modes here.
+        for block in model.blocks:
+            block.compile(dynamic=dynamic, **kwargs)
+        return model, model, False
     compiled = torch.compile(model, dynamic=dynamic, **kwargs)
     if mode not in GRAPHING_MODES:
         return compiled, compiled, False

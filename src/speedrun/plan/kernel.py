@@ -107,6 +107,18 @@ def resolve_kernel(
             f"kernel.compile_mode=default kernel.dynamic_shapes=false "
             f"kernel.coordinate_descent_tuning=false"
         )
+    scope = settings.get("compile_scope") or "model"
+    if scope == "blocks" and not compile_on:
+        raise PlanError(
+            "kernel.compile_scope=blocks compiles each block with torch.compile, which is off here: set "
+            "hardware.compile=true, or drop kernel.compile_scope"
+        )
+    if scope == "blocks" and compile_mode in GRAPHING_MODES:
+        raise PlanError(
+            f"kernel.compile_scope=blocks with kernel.compile_mode={compile_mode}: inductor would record a CUDA "
+            f"graph per block call; use kernel.compile_mode=max-autotune-no-cudagraphs (or default), or "
+            f"kernel.compile_scope=model"
+        )
     graphs = bool(settings.get("cuda_graphs"))
     if graphs:
         _check_graphs(on_cuda, compile_mode, dynamic, grad_accum, warmup_steps, profile)
@@ -123,6 +135,7 @@ def resolve_kernel(
     plan = KernelPlan(
         source=source,
         compile_mode=compile_mode,
+        compile_scope=scope,
         cuda_graphs=graphs,
         dynamic_shapes=dynamic,
         coordinate_descent_tuning=cdt,

@@ -73,6 +73,8 @@ class KernelPlan:
     "+set" when command-line fields were applied on top."""
     compile_mode: str = "default"
     """torch.compile mode of the training forward (evaluation always compiles with the default mode)."""
+    compile_scope: str = "model"
+    """What torch.compile wraps: the whole model, or each block (one shared graph; the rest eager)."""
     cuda_graphs: bool = False
     """Each micro-batch's forward+backward replays a CUDA graph, one per context length."""
     dynamic_shapes: bool = False
@@ -99,6 +101,7 @@ class KernelPlan:
         return {
             "kernel": self.source,
             "kernel_compile_mode": self.compile_mode,
+            "kernel_compile_scope": self.compile_scope,
             "kernel_cuda_graphs": self.cuda_graphs,
             "kernel_fp8": ",".join(self.fp8) or "none",
             "kernel_fp8_impl": self.fp8_impl if self.fp8 else None,
@@ -115,7 +118,8 @@ class KernelPlan:
         cdt = " + coordinate descent" if self.coordinate_descent_tuning else ""
         micro = f", micro-batch {self.micro_batch}" if self.micro_batch else ""
         return (
-            f"{self.source}: compile {self.compile_mode}{' dynamic' if self.dynamic_shapes else ''}{cdt}, "
+            f"{self.source}: compile {self.compile_mode}{' per block' if self.compile_scope == 'blocks' else ''}"
+            f"{' dynamic' if self.dynamic_shapes else ''}{cdt}, "
             f"cuda graphs {'on' if self.cuda_graphs else 'off'}, {fp8}{tiles}{smem}{micro}"
             + (f", profile {self.profile_steps} steps" if self.profile else "")
         )
