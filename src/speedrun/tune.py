@@ -63,7 +63,7 @@ def candidate_overrides(plan: Any, quick: bool = False) -> list[list[str]]:
     graphs, cdt = ["kernel.cuda_graphs=true"], ["kernel.coordinate_descent_tuning=true"]
     fp8 = plan.precision == "bf16" and _has_fp8(plan)
     # twice (and four times) the micro-batch, where the step still splits evenly: fewer, larger kernels per step
-    # (on an H200, 2x gave pgolf_baseline 1.046x; the resolver refuses sizes over the card's memory)
+    # (on an H200, 2x gave pgolf_baseline 1.046x; a size that runs out of memory is recorded as failed)
     bigger = [f"kernel.micro_batch={2 * plan.micro_batch}"] if plan.grad_accum % 2 == 0 else []
     biggest = [f"kernel.micro_batch={4 * plan.micro_batch}"] if plan.grad_accum % 4 == 0 else []
     if quick:  # each lever alone, and all of them together
@@ -210,6 +210,8 @@ def measure(candidate: Candidate, data: Any, steps: int, log: Callable[[str], No
     from .train import Stepper, TrainState, warm_up
 
     plan = candidate.plan
+    cuda = plan.device == "cuda"
+    _release(cuda)  # what a candidate that failed (e.g. out of memory) left behind
     torch.manual_seed(plan.seed)
     attention = build_attention(plan)
     model, forward, _, optimizers = build_model(plan, attention, data.bos_id)
@@ -217,7 +219,6 @@ def measure(candidate: Candidate, data: Any, steps: int, log: Callable[[str], No
     warm_up(stepper, data.train_batches, TrainState(), log)
     stage = plan.stages[-1]
     batches = data.train_batches(stage.seq_len, stage.micro_batch)
-    cuda = plan.device == "cuda"
     for _ in range(steps):
         _sync(cuda)
         t0 = time.perf_counter()

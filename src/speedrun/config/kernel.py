@@ -18,12 +18,12 @@ COMPILE_MODES = ("default", "max-autotune", "max-autotune-no-cudagraphs", "reduc
 these names have hyphens."""
 
 GRAPHING_MODES = ("max-autotune", "reduce-overhead")
+"""Compile modes that make inductor record CUDA graphs itself (CUDAGraph trees)."""
 
 COMPILE_SCOPES = ("model", "blocks")
 """What torch.compile wraps: the whole model (one graph: the most fusion, the longest compile) or each transformer
-block (regional compilation: the blocks share one compiled graph, traced once; embedding, skips, head and loss
+block (regional compilation: the blocks share their compiled graphs, traced once; embedding, skips, head and loss
 run eagerly)."""
-"""Compile modes that make inductor record CUDA graphs itself (CUDAGraph trees)."""
 
 FP8_TARGETS = ("none", "mlp_down", "mlp", "attn_proj", "attn_qkv", "all")
 """Which block linears multiply in FP8: mlp_down = the MLP's output projection, mlp = both MLP linears,
