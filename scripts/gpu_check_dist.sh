@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One run on 2 GPUs against the same run on 1 GPU, on the offline 2-GPU device machine (about 4 minutes):
 #   . scripts/device_env.sh && bash scripts/gpu_check_dist.sh                # pgolf_baseline, 1 vs 2 GPUs
+#   NPROC=4 bash scripts/gpu_check_dist.sh                                   # 1 vs 4 GPUs (~4 min on 4 GPUs)
 #   . scripts/device_env.sh && bash scripts/gpu_check_dist.sh progressive    # pgolf_progressive on 2 GPUs, briefly
 #   NPROC=4 PROGRESSIVE_ARGS='budget.train_seconds=30 ttt.max_seconds=15 quant.compressor=zlib quant.level=9' \
 #     bash scripts/gpu_check_dist.sh progressive                            # on 4 GPUs, ~200 s (what was measured)
@@ -96,24 +97,25 @@ echo "== 1 GPU" | tee "$out/summary.txt"
 "$py" -m run "${base[@]}" name=baseline_1gpu hydra.run.dir="$out/gpu1" > "$out/gpu1.log" 2>&1
 rc1=$?
 tail -n 26 "$out/gpu1.log"
-echo "== 2 GPUs (dist.nproc=2) after $((SECONDS - start))s"
+n=${NPROC:-2}
+echo "== $n GPUs (dist.nproc=$n) after $((SECONDS - start))s"
 ( for i in 1 2 3 4 5 6; do sleep 20; date +%T; nvidia-smi --query-compute-apps=pid,process_name,used_memory \
     --format=csv,noheader; done ) > "$out/nvidia_smi_apps.txt" 2>&1 &
 smi=$!
-"$py" -m run "${base[@]}" dist.nproc=2 name=baseline_2gpu hydra.run.dir="$out/gpu2" > "$out/gpu2.log" 2>&1 &
+"$py" -m run "${base[@]}" dist.nproc="$n" name="baseline_${n}gpu" hydra.run.dir="$out/gpu$n" > "$out/gpu$n.log" 2>&1 &
 run=$!
 echo "launching process: pid $run" >> "$out/nvidia_smi_apps.txt"
 wait $run
 rc2=$?
 kill $smi 2>/dev/null
-tail -n 26 "$out/gpu2.log"
-echo "== all-reduce of the model's gradients (fp32), 2 GPUs"
+tail -n 26 "$out/gpu$n.log"
+echo "== all-reduce of the model's gradients (fp32), $n GPUs"
 params=$("$py" -c "import json; print(json.load(open('$out/gpu1/result.json'))['params'])" 2>/dev/null || echo 17059912)
-timeout 120 "$py" -m torch.distributed.run --standalone --nproc_per_node=2 scripts/dist_check.py allreduce \
+timeout 120 "$py" -m torch.distributed.run --standalone --nproc_per_node="$n" scripts/dist_check.py allreduce \
   --params "$params" --out "$out/allreduce.json" 2>&1 | grep -v "^W\|OMP_NUM_THREADS\|^\*"
 echo "== comparison"
-"$py" scripts/dist_check.py compare "$out/gpu1" "$out/gpu2" --out "$out" | tee -a "$out/summary.txt"
-"$py" - "$out" <<'EOF' | tee -a "$out/summary.txt"
+"$py" scripts/dist_check.py compare "$out/gpu1" "$out/gpu$n" --out "$out" | tee -a "$out/summary.txt"
+"$py" - "$out" "$n" <<'EOF' | tee -a "$out/summary.txt"
 import json, sys
 out = sys.argv[1]
 s = json.load(open(f"{out}/summary.json"))
@@ -121,10 +123,10 @@ try:
     a = json.load(open(f"{out}/allreduce.json"))
     r2 = s["many_gpus"]
     step_ms = 1e3 * r2["train_seconds"] / r2["steps"]
-    print(f"one gradient all-reduce {a['ms_per_all_reduce']:.2f} ms per step of {step_ms:.1f} ms on 2 GPUs "
+    print(f"one gradient all-reduce {a['ms_per_all_reduce']:.2f} ms per step of {step_ms:.1f} ms on {sys.argv[2]} GPUs "
           f"({100 * a['ms_per_all_reduce'] / step_ms:.2f}%: the most DDP's overlap could win)")
 except (OSError, KeyError, TypeError, ZeroDivisionError) as e:
     print("all-reduce share: n/a", e)
 EOF
-echo "gpu_check_dist.sh: ${SECONDS}s, 1 GPU rc=$rc1, 2 GPUs rc=$rc2; results in $out"
+echo "gpu_check_dist.sh: ${SECONDS}s, 1 GPU rc=$rc1, $n GPUs rc=$rc2; results in $out"
 [ "$rc1" -eq 0 ] && [ "$rc2" -eq 0 ]
