@@ -17,6 +17,9 @@ too narrow for it). Norms, the q/k path before attention, the softcap and the lo
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -148,6 +151,19 @@ class GPT(nn.Module):
         cos, sin = rope_tables(shape.seq_len, shape.head_dim, shape.rope_base)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        # Callables that stand in for the blocks and the head inside compiled_regions() (kernel.compile_scope=blocks);
+        # a plain tuple, not a ModuleList, so they are not registered as submodules or saved.
+        self._region_calls: tuple[tuple, object] | None = None
+
+    @contextlib.contextmanager
+    def compiled_regions(self, blocks: tuple, head: object) -> Iterator[None]:
+        """Run forward with these callables (compiled copies of the blocks and of head) in place of the modules'
+        own calls. Only the callers that ask get the compiled regions: GPTQ's hooks and TTT call the model itself."""
+        self._region_calls = (blocks, head)
+        try:
+            yield
+        finally:
+            self._region_calls = None
 
     # ---- forward -----------------------------------------------------------------------------------
 
@@ -160,18 +176,23 @@ class GPT(nn.Module):
         ctx = self.attention.prepare(idx, self.bos_id)
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
 
+        blocks, head = self._region_calls or (self.blocks, self.head)
         x = rms_norm(self.tok_emb(idx)).to(_residual_dtype(idx.device.type))
         x0 = x
         skips: list[torch.Tensor] = []
         for i in range(self.num_encoder_layers):
-            x = self.blocks[i](x, x0, cos, sin, ctx)
+            x = blocks[i](x, x0, cos, sin, ctx)
             skips.append(x)
         for i in range(self.num_decoder_layers):
             if skips:
                 x = x + self.skip_weights[i].to(x.dtype) * skips.pop()
-            x = self.blocks[self.num_encoder_layers + i](x, x0, cos, sin, ctx)
-        x = rms_norm(x)
+            x = blocks[self.num_encoder_layers + i](x, x0, cos, sin, ctx)
+        return head(x, targets, reduction)
 
+    def head(self, x: torch.Tensor, targets: torch.Tensor | None, reduction: str = "mean"):
+        """Final norm, logits, softcap and loss of the residual stream x (B, T, C): forward's return value."""
+        B, T = x.shape[:2]
+        x = rms_norm(x)
         weight = self.tok_emb.weight if self.lm_head is None else self.lm_head.weight
         logits = F.linear(x, weight).float()
         if self.shape.logit_softcap > 0:

@@ -17,7 +17,7 @@ EVAL_MODE = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cuda
 def compile_model(model: torch.nn.Module, plan: Any) -> tuple[Any, Any, bool]:
     """-> (training callable, evaluation callable, whether training needs cudagraph_mark_step_begin per call).
     kernel=default compiles exactly as before: torch.compile(model, dynamic=False), one object for both;
-    kernel.compile_scope=blocks compiles the blocks in place and returns the model itself."""
+    kernel.compile_scope=blocks returns CompiledRegions over the model."""
     if not plan.compile:
         return model, model, False
     mode = plan.kernel.compile_mode
@@ -28,12 +28,12 @@ def compile_model(model: torch.nn.Module, plan: Any) -> tuple[Any, Any, bool]:
         inductor_config.coordinate_descent_tuning = True
     kwargs = {} if mode == "default" else {"mode": mode}
     if plan.kernel.compile_scope == "blocks":
-        # Regional compilation: each block compiled in place. The blocks run the same code on parameters that
-        # dynamo lifts as inputs, so it traces and compiles one graph and reuses it for every block; the
-        # embedding, the U-Net skips, the head and the loss stay eager. The resolver refuses graphing modes here.
-        for block in model.blocks:
-            block.compile(dynamic=dynamic, **kwargs)
-        return model, model, False
+        # Regional compilation: the blocks run the same code on parameters dynamo lifts as inputs, so it traces
+        # their graph once and reuses it for every block; the head (norm, logits, softcap, loss) is a second
+        # region; the embedding and the U-Net skips stay eager. The resolver refuses graphing modes here.
+        blocks = tuple(torch.compile(block, dynamic=dynamic, **kwargs) for block in model.blocks)
+        regions = CompiledRegions(model, blocks, torch.compile(model.head, dynamic=dynamic, **kwargs))
+        return regions, regions, False
     compiled = torch.compile(model, dynamic=dynamic, **kwargs)
     if mode not in GRAPHING_MODES:
         return compiled, compiled, False
@@ -46,3 +46,15 @@ def keeps_grads(plan: Any) -> bool:
     """Whether gradients must stay allocated between steps (zeroed in place, not set to None): a CUDA graph,
     ours or inductor's, accumulates into the .grad tensors it saw when it was recorded."""
     return bool(plan.kernel.cuda_graphs) or (plan.compile and plan.kernel.compile_mode in GRAPHING_MODES)
+
+
+class CompiledRegions:
+    """The model's forward with compiled blocks and head (kernel.compile_scope=blocks). The model itself stays
+    uncompiled, as under torch.compile(model): GPTQ's calibration hooks and TTT call it directly."""
+
+    def __init__(self, model: torch.nn.Module, blocks: tuple, head: Any):
+        self.model, self.blocks, self.head = model, blocks, head
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with self.model.compiled_regions(self.blocks, self.head):
+            return self.model(*args, **kwargs)
