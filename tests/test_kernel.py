@@ -217,3 +217,14 @@ def test_flex_backend_takes_prefixed_options_and_checks_them():
     assert flex.kernel_options == {"fwd_BLOCK_M": 64, "bwd_BLOCK_N1": 32, "bwd_num_warps": 4}
     with pytest.raises(ValueError, match="divide"):
         get_backend("flex", kernel_options={"bwd_BLOCK_M2": 96})
+
+
+def test_cuda_graphs_raise_the_warm_up_to_what_capture_needs(compose):
+    """Two eager micro-batches, then the capture: at 2 micro-batches per step one warm-up step is too few, so the
+    plan runs 2 (untimed, undone); at 8 per step the requested 1 is enough."""
+    h100 = fake_device("h100")
+    two = resolve(to_config(compose(["kernel.cuda_graphs=true", "kernel.micro_batch=256"])), h100)
+    assert (two.grad_accum, two.warmup_steps) == (2, 2)
+    eight = resolve(to_config(compose(["kernel.cuda_graphs=true"])), h100)
+    assert (eight.grad_accum, eight.warmup_steps) == (8, 1)
+    assert resolve(to_config(compose(["kernel.micro_batch=256"])), h100).warmup_steps == 1  # no graphs: as asked

@@ -73,8 +73,8 @@ def candidate_overrides(plan: Any, quick: bool = False) -> list[list[str]]:
         return out
     if bigger:
         out += [bigger, bigger + graphs] + ([bigger + graphs + cdt] if plan.compile else [])
-    if biggest:  # without graphs: at 2 micro-batches per step one warm-up step is too few to capture
-        out.append(biggest)
+    if biggest:
+        out += [biggest, biggest + graphs]
     if plan.compile:
         out += [
             ["kernel.compile_mode=max-autotune-no-cudagraphs"],

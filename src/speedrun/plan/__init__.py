@@ -22,7 +22,7 @@ from ..hardware import PROFILES, DetectedDevice, HardwareProfile
 from ..shape import ModelShape
 from .attention import check_scores_memory, resolve_attention
 from .distributed import DistPlan, WorldInfo, check_step_split, resolve_dist
-from .kernel import kernel_micro_batch, kernel_settings, resolve_kernel
+from .kernel import graph_warmup_steps, kernel_micro_batch, kernel_settings, resolve_kernel
 from .memory import param_count, training_memory_bytes
 from .types import DataPlan, EvalPlan, KernelPlan, Plan, Stage, plan_json
 
@@ -164,6 +164,9 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
         grad_accum=1 if search else tokens_per_step // micro_tokens,
         warmup_steps=cfg.budget.warmup_steps,
     )
+    warmup_steps = cfg.budget.warmup_steps
+    if kernel.cuda_graphs:  # enough untimed steps to capture (the search may end at one micro-batch per step)
+        warmup_steps = max(warmup_steps, graph_warmup_steps(1 if search else tokens_per_step // micro_tokens))
 
     return Plan(
         name=cfg.name,
@@ -197,7 +200,7 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
         max_steps=cfg.budget.max_steps,
         budget_tokens=b.tokens,
         budget_flops=b.flops,
-        warmup_steps=cfg.budget.warmup_steps,
+        warmup_steps=warmup_steps,
         eval=eval_plan,
         compile=compile_on,
         memory_estimate_gb=memory_gb,

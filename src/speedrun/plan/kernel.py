@@ -170,14 +170,18 @@ def _check_graphs(
             "changing ones: use kernel.dynamic_shapes=false (one static graph per context length) or "
             "kernel.cuda_graphs=false"
         )
-    calls = max(warmup_steps, 0) * grad_accum
-    if calls < GRAPH_EAGER_CALLS + 1:
-        need = -(-(GRAPH_EAGER_CALLS + 1) // grad_accum)
+    if warmup_steps < 1:
         raise PlanError(
-            f"kernel.cuda_graphs=true captures each context length during warm-up after "
-            f"{GRAPH_EAGER_CALLS} eager micro-batches, and budget.warmup_steps={warmup_steps} x "
-            f"{grad_accum} micro-batches per step leaves too few: use budget.warmup_steps={need}"
+            f"kernel.cuda_graphs=true captures each context length during warm-up, and budget.warmup_steps="
+            f"{warmup_steps} skips it: use budget.warmup_steps=1 (raised to the {graph_warmup_steps(grad_accum)} "
+            f"step(s) capture needs at {grad_accum} micro-batches per step), or kernel.cuda_graphs=false"
         )
+
+
+def graph_warmup_steps(grad_accum: int) -> int:
+    """Warm-up steps that let CUDA graphs capture: GRAPH_EAGER_CALLS eager micro-batches, then the capture. The
+    plan raises budget.warmup_steps to this (warm-up is untimed and undone, so more of it changes no result)."""
+    return -(-(GRAPH_EAGER_CALLS + 1) // grad_accum)
 
 
 def _resolve_fp8(settings: dict[str, Any], precision: str, profile: HardwareProfile) -> tuple[tuple[str, ...], str]:
