@@ -10,11 +10,14 @@
 # Results under $OUT/dist/ (or ./dist_check/ without $OUT).
 #
 # baseline: model=pgolf_baseline, seed 0, 200 steps of 524,288 tokens on the embedded corpus, on 1 GPU and then
-#   on 2 (dist.nproc=2: 4 micro-batches per rank instead of 8); both log every step (metrics.jsonl), which adds
-#   one host sync per step to both. tokens/s excludes compilation (compile_seconds). Then: the tokens/s ratio,
-#   the two per-step loss curves (curves.csv, curves.png), the cost of one gradient all-reduce of the model's
-#   size (allreduce.json: what DDP's overlap could save at most), and which processes hold GPU memory during the
-#   2-GPU run (nvidia_smi_apps.txt: the launching process should hold none, or little).
+#   on 2 (dist.nproc=2: 4 micro-batches per rank instead of 8); both record every step's loss in metrics.jsonl
+#   (logger.dense, the default: losses stay on the GPU and are copied out every 100 steps, so no step waits for
+#   the host; until 2026-11-26 the script printed a line per step, which put a host sync in every step of both
+#   runs, a fixed cost that weighs more on the shorter multi-GPU step). tokens/s excludes compilation
+#   (compile_seconds). Then: the tokens/s ratio, the two per-step loss curves (curves.csv, curves.png), the cost
+#   of one gradient all-reduce of the model's size (allreduce.json: what DDP's overlap could save at most), and
+#   which processes hold GPU memory during the multi-GPU run (nvidia_smi_apps.txt: the launching process should
+#   hold none, or little).
 # progressive: experiment=pgolf_progressive on NPROC GPUs (default 2; context 1024 -> 2048 -> 3072, int6 GPTQ + brotli, TTT) with
 #   a 60 s training budget and 40 s of TTT; recompiles must be 0.
 # faults: pgolf_baseline (compile off, to get there fast) on 2 GPUs, rank 1 raising at its second step (the row must
@@ -92,7 +95,7 @@ EOF
   exit $rc
 fi
 
-base=(model=pgolf_baseline budget.max_steps=200 budget.train_seconds=240 logger.log_every_seconds=0.001 "${common[@]}")
+base=(model=pgolf_baseline budget.max_steps=200 budget.train_seconds=240 "${common[@]}")
 echo "== 1 GPU" | tee "$out/summary.txt"
 "$py" -m run "${base[@]}" name=baseline_1gpu hydra.run.dir="$out/gpu1" > "$out/gpu1.log" 2>&1
 rc1=$?

@@ -5,8 +5,9 @@ GPU, dtype, head dim, GQA). Here the kernel is pinned with ``torch.nn.attention.
 around every call, so an impossible request raises ("No viable backend ...") instead of running something
 else. The context manager is supported under torch.compile (dynamo records it), and the pin holds there too.
 
-GQA: flash and math take ``enable_gqa=True``. efficient and cudnn get K/V expanded with repeat_interleave
-(efficient has no GQA path and would otherwise fall to math; expanding lets it run on sm75 T4s).
+GQA: flash, cudnn and math take ``enable_gqa=True`` (cuDNN reads the grouped K/V heads itself since torch 2.8,
+which saves the expanded copies and the reduction of their gradients). efficient gets K/V expanded with
+repeat_interleave (it has no GQA path and would otherwise fall to math; expanding lets it run on sm75 T4s).
 Document masks and sliding windows are not offered (is_causal only): use flex for those.
 """
 
@@ -75,8 +76,8 @@ class SDPAAttention(AttentionBackend):
         self.sdpa_kernel_name = kernel
         self.kernel = f"sdpa:{kernel}"
         self._backend = _sdp_backend(kernel)
-        # flash and math accept grouped K/V directly; the others get it expanded.
-        self._native_gqa = kernel in ("flash", "math")
+        # flash, cudnn and math accept grouped K/V directly; efficient gets it expanded.
+        self._native_gqa = kernel in ("flash", "cudnn", "math")
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: object = None) -> torch.Tensor:
         from torch.nn.attention import sdpa_kernel
