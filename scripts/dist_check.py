@@ -1,8 +1,9 @@
 """Helpers of scripts/gpu_check_dist.sh.
 
-python scripts/dist_check.py compare RUN_DIR_1GPU RUN_DIR_NGPU --out DIR
-    tokens/s of both runs and their ratio, the per-step training loss of both (curves.csv, curves.png when
-    matplotlib is there), and how far apart the curves are; summary.json in DIR.
+python scripts/dist_check.py compare RUN_DIR_1GPU RUN_DIR_NGPU --out DIR [--min-ratio R]
+    tokens/s of both runs and their ratio (against R when given: the multi-GPU issue's bar is 1.90 on 2 GPUs and
+    3.70 on 4), the per-step training loss of both (curves.csv, curves.png when matplotlib is there), and how far
+    apart the curves are; summary.json in DIR.
 torchrun --standalone --nproc_per_node=2 scripts/dist_check.py allreduce --params N --out FILE
     what one step's gradient all-reduce costs (N fp32 values, as speedrun.dist.World.sync_grads sends them):
     the most an overlap with the backward (DDP) could save per step.
@@ -31,7 +32,7 @@ def _losses(run_dir: Path) -> dict[int, float]:
     return out
 
 
-def compare(one: Path, many: Path, out: Path) -> int:
+def compare(one: Path, many: Path, out: Path, min_ratio: float | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     r1, rn = (json.loads((d / "result.json").read_text()) for d in (one, many))
     l1, ln = _losses(one), _losses(many)
@@ -64,6 +65,7 @@ def compare(one: Path, many: Path, out: Path) -> int:
         "tokens_per_s_ratio": (rn["tokens_per_s"] / r1["tokens_per_s"])
         if r1.get("tokens_per_s") and rn.get("tokens_per_s")
         else None,
+        "tokens_per_s_min_ratio": min_ratio,
         "steps_compared": len(steps),
         "loss_abs_diff_max": max(diffs) if diffs else None,
         "loss_abs_diff_mean": sum(diffs) / len(diffs) if diffs else None,
@@ -73,7 +75,11 @@ def compare(one: Path, many: Path, out: Path) -> int:
     print(f"{'':28} {'1 GPU':>14} {str(rn.get('world_size')) + ' GPUs':>14}")
     for key in ("tokens_per_s", "train_seconds", "compile_seconds", "steps", "mfu", "peak_mem_mb", "val_bpb"):
         print(f"{key:28} {r1.get(key)!s:>14} {rn.get(key)!s:>14}")
-    print(f"tokens/s ratio               {summary['tokens_per_s_ratio']}")
+    ratio = summary["tokens_per_s_ratio"]
+    print(f"tokens/s ratio               {ratio}")
+    if min_ratio is not None:
+        verdict = "n/a (a run has no tokens/s)" if ratio is None else ("meets" if ratio >= min_ratio else "BELOW")
+        print(f"tokens/s ratio >= {min_ratio}:      {verdict}")
     print(
         f"per-step loss, {len(steps)} steps: |diff| max {summary['loss_abs_diff_max']}, mean "
         f"{summary['loss_abs_diff_mean']}, mean after step 20 {summary['loss_abs_diff_mean_after_step_20']}"
@@ -223,6 +229,7 @@ def main(argv: list[str]) -> int:
     c.add_argument("one", type=Path)
     c.add_argument("many", type=Path)
     c.add_argument("--out", type=Path, required=True)
+    c.add_argument("--min-ratio", type=float, default=None, help="the tokens/s ratio the multi-GPU run should reach")
     a = sub.add_parser("allreduce")
     a.add_argument("--params", type=int, required=True)
     a.add_argument("--out", type=Path, required=True)
@@ -231,7 +238,7 @@ def main(argv: list[str]) -> int:
     f.add_argument("overrides", nargs="*")
     args = p.parse_args(argv)
     if args.cmd == "compare":
-        return compare(args.one, args.many, args.out)
+        return compare(args.one, args.many, args.out, args.min_ratio)
     if args.cmd == "faults":
         return faults(args.out, args.overrides)
     return allreduce(args.params, args.out)

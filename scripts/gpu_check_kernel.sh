@@ -8,7 +8,8 @@
 # device command may run 10 minutes: split "all" as speed,tests,smem / tune,t4,cache / longctx,profile.
 #   speed    pgolf_baseline, kernel=default vs CUDA graphs / fp8 mlp_down / coordinate descent tuning / all
 #            three, 40 steps each, tok/s and the ratio to default (same call, same card)
-#   tune     python -m speedrun.tune on pgolf_baseline (micro-batch 128, +CUDA graphs); the table is copied to $OUT/kernel/
+#   tune     python -m speedrun.tune on pgolf_baseline (micro-batch 256, with and without CUDA graphs; 128 with them);
+#            the table is copied to $OUT/kernel/ (~2 min on an H100)
 #   tests    the gpu-marked tests of issue 10 (flex T4 tiles and sdpa:efficient vs math in fp16; math memory)
 #   smem     T4 tiles: flex's own fwd/bwd kernels recompiled for sm75, shared memory vs the 64 KB limit
 #   t4       model=hd80 under hardware=t4 (emulated, fp16) with attn=flex and attn=sdpa, 20 steps each
@@ -49,9 +50,11 @@ if want speed; then
 fi
 
 if want tune; then
-  # the candidates that made the shipped H200 table; --quick adds coordinate descent, whose compile takes minutes
-  say "tune: python -m speedrun.tune, micro-batch x2 with and without CUDA graphs"
-  "$py" -m speedrun.tune --steps 12 --candidate "kernel.micro_batch=128" \
+  # the candidates that made the shipped H100 table (the H200 one had only the micro-batch 128 pair); --quick
+  # adds coordinate descent, whose compile takes minutes
+  say "tune: python -m speedrun.tune, micro-batch x2 and x4 with CUDA graphs, x4 without"
+  "$py" -m speedrun.tune --steps 16 --candidate "kernel.micro_batch=256" \
+    --candidate "kernel.micro_batch=256 kernel.cuda_graphs=true" \
     --candidate "kernel.micro_batch=128 kernel.cuda_graphs=true" model=pgolf_baseline 2>&1 | tee "$out/tune.log" | tail -12
   cp conf/kernel/tuned/*.yaml "$out/" 2>/dev/null || echo "no tuned table written"
 fi
