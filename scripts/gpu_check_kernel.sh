@@ -4,10 +4,12 @@
 #   . scripts/device_env.sh && bash scripts/gpu_check_kernel.sh [PARTS]      # results under $OUT/kernel/
 #
 # PARTS: a comma list of the parts below, or "all" (default: speed,tests,smem, ~5.5 min). Rough minutes on one
-# H100, compile cache cold: speed 3.5, tests 1.5, smem 0.5, tune 4, t4 1.2, cache 1.2, longctx 4, profile 1.5. One
-# device command may run 10 minutes: split "all" as speed,tests,smem / tune,t4,cache / longctx,profile.
+# H100, compile cache cold: speed 3.5, tests 1.5, smem 0.5, tune 2, t4 1.2, cache 1.2,
+# longctx 4, profile 1.5, levers up to 8 (max-autotune's compile is not yet measured). One device command may run
+# 10 minutes: split "all" as speed,tests,smem / tune,t4,cache / longctx,profile / levers.
 #   speed    pgolf_baseline, kernel=default vs CUDA graphs / fp8 mlp_down / coordinate descent tuning / all
 #            three, 40 steps each, tok/s and the ratio to default (same call, same card)
+#   levers   kernel=tuned against default, and tuned + compile_mode=max-autotune-no-cudagraphs (up to ~8 min)
 #   tune     python -m speedrun.tune on pgolf_baseline (micro-batch 256, with and without CUDA graphs; 128 with them);
 #            the table is copied to $OUT/kernel/ (~2 min on an H100)
 #   tests    the gpu-marked tests of issue 10 (flex T4 tiles and sdpa:efficient vs math in fp16; math memory)
@@ -19,7 +21,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 parts=${1:-speed,tests,smem}
-[ "$parts" = all ] && parts=speed,tune,tests,smem,t4,longctx,cache,profile
+[ "$parts" = all ] && parts=speed,levers,tune,tests,smem,t4,longctx,cache,profile
 out=${OUT:-outputs}/kernel
 mkdir -p "$out"
 py=${PYTHON:-python3}
@@ -47,6 +49,18 @@ if want speed; then
     "kernel=default" "kernel.cuda_graphs=true" "kernel.fp8=[mlp_down]" "kernel.coordinate_descent_tuning=true" \
     "kernel.cuda_graphs=true kernel.coordinate_descent_tuning=true kernel.fp8=[mlp_down]" > "$out/speed.log" 2>&1
   ratios "$out/speed.csv" | tee "$out/speed_ratios.txt"
+fi
+
+if want levers; then
+  # what the tuned table does not have yet, on top of it: inductor's GEMM autotuning with epilogue fusion (the
+  # fused Triton kernels of the profile's top 15 and the 82 smaller kernels below it were 45% of the tuned step on
+  # an H100, docs/benchmarks.md); each case capped at 5 minutes
+  say "levers: kernel=default, kernel=tuned, tuned + max-autotune-no-cudagraphs, 40 steps each"
+  "$py" scripts/bench_matrix.py --timeout 300 --out "$out/levers.md" \
+    --common "model=pgolf_baseline budget.max_steps=40 budget.train_seconds=0 $quick" \
+    "kernel=default" "kernel=tuned" "kernel=tuned kernel.compile_mode=max-autotune-no-cudagraphs" \
+    > "$out/levers.log" 2>&1
+  ratios "$out/levers.csv" | tee "$out/levers_ratios.txt"
 fi
 
 if want tune; then
