@@ -39,7 +39,7 @@ if [ "$ngpu" -lt "${NPROC:-2}" ]; then
   echo "gpu_check_dist.sh: needs ${NPROC:-2} GPUs, $ngpu visible" >&2
   exit 2
 fi
-"$py" -c "import torch; print([torch.cuda.get_device_name(i) for i in range(2)], 'torch', torch.__version__)" \
+"$py" -c "import torch; print([torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())], 'torch', torch.__version__)" \
   | tee "$out/device.txt"
 common=(seed=0 results_db="$out/results.sqlite" hydra.job.chdir=false)
 

@@ -64,6 +64,9 @@ def test_settings_reach_the_plan(compose):
     )
     k = plan.kernel
     assert k.coordinate_descent_tuning and plan.kernel.result_keys()["kernel_coordinate_descent"] is True
+    fused = plan_for(compose, "h100", "kernel.fused_qkv=true", "kernel.fp8=[mlp]").kernel
+    assert fused.fused_qkv and fused.result_keys()["kernel_fused_qkv"] is True and "fused qkv" in fused.describe()
+    assert plan_for(compose, "h100").kernel.result_keys()["kernel_fused_qkv"] is False
     assert (k.cuda_graphs, k.fp8, k.compile_mode, plan.precision) == (
         True,
         ("mlp", "attn_proj"),
@@ -111,6 +114,8 @@ REFUSALS = [
     ("h100", ["hardware=a100", "kernel.fp8=[mlp_down]"], "compute capability >= 8.9", ["kernel.fp8=[]"]),
     ("h100", ["precision=fp16", "kernel.fp8=[mlp_down]"], "precision=bf16", ["precision=bf16"]),
     ("h100", ["precision=fp8", "kernel.fp8=[]"], "asks for none", ["precision=bf16"]),
+    ("h100", ["kernel.fused_qkv=true", "kernel.fp8=[attn_qkv]"], "one matmul", ["kernel.fp8=[mlp]"]),
+    ("h100", ["kernel.fused_qkv=true", "precision=fp8"], "one matmul", ["kernel.fused_qkv=false"]),
     (
         "h100",
         ["hardware.compile=false", "kernel.compile_mode=max-autotune"],
@@ -228,3 +233,12 @@ def test_cuda_graphs_raise_the_warm_up_to_what_capture_needs(compose):
     eight = resolve(to_config(compose(["kernel.cuda_graphs=true"])), h100)
     assert (eight.grad_accum, eight.warmup_steps) == (8, 1)
     assert resolve(to_config(compose(["kernel.micro_batch=256"])), h100).warmup_steps == 1  # no graphs: as asked
+
+
+def test_fused_qkv_reaches_the_built_model(compose):
+    from speedrun.build import build_attention, build_model
+
+    for fused in (False, True):
+        plan = plan_for(compose, "cpu", f"kernel.fused_qkv={str(fused).lower()}")
+        model = build_model(plan, build_attention(plan), bos_id=1)[0]
+        assert [b.attn.fused_qkv for b in model.blocks] == [fused] * plan.model.n_layer

@@ -95,7 +95,7 @@ def build_model(plan: Plan, attention, bos_id: int):
     from .optim import build_optimizers
 
     # bos_id switches on document masking in the model; only backends that can mask documents get it.
-    model = GPT(plan.model, attention, bos_id=bos_id if plan.document_mask else None)
+    model = GPT(plan.model, attention, bos_id=bos_id if plan.document_mask else None, fused_qkv=plan.kernel.fused_qkv)
     if plan.kernel.fp8:  # precision=fp8 resolves to every block linear; kernel.fp8 picks some
         from .fp8 import convert_linears, convert_torchao
 

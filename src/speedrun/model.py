@@ -55,10 +55,16 @@ def _linear(d_in: int, d_out: int, zero_init: bool = False) -> nn.Linear:
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, shape: ModelShape, attention: AttentionBackend):
+    def __init__(self, shape: ModelShape, attention: AttentionBackend, fused_qkv: bool = False):
         super().__init__()
         self.n_head, self.n_kv_head, self.head_dim = shape.n_head, shape.n_kv_head, shape.head_dim
         kv_dim = shape.n_kv_head * shape.head_dim
+        self.split = (shape.d_model, kv_dim, kv_dim)
+        self.fused_qkv = fused_qkv
+        """In training mode, q, k and v come from one matmul over their concatenated weights (kernel.fused_qkv):
+        the input is read once, and the backward's input gradient is one GEMM instead of three plus two adds. The
+        three Linear modules stay (their names, Muon's matrices, fp8, GPTQ's hooks and TTT's adapters see them);
+        eval mode, which GPTQ, TTT and evaluation use, always calls them one by one."""
         self.c_q = _linear(shape.d_model, shape.d_model)
         self.c_k = _linear(shape.d_model, kv_dim)
         self.c_v = _linear(shape.d_model, kv_dim)
@@ -70,9 +76,16 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: object) -> torch.Tensor:
         B, T, C = x.shape
-        q = self.c_q(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-        k = self.c_k(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-        v = self.c_v(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        if self.fused_qkv and self.training:
+            # the concatenated weight is rebuilt every call (0.5-1 MB here): no second copy of the weights to keep
+            # in step with the optimizer, and autograd splits its gradient back onto c_q, c_k and c_v
+            weight = torch.cat((self.c_q.weight, self.c_k.weight, self.c_v.weight))
+            q, k, v = F.linear(x, weight).split(self.split, dim=-1)
+        else:
+            q, k, v = self.c_q(x), self.c_k(x), self.c_v(x)
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         dtype = v.dtype  # the matmul dtype (bf16/fp16 under autocast)
         # norm, rotation and gain in fp32 (one fused kernel under compile), then back to the matmul dtype
         q, k = q.float(), k.float()
@@ -102,9 +115,9 @@ class Block(nn.Module):
     # 1-D/0-D and mixing parameters: Adam, kept fp32; everything else in a block is a matrix for Muon.
     CONTROL = ("attn_scale", "mlp_scale", "resid_mix", "q_gain")
 
-    def __init__(self, shape: ModelShape, attention: AttentionBackend):
+    def __init__(self, shape: ModelShape, attention: AttentionBackend, fused_qkv: bool = False):
         super().__init__()
-        self.attn = CausalSelfAttention(shape, attention)
+        self.attn = CausalSelfAttention(shape, attention, fused_qkv)
         self.mlp = MLP(shape)
         self.attn_scale = nn.Parameter(torch.ones(shape.d_model))
         self.mlp_scale = nn.Parameter(torch.ones(shape.d_model))
@@ -129,9 +142,12 @@ def _residual_dtype(device_type: str) -> torch.dtype:
 
 
 class GPT(nn.Module):
-    def __init__(self, shape: ModelShape, attention: AttentionBackend, bos_id: int | None = None):
+    def __init__(
+        self, shape: ModelShape, attention: AttentionBackend, bos_id: int | None = None, fused_qkv: bool = False
+    ):
         """attention: the backend every layer calls (speedrun.attention.get_backend). bos_id: mask attention at
-        document boundaries (documents start at BOS); None attends across documents, as parameter-golf does."""
+        document boundaries (documents start at BOS); None attends across documents, as parameter-golf does.
+        fused_qkv: one q/k/v matmul per block in training mode (CausalSelfAttention.fused_qkv)."""
         super().__init__()
         if bos_id is not None and not attention.supports_doc_mask:
             raise ValueError(
@@ -144,7 +160,7 @@ class GPT(nn.Module):
         self.num_decoder_layers = shape.n_layer - self.num_encoder_layers
         n_skip = min(self.num_encoder_layers, self.num_decoder_layers)
         self.skip_weights = nn.Parameter(torch.ones(n_skip, shape.d_model))
-        self.blocks = nn.ModuleList([Block(shape, attention) for _ in range(shape.n_layer)])
+        self.blocks = nn.ModuleList([Block(shape, attention, fused_qkv) for _ in range(shape.n_layer)])
         self.lm_head = None if shape.tie_embeddings else _linear(shape.d_model, shape.vocab_size, zero_init=True)
         if shape.tie_embeddings:
             nn.init.normal_(self.tok_emb.weight, mean=0.0, std=shape.tied_embed_init_std)

@@ -61,20 +61,22 @@ def candidate_overrides(plan: Any, quick: bool = False) -> list[list[str]]:
     if plan.device != "cuda":
         return out
     graphs, cdt = ["kernel.cuda_graphs=true"], ["kernel.coordinate_descent_tuning=true"]
+    fused = ["kernel.fused_qkv=true"]
     fp8 = plan.precision == "bf16" and _has_fp8(plan)
     # twice (and four times) the micro-batch, where the step still splits evenly: fewer, larger kernels per step
     # (on an H200, 2x gave pgolf_baseline 1.046x; a size that runs out of memory is recorded as failed)
     bigger = [f"kernel.micro_batch={2 * plan.micro_batch}"] if plan.grad_accum % 2 == 0 else []
     biggest = [f"kernel.micro_batch={4 * plan.micro_batch}"] if plan.grad_accum % 4 == 0 else []
     if quick:  # each lever alone, and all of them together
-        out += [graphs] + ([cdt] if plan.compile else []) + ([["kernel.fp8=[mlp_down]"]] if fp8 else [])
+        out += [graphs, fused] + ([cdt] if plan.compile else []) + ([["kernel.fp8=[mlp_down]"]] if fp8 else [])
         out += [bigger] if bigger else []
-        out.append(bigger + graphs + (cdt if plan.compile else []) + (["kernel.fp8=[mlp_down]"] if fp8 else []))
+        out.append(bigger + graphs + fused + (cdt if plan.compile else []) + (["kernel.fp8=[mlp_down]"] if fp8 else []))
         return out
     if bigger:
-        out += [bigger, bigger + graphs] + ([bigger + graphs + cdt] if plan.compile else [])
+        out += [bigger, bigger + graphs, bigger + graphs + fused] + ([bigger + graphs + cdt] if plan.compile else [])
     if biggest:
-        out += [biggest, biggest + graphs]
+        out += [biggest, biggest + graphs, biggest + graphs + fused]
+    out.append(fused)
     if plan.compile:
         out += [
             ["kernel.compile_mode=max-autotune-no-cudagraphs"],

@@ -93,6 +93,10 @@ class KernelConfig:
     dynamic_shapes: bool | None = None
     """Compile with dynamic shapes (one graph for every context length, recompiled less) instead of one static
     graph per length. Cannot go with CUDA graphs. None: off."""
+    fused_qkv: bool | None = None
+    """One matmul for each block's q, k and v projections in training (their weights concatenated per call)
+    instead of three; the same parameters and the same math up to summation order. Not with fp8 on attn_qkv.
+    None: off."""
     fp8: list[str] | None = None
     """FP8 targets (any of mlp_down, mlp, attn_proj, attn_qkv, all; [] or [none]: no FP8), e.g.
     kernel.fp8='[mlp_down]'. sm89+, with precision=bf16 (or fp8). None: all under precision=fp8, else none."""
@@ -172,6 +176,7 @@ class KernelConfig:
             "cuda_graphs",
             "coordinate_descent_tuning",
             "dynamic_shapes",
+            "fused_qkv",
             "fp8",
             "fp8_impl",
             "micro_batch",

@@ -123,6 +123,13 @@ def resolve_kernel(
     if graphs:
         _check_graphs(on_cuda, compile_mode, dynamic, grad_accum, warmup_steps, profile)
     fp8, fp8_impl = _resolve_fp8(settings, precision, profile)
+    fused_qkv = bool(settings.get("fused_qkv"))
+    if fused_qkv and ({"attn_qkv", "all"} & set(fp8)):
+        raise PlanError(
+            f"kernel.fused_qkv=true runs q, k and v as one matmul of their concatenated weights, and "
+            f"kernel.fp8=[{','.join(fp8)}] makes them fp8 linears: use kernel.fp8=[mlp] (or mlp_down, attn_proj) "
+            f"with kernel.fused_qkv=true, or kernel.fused_qkv=false"
+        )
     options = dict(attn_options)
     tiles, smem = None, ()
     if attn == "flex":
@@ -139,6 +146,7 @@ def resolve_kernel(
         cuda_graphs=graphs,
         dynamic_shapes=dynamic,
         coordinate_descent_tuning=cdt,
+        fused_qkv=fused_qkv,
         fp8=fp8,
         fp8_impl=fp8_impl,
         flex_tiles=tiles,

@@ -81,6 +81,8 @@ class KernelPlan:
     """torch.compile(dynamic=True): one graph for every context length."""
     coordinate_descent_tuning: bool = False
     """inductor tunes its generated Triton kernels by coordinate descent."""
+    fused_qkv: bool = False
+    """Each block's q, k and v projections run as one matmul in training (speedrun.model.CausalSelfAttention)."""
     fp8: tuple[str, ...] = ()
     """FP8 targets among the block linears (mlp_down, mlp, attn_proj, attn_qkv, all); () for none."""
     fp8_impl: str = "speedrun"
@@ -108,6 +110,7 @@ class KernelPlan:
             "kernel_flex_tiles": self.flex_tiles,
             "kernel_dynamic_shapes": self.dynamic_shapes,
             "kernel_coordinate_descent": self.coordinate_descent_tuning,
+            "kernel_fused_qkv": self.fused_qkv,
             "kernel_micro_batch": self.micro_batch,
         }
 
@@ -117,10 +120,11 @@ class KernelPlan:
         smem = ", smem " + "/".join(f"{part} {b // 1024} KB" for part, b in self.flex_smem) if self.flex_smem else ""
         cdt = " + coordinate descent" if self.coordinate_descent_tuning else ""
         micro = f", micro-batch {self.micro_batch}" if self.micro_batch else ""
+        fused = ", fused qkv" if self.fused_qkv else ""
         return (
             f"{self.source}: compile {self.compile_mode}{' per block' if self.compile_scope == 'blocks' else ''}"
             f"{' dynamic' if self.dynamic_shapes else ''}{cdt}, "
-            f"cuda graphs {'on' if self.cuda_graphs else 'off'}, {fp8}{tiles}{smem}{micro}"
+            f"cuda graphs {'on' if self.cuda_graphs else 'off'}, {fp8}{fused}{tiles}{smem}{micro}"
             + (f", profile {self.profile_steps} steps" if self.profile else "")
         )
 
