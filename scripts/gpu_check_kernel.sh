@@ -5,11 +5,12 @@
 #
 # PARTS: a comma list of the parts below, or "all" (default: speed,tests,smem, ~5.5 min). Rough minutes on one
 # H100, compile cache cold: speed 3.5, tests 1.5, smem 0.5, tune 2, t4 1.2, cache 1.2,
-# longctx 4, profile 1.5, levers up to 8 (max-autotune's compile is not yet measured). One device command may run
-# 10 minutes: split "all" as speed,tests,smem / tune,t4,cache / longctx,profile / levers.
+# longctx 4, profile 1.5, levers 5, autotune 9 (max-autotune's warm-up had not finished after 400 s). One device
+# command may run 10 minutes: split "all" as speed,tests,smem / tune,t4,cache / longctx,profile / levers / autotune.
 #   speed    pgolf_baseline, kernel=default vs CUDA graphs / fp8 mlp_down / coordinate descent tuning / all
 #            three, 40 steps each, tok/s and the ratio to default (same call, same card)
-#   levers   kernel=tuned against default, and tuned + compile_mode=max-autotune-no-cudagraphs (up to ~8 min)
+#   levers   kernel.fused_qkv=true on default and on kernel=tuned, against each (40 steps each)
+#   autotune kernel=tuned + compile_mode=max-autotune-no-cudagraphs, and which GEMM won each shape
 #   tune     python -m speedrun.tune on pgolf_baseline (micro-batch 256, with and without CUDA graphs; 128 with them);
 #            the table is copied to $OUT/kernel/ (~2 min on an H100)
 #   tests    the gpu-marked tests of issue 10 (flex T4 tiles and sdpa:efficient vs math in fp16; math memory)
@@ -21,7 +22,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 parts=${1:-speed,tests,smem}
-[ "$parts" = all ] && parts=speed,levers,tune,tests,smem,t4,longctx,cache,profile
+[ "$parts" = all ] && parts=speed,levers,autotune,tune,tests,smem,t4,longctx,cache,profile
 out=${OUT:-outputs}/kernel
 mkdir -p "$out"
 py=${PYTHON:-python3}
@@ -52,15 +53,26 @@ if want speed; then
 fi
 
 if want levers; then
-  # what the tuned table does not have yet, on top of it: inductor's GEMM autotuning with epilogue fusion (the
-  # fused Triton kernels of the profile's top 15 and the 82 smaller kernels below it were 45% of the tuned step on
-  # an H100, docs/benchmarks.md); each case capped at 5 minutes
-  say "levers: kernel=default, kernel=tuned, tuned + max-autotune-no-cudagraphs, 40 steps each"
-  "$py" scripts/bench_matrix.py --timeout 300 --out "$out/levers.md" \
+  # what the tuned table does not have, alone and on top of it: q, k and v as one matmul (kernel.fused_qkv)
+  say "levers: default, fused q/k/v, kernel=tuned, tuned + fused q/k/v, 40 steps each"
+  "$py" scripts/bench_matrix.py --timeout 150 --out "$out/levers.md" \
     --common "model=pgolf_baseline budget.max_steps=40 budget.train_seconds=0 $quick" \
-    "kernel=default" "kernel=tuned" "kernel=tuned kernel.compile_mode=max-autotune-no-cudagraphs" \
+    "kernel=default" "kernel.fused_qkv=true" "kernel=tuned" "kernel=tuned kernel.fused_qkv=true" \
     > "$out/levers.log" 2>&1
   ratios "$out/levers.csv" | tee "$out/levers_ratios.txt"
+fi
+
+if want autotune; then
+  # inductor's GEMM autotuning (Triton templates against cuBLAS, with epilogue fusion) on top of the tuned table,
+  # capped at 9 minutes: on an H100 it had not finished warming up after 400 s (docs/benchmarks.md); the
+  # AUTOTUNE tables it prints say which GEMM won each shape, which is the finding even when the run is cut
+  say "autotune: kernel=tuned + compile_mode=max-autotune-no-cudagraphs (up to 9 minutes)"
+  # shellcheck disable=SC2086 - $quick is a list of overrides
+  timeout -k 5 540 "$py" -m run model=pgolf_baseline budget.max_steps=40 budget.train_seconds=0 $quick kernel=tuned \
+    kernel.compile_mode=max-autotune-no-cudagraphs name=autotune hydra.run.dir="$out/autotune" > "$out/autotune.log" 2>&1
+  echo "rc=$? (124: cut at 540 s); compare tokens_per_s with kernel=tuned in the levers part"
+  grep -E "^(status|tokens_per_s|compile_seconds):" "$out/autotune.log"
+  grep -A4 "^AUTOTUNE mm" "$out/autotune.log" | grep -E "^AUTOTUNE|100.0%"
 fi
 
 if want tune; then

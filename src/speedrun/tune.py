@@ -70,13 +70,13 @@ def candidate_overrides(plan: Any, quick: bool = False) -> list[list[str]]:
     if quick:  # each lever alone, and all of them together
         out += [graphs, fused] + ([cdt] if plan.compile else []) + ([["kernel.fp8=[mlp_down]"]] if fp8 else [])
         out += [bigger] if bigger else []
-        out.append(bigger + graphs + fused + (cdt if plan.compile else []) + (["kernel.fp8=[mlp_down]"] if fp8 else []))
+        out.append(bigger + graphs + (cdt if plan.compile else []) + (["kernel.fp8=[mlp_down]"] if fp8 else []))
         return out
     if bigger:
-        out += [bigger, bigger + graphs, bigger + graphs + fused] + ([bigger + graphs + cdt] if plan.compile else [])
+        out += [bigger, bigger + graphs] + ([bigger + graphs + cdt] if plan.compile else [])
     if biggest:
-        out += [biggest, biggest + graphs, biggest + graphs + fused]
-    out.append(fused)
+        out += [biggest, biggest + graphs]
+    out.append(fused)  # alone: it lost on an H100, by default and on top of the tuned table (docs/benchmarks.md)
     if plan.compile:
         out += [
             ["kernel.compile_mode=max-autotune-no-cudagraphs"],
