@@ -102,12 +102,13 @@ rc1=$?
 tail -n 26 "$out/gpu1.log"
 n=${NPROC:-2}
 echo "== $n GPUs (dist.nproc=$n) after $((SECONDS - start))s"
-( for i in 1 2 3 4 5 6; do sleep 20; date +%T; nvidia-smi --query-compute-apps=pid,process_name,used_memory \
-    --format=csv,noheader; done ) > "$out/nvidia_smi_apps.txt" 2>&1 &
-smi=$!
 "$py" -m run "${base[@]}" dist.nproc="$n" name="baseline_${n}gpu" hydra.run.dir="$out/gpu$n" > "$out/gpu$n.log" 2>&1 &
 run=$!
-echo "launching process: pid $run" >> "$out/nvidia_smi_apps.txt"
+# the launcher's pid first, then the sampler appends (one writer at a time: a second ">" would overwrite the line)
+echo "launching process: pid $run" > "$out/nvidia_smi_apps.txt"
+( for i in 1 2 3 4 5 6; do sleep 20; date +%T; nvidia-smi --query-compute-apps=pid,process_name,used_memory \
+    --format=csv,noheader; done ) >> "$out/nvidia_smi_apps.txt" 2>&1 &
+smi=$!
 wait $run
 rc2=$?
 kill $smi 2>/dev/null

@@ -68,7 +68,7 @@ def candidate_overrides(plan: Any, quick: bool = False) -> list[list[str]]:
     bigger = [f"kernel.micro_batch={2 * plan.micro_batch}"] if plan.grad_accum % 2 == 0 else []
     biggest = [f"kernel.micro_batch={4 * plan.micro_batch}"] if plan.grad_accum % 4 == 0 else []
     if quick:  # each lever alone, and all of them together
-        out += [graphs, fused] + ([cdt] if plan.compile else []) + ([["kernel.fp8=[mlp_down]"]] if fp8 else [])
+        out += [graphs] + ([cdt] if plan.compile else []) + ([["kernel.fp8=[mlp_down]"]] if fp8 else [])
         out += [bigger] if bigger else []
         out.append(bigger + graphs + (cdt if plan.compile else []) + (["kernel.fp8=[mlp_down]"] if fp8 else []))
         return out
