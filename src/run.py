@@ -18,6 +18,10 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    from speedrun.plan_only import print_plan, wants_plan
+
+    if wants_plan(sys.argv):  # `python -m run ... --plan`: print the resolved Plan and exit, writing nothing
+        sys.exit(print_plan(sys.argv))
     from speedrun.launch import worker_argv
 
     sys.argv = worker_argv(sys.argv)  # a rank > 0 under torchrun: no run dir of its own (speedrun.launch)

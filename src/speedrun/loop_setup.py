@@ -40,7 +40,7 @@ def prepare_loop(job: Any, stepper: Any, eval_forward: Any, data: Any) -> tuple[
 
         plan, job.result["batch_search"] = search_batches(plan, stepper.model, log.info)
         job.plan = stepper.plan = plan
-        (job.ctx.run_dir / "plan.json").write_text(plan_json(plan) + "\n")
+        job.write_file("plan.json", plan_json(plan) + "\n")
         job._guard(
             "update_config",
             {"micro_batch": plan.micro_batch, "grad_accum": plan.grad_accum, "eval_batch_size": plan.eval.batch_size},

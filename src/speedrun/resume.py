@@ -14,6 +14,7 @@ checkpoint.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,18 +44,64 @@ def is_run_dir(path: Path) -> bool:
     return (path / "plan.json").is_file() or (path / ".hydra" / "config.yaml").is_file()
 
 
-def run_dir_resolver(resume: str | None, default: str) -> str:
-    """hydra.run.dir: the resumed run's own dir when ``resume`` names a speedrun run dir, else the usual new one
-    (where a refused resume is then recorded as a failed run)."""
+def run_dir_resolver(resume: str | None, overrides: Any, default: str) -> str:
+    """hydra.run.dir: the resumed run's own dir when ``resume=`` names a run this job may continue, else the usual
+    new one. Every check that can refuse the resume runs here, before Hydra writes anything, so a refused resume
+    is recorded in a new run dir and row of its own and leaves the original byte for byte as it was."""
     if resume:
-        path = Path(str(resume)).expanduser().resolve()
-        if is_run_dir(path):
-            return str(path)
+        try:
+            return str(accepted_resume(resume, [str(o) for o in overrides or ()], Path.cwd())[0])
+        except ConfigError:
+            pass  # the runner raises it again, into the new run's record
     return default
 
 
-def hydra_subdir_resolver(resume: str | None) -> str:
-    return ".hydra/resume" if resume else ".hydra"
+def hydra_subdir_resolver(run_dir: str, resume: str | None) -> str:
+    """Hydra's files for a resumed invocation go to .hydra/resume/, beside the original job's .hydra/."""
+    if resume and Path(str(resume)).expanduser().resolve() == Path(run_dir).resolve():
+        return ".hydra/resume"
+    return ".hydra"
+
+
+def accepted_resume(asked: str, overrides: list[str], cwd: Path) -> tuple[Path, dict[str, Any]]:
+    """(the run dir, its newest checkpoint's meta) for ``resume=<asked>``, or a ConfigError naming the problem."""
+    path = Path(str(asked)).expanduser()
+    path = (path if path.is_absolute() else cwd / path).resolve()
+    if not path.is_dir():
+        raise ConfigError(
+            f"resume={asked}: no such directory ({path}); give the dir of an earlier run, e.g. "
+            f"outputs/runs/<date>/<time>_<name> (the run_dir column of results.sqlite)"
+        )
+    if not is_run_dir(path):
+        raise ConfigError(
+            f"resume={asked}: {path} is not a speedrun run dir (it has no plan.json or .hydra/"
+            f"config.yaml); give the dir a `python -m run` job wrote"
+        )
+    try:
+        meta = latest_meta(path)
+    except (OSError, ValueError) as e:
+        raise ConfigError(
+            f"resume={asked}: the newest checkpoint's .json in {path / DIRNAME} is unreadable ({e})"
+        ) from e
+    if meta is None:
+        raise ConfigError(
+            f"resume={asked}: {path} holds no checkpoint ({DIRNAME}/ is empty or missing): the run was "
+            f"not stopped by a signal during training and checkpoint.every_seconds/every_steps were "
+            f"off; run it again instead (with checkpoint.every_seconds=600 to keep one)"
+        )
+    saved = list(meta.get("overrides") or [])
+    extra = [o for o in overrides if not o.startswith("resume=") and o not in saved]
+    if extra:
+        raise ConfigError(
+            f"resume={asked} continues the run as it was configured ({' '.join(saved) or 'defaults'}); "
+            f"these overrides differ from it: {' '.join(extra)}; drop them, or start a new run"
+        )
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError(
+            f"resume={asked} continues a one-process run; runs of several ranks cannot resume yet (they write no "
+            f"checkpoints): run `python -m run resume={asked}` without torchrun"
+        )
+    return path, meta
 
 
 def identity(config: Any) -> str:
@@ -77,32 +124,8 @@ def find_resume(config: dict[str, Any], overrides: list[str], run_dir: Path, cwd
             int(meta["steps"]),
             auto=True,
         )
-    path = Path(str(asked)).expanduser()
-    path = (path if path.is_absolute() else cwd / path).resolve()
-    if not path.is_dir():
-        raise ConfigError(
-            f"resume={asked}: no such directory ({path}); give the dir of an earlier run, e.g. "
-            f"outputs/runs/<date>/<time>_<name> (the run_dir column of results.sqlite)"
-        )
-    if not is_run_dir(path):
-        raise ConfigError(
-            f"resume={asked}: {path} is not a speedrun run dir (it has no plan.json or .hydra/"
-            f"config.yaml); give the dir a `python -m run` job wrote"
-        )
-    meta = latest_meta(path)
-    if meta is None:
-        raise ConfigError(
-            f"resume={asked}: {path} holds no checkpoint ({DIRNAME}/ is empty or missing): the run was "
-            f"not stopped by a signal during training and checkpoint.every_seconds/every_steps were "
-            f"off; run it again instead (with checkpoint.every_seconds=600 to keep one)"
-        )
+    path, meta = accepted_resume(str(asked), overrides, cwd)
     saved = list(meta.get("overrides") or [])
-    extra = [o for o in overrides if not o.startswith("resume=") and o not in saved]
-    if extra:
-        raise ConfigError(
-            f"resume={asked} continues the run as it was configured ({' '.join(saved) or 'defaults'}); "
-            f"these overrides differ from it: {' '.join(extra)}; drop them, or start a new run"
-        )
     return Resume(
         path,
         {**meta["config"], "resume": str(path)},

@@ -9,6 +9,7 @@ from a scheduler). In between, each phase writes its results to result.json and 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import threading
@@ -25,7 +26,7 @@ from .errors import RunOutOfMemory
 from .identity import GPU_SHARED_ENV
 from .loggers import RunLogger, make_logger
 from .paths import results_db_path
-from .records import MetricsLog, ResultsDB, empty_result, write_json
+from .records import MetricsLog, ResultsDB, atomic_write_text, empty_result, write_json
 from .result_block import format_result_block
 from .signals import sigterm_as_interrupt, stop_signals_deferred
 
@@ -76,7 +77,7 @@ def run_job(dict_cfg: DictConfig, ctx: RunContext | None = None) -> dict[str, An
     # The record opens from the composed config's top-level knobs (types already checked by Hydra), before the
     # schemas' own checks run, so a bad value still leaves a failed row.
     config_tree = OmegaConf.to_container(dict_cfg, resolve=True, enum_to_str=True)
-    db = ResultsDB(results_db_path(dict_cfg.results_db, ctx.original_cwd)) if world.rank == 0 else dist.NoRecords()
+    db = _results_db(dict_cfg, ctx) if world.rank == 0 else dist.NoRecords()
     run_id = str(ctx.run_dir.resolve())
     result = empty_result()
     result.update(
@@ -97,8 +98,10 @@ def run_job(dict_cfg: DictConfig, ctx: RunContext | None = None) -> dict[str, An
     start = {"started_at": started, "overrides": " ".join(ctx.overrides), "config": config_tree}
     # a resumed run keeps its row's start, overrides and config, and counts its resumptions
     start = {"resumed_at": started, "resumed_from_step": resume.steps} if resume else start
-    db.upsert(run_id, {**result, **start})
     job = Job(ctx, result, config_tree, db, run_id, resume, world)
+    job.start_keys = start
+    if resume is None:  # a resume writes nothing into the original record until its checkpoint is restored
+        _open_record(db, run_id, {**result, **start})
     world.on_stop = functools.partial(job.close_early, db, run_id)
     try:
         with sigterm_as_interrupt():
@@ -109,25 +112,58 @@ def run_job(dict_cfg: DictConfig, ctx: RunContext | None = None) -> dict[str, An
         result["status"] = "interrupted"
         result["error"] = f"interrupted ({e})" if str(e) else "interrupted (Ctrl-C or SIGTERM)"
         world.settle(result, e, ctx.run_dir)  # a peer rank's failure outranks the signal it caused here
+        e.speedrun_job = job  # type: ignore[attr-defined]  # speedrun.main prints where the record went
         raise
     except BaseException as e:  # noqa: BLE001 - every failure is recorded, then re-raised
         if not job.delegated:  # a launching process keeps rank 0's error.txt
-            (ctx.run_dir / "error.txt").write_text(traceback.format_exc())
+            job.error_dir().mkdir(parents=True, exist_ok=True)
+            (job.error_dir() / "error.txt").write_text(traceback.format_exc())
         from .oom import find_oom, oom_result
 
         oom = find_oom(e)
         if oom is not None:  # an outcome with its own status and fix, not a bug
             result.update(oom_result(job.plan, result.get("phase"), oom, ctx.run_dir))
             world.settle(dict(result), e, ctx.run_dir)  # tell the other ranks to stop; this row keeps status oom
-            raise RunOutOfMemory(result["error"]) from e
+            oom_error = RunOutOfMemory(result["error"])
+            oom_error.speedrun_job = job  # type: ignore[attr-defined]
+            raise oom_error from e
         result["status"] = "failed"
         result["error"] = f"{type(e).__name__}: {e}"
         world.settle(result, e, ctx.run_dir)  # names the rank that failed first, and tells the others to stop
+        e.speedrun_job = job  # type: ignore[attr-defined]
         raise
     finally:
         with stop_signals_deferred():
-            job.finish(db, run_id, started)
+            job.finish(db, started)
     return result
+
+
+def _open_record(db: ResultsDB, run_id: str, row: dict[str, Any]) -> None:
+    """The row that says `running`. A database that cannot be written stops the run here, before any work, with
+    its path and the fix (a run whose record cannot be kept is not worth starting)."""
+    import sqlite3
+
+    try:
+        db.upsert(run_id, row)
+    except (sqlite3.Error, OSError) as e:
+        from .errors import ConfigError
+
+        raise ConfigError(
+            f"the results database {db.path} cannot be written ({type(e).__name__}: {e}); fix its permissions, "
+            f"move a corrupt file aside, or set results_db=<another path>"
+        ) from e
+
+
+def _results_db(dict_cfg: DictConfig, ctx: RunContext) -> ResultsDB:
+    path = results_db_path(dict_cfg.results_db, ctx.original_cwd)
+    try:
+        return ResultsDB(path)
+    except OSError as e:  # its directory cannot be made
+        from .errors import ConfigError
+
+        raise ConfigError(
+            f"the results database {path} cannot be created ({e}); set results_db=<a writable path>"
+        ) from e
 
 
 def _find_resume(dict_cfg: DictConfig, ctx: RunContext) -> tuple[Any, Exception | None]:
@@ -155,11 +191,21 @@ class Job:
     ):
         self.ctx, self.result, self.config_tree, self.resume, self.world = ctx, result, config_tree, resume, world
         self.db, self.run_id = db, run_id
+        self.record_id: str | None = None
+        """The row this job's record went to, once written (a resume refused before its restore: its own)."""
         self.peak_memory = None
         self.delegated = False
         """True in a `python -m run dist.nproc=N` process that started the ranks: rank 0 records the run."""
         self._closing = threading.Lock()
         self._finished = False
+        self.start_keys: dict[str, Any] = {}
+        """Keys the row gets once, when the record opens (start time, overrides, config; or the resumption)."""
+        self.holding = resume is not None
+        """A resume writes nothing into the original run's files or row until its checkpoint is restored: a resume
+        that fails or is stopped before then leaves the finished or interrupted run exactly as it was, and is
+        recorded apart (``resume_attempts/``)."""
+        self._held_files: dict[str, str] = {}
+        self._attempt_dir: Path | None = None
         self.metrics: MetricsLog | None = None
         self.logger: RunLogger | None = None
         self.state = None
@@ -179,7 +225,7 @@ class Job:
         del config
         log.info("plan:\n%s", _indent(plan.describe()))
         start_history(plan)  # hardware.memory_snapshot=true: allocations from the model build on
-        (self.ctx.run_dir / "plan.json").write_text(plan_json(plan) + "\n")
+        self.write_file("plan.json", plan_json(plan) + "\n")
         from .launch import launch_ranks, needs_launch
 
         if needs_launch(plan):  # dist.nproc > 1 under `python -m run`: start the ranks; rank 0 records the run
@@ -188,7 +234,7 @@ class Job:
             return
         self.world.init(plan)
         env = capture_environment(plan.device)
-        write_json(self.ctx.run_dir / "env.json", env)
+        self.write_file("env.json", json.dumps(env, indent=2, default=str) + "\n")
         result.update(
             hardware=plan.hardware,
             device_name=plan.device_name,
@@ -229,7 +275,8 @@ class Job:
         from .train import Stepper, TrainState, train, warm_up
 
         self.state = state = TrainState()
-        self.metrics = MetricsLog(self.ctx.run_dir / "metrics.jsonl", after_step=self.resume and self.resume.steps)
+        if self.resume is None:  # a resume opens its metrics (dropping steps after its checkpoint) once restored
+            self.metrics = MetricsLog(self.ctx.run_dir / "metrics.jsonl")
         stepper = Stepper(model, forward, optimizers, plan, world=self.world)
         # each rank reads its own micro-batches of every step (data.loader.TokenStream)
         batches = functools.partial(data.train_batches, rank=self.world.rank, world_size=self.world.world_size)
@@ -250,6 +297,7 @@ class Job:
             result.update(profile_steps(stepper, batches, self.ctx.run_dir, log.info, plan.kernel.profile_steps))
         if extras is not None and self.resume:
             extras.restore(state, self.resume)
+            self._release(state)
         from .kernels.compile import keeps_grads  # true exactly when training replays CUDA graphs
 
         self.peak_memory = PeakMemory(plan.device, graph_pools=keeps_grads(plan))
@@ -265,11 +313,18 @@ class Job:
         self.result["data_epochs"] = round(state.tokens / data.train_tokens, 3)
         self._on_phase("train")  # training's keys are in the record before evaluation starts
         if self.result["data_epochs"] > 1 and self.world.rank == 0:  # once per run, not once per rank
+            # the fix depends on the data: the embedded corpus has a bigger dataset to move to; shards of one's
+            # own need more of them (or a smaller budget)
+            fix = (
+                "use a larger dataset, e.g. data=fineweb_sp1024, for comparable numbers"
+                if plan.data.path is None
+                else f"add train shards to {plan.data.path} (scripts/prepare_data.py) or train on fewer tokens"
+            )
             log.warning(
-                "training made %.1f passes over %s training tokens: val_bpb includes the effect of repeating "
-                "data (use a larger dataset, e.g. data=fineweb_sp1024, for comparable numbers)",
+                "training made %.1f passes over %s training tokens: val_bpb includes the effect of repeating data (%s)",
                 self.result["data_epochs"],
                 f"{data.train_tokens:,}",
+                fix,
             )
         if state.diverged:
             result["status"] = "diverged"
@@ -288,12 +343,36 @@ class Job:
         )
         result.update(status="ok", phase="done")
 
+    def write_file(self, name: str, text: str) -> None:
+        """A run-dir file, written atomically, or kept in memory while a resume holds the original run's files."""
+        if self.holding:
+            self._held_files[name] = text
+        else:
+            atomic_write_text(self.ctx.run_dir / name, text)
+
+    def _release(self, state: Any) -> None:
+        """The checkpoint is restored: from here on the resumed job is the original run, continued."""
+        self.holding = False
+        self.metrics = MetricsLog(self.ctx.run_dir / "metrics.jsonl", after_step=state.steps)
+        for name, text in self._held_files.items():
+            self.write_file(name, text)
+        if self.db is not None and self.run_id is not None:
+            self.db.upsert(self.run_id, {**self.result, **self.start_keys})
+
+    def error_dir(self) -> Path:
+        """Where this job's error.txt and, for a resume refused before its restore, its record go."""
+        if not self.holding:
+            return self.ctx.run_dir
+        if self._attempt_dir is None:
+            self._attempt_dir = self.ctx.run_dir / "resume_attempts" / time.strftime("%Y-%m-%d_%H-%M-%S")
+        return self._attempt_dir
+
     def _on_phase(self, phase: str, keys: dict[str, Any] | None = None) -> None:
         """A phase starts (no keys) or ends (its keys): record both at once in result.json and the row, so a run
         stopped later keeps them and says where it was. Only rank 0 holds the row."""
         self.result["phase"] = phase
         self.result.update(keys or {})
-        if self.world.rank > 0:
+        if self.world.rank > 0 or self.holding:
             return
         write_json(self.ctx.run_dir / "result.json", self.result)
         if self.db is not None and self.run_id is not None:
@@ -303,7 +382,8 @@ class Job:
                 log.warning("could not update the results database %s: %s", self.db.path, e)
 
     def _on_metrics(self, record: dict[str, Any]) -> None:
-        assert self.metrics is not None
+        if self.metrics is None:  # a resume's batch search, before its restore: not part of the run's curve
+            return
         self.metrics.write(record)
         self._guard("log_metrics", record)
 
@@ -344,13 +424,13 @@ class Job:
         """Rank 0, from the dist guard's thread: a peer failed or a stop signal came while this rank may be stuck
         in a collective; close the row now, in case this process is killed before ``finish``."""
         with self._closing:
-            if self._finished:
+            if self._finished or self.holding:
                 return
             db.upsert(run_id, {"status": status, "error": error, "finished_at": time.time()})
             if tb:
                 (self.ctx.run_dir / "error.txt").write_text(tb)
 
-    def finish(self, db: ResultsDB, run_id: str, started: float) -> None:
+    def finish(self, db: ResultsDB, started: float) -> None:
         """Write result.json and complete the database row, whatever happened."""
         with self._closing:
             self._finished = True
@@ -358,7 +438,7 @@ class Job:
             self.metrics.close()
         from .launch import adopt_rank0_record
 
-        if self.delegated and adopt_rank0_record(db, run_id, self.ctx.run_dir, self.result):
+        if self.delegated and adopt_rank0_record(db, self.run_id, self.ctx.run_dir, self.result):
             log.info("result:\n%s", format_result_block(self.result))  # rank 0 recorded the run
             return
         if self.state is not None and self.result.get("steps") is None:
@@ -369,18 +449,40 @@ class Job:
                 self.result.update(steps=self.state.steps, tokens=self.state.tokens)
         finished = time.time()
         self.result["wall_seconds"] = round(finished - started, 3)
-        write_json(self.ctx.run_dir / "result.json", self.result)
+        out_dir, run_id = self.ctx.run_dir, self.run_id
+        if self.holding:  # a resume that ended before its restore: its own record, the original untouched
+            out_dir = self.error_dir()
+            out_dir.mkdir(parents=True, exist_ok=True)
+            run_id = str(out_dir.resolve())
+            self.result.update(run_dir=run_id, resume_of=self.run_id)
+            self.start_keys = {"started_at": started, "overrides": " ".join(self.ctx.overrides)}
+        self.record_id = run_id
+        write_json(out_dir / "result.json", self.result)
+        row = {**self.result, "finished_at": finished, "plan": self.plan.to_dict() if self.plan else None}
         try:
-            db.upsert(
-                run_id, {**self.result, "finished_at": finished, "plan": self.plan.to_dict() if self.plan else None}
-            )
+            db.upsert(run_id, {**self.start_keys, **row} if self.holding else row)
         except Exception as e:  # noqa: BLE001 - result.json already holds the record
             log.error("could not update the results database %s: %s", db.path, e)
+            self.record_id = None
         self._guard("log_result", self.result)
         self._guard("finish", self.result["status"])
-        if self.world.info.launcher != "elastic":  # else the launching process prints it, last
+        # a run that never trained (refused, or stopped before its model was built) has no block to show: the
+        # error and its row are one line (speedrun.main)
+        trained = self.state is not None and not self.holding
+        if self.world.info.launcher != "elastic" and trained:  # else the launching process prints it, last
             log.info("result:\n%s", format_result_block(self.result))
         self.world.shutdown(clean=self.result["status"] in ("ok", "diverged"))
+
+    def record_note(self) -> str:
+        """Where the record of this run is, for the one line that ends a refused or stopped run."""
+        if self.record_id is None:
+            return f"no row: the results database could not be written; see {self.error_dir() / 'result.json'}"
+        note = f"row {self.record_id} ({self.result['status']})"
+        from .checkpoint import list_checkpoints
+
+        if self.result["status"] == "interrupted" and not self.holding and list_checkpoints(self.ctx.run_dir):
+            note += f"; continue it with `python -m run resume={self.ctx.run_dir}`"
+        return note
 
 
 def _indent(text: str) -> str:
