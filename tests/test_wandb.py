@@ -104,8 +104,8 @@ def test_an_offline_sweep_leaves_config_and_summary_in_each_run_dir(tmp_path, sh
             f"data.cache_dir={shared_data}",
             "logger=wandb",
             "logger.project=speedrun-test",
-            "data.path=null,nowhere",
-            "data.tokenizer=nowhere.model",
+            # job 1 fails on purpose after its logger started: fineweb_sp1024's shards are not in tmp_path
+            "data=embedded,fineweb_sp1024",
             "eval.every_steps=2",
             "eval.periodic_tokens=1024",
         ],
@@ -134,7 +134,11 @@ def test_an_offline_sweep_leaves_config_and_summary_in_each_run_dir(tmp_path, sh
     assert good["summary"]["status"] == "ok" and good["exit_code"] == 0 and good["history"] >= 1
     assert good["summary"]["val_bpb"] == pytest.approx(result["val_bpb"])
     assert good["summary"]["artifact_bytes"] == result["artifact_bytes"]
-    assert bad["summary"]["status"] == "failed" and bad["exit_code"] == 1 and "nowhere" in bad["summary"]["error"]
+    assert (
+        bad["summary"]["status"] == "failed"
+        and bad["exit_code"] == 1
+        and "fineweb10B_sp1024" in bad["summary"]["error"]
+    )
     # curves against tokens; validation summarised by its minimum; the kernel and hardware choices as config
     assert good["metrics"]["train_loss"] == ("tokens", ["last"]) and good["metrics"]["val_bpb"] == ("tokens", ["min"])
     assert {"train_loss", "val_bpb", "tokens", "lr_mult"} <= good["keys"]

@@ -281,7 +281,13 @@ def tune(
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="python -m speedrun.tune", description=__doc__.splitlines()[0])
+    intro, rest = __doc__.split("\n\n", 1)  # the whole first paragraph, then the examples and the method
+    parser = argparse.ArgumentParser(
+        prog="python -m speedrun.tune",
+        description=intro,
+        epilog=rest,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--steps", type=int, default=12, help="timed steps per candidate (median taken)")
     parser.add_argument(
         "--quick",

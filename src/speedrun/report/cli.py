@@ -81,6 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.wandb_dashboard and not args.dry_run:
+        from .dashboard import preflight
+
+        problem = preflight(args.wandb_entity)  # before any work: no credentials is one line, not a traceback
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
     where = parse_pairs(args.where, "--where")
     baseline = parse_pairs(args.baseline, "--baseline")
     runs = load_runs(

@@ -3,6 +3,8 @@
 The layout is plain data first (``dashboard_spec``: sections, panels, axes, grouping), so it is tested and can be
 inspected offline (``--dry-run`` prints it and writes dashboard.json); ``build_workspace`` turns it into
 wandb-workspaces objects (``pip install -e '.[dashboard]'``), and ``save`` creates the workspace online.
+``preflight`` checks, before any work, what creating it needs (the package, an entity, W&B credentials), so a
+missing one is one line naming the fix rather than a traceback from inside wandb.
 
 The workspace shows the sweep's training runs (its W&B group, job_type train), grouped by the keys the sweep
 varies (seeds folded, so each line is a combination's mean with a std band): train loss and LR multiplier
@@ -12,9 +14,15 @@ leaderboard table and plots.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import netrc
+import os
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from .groups import default_group_keys
 
@@ -125,8 +133,66 @@ def build_workspace(spec: dict[str, Any]) -> Any:
     )
 
 
+def credentials_problem() -> str | None:
+    """None when W&B will find credentials for its server, else one line naming the problem and the fix.
+
+    Looks where wandb looks, without wandb's side effects: WANDB_API_KEY (or WANDB_IDENTITY_TOKEN_FILE), the
+    .netrc file (NETRC, ~/.netrc or ~/_netrc) for the WANDB_BASE_URL host, then wandb's own lookup (its settings
+    file) when wandb is importable.
+    """
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return None
+    base = os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai"
+    parts = urlsplit(base)
+    hosts = {h for h in (parts.netloc, parts.hostname) if h} or {"api.wandb.ai"}
+    if _netrc_has(hosts) or _wandb_finds_credentials(base):
+        return None
+    host = parts.hostname or "api.wandb.ai"
+    return (
+        f"no W&B credentials for {host}: set WANDB_API_KEY or run `wandb login`, then run this again "
+        "(--dry-run writes the layout without them)"
+    )
+
+
+def _netrc_has(hosts: set[str]) -> bool:
+    named = os.environ.get("NETRC")
+    paths = [Path(named).expanduser()] if named else [Path("~/.netrc").expanduser(), Path("~/_netrc").expanduser()]
+    for path in paths:
+        try:
+            entries = netrc.netrc(str(path))
+        except (OSError, netrc.NetrcParseError):
+            continue
+        if any(entries.authenticators(h) for h in hosts):
+            return True
+    return False
+
+
+def _wandb_finds_credentials(base: str) -> bool:
+    """wandb's own credential lookup (env, .netrc, its settings file), without prompting; False if unavailable."""
+    try:
+        from wandb.sdk.lib.wbauth import authenticate
+        from wandb.sdk.lib.wbauth.host_url import HostUrl
+
+        found = authenticate._use_system_auth(host=HostUrl(base), source="speedrun.report", update_session=False)
+    except Exception:  # noqa: BLE001 - a private API that may change: then the checks above decide
+        return False
+    return found is not None
+
+
+def preflight(entity: str | None) -> str | None:
+    """What creating a workspace online needs, checked before any work: None, or the first problem in one line."""
+    if importlib.util.find_spec("wandb_workspaces") is None or importlib.util.find_spec("wandb") is None:
+        return "wandb-workspaces is not installed: pip install -e '.[dashboard]' (or add --dry-run)"
+    if not entity:
+        return "--wandb-entity is needed to create a workspace online (or add --dry-run)"
+    return credentials_problem()
+
+
 def run_dashboard(runs: Sequence[Any], sweep: str, project: str, entity: str | None, dry_run: bool, out: Any) -> int:
-    """The CLI's --wandb-dashboard: write dashboard.json; unless --dry-run, create the workspace online."""
+    """The CLI's --wandb-dashboard: write dashboard.json; unless --dry-run, create the workspace online.
+
+    The CLI has already run ``preflight``; problems found only now (W&B refusing the key, no network) are one line
+    on stderr too, never a traceback."""
     spec = dashboard_spec(runs, sweep, project, entity)
     out.mkdir(parents=True, exist_ok=True)
     (out / "dashboard.json").write_text(json.dumps(spec, indent=2) + "\n")
@@ -134,17 +200,22 @@ def run_dashboard(runs: Sequence[Any], sweep: str, project: str, entity: str | N
     if dry_run:
         print(f"dry run: the layout above is in {out / 'dashboard.json'}; nothing was created")
         return 0
+    problem = preflight(spec["entity"])
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    import wandb
+
     try:
         workspace = build_workspace(spec)
-    except ImportError:
+        workspace.save()
+    except wandb.errors.Error as e:
+        message = " ".join(str(e).split())
         print(
-            "wandb-workspaces is not installed: pip install -e '.[dashboard]' (the layout is in "
-            f"{out / 'dashboard.json'})"
+            f"error: W&B refused the workspace ({type(e).__name__}: {message}); the layout is in "
+            f"{out / 'dashboard.json'}",
+            file=sys.stderr,
         )
         return 2
-    if not spec["entity"]:
-        print("--wandb-entity is needed to create a workspace online")
-        return 2
-    workspace.save()
     print(f"W&B workspace: {getattr(workspace, 'url', '(saved)')}")
     return 0
