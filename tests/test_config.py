@@ -24,6 +24,22 @@ def test_every_option_composes_into_the_typed_config(compose, group, option):
     assert getattr(cfg, group).name == option
 
 
+def test_hydra_lists_the_options_of_each_group_and_no_schema(compose):
+    """What `python -m run --help` and a misspelt choice list: the YAMLs, not the ConfigStore's schemas. Each
+    option is still validated against its group's schema."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        for group in GROUPS:
+            options = loader.get_group_options(group)
+            assert options == sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")), (group, options)
+    cfg = compose()
+    for group, schema in GROUPS.items():
+        assert OmegaConf.get_type(cfg[group]) is schema, group
+
+
 def test_default_config_and_contract_knobs(compose):
     cfg = compose()
     missing = object()

@@ -81,8 +81,12 @@ def test_a_bad_dist_request_is_refused_at_resolve(compose, overrides, world, dev
 
 def test_a_started_world_comes_from_the_launcher(compose):
     rank = WorldInfo("torchrun", rank=9, world_size=16, local_rank=1, local_world_size=8, visible_gpus=8)
+    # 524288 tokens over 16 ranks: the profile's 64 sequences of 1024 do not split, so the profile's default
+    # becomes 32; the same 64 set by the user is refused, naming the fixes
+    plan = plan_for(compose, world=rank, device="h100")
+    assert (plan.micro_batch, plan.grad_accum) == (32, 1)
     with pytest.raises(PlanError, match="tokens_per_step=1048576, or hardware.micro_batch=32"):
-        plan_for(compose, world=rank, device="h100")  # 524288 tokens over 16 ranks x 64 sequences of 1024
+        plan_for(compose, "hardware.micro_batch=64", world=rank, device="h100")
     plan = plan_for(compose, "hardware.micro_batch=16", world=rank, device="h100")  # dist.nproc left at 1
     assert (plan.dist.world_size, plan.dist.nodes, plan.dist.nproc, plan.dist.launch) == (16, 2, 8, "torchrun")
     assert plan.grad_accum == 524288 // (16 * 16 * 1024) == 2

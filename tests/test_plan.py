@@ -184,3 +184,48 @@ def test_one_process_features_are_refused_on_several_ranks(compose, extra):
     with pytest.raises(PlanError, match="dist.nproc > 1|several ranks"):
         resolve(cfg, fake_device("h100"), world=WorldInfo(visible_gpus=2))
     resolve(to_config(compose(extra)), fake_device("h100"), world=WorldInfo(visible_gpus=2))  # one rank: fine
+
+
+def test_the_profiles_micro_batch_is_lowered_to_split_the_step_over_the_ranks(compose):
+    """CPU: 4096 tokens a step and 16 x 256 a micro-batch; over 2 ranks the profile's default could not split, so
+    the resolver takes the largest micro-batch that does, whoever started the ranks."""
+    from speedrun.plan import WorldInfo
+
+    one = plan_for(compose, "cpu")
+    assert (one.micro_batch, one.grad_accum, one.dist.world_size) == (16, 1, 1)
+    two = plan_for(compose, "cpu", "dist.nproc=2")
+    assert (two.micro_batch, two.grad_accum, two.dist.world_size) == (8, 1, 2)
+    torchrun = WorldInfo(launcher="torchrun", rank=0, world_size=2, local_rank=0, local_world_size=2)
+    started = resolve(to_config(compose([])), fake_device("cpu"), world=torchrun)
+    assert (started.micro_batch, started.dist.world_size, started.dist.launch) == (8, 2, "torchrun")
+    four = plan_for(compose, "cpu", "dist.nproc=4", "budget.tokens_per_step=2048")
+    assert four.micro_batch * four.model.seq_len * four.grad_accum * 4 == 2048 and four.micro_batch == 2
+
+
+def test_a_micro_batch_the_user_set_that_does_not_split_is_still_refused(compose):
+    with pytest.raises(PlanError, match="does not split over 2 ranks") as e:
+        plan_for(compose, "cpu", "dist.nproc=2", "hardware.micro_batch=16")
+    assert "hardware.micro_batch=8" in str(e.value)
+    assert plan_for(compose, "cpu", "dist.nproc=2", "hardware.micro_batch=8").micro_batch == 8
+
+
+def test_the_default_micro_batch_also_holds_every_stage_length(compose):
+    """256@0.5,384@1.0 over 18 sequences of 384: 9 divides the step but 9 x 384 is no multiple of 256; 6 is."""
+    plan = plan_for(
+        compose,
+        "cpu",
+        "schedule=progressive",
+        'schedule.seq_len="256@0.5,384@1.0"',
+        "budget.tokens_per_step=6912",
+    )
+    assert plan.micro_batch == 6 and [(s.seq_len, s.micro_batch) for s in plan.stages] == [(256, 9), (384, 6)]
+
+
+def test_a_step_that_no_micro_batch_splits_names_no_micro_batch_that_breaks_the_stages(compose):
+    """debug=smoke's 6144 tokens a step at pgolf_progressive's 3072 cannot split over 2 ranks: 1 sequence would, but
+    1 x 3072 does not hold its 2048s, so the message offers only the fixes that resolve."""
+    overrides = ["experiment=pgolf_progressive", "debug=smoke", "dist.nproc=2"]
+    with pytest.raises(PlanError, match="budget.tokens_per_step=12288") as e:
+        plan_for(compose, "cpu", *overrides)
+    assert "hardware.micro_batch" not in str(e.value)
+    plan_for(compose, "cpu", *overrides, "budget.tokens_per_step=12288")

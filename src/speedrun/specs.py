@@ -1,4 +1,5 @@
-"""Parsers for the string-valued knobs (progressive stages, TTT targets and short-document chunks).
+"""Parsers for the knobs OmegaConf cannot type alone: counts written 2e9, progressive stages, TTT targets and
+short-document chunks.
 
 Torch-free, so the config schemas can check these values beside their fields, at compose time.
 """
@@ -17,6 +18,30 @@ TTT_PRESETS = {
     "qkvo": ("q", "k", "v", "o"),
     "qv": ("q", "v"),
 }
+
+
+def parse_count(value: Any, key: str) -> int | None:
+    """A count (tokens, bytes) written 2000000000, 2e9, 2_000_000_000 or as such a string -> int, or None.
+
+    The schema types these fields Any: Hydra reads 2e9 as a float, which an int field refuses, and a float field
+    would show every count as 2000000000.0 in ``--cfg job``. Checks of the range stay with the field."""
+    if value is None:
+        return None
+    number = value
+    if isinstance(value, str):
+        text = value.strip().replace("_", "")
+        try:
+            number = int(text)
+        except ValueError:
+            try:
+                number = float(text)
+            except ValueError:
+                number = None
+    if isinstance(number, float) and number.is_integer():
+        number = int(number)
+    if not isinstance(number, int) or isinstance(number, bool):
+        raise ConfigError(f"{key}={value} is not a whole number; write a count as 2000000000, 2e9 or 2_000_000_000")
+    return number
 
 
 def parse_stages(spec: Any) -> list[tuple[int, float]]:

@@ -1,6 +1,6 @@
 """Typed schemas for every config group, registered in Hydra's ConfigStore.
 
-Each YAML under conf/<group>/ starts its defaults list with ``<group>_schema``, so Hydra validates it against
+Each YAML under conf/<group>/ starts its defaults list with ``/<group>_schema``, so Hydra validates it against
 the dataclass here: a misspelt key or a wrong type fails at compose time with Hydra's own message, before any
 work is done. ``None`` on a field means "let the resolver (speedrun.plan) pick it for the detected hardware".
 
@@ -110,7 +110,12 @@ GROUPS = {
 
 
 def register_configs() -> None:
-    """Register the top-level schema and one ``<group>_schema`` per group (idempotent)."""
+    """Register the top-level schema and one ``<group>_schema`` per group (idempotent).
+
+    The group schemas are top-level configs, not options inside their groups: Hydra lists every config of a group
+    as an option (``python -m run --help``, and its "available options" when a choice is misspelt), and a schema
+    is no option. The group's YAMLs name theirs with an absolute path (``- /attn_schema``), which Hydra places at
+    the YAML's own package, the group."""
     from hydra.core.config_store import ConfigStore
 
     cs = ConfigStore.instance()
@@ -120,7 +125,7 @@ def register_configs() -> None:
     OmegaConf.register_new_resolver("speedrun_run_dir", run_dir_resolver, replace=True)
     OmegaConf.register_new_resolver("speedrun_hydra_subdir", hydra_subdir_resolver, replace=True)
     for group, schema in GROUPS.items():
-        cs.store(group=group, name=f"{group}_schema", node=schema)
+        cs.store(name=f"{group}_schema", node=schema)
 
 
 def to_config(cfg: DictConfig | dict[str, Any]) -> Config:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..specs import parse_short_chunks, parse_targets
+from ..specs import parse_count, parse_short_chunks, parse_targets
 from .checkpointing import parse_batch
 from .choices import Compressor, EvalName, LoggerName, QuantName, TTTName, WandbMode, _require
 
@@ -15,9 +15,10 @@ class EvalConfig:
     name: EvalName = EvalName.standard
     """standard: non-overlapping windows of model.seq_len; sliding: windows of model.seq_len advancing by
     eval.stride, each val token scored exactly once with at least seq_len - stride tokens of context."""
-    tokens: int | None = None
+    tokens: Any = None
     """Validation tokens to score: the first N of the split. None (or 0): the whole split, as parameter-golf
-    scores it; runs record eval_tokens and eval_fingerprint, and the report compares only runs of one set."""
+    scores it; runs record eval_tokens and eval_fingerprint, and the report compares only runs of one set. An
+    integer, also written 1e6 or 1_000_000 (typed Any, see parse_count)."""
     batch_size: Any = None
     """Windows per eval forward. None: hardware.micro_batch (searched too when that is auto); auto: the largest
     that fits, found on the device during warm-up, so an eval never runs out of memory where training did not."""
@@ -34,11 +35,14 @@ class EvalConfig:
     a val_bpb record in metrics.jsonl. The final evaluation is unchanged."""
     every_seconds: float | None = None
     """Periodic validation every this many seconds of training (train_seconds; None: off)."""
-    periodic_tokens: int = 65536
-    """Validation tokens each periodic evaluation scores (a fixed slice from the start of the val split)."""
+    periodic_tokens: Any = 65536
+    """Validation tokens each periodic evaluation scores (a fixed slice from the start of the val split); an
+    integer, also written 6.5536e4 or 65_536 (typed Any, see parse_count)."""
 
     def __post_init__(self) -> None:
         self.batch_size = parse_batch(self.batch_size, f"eval.batch_size={self.batch_size}")
+        self.tokens = parse_count(self.tokens, "eval.tokens")
+        self.periodic_tokens = parse_count(self.periodic_tokens, "eval.periodic_tokens")
         _require(
             self.every_steps is None or self.every_steps >= 1,
             f"eval.every_steps={self.every_steps} must be >= 1 (or null: off)",
@@ -47,7 +51,10 @@ class EvalConfig:
             self.every_seconds is None or self.every_seconds > 0,
             f"eval.every_seconds={self.every_seconds} must be > 0 (or null: off)",
         )
-        _require(self.periodic_tokens >= 2, f"eval.periodic_tokens={self.periodic_tokens} must be >= 2")
+        _require(
+            self.periodic_tokens is not None and self.periodic_tokens >= 2,
+            f"eval.periodic_tokens={self.periodic_tokens} must be >= 2",
+        )
         if self.name == EvalName.sliding:
             _require(
                 self.stride is not None and self.stride >= 1,
@@ -122,8 +129,9 @@ class QuantConfig:
     """zlib, lzma (stdlib), brotli, zstd (the `compress` extra: pip install 'speedrun[compress]')."""
     level: int = 9
     """Compression level (zlib 0-9, lzma 0-9, brotli 0-11, zstd 1-22)."""
-    cap_bytes: int = 16_000_000
-    """Artifact size limit; recorded as artifact_ok."""
+    cap_bytes: Any = 16_000_000
+    """Artifact size limit; recorded as artifact_ok. An integer, also written 16e6 or 16_000_000 (typed Any, see
+    parse_count)."""
     bits: int = 6
     """int6: bits of the GPTQ block matrices (values in [-(2^(bits-1)-1), 2^(bits-1)-1], stored one per byte)."""
     embed_bits: int = 8
@@ -139,6 +147,7 @@ class QuantConfig:
     least Hessian-diagonal-weighted rounding error."""
 
     def __post_init__(self) -> None:
+        self.cap_bytes = parse_count(self.cap_bytes, "quant.cap_bytes")
         _require(
             2 <= self.bits <= 8 and 2 <= self.embed_bits <= 8,
             f"quant.bits={self.bits} and quant.embed_bits={self.embed_bits} must be in 2..8 (one int8 byte per "
@@ -153,7 +162,7 @@ class QuantConfig:
             bool(self.clip_ratios) and all(0 < r <= 1 for r in self.clip_ratios),
             f"quant.clip_ratios={list(self.clip_ratios)} must be fractions in (0, 1]; use e.g. [1.0,0.9,0.8]",
         )
-        _require(self.cap_bytes >= 1, f"quant.cap_bytes={self.cap_bytes} must be >= 1")
+        _require(self.cap_bytes is not None and self.cap_bytes >= 1, f"quant.cap_bytes={self.cap_bytes} must be >= 1")
 
 
 @dataclass

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, fields
 from typing import Any
 
-from ..specs import parse_stages
+from ..specs import parse_count, parse_stages
 from .checkpointing import parse_batch
 from .choices import HardwareName, PrecisionName, Progress, ScheduleName, SdpaKernel, _require
 
@@ -16,9 +17,11 @@ class HardwareConfig:
     """Hardware profile: auto (detect), cpu, t4, a100, h100, b200. A profile smaller than the real device is
     emulated (its dtypes, kernels and memory cap); a larger one is refused."""
     micro_batch: Any = None
-    """Sequences per forward/backward; gradient accumulation makes up budget.tokens_per_step. None: profile default;
-    auto: the largest that fits the card (or the emulated profile's memory cap) and divides the sequences per
-    step, found during warm-up and recorded in plan.json (an int, "auto" or null: typed Any, see parse_batch)."""
+    """Sequences per forward/backward; gradient accumulation makes up budget.tokens_per_step. None: the profile's
+    default, or the largest below it that splits budget.tokens_per_step over the ranks and the schedule's lengths
+    (a value set here that does not split is refused); auto: the largest that fits the card (or the emulated
+    profile's memory cap) and divides the sequences per step, found during warm-up and recorded in plan.json (an
+    int, "auto" or null: typed Any, see parse_batch)."""
     compile: bool | None = None
     """torch.compile the model. None: on for CUDA, off for CPU (compile time would eat a CPU budget)."""
     memory_cap_gb: float | None = None
@@ -124,6 +127,13 @@ class DataConfig:
             self.path is None or self.tokenizer is not None,
             f"data.path={self.path} needs data.tokenizer=<the SentencePiece .model of those shards>",
         )
+        # Without shards the embedded corpus is read with the tokenizer it trains itself: a tokenizer given alone
+        # would be ignored, and the run would not be the one asked for.
+        _require(
+            self.tokenizer is None or self.path is not None,
+            f"data.tokenizer={self.tokenizer} needs data.path=<the shards tokenized with it> (without data.path the "
+            f"embedded corpus uses its own tokenizer); add data.path or drop data.tokenizer",
+        )
         _require(self.vocab_size >= 2, f"data.vocab_size={self.vocab_size} must be >= 2")
 
 
@@ -158,6 +168,28 @@ class OptimConfig:
     grad_clip: float = 0.0
     """Global grad-norm clip; 0 = off."""
 
+    def __post_init__(self) -> None:
+        # Muon and torch's Adam would refuse most of these only when the optimizers are built, after the data.
+        _require(self.name == "muon", f"optim.name={self.name}: muon is the only optimizer; use optim=muon")
+        defaults = {f.name: f.default for f in fields(OptimConfig)}
+
+        def check(key: str, ok: bool, valid: str) -> None:
+            value = getattr(self, key)
+            _require(
+                ok and math.isfinite(value),
+                f"optim.{key}={value} must be {valid}; e.g. optim.{key}={defaults[key]} (the default)",
+            )
+
+        for key in ("matrix_lr", "scalar_lr", "embed_lr", "tied_embed_lr", "head_lr"):
+            check(key, getattr(self, key) >= 0, ">= 0 (0 freezes those weights)")
+        for key in ("muon_momentum", "muon_momentum_warmup_start", "beta1", "beta2"):
+            check(key, 0 <= getattr(self, key) < 1, "in [0, 1)")
+        check("muon_momentum_warmup_steps", self.muon_momentum_warmup_steps >= 0, ">= 0 (0: no ramp)")
+        check("muon_backend_steps", self.muon_backend_steps >= 1, ">= 1")
+        # eps = 0 divides by zero in Adam wherever a gradient has always been 0 (an unused embedding row)
+        check("eps", self.eps > 0, "> 0")
+        check("grad_clip", self.grad_clip >= 0, ">= 0 (0: off)")
+
 
 @dataclass
 class ScheduleConfig:
@@ -186,12 +218,22 @@ class ScheduleConfig:
                 self.seq_len is None,
                 "schedule.seq_len is for schedule=progressive; add schedule=progressive or drop it",
             )
+        defaults = {f.name: f.default for f in fields(ScheduleConfig)}
+        for key in ("warmup_frac", "warmdown_frac"):
+            value, default = getattr(self, key), defaults[key]
+            _require(
+                0 <= value <= 1,
+                f"schedule.{key}={value} must be in [0, 1] (a fraction of the budget); e.g. schedule.{key}={default}",
+            )
         _require(
-            0 <= self.warmup_frac <= 1 and 0 <= self.warmdown_frac <= 1 and self.warmup_frac + self.warmdown_frac <= 1,
-            f"schedule.warmup_frac={self.warmup_frac} and warmdown_frac={self.warmdown_frac} must be fractions "
-            f"of the budget that add up to at most 1",
+            self.warmup_frac + self.warmdown_frac <= 1,
+            f"schedule.warmup_frac={self.warmup_frac} + schedule.warmdown_frac={self.warmdown_frac} must be <= 1 "
+            f"(together at most the whole budget); lower one of them",
         )
-        _require(self.rewarmup_steps >= 0, f"schedule.rewarmup_steps={self.rewarmup_steps} must be >= 0")
+        _require(
+            self.rewarmup_steps >= 0,
+            f"schedule.rewarmup_steps={self.rewarmup_steps} must be >= 0 (0: none); e.g. schedule.rewarmup_steps=10",
+        )
 
     def stages(self) -> list[tuple[int, float]] | None:
         """[(seq_len, until), ...] for a progressive schedule; None for a constant one."""
@@ -204,19 +246,23 @@ class BudgetConfig:
     """Wall-clock training budget (compile and warm-up excluded). None: the hardware profile's default."""
     max_steps: int | None = None
     """Stop after this many optimizer steps (whichever budget comes first). None: no step limit."""
-    tokens: int | None = None
+    tokens: Any = None
     """Stop after this many training tokens (whichever budget comes first): the same amount of training on any
-    card. None: no token limit. Set alone (with budget.flops), it lifts the profile's default time budget."""
+    card. None: no token limit. Set alone (with budget.flops), it lifts the profile's default time budget. An
+    integer, also written 2e9 or 2_000_000_000 (typed Any, see parse_count)."""
     flops: float | None = None
     """Stop after this many model FLOPs (the MFU convention: ModelShape.flops_per_token at each stage's seq_len),
     whichever budget comes first; e.g. budget.flops=1e17. None: no FLOPs limit. Like budget.tokens, set without
     budget.train_seconds it lifts the profile's default time budget."""
-    tokens_per_step: int | None = None
-    """Tokens per optimizer step (gradient accumulation fills it). None: the hardware profile's default."""
+    tokens_per_step: Any = None
+    """Tokens per optimizer step (gradient accumulation fills it). None: the hardware profile's default. An
+    integer, also written 524_288 or 5.24288e5 (typed Any, see parse_count)."""
     warmup_steps: int = 1
     """Untimed steps run before training (compile, autotune), after which model and optimizer are restored."""
 
     def __post_init__(self) -> None:
+        self.tokens = parse_count(self.tokens, "budget.tokens")
+        self.tokens_per_step = parse_count(self.tokens_per_step, "budget.tokens_per_step")
         _require(self.max_steps is None or self.max_steps >= 1, f"budget.max_steps={self.max_steps} must be >= 1")
         _require(
             self.tokens_per_step is None or self.tokens_per_step >= 1,

@@ -106,15 +106,18 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
     settings, kernel_source = kernel_settings(cfg, profile, model_name)
     kernel_micro = kernel_micro_batch(cfg, settings)
     search = cfg.hardware.micro_batch == "auto"
-    micro_batch = (
-        start_micro_batch(profile, seq_len, tokens_per_step)
-        if search
-        else kernel_micro or cfg.hardware.micro_batch or max(1, profile.micro_batch_tokens // seq_len)
-    )
-    micro_tokens = micro_batch * seq_len
     dist = resolve_dist(cfg.dist, world, profile.device_type)
+    if search:
+        micro_batch = start_micro_batch(profile, seq_len, tokens_per_step)
+    else:
+        micro_batch = kernel_micro or cfg.hardware.micro_batch
+        if micro_batch is None:  # nobody chose it: the profile's, fitted to the step, the ranks and the stages
+            micro_batch = default_micro_batch(profile, seq_len, tokens_per_step, dist.world_size, lengths)
+    micro_tokens = micro_batch * seq_len
     # tokens_per_step is global: every rank runs grad_accum micro-batches of its own share of each step
-    grad_accum = check_step_split(tokens_per_step, micro_batch, seq_len, dist.world_size)
+    grad_accum = check_step_split(
+        tokens_per_step, micro_batch, seq_len, dist.world_size, [length for length, _ in lengths or ()]
+    )
     if dist.world_size > 1 and (
         cfg.checkpoint.every_seconds or cfg.checkpoint.every_steps or cfg.eval.every_steps or cfg.eval.every_seconds
     ):
@@ -224,6 +227,27 @@ def start_micro_batch(profile: HardwareProfile, seq_len: int, tokens_per_step: i
     sequences = max(1, tokens_per_step // seq_len)
     default = max(1, profile.micro_batch_tokens // seq_len)
     return max(d for d in range(1, min(default, sequences) + 1) if sequences % d == 0)
+
+
+def default_micro_batch(
+    profile: HardwareProfile,
+    seq_len: int,
+    tokens_per_step: int,
+    world_size: int,
+    lengths: list[tuple[int, float]] | None,
+) -> int:
+    """hardware.micro_batch left unset: the profile's micro-batch at ``seq_len`` (the longest length), or the
+    largest smaller one whose tokens split ``tokens_per_step`` over ``world_size`` ranks and that every stage length
+    divides. A default that stood in the way of dist.nproc would refuse a request the user never made; a
+    micro-batch the user set is kept, and refused by the checks after this if it cannot split. Where none splits,
+    the profile's, which those checks refuse naming what does."""
+    default = max(1, profile.micro_batch_tokens // seq_len)
+
+    def splits(batch: int) -> bool:
+        tokens = batch * seq_len
+        return tokens_per_step % (world_size * tokens) == 0 and all(tokens % length == 0 for length, _ in lengths or ())
+
+    return next((b for b in range(default, 0, -1) if splits(b)), default)
 
 
 def _stages(lengths: list[tuple[int, float]], micro_tokens: int) -> tuple[Stage, ...]:

@@ -91,8 +91,12 @@ def resolve_dist(cfg: DistConfig, world: WorldInfo | None, device_type: str) -> 
     )
 
 
-def check_step_split(tokens_per_step: int, micro_batch: int, seq_len: int, world_size: int) -> int:
-    """Gradient accumulation per rank: tokens_per_step (global) = world_size x micro-batch tokens x accumulation."""
+def check_step_split(
+    tokens_per_step: int, micro_batch: int, seq_len: int, world_size: int, lengths: list[int] | tuple[int, ...] = ()
+) -> int:
+    """Gradient accumulation per rank: tokens_per_step (global) = world_size x micro-batch tokens x accumulation.
+    lengths: a progressive schedule's, which the micro-batch tokens of a micro-batch the message offers must hold
+    (speedrun.plan._stages)."""
     micro_tokens = micro_batch * seq_len
     if world_size == 1 and tokens_per_step % micro_tokens:
         raise PlanError(
@@ -105,7 +109,12 @@ def check_step_split(tokens_per_step: int, micro_batch: int, seq_len: int, world
         lower = tokens_per_step // split * split
         steps = " or ".join(str(t) for t in (lower, lower + split) if t > 0)
         smaller = next(
-            (b for b in range(micro_batch - 1, 0, -1) if tokens_per_step % (world_size * b * seq_len) == 0), None
+            (
+                b
+                for b in range(micro_batch - 1, 0, -1)
+                if tokens_per_step % (world_size * b * seq_len) == 0 and all(b * seq_len % n == 0 for n in lengths)
+            ),
+            None,
         )
         raise PlanError(
             f"budget.tokens_per_step={tokens_per_step} does not split over {world_size} ranks x micro-batch tokens "

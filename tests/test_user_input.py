@@ -1,0 +1,123 @@
+"""What a user types is read as meant or refused at compose time, in one line naming the key and the fix: counts in
+scientific notation, optimizer and schedule values out of range, a tokenizer without its shards (issue 21)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from conftest import fake_device
+from speedrun.config import OptimConfig, ScheduleConfig, to_config
+from speedrun.errors import ConfigError
+from speedrun.plan import resolve
+
+COUNTS = ["budget.tokens", "budget.tokens_per_step", "eval.tokens", "eval.periodic_tokens", "quant.cap_bytes"]
+
+
+def typed(compose, *overrides):
+    return to_config(compose(list(overrides)))
+
+
+def field_of(cfg, key):
+    group, name = key.split(".")
+    return getattr(getattr(cfg, group), name)
+
+
+def refusal(compose, *overrides) -> str:
+    with pytest.raises(ConfigError) as e:
+        typed(compose, *overrides)
+    message = str(e.value)
+    assert "\n" not in message, message
+    return message
+
+
+@pytest.mark.parametrize("key", COUNTS)
+@pytest.mark.parametrize("spelling", ["2e9", "2E9", "2_000_000_000", "2000000000", "'2e9'"])
+def test_a_count_takes_scientific_notation_and_underscores_and_stays_an_int(compose, key, spelling):
+    value = field_of(typed(compose, f"{key}={spelling}"), key)
+    assert value == 2_000_000_000 and type(value) is int
+
+
+def test_budget_flops_takes_any_spelling_as_a_float(compose):
+    for spelling in ("1e17", "100_000_000_000_000_000", "100000000000000000"):
+        assert typed(compose, f"budget.flops={spelling}").budget.flops == 1e17
+
+
+def test_the_plan_sees_int_counts(compose):
+    plan = resolve(
+        typed(compose, "budget.tokens=2e9", "budget.tokens_per_step=4.096e3", "eval.tokens=8.192e3"), fake_device("cpu")
+    )
+    assert (plan.budget_tokens, plan.tokens_per_step, plan.eval.tokens) == (2_000_000_000, 4096, 8192)
+    assert all(type(v) is int for v in (plan.budget_tokens, plan.tokens_per_step, plan.eval.tokens))
+
+
+@pytest.mark.parametrize("key", COUNTS)
+@pytest.mark.parametrize("value", ["2.5", "2.5e0", "abc", "true"])
+def test_a_count_that_is_not_a_whole_number_is_refused_naming_the_key_and_the_spellings(compose, key, value):
+    message = refusal(compose, f"{key}={value}")
+    assert f"{key}=" in message and "not a whole number" in message and "2e9" in message
+
+
+def test_the_range_of_a_count_is_still_checked(compose):
+    assert "budget.tokens=0 must be >= 1" in refusal(compose, "budget.tokens=0e0")
+    assert "eval.tokens=-5 must be >= 0" in refusal(compose, "eval.tokens=-5")
+
+
+# An invalid value of every numeric field of the optim and schedule groups, and the words of the valid range.
+OPTIM_NUMERIC = [f.name for f in dataclasses.fields(OptimConfig) if f.name != "name"]
+SCHEDULE_NUMERIC = ["rewarmup_steps", "warmup_frac", "warmdown_frac"]
+
+
+@pytest.mark.parametrize("key", [f"optim.{k}" for k in OPTIM_NUMERIC] + [f"schedule.{k}" for k in SCHEDULE_NUMERIC])
+def test_every_negative_optim_or_schedule_value_is_refused_at_compose_time(compose, key):
+    message = refusal(compose, f"{key}=-1")
+    assert message.startswith(f"{key}=-1") and "must be" in message
+
+
+# (override, the valid range the message names, the fix that composes)
+OUT_OF_RANGE = [
+    ("optim.matrix_lr=-1", ">= 0", "optim.matrix_lr=0.04"),
+    ("optim.head_lr=nan", ">= 0", "optim.head_lr=0.008"),
+    ("optim.muon_momentum=1", "in [0, 1)", "optim.muon_momentum=0.95"),
+    ("optim.muon_momentum_warmup_start=1.5", "in [0, 1)", "optim.muon_momentum_warmup_start=0.85"),
+    ("optim.beta1=1", "in [0, 1)", "optim.beta1=0.9"),
+    ("optim.beta2=1.01", "in [0, 1)", "optim.beta2=0.95"),
+    ("optim.eps=0", "> 0", "optim.eps=1e-08"),
+    ("optim.muon_backend_steps=0", ">= 1", "optim.muon_backend_steps=5"),
+    ("optim.grad_clip=-0.5", ">= 0", "optim.grad_clip=0.0"),
+    ("optim.name=adamw", "muon is the only optimizer", "optim=muon"),
+    ("schedule.warmup_frac=1.5", "in [0, 1]", "schedule.warmup_frac=0.0"),
+    ("schedule.warmdown_frac=-0.2", "in [0, 1]", "schedule.warmdown_frac=0.2"),
+    ("schedule.rewarmup_steps=-3", ">= 0", "schedule.rewarmup_steps=10"),
+]
+
+
+@pytest.mark.parametrize("override,valid,fix", OUT_OF_RANGE)
+def test_optim_and_schedule_values_out_of_range_name_the_key_the_range_and_a_fix(compose, override, valid, fix):
+    message = refusal(compose, override)
+    key = override.split("=")[0]
+    assert key in message and valid in message, message
+    if fix.startswith(key):  # the example the message offers is a real way out
+        assert fix in message
+        typed(compose, override, fix)
+
+
+def test_warm_up_and_warm_down_together_are_at_most_the_budget(compose):
+    message = refusal(compose, "schedule.warmup_frac=0.6", "schedule.warmdown_frac=0.6")
+    assert "schedule.warmup_frac=0.6 + schedule.warmdown_frac=0.6 must be <= 1" in message
+    typed(compose, "schedule.warmup_frac=0.6", "schedule.warmdown_frac=0.4")
+
+
+def test_the_optim_and_schedule_defaults_pass_their_own_checks():
+    OptimConfig()
+    ScheduleConfig()
+
+
+def test_a_tokenizer_without_shards_is_refused_naming_both_keys(compose):
+    message = refusal(compose, "data.tokenizer=my.model")
+    assert "data.tokenizer=my.model" in message and "data.path" in message and "drop data.tokenizer" in message
+    cfg = typed(compose, "data.tokenizer=my.model", "data.path=shards")  # the fix it names composes
+    assert (cfg.data.path, cfg.data.tokenizer) == ("shards", "my.model")
+    message = refusal(compose, "data=fineweb_sp1024", "data.path=null")
+    assert "data.tokenizer=data/tokenizers/fineweb_1024_bpe.model needs data.path" in message
