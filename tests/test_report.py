@@ -170,6 +170,61 @@ def test_a_resumed_sweep_includes_the_runs_it_reused(tmp_path):
     assert [r.row["run_dir"] for r in report.load_runs(db, sweeps=["latest"])] == [reused]
 
 
+def test_diverged_runs_are_failures_and_never_rank(tmp_path, capsys):
+    """Issue 21: a diverged run counts with the failures in the report and the sweep summary, no number of it
+    enters a group's mean (a row may carry one: recorded before eval was skipped, or by an older version), and a
+    group with no ok run is not ranked, however good its numbers look."""
+    from speedrun.sweep import JobEntry, summarize, summary_csv, summary_markdown
+
+    error = "training loss rose from 6.9300 at step 1 to 15.0000 at step 3"
+    rows = [("sdpa", s, "ok", 1.30 + s / 1000) for s in range(3)]
+    rows += [("flex", 0, "ok", 1.28), ("flex", 1, "ok", 1.282), ("flex", 2, "diverged", 0.5)]
+    rows += [("math", 0, "diverged", 0.1), ("math", 1, "diverged", None)]
+    db = ResultsDB(tmp_path / "results.sqlite")
+    results = []
+    for i, (attn, seed, status, val) in enumerate(rows):
+        row = {
+            "status": status,
+            "error": error if status == "diverged" else None,
+            "name": "t",
+            "attn": attn,
+            "seed": seed,
+            "val_bpb": val,
+            "run_dir": str(tmp_path / "runs" / str(i)),
+            "started_at": 1000.0 + i,
+            "overrides": f"attn={attn} seed={seed}",
+        }
+        db.upsert(row["run_dir"], row)
+        results.append(row)
+    out = tmp_path / "report"
+    assert report.main(["--db", str(db.path), "--out", str(out), "--no-plots"]) == 0
+    printed = capsys.readouterr().out
+    board = {r["attn"]: r for r in read_csv(out / "leaderboard.csv")}
+    assert [r["attn"] for r in read_csv(out / "leaderboard.csv")] == ["flex", "sdpa", "math"]
+    assert {a: (r["rank"], r["n"], r["failures"]) for a, r in board.items()} == {
+        "flex": ("1", "2", "1"),
+        "sdpa": ("2", "3", "0"),
+        "math": ("-", "0", "2"),
+    }
+    assert math.isclose(float(board["flex"]["val_bpb_mean"]), 1.281) and board["math"]["val_bpb_mean"] == ""
+    assert "| - | math | 0 | 2 " in printed  # unranked on the console too
+    html = (out / "report.html").read_text()
+    assert html.count("diverged") >= 3 and "rose from 6.9300" in html  # each diverged run among the failures
+
+    jobs = [JobEntry(index=i, overrides=[f"attn={r['attn']}", f"seed={r['seed']}"]) for i, r in enumerate(results)]
+    s = summarize(jobs, results)
+    assert [r["status"] for _, r in s.failures] == ["diverged"] * 3
+    summary = {r["attn"]: r for r in csv.DictReader(summary_csv(s).splitlines())}
+    assert {a: (r["n"], r["failures"]) for a, r in summary.items()} == {
+        "sdpa": ("3", "0"),
+        "flex": ("2", "1"),
+        "math": ("0", "2"),
+    }
+    assert summary["math"]["val_bpb_mean"] == "" and math.isclose(float(summary["flex"]["val_bpb_mean"]), 1.281)
+    md = summary_markdown(s, None, tmp_path)
+    assert "failures: 3" in md and "## Failures" in md and md.count("| diverged") == 3
+
+
 # ---------------------------------------------------------------------------------------------------------
 # HTML in a real browser
 

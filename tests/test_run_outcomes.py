@@ -72,6 +72,29 @@ def test_a_finished_run_says_done(compose, tmp_path, data_cache):
     assert result["artifact_bytes"] is None and result["val_bpb"] > 0
 
 
+def test_a_run_whose_loss_blows_up_is_diverged_and_not_evaluated(compose, tmp_path, data_cache, monkeypatch):
+    """Issue 21: 3 steps of pgolf_baseline on CPU went 6.9 -> 15.0 (val_loss 17.1, worse than uniform) and were
+    recorded ok. Here the second step's loss is pushed 8 nats up: the run is diverged, says why, and is not
+    evaluated or exported."""
+    from speedrun.train import Stepper
+
+    step = Stepper.__call__
+    calls = []
+
+    def rising(self, batches):
+        calls.append(1)
+        return step(self, batches) + (8.0 if len(calls) > 1 else 0.0)
+
+    monkeypatch.setattr(Stepper, "__call__", rising)
+    result, row = run(compose, tmp_path, data_cache)
+    for record in (result, row):
+        assert (record["status"], record["steps"]) == ("diverged", 2)
+        assert record["error"].startswith("training loss rose from 6.9")
+        assert record["error"].endswith("at step 2, above ln(1024) = 6.9315 (uniform guessing)")
+        assert record["val_bpb"] is None and record["artifact_bytes"] is None
+    assert not list((tmp_path / "run").glob("model.*"))
+
+
 def test_oom_in_training_is_its_own_outcome(compose, tmp_path, data_cache, monkeypatch):
     import speedrun.train
 

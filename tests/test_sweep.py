@@ -340,7 +340,8 @@ def test_a_failing_job_is_recorded_and_the_sweep_goes_on(project):
         project,
         "model.n_layer=1",
         "data.path=nowhere,null",
-        "data.tokenizer=nowhere.model",
+        # the failing job fails building its data (after env.json); the other has no tokenizer without a path
+        "data.tokenizer=${data.path}",
         "hydra.launcher.gpus=[0,1]",
     )
     out = proc.stdout + proc.stderr

@@ -96,6 +96,8 @@ CODE_FILES: tuple[str, ...] = (
 NOT_COUNTED: dict[str, str] = {
     "speedrun/loggers.py": "reporting only (console progress lines, Weights & Biases); training, evaluation and "
     "dequantization run the same without it",
+    "speedrun/plan_only.py": "`python -m run ... --plan` alone: prints the resolved Plan and exits before any "
+    "training, evaluation or dequantization",
 }
 
 MANIFEST = "artifact_code.json"

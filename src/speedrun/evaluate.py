@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from .data.bpb import ByteLUTs, token_bytes
+from .metrics import Progress
 
 
 @dataclass(frozen=True)
@@ -56,11 +57,13 @@ def evaluate(
     device: str,
     autocast_dtype: torch.dtype | None,
     shard: Any = None,
+    progress: Progress | None = None,
 ) -> EvalResult:
     """Score non-overlapping windows of seq_len; ``forward(x, y)`` returns per-token nats of shape (B, T).
 
     Every token after the first is scored exactly once; sums are float64 so long evaluations do not drift.
-    shard: split the batches over ranks (see the module doc); None scores them all here.
+    shard: split the batches over ranks (see the module doc); None scores them all here. progress: ticked after
+    each batch with the tokens of the whole evaluation up to it (on several ranks, the ranks move in step).
     """
     n_windows = (val_tokens.numel() - 1) // seq_len
     if n_windows < 1:
@@ -81,6 +84,8 @@ def evaluate(
             nats = forward(x, y)
         sums.nats[i] = nats.double().sum()
         sums.bytes[i] = token_bytes(x, y, luts).sum()
+        if progress is not None:
+            progress.tick((start + count) * seq_len, sum_tokens)
     total_nats, total_bytes, _ = sums.totals(shard)
     return EvalResult(
         val_loss=total_nats / sum_tokens,
@@ -151,8 +156,10 @@ def evaluate_sliding(
     device: str,
     autocast_dtype: torch.dtype | None,
     shard: Any = None,
+    progress: Progress | None = None,
 ) -> EvalResult:
-    """Score every target once with windows of seq_len advancing by stride (see the module doc)."""
+    """Score every target once with windows of seq_len advancing by stride (see the module doc); ``progress`` as
+    in ``evaluate``."""
     n_targets = val_tokens.numel() - 1
     windows = sliding_windows(n_targets, seq_len, stride)
     T = min(seq_len, n_targets)
@@ -161,6 +168,7 @@ def evaluate_sliding(
     positions = torch.arange(T, device=device)
     firsts = range(0, len(windows), batch_size)
     sums = _BatchSums(len(firsts), device)
+    scored_through = _scored_through(windows, T, batch_size) if progress is not None else []
     for i, first in _dealt(firsts, shard):
         batch = windows[first : first + batch_size]
         starts = torch.tensor([w[0] for w in batch])
@@ -176,6 +184,8 @@ def evaluate_sliding(
         sums.nats[i] = torch.where(scored, nats.double(), 0.0).sum()
         sums.bytes[i] = torch.where(scored, token_bytes(x, y, luts), 0).sum()
         sums.tokens[i] = scored.sum()
+        if progress is not None:
+            progress.tick(scored_through[i], n_targets)
     total_nats, total_bytes, total_tokens = sums.totals(shard)
     assert total_tokens == n_targets, (total_tokens, n_targets)  # exactly once, by construction
     return EvalResult(
@@ -184,6 +194,16 @@ def evaluate_sliding(
         tokens=total_tokens,
         bytes=total_bytes,
     )
+
+
+def _scored_through(windows: list[tuple[int, int]], T: int, batch_size: int) -> list[int]:
+    """Targets scored by the sliding windows up to and including each batch, from the host's window list (the
+    device's count would cost a sync per batch)."""
+    out, total = [], 0
+    for first in range(0, len(windows), batch_size):
+        total += sum(T - score_from for _, score_from in windows[first : first + batch_size])
+        out.append(total)
+    return out
 
 
 def run_eval(
@@ -198,9 +218,18 @@ def run_eval(
     device: str,
     autocast_dtype: torch.dtype | None,
     shard: Any = None,
+    progress: Progress | None = None,
 ) -> EvalResult:
-    """The eval group's dispatch: ``standard`` or ``sliding`` (with ``stride``); ``shard`` splits it over ranks."""
-    kwargs = dict(seq_len=seq_len, batch_size=batch_size, device=device, autocast_dtype=autocast_dtype, shard=shard)
+    """The eval group's dispatch: ``standard`` or ``sliding`` (with ``stride``); ``shard`` splits it over ranks;
+    ``progress`` prints a throttled progress line (speedrun.metrics.Progress)."""
+    kwargs = dict(
+        seq_len=seq_len,
+        batch_size=batch_size,
+        device=device,
+        autocast_dtype=autocast_dtype,
+        shard=shard,
+        progress=progress,
+    )
     if name == "standard":
         return evaluate(forward, val_tokens, luts, **kwargs)
     if name == "sliding":

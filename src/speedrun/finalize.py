@@ -11,7 +11,9 @@ GPTQ (quant=int6) takes its Hessians from a fresh stream of *training* batches, 
 
 Each phase (eval, quant, ttt) reports its keys through ``on_phase`` as soon as it ends (the runner writes them to
 result.json and the results row), so a run stopped or failing in a later phase keeps what the earlier ones
-measured; ``on_phase(name)`` with no keys says a phase started.
+measured; ``on_phase(name)`` with no keys says a phase started. Within a phase, scoring, GPTQ, compression and TTT
+print a progress line every 30 s (speedrun.metrics.Progress, ticked after each batch, matrix, MB or TTT chunk), so
+a phase of minutes on a slow device is never silent.
 
 ``eval_fingerprint`` names the exact scored tokens: 16 hex digits of blake2b over the int32 ids of the validation
 tokens the windows cover (targets 1..eval_tokens and the context token 0). Runs with the same fingerprint scored
@@ -36,6 +38,7 @@ import torch
 
 from .artifact import write_manifest
 from .evaluate import EvalResult, document_mask, run_eval
+from .metrics import Progress
 from .plan import Plan
 from .quantize import (
     Artifact,
@@ -71,7 +74,7 @@ def evaluate_and_export(
     bos_id = data.bos_id if plan.eval.document_isolated else None
     q = plan.quant
 
-    def score() -> EvalResult:
+    def score(label: str) -> EvalResult:
         with document_mask(model, bos_id):
             return run_eval(
                 plan.eval.mode,
@@ -84,6 +87,7 @@ def evaluate_and_export(
                 device=plan.device,
                 autocast_dtype=amp_dtype,
                 shard=world,
+                progress=Progress(label, log),
             )
 
     t0 = time.perf_counter()
@@ -93,7 +97,7 @@ def evaluate_and_export(
         report(phase, {**keys, "eval_seconds": out["eval_seconds"]})
 
     report("eval")
-    res = score()
+    res = score("eval")
     # both window layouts score targets 1..res.tokens of the stream: tokens 0..res.tokens are what was read
     done(
         "eval",
@@ -126,7 +130,7 @@ def evaluate_and_export(
         quant_seconds = round(time.perf_counter() - tq, 3)
         sizes = write_manifest(run_dir, len(artifact.blob), q.cap_bytes)  # artifact_code.json: what was counted
         report("quant", sizes)  # the artifact exists: its size is a result even if its scoring never ends
-        qres = score()
+        qres = score("eval (quantized)")
         done(
             "quant",
             val_bpb_quant=round(qres.val_bpb, 6),
@@ -150,10 +154,15 @@ def evaluate_and_export(
 def _export(plan: Plan, model: torch.nn.Module, data: Any, log: Callable[[str], None]) -> Artifact:
     q = plan.quant
     if q.name == "int8":
-        return export(model.state_dict(), str(q.compressor), q.level)
+        return export(model.state_dict(), str(q.compressor), q.level, log)
     t0 = time.perf_counter()
     hessians = collect_hessians(
-        model, data.train_batches(), q.calib_batches, device=plan.device, autocast_dtype=autocast_dtype(plan)
+        model,
+        data.train_batches(),
+        q.calib_batches,
+        device=plan.device,
+        autocast_dtype=autocast_dtype(plan),
+        progress=Progress("gptq: Hessians", log, unit="batches"),
     )
     t1 = time.perf_counter()
     packed = quantize_state_dict_gptq(
@@ -164,12 +173,13 @@ def _export(plan: Plan, model: torch.nn.Module, data: Any, log: Callable[[str], 
         damp=q.damp,
         block_size=q.block_size,
         clip_ratios=q.clip_ratios,
+        progress=Progress(f"gptq: int{q.bits}", log, unit="matrices"),
     )
     log(
         f"quant: GPTQ int{q.bits} on {len(hessians)} matrices (Hessians from {q.calib_batches} training batches "
         f"in {t1 - t0:.1f} s, quantized in {time.perf_counter() - t1:.1f} s), embeddings int{q.embed_bits}"
     )
-    return export_packed(packed, str(q.compressor), q.level)
+    return export_packed(packed, str(q.compressor), q.level, log)
 
 
 def _ttt(

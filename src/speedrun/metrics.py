@@ -16,12 +16,18 @@ metrics.jsonl records (one JSON object per line):
   when it queued the step (exact at progress lines, where the device is synchronised).
 - validation (eval.every_steps / every_seconds): ``{"kind": "val", "step", "tokens", "val_loss", "val_bpb",
   "val_tokens", "elapsed_s", "val_seconds"}``.
+
+Every flush hands the host every buffered step's loss (whatever logger.dense keeps in the file), so the divergence
+verdict (``divergence``) sees each step without a sync of its own. ``Progress`` is the throttled progress line of
+the long phases after training (evaluation, GPTQ, compression, TTT).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -64,9 +70,120 @@ class LossBuffer:
         return records
 
 
-def first_non_finite(records: list[dict[str, Any]]) -> int | None:
-    """Index of the first record whose train_loss is not finite, or None."""
-    return next((i for i, r in enumerate(records) if not math.isfinite(r["train_loss"])), None)
+DIVERGENCE_MARGIN = 1.0
+"""Nats the end-of-training loss may sit above its first loss or ln(vocab) before the run counts as diverged. A
+fresh model starts near uniform (its first loss is about ln(vocab)) and a few steps on small batches move the loss
+by half a nat either way (2 steps of 256 tokens, tests/test_run_outcomes.py: 6.93 -> 7.50), so a short run must not
+be judged to the hundredth; a run that went wrong ends whole nats above (3 steps of pgolf_baseline on CPU: 6.9 ->
+15.0)."""
+SMOOTH_STEPS = 10
+"""The end of training is judged on the mean of the last this many steps' losses (the first step excluded), and
+on the last step's alone: both must be above, so neither one noisy last batch nor a spike just before it decides."""
+
+
+@dataclass(frozen=True)
+class Divergence:
+    step: int
+    """The first non-finite step, or for a run that ended badly its last step (where the verdict was taken)."""
+    reason: str
+    """One line, for the run's error."""
+
+
+def non_finite(losses: Sequence[float], start_step: int = 1) -> Divergence | None:
+    """The first step whose loss is not finite (``losses`` are consecutive steps from ``start_step``), or None."""
+    bad = next((i for i, x in enumerate(losses) if not math.isfinite(x)), None)
+    if bad is None:
+        return None
+    return Divergence(start_step + bad, f"non-finite training loss ({losses[bad]}) at step {start_step + bad}")
+
+
+def divergence(
+    losses: Sequence[float],
+    vocab_size: int,
+    *,
+    start_step: int = 1,
+    first: tuple[int, float] | None = None,
+) -> Divergence | None:
+    """The divergence verdict on a run's training losses; None for a run that did not diverge.
+
+    ``losses`` are consecutive steps' losses, oldest first, the first at ``start_step``, ending at the run's last
+    step: the whole run, or (the training loop) its last SMOOTH_STEPS. ``first`` is (step, loss) of the run's first
+    logged loss when ``losses`` does not begin with it.
+
+    Diverged: a loss is not finite; or, at the end of a run of two steps or more, both the mean of the last
+    SMOOTH_STEPS losses after the first step and the last loss are more than DIVERGENCE_MARGIN above the first
+    logged loss, or above ln(vocab_size) (uniform guessing). Only the end counts: a loss that rises for a while and
+    comes back down is training.
+    """
+    found = non_finite(losses, start_step)
+    if found is not None or not losses:
+        return found
+    first_step, first_loss = first if first is not None else (start_step, losses[0])
+    end_step = start_step + len(losses) - 1
+    after = [x for i, x in enumerate(losses) if start_step + i > first_step]
+    if not after:  # one step: the end is the start, nothing trained yet to judge
+        return None
+    window = after[-SMOOTH_STEPS:]
+    smoothed, last = sum(window) / len(window), window[-1]
+    end = min(smoothed, last)
+    uniform = math.log(vocab_size)
+    rose, above_uniform = end > first_loss + DIVERGENCE_MARGIN, end > uniform + DIVERGENCE_MARGIN
+    if not (rose or above_uniform):
+        return None
+    head = f"training loss rose from {first_loss:.4f} at step {first_step} to" if rose else "training loss ended at"
+    if len(window) > 1:
+        reason = f"{head} {smoothed:.4f} (mean of steps {end_step - len(window) + 1}-{end_step}, last {last:.4f})"
+    else:
+        reason = f"{head} {last:.4f} at step {end_step}"
+    if above_uniform:
+        reason += f", above ln({vocab_size}) = {uniform:.4f} (uniform guessing)"
+    return Divergence(end_step, reason)
+
+
+class Progress:
+    """The progress line of a long phase, at most one every ``every`` seconds: ``tick(done, total)`` prints
+    "eval: 12,345/1,400,000 tokens (0.9%), 31s, ~3,480s left" once that much time passed since the start or the
+    last line, so a phase of minutes is never silent and one of seconds prints nothing. A tick costs a clock read:
+    callers tick from counts the host already has, never from a value that waits for the device. With no ``log``
+    every tick is a no-op."""
+
+    def __init__(
+        self,
+        label: str,
+        log: Callable[[str], None] | None,
+        unit: str = "tokens",
+        every: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.label, self.log, self.unit, self.every, self.clock = label, log, unit, every, clock
+        self.start = clock()
+        self._next = self.start + every
+
+    def elapsed(self) -> float:
+        return self.clock() - self.start
+
+    def tick(self, done: float, total: float | None = None) -> bool:
+        """Print the line if it is due; True when it printed."""
+        if self.log is None:
+            return False
+        now = self.clock()
+        if now < self._next:
+            return False
+        self._next = now + self.every
+        self.log(self.line(done, total, now - self.start))
+        return True
+
+    def line(self, done: float, total: float | None, seconds: float) -> str:
+        def num(x: float) -> str:
+            return f"{x:,}" if isinstance(x, int) else f"{x:,.1f}"
+
+        text = f"{self.label}: {num(done)}" + (f"/{num(total)}" if total is not None else "") + f" {self.unit}"
+        if total:
+            text += f" ({100 * done / total:.1f}%)"
+        text += f", {seconds:,.0f}s"
+        if total and 0 < done < total:
+            text += f", ~{seconds * (total - done) / done:,.0f}s left"
+        return text
 
 
 def progress_line(record: dict[str, Any], frac: float, train_seconds: float, log: Callable[[str], None]) -> None:

@@ -328,7 +328,8 @@ class Job:
             )
         if state.diverged:
             result["status"] = "diverged"
-            result["error"] = f"non-finite training loss ({state.last_loss}) at step {state.steps}"
+            result["error"] = state.divergence
+            result["diverged_step"] = state.diverged_step
             log.error(result["error"])
             return
 

@@ -17,7 +17,7 @@ import torch
 
 from .budget import Budget, Clock
 from .config import OptimConfig, ScheduleConfig
-from .metrics import LossBuffer, first_non_finite, progress_line
+from .metrics import SMOOTH_STEPS, Divergence, LossBuffer, divergence, non_finite, progress_line
 from .mfu import plan_flops_per_token
 from .optim import set_lr_multiplier, set_muon_momentum
 from .plan import Plan
@@ -41,6 +41,19 @@ class TrainState:
     compile_seconds: float = 0.0
     last_loss: float | None = None
     diverged: bool = False
+    """Training went wrong (speedrun.metrics.divergence): a non-finite loss (the loop stops at the flush that sees
+    it), or at the end a loss above its first one or above uniform guessing. The runner records status diverged
+    and does not evaluate."""
+    diverged_step: int | None = None
+    """The first non-finite step, or the last step for a run that ended badly."""
+    divergence: str | None = None
+    """Why the run diverged, one line (the run's error)."""
+    first_loss: float | None = None
+    """The run's first logged training loss (what its end is compared with) and its step."""
+    first_loss_step: int | None = None
+    recent_losses: list[float] = field(default_factory=list)
+    """The training losses of the last metrics.SMOOTH_STEPS steps up to ``steps``, oldest first (plain floats, so a
+    checkpoint keeps them and a resumed run judges its end on the same losses)."""
     stages: list[dict[str, Any]] = field(default_factory=list)
     """Each context stage that ran: seq_len, start_step, start_seconds."""
     recompiles: int | None = None
@@ -140,6 +153,10 @@ class Stepper:
         return self.world.mean(total)
 
 
+def _diverged(state: TrainState, found: Divergence) -> None:
+    state.diverged, state.diverged_step, state.divergence = True, found.step, found.reason
+
+
 def _null_context():
     import contextlib
 
@@ -197,7 +214,9 @@ def train(
     extras: Any = None,
 ) -> TrainState:
     """Train until a budget is spent (speedrun.budget: time, steps, tokens or FLOPs, whichever first) or the loss
-    goes non-finite (state.diverged). ``state`` may come from a checkpoint: the loop continues where it stopped.
+    goes non-finite; a run whose loss ends above where it started or above uniform guessing is diverged too
+    (state.diverged, speedrun.metrics.divergence). ``state`` may come from a checkpoint: the loop continues where
+    it stopped.
 
     Context stages switch when their fraction of the budget (time or steps, never later than whichever budget
     ends the run) is used up; the new stream continues at the token where the previous one stopped, and the LR
@@ -230,10 +249,15 @@ def train(
         records = losses.flush()
         if not records:
             return True
-        bad = first_non_finite(records)
-        if bad is not None:
-            records = records[: bad + 1]
-            state.diverged = True
+        values = [r["train_loss"] for r in records]
+        found = non_finite(values, records[0]["step"])
+        if found is not None:
+            keep = found.step - records[0]["step"] + 1
+            records, values = records[:keep], values[:keep]
+            _diverged(state, found)
+        if state.first_loss is None:
+            state.first_loss, state.first_loss_step = values[0], records[0]["step"]
+        state.recent_losses = (state.recent_losses + values)[-SMOOTH_STEPS:]
         state.last_loss = records[-1]["train_loss"]
         if line and not state.diverged:
             progress_line(records[-1], budget.progress(*used(state.train_seconds)), state.train_seconds, log)
@@ -291,6 +315,16 @@ def train(
     state.recompiles = _graphs_compiled() - graphs_before
     if not state.diverged:
         flush(line=True)
+    if not state.diverged and state.recent_losses:
+        assert state.first_loss is not None and state.first_loss_step is not None
+        found = divergence(
+            state.recent_losses,
+            plan.model.vocab_size,
+            start_step=state.steps - len(state.recent_losses) + 1,
+            first=(state.first_loss_step, state.first_loss),
+        )
+        if found is not None:
+            _diverged(state, found)
     if extras is not None and not state.diverged:
         with clock.paused():
             extras.finish(state)

@@ -54,6 +54,7 @@ import torch
 from torch import nn
 
 from .data.bpb import ByteLUTs, token_bytes
+from .metrics import Progress
 from .specs import parse_short_chunks, parse_targets
 
 TARGETS = {
@@ -191,7 +192,8 @@ def ttt_evaluate(
     shard: Any | None = None,
 ) -> TTTResult:
     """Score val_tokens with score-first LoRA TTT (see the module doc). ``model`` is not modified. With
-    ``score_base`` each chunk is also scored by ``model`` itself, unadapted (base_val_loss, base_val_bpb)."""
+    ``score_base`` each chunk is also scored by ``model`` itself, unadapted (base_val_loss, base_val_bpb). ``log``
+    also gets a progress line at most every 30 s (this rank's tokens scored of its share)."""
     steps = parse_short_chunks(short_chunks)
     target_names = parse_targets(targets)
     for size in [chunk_size] + [c for _, c in steps]:
@@ -216,6 +218,8 @@ def ttt_evaluate(
     random.Random(seed).shuffle(batches)
     if shard is not None:
         batches = batches[shard.rank :: shard.world_size]
+    share = sum(docs[i][1] for batch in batches for i in batch)
+    progress = Progress("ttt", log) if log is not None else None
 
     lora = LoRAModel(model, target_names, rank, min(batch_size, len(docs)), seed)
     luts = luts.to(device)
@@ -242,6 +246,8 @@ def ttt_evaluate(
             deadline=None if max_seconds is None else t0 + max_seconds,
             chunk_log=result_chunks if record_chunks else None,
             base=model if score_base else None,
+            progress=progress,
+            share=share,
         )
         if stopped:
             break
@@ -317,6 +323,8 @@ def _adapt_batch(
     deadline: float | None,
     chunk_log: list | None,
     base: nn.Module | None = None,
+    progress: Progress | None = None,
+    share: int = 0,
 ) -> bool:
     """Score-first TTT of one batch of documents (all with chunk size ``chunk``). True if the deadline hit.
 
@@ -359,6 +367,8 @@ def _adapt_batch(
             sums.bytes += torch.where(scored, token_bytes(x, y, luts), 0).sum()
             counts = scored.sum(dim=1)
             sums.tokens += int(counts.sum().item())
+            if progress is not None:  # after each chunk: one long document's batch can take minutes
+                progress.tick(sums.tokens, share)
             if chunk_log is not None:
                 for i, (d_nats, d_count) in enumerate(zip(chunk_nats.sum(dim=1).tolist(), counts.tolist())):
                     if d_count:

@@ -187,22 +187,26 @@ def compare(groups: list[Group], baseline: dict[str, str], metric: str) -> None:
 
 def rank_groups(groups: Sequence[Group], metric: str, sets: EvalSets) -> list[Group]:
     """Groups sorted by mean ``metric`` (lower first) within each evaluation set, the sets in first-seen order,
-    with ``rank`` numbered within the set. Groups that mix sets come last, unranked ("-")."""
+    with ``rank`` numbered within the set. Groups that mix sets come last, unranked ("-"), and so do groups with no
+    ``metric`` from an ok run (every run failed, diverged or was not run): a rank is earned by a result."""
     order = {fp: i for i, fp in enumerate(sets.fingerprints)}
     separate = len(sets.fingerprints) > 1  # one known set: the unknown runs are ranked with it
 
     def block(g: Group) -> str | None:
         return sets.block(g) if separate else None
 
+    def unranked(g: Group) -> bool:
+        return g in sets.mixed or not g.metric(metric)
+
     def key(g: Group) -> tuple:
         m = mean(g.metric(metric))
         # unknown-set groups (block None) after the known sets when there are several
-        return (g in sets.mixed, order.get(block(g), len(order)), m is None, m if m is not None else 0.0)
+        return (unranked(g), order.get(block(g), len(order)), m if m is not None else 0.0)
 
     ranked = sorted(groups, key=key)
     counters: dict[str | None, int] = {}
     for g in ranked:
-        if g in sets.mixed:
+        if unranked(g):
             g.rank = "-"
             continue
         counters[block(g)] = counters.get(block(g), 0) + 1
