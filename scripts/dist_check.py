@@ -5,7 +5,7 @@ python scripts/dist_check.py compare RUN_DIR_1GPU RUN_DIR_NGPU --out DIR [--min-
     3.70 on 4), the per-step training loss of both (curves.csv, curves.png when matplotlib is there), and how far
     apart the curves are; summary.json in DIR.
 torchrun --standalone --nproc_per_node=2 scripts/dist_check.py allreduce --params N --out FILE
-    what one step's gradient all-reduce costs (N fp32 values, as speedrun.dist.World.sync_grads sends them):
+    what one step's gradient all-reduce costs (N fp32 values, as speedrun.distributed.world.World.sync_grads sends them):
     the most an overlap with the backward (DDP) could save per step.
 python scripts/dist_check.py faults --out DIR -- OVERRIDES...
     `python -m run dist.nproc=2 OVERRIDES` twice: rank 1 raising at its second training step (failed row
@@ -147,7 +147,7 @@ def allreduce(params: int, out: Path, iters: int = 30) -> int:
 
 INJECT = """import os
 if os.environ.get("RANK") == "1":
-    import speedrun.train as t
+    import speedrun.training.loop as t
     call, n = t.Stepper.__call__, [0]
     def failing(self, batches):
         n[0] += 1

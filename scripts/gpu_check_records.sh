@@ -57,10 +57,10 @@ cp "$work/oom/error.txt" "$out/oom_error.txt" 2>/dev/null
 import json, sys
 from pathlib import Path
 
-from speedrun.artifact import SRC
-from speedrun.hardware import PROFILES
-from speedrun.quantize import compress
-from speedrun.shape import ModelShape
+from speedrun.finishing.artifact import SRC
+from speedrun.hardware.profiles import PROFILES
+from speedrun.finishing.quantize import compress
+from speedrun.model.shape import ModelShape
 
 work, out = Path(sys.argv[1]), Path(sys.argv[2])
 names = ["baseline", "progressive", "emulate_h100", "emulate_a100", "oom"]

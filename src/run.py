@@ -6,8 +6,10 @@ import hydra
 from omegaconf import DictConfig
 
 from speedrun.config import CONF_DIR, register_configs
+from speedrun.training.resume import register_resolvers
 
 register_configs()
+register_resolvers()
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
@@ -18,11 +20,11 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    from speedrun.plan_only import print_plan, wants_plan
+    from speedrun.run.plan_only import print_plan, wants_plan
 
     if wants_plan(sys.argv):  # `python -m run ... --plan`: print the resolved Plan and exit, writing nothing
         sys.exit(print_plan(sys.argv))
-    from speedrun.launch import worker_argv
+    from speedrun.distributed.launch import worker_argv
 
-    sys.argv = worker_argv(sys.argv)  # a rank > 0 under torchrun: no run dir of its own (speedrun.launch)
+    sys.argv = worker_argv(sys.argv)  # a rank > 0 under torchrun: no run dir of its own (speedrun.distributed.launch)
     main()

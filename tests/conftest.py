@@ -34,7 +34,7 @@ def data_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("cache")
 
 
-# What torch.cuda.get_device_name() says on each profile's card (the card table, speedrun.cards, matches these).
+# What torch.cuda.get_device_name() says on each profile's card (the card table, speedrun.hardware.cards, matches these).
 DEVICE_NAMES = {
     "t4": "Tesla T4",
     "a100": "NVIDIA A100-SXM4-80GB",
@@ -46,7 +46,7 @@ DEVICE_NAMES = {
 
 def fake_device(profile_name: str, name: str | None = None):
     """A DetectedDevice for a profile, as detect() would report it on that card (``name``: another card name)."""
-    from speedrun.hardware import PROFILES, DetectedDevice
+    from speedrun.hardware.profiles import PROFILES, DetectedDevice
 
     p = PROFILES[profile_name]
     if p.device_type == "cpu":

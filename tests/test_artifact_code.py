@@ -2,7 +2,7 @@
 
 The import graph is walked statically from src/run.py (every ``import`` and ``from ... import`` in a module,
 function-level ones included, and the "speedrun.x:Class" strings the attention registry imports by name), so a
-module added to, or dropped from, the path fails here until speedrun.artifact.CODE_FILES says so.
+module added to, or dropped from, the path fails here until speedrun.finishing.artifact.CODE_FILES says so.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from speedrun.artifact import CODE_FILES, MANIFEST, NOT_COUNTED, SRC
+from speedrun.finishing.artifact import CODE_FILES, MANIFEST, NOT_COUNTED, SRC
 
 
 def _module_file(module: str) -> Path | None:
@@ -74,22 +74,24 @@ def test_code_files_are_exactly_what_the_run_path_imports():
     counted = set(CODE_FILES)
     missing = reachable - counted - set(NOT_COUNTED)
     stale = counted - reachable
-    assert not missing, f"on the train/eval/dequantize path but not in speedrun.artifact.CODE_FILES: {sorted(missing)}"
+    assert not missing, (
+        f"on the train/eval/dequantize path but not in speedrun.finishing.artifact.CODE_FILES: {sorted(missing)}"
+    )
     assert not stale, f"in CODE_FILES but no longer imported from src/run.py: {sorted(stale)}"
     assert set(NOT_COUNTED) <= reachable, "NOT_COUNTED names a module the path does not import"
     # the tools stay out: nothing on the path imports them
     assert not {f for f in counted if f.startswith(("speedrun/report/", "hydra_plugins/"))}
-    assert not {"speedrun/sweep.py", "speedrun/stats.py", "speedrun/loggers.py"} & counted
+    assert not {"speedrun/report/sweep.py", "speedrun/stats.py", "speedrun/run/loggers.py"} & counted
 
 
 def test_finalize_counts_code_raw_and_lists_the_files(compose, tmp_path):
     """artifact_bytes = compressed model + raw code (not compressed code, which read 84 KB for 275 KB of source);
     artifact_code.json lists every counted file with its bytes, and artifact_ok compares the sum with the cap."""
     from conftest import fake_device
-    from speedrun.attention import get_backend
     from speedrun.config import to_config
-    from speedrun.finalize import evaluate_and_export
-    from speedrun.model import GPT
+    from speedrun.finishing.finalize import evaluate_and_export
+    from speedrun.model.attention import get_backend
+    from speedrun.model.gpt import GPT
     from speedrun.plan import resolve
     from test_ttt import BOS, TINY, docs_stream, luts
 

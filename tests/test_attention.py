@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from speedrun.attention import REGISTRY, AttentionBackend, get_backend
+from speedrun.model.attention import REGISTRY, AttentionBackend, get_backend
 
 B, HQ, HKV, T, D = 2, 4, 2, 160, 16
 BOS = 0

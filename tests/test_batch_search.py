@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from conftest import fake_device
-from speedrun.batch_search import fits_probe, largest_fitting, plan_with_batches, search_batches
 from speedrun.config import to_config
 from speedrun.errors import ConfigError
 from speedrun.plan import resolve
+from speedrun.training.batch_search import fits_probe, largest_fitting, plan_with_batches, search_batches
 
 
 def oom_above(limit_tokens: int, seen: list):
@@ -100,9 +100,9 @@ def test_the_real_search_runs_on_cuda(compose):
     """On a GPU: the eager tries run, a tiny model fits every candidate, and an impossible size is reported."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from speedrun import hardware
-    from speedrun.attention import get_backend
-    from speedrun.build import build_model
+    from speedrun.hardware import profiles as hardware
+    from speedrun.model.attention import get_backend
+    from speedrun.training.build import build_model
 
     plan = resolve(
         to_config(

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from conftest import fake_device
-from speedrun.budget import Budget, Clock
 from speedrun.config import to_config
 from speedrun.plan import resolve
-from speedrun.train import lr_multiplier
+from speedrun.training.budget import Budget, Clock
+from speedrun.training.loop import lr_multiplier
 
 TINY = [
     "model=tiny",
@@ -36,11 +36,11 @@ def plan_for(compose, *overrides):
 
 def train_plan(plan, tmp_path):
     """Train a plan on random tokens; returns (TrainState, metrics records)."""
-    from speedrun.attention import get_backend
-    from speedrun.build import build_model
     from speedrun.data.loader import TokenStream
     from speedrun.data.shards import write_shard
-    from speedrun.train import Stepper, TrainState, train
+    from speedrun.model.attention import get_backend
+    from speedrun.training.build import build_model
+    from speedrun.training.loop import Stepper, TrainState, train
 
     torch.manual_seed(0)
     model, forward, _, optimizers = build_model(plan, get_backend("sdpa", kernel="math"), bos_id=1)

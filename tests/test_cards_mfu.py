@@ -9,10 +9,10 @@ import types
 import pytest
 
 from conftest import fake_device
-from speedrun.cards import CARDS, card_for
 from speedrun.config import to_config
-from speedrun.mfu import stage_tokens, training_flops
+from speedrun.hardware.cards import CARDS, card_for
 from speedrun.plan import resolve
+from speedrun.training.mfu import stage_tokens, training_flops
 
 # torch.cuda.get_device_name() of each card -> (table entry, dense bf16 TFLOP/s or fp16 where the card has no bf16)
 NAMES = {
@@ -80,8 +80,8 @@ def test_h100_profile_on_an_h200_is_emulation_with_the_h200s_peak(compose):
 
 def _record(plan, stages, steps, seconds, caplog=None):
     """The runner's own recording of a finished training (Job._record_training) on a fake state."""
-    from speedrun.runner import Job
-    from speedrun.train import TrainState
+    from speedrun.run.runner import Job
+    from speedrun.training.loop import TrainState
 
     job = Job(types.SimpleNamespace(run_dir=None), {}, None)
     job.plan = plan
@@ -141,7 +141,7 @@ def test_progressive_schedule_charges_each_token_its_own_stage(compose):
 
 
 def test_a_sliding_window_charges_the_window_and_a_document_mask_the_full_context():
-    from speedrun.shape import ModelShape
+    from speedrun.model.shape import ModelShape
 
     m = ModelShape(vocab_size=1024, n_layer=2, d_model=64, n_head=2, n_kv_head=1, mlp_mult=2, seq_len=2048)
     assert training_flops(m, [(2048, 10)], window=256) == 10 * m.flops_per_token(256)

@@ -32,7 +32,7 @@ RUN = [
 
 
 def run(compose, tmp_path: Path, name: str, overrides: list[str]):
-    from speedrun.runner import RunContext, run_job
+    from speedrun.run.runner import RunContext, run_job
 
     return run_job(compose(overrides), RunContext(tmp_path / name, overrides, None, tmp_path))
 
@@ -47,7 +47,7 @@ def test_sigterm_checkpoints_and_resume_matches_an_uninterrupted_run_exactly(
     common = [*RUN, f"data.cache_dir={data_cache}", f"results_db={tmp_path / 'r.sqlite'}"]
     full = run(compose, tmp_path, "full", common)
 
-    from speedrun.train import Stepper
+    from speedrun.training.loop import Stepper
 
     calls = {"n": 0}
     original = Stepper.__call__
@@ -91,7 +91,7 @@ def test_sigterm_checkpoints_and_resume_matches_an_uninterrupted_run_exactly(
 
 def test_the_equivalence_check_can_fail(compose, tmp_path, data_cache):
     """A resume that lost the optimizer state would not match: the comparison above is sensitive to it."""
-    from speedrun import checkpoint
+    from speedrun.training import checkpoint
 
     common = [
         *RUN,
@@ -127,7 +127,7 @@ def test_the_equivalence_check_can_fail(compose, tmp_path, data_cache):
     ],
 )
 def test_resume_of_a_missing_foreign_or_checkpointless_dir_is_a_clear_error(tmp_path, make, needle):
-    from speedrun.resume import find_resume
+    from speedrun.training.resume import find_resume
 
     target = make(tmp_path)
     with pytest.raises(ConfigError, match=needle):
@@ -144,8 +144,8 @@ def test_a_refused_resume_is_a_failed_row_and_exit_1(tmp_path):
 
 
 def test_resume_refuses_overrides_the_run_did_not_have(tmp_path):
-    from speedrun.checkpoint import save_checkpoint
-    from speedrun.resume import find_resume
+    from speedrun.training.checkpoint import save_checkpoint
+    from speedrun.training.resume import find_resume
 
     run_dir = tmp_path / "r"
     run_dir.mkdir()
@@ -162,7 +162,13 @@ def test_resume_refuses_overrides_the_run_did_not_have(tmp_path):
 
 
 def test_checkpoints_are_atomic_pruned_and_load_with_weights_only(tmp_path):
-    from speedrun.checkpoint import list_checkpoints, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+    from speedrun.training.checkpoint import (
+        list_checkpoints,
+        load_checkpoint,
+        rng_state,
+        save_checkpoint,
+        set_rng_state,
+    )
 
     for step in (1, 2, 3):
         payload = {
@@ -188,7 +194,7 @@ def test_checkpoints_are_atomic_pruned_and_load_with_weights_only(tmp_path):
 
 def test_a_pickled_object_is_refused_on_load(tmp_path):
     """weights_only=True: a checkpoint carrying an arbitrary object does not unpickle it."""
-    from speedrun.checkpoint import load_checkpoint, save_checkpoint
+    from speedrun.training.checkpoint import load_checkpoint, save_checkpoint
 
     save_checkpoint(tmp_path, {"format": 1, "progress": {"steps": 1}, "evil": Path("/")}, {"steps": 1}, keep=1)
     assert load_checkpoint(tmp_path) is None  # refused (warned), no older one to fall back to

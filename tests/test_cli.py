@@ -16,7 +16,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import run_cli
-from speedrun.records import RESULT_KEYS
+from speedrun.records.store import RESULT_KEYS
 
 pytestmark = pytest.mark.slow
 

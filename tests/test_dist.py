@@ -1,4 +1,4 @@
-"""One run on several processes (speedrun.dist, speedrun.launch, plan.distributed), on CPU with gloo.
+"""One run on several processes (speedrun.distributed.world, speedrun.distributed.launch, plan.distributed), on CPU with gloo.
 
 The two-process tests spawn real ranks (torch.multiprocessing, env:// rendezvous) that run the real Stepper, train
 loop, Muon and eval code; the end-to-end runs through `python -m run` / torchrun are in test_dist_cli.py."""
@@ -101,7 +101,7 @@ def test_a_started_world_comes_from_the_launcher(compose):
 def test_submitit_job_environment_maps_to_torch_rendezvous(monkeypatch):
     """A SLURM task of a 2-node x 8 job (as submitit sees it) gets env:// variables: master = first node,
     one port for every task of the job, ranks from SLURM's ids."""
-    from speedrun import dist
+    from speedrun.distributed import world as dist
 
     for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(key, raising=False)
@@ -134,7 +134,7 @@ def test_submitit_job_environment_maps_to_torch_rendezvous(monkeypatch):
 
 
 def test_ranks_above_zero_get_no_run_dir_of_their_own():
-    from speedrun.launch import worker_argv
+    from speedrun.distributed.launch import worker_argv
 
     argv = ["run.py", "debug=smoke", "hydra.run.dir=outputs/x"]
     assert worker_argv(argv, {}) == argv and worker_argv(argv, {"RANK": "0", "WORLD_SIZE": "2"}) == argv
@@ -210,7 +210,7 @@ def test_the_pool_hands_each_job_its_nproc_gpus(tmp_path):
 
 def test_stop_signals_are_held_while_the_record_is_written():
     """A SIGTERM that arrives through another thread while the record is written is delivered after it."""
-    from speedrun.signals import stop_signals_deferred
+    from speedrun.run.signals import stop_signals_deferred
 
     seen = []
     previous = signal.signal(signal.SIGTERM, lambda *_: seen.append(time.monotonic()))
@@ -253,12 +253,12 @@ def _val_tokens(vocab: int) -> torch.Tensor:
 
 def _run(plan, shard: Path, world, state=None) -> dict:
     """Train STEPS steps with the real loop, then score: what a rank (or the single process) reports."""
-    from speedrun.attention import get_backend
-    from speedrun.build import build_model
     from speedrun.data.loader import TokenStream
-    from speedrun.evaluate import run_eval
-    from speedrun.train import Stepper, TrainState, train
-    from speedrun.ttt import ttt_evaluate
+    from speedrun.finishing.evaluate import run_eval
+    from speedrun.finishing.ttt import ttt_evaluate
+    from speedrun.model.attention import get_backend
+    from speedrun.training.build import build_model
+    from speedrun.training.loop import Stepper, TrainState, train
 
     torch.manual_seed(world.rank)  # different seeds: World.prepare must give every rank rank 0's weights
     model, forward, eval_forward, optimizers = build_model(plan, get_backend("sdpa", kernel="math"), bos_id=1)
@@ -318,7 +318,7 @@ def _rank_main(rank: int, port: int, plan, shard: str, out_path: str) -> None:
         LOCAL_WORLD_SIZE="2",
     )
     torch.set_num_threads(1)
-    from speedrun import dist
+    from speedrun.distributed import world as dist
 
     world = dist.current()
     world.init(plan)
@@ -335,7 +335,7 @@ def test_two_ranks_train_and_score_like_one_process(compose, tmp_path):
     (standard and sliding); TTT to 1e-12. Without the gradient all-reduce the losses differ by 5e-3 relative, with
     every rank orthogonalising the same share of Muon's matrices by 1e-4."""
     from speedrun.data.shards import write_shard
-    from speedrun.dist import SINGLE
+    from speedrun.distributed.world import SINGLE
 
     shard = tmp_path / "fineweb_train_000000.bin"
     write_shard(shard, torch.randint(0, 1024, (40_000,), generator=torch.Generator().manual_seed(2)).numpy())

@@ -81,7 +81,7 @@ def _injector(tmp_path: Path, rank: int) -> dict[str, str]:
     (inject / "sitecustomize.py").write_text(
         "import os\n"
         f"if os.environ.get('RANK') == '{rank}':\n"
-        "    import speedrun.train as t\n"
+        "    import speedrun.training.loop as t\n"
         "    call, n = t.Stepper.__call__, [0]\n"
         "    def failing(self, batches):\n"
         "        n[0] += 1\n"

@@ -13,8 +13,9 @@ import torch
 
 from conftest import fake_device
 from speedrun.config import to_config
-from speedrun.metrics import DIVERGENCE_MARGIN, SMOOTH_STEPS, Progress, divergence
 from speedrun.plan import resolve
+from speedrun.progress import Progress
+from speedrun.training.dense_metrics import DIVERGENCE_MARGIN, SMOOTH_STEPS, divergence
 
 LN_1024 = math.log(1024)
 
@@ -115,7 +116,7 @@ class Scripted:
     """A Stepper whose steps return the given losses (device tensors, as the real one does)."""
 
     def __init__(self, plan, losses):
-        from speedrun.dist import SINGLE
+        from speedrun.distributed.world import SINGLE
 
         self.plan, self.losses, self.optimizers, self.world = plan, iter(losses), [], SINGLE
 
@@ -139,7 +140,7 @@ def plan_for(compose, steps: int, *overrides: str):
 
 
 def train_on(plan, losses, state=None):
-    from speedrun.train import TrainState, train
+    from speedrun.training.loop import TrainState, train
 
     records = []
     state = train(
@@ -190,7 +191,7 @@ def test_every_step_is_judged_when_metrics_keep_one_record_per_flush(compose):
 
 
 def test_a_resumed_run_is_judged_against_the_first_loss_of_the_whole_run(compose):
-    from speedrun.train import TrainState
+    from speedrun.training.loop import TrainState
 
     state, _ = train_on(plan_for(compose, 5), [6.93, 6.0, 5.0, 4.5, 4.0])
     assert not state.diverged
@@ -253,9 +254,9 @@ def test_progress_units_totals_and_no_log():
 
 
 def tiny_gpt(seq_len: int = 16):
-    from speedrun.attention import get_backend
-    from speedrun.model import GPT
-    from speedrun.shape import ModelShape
+    from speedrun.model.attention import get_backend
+    from speedrun.model.gpt import GPT
+    from speedrun.model.shape import ModelShape
 
     torch.manual_seed(0)
     shape = ModelShape(vocab_size=64, n_layer=2, d_model=32, n_head=4, n_kv_head=2, mlp_mult=2, seq_len=seq_len)
@@ -286,7 +287,7 @@ def done_counts(lines: list[str]) -> list[str]:
 
 @pytest.mark.parametrize("mode", ["standard", "sliding"])
 def test_evaluation_ticks_after_every_batch_and_scores_the_same(mode):
-    from speedrun.evaluate import run_eval
+    from speedrun.finishing.evaluate import run_eval
 
     model = tiny_gpt()
     tokens = torch.randint(1, 64, (16 * 10 + 1,), generator=torch.Generator().manual_seed(1))
@@ -305,7 +306,7 @@ def test_evaluation_ticks_after_every_batch_and_scores_the_same(mode):
 
 
 def test_gptq_ticks_per_calibration_batch_and_per_matrix():
-    from speedrun import quantize as Q
+    from speedrun.finishing import quantize as Q
 
     model = tiny_gpt()
     batches = [(torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))) for _ in range(3)]
@@ -327,16 +328,16 @@ def test_gptq_ticks_per_calibration_batch_and_per_matrix():
 def test_ttt_ticks_its_share_of_tokens(monkeypatch):
     import functools
 
-    import speedrun.ttt
+    import speedrun.finishing.ttt
 
-    monkeypatch.setattr(speedrun.ttt, "Progress", functools.partial(Progress, every=0))
+    monkeypatch.setattr(speedrun.finishing.ttt, "Progress", functools.partial(Progress, every=0))
     g = torch.Generator().manual_seed(0)
     parts = []
     for n in (9, 30, 17):
         parts += [torch.tensor([0]), torch.randint(1, 64, (n - 1,), generator=g)]
     tokens = torch.cat(parts)
     lines: list[str] = []
-    res = speedrun.ttt.ttt_evaluate(
+    res = speedrun.finishing.ttt.ttt_evaluate(
         tiny_gpt(24), tokens, luts64(), bos_id=0, seq_len=24, rank=2, lr=0.01, chunk_size=8, log=lines.append
     )
     ticks = [line for line in lines if line.startswith("ttt: ")]
@@ -362,12 +363,13 @@ def test_chunked_compression_gives_the_one_shot_bytes_at_every_level():
     stream identically (STREAMS) compress in one call."""
     import importlib.util
 
-    from speedrun import quantize as Q
+    from speedrun.config import compressors
+    from speedrun.finishing import quantize as Q
 
     data = payload()
     streamed = []
-    for name, (lo, hi) in Q.LEVELS.items():
-        if name in Q.MODULES and importlib.util.find_spec(Q.MODULES[name]) is None:
+    for name, (lo, hi) in compressors.LEVELS.items():
+        if name in compressors.MODULES and importlib.util.find_spec(compressors.MODULES[name]) is None:
             continue
         for level in range(lo, hi + 1):
             streams = name in Q.STREAMS and Q.STREAMS[name][1](level)
@@ -382,7 +384,7 @@ def test_chunked_compression_gives_the_one_shot_bytes_at_every_level():
 
 
 def test_compression_says_what_it_compresses_and_how_long_it_took():
-    from speedrun import quantize as Q
+    from speedrun.finishing import quantize as Q
 
     data = payload()
     lines: list[str] = []

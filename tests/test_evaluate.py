@@ -7,14 +7,14 @@ import pytest
 import torch
 
 from conftest import fake_device
-from speedrun.attention import get_backend
 from speedrun.config import to_config
 from speedrun.data.bpb import ByteLUTs
 from speedrun.errors import ConfigError
-from speedrun.evaluate import document_mask, evaluate, evaluate_sliding, run_eval, sliding_windows
-from speedrun.model import GPT
+from speedrun.finishing.evaluate import document_mask, evaluate, evaluate_sliding, run_eval, sliding_windows
+from speedrun.model.attention import get_backend
+from speedrun.model.gpt import GPT
+from speedrun.model.shape import ModelShape
 from speedrun.plan import resolve
-from speedrun.shape import ModelShape
 
 TINY = ModelShape(vocab_size=64, n_layer=2, d_model=32, n_head=4, n_kv_head=2, mlp_mult=2, seq_len=32)
 

@@ -10,9 +10,9 @@ import torch
 import torch.nn as nn
 
 from conftest import fake_device
-from speedrun.attention import get_backend
-from speedrun.attention.fa3 import FA3Attention, KernelUnavailable, load_fa3
-from speedrun.fp8 import FP8Linear, convert_linears
+from speedrun.model.attention import get_backend
+from speedrun.model.attention.fa3 import FA3Attention, KernelUnavailable, load_fa3
+from speedrun.model.fp8 import FP8Linear, convert_linears
 from speedrun.plan import PlanError
 
 
@@ -132,8 +132,8 @@ def test_fp8_eval_mode_is_the_plain_matmul():
 
 
 def test_convert_linears_keeps_parameters_and_keys():
-    from speedrun.model import GPT
-    from speedrun.shape import ModelShape
+    from speedrun.model.gpt import GPT
+    from speedrun.model.shape import ModelShape
 
     cfg = ModelShape(
         vocab_size=64,

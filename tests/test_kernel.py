@@ -216,7 +216,7 @@ def test_tile_choice_prefers_two_programs_per_sm_then_one():
 
 
 def test_flex_backend_takes_prefixed_options_and_checks_them():
-    from speedrun.attention import get_backend
+    from speedrun.model.attention import get_backend
 
     flex = get_backend("flex", kernel_options={"fwd_BLOCK_M": 64, "bwd_BLOCK_N1": 32, "bwd_num_warps": 4})
     assert flex.kernel_options == {"fwd_BLOCK_M": 64, "bwd_BLOCK_N1": 32, "bwd_num_warps": 4}
@@ -236,7 +236,7 @@ def test_cuda_graphs_raise_the_warm_up_to_what_capture_needs(compose):
 
 
 def test_fused_qkv_reaches_the_built_model(compose):
-    from speedrun.build import build_attention, build_model
+    from speedrun.training.build import build_attention, build_model
 
     for fused in (False, True):
         plan = plan_for(compose, "cpu", f"kernel.fused_qkv={str(fused).lower()}")

@@ -158,9 +158,9 @@ def test_top_kernels_table():
 
 
 def test_profile_steps_on_cpu_writes_a_trace_and_undoes_its_steps(compose, tmp_path, data_cache):
-    from speedrun.build import build_attention, build_data, build_model
     from speedrun.kernels.profile import profile_steps
-    from speedrun.train import Stepper
+    from speedrun.training.build import build_attention, build_data, build_model
+    from speedrun.training.loop import Stepper
 
     plan = resolve(to_config(compose([*SMALL, f"data.cache_dir={data_cache}"])), fake_device("cpu"))
     data = build_data(plan, lambda m: None)
@@ -185,10 +185,10 @@ def test_profile_steps_on_cpu_writes_a_trace_and_undoes_its_steps(compose, tmp_p
     ],
 )
 def test_fp8_targets_convert_the_named_linears(targets, per_block):
-    from speedrun.attention import get_backend
-    from speedrun.fp8 import FP8Linear, convert_linears
-    from speedrun.model import GPT
-    from speedrun.shape import ModelShape
+    from speedrun.model.attention import get_backend
+    from speedrun.model.fp8 import FP8Linear, convert_linears
+    from speedrun.model.gpt import GPT
+    from speedrun.model.shape import ModelShape
 
     model = GPT(
         ModelShape(vocab_size=64, n_layer=2, d_model=32, n_head=2, n_kv_head=1, mlp_mult=2, seq_len=16),
@@ -210,7 +210,7 @@ def test_compile_cache_env_keeps_the_users_own(tmp_path):
 
 
 def test_sweep_summary_reports_wall_overhead():
-    from speedrun.sweep import JobEntry, summarize
+    from speedrun.report.sweep import JobEntry, summarize
 
     jobs = [JobEntry(0, ["kernel=default"], state="launched"), JobEntry(1, ["kernel=tuned"], state="launched")]
     results = [
@@ -223,7 +223,7 @@ def test_sweep_summary_reports_wall_overhead():
 
 
 def test_fa3_trusts_only_the_builds_it_names(compose, monkeypatch):
-    from speedrun.attention.fa3 import KernelUnavailable, load_fa3
+    from speedrun.model.attention.fa3 import KernelUnavailable, load_fa3
 
     def opts(*overrides):
         return dict(resolve(to_config(compose(["attn=fa3", *overrides])), fake_device("h100")).attn_options)
@@ -253,9 +253,9 @@ def test_graphed_step_matches_the_plain_step(compose, data_cache, monkeypatch):
     and gradients kept allocated (zeroed in place) between steps."""
     import dataclasses
 
-    from speedrun.build import build_attention, build_data, build_model
     from speedrun.kernels.graphs import GraphedMicroStep
-    from speedrun.train import Stepper
+    from speedrun.training.build import build_attention, build_data, build_model
+    from speedrun.training.loop import Stepper
 
     class Replay:
         def __init__(self, fn, out):
@@ -329,7 +329,7 @@ def test_tuner_candidates_resolve_and_include_a_bigger_micro_batch(compose):
 
 def test_peak_memory_counts_reserved_memory_under_cuda_graphs(monkeypatch):
     """A graph's private pool is missed by max_memory_allocated: graphed runs record reserved memory, and say so."""
-    from speedrun.memory import PeakMemory
+    from speedrun.training.peak_memory import PeakMemory
 
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: None)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 559 * 2**20)
@@ -365,7 +365,7 @@ def test_compile_per_block_traces_one_graph_for_all_blocks_and_matches_eager(com
     the loss is eager's; the model called directly (as GPTQ and TTT do) stays eager."""
     from torch._dynamo.utils import counters
 
-    from speedrun.build import build_attention, build_model
+    from speedrun.training.build import build_attention, build_model
 
     overrides = ["model=tiny", "model.n_layer=4", "model.seq_len=32", "hardware.micro_batch=2"]
     overrides += ["budget.tokens_per_step=64", "hardware.compile=true", "kernel.compile_scope=blocks"]

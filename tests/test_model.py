@@ -8,9 +8,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from speedrun.attention import get_backend
-from speedrun.model import GPT
-from speedrun.shape import ModelShape
+from speedrun.model.attention import get_backend
+from speedrun.model.gpt import GPT
+from speedrun.model.shape import ModelShape
 
 TINY = ModelShape(
     vocab_size=64,

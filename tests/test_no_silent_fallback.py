@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from conftest import fake_device
-from speedrun.attention import get_backend
 from speedrun.config import to_config
+from speedrun.model.attention import get_backend
 from speedrun.plan import resolve
 
 
@@ -18,7 +18,7 @@ def test_t4_with_gqa_runs_efficient_with_math_disabled(compose, monkeypatch):
     assert plan.model.n_head != plan.model.n_kv_head and plan.attn_kernel == "sdpa:efficient"
     backend = get_backend(plan.attn, **{k: v for k, v in plan.attn_options if k != "document_mask"})
 
-    import speedrun.attention.sdpa as sdpa_module
+    import speedrun.model.attention.sdpa as sdpa_module
 
     seen = {}
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from speedrun.attention import get_backend
-from speedrun.model import GPT
-from speedrun.optim import (
+from speedrun.model.attention import get_backend
+from speedrun.model.gpt import GPT
+from speedrun.model.optim import (
     Muon,
     build_optimizers,
     muon_update,
@@ -15,7 +15,7 @@ from speedrun.optim import (
     set_lr_multiplier,
     set_muon_momentum,
 )
-from speedrun.shape import ModelShape
+from speedrun.model.shape import ModelShape
 
 TINY = ModelShape(vocab_size=64, n_layer=2, d_model=32, n_head=4, n_kv_head=2, mlp_mult=2, seq_len=32)
 PGOLF = dict(

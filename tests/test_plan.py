@@ -144,7 +144,7 @@ def test_math_kernel_fits_for_the_tiny_model_on_a_t4(compose):
 
 
 def test_unknown_gpu_gets_nearest_profile_with_a_warning():
-    from speedrun.hardware import profile_for_gpu
+    from speedrun.hardware.profiles import profile_for_gpu
 
     with pytest.warns(UserWarning, match="nearest profile 'a100'"):
         assert profile_for_gpu("NVIDIA RTX 6000 Ada", (8, 9), 48.0).name == "a100"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from speedrun.preempt import Preempted
+from speedrun.training.preempt import Preempted
 
 RUN = [
     "debug=smoke",
@@ -25,7 +25,7 @@ RUN = [
 
 
 def signal_at_step(monkeypatch, step: int, signum: int) -> None:
-    from speedrun.train import Stepper
+    from speedrun.training.loop import Stepper
 
     calls = {"n": 0}
     original = Stepper.__call__
@@ -41,7 +41,7 @@ def signal_at_step(monkeypatch, step: int, signum: int) -> None:
 
 
 def run(compose, run_dir: Path, overrides: list[str]):
-    from speedrun.runner import RunContext, run_job
+    from speedrun.run.runner import RunContext, run_job
 
     return run_job(compose(overrides), RunContext(run_dir, overrides, None, run_dir.parent))
 
@@ -81,7 +81,7 @@ def test_sigterm_under_submitit_checkpoints_and_goes_on(compose, tmp_path, data_
 
 def test_requeue_adds_resume_only_when_the_run_dir_holds_a_checkpoint(tmp_path):
     from hydra_plugins.speedrun_plugins.slurm_launcher import requeue_overrides
-    from speedrun.checkpoint import save_checkpoint
+    from speedrun.training.checkpoint import save_checkpoint
 
     assert requeue_overrides(["attn=flex", "seed=1"], tmp_path) == ["attn=flex", "seed=1"]  # nothing to resume
     assert requeue_overrides(["seed=1"], None) == ["seed=1"]
@@ -94,7 +94,7 @@ def test_the_slurm_launcher_is_ours_and_its_checkpoint_requeues_with_resume(comp
     import submitit
 
     from hydra_plugins.speedrun_plugins import slurm_launcher
-    from speedrun.checkpoint import save_checkpoint
+    from speedrun.training.checkpoint import save_checkpoint
 
     cfg = compose(["hydra/launcher=slurm"], return_hydra_config=True)
     assert cfg.hydra.launcher._target_.endswith("slurm_launcher.SpeedrunSlurmLauncher")

@@ -9,13 +9,13 @@ import torch
 from torch import nn
 
 from conftest import fake_device
-from speedrun import quantize as Q
-from speedrun.attention import get_backend
-from speedrun.config import to_config
+from speedrun.config import compressors, to_config
 from speedrun.errors import ConfigError
-from speedrun.model import GPT
+from speedrun.finishing import quantize as Q
+from speedrun.model.attention import get_backend
+from speedrun.model.gpt import GPT
+from speedrun.model.shape import ModelShape
 from speedrun.plan import resolve
-from speedrun.shape import ModelShape
 
 TINY = ModelShape(
     vocab_size=64, n_layer=2, d_model=32, n_head=4, n_kv_head=2, mlp_mult=2, seq_len=16, tie_embeddings=True
@@ -119,9 +119,9 @@ def test_int6_state_dict_round_trip_through_every_compressor():
     assert all(int(packed[k]["q"].abs().max()) <= 31 for k in H)
     assert int(packed["tok_emb.weight"]["q"].abs().max()) <= 63  # int7 embeddings
     for compressor in ("zlib", "lzma", "brotli", "zstd"):
-        if compressor in Q.MODULES and importlib.util.find_spec(Q.MODULES[compressor]) is None:
+        if compressor in compressors.MODULES and importlib.util.find_spec(compressors.MODULES[compressor]) is None:
             pytest.skip(f"{compressor} not installed (the compress extra)")
-        level = Q.LEVELS[compressor][1]
+        level = compressors.LEVELS[compressor][1]
         artifact = Q.export_packed(packed, compressor, level)
         restored = Q.load_artifact(artifact.blob, compressor)
         assert set(restored) == set(state)
@@ -133,10 +133,10 @@ def test_int6_state_dict_round_trip_through_every_compressor():
 
 @pytest.mark.parametrize("compressor", list(Q.COMPRESSORS))
 def test_each_compressor_round_trips(compressor):
-    if compressor in Q.MODULES and importlib.util.find_spec(Q.MODULES[compressor]) is None:
+    if compressor in compressors.MODULES and importlib.util.find_spec(compressors.MODULES[compressor]) is None:
         pytest.skip(f"{compressor} not installed (the compress extra)")
     data = bytes(range(256)) * 50 + b"speedrun" * 100
-    lo, hi = Q.LEVELS[compressor]
+    lo, hi = compressors.LEVELS[compressor]
     for level in (lo, hi):
         blob = Q.compress(data, compressor, level)
         assert Q.decompress(blob, compressor) == data
@@ -155,7 +155,7 @@ def test_missing_compressor_package_names_the_extra(monkeypatch):
 
 
 def test_artifact_bytes_are_the_sum_of_blob_and_raw_code(tmp_path):
-    from speedrun.artifact import CODE_FILES, SRC
+    from speedrun.finishing.artifact import CODE_FILES, SRC
 
     model = _gpt()
     artifact = Q.export(model.state_dict(), "zlib", 9)  # int8: the spine's export, unchanged

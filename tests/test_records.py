@@ -6,8 +6,8 @@ import json
 import multiprocessing as mp
 import sqlite3
 
-from speedrun.records import RESULT_KEYS, ResultsDB, empty_result, write_json
-from speedrun.result_block import format_result_block
+from speedrun.records.result_block import format_result_block
+from speedrun.records.store import RESULT_KEYS, ResultsDB, empty_result, write_json
 
 
 def _writer(path, worker):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from speedrun import report
-from speedrun.records import ResultsDB
+from speedrun.records.store import ResultsDB
 from speedrun.report.curves import aggregate, read_curves
 
 

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from speedrun import report
-from speedrun.records import ResultsDB
+from speedrun.records.store import ResultsDB
 from speedrun.report import plots
-from speedrun.sweep import JobEntry, Manifest, summarize, summary_csv, summary_markdown
+from speedrun.report.sweep import JobEntry, Manifest, summarize, summary_csv, summary_markdown
 
 H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
 

@@ -1,4 +1,4 @@
-"""speedrun.identity: the code fingerprint resume compares (working tree, tracked and untracked-not-ignored files
+"""speedrun.records.identity: the code fingerprint resume compares (working tree, tracked and untracked-not-ignored files
 under src/ and conf/, or a plain walk without git) and the name of the card here."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from speedrun.identity import DEVICE_NAME_ENV, code_fingerprint, current_device_name
+from speedrun.records.identity import DEVICE_NAME_ENV, code_fingerprint, current_device_name
 
 
 def _tree(root):
@@ -62,7 +62,7 @@ def test_code_fingerprint_without_git_walks_py_and_yaml(tmp_path):
 
 
 def test_the_card_here_is_the_detected_device_unless_overridden(monkeypatch):
-    from speedrun.hardware import detect
+    from speedrun.hardware.profiles import detect
 
     monkeypatch.delenv(DEVICE_NAME_ENV, raising=False)
     assert current_device_name() == detect().name  # the name runs record as device_name

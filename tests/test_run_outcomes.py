@@ -17,7 +17,7 @@ from conftest import fake_device
 from speedrun.config import to_config
 from speedrun.errors import RunOutOfMemory
 from speedrun.plan import resolve
-from speedrun.runner import RunContext, run_job
+from speedrun.run.runner import RunContext, run_job
 
 FAST = [
     "debug=smoke",
@@ -52,12 +52,12 @@ def fake_oom(*args, **kwargs):
 
 def test_a_run_stopped_during_ttt_keeps_eval_and_artifact(compose, tmp_path, data_cache, monkeypatch):
     """Issue 15: stopped by SIGTERM during TTT, the row said interrupted with val_bpb and artifact_bytes empty."""
-    import speedrun.ttt
+    import speedrun.finishing.ttt
 
     def sigterm(*args, **kwargs):
         raise KeyboardInterrupt("signal 15")  # what sigterm_as_interrupt turns SIGTERM into
 
-    monkeypatch.setattr(speedrun.ttt, "ttt_evaluate", sigterm)
+    monkeypatch.setattr(speedrun.finishing.ttt, "ttt_evaluate", sigterm)
     result, row = run(compose, tmp_path, data_cache, "ttt=lora", "ttt.chunk_size=64", raises=KeyboardInterrupt)
     for record in (result, row):
         assert record["status"] == "interrupted" and record["steps"] == 2 and record["val_bpb_ttt"] is None
@@ -76,7 +76,7 @@ def test_a_run_whose_loss_blows_up_is_diverged_and_not_evaluated(compose, tmp_pa
     """Issue 21: 3 steps of pgolf_baseline on CPU went 6.9 -> 15.0 (val_loss 17.1, worse than uniform) and were
     recorded ok. Here the second step's loss is pushed 8 nats up: the run is diverged, says why, and is not
     evaluated or exported."""
-    from speedrun.train import Stepper
+    from speedrun.training.loop import Stepper
 
     step = Stepper.__call__
     calls = []
@@ -96,9 +96,9 @@ def test_a_run_whose_loss_blows_up_is_diverged_and_not_evaluated(compose, tmp_pa
 
 
 def test_oom_in_training_is_its_own_outcome(compose, tmp_path, data_cache, monkeypatch):
-    import speedrun.train
+    import speedrun.training.loop
 
-    monkeypatch.setattr(speedrun.train, "train", fake_oom)
+    monkeypatch.setattr(speedrun.training.loop, "train", fake_oom)
     result, row = run(compose, tmp_path, data_cache, raises=RunOutOfMemory)
     for record in (result, row):
         assert (record["status"], record["phase"]) == ("oom", "train")
@@ -109,9 +109,9 @@ def test_oom_in_training_is_its_own_outcome(compose, tmp_path, data_cache, monke
 
 
 def test_oom_in_eval_keeps_training_and_names_the_eval_fix(compose, tmp_path, data_cache, monkeypatch):
-    import speedrun.finalize
+    import speedrun.finishing.finalize
 
-    monkeypatch.setattr(speedrun.finalize, "run_eval", fake_oom)
+    monkeypatch.setattr(speedrun.finishing.finalize, "run_eval", fake_oom)
     result, row = run(compose, tmp_path, data_cache, raises=RunOutOfMemory)
     assert (row["status"], row["phase"], row["steps"]) == ("oom", "eval", 2) and row["tokens_per_s"] > 0
     assert "out of memory in eval" in result["error"] and "lower eval.batch_size (now 2)" in result["error"]
@@ -120,7 +120,7 @@ def test_oom_in_eval_keeps_training_and_names_the_eval_fix(compose, tmp_path, da
 
 def test_oom_wrapped_by_another_exception_is_still_oom(compose, tmp_path, data_cache, monkeypatch):
     """torch.compile (inductor) re-raises errors from inside a graph wrapped in its own exception types."""
-    import speedrun.train
+    import speedrun.training.loop
 
     def wrapped(*args, **kwargs):
         try:
@@ -128,26 +128,26 @@ def test_oom_wrapped_by_another_exception_is_still_oom(compose, tmp_path, data_c
         except torch.cuda.OutOfMemoryError as e:
             raise RuntimeError("backend compiler failed") from e
 
-    monkeypatch.setattr(speedrun.train, "train", wrapped)
+    monkeypatch.setattr(speedrun.training.loop, "train", wrapped)
     result, _ = run(compose, tmp_path, data_cache, raises=RunOutOfMemory)
     assert result["status"] == "oom"
 
 
 def test_main_ends_an_oom_with_one_line_and_exit_1(monkeypatch, capsys):
     import speedrun
-    import speedrun.runner
+    import speedrun.run.runner
 
     def oom_job(cfg):
         raise RunOutOfMemory("out of memory in train; fix: lower hardware.micro_batch (now 8)")
 
-    monkeypatch.setattr(speedrun.runner, "run_job", oom_job)
+    monkeypatch.setattr(speedrun.run.runner, "run_job", oom_job)
     with pytest.raises(SystemExit) as e:
         speedrun.main(OmegaConf.create({}))
     assert e.value.code == 1
 
 
 def test_gpu_shared_is_recorded_from_the_pool_launcher(compose, tmp_path, data_cache, monkeypatch):
-    from speedrun.identity import GPU_SHARED_ENV
+    from speedrun.records.identity import GPU_SHARED_ENV
 
     monkeypatch.setenv(GPU_SHARED_ENV, "1")
     result, row = run(compose, tmp_path, data_cache, "quant=off")
@@ -173,9 +173,9 @@ def test_pool_launcher_tells_a_job_whether_it_shares_its_gpu(tmp_path, slots, sh
 
 def test_cpu_peak_memory_covers_training_not_the_data_build(compose, tmp_path, data_cache, monkeypatch):
     """A cold-cache dataset build can use more memory than training; peak_mem_mb must not report it."""
-    import speedrun.build
+    import speedrun.training.build
 
-    build_data = speedrun.build.build_data
+    build_data = speedrun.training.build.build_data
     spike = {}
 
     def build_with_a_spike(plan, log):
@@ -186,7 +186,7 @@ def test_cpu_peak_memory_covers_training_not_the_data_build(compose, tmp_path, d
         del block
         return build_data(plan, log)
 
-    monkeypatch.setattr(speedrun.build, "build_data", build_with_a_spike)
+    monkeypatch.setattr(speedrun.training.build, "build_data", build_with_a_spike)
     result, _ = run(compose, tmp_path, data_cache, "quant=off")
     assert 0 < result["peak_mem_mb"] < spike["mb"] - 150, (result["peak_mem_mb"], spike)  # not the 600 MB spike
     assert result["peak_mem_scope"] == "training"
@@ -201,9 +201,9 @@ def test_the_default_eval_scores_the_whole_split_on_every_card(compose):
 def test_eval_fingerprint_names_exactly_the_scored_tokens(compose, tmp_path):
     """16 hex digits of blake2b over the int32 ids the windows read: a token past the last window changes nothing,
     a scored one changes it."""
-    from speedrun.attention import get_backend
-    from speedrun.finalize import evaluate_and_export
-    from speedrun.model import GPT
+    from speedrun.finishing.finalize import evaluate_and_export
+    from speedrun.model.attention import get_backend
+    from speedrun.model.gpt import GPT
     from test_ttt import BOS, TINY, docs_stream, luts
 
     plan = resolve(

@@ -62,11 +62,11 @@ def test_step_progress_needs_max_steps_and_constant_refuses_lengths(compose):
 def test_every_length_is_compiled_in_warm_up_and_nothing_recompiles(compose, tmp_path):
     """A compiled tiny GPT trains through three context stages (switching by step); dynamo's graph counter does
     not move after warm-up, the stages start where the schedule says, and each stage's batches have its shape."""
-    from speedrun.attention import get_backend
-    from speedrun.build import build_model
     from speedrun.data.loader import TokenStream
     from speedrun.data.shards import write_shard
-    from speedrun.train import Stepper, TrainState, train, warm_up
+    from speedrun.model.attention import get_backend
+    from speedrun.training.build import build_model
+    from speedrun.training.loop import Stepper, TrainState, train, warm_up
 
     plan = plan_for(
         compose,
@@ -117,7 +117,7 @@ def test_every_length_is_compiled_in_warm_up_and_nothing_recompiles(compose, tmp
 
 def test_the_recompile_counter_can_fail():
     """The counter the test above relies on does move when a new shape compiles."""
-    from speedrun.train import _graphs_compiled
+    from speedrun.training.loop import _graphs_compiled
 
     torch._dynamo.reset()
     f = torch.compile(lambda x: x * 2, backend="eager", dynamic=False)

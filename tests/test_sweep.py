@@ -94,7 +94,7 @@ def test_the_default_config_sweeps_with_the_pool_the_sweeper_and_the_summary(com
     assert hydra.launcher._target_.endswith("pool_launcher.PoolLauncher") and hydra.launcher.cpu_jobs == 1
     assert hydra.sweeper._target_.endswith("sweeper.SpeedrunSweeper") and hydra.sweeper.resume is False
     assert hydra.sweeper.resume_across_code is False
-    assert hydra.callbacks.sweep_summary._target_ == "speedrun.sweep.SweepSummary"
+    assert hydra.callbacks.sweep_summary._target_ == "speedrun.report.sweep.SweepSummary"
     assert compose(["hydra.sweeper.fail_fast=true"], return_hydra_config=True).hydra.launcher.fail_fast is True
 
 
@@ -112,8 +112,8 @@ def test_the_slurm_launcher_config_composes(compose):
 
 
 def test_resume_reuses_only_ok_runs_of_this_card_and_this_code(tmp_path):
-    from speedrun.records import ResultsDB
-    from speedrun.sweep import completed_runs, config_identity
+    from speedrun.records.store import ResultsDB
+    from speedrun.report.sweep import completed_runs, config_identity
 
     db = ResultsDB(tmp_path / "results.sqlite")
     config = {"name": "t", "seed": 0, "sweep": "ignored"}
@@ -285,7 +285,7 @@ ONE = ["model.n_layer=1", "optim.matrix_lr=0.04"]
 
 @pytest.mark.slow
 def test_a_sweep_resumed_on_another_card_runs_its_jobs_again(project):
-    from speedrun.identity import DEVICE_NAME_ENV
+    from speedrun.records.identity import DEVICE_NAME_ENV
 
     before = len(db_rows(project["cwd"]))
     # SPEEDRUN_DEVICE_NAME makes the sweeper believe it is on an H200; the earlier runs recorded this CPU
@@ -306,7 +306,7 @@ def test_a_sweep_resumed_on_another_card_runs_its_jobs_again(project):
 
 @pytest.mark.slow
 def test_a_code_change_reruns_unless_resume_across_code(project):
-    from speedrun.records import ResultsDB
+    from speedrun.records.store import ResultsDB
 
     db = ResultsDB(project["cwd"] / "outputs" / "results.sqlite")
     grid = [r for r in db.rows() if "model.n_layer=1 optim.matrix_lr=0.02" in r["overrides"]]

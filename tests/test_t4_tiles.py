@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from speedrun.attention import get_backend
 from speedrun.kernels.tiles import choose_tiles
+from speedrun.model.attention import get_backend
 
 pytestmark = pytest.mark.gpu
 
@@ -74,8 +74,8 @@ def test_math_scores_estimate_matches_a_measured_peak():
     the printed ratio is what docs/benchmarks.md quotes."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from speedrun.attention.base import materialized_scores_bytes
-    from speedrun.shape import ModelShape
+    from speedrun.model.attention.base import materialized_scores_bytes
+    from speedrun.model.shape import ModelShape
 
     t, head_dim, layers = 2048, 80, 1
     shape = ModelShape(

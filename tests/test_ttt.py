@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from conftest import fake_device
-from speedrun.attention import get_backend
 from speedrun.config import to_config
 from speedrun.data.bpb import ByteLUTs
 from speedrun.errors import ConfigError
-from speedrun.model import GPT
+from speedrun.finishing.ttt import chunk_size_for, parse_short_chunks, parse_targets, split_documents, ttt_evaluate
+from speedrun.model.attention import get_backend
+from speedrun.model.gpt import GPT
+from speedrun.model.shape import ModelShape
 from speedrun.plan import resolve
-from speedrun.shape import ModelShape
-from speedrun.ttt import chunk_size_for, parse_short_chunks, parse_targets, split_documents, ttt_evaluate
 
 TINY = ModelShape(vocab_size=64, n_layer=2, d_model=32, n_head=4, n_kv_head=2, mlp_mult=2, seq_len=24)
 BOS = 0
@@ -188,7 +188,7 @@ def test_ttt_refusals(compose, overrides, needle):
 
 def test_finalize_scores_quantizes_and_adapts(compose, tmp_path):
     """The runner's last step on a tiny model: sliding eval, int6 GPTQ (+ lzma), TTT on the dequantized model."""
-    from speedrun.finalize import evaluate_and_export
+    from speedrun.finishing.finalize import evaluate_and_export
 
     cfg = to_config(
         compose(

@@ -127,7 +127,7 @@ def test_ids_past_the_vocabulary_in_the_val_shard(tmp_path, dataset):
 def test_out_of_memory_through_the_cli_is_an_oom_row_without_a_traceback(tmp_path, data_cache):
     """A CUDA OOM in training (raised by a stand-in for the training loop, as CUDA would) -> status oom."""
     code = (
-        "import runpy, sys, torch, speedrun.train as t\n"
+        "import runpy, sys, torch, speedrun.training.loop as t\n"
         "def boom(*a, **k):\n"
         "    raise torch.cuda.OutOfMemoryError('CUDA out of memory. Tried to allocate 3.00 GiB')\n"
         "t.train = boom\n"

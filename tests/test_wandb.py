@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from speedrun.config import LoggerConfig
-from speedrun.loggers import WandbLogger, make_logger, resolve_wandb_mode
+from speedrun.run.loggers import WandbLogger, make_logger, resolve_wandb_mode
 
 # test_cli.py's TINY with a 2 s budget, no warm-up step and a shorter eval: every job is a real run, just short
 SWEEP_TINY = [

@@ -16,15 +16,15 @@ def main(cfg: Any) -> dict[str, Any]:
     A user error (speedrun.errors.ConfigError: a bad value, an impossible combination, missing or corrupt data, a
     kernel that cannot load, a results database that cannot be written) ends the process with one line naming the
     problem, the fix and the row that records it, and exit status 1; its traceback is in the run dir's error.txt.
-    Running out of GPU memory ends the same way with status oom (speedrun.oom). Ctrl-C and SIGTERM end with one
+    Running out of GPU memory ends the same way with status oom (speedrun.run.oom). Ctrl-C and SIGTERM end with one
     line and the shell's status for the signal (130, 143); the row says interrupted. Anything else is a bug and
     keeps its traceback."""
     import logging
     import signal
     import sys
 
-    from .errors import ConfigError, RunOutOfMemory
-    from .runner import run_job
+    from speedrun.errors import ConfigError, RunOutOfMemory
+    from speedrun.run.runner import run_job
 
     log = logging.getLogger("speedrun")
     try:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from speedrun.errors import ConfigError
 
 DEFAULT_ATOL, DEFAULT_RTOL = 0.03, 0.01
 
@@ -112,7 +112,7 @@ def candidate_overrides(plan: Any, quick: bool = False) -> list[list[str]]:
 
 
 def _has_fp8(plan: Any) -> bool:
-    from .hardware import PROFILES
+    from speedrun.hardware.profiles import PROFILES
 
     profile = PROFILES.get(plan.hardware)
     return bool(profile and profile.capability and profile.capability >= (8, 9))
@@ -179,7 +179,7 @@ def provenance(plan: Any, default: Candidate, winner: Candidate, steps: int, arg
 
 
 def results_table(candidates: list[Candidate], winner: Candidate) -> str:
-    from .tables import format_table
+    from speedrun.tables import format_table
 
     base = candidates[0].tokens_per_s
     rows = []
@@ -208,8 +208,8 @@ def measure(candidate: Candidate, data: Any, steps: int, log: Callable[[str], No
     batches; fills tokens_per_s, step_ms and losses."""
     import torch
 
-    from .build import build_attention, build_model
-    from .train import Stepper, TrainState, warm_up
+    from speedrun.training.build import build_attention, build_model
+    from speedrun.training.loop import Stepper, TrainState, warm_up
 
     plan = candidate.plan
     cuda = plan.device == "cuda"
@@ -317,11 +317,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace, argv: list[str]) -> int:
-    from .build import build_data, configure_torch
-    from .config import to_config
-    from .hardware import detect
-    from .kernels.tuned import write_entry
-    from .plan import PlanError, resolve
+    from speedrun.config import to_config
+    from speedrun.hardware.profiles import detect
+    from speedrun.kernels.tuned import write_entry
+    from speedrun.plan import PlanError, resolve
+    from speedrun.training.build import build_data, configure_torch
 
     def log(msg: str) -> None:
         print(msg, flush=True)
@@ -370,7 +370,7 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
 def _compose(overrides: list[str]) -> Any:
     from hydra import compose, initialize_config_dir
 
-    from .config import CONF_DIR, register_configs
+    from speedrun.config import CONF_DIR, register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

@@ -37,10 +37,10 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from speedrun.identity import GPU_SHARED_ENV
 from speedrun.kernels.cache import cache_env
 from speedrun.paths import results_db_path
-from speedrun.signals import sigterm_as_interrupt
+from speedrun.records.identity import GPU_SHARED_ENV
+from speedrun.run.signals import sigterm_as_interrupt
 
 from .gpu_slots import pool_slots, take_slots, visible_gpus  # noqa: F401 - part of this module's interface
 from .job_io import pump_output, read_json
@@ -122,7 +122,7 @@ def _forwarded(hydra_overrides: Sequence[str]) -> list[str]:
 def _record_death(job: "_Job", status: str, why: str) -> None:
     """A job that died without writing its record (SIGKILL, the OOM killer, a segfault) would stay `running` in
     results.sqlite forever: close its row from here."""
-    from speedrun.records import ResultsDB
+    from speedrun.records.store import ResultsDB
 
     db_path = results_db_path(job.config.get("results_db"))
     try:

@@ -4,7 +4,7 @@ submitit's checkpointing protocol: when SLURM signals a job that it is preempted
 ``--signal=USR2@<delay>``), submitit calls ``checkpoint`` on the submitted callable (the launcher, here) for a
 DelayedSubmission to requeue, requeues the job and exits. The stock launcher requeues the same call, so the job
 would start over. Ours adds ``resume=<run dir>`` when the job's run dir holds a checkpoint, so the requeued job
-continues it (speedrun.resume) and completes the same results row. The training loop (speedrun.preempt) defers
+continues it (speedrun.training.resume) and completes the same results row. The training loop (speedrun.training.preempt) defers
 the signal to the end of the current step, writes that checkpoint, and only then lets submitit's handler run.
 
 Imported by Hydra's plugin scan on every start: nothing heavy at import, and nothing at all without the extra.
@@ -24,7 +24,7 @@ except ImportError:  # the `slurm` extra is not installed: no SLURM launcher to 
 
 def requeue_overrides(overrides: Sequence[str], run_dir: Path | None) -> list[str]:
     """The job's overrides for its requeued run: plus ``resume=<run dir>`` when that dir holds a checkpoint."""
-    from speedrun.checkpoint import list_checkpoints
+    from speedrun.training.checkpoint import list_checkpoints
 
     kept = [o for o in overrides if not o.startswith("resume=")]
     if run_dir is not None and list_checkpoints(run_dir):

@@ -7,8 +7,8 @@ plus what a long sweep needs, with any launcher (pool, submitit, basic):
   callbacks (the summary) always run; the summary callback then sets the exit status.
 - ``fail_fast``: stop after the first batch with a failure (the pool launcher also stops inside a batch).
 - ``resume``: skip the combinations that already completed with status ok: a run in results.sqlite with the
-  same composed config (see speedrun.sweep.config_identity: same name, overrides and conf/ defaults), on the same
-  card (its ``device_name`` is speedrun.identity.current_device_name() here; ``$SPEEDRUN_DEVICE_NAME`` overrides
+  same composed config (see speedrun.report.sweep.config_identity: same name, overrides and conf/ defaults), on the same
+  card (its ``device_name`` is speedrun.records.identity.current_device_name() here; ``$SPEEDRUN_DEVICE_NAME`` overrides
   it) and of the same code (its ``code_fingerprint`` is code_fingerprint(REPO_ROOT) here, unless
   ``resume_across_code``). A combination done only elsewhere runs again, and the summary says why.
 - ``sweep.json`` in the sweep dir: every combination and what became of it (launched, reused, not_run).
@@ -68,9 +68,9 @@ class SpeedrunSweeper(BasicSweeper):
         self.resume_across_code = bool(resume_across_code)
 
     def sweep(self, arguments: list[str]) -> Any:
-        from speedrun.identity import code_fingerprint
         from speedrun.paths import REPO_ROOT
-        from speedrun.sweep import JobEntry, Manifest
+        from speedrun.records.identity import code_fingerprint
+        from speedrun.report.sweep import JobEntry, Manifest
 
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
@@ -121,8 +121,8 @@ class SpeedrunSweeper(BasicSweeper):
     def _mark_reused(self, manifest: Any, identities: list[str | None]) -> None:
         """Mark the jobs an earlier ok run (same config, this card, this code) already did; note why the others
         that were done elsewhere run again."""
-        from speedrun.identity import current_device_name
-        from speedrun.sweep import completed_runs
+        from speedrun.records.identity import current_device_name
+        from speedrun.report.sweep import completed_runs
 
         manifest.device_name = current_device_name()
         code = None if self.resume_across_code else manifest.code_fingerprint
@@ -150,7 +150,7 @@ class SpeedrunSweeper(BasicSweeper):
             )
 
     def _identity(self, overrides: list[str]) -> str | None:
-        from speedrun.sweep import config_identity
+        from speedrun.report.sweep import config_identity
 
         assert self.config is not None and self.hydra_context is not None
         cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))

@@ -20,13 +20,12 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from ..paths import CONF_DIR, DEFAULT_RESULTS_DB
-from .checkpointing import CheckpointConfig
-from .choices import *  # noqa: F403 - the Enums are part of the schema's public names
-from .distributed import DistConfig
-from .finishing import EvalConfig, LoggerConfig, QuantConfig, TTTConfig
-from .kernel import KernelConfig
-from .training import (
+from speedrun.config.checkpointing import CheckpointConfig
+from speedrun.config.choices import *  # noqa: F403 - the Enums are part of the schema's public names
+from speedrun.config.distributed import DistConfig
+from speedrun.config.finishing import EvalConfig, LoggerConfig, QuantConfig, TTTConfig
+from speedrun.config.kernel import KernelConfig
+from speedrun.config.training import (
     AttnConfig,
     BudgetConfig,
     DataConfig,
@@ -36,6 +35,7 @@ from .training import (
     PrecisionConfig,
     ScheduleConfig,
 )
+from speedrun.paths import CONF_DIR, DEFAULT_RESULTS_DB
 
 __all__ = [
     "CONF_DIR",
@@ -89,7 +89,7 @@ class Config:
     """Sweep id, set by multirun; recorded with each run."""
     resume: str | None = None
     """A run dir to continue from its latest checkpoint, to its original budget, recorded in the same row:
-    `python -m run resume=<run dir>`. The run's own config is used (speedrun.resume)."""
+    `python -m run resume=<run dir>`. The run's own config is used (speedrun.training.resume)."""
 
 
 GROUPS = {
@@ -120,10 +120,6 @@ def register_configs() -> None:
 
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
-    from ..resume import hydra_subdir_resolver, run_dir_resolver  # conf/config.yaml: resume=<dir> runs in <dir>
-
-    OmegaConf.register_new_resolver("speedrun_run_dir", run_dir_resolver, replace=True)
-    OmegaConf.register_new_resolver("speedrun_hydra_subdir", hydra_subdir_resolver, replace=True)
     for group, schema in GROUPS.items():
         cs.store(name=f"{group}_schema", node=schema)
 

@@ -1,8 +1,8 @@
 """Schema of the loop's keeping: checkpoints during training and what a resumed run reads.
 
 Checkpoints hold everything the loop needs to continue bit for bit (model, optimizers, GradScaler, data position,
-RNG states, schedule progress and the elapsed budget); speedrun.checkpoint writes and reads them, and
-speedrun.resume turns ``resume=<run dir>`` into the run's own config.
+RNG states, schedule progress and the elapsed budget); speedrun.training.checkpoint writes and reads them, and
+speedrun.training.resume turns ``resume=<run dir>`` into the run's own config.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .choices import _require
+from speedrun.config.choices import _require
 
 
 @dataclass

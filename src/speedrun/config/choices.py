@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from ..errors import ConfigError
+from speedrun.errors import ConfigError
 
 
 class Choice(str, Enum):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .choices import Choice, _require
+from speedrun.config.choices import Choice, _require
 
 
 class DistBackend(Choice):

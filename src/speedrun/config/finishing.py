@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..specs import parse_count, parse_short_chunks, parse_targets
-from .checkpointing import parse_batch
-from .choices import Compressor, EvalName, LoggerName, QuantName, TTTName, WandbMode, _require
+from speedrun.config.checkpointing import parse_batch
+from speedrun.config.choices import Compressor, EvalName, LoggerName, QuantName, TTTName, WandbMode, _require
+from speedrun.config.specs import parse_count, parse_short_chunks, parse_targets
 
 
 @dataclass

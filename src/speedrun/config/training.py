@@ -6,9 +6,9 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ..specs import parse_count, parse_stages
-from .checkpointing import parse_batch
-from .choices import HardwareName, PrecisionName, Progress, ScheduleName, SdpaKernel, _require
+from speedrun.config.checkpointing import parse_batch
+from speedrun.config.choices import HardwareName, PrecisionName, Progress, ScheduleName, SdpaKernel, _require
+from speedrun.config.specs import parse_count, parse_stages
 
 
 @dataclass
@@ -43,7 +43,7 @@ class HardwareConfig:
 class AttnConfig:
     name: str = "auto"
     """Attention backend: auto, sdpa, flex, math (the explicit reference), fa3 (FlashAttention-3 via `kernels`), or
-    any backend registered in speedrun.attention (one module + one conf/attn YAML; see README "Extending")."""
+    any backend registered in speedrun.model.attention (one module + one conf/attn YAML; see README "Extending")."""
     kernel: SdpaKernel = SdpaKernel.auto
     """For sdpa: auto, flash, cudnn, efficient, math. The chosen kernel is pinned, never a silent fallback."""
     window: int | None = None

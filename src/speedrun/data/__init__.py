@@ -1,10 +1,10 @@
 """Data layer: embedded corpus, SentencePiece tokenizers, token shards, BPB byte accounting,
 batch loading and dataset preparation. See docs/architecture.md for the formats and the BPB rule."""
 
-from .bpb import ByteLUTs, bits_per_byte, build_byte_luts, stream_bytes, token_bytes, unigram_bits_per_byte
-from .corpus import EMBEDDED_CORPUS, iter_documents, load_embedded_documents, split_train_val
-from .loader import TokenStream, load_val_tokens
-from .prepare import (
+from speedrun.data.bpb import ByteLUTs, bits_per_byte, build_byte_luts, stream_bytes, token_bytes, unigram_bits_per_byte
+from speedrun.data.corpus import EMBEDDED_CORPUS, iter_documents, load_embedded_documents, split_train_val
+from speedrun.data.loader import TokenStream, load_val_tokens
+from speedrun.data.prepare import (
     DataNotFoundError,
     DatasetPaths,
     ensure_embedded_dataset,
@@ -13,8 +13,8 @@ from .prepare import (
     prepare_dataset,
     read_dataset_info,
 )
-from .shards import ShardError, list_shards, read_shard, validate_shard, write_shard
-from .tokenizer import load_tokenizer, train_tokenizer
+from speedrun.data.shards import ShardError, list_shards, read_shard, validate_shard, write_shard
+from speedrun.data.tokenizer import load_tokenizer, train_tokenizer
 
 __all__ = [
     "EMBEDDED_CORPUS",

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import DataError
-from .shards import ShardError, read_shard
+from speedrun.data.shards import ShardError, read_shard
+from speedrun.errors import DataError
 
 
 class TokenStream:

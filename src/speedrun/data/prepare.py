@@ -23,11 +23,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import DataError
-from .bpb import build_byte_luts, stream_bytes, unigram_bits_per_byte
-from .corpus import EMBEDDED_CORPUS, load_embedded_documents, split_train_val
-from .shards import list_shards, read_header, shard_name, write_shard
-from .tokenizer import TRAINER_SETTINGS, load_tokenizer, train_tokenizer
+from speedrun.data.bpb import build_byte_luts, stream_bytes, unigram_bits_per_byte
+from speedrun.data.corpus import EMBEDDED_CORPUS, load_embedded_documents, split_train_val
+from speedrun.data.shards import list_shards, read_header, shard_name, write_shard
+from speedrun.data.tokenizer import TRAINER_SETTINGS, load_tokenizer, train_tokenizer
+from speedrun.errors import DataError
 
 TOKENIZER_FILE = "tokenizer.model"
 INFO_FILE = "dataset.json"

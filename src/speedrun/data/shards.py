@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import DataError
+from speedrun.errors import DataError
 
 MAGIC = 20240520
 VERSION = 1

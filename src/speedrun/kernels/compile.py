@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..config.kernel import GRAPHING_MODES
+from speedrun.config.kernel import GRAPHING_MODES
 
 EVAL_MODE = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
 """Evaluation's compile mode for a training mode that records CUDA graphs."""

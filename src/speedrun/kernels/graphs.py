@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ..plan.kernel import GRAPH_EAGER_CALLS  # the resolver checks warm-up runs this many before capturing
+from speedrun.kernels import GRAPH_EAGER_CALLS  # the resolver checks warm-up runs this many before capturing
 
 MicroStep = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """micro_step(x, y) -> the loss it backpropagated (detached), x and y on the device."""

@@ -48,7 +48,7 @@ def kernel_rows(events: Iterable[Any], cuda: bool) -> list[KernelRow]:
 def top_kernels_table(rows: list[KernelRow], step_ms: float, steps: int, top: int = 15) -> str:
     """The table run.log gets: name, calls, total ms, ms per step, % of step, the top ``top`` by total time, and a
     line for the rest."""
-    from ..tables import format_table
+    from speedrun.tables import format_table
 
     rows = sorted(rows, key=lambda r: r.total_ms, reverse=True)
     step_total = step_ms * steps

@@ -17,8 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, PlanError
-from ..paths import CONF_DIR
+from speedrun.errors import ConfigError, PlanError
+from speedrun.paths import CONF_DIR
 
 TABLE_DIR = CONF_DIR / "kernel" / "tuned"
 
@@ -43,7 +43,7 @@ def validate_settings(settings: dict[str, Any], where: str) -> dict[str, Any]:
     """Check a table's settings against the kernel schema (a wrong key or value names the file)."""
     from omegaconf import OmegaConf
 
-    from ..config.kernel import KernelConfig
+    from speedrun.config.kernel import KernelConfig
 
     try:
         cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(KernelConfig), unflatten(settings)))

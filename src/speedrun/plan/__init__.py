@@ -15,16 +15,16 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from ..cards import card_for
-from ..config import CONF_DIR, Config, DataConfig, ModelConfig, QuantConfig, TTTConfig
-from ..errors import PlanError
-from ..hardware import PROFILES, DetectedDevice, HardwareProfile
-from ..shape import ModelShape
-from .attention import check_scores_memory, resolve_attention
-from .distributed import DistPlan, WorldInfo, check_step_split, resolve_dist
-from .kernel import graph_warmup_steps, kernel_micro_batch, kernel_settings, resolve_kernel
-from .memory import param_count, training_memory_bytes
-from .types import DataPlan, EvalPlan, KernelPlan, Plan, Stage, plan_json
+from speedrun.config import CONF_DIR, Config, DataConfig, ModelConfig, QuantConfig, TTTConfig
+from speedrun.errors import PlanError
+from speedrun.hardware.cards import card_for
+from speedrun.hardware.profiles import PROFILES, DetectedDevice, HardwareProfile
+from speedrun.model.shape import ModelShape
+from speedrun.plan.attention import check_scores_memory, resolve_attention
+from speedrun.plan.distributed import DistPlan, WorldInfo, check_step_split, resolve_dist
+from speedrun.plan.kernel import graph_warmup_steps, kernel_micro_batch, kernel_settings, resolve_kernel
+from speedrun.plan.memory import param_count, training_memory_bytes
+from speedrun.plan.types import DataPlan, EvalPlan, KernelPlan, Plan, Stage, plan_json
 
 __all__ = [
     "Plan",
@@ -81,7 +81,7 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
     """Check the requested combination against the device and fill every ``auto``/None from the profile.
 
     cwd: where relative data paths are taken from (the directory `python -m run` started in). world: the
-    processes of the run as this one's environment tells (speedrun.dist.current; None: a single process)."""
+    processes of the run as this one's environment tells (speedrun.distributed.world.current; None: a single process)."""
     profile, emulated = choose_profile(str(cfg.hardware.name), device)
     on_cuda = profile.device_type == "cuda"
 
@@ -264,7 +264,7 @@ def _stages(lengths: list[tuple[int, float]], micro_tokens: int) -> tuple[Stage,
 def _memory_estimate_gb(
     attn: str, options: dict[str, Any], micro_batch: int, model: ModelShape, precision: str
 ) -> float:
-    from ..attention import backend_class
+    from speedrun.model.attention import backend_class
 
     scores = backend_class(attn).scores_bytes(options, micro_batch, model, precision)
     return round(training_memory_bytes(model, micro_batch, precision, scores, param_count(model)) / 1e9, 2)
@@ -333,7 +333,7 @@ def _resolve_eval(
     micro_batch: int,
     micro_batch_search: bool = False,
 ) -> EvalPlan:
-    from ..attention import backend_class
+    from speedrun.model.attention import backend_class
 
     e = cfg.eval
     if e.name == "sliding" and e.stride > model.seq_len:
@@ -381,7 +381,7 @@ def _check_compressor(quant: QuantConfig) -> None:
     """brotli and zstd come from an optional extra: refuse before training, not at export time."""
     if quant.name == "off":
         return
-    from ..quantize import check_compressor
+    from speedrun.config.compressors import check_compressor
 
     try:
         check_compressor(str(quant.compressor), quant.level)

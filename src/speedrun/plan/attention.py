@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import Config
-from ..errors import PlanError
-from ..hardware import HardwareProfile
-from ..shape import ModelShape
+from speedrun.config import Config
+from speedrun.errors import PlanError
+from speedrun.hardware.profiles import HardwareProfile
+from speedrun.model.shape import ModelShape
 
 
 def resolve_attention(
     cfg: Config, profile: HardwareProfile, precision: str, model: ModelShape
 ) -> tuple[str, dict[str, Any], str]:
     """Ask the requested backend whether it can run here (its capabilities), then for its options."""
-    from ..attention import REGISTRY, backend_class
+    from speedrun.model.attention import REGISTRY, backend_class
 
     request = cfg.attn
     name = profile.attn if request.name == "auto" else request.name
@@ -41,7 +41,7 @@ def check_scores_memory(
     attn: str, options: dict[str, Any], micro_batch: int, model: ModelShape, profile: HardwareProfile, precision: str
 ) -> None:
     """A kernel that materialises B x H x T x T scores is refused before an OOM, not after."""
-    from ..attention import backend_class
+    from speedrun.model.attention import backend_class
 
     if profile.device_type != "cuda":
         return

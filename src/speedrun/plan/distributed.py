@@ -1,17 +1,17 @@
 """The ``dist`` part of the resolver: how many ranks, on how many nodes, started by whom, and how a step's
-tokens split over them. Torch-free: ``WorldInfo`` is what speedrun.dist read from the environment."""
+tokens split over them. Torch-free: ``WorldInfo`` is what speedrun.distributed.world read from the environment."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import DistConfig
-from ..errors import PlanError
+from speedrun.config import DistConfig
+from speedrun.errors import PlanError
 
 
 @dataclass(frozen=True)
 class WorldInfo:
-    """This process's place among the processes of a run, as its environment tells (speedrun.dist.current)."""
+    """This process's place among the processes of a run, as its environment tells (speedrun.distributed.world.current)."""
 
     launcher: str = "none"
     """How the ranks were started: none (this process is the whole run, or will start the ranks itself),

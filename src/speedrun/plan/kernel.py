@@ -8,17 +8,14 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from ..config import Config
-from ..config.kernel import FP8_TARGETS, GRAPHING_MODES
-from ..errors import PlanError
-from ..hardware import HardwareProfile
-from ..kernels.tiles import FlexTiles, choose_tiles, fitting_bwd, fitting_fwd, tiles_smem
-from ..shape import ModelShape
-from .types import KernelPlan
-
-GRAPH_EAGER_CALLS = 2
-"""Micro-batches run eagerly at a new shape before its CUDA graph is captured (speedrun.kernels.graphs): the
-compiled code and its autotuning must have run before capture."""
+from speedrun.config import Config
+from speedrun.config.kernel import FP8_TARGETS, GRAPHING_MODES
+from speedrun.errors import PlanError
+from speedrun.hardware.profiles import HardwareProfile
+from speedrun.kernels import GRAPH_EAGER_CALLS
+from speedrun.kernels.tiles import FlexTiles, choose_tiles, fitting_bwd, fitting_fwd, tiles_smem
+from speedrun.model.shape import ModelShape
+from speedrun.plan.types import KernelPlan
 
 _TILE_KEYS = {
     "flex_fwd.block_m": "block_m",
@@ -46,7 +43,7 @@ def kernel_settings(cfg: Config, profile: HardwareProfile, model_name: str) -> t
     table: dict[str, Any] = {}
     source = str(k.name)
     if k.name == "tuned":
-        from ..kernels.tuned import load_entry
+        from speedrun.kernels.tuned import load_entry
 
         table, _ = load_entry(profile.name, model_name)
         source = f"tuned:{profile.name}/{model_name}"

@@ -17,7 +17,7 @@ scores grow with T). Measured against pgolf_baseline on an H100 (11.9 GB peak, d
 
 from __future__ import annotations
 
-from ..shape import ModelShape
+from speedrun.model.shape import ModelShape
 
 
 def training_memory_bytes(model: ModelShape, micro_batch: int, precision: str, scores_bytes: int, params: int) -> int:

@@ -7,9 +7,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import CheckpointConfig, LoggerConfig, OptimConfig, QuantConfig, ScheduleConfig, TTTConfig
-from ..shape import ModelShape
-from .distributed import DistPlan
+from speedrun.config import CheckpointConfig, LoggerConfig, OptimConfig, QuantConfig, ScheduleConfig, TTTConfig
+from speedrun.model.shape import ModelShape
+from speedrun.plan.distributed import DistPlan
 
 
 @dataclass(frozen=True)
@@ -82,11 +82,11 @@ class KernelPlan:
     coordinate_descent_tuning: bool = False
     """inductor tunes its generated Triton kernels by coordinate descent."""
     fused_qkv: bool = False
-    """Each block's q, k and v projections run as one matmul in training (speedrun.model.CausalSelfAttention)."""
+    """Each block's q, k and v projections run as one matmul in training (speedrun.model.gpt.CausalSelfAttention)."""
     fp8: tuple[str, ...] = ()
     """FP8 targets among the block linears (mlp_down, mlp, attn_proj, attn_qkv, all); () for none."""
     fp8_impl: str = "speedrun"
-    """speedrun (speedrun.fp8) or torchao (torchao.float8)."""
+    """speedrun (speedrun.model.fp8) or torchao (torchao.float8)."""
     flex_tiles: str | None = None
     """attn=flex: the tiles passed to both kernels (their kernel_options are in attn_options), or None."""
     flex_smem: tuple[tuple[str, int], ...] = ()
@@ -149,9 +149,9 @@ class Plan:
     matmul_dtype: str
     """The dtype whose peak MFU divides by (tf32 for fp32 on sm80+)."""
     card: str | None
-    """The card that runs, as named in speedrun.cards (None: CPU, or a GPU the table does not know)."""
+    """The card that runs, as named in speedrun.hardware.cards (None: CPU, or a GPU the table does not know)."""
     peak_flops: float | None
-    """Dense peak FLOP/s of matmul_dtype on the card that runs (speedrun.cards): mfu's denominator. None on CPU
+    """Dense peak FLOP/s of matmul_dtype on the card that runs (speedrun.hardware.cards): mfu's denominator. None on CPU
     and on a card the table does not know (mfu is then null, never a neighbour's figure)."""
     profile_peak_flops: float | None
     """When emulating: the same peak on the emulated profile (mfu_profile's denominator); else None."""
@@ -159,7 +159,7 @@ class Plan:
     """Dtype of Muon's Newton-Schulz iterations."""
     attn: str
     attn_options: tuple[tuple[str, Any], ...]
-    """Constructor options of the attention backend (speedrun.attention.get_backend)."""
+    """Constructor options of the attention backend (speedrun.model.attention.get_backend)."""
     attn_kernel: str
     """The kernel that will run, e.g. sdpa:flash."""
     document_mask: bool

@@ -12,10 +12,10 @@ One module per job:
 
 from __future__ import annotations
 
-from .cli import LOWER_IS_BETTER, build_parser, main
-from .groups import EvalSets, Group, compare, default_group_keys, eval_sets, group_runs, rank_groups
-from .runs import Run, canon, is_failure
-from .selection import load_runs, parse_pairs
+from speedrun.report.cli import LOWER_IS_BETTER, build_parser, main
+from speedrun.report.groups import EvalSets, Group, compare, default_group_keys, eval_sets, group_runs, rank_groups
+from speedrun.report.runs import Run, canon, is_failure
+from speedrun.report.selection import load_runs, parse_pairs
 
 __all__ = [
     "LOWER_IS_BETTER",

@@ -22,12 +22,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..tables import format_table
-from .groups import compare, default_group_keys, eval_sets, group_runs, rank_groups
-from .leaderboard import extra_columns, groups_csv, metrics_for, shared_note, table_rows, ttest_rows
-from .page import render_html, runs_section
-from .plots import make_plots
-from .selection import load_runs, parse_pairs
+from speedrun.report.groups import compare, default_group_keys, eval_sets, group_runs, rank_groups
+from speedrun.report.leaderboard import extra_columns, groups_csv, metrics_for, shared_note, table_rows, ttest_rows
+from speedrun.report.page import render_html, runs_section
+from speedrun.report.plots import make_plots
+from speedrun.report.selection import load_runs, parse_pairs
+from speedrun.tables import format_table
 
 LOWER_IS_BETTER = ("val_bpb", "val_bpb_quant", "val_bpb_ttt", "val_bpb_ttt_base", "val_loss")
 
@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.wandb_dashboard and not args.dry_run:
-        from .dashboard import preflight
+        from speedrun.report.dashboard import preflight
 
         problem = preflight(args.wandb_entity)  # before any work: no credentials is one line, not a traceback
         if problem:
@@ -97,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"no runs match in {args.db}", file=sys.stderr)
         return 2
     if args.wandb_dashboard:
-        from .dashboard import run_dashboard
+        from speedrun.report.dashboard import run_dashboard
 
         sweep = runs[-1].row.get("sweep") or args.wandb_dashboard
         return run_dashboard(runs, sweep, args.wandb_project, args.wandb_entity, args.dry_run, args.out)

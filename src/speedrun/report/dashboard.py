@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from .groups import default_group_keys
+from speedrun.report.groups import default_group_keys
 
 GROUP_OPTIONS = (
     "hardware",

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..stats import Welch, finite, mean, welch_less
-from ..tables import display
-from .runs import NOT_RUN, OK, Run, canon, is_failure, varying_keys
+from speedrun.report.runs import NOT_RUN, OK, Run, canon, is_failure, varying_keys
+from speedrun.stats import Welch, finite, mean, welch_less
+from speedrun.tables import display
 
 DEVICE_KEYS = ("hardware", "device_name")
 """Result columns added to the default group keys when they vary: a profile (hardware=h100) covers several cards

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..stats import mean, std
-from ..tables import csv_text, fmt_number, fmt_p, mean_std_cell
-from .groups import EVAL_KEY, EvalSets, Group
+from speedrun.report.groups import EVAL_KEY, EvalSets, Group
+from speedrun.stats import mean, std
+from speedrun.tables import csv_text, fmt_number, fmt_p, mean_std_cell
 
 METRICS: dict[str, str] = {
     "val_bpb": "{:.4f}",

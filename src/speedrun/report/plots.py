@@ -9,11 +9,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..stats import finite, mean, pareto_front, std
-from ..tables import display
-from .curves import plot_curves
-from .groups import Group
-from .runs import Run, dotted
+from speedrun.report.curves import plot_curves
+from speedrun.report.groups import Group
+from speedrun.report.runs import Run, dotted
+from speedrun.stats import finite, mean, pareto_front, std
+from speedrun.tables import display
 
 
 def make_plots(groups: Sequence[Group], out: Path, metric: str, curve_x: str = "tokens") -> dict[str, Path]:

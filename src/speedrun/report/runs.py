@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..tables import display
+from speedrun.tables import display
 
 OK = "ok"
 NOT_RUN = "not_run"

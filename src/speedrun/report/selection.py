@@ -7,7 +7,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from .runs import Run, canon
+from speedrun.report.runs import Run, canon
 
 
 def parse_pairs(items: Sequence[str], what: str) -> dict[str, str]:
@@ -30,7 +30,7 @@ def load_runs(
     where: dict[str, str] | None = None,
 ) -> list[Run]:
     """The selected runs, oldest first. A ``where`` value may be a comma list; values compare as canon strings."""
-    from ..records import ResultsDB
+    from speedrun.records.store import ResultsDB
 
     if not db.exists():
         raise SystemExit(f"no results database at {db}: run something first (python -m run)")
@@ -52,7 +52,7 @@ def _select_sweeps(runs: list[Run], sweeps: Sequence[str], multirun: Path | None
     """Runs of the named sweeps: an id, ``latest``, or a sweep dir. A sweep that resumed also takes the
     earlier runs its manifest (sweep.json) reused, even when it ran no job itself. ``multirun`` is where
     sweep dirs live (outputs/multirun beside the database), searched for manifests by id."""
-    from ..sweep import MANIFEST  # here, not at the top: speedrun.sweep imports this package
+    from speedrun.report.sweep import MANIFEST  # here, not at the top: speedrun.report.sweep imports this package
 
     manifests = {p.parent.name: p.parent for p in multirun.glob(f"*/*/{MANIFEST}")} if multirun else {}
     ids, dirs = set(), []

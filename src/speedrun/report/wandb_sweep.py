@@ -44,8 +44,8 @@ def log_sweep_summary(
     except ImportError:
         log.warning("logger=wandb: wandb is not installed; no sweep summary in W&B")
         return
-    from ..loggers import WandbLogger, _settings, resolve_wandb_mode
-    from .plots import make_plots
+    from speedrun.report.plots import make_plots
+    from speedrun.run.loggers import WandbLogger, _settings, resolve_wandb_mode
 
     try:
         plots = make_plots(groups, _plots_dir(sweep_dir), metric)

@@ -1,0 +1,373 @@
+"""One run on several processes: this process's rank, its process groups, and the few collectives a run needs.
+
+A run of N ranks is N copies of the same pipeline (resolve -> build -> train -> evaluate -> finalize), each on its
+own GPU (``cuda:LOCAL_RANK``), that stay in lock step through these calls:
+
+- ``sync_grads``: after a step's micro-batches, every gradient is averaged over the ranks (bucketed all-reduce).
+- ``split_newton_schulz``: Muon's orthogonalisation of a stack of matrices is split over the ranks (each does
+  its share, then an all-gather), instead of every rank repeating all of it.
+- ``mean``: the step's loss over all ranks (what is logged, and what "diverged" is decided on).
+- ``agree``: rank 0's clock, broadcast, so every time-based decision (stop, LR, context stage, logging) is the
+  same on every rank and all ranks stop at the same step.
+- ``sum_``, ``max``, ``from_rank0``, ``gather``: eval sums, peak memory, rank 0's artifact, GPU names.
+
+On one process (``World(WorldInfo())``, the default everywhere) each call is the identity or a no-op, so the
+training code has a single path. Which processes exist is read from the environment (``current``): torchrun /
+torch's elastic launch set RANK, WORLD_SIZE, LOCAL_RANK...; a submitit (SLURM) job of several tasks gets the same
+variables from submitit's own mapping of its job environment. Failures are the guard's (speedrun.distributed.guard).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import shutil
+import socket
+import tempfile
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from speedrun.plan.distributed import WorldInfo
+
+log = logging.getLogger("speedrun")
+
+FORCED_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+"""NVLink multicast (NVLS, symmetric-memory multicast) stays off in every process a run starts: the lent multi-GPU
+machines do not support it (their notes), and a run must not depend on it."""
+
+DEFAULT_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
+"""NCCL's watchdog tears the process down on a collective error or timeout (3, torch's default, spelt out): the
+last line of defence when a rank hangs or dies without raising."""
+
+BUCKET_BYTES = 64 << 20
+"""Gradient all-reduce bucket: one collective per 64 MB of fp32 gradients (pgolf_baseline: one bucket)."""
+
+RANK_DIR_ENV = "SPEEDRUN_RANK_DIR"
+"""A rank > 0's private directory for Hydra's output and its own (discarded) records; see launch.worker_argv."""
+
+LAUNCHED_ENV = "SPEEDRUN_LAUNCHED"
+"""Set by `python -m run dist.nproc=N` for the ranks it starts (their launcher is "elastic", not "torchrun")."""
+
+
+def set_process_env(environ: dict | None = None) -> None:
+    """Multicast off (forced) and NCCL's error handling on (unless set) in ``environ`` (default: this process's,
+    which the ranks it starts inherit)."""
+    env = os.environ if environ is None else environ
+    env.update(FORCED_ENV)
+    for key, value in DEFAULT_ENV.items():
+        env.setdefault(key, value)
+
+
+def submitit_rendezvous() -> dict[str, str] | None:
+    """In a submitit job (SLURM, or submitit's local executor) of several tasks: the env:// variables that
+    torch.distributed reads, from submitit's own mapping (helpers.TorchDistributedEnvironment): MASTER_ADDR = the
+    job's first host, MASTER_PORT = from the job id (the same in every task), RANK = the task's global id,
+    LOCAL_RANK = its id on its node. None outside such a job. A plain shell inside an allocation has SLURM_*
+    variables too, so only a submitit job (SUBMITIT_EXECUTOR set) counts."""
+    if not os.environ.get("SUBMITIT_EXECUTOR"):
+        return None
+    try:
+        from submitit.helpers import TorchDistributedEnvironment
+    except ImportError:
+        return None
+    env = TorchDistributedEnvironment()
+    if env.world_size <= 1:
+        return None
+    return {
+        "MASTER_ADDR": env.master_addr,
+        "MASTER_PORT": str(env.master_port),
+        "RANK": str(env.rank),
+        "WORLD_SIZE": str(env.world_size),
+        "LOCAL_RANK": str(env.local_rank),
+        "LOCAL_WORLD_SIZE": str(env.local_world_size),
+    }
+
+
+def world_from_env(environ: dict | None = None, visible_gpus: int = 0) -> WorldInfo:
+    """This process's place in a run, from torchrun's variables (after ``submitit_rendezvous`` set them)."""
+    env = os.environ if environ is None else environ
+    world_size = int(env.get("WORLD_SIZE") or 1)
+    if "RANK" not in env or world_size <= 1:
+        return WorldInfo(visible_gpus=visible_gpus)
+    launcher = "submitit" if env.get("SUBMITIT_EXECUTOR") else "elastic" if env.get(LAUNCHED_ENV) else "torchrun"
+    return WorldInfo(
+        launcher=launcher,
+        rank=int(env["RANK"]),
+        world_size=world_size,
+        local_rank=int(env.get("LOCAL_RANK") or 0),
+        local_world_size=int(env.get("LOCAL_WORLD_SIZE") or world_size),
+        visible_gpus=visible_gpus,
+    )
+
+
+def current() -> World:
+    """This process's World, from its environment. A rank binds its GPU (cuda:LOCAL_RANK) here, before anything
+    touches CUDA, so that ``detect()`` and every later allocation land on it."""
+    import torch
+
+    mapping = submitit_rendezvous()
+    if mapping:
+        os.environ.update(mapping)
+    info = world_from_env(visible_gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    if info.started:
+        set_process_env()
+        if info.visible_gpus > info.local_rank:
+            torch.cuda.set_device(info.local_rank)
+    return World(info)
+
+
+class World:
+    """This process's rank and the collectives of the run (identities on one process)."""
+
+    def __init__(self, info: WorldInfo):
+        self.info = info
+        self.rank, self.world_size, self.local_rank = info.rank, info.world_size, info.local_rank
+        self.ctrl: Any = None
+        """Process group for CPU-side agreement (gloo): rank 0's clock, objects. The default group on CPU."""
+        self.guard: Any = None
+        self.on_stop: Callable[[str, str, str], None] | None = None
+        """Rank 0: called from the guard's thread with (status, error, traceback) when a peer failed or a stop
+        signal came, so the run's row is closed even if this process is killed before it can finish."""
+        self._private_dir: str | None = None
+
+    @property
+    def single(self) -> bool:
+        return self.world_size == 1
+
+    def init(self, plan: Any) -> None:
+        """Join the run's process group (NCCL on GPUs, gloo on CPU) and start the failure guard."""
+        if self.single:
+            return
+        import torch
+        import torch.distributed as dist
+
+        from speedrun.distributed.guard import Guard
+
+        timeout = timedelta(seconds=plan.dist.timeout_s)
+        device_id = torch.device("cuda", self.local_rank) if plan.dist.backend == "nccl" else None
+        dist.init_process_group(plan.dist.backend, timeout=timeout, device_id=device_id)
+        # Scalars that steer the loop (rank 0's clock) and pickled objects go over gloo on the CPU: no GPU sync.
+        self.ctrl = dist.new_group(backend="gloo", timeout=timeout) if plan.dist.backend == "nccl" else None
+        self.guard = Guard(self, nccl=plan.dist.backend == "nccl")
+        self.guard.start()
+
+    def describe(self, device_name: str) -> dict[str, Any]:
+        """What the record says about the ranks: world_size, nodes, and each rank's host and device (its own GPU,
+        cuda:LOCAL_RANK; ``device_name`` is what the resolver saw, device 0, and names a CPU)."""
+        if self.single:
+            return {"world_size": 1, "nodes": 1}
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            device_name = torch.cuda.get_device_name(torch.cuda.current_device())
+        ranks = self.gather({"host": socket.gethostname(), "device": device_name})
+        return {
+            "world_size": self.world_size,
+            "nodes": len({r["host"] for r in ranks}),
+            "gpu_names": [r["device"] for r in ranks],
+            "hosts": sorted({r["host"] for r in ranks}),
+        }
+
+    # -- collectives (no-ops on one process) ------------------------------------------------------------
+    def agree(self, value: float) -> float:
+        """Rank 0's value on every rank (a float64 broadcast over gloo, no GPU sync)."""
+        if self.single:
+            return value
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.broadcast(t, src=0, group=self.ctrl)
+        return float(t.item())
+
+    def max(self, value: float | None) -> float | None:
+        """The largest value over the ranks (None counts as missing)."""
+        if self.single:
+            return value
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([float("-inf") if value is None else float(value)], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.ctrl)
+        return None if t.item() == float("-inf") else float(t.item())
+
+    def sum_(self, tensor: Any) -> Any:
+        """All-reduce (sum) in place, on the tensor's device; returns it."""
+        if not self.single:
+            import torch.distributed as dist
+
+            dist.all_reduce(tensor)
+        return tensor
+
+    def mean(self, tensor: Any) -> Any:
+        """The mean of a tensor over the ranks (a new tensor; no host sync on GPUs)."""
+        if self.single:
+            return tensor
+        return self.sum_(tensor.detach().clone()) / self.world_size
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order."""
+        if self.single:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.ctrl)
+        return out
+
+    def from_rank0(self, make: Callable[[], Any]) -> Any:
+        """``make()`` run on rank 0 alone, its result sent to every rank (the others wait)."""
+        if self.single:
+            return make()
+        import torch.distributed as dist
+
+        box = [make() if self.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0, group=self.ctrl)
+        return box[0]
+
+    def barrier(self) -> None:
+        if not self.single:
+            import torch.distributed as dist
+
+            dist.barrier(group=self.ctrl)
+
+    # -- training ---------------------------------------------------------------------------------------
+    def prepare(self, model: Any, optimizers: list) -> None:
+        """Rank 0's initial weights on every rank, and Muon's Newton-Schulz split over the ranks."""
+        if self.single:
+            return
+        import torch
+        import torch.distributed as dist
+
+        from speedrun.model.optim import Muon
+
+        with torch.no_grad():
+            for tensor in [*model.parameters(), *model.buffers()]:
+                dist.broadcast(tensor, src=0)
+        for opt in optimizers:
+            if isinstance(opt, Muon):
+                opt.distribute = self.split_newton_schulz
+
+    def sync_grads(self, params: list) -> None:
+        """Average every gradient over the ranks: fixed buckets of the parameters in model order (a missing grad
+        counts as zeros, so every rank sends the same layout), all-reduced asynchronously, then copied back.
+
+        An explicit all-reduce after the step's micro-batches rather than DDP: a compiled model's backward is one
+        graph whose gradients all appear at its end, so DDP could overlap only the last micro-batch's backward
+        (and only by splitting the graph per bucket); the one all-reduce per step costs well under 1% of a step
+        here (scripts/gpu_check_dist.sh measures it), and the compiled model and the Stepper stay as they are."""
+        if self.single:
+            return
+        import torch
+        import torch.distributed as dist
+
+        grads = []
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            grads.append(p.grad)
+        buckets: list[list] = [[]]
+        size = 0
+        for g in grads:
+            if buckets[-1] and (size + g.numel() * g.element_size() > BUCKET_BYTES or g.dtype != buckets[-1][0].dtype):
+                buckets.append([])
+                size = 0
+            buckets[-1].append(g)
+            size += g.numel() * g.element_size()
+        flats = [torch.cat([g.reshape(-1) for g in bucket]) for bucket in buckets]
+        works = [dist.all_reduce(flat, async_op=True) for flat in flats]  # bucket k+1 flattens while k reduces
+        for bucket, flat, work in zip(buckets, flats, works):
+            work.wait()
+            flat.div_(self.world_size)
+            pieces = torch.split(flat, [g.numel() for g in bucket])
+            torch._foreach_copy_(bucket, [piece.view_as(g) for g, piece in zip(bucket, pieces)])
+
+    def split_newton_schulz(self, orthogonalize: Callable) -> Callable:
+        """Wrap a Newton-Schulz function (stack (n, rows, cols) -> stack) so that rank r orthogonalises matrices
+        [r * k, (r + 1) * k) of the stack (k = ceil(n / world_size), zero-padded at the end; a zero matrix stays
+        zero) and the ranks all-gather the results. Every rank then applies the same update to every matrix;
+        the momentum buffers stay whole on every rank (elementwise work), so Muon's state is the same everywhere
+        and a checkpoint of rank 0's optimizer is complete."""
+        if self.single:
+            return orthogonalize
+        import torch
+        import torch.distributed as dist
+
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+        def split(G: Any, steps: int = 5, dtype: Any = torch.float32) -> Any:
+            n = G.size(0)
+            k = -(-n // self.world_size)
+            mine = G[self.rank * k : (self.rank + 1) * k]
+            if mine.size(0) < k:
+                mine = torch.cat([mine, mine.new_zeros((k - mine.size(0), *G.shape[1:]))])
+            local = orthogonalize(mine, steps=steps, dtype=dtype).contiguous()
+            out = local.new_empty((k * self.world_size, *local.shape[1:]))
+            gather(out, local)
+            return out[:n]
+
+        return split
+
+    # -- the end ----------------------------------------------------------------------------------------
+    def private_dir(self) -> str:
+        """A rank > 0's own directory (its Hydra output dir when launch.worker_argv made one), removed at exit:
+        the ranks share rank 0's run dir and row, and only rank 0 writes them."""
+        if self._private_dir is None:
+            self._private_dir = os.environ.get(RANK_DIR_ENV) or tempfile.mkdtemp(prefix=f"speedrun-rank{self.rank}-")
+            atexit.register(shutil.rmtree, self._private_dir, True)
+        return self._private_dir
+
+    def quiet(self) -> None:
+        """Ranks > 0 log warnings and errors only, to the console (rank 0 writes run.log)."""
+        if self.rank == 0:
+            return
+        logging.getLogger("speedrun").setLevel(logging.WARNING)
+        root = logging.getLogger()
+        for handler in list(root.handlers):
+            if isinstance(handler, logging.FileHandler):
+                root.removeHandler(handler)
+                handler.close()
+
+    def settle(self, result: dict[str, Any], exc: BaseException, run_dir: Any) -> None:
+        """After an exception: name the rank that failed first (a peer's error outranks the collective error or
+        the SIGTERM its failure caused here), call a stop signal an interrupt, and publish this rank's own
+        failure so that the other ranks stop within seconds."""
+        if self.guard is None:
+            return
+        self.guard.settle(result, exc, run_dir)
+
+    def shutdown(self, clean: bool) -> None:
+        """Leave the process group: destroyed after a run every rank finished, aborted (NCCL) otherwise so that
+        no collective can hold the process at exit."""
+        if self.guard is None:
+            return
+        self.guard.stop()
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            return
+        try:
+            if clean:
+                dist.destroy_process_group()
+            else:
+                self.guard.abort()
+        except Exception as e:  # noqa: BLE001 - the run is recorded already; leaving the group is best effort
+            log.warning("rank %d: leaving the process group: %s: %s", self.rank, type(e).__name__, e)
+
+
+class NoRecords:
+    """The results database of ranks > 0: they record nothing (rank 0 writes the run's row)."""
+
+    path = None
+
+    def upsert(self, run_id: str, row: dict[str, Any]) -> None:
+        pass
+
+    def rows(self, *args: Any) -> list:
+        return []
+
+
+SINGLE = World(WorldInfo())
+"""The world of a one-process run (and of tools and tests that call the pipeline's parts directly)."""

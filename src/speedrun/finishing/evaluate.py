@@ -1,0 +1,263 @@
+"""Validation loss and bits per byte over a fixed slice of the validation split.
+
+The harness is fixed and kept apart from what experiments change: the same tokens, windows and byte
+accounting for every run, so numbers compare across runs (and with parameter-golf's leaderboard).
+
+Two ways to cut the token stream into windows of the model's context T (targets are positions 1..M of the
+stream, M = len(val_tokens) - 1; a window starting at a feeds inputs a..a+T-1 and predicts a+1..a+T):
+
+- standard: non-overlapping windows a = 0, T, 2T, ...; each target sees 0..T-1 tokens of context.
+- sliding (stride S): windows a = 0, S, 2S, ... The first window scores all its T targets, every later one
+  only its last S, so each target after the first window sees at least T - S tokens of context. Where the
+  last full stride does not reach M, one more full-length window is placed to end exactly at M and scores
+  only the r < S targets not yet scored (parameter-golf's loop re-scores those tail targets instead). Every
+  target is scored exactly once; S == T gives the standard windows and the same sums.
+
+Document isolation (eval.document_isolated) keeps the windows and switches on the model's document mask
+(``document_mask``): a token attends only to tokens of its own document (BOS-delimited) inside the window.
+
+On several ranks (``shard``, a speedrun.distributed.world.World) the batches of windows are dealt round-robin, each rank puts
+every batch's float64 nats and int64 bytes in that batch's slot of a vector (zeros elsewhere), and the vectors are
+all-reduced: each slot has one non-zero term, so the sum is exact, and adding the slots in batch order on the host
+gives the same sums, bit for bit, as one rank scoring every batch (the batches, and so the kernels' shapes, are
+the same).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from speedrun.data.bpb import ByteLUTs, token_bytes
+from speedrun.progress import Progress
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    val_loss: float
+    """Mean nats per token."""
+    val_bpb: float
+    tokens: int
+    bytes: int
+
+
+@torch.no_grad()
+def evaluate(
+    forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    val_tokens: torch.Tensor,
+    luts: ByteLUTs,
+    *,
+    seq_len: int,
+    batch_size: int,
+    device: str,
+    autocast_dtype: torch.dtype | None,
+    shard: Any = None,
+    progress: Progress | None = None,
+) -> EvalResult:
+    """Score non-overlapping windows of seq_len; ``forward(x, y)`` returns per-token nats of shape (B, T).
+
+    Every token after the first is scored exactly once; sums are float64 so long evaluations do not drift.
+    shard: split the batches over ranks (see the module doc); None scores them all here. progress: ticked after
+    each batch with the tokens of the whole evaluation up to it (on several ranks, the ranks move in step).
+    """
+    n_windows = (val_tokens.numel() - 1) // seq_len
+    if n_windows < 1:
+        raise ValueError(f"need at least {seq_len + 1} validation tokens, have {val_tokens.numel()}")
+    luts = luts.to(device)
+    starts = range(0, n_windows, batch_size)
+    sums = _BatchSums(len(starts), device)
+    sum_tokens = n_windows * seq_len
+    for i, start in _dealt(starts, shard):
+        count = min(batch_size, n_windows - start)
+        span = val_tokens[start * seq_len : (start + count) * seq_len + 1].to(device, non_blocking=True)
+        x = span[:-1].view(count, seq_len)
+        y = span[1:].view(count, seq_len)
+        if autocast_dtype is not None:
+            with torch.autocast(device, dtype=autocast_dtype):
+                nats = forward(x, y)
+        else:
+            nats = forward(x, y)
+        sums.nats[i] = nats.double().sum()
+        sums.bytes[i] = token_bytes(x, y, luts).sum()
+        if progress is not None:
+            progress.tick((start + count) * seq_len, sum_tokens)
+    total_nats, total_bytes, _ = sums.totals(shard)
+    return EvalResult(
+        val_loss=total_nats / sum_tokens,
+        val_bpb=total_nats / math.log(2) / total_bytes,
+        tokens=sum_tokens,
+        bytes=total_bytes,
+    )
+
+
+def sliding_windows(n_targets: int, seq_len: int, stride: int) -> list[tuple[int, int]]:
+    """(start, score_from) of every window of the sliding eval over targets 1..n_targets.
+
+    A window feeds inputs start..start+T-1 (T = min(seq_len, n_targets)) and scores its targets from offset
+    score_from on, i.e. stream positions start+score_from+1 .. start+T. Each position 1..n_targets is scored
+    by exactly one window, in increasing order.
+    """
+    if not 1 <= stride <= seq_len:
+        raise ValueError(f"eval.stride must be in [1, seq_len={seq_len}], got {stride}")
+    if n_targets < 1:
+        raise ValueError(f"need at least 2 validation tokens, have {n_targets + 1}")
+    T = min(seq_len, n_targets)
+    windows = [(0, 0)]
+    scored_end = T  # targets 1..scored_end are scored
+    start = stride
+    while start + T <= n_targets:
+        windows.append((start, T - stride))
+        scored_end = start + T
+        start += stride
+    if scored_end < n_targets:  # the tail: a full window ending at n_targets, scoring only what is left
+        rest = n_targets - scored_end
+        windows.append((n_targets - T, T - rest))
+    return windows
+
+
+def _dealt(batches: Any, shard: Any) -> list[tuple[int, Any]]:
+    """(index, batch) of the batches this rank scores: every world_size-th, from its rank (all on one rank)."""
+    rank, world = (shard.rank, shard.world_size) if shard is not None else (0, 1)
+    return [(i, b) for i, b in enumerate(batches) if i % world == rank]
+
+
+class _BatchSums:
+    """Per-batch sums in float64 (nats) and int64 (bytes, tokens), one slot per batch of the whole eval."""
+
+    def __init__(self, n: int, device: str):
+        self.nats = torch.zeros(n, dtype=torch.float64, device=device)
+        self.bytes = torch.zeros(n, dtype=torch.int64, device=device)
+        self.tokens = torch.zeros(n, dtype=torch.int64, device=device)
+
+    def totals(self, shard: Any) -> tuple[float, int, int]:
+        if shard is not None:
+            for t in (self.nats, self.bytes, self.tokens):
+                shard.sum_(t)
+        total = 0.0
+        for v in self.nats.tolist():  # in batch order, as one rank accumulating batch by batch would
+            total += v
+        return total, int(self.bytes.sum().item()), int(self.tokens.sum().item())
+
+
+@torch.no_grad()
+def evaluate_sliding(
+    forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    val_tokens: torch.Tensor,
+    luts: ByteLUTs,
+    *,
+    seq_len: int,
+    stride: int,
+    batch_size: int,
+    device: str,
+    autocast_dtype: torch.dtype | None,
+    shard: Any = None,
+    progress: Progress | None = None,
+) -> EvalResult:
+    """Score every target once with windows of seq_len advancing by stride (see the module doc); ``progress`` as
+    in ``evaluate``."""
+    n_targets = val_tokens.numel() - 1
+    windows = sliding_windows(n_targets, seq_len, stride)
+    T = min(seq_len, n_targets)
+    luts = luts.to(device)
+    offsets = torch.arange(T + 1)
+    positions = torch.arange(T, device=device)
+    firsts = range(0, len(windows), batch_size)
+    sums = _BatchSums(len(firsts), device)
+    scored_through = _scored_through(windows, T, batch_size) if progress is not None else []
+    for i, first in _dealt(firsts, shard):
+        batch = windows[first : first + batch_size]
+        starts = torch.tensor([w[0] for w in batch])
+        score_from = torch.tensor([w[1] for w in batch], device=device)
+        span = val_tokens[starts[:, None] + offsets[None, :]].to(device, non_blocking=True)
+        x, y = span[:, :-1], span[:, 1:]
+        if autocast_dtype is not None:
+            with torch.autocast(device, dtype=autocast_dtype):
+                nats = forward(x, y)
+        else:
+            nats = forward(x, y)
+        scored = positions[None, :] >= score_from[:, None]
+        sums.nats[i] = torch.where(scored, nats.double(), 0.0).sum()
+        sums.bytes[i] = torch.where(scored, token_bytes(x, y, luts), 0).sum()
+        sums.tokens[i] = scored.sum()
+        if progress is not None:
+            progress.tick(scored_through[i], n_targets)
+    total_nats, total_bytes, total_tokens = sums.totals(shard)
+    assert total_tokens == n_targets, (total_tokens, n_targets)  # exactly once, by construction
+    return EvalResult(
+        val_loss=total_nats / total_tokens,
+        val_bpb=total_nats / math.log(2) / total_bytes,
+        tokens=total_tokens,
+        bytes=total_bytes,
+    )
+
+
+def _scored_through(windows: list[tuple[int, int]], T: int, batch_size: int) -> list[int]:
+    """Targets scored by the sliding windows up to and including each batch, from the host's window list (the
+    device's count would cost a sync per batch)."""
+    out, total = [], 0
+    for first in range(0, len(windows), batch_size):
+        total += sum(T - score_from for _, score_from in windows[first : first + batch_size])
+        out.append(total)
+    return out
+
+
+def run_eval(
+    name: str,
+    forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    val_tokens: torch.Tensor,
+    luts: ByteLUTs,
+    *,
+    seq_len: int,
+    stride: int | None,
+    batch_size: int,
+    device: str,
+    autocast_dtype: torch.dtype | None,
+    shard: Any = None,
+    progress: Progress | None = None,
+) -> EvalResult:
+    """The eval group's dispatch: ``standard`` or ``sliding`` (with ``stride``); ``shard`` splits it over ranks;
+    ``progress`` prints a throttled progress line (speedrun.training.dense_metrics.Progress)."""
+    kwargs = dict(
+        seq_len=seq_len,
+        batch_size=batch_size,
+        device=device,
+        autocast_dtype=autocast_dtype,
+        shard=shard,
+        progress=progress,
+    )
+    if name == "standard":
+        return evaluate(forward, val_tokens, luts, **kwargs)
+    if name == "sliding":
+        if stride is None:
+            raise ValueError("eval=sliding needs eval.stride")
+        return evaluate_sliding(forward, val_tokens, luts, stride=stride, **kwargs)
+    raise ValueError(f"eval={name}: unknown; choose one of standard, sliding")
+
+
+@contextmanager
+def document_mask(model: torch.nn.Module, bos_id: int | None) -> Iterator[None]:
+    """Switch the GPT's document mask on (attention only within BOS-delimited documents) for the duration.
+
+    The model reads ``bos_id`` on every forward and hands it to its attention backend, whose prepare() builds
+    the mask (flex, math) or raises (sdpa: the resolver refuses that combination first). A compiled model
+    guards on the attribute, so it recompiles once for the masked graph.
+    """
+    if bos_id is None:
+        yield
+        return
+    if not model.attention.supports_doc_mask:
+        raise ValueError(
+            f"eval.document_isolated needs an attention backend with a document mask (flex, math); "
+            f"{model.attention.kernel!r} has none"
+        )
+    previous = model.bos_id
+    model.bos_id = bos_id
+    try:
+        yield
+    finally:
+        model.bos_id = previous

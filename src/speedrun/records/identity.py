@@ -1,0 +1,97 @@
+"""What a result depends on besides its config: the card that computed it and the code that ran.
+
+Resume (the sweeper) reuses an earlier ok run only when both match the sweeping process's: the same
+``current_device_name()`` (the ``device_name`` a run records) and the same ``code_fingerprint(REPO_ROOT)`` (the
+``code_fingerprint`` a run records), so a sweep moved to another card or a code edit makes the jobs run again.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+DEVICE_NAME_ENV = "SPEEDRUN_DEVICE_NAME"
+"""Overrides ``current_device_name()``: for a sweep launched where its jobs do not run (a SLURM login node, whose
+own device says nothing about the compute nodes'), and for tests that pretend to be on another card."""
+
+GPU_SHARED_ENV = "SPEEDRUN_GPU_SHARED"
+"""Set to 1 by the pool launcher for a job that shares its GPU with others (hydra.launcher.jobs_per_gpu > 1); the
+run records ``gpu_shared``, since its speed and memory are then not the card's alone."""
+
+CODE_DIRS = ("src", "conf")
+"""What a run's code is: everything under these (the package, the entry point, the Hydra config tree)."""
+
+FALLBACK_SUFFIXES = (".py", ".yaml")
+"""Without git: the files of these kinds under CODE_DIRS."""
+
+
+def current_device_name() -> str:
+    """The card a job launched from here runs on, named as runs record it (``device_name``): CUDA device 0
+    (``torch.cuda.get_device_name(0)``) when there is one, else the CPU's model name; ``$SPEEDRUN_DEVICE_NAME``
+    when set."""
+    override = os.environ.get(DEVICE_NAME_ENV, "").strip()
+    return override or _detected_device_name()
+
+
+@functools.lru_cache(maxsize=1)
+def _detected_device_name() -> str:
+    # Asked in a child process: touching CUDA here would leave the sweeping process holding a context (hundreds of
+    # MB) on GPU 0 for the whole sweep, beside the jobs the pool runs there.
+    package_parent = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH")) if p)}
+    code = "from speedrun.hardware.profiles import detect; print(detect().name)"
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+        lines = out.stdout.strip().splitlines()
+        if out.returncode == 0 and lines:
+            return lines[-1].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    from speedrun.hardware.profiles import detect  # the child could not run: ask here rather than not at all
+
+    return detect().name
+
+
+def code_fingerprint(root: Path) -> str:
+    """16 hex digits hashing the path and contents of every source file under ``root``/src and ``root``/conf, as
+    they are in the working tree (uncommitted edits count): the files git lists as tracked or untracked-but-not-
+    ignored (``git ls-files -co --exclude-standard``), or, where git is unavailable, every *.py and *.yaml."""
+    root = Path(root)
+    files = _git_files(root) or _walked_files(root)
+    h = hashlib.sha256()
+    for rel in sorted(set(files)):
+        try:
+            data = (root / rel).read_bytes()
+        except (FileNotFoundError, IsADirectoryError):
+            continue  # tracked but deleted in the working tree: the run does not have it either
+        # the length keeps file boundaries unambiguous (no two file sets hash the same by shifting bytes)
+        h.update(rel.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
+    return h.hexdigest()[:16]
+
+
+def _git_files(root: Path) -> list[str] | None:
+    try:
+        out = subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard", "-z", "--", *CODE_DIRS],
+            cwd=root,
+            capture_output=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:  # not a git checkout
+        return None
+    return [p for p in out.stdout.decode("utf-8", "surrogateescape").split("\0") if p]
+
+
+def _walked_files(root: Path) -> list[str]:
+    files = []
+    for top in CODE_DIRS:
+        for path in (root / top).rglob("*"):
+            if path.suffix in FALLBACK_SUFFIXES and path.is_file() and "__pycache__" not in path.parts:
+                files.append(path.relative_to(root).as_posix())
+    return files

@@ -1,0 +1,230 @@
+"""What a run leaves behind: run-dir files, the results database, and the environment it ran in.
+
+Every file is written to a temporary name and renamed into place, so a run killed at any moment leaves either
+the previous complete file or the new complete one. The database row is written when the run starts (status
+running) and completed when it ends, so a crash, Ctrl-C or error leaves a row that says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from speedrun.paths import REPO_ROOT
+from speedrun.records.identity import code_fingerprint
+
+# The result.json contract (docs/architecture.md): add keys freely, never rename these. Each comes with the column
+# type the results database declares for it.
+CONTRACT_TYPES: dict[str, str] = {
+    "status": "TEXT",
+    "error": "TEXT",
+    "val_bpb": "REAL",
+    "val_loss": "REAL",
+    "val_bpb_quant": "REAL",
+    "val_bpb_ttt": "REAL",
+    "tokens_per_s": "REAL",
+    "mfu": "REAL",
+    "peak_mem_mb": "REAL",
+    "artifact_bytes": "INTEGER",
+    "train_seconds": "REAL",
+    "compile_seconds": "REAL",
+    "eval_seconds": "REAL",
+    "steps": "INTEGER",
+    "tokens": "INTEGER",
+    "params": "INTEGER",
+    "hardware": "TEXT",
+    "device_name": "TEXT",
+    "emulated": "INTEGER",
+    "attn": "TEXT",
+    "attn_kernel": "TEXT",
+    "precision": "TEXT",
+    "seed": "INTEGER",
+    "sweep": "TEXT",
+    "git_sha": "TEXT",
+    "torch_version": "TEXT",
+    "run_dir": "TEXT",
+}
+RESULT_KEYS = tuple(CONTRACT_TYPES)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def empty_result() -> dict[str, Any]:
+    return dict.fromkeys(RESULT_KEYS)
+
+
+class MetricsLog:
+    """metrics.jsonl: one JSON object per logged step, flushed as written (a killed run keeps its curve)."""
+
+    def __init__(self, path: Path, after_step: int | None = None):
+        """``after_step``: a resumed run keeps the records up to that step and appends (records written after its
+        checkpoint belong to steps it will run again)."""
+        self.path = path
+        if after_step is not None and path.exists():
+            keep = [line for line in path.read_text().splitlines() if _step_of(line) <= after_step]
+            atomic_write_text(path, "".join(line + "\n" for line in keep))
+        self._f = open(path, "a" if after_step is not None else "w", buffering=1)
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._f.write(json.dumps(record, default=float) + "\n")
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def _step_of(line: str) -> float:
+    try:
+        return float(json.loads(line).get("step", 0))
+    except (ValueError, AttributeError, TypeError):
+        return float("inf")  # a line cut short by a kill: dropped
+
+
+# ---------------------------------------------------------------------------------------------------------
+# results database
+
+
+_BASE_COLUMNS = {
+    "run_id": "TEXT PRIMARY KEY",
+    "name": "TEXT",
+    "started_at": "REAL",
+    "finished_at": "REAL",
+    "overrides": "TEXT",
+    "config": "TEXT",
+    "plan": "TEXT",
+}
+
+
+def _column_type(key: str) -> str:
+    """Declared types for the contract's keys; other columns get none, so SQLite keeps each value's own type."""
+    return CONTRACT_TYPES.get(key, "")
+
+
+class ResultsDB:
+    """outputs/results.sqlite, table ``runs``: one row per run, the result keys as columns.
+
+    Safe with several processes writing at once: WAL journal, a generous busy timeout, and each write its own
+    short transaction. New result keys become new columns (ALTER TABLE), old rows keep NULL there.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def _connect(self) -> sqlite3.Connection:
+        con = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
+        con.execute("PRAGMA busy_timeout = 60000")
+        return con
+
+    def _ensure(self, con: sqlite3.Connection, row: dict[str, Any]) -> None:
+        cols = ", ".join(f'"{k}" {t}' for k, t in _BASE_COLUMNS.items())
+        con.execute(f"CREATE TABLE IF NOT EXISTS runs ({cols})")
+        have = {r[1] for r in con.execute("PRAGMA table_info(runs)")}
+        wanted = list(RESULT_KEYS) + list(row)
+        for key in dict.fromkeys(wanted):
+            if key not in have:
+                try:
+                    con.execute(f'ALTER TABLE runs ADD COLUMN "{key}" {_column_type(key)}')
+                except sqlite3.OperationalError as e:  # another process added it first
+                    if "duplicate column" not in str(e):
+                        raise
+
+    def upsert(self, run_id: str, row: dict[str, Any]) -> None:
+        row = {k: _sql_value(v) for k, v in row.items()}
+        row["run_id"] = run_id
+        con = self._connect()
+        try:
+            try:
+                con.execute("PRAGMA journal_mode=WAL")
+            except sqlite3.OperationalError:
+                pass  # e.g. a network filesystem without shared memory: the default journal still works
+            con.execute("BEGIN IMMEDIATE")
+            self._ensure(con, row)
+            keys = list(row)
+            placeholders = ", ".join("?" for _ in keys)
+            updates = ", ".join(f'"{k}"=excluded."{k}"' for k in keys if k != "run_id")
+            con.execute(
+                f"INSERT INTO runs ({', '.join(chr(34) + k + chr(34) for k in keys)}) VALUES ({placeholders}) "
+                f"ON CONFLICT(run_id) DO UPDATE SET {updates}",
+                [row[k] for k in keys],
+            )
+            con.execute("COMMIT")
+        finally:
+            con.close()
+
+    def rows(self, where: str = "1=1", params: tuple = ()) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        con = self._connect()
+        con.row_factory = sqlite3.Row
+        try:
+            return [dict(r) for r in con.execute(f"SELECT * FROM runs WHERE {where}", params)]
+        except sqlite3.OperationalError as e:
+            if "no such table" in str(e):
+                return []
+            raise
+        finally:
+            con.close()
+
+
+def _sql_value(value: Any) -> Any:
+    if value is None or isinstance(value, (int, float, str)):
+        return value
+    return json.dumps(value, default=str)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# environment capture
+
+
+def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
+    try:
+        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def capture_environment(device: str) -> dict[str, Any]:
+    """Code identity, versions and the device, as records in the speedrun leaderboards carry them."""
+    import torch
+
+    root = REPO_ROOT
+    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)
+    env: dict[str, Any] = {
+        "git_sha": _run(["git", "rev-parse", "HEAD"], cwd=root),
+        "git_dirty": bool(status) if status is not None else None,
+        # what a resumed sweep compares: the source as it is on disk, uncommitted and untracked files included
+        "code_fingerprint": code_fingerprint(root),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "hostname": platform.node(),
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda,
+        "argv": sys.argv,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+    for mod in ("hydra", "omegaconf", "sentencepiece", "numpy", "triton"):
+        try:
+            env[f"{mod}_version"] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001 - optional packages
+            env[f"{mod}_version"] = None
+    if device == "cuda":
+        env["nvidia_smi"] = _run(["nvidia-smi"])
+        env["cudnn_version"] = torch.backends.cudnn.version()
+    return env

@@ -1,0 +1,152 @@
+"""Build what a Plan describes: the data streams and the model with its attention backend and optimizers.
+
+The attention backend is looked up by name here, once; the model never sees a backend string.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from speedrun.data.bpb import ByteLUTs, build_byte_luts
+from speedrun.data.loader import TokenStream, load_val_tokens
+from speedrun.data.prepare import DatasetPaths, ensure_embedded_dataset, open_dataset
+from speedrun.data.shards import read_header
+from speedrun.data.tokenizer import load_tokenizer
+from speedrun.plan import Plan
+
+log = logging.getLogger("speedrun")
+
+
+@dataclass
+class DataBundle:
+    paths: DatasetPaths
+    luts: ByteLUTs
+    bos_id: int
+    val_tokens: torch.Tensor
+    train_batches: Callable[..., TokenStream]
+    """train_batches(seq_len=None, micro_batch=None, position=0, rank=0, world_size=1): a deterministic stream of
+    micro-batches from token ``position`` of the training shards (defaults: the plan's longest length and its
+    micro-batch); with rank/world_size, that rank's share of every span of world_size micro-batches."""
+    train_tokens: int
+    """Tokens in the training shards (to report how many passes a run made over them)."""
+
+
+def build_data(plan: Plan, log: Callable[[str], None]) -> DataBundle:
+    d = plan.data
+    if d.path is None:
+        paths = ensure_embedded_dataset(Path(d.cache_dir), vocab_size=d.vocab_size)
+    else:
+        assert d.tokenizer is not None  # the resolver refuses a path without its tokenizer
+        paths = open_dataset(Path(d.path), Path(d.tokenizer), d.vocab_size)
+    sp = load_tokenizer(paths.tokenizer)
+    seq_len = plan.model.seq_len
+    val_tokens = load_val_tokens(paths.val, plan.eval.tokens, seq_len, vocab_size=paths.vocab_size)
+    log(
+        f"data: {len(paths.train)} train shard(s), {val_tokens.numel() - 1:,} val tokens scored, "
+        f"tokenizer {paths.tokenizer} (vocab {paths.vocab_size})"
+    )
+    pin = plan.device == "cuda"
+
+    def train_batches(
+        seq_len: int = seq_len,
+        micro_batch: int = plan.micro_batch,
+        position: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> TokenStream:
+        stream = TokenStream(
+            paths.train,
+            seq_len,
+            micro_batch,
+            rank=rank,
+            world_size=world_size,
+            vocab_size=paths.vocab_size,
+            pin_memory=pin,
+        )
+        stream.load_state_dict({"position": position})
+        return stream
+
+    return DataBundle(
+        paths=paths,
+        luts=build_byte_luts(sp),
+        bos_id=sp.bos_id(),
+        val_tokens=val_tokens,
+        train_batches=train_batches,
+        train_tokens=sum(read_header(p) for p in paths.train),
+    )
+
+
+def build_attention(plan: Plan):
+    """The attention backend, looked up by name once. Built before any data so that a kernel that cannot load
+    (fa3 offline) fails in seconds."""
+    from speedrun.model.attention import get_backend
+
+    return get_backend(plan.attn, **dict(plan.attn_options))
+
+
+def build_model(plan: Plan, attention, bos_id: int):
+    """-> (model, train forward, eval forward returning per-token nats, optimizers)."""
+    from speedrun.model.gpt import GPT
+    from speedrun.model.optim import build_optimizers
+
+    # bos_id switches on document masking in the model; only backends that can mask documents get it.
+    model = GPT(plan.model, attention, bos_id=bos_id if plan.document_mask else None, fused_qkv=plan.kernel.fused_qkv)
+    if plan.kernel.fp8:  # precision=fp8 resolves to every block linear; kernel.fp8 picks some
+        from speedrun.model.fp8 import convert_linears, convert_torchao
+
+        (convert_torchao if plan.kernel.fp8_impl == "torchao" else convert_linears)(model.blocks, plan.kernel.fp8)
+    model = model.to(plan.device)
+    o = plan.optim
+    optimizers = build_optimizers(
+        model,
+        matrix_lr=o.matrix_lr,
+        scalar_lr=o.scalar_lr,
+        embed_lr=o.embed_lr,
+        tied_embed_lr=o.tied_embed_lr,
+        head_lr=o.head_lr,
+        muon_momentum=o.muon_momentum,
+        muon_backend_steps=o.muon_backend_steps,
+        beta1=o.beta1,
+        beta2=o.beta2,
+        eps=o.eps,
+        ns_dtype=torch.bfloat16 if plan.ns_dtype == "bf16" else torch.float32,
+    )
+    if plan.compile:
+        # Static shapes: one graph per context length, all compiled during warm-up (progressive schedules
+        # switch lengths mid-run); raise dynamo's per-function cache limit so those graphs, plus eval's, fit.
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    from speedrun.kernels.compile import compile_model
+
+    compiled, compiled_eval, mark_step = compile_model(model, plan)
+
+    def forward(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if mark_step:  # inductor's CUDA graphs (compile_mode reduce-overhead / max-autotune): a new micro-batch
+            torch.compiler.cudagraph_mark_step_begin()
+        return compiled(x, y)
+
+    def eval_forward(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return compiled_eval(x, y, reduction="none")
+
+    return model, forward, eval_forward, optimizers
+
+
+def configure_torch(plan: Plan) -> None:
+    """Seed, TF32 and the memory cap the Plan asks for, before anything is built."""
+    import torch
+
+    torch.manual_seed(plan.seed)
+    if plan.device == "cuda":
+        # TF32 only where the profile has it: an emulated T4 keeps true fp32 matmuls, as the card would.
+        tf32 = plan.matmul_dtype == "tf32"
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+        if plan.memory_cap_gb:
+            total = torch.cuda.get_device_properties(0).total_memory
+            fraction = min(1.0, plan.memory_cap_gb * 1e9 / total)
+            torch.cuda.set_per_process_memory_fraction(fraction)
+            log.info("memory capped to %.1f GB (%.3f of the device)", plan.memory_cap_gb, fraction)

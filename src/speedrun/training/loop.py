@@ -1,0 +1,326 @@
+"""The training loop: a plain function over a budget of wall-clock seconds or steps, whichever ends first.
+
+Warm-up steps (compilation, autotuning) run before the clock starts and are undone afterwards (model and
+optimizer state restored), so train_seconds measures training alone and the warm-up does not leak updates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from speedrun.config import OptimConfig, ScheduleConfig
+from speedrun.model.optim import set_lr_multiplier, set_muon_momentum
+from speedrun.plan import Plan
+from speedrun.plan.dtypes import autocast_dtype
+from speedrun.training.budget import Budget, Clock
+from speedrun.training.dense_metrics import SMOOTH_STEPS, Divergence, LossBuffer, divergence, non_finite, progress_line
+from speedrun.training.mfu import plan_flops_per_token
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class TrainState:
+    """Progress so far; the runner reads it to record a run that was interrupted or failed mid-way."""
+
+    steps: int = 0
+    tokens: int = 0
+    train_seconds: float = 0.0
+    compile_seconds: float = 0.0
+    last_loss: float | None = None
+    diverged: bool = False
+    """Training went wrong (speedrun.training.dense_metrics.divergence): a non-finite loss (the loop stops at the flush that sees
+    it), or at the end a loss above its first one or above uniform guessing. The runner records status diverged
+    and does not evaluate."""
+    diverged_step: int | None = None
+    """The first non-finite step, or the last step for a run that ended badly."""
+    divergence: str | None = None
+    """Why the run diverged, one line (the run's error)."""
+    first_loss: float | None = None
+    """The run's first logged training loss (what its end is compared with) and its step."""
+    first_loss_step: int | None = None
+    recent_losses: list[float] = field(default_factory=list)
+    """The training losses of the last metrics.SMOOTH_STEPS steps up to ``steps``, oldest first (plain floats, so a
+    checkpoint keeps them and a resumed run judges its end on the same losses)."""
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    """Each context stage that ran: seq_len, start_step, start_seconds."""
+    recompiles: int | None = None
+    """Graphs dynamo compiled during timed training (0 when warm-up covered every shape); None until it ends."""
+    flops: float = 0.0
+    """Model FLOPs trained so far (MFU convention, each step at its stage's seq_len): what budget.flops counts."""
+    stage_index: int = -1
+    """Index into Plan.stages of the stage running (-1 before the first step)."""
+    stage_start_step: int = 0
+    position: int = 0
+    """Token position of the training stream after the last step (what a checkpoint resumes from)."""
+    budget_end: str | None = None
+    """The budget that ended training: time, steps, tokens or flops (None: stopped otherwise)."""
+    val_seconds_periodic: float = 0.0
+    """Wall seconds of periodic validation (kept out of train_seconds)."""
+    checkpoint_seconds: float = 0.0
+    """Wall seconds spent writing checkpoints (kept out of train_seconds)."""
+
+
+def lr_multiplier(progress: float, schedule: ScheduleConfig) -> float:
+    """Linear warm-up over the first warmup_frac of the budget, linear warm-down to 0 over the last warmdown_frac."""
+    if schedule.warmup_frac > 0 and progress < schedule.warmup_frac:
+        return max(progress / schedule.warmup_frac, 1e-3)
+    if schedule.warmdown_frac > 0 and progress > 1 - schedule.warmdown_frac:
+        return max((1 - progress) / schedule.warmdown_frac, 0.0)
+    return 1.0
+
+
+def muon_momentum(step: int, optim: OptimConfig) -> float:
+    if optim.muon_momentum_warmup_steps <= 0:
+        return optim.muon_momentum
+    frac = min(step / optim.muon_momentum_warmup_steps, 1.0)
+    return optim.muon_momentum_warmup_start + frac * (optim.muon_momentum - optim.muon_momentum_warmup_start)
+
+
+class Stepper:
+    """One optimizer step: grad accumulation over micro-batches, autocast, GradScaler, clipping. On several ranks
+    (``world``, speedrun.distributed.world) each runs its own micro-batches; gradients and the loss are averaged over them."""
+
+    def __init__(self, model: torch.nn.Module, forward: Callable, optimizers: list, plan: Plan, world: Any = None):
+        self.model, self.forward, self.optimizers, self.plan = model, forward, optimizers, plan
+        from speedrun.distributed.world import SINGLE
+
+        self.world = world or SINGLE
+        dtype = autocast_dtype(plan)
+        # a captured graph must not keep autocast's cache of cast weights (torch.cuda.graph's docs)
+        cache = not plan.kernel.cuda_graphs
+        self.autocast = (
+            (lambda: torch.autocast(plan.device, dtype=dtype, cache_enabled=cache)) if dtype else _null_context
+        )
+        self.scaler = torch.amp.GradScaler("cuda") if plan.grad_scaler else None
+        from speedrun.kernels.compile import keeps_grads
+
+        # CUDA graphs accumulate into .grad tensors that must outlive each step (zeroed in place, never freed)
+        self.keep_grads = keeps_grads(plan)
+        self.micro: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = self._micro_step
+        if plan.kernel.cuda_graphs:
+            from speedrun.kernels.graphs import GraphedMicroStep
+
+            self.micro = GraphedMicroStep(self._micro_step, plan.device)
+
+    def _micro_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Forward and (scaled) backward of one micro-batch on the device; returns its share of the step's loss."""
+        with self.autocast():
+            loss = self.forward(x, y)
+        scaled = loss / self.plan.grad_accum
+        (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+        return scaled.detach()
+
+    def __call__(self, batches: Iterator[Batch]) -> torch.Tensor:
+        """Run one step; returns the mean micro-batch loss as a device tensor (no host sync)."""
+        total = None
+        graphed = self.plan.kernel.cuda_graphs
+        for _ in range(self.plan.grad_accum):
+            x, y = next(batches)
+            if not graphed:  # the graphed step copies host batches into its static buffers itself
+                x = x.to(self.plan.device, non_blocking=True)
+                y = y.to(self.plan.device, non_blocking=True)
+            part = self.micro(x, y)
+            # clone: a replayed graph's loss is overwritten by the next replay
+            total = part.clone() if total is None else total + part
+        self.world.sync_grads(list(self.model.parameters()))
+        if self.scaler is not None:
+            for opt in self.optimizers:
+                self.scaler.unscale_(opt)
+        if self.plan.optim.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.plan.optim.grad_clip)
+        for opt in self.optimizers:
+            if self.scaler is not None:
+                self.scaler.step(opt)
+            else:
+                opt.step()
+        if self.scaler is not None:
+            self.scaler.update()
+        self.model.zero_grad(set_to_none=not self.keep_grads)
+        assert total is not None
+        return self.world.mean(total)
+
+
+def _diverged(state: TrainState, found: Divergence) -> None:
+    state.diverged, state.diverged_step, state.divergence = True, found.step, found.reason
+
+
+def _null_context():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+MakeBatches = Callable[..., Iterator[Batch]]
+"""make_batches(seq_len, micro_batch, position) -> a stream of micro-batches (build.DataBundle.train_batches)."""
+
+
+def _graphs_compiled() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def warm_up(stepper: Stepper, make_batches: MakeBatches, state: TrainState, log: Callable[[str], None]) -> None:
+    """Compile and autotune with Plan.warmup_steps real steps at every context length of the plan, then restore
+    the initial model and optimizer state, so training starts from the same weights whatever the warm-up did."""
+    steps = stepper.plan.warmup_steps
+    if steps <= 0:
+        return
+    saved_model = copy.deepcopy(stepper.model.state_dict())
+    saved_opts = [copy.deepcopy(opt.state_dict()) for opt in stepper.optimizers]
+    saved_scaler = copy.deepcopy(stepper.scaler.state_dict()) if stepper.scaler else None
+    stages = stepper.plan.stages
+    log(f"warm-up: {steps} step(s) x {len(stages)} context length(s) to compile and autotune (not timed)")
+    t0 = time.perf_counter()
+    for stage in stages:
+        batches = make_batches(stage.seq_len, stage.micro_batch)
+        for _ in range(steps):
+            stepper(batches)
+    _sync(stepper.plan.device)
+    state.compile_seconds = time.perf_counter() - t0
+    stepper.model.load_state_dict(saved_model)
+    for opt, saved in zip(stepper.optimizers, saved_opts):
+        opt.load_state_dict(saved)
+    if stepper.scaler and saved_scaler:
+        stepper.scaler.load_state_dict(saved_scaler)
+    log(f"warm-up done in {state.compile_seconds:.1f}s")
+
+
+def train(
+    stepper: Stepper,
+    make_batches: MakeBatches,
+    *,
+    state: TrainState,
+    log: Callable[[str], None],
+    on_metrics: Callable[[dict[str, Any]], None],
+    extras: Any = None,
+) -> TrainState:
+    """Train until a budget is spent (speedrun.training.budget: time, steps, tokens or FLOPs, whichever first) or the loss
+    goes non-finite; a run whose loss ends above where it started or above uniform guessing is diverged too
+    (state.diverged, speedrun.training.dense_metrics.divergence). ``state`` may come from a checkpoint: the loop continues where
+    it stopped.
+
+    Context stages switch when their fraction of the budget (time or steps, never later than whichever budget
+    ends the run) is used up; the new stream continues at the token where the previous one stopped, and the LR
+    re-warms over schedule.rewarmup_steps. Losses stay on the device until a flush (speedrun.training.dense_metrics). ``extras``
+    (speedrun.training.periodic.LoopExtras) runs periodic validation and checkpoints between steps with the clock paused,
+    and turns a stop signal into a checkpoint at the end of the step.
+    """
+    plan = stepper.plan
+    optim, schedule, log_every_seconds = plan.optim, plan.schedule, plan.logger.log_every_seconds
+    budget, clock = Budget.from_plan(plan), Clock(state.train_seconds)
+    losses = LossBuffer(plan.device, plan.logger.flush_every_steps)
+    batches: Any = None
+    graphs_before = _graphs_compiled()
+    step_tokens = plan.tokens_per_step
+    # On several ranks every decision below (stop, LR, context stage, when to flush and log, periodic validation and
+    # checkpoints) is taken on rank 0's clock, broadcast after each step, so all ranks run the same steps and stop
+    # together (one scalar broadcast per step; nothing on one process).
+    agree = stepper.world.agree
+    seconds = agree(clock.elapsed())
+    next_log = seconds + min(log_every_seconds, 2.0)  # seconds into training, on the agreed clock
+    lr = 1.0
+
+    def used(seconds: float) -> tuple[float, int, int, float]:
+        return seconds, state.steps, state.tokens, state.flops
+
+    def flush(line: bool) -> bool:
+        """Copy the buffered losses out (one sync) into metrics.jsonl; False when one of them is not finite."""
+        _sync(plan.device)
+        state.train_seconds = clock.elapsed()
+        records = losses.flush()
+        if not records:
+            return True
+        values = [r["train_loss"] for r in records]
+        found = non_finite(values, records[0]["step"])
+        if found is not None:
+            keep = found.step - records[0]["step"] + 1
+            records, values = records[:keep], values[:keep]
+            _diverged(state, found)
+        if state.first_loss is None:
+            state.first_loss, state.first_loss_step = values[0], records[0]["step"]
+        state.recent_losses = (state.recent_losses + values)[-SMOOTH_STEPS:]
+        state.last_loss = records[-1]["train_loss"]
+        if line and not state.diverged:
+            progress_line(records[-1], budget.progress(*used(state.train_seconds)), state.train_seconds, log)
+        for record in records if plan.logger.dense else records[-1:]:
+            on_metrics(record)
+        return not state.diverged
+
+    with extras.deferring() if extras is not None else contextlib.nullcontext():
+        while True:
+            if budget.progress(*used(seconds)) >= 1.0:
+                state.budget_end = budget.ended_by(*used(seconds))
+                break
+            stage_frac = budget.stage_fraction(plan.stage_progress, *used(seconds))
+            wanted = next((i for i, st in enumerate(plan.stages) if stage_frac < st.until), len(plan.stages) - 1)
+            if wanted > state.stage_index or batches is None:
+                position = batches.state_dict()["position"] if batches is not None else state.position
+                if wanted > state.stage_index:
+                    stage = plan.stages[wanted]
+                    state.stage_index, state.stage_start_step = wanted, state.steps
+                    state.stages.append(
+                        {"seq_len": stage.seq_len, "start_step": state.steps, "start_seconds": round(seconds, 3)}
+                    )
+                    if len(plan.stages) > 1:
+                        log(
+                            f"context stage {wanted + 1}/{len(plan.stages)}: seq_len {stage.seq_len} x "
+                            f"{stage.micro_batch} from step {state.steps}"
+                        )
+                stage = plan.stages[state.stage_index]
+                batches = make_batches(stage.seq_len, stage.micro_batch, position)
+                step_flops = step_tokens * plan_flops_per_token(plan, stage.seq_len)
+            lr = lr_multiplier(budget.progress(*used(seconds)), schedule)
+            if state.stage_index > 0 and schedule.rewarmup_steps > 0:
+                lr *= min(1.0, (state.steps - state.stage_start_step + 1) / schedule.rewarmup_steps)
+            set_lr_multiplier(stepper.optimizers, lr)
+            set_muon_momentum(stepper.optimizers, muon_momentum(state.steps, optim))
+            loss = stepper(batches)
+            state.steps += 1
+            state.tokens += step_tokens
+            state.flops += step_flops
+            state.position = batches.state_dict()["position"]
+            seconds = agree(clock.elapsed())
+            losses.add(loss, state.steps, state.tokens, lr, seconds)
+            line = seconds >= next_log
+            boundary = extras is not None and extras.due(state, seconds)
+            if line or boundary or losses.full:
+                if not flush(line):
+                    break
+                if line:
+                    next_log = agree(clock.elapsed()) + log_every_seconds
+            if boundary:
+                with clock.paused():
+                    extras.run(state)  # raises KeyboardInterrupt after its checkpoint when a stop was requested
+    _sync(plan.device)
+    state.train_seconds = clock.elapsed()
+    state.recompiles = _graphs_compiled() - graphs_before
+    if not state.diverged:
+        flush(line=True)
+    if not state.diverged and state.recent_losses:
+        assert state.first_loss is not None and state.first_loss_step is not None
+        found = divergence(
+            state.recent_losses,
+            plan.model.vocab_size,
+            start_step=state.steps - len(state.recent_losses) + 1,
+            first=(state.first_loss_step, state.first_loss),
+        )
+        if found is not None:
+            _diverged(state, found)
+    if extras is not None and not state.diverged:
+        with clock.paused():
+            extras.finish(state)
+    return state

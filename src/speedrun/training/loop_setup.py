@@ -1,0 +1,99 @@
+"""The runner's hooks into the loop: batch-size search, periodic validation, checkpoints, resume, result keys.
+
+Kept apart from runner.py so the runner calls two functions: ``prepare_loop`` before warm-up and ``loop_result``
+when it records training.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from speedrun.errors import ConfigError
+from speedrun.training.checkpoint import load_checkpoint, restore
+from speedrun.training.periodic import LoopExtras, PeriodicEval, checkpoint_meta
+
+log = logging.getLogger("speedrun")
+
+_SAME_PLAN = (
+    "model",
+    "tokens_per_step",
+    "max_steps",
+    "train_seconds",
+    "budget_tokens",
+    "budget_flops",
+    "optim",
+    "schedule",
+    "precision",
+)
+"""Plan fields a checkpoint must agree on to be continued (the config is the same; the device may not be)."""
+
+
+def prepare_loop(job: Any, stepper: Any, eval_forward: Any, data: Any) -> tuple[Any, ResumableExtras]:
+    """Search batch sizes if the plan asks (rewriting plan.json with the choice) and build the LoopExtras."""
+    plan = job.plan
+    if plan.micro_batch_search or plan.eval.batch_search:
+        from speedrun.plan import plan_json
+        from speedrun.training.batch_search import search_batches
+
+        plan, job.result["batch_search"] = search_batches(plan, stepper.model, log.info)
+        job.plan = stepper.plan = plan
+        job.write_file("plan.json", plan_json(plan) + "\n")
+        job._guard(
+            "update_config",
+            {"micro_batch": plan.micro_batch, "grad_accum": plan.grad_accum, "eval_batch_size": plan.eval.batch_size},
+        )
+    evaluator = (
+        PeriodicEval(plan, stepper.model, eval_forward, data.val_tokens, data.luts) if plan.eval.periodic else None
+    )
+    meta = checkpoint_meta(job.config_tree, job.ctx.overrides, plan, job.ctx.original_cwd)
+    return plan, ResumableExtras(
+        plan, job.ctx.run_dir, stepper=stepper, evaluator=evaluator, meta=meta, on_metrics=job._on_metrics
+    )
+
+
+class ResumableExtras(LoopExtras):
+    def restore(self, state: Any, resume: Any) -> None:
+        """Load the run's newest checkpoint into the model, optimizers, scaler and TrainState (after warm-up,
+        which restores the initial weights when it ends)."""
+        payload = load_checkpoint(self.run_dir, map_location=self.plan.device)
+        if payload is None:
+            raise ConfigError(f"resume: no readable checkpoint in {self.run_dir / 'checkpoints'}")
+        meta = self.saved_meta(payload)
+        saved, now = meta.get("plan") or {}, self.plan.to_dict()
+        differ = [k for k in _SAME_PLAN if k in saved and saved[k] != now.get(k)]
+        if differ:
+            raise ConfigError(
+                f"resume: the checkpoint's plan differs in {', '.join(differ)} from this device's "
+                f"({self.plan.device_name}): resume on a device that resolves the same plan"
+            )
+        s = self.stepper
+        restore(payload, s.model, s.optimizers, s.scaler, state)
+        self.last_ckpt = (state.steps, payload["path"])
+        self.last_eval_step = meta.get("last_eval_step")  # a validation at the checkpoint's step is not repeated
+        if self.plan.eval.every_seconds:
+            while self.next_eval_seconds <= state.train_seconds:
+                self.next_eval_seconds += self.plan.eval.every_seconds
+        self.log(
+            f"resumed from {payload['path']}: step {state.steps}, {state.tokens:,} tokens, "
+            f"{state.train_seconds:.1f} train seconds done"
+        )
+
+    @staticmethod
+    def saved_meta(payload: dict[str, Any]) -> dict[str, Any]:
+        return json.loads(Path(payload["path"]).with_suffix(".json").read_text())
+
+
+def loop_result(plan: Any, state: Any) -> dict[str, Any]:
+    """Result keys of the loop: which budget ended training, the FLOPs trained, the time kept out of
+    train_seconds, and the batch sizes that ran (searched or not)."""
+    return {
+        "budget_end": state.budget_end,
+        "val_seconds_periodic": round(state.val_seconds_periodic, 3),
+        "checkpoint_seconds": round(state.checkpoint_seconds, 3),
+        "micro_batch": plan.micro_batch,
+        "grad_accum": plan.grad_accum,
+        "eval_batch_size": plan.eval.batch_size,
+    }

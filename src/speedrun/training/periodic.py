@@ -1,0 +1,172 @@
+"""What the training loop does between steps, with its clock paused: periodic validation, checkpoints, stops.
+
+``LoopExtras`` is handed to train.train(); the loop asks ``due`` after every step (cheap: counters and clocks),
+and when it says yes, flushes the buffered losses and calls ``run`` with the train clock paused, so neither the
+validation nor the checkpoint write counts in train_seconds (they are reported apart: val_seconds_periodic,
+checkpoint_seconds). ``finish`` runs after the last step: a last validation point and, with periodic checkpoints
+on, a checkpoint of the finished training, so a job stopped during the final evaluation resumes straight to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from speedrun.finishing.evaluate import run_eval
+from speedrun.training.checkpoint import capture, save_checkpoint
+from speedrun.training.dense_metrics import val_record
+from speedrun.training.preempt import StopRequests
+
+log = logging.getLogger("speedrun")
+
+
+class PeriodicEval:
+    """Standard windows of model.seq_len over the first eval.periodic_tokens validation tokens."""
+
+    def __init__(self, plan: Any, model: torch.nn.Module, eval_forward: Callable, val_tokens: torch.Tensor, luts: Any):
+        self.plan, self.model, self.forward, self.luts = plan, model, eval_forward, luts
+        seq_len = plan.model.seq_len
+        windows = max(1, min(plan.eval.periodic_tokens, val_tokens.numel() - 1) // seq_len)
+        self.tokens = val_tokens[: windows * seq_len + 1]
+
+    def __call__(self) -> Any:
+        from speedrun.plan.dtypes import autocast_dtype
+
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return run_eval(
+                "standard",
+                self.forward,
+                self.tokens,
+                self.luts,
+                seq_len=self.plan.model.seq_len,
+                stride=None,
+                batch_size=self.plan.eval.batch_size,
+                device=self.plan.device,
+                autocast_dtype=autocast_dtype(self.plan),
+            )
+        finally:
+            self.model.train(was_training)
+
+
+class LoopExtras:
+    def __init__(
+        self,
+        plan: Any,
+        run_dir: Path,
+        *,
+        stepper: Any,
+        evaluator: PeriodicEval | None,
+        meta: dict[str, Any],
+        on_metrics: Callable[[dict[str, Any]], None],
+        log_fn: Callable[[str], None] = log.info,
+    ):
+        self.plan, self.run_dir, self.stepper, self.evaluator = plan, Path(run_dir), stepper, evaluator
+        self.meta, self.on_metrics, self.log = meta, on_metrics, log_fn
+        self.stop = StopRequests()
+        ck = plan.checkpoint
+        self.next_ckpt_wall = time.monotonic() + ck.every_seconds if ck.every_seconds else float("inf")
+        self.next_eval_seconds = plan.eval.every_seconds or float("inf")
+        self.last_eval_step: int | None = None
+        self.last_ckpt: tuple[int, str | None] = (-1, None)
+
+    # -- what the loop calls ---------------------------------------------------------------------------------
+    def deferring(self) -> Any:
+        return self.stop.deferring() if self.plan.checkpoint.on_signal else contextlib.nullcontext()
+
+    def due(self, state: Any, seconds: float) -> bool:
+        return self.stop.requested or self._eval_due(state, seconds) or self._ckpt_due(state)
+
+    def run(self, state: Any) -> None:
+        if self._eval_due(state, state.train_seconds):
+            self.evaluate(state)
+        if self._ckpt_due(state):
+            self.save(state)
+        if self.stop.requested:
+            done = self.last_ckpt[1] if self.last_ckpt[0] == state.steps else None
+            self.stop.act(state.steps, done, lambda: self.save(state) if self.plan.checkpoint.on_signal else None)
+
+    def finish(self, state: Any) -> None:
+        if self.stop.requested:  # a signal that came during the last step, after its boundary was checked
+            self.run(state)
+        if self.evaluator is not None and self.last_eval_step != state.steps:
+            self.evaluate(state)
+        if self.plan.checkpoint.periodic and self.last_ckpt[0] != state.steps:
+            self.save(state)
+
+    def warm(self) -> float:
+        """One periodic evaluation before the clock starts, so its graphs compile in warm-up; returns seconds."""
+        if self.evaluator is None:
+            return 0.0
+        t = time.perf_counter()
+        self.evaluator()
+        return time.perf_counter() - t
+
+    # -- the work --------------------------------------------------------------------------------------------
+    def _eval_due(self, state: Any, seconds: float) -> bool:
+        if self.evaluator is None or self.last_eval_step == state.steps:
+            return False
+        every = self.plan.eval.every_steps
+        return bool(every and state.steps % every == 0) or seconds >= self.next_eval_seconds
+
+    def _ckpt_due(self, state: Any) -> bool:
+        every = self.plan.checkpoint.every_steps
+        return bool(every and state.steps % every == 0) or time.monotonic() >= self.next_ckpt_wall
+
+    def evaluate(self, state: Any) -> None:
+        assert self.evaluator is not None
+        t = time.perf_counter()
+        res = self.evaluator()
+        seconds = time.perf_counter() - t
+        state.val_seconds_periodic += seconds
+        self.last_eval_step = state.steps
+        if self.plan.eval.every_seconds:
+            while self.next_eval_seconds <= state.train_seconds:
+                self.next_eval_seconds += self.plan.eval.every_seconds
+        self.on_metrics(
+            val_record(state.steps, state.tokens, state.train_seconds, res.val_loss, res.val_bpb, res.tokens, seconds)
+        )
+        self.log(
+            f"val    {state.steps:>6}  val_bpb {res.val_bpb:.4f}  val_loss {res.val_loss:.4f}  "
+            f"({res.tokens:,} tokens, {seconds:.1f}s, not in train time)"
+        )
+
+    def save(self, state: Any) -> str:
+        t = time.perf_counter()
+        s = self.stepper
+        payload = capture(s.model, s.optimizers, s.scaler, state)
+        meta = {
+            **self.meta,
+            "steps": state.steps,
+            "tokens": state.tokens,
+            "train_seconds": state.train_seconds,
+            "last_eval_step": self.last_eval_step,
+            "saved_at": time.time(),
+        }
+        path = save_checkpoint(self.run_dir, payload, meta, self.plan.checkpoint.keep)
+        seconds = time.perf_counter() - t
+        state.checkpoint_seconds += seconds
+        self.last_ckpt = (state.steps, str(path))
+        if self.plan.checkpoint.every_seconds:
+            self.next_ckpt_wall = time.monotonic() + self.plan.checkpoint.every_seconds
+        self.log(f"checkpoint at step {state.steps}: {path} ({seconds:.1f}s, not in train time)")
+        return str(path)
+
+
+def checkpoint_meta(config_tree: Any, overrides: list[str], plan: Any, cwd: Path) -> dict[str, Any]:
+    """What a checkpoint's .json keeps for resume: the composed config, the job's overrides, the directory relative
+    paths in them are taken from, and the Plan."""
+    return {
+        "config": config_tree,
+        "overrides": list(overrides),
+        "cwd": str(cwd),
+        "plan": json.loads(json.dumps(plan.to_dict())),
+    }

@@ -1,0 +1,82 @@
+"""Stop signals during training become a checkpoint at the end of the current step, then the stop.
+
+Outside training (data, warm-up, evaluation, export) a signal stops the run at once, as speedrun.run.signals sets up.
+Inside it, ``StopRequests.deferring`` catches SIGTERM and Ctrl-C (SIGINT) and only notes them; the loop checks
+at each step boundary, writes a checkpoint (the model and optimizers are consistent only between steps) and then
+stops: KeyboardInterrupt, recorded as interrupted. The same signal a second time stops at once.
+
+Under submitit (the SLURM launcher; SUBMITIT_FOLDER is set in its jobs) the preemption/time-limit signal is
+SIGUSR2, which submitit handles by calling the launcher's ``checkpoint`` (ours adds ``resume=<run dir>``,
+hydra_plugins/speedrun_plugins/slurm_launcher.py), requeueing the job and exiting. We defer it like the others:
+checkpoint first, then submitit's own handler, whose exit becomes ``Preempted``. submitit ignores SIGTERM (a
+USR2 follows it on preemption), so there a SIGTERM writes a checkpoint and training goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Callable, Iterator
+from typing import Any
+
+
+class Preempted(KeyboardInterrupt):
+    """The job was preempted or timed out under SLURM, checkpointed and requeued; it resumes by itself."""
+
+
+def under_submitit() -> bool:
+    return bool(os.environ.get("SUBMITIT_FOLDER"))
+
+
+class StopRequests:
+    def __init__(self) -> None:
+        self.pending: list[int] = []
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def requested(self) -> bool:
+        return bool(self.pending)
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if signum in self.pending:  # the same signal again: the user or scheduler insists
+            raise KeyboardInterrupt(f"signal {signum} (second)")
+        self.pending.append(signum)
+
+    @contextlib.contextmanager
+    def deferring(self) -> Iterator[None]:
+        """Note SIGTERM, SIGINT and (when a Python handler such as submitit's holds it) SIGUSR2 while training."""
+        wanted = [signal.SIGTERM, signal.SIGINT]
+        usr2 = getattr(signal, "SIGUSR2", None)
+        if usr2 is not None and callable(signal.getsignal(usr2)):
+            wanted.append(usr2)
+        installed = []
+        try:
+            for sig in wanted:
+                self._previous[sig] = signal.signal(sig, self._handler)
+                installed.append(sig)
+        except ValueError:  # not the main thread: signals stay as they were
+            pass
+        try:
+            yield
+        finally:
+            for sig in installed:
+                signal.signal(sig, self._previous[sig])
+
+    def act(self, steps: int, checkpointed: str | None, save: Callable[[], str | None]) -> None:
+        """At a step boundary with signals pending: checkpoint (``save``, unless ``checkpointed`` already names
+        this step's file), then stop, requeue, or carry on (SIGTERM under submitit)."""
+        pending, self.pending = self.pending, []
+        path = checkpointed or save()
+        where = f"checkpoint {path}" if path else "no checkpoint (checkpoint.on_signal=false)"
+        usr2 = getattr(signal, "SIGUSR2", None)
+        if usr2 in pending:
+            previous = self._previous.get(usr2)
+            try:
+                previous(usr2, None)  # submitit: launcher.checkpoint -> requeue -> sys.exit
+            except SystemExit:
+                raise Preempted(f"preempted at step {steps}: {where}; job requeued (resumes by itself)") from None
+            raise Preempted(f"signal {usr2} at step {steps}: {where}")
+        if under_submitit() and pending == [signal.SIGTERM]:
+            return  # submitit's convention: SIGTERM is not the end, USR2 will say if it is
+        raise KeyboardInterrupt(f"signal {pending[0]} at step {steps}: {where}")
