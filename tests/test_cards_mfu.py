@@ -79,8 +79,8 @@ def test_h100_profile_on_an_h200_is_emulation_with_the_h200s_peak(compose):
 
 
 def _record(plan, stages, steps, seconds, caplog=None):
-    """The runner's own recording of a finished training (Job._record_training) on a fake state."""
-    from speedrun.run.runner import Job
+    """The runner's own recording of a finished training (Job.record_training) on a fake state."""
+    from speedrun.run.job import Job
     from speedrun.training.loop import TrainState
 
     job = Job(types.SimpleNamespace(run_dir=None), {}, None)
@@ -94,7 +94,7 @@ def _record(plan, stages, steps, seconds, caplog=None):
         stages=stages,
         recompiles=0,
     )
-    job._record_training(None)
+    job.record_training()
     return job.result
 
 

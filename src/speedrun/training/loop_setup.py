@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from speedrun.errors import ConfigError
 from speedrun.training.checkpoint import load_checkpoint, restore
 from speedrun.training.periodic import LoopExtras, PeriodicEval, checkpoint_meta
+
+if TYPE_CHECKING:
+    from speedrun.plan.types import Plan
 
 log = logging.getLogger("speedrun")
 
@@ -31,27 +36,42 @@ _SAME_PLAN = (
 """Plan fields a checkpoint must agree on to be continued (the config is the same; the device may not be)."""
 
 
-def prepare_loop(job: Any, stepper: Any, eval_forward: Any, data: Any) -> tuple[Any, ResumableExtras]:
-    """Search batch sizes if the plan asks (rewriting plan.json with the choice) and build the LoopExtras."""
-    plan = job.plan
+@dataclass
+class LoopHooks:
+    """What the loop's extras need of the job that runs them: where to write, and what a checkpoint records."""
+
+    run_dir: Path
+    config_tree: Any
+    """The composed config, saved in every checkpoint's .json (resume runs it again)."""
+    overrides: list[str]
+    cwd: Path
+    """Where the job started (relative paths in its config are taken from there)."""
+    write_file: Callable[[str, str], None]
+    """Writes a run-dir file (plan.json after a batch search); the job's record decides when and where."""
+    on_metrics: Callable[[dict[str, Any]], None]
+
+
+def prepare_loop(
+    plan: Plan, stepper: Any, eval_forward: Any, data: Any, hooks: LoopHooks
+) -> tuple[Plan, ResumableExtras, dict[str, Any] | None]:
+    """Search batch sizes if the plan asks (rewriting plan.json with the choice) and build the LoopExtras.
+    Returns the plan that trains, the extras and the search's record (None: no search)."""
+    searched = None
     if plan.micro_batch_search or plan.eval.batch_search:
         from speedrun.plan import plan_json
         from speedrun.training.batch_search import search_batches
 
-        plan, job.result["batch_search"] = search_batches(plan, stepper.model, log.info)
-        job.plan = stepper.plan = plan
-        job.write_file("plan.json", plan_json(plan) + "\n")
-        job._guard(
-            "update_config",
-            {"micro_batch": plan.micro_batch, "grad_accum": plan.grad_accum, "eval_batch_size": plan.eval.batch_size},
-        )
+        plan, searched = search_batches(plan, stepper.model, log.info)
+        stepper.plan = plan
+        hooks.write_file("plan.json", plan_json(plan) + "\n")
     evaluator = (
         PeriodicEval(plan, stepper.model, eval_forward, data.val_tokens, data.luts) if plan.eval.periodic else None
     )
-    meta = checkpoint_meta(job.config_tree, job.ctx.overrides, plan, job.ctx.original_cwd)
-    return plan, ResumableExtras(
-        plan, job.ctx.run_dir, stepper=stepper, evaluator=evaluator, meta=meta, on_metrics=job._on_metrics
+    meta = checkpoint_meta(hooks.config_tree, hooks.overrides, plan, hooks.cwd)
+    extras = ResumableExtras(
+        plan, hooks.run_dir, stepper=stepper, evaluator=evaluator, meta=meta, on_metrics=hooks.on_metrics
     )
+    return plan, extras, searched
 
 
 class ResumableExtras(LoopExtras):

@@ -1,0 +1,231 @@
+"""The pipeline of one job, phase by phase: resolve -> start -> build -> train -> record training -> finish.
+
+``Job.run`` reads like the list above; each phase is a method that takes what the previous one made. The record
+(run-dir files, results row, logger) is the base class's, speedrun.run.record.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from typing import Any
+
+from speedrun.config import Config
+from speedrun.run.loggers import make_logger
+from speedrun.run.record import JobRecord
+
+log = logging.getLogger("speedrun")
+
+
+class Job(JobRecord):
+    peak_memory: Any = None
+    model: Any = None
+
+    def run(self, config: Config) -> None:
+        """The whole pipeline. ``config`` is read by the resolver alone; everything after it reads the Plan."""
+        plan = self.resolve(config)
+        del config
+        if self.delegated:  # dist.nproc > 1 under `python -m run`: the ranks ran it; rank 0 recorded the run
+            return
+        self.start(plan)
+        data, model, forward, eval_forward, optimizers = self.build(plan)
+        self.train(plan, data, model, forward, eval_forward, optimizers)
+        if self.state is not None and self.state.diverged:  # a result, not a crash: nothing worth evaluating
+            self.result.update(status="diverged", error=self.state.divergence, diverged_step=self.state.diverged_step)
+            log.error(self.result["error"])
+            return
+        self.finish_model(data, model, eval_forward)
+        self.result.update(status="ok", phase="done")
+
+    # -- phases ---------------------------------------------------------------------------------------
+    def resolve(self, config: Config) -> Any:
+        """Config + the device -> the frozen Plan, written as plan.json; under `python -m run dist.nproc=N` the
+        ranks are started here and this process only waits for them."""
+        from speedrun.distributed.launch import launch_ranks, needs_launch
+        from speedrun.hardware import profiles as hardware
+        from speedrun.plan import plan_json, resolve
+        from speedrun.run.oom import start_history
+
+        plan = self.plan = resolve(config, hardware.detect(), cwd=self.ctx.original_cwd, world=self.world.info)
+        log.info("plan:\n%s", _indent(plan.describe()))
+        start_history(plan)  # hardware.memory_snapshot=true: allocations from the model build on
+        self.write_file("plan.json", plan_json(plan) + "\n")
+        if needs_launch(plan):
+            self.delegated = True
+            launch_ranks(plan, self.ctx.run_dir, log.info)
+        return plan
+
+    def start(self, plan: Any) -> None:
+        """Join the other ranks, record the environment and what the plan chose, configure torch, open the
+        logger."""
+        from speedrun.records.store import capture_environment
+        from speedrun.training.build import configure_torch
+
+        self.world.init(plan)
+        env = capture_environment(plan.device)
+        self.write_file("env.json", json.dumps(env, indent=2, default=str) + "\n")
+        self.result.update(
+            hardware=plan.hardware,
+            device_name=plan.device_name,
+            emulated=plan.emulated,
+            attn=plan.attn,
+            attn_kernel=plan.attn_kernel,
+            precision=plan.precision,
+            git_sha=env["git_sha"],
+            git_dirty=env["git_dirty"],
+            code_fingerprint=env["code_fingerprint"],
+            torch_version=env["torch_version"],
+            model=plan.model_name,
+            tokens_per_step=plan.tokens_per_step,
+            seq_len=plan.model.seq_len,
+            card=plan.card,
+            memory_estimate_gb=plan.memory_estimate_gb,
+        )
+        self.result.update(self.world.describe(plan.device_name))  # world_size, nodes, each rank's GPU
+        self.result.update(plan.kernel.result_keys())  # kernel_* settings that ran, so sweeps over kernel= group
+        configure_torch(plan)
+        if self.world.rank == 0:  # one W&B run per run, not per rank
+            self.logger = make_logger(plan.logger, self.ctx.run_dir, self.result["sweep"], plan.name)
+        self.guard("start", self.config_tree, plan.to_dict())
+
+    def build(self, plan: Any) -> tuple[Any, Any, Any, Any, Any]:
+        """The data streams, and the model with its attention backend and optimizers, identical on every rank."""
+        from speedrun.training.build import build_attention, build_data, build_model
+
+        attention = build_attention(plan)
+        data = build_data(plan, log.info)
+        model, forward, eval_forward, optimizers = build_model(plan, attention, data.bos_id)
+        self.world.prepare(model, optimizers)  # rank 0's initial weights everywhere; Muon's work split over ranks
+        self.model = model
+        self.result["params"] = model.num_params()
+        log.info("model: %s parameters", f"{self.result['params']:,}")
+        return data, model, forward, eval_forward, optimizers
+
+    def train(self, plan: Any, data: Any, model: Any, forward: Any, eval_forward: Any, optimizers: Any) -> None:
+        """Warm up (compile, untimed), restore a resumed run's checkpoint, train to the budget, record it."""
+        from speedrun.kernels.compile import keeps_grads  # true exactly when training replays CUDA graphs
+        from speedrun.records.store import MetricsLog
+        from speedrun.training.loop import Stepper, TrainState, train, warm_up
+        from speedrun.training.peak_memory import PeakMemory
+
+        self.state = state = TrainState()
+        if self.resume is None:  # a resume opens its metrics (dropping steps after its checkpoint) once restored
+            self.metrics = MetricsLog(self.ctx.run_dir / "metrics.jsonl")
+        stepper = Stepper(model, forward, optimizers, plan, world=self.world)
+        # each rank reads its own micro-batches of every step (data.loader.TokenStream)
+        batches = functools.partial(data.train_batches, rank=self.world.rank, world_size=self.world.world_size)
+        extras = None
+        if self.world.world_size == 1:  # periodic validation, checkpoints, batch search: one process (plan refuses)
+            plan, extras = self._prepare_loop(plan, stepper, eval_forward, data)
+        self.on_phase("warmup")
+        warm_up(stepper, batches, state, log.info)
+        if extras is not None:
+            state.compile_seconds += extras.warm()
+        if plan.kernel.profile:  # untimed and undone, like warm-up: trace.json + top-kernels table in run.log
+            from speedrun.kernels.profile import profile_steps
+
+            self.result.update(profile_steps(stepper, batches, self.ctx.run_dir, log.info, plan.kernel.profile_steps))
+        if extras is not None and self.resume:
+            extras.restore(state, self.resume)
+            self.release(state.steps)
+        self.peak_memory = PeakMemory(plan.device, graph_pools=keeps_grads(plan))
+        self.peak_memory.start()  # peak_mem_mb covers timed training only
+        self.on_phase("train")
+        train(stepper, batches, state=state, log=log.info, on_metrics=self.on_metrics, extras=extras)
+        if plan.compile:
+            from speedrun.kernels.cache import cache_stats
+
+            self.result.update(cache_stats())
+        self.record_training()
+        self.result["peak_mem_mb"] = self.world.max(self.result["peak_mem_mb"])  # the largest over the ranks
+        self.result["data_epochs"] = round(state.tokens / data.train_tokens, 3)
+        self.on_phase("train")  # training's keys are in the record before evaluation starts
+        if self.result["data_epochs"] > 1 and self.world.rank == 0:  # once per run, not once per rank
+            _warn_repeated_data(plan, self.result["data_epochs"], data.train_tokens)
+
+    def _prepare_loop(self, plan: Any, stepper: Any, eval_forward: Any, data: Any) -> tuple[Any, Any]:
+        """Batch-size search (a new plan.json when it chose), periodic validation and checkpoints."""
+        from speedrun.training.loop_setup import LoopHooks, prepare_loop
+
+        hooks = LoopHooks(
+            run_dir=self.ctx.run_dir,
+            config_tree=self.config_tree,
+            overrides=self.ctx.overrides,
+            cwd=self.ctx.original_cwd,
+            write_file=self.write_file,
+            on_metrics=self.on_metrics,
+        )
+        plan, extras, searched = prepare_loop(plan, stepper, eval_forward, data, hooks)
+        if searched is not None:
+            self.plan = plan
+            self.result["batch_search"] = searched
+            self.guard(
+                "update_config",
+                {
+                    "micro_batch": plan.micro_batch,
+                    "grad_accum": plan.grad_accum,
+                    "eval_batch_size": plan.eval.batch_size,
+                },
+            )
+        return plan, extras
+
+    def finish_model(self, data: Any, model: Any, eval_forward: Any) -> None:
+        """Score the model, export the artifact, score its round trip, test-time train (speedrun.finishing)."""
+        from speedrun.finishing.finalize import evaluate_and_export
+
+        model.eval()  # no dropout here, but fp8 layers switch to their bf16 path for evaluation
+        self.result.update(
+            evaluate_and_export(
+                self.plan,
+                model,
+                eval_forward,
+                data,
+                self.ctx.run_dir,
+                log.info,
+                on_phase=self.on_phase,
+                world=self.world,
+            )
+        )
+
+    def record_training(self) -> None:
+        from speedrun.training.loop_setup import loop_result  # torch-heavy: imported when a run records
+        from speedrun.training.mfu import mfu_keys
+        from speedrun.training.peak_memory import PeakMemory
+
+        plan, state, result = self.plan, self.state, self.result
+        assert plan is not None and state is not None
+        tok_s = state.tokens / state.train_seconds if state.train_seconds > 0 else None
+        result.update(
+            steps=state.steps,
+            tokens=state.tokens,
+            train_seconds=round(state.train_seconds, 3),
+            compile_seconds=round(state.compile_seconds, 3),
+            train_loss=state.last_loss,
+            stages=state.stages,
+            recompiles=state.recompiles,
+            tokens_per_s=round(tok_s, 1) if tok_s else None,
+        )
+        result.update(loop_result(plan, state))
+        result.update(mfu_keys(plan, state.stages, state.steps, state.train_seconds))
+        result.update((self.peak_memory or PeakMemory(plan.device)).read())
+
+
+def _warn_repeated_data(plan: Any, epochs: float, train_tokens: int) -> None:
+    # the fix depends on the data: the embedded corpus has a bigger dataset to move to; shards of one's own need
+    # more of them (or a smaller budget)
+    fix = (
+        "use a larger dataset, e.g. data=fineweb_sp1024, for comparable numbers"
+        if plan.data.path is None
+        else f"add train shards to {plan.data.path} (scripts/prepare_data.py) or train on fewer tokens"
+    )
+    log.warning(
+        "training made %.1f passes over %s training tokens: val_bpb includes the effect of repeating data (%s)",
+        epochs,
+        f"{train_tokens:,}",
+        fix,
+    )
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())

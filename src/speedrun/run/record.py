@@ -1,0 +1,182 @@
+"""The record of one job: its run-dir files, its results row and its logger, kept whatever happens.
+
+The row is opened (status ``running``) before anything can fail and completed at the end; each phase writes its
+keys to result.json and the row as it ends (``on_phase``), so a run stopped later keeps what it measured. A resume
+writes nothing into the original run until its checkpoint is restored (``holding``): a resume that fails before
+then leaves the finished or interrupted run exactly as it was and is recorded apart, under ``resume_attempts/``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from speedrun.distributed import world as dist
+from speedrun.records.result_block import format_result_block
+from speedrun.records.store import MetricsLog, ResultsDB, atomic_write_text, write_json
+from speedrun.run.loggers import RunLogger
+
+if TYPE_CHECKING:
+    from speedrun.plan.types import Plan
+    from speedrun.run.runner import RunContext
+    from speedrun.training.loop import TrainState
+
+log = logging.getLogger("speedrun")
+
+
+class JobRecord:
+    """Where a job writes and what it has written; the pipeline (speedrun.run.job.Job) builds on it."""
+
+    def __init__(
+        self,
+        ctx: RunContext,
+        result: dict[str, Any],
+        config_tree: Any,
+        db: ResultsDB | dist.NoRecords | None = None,
+        run_id: str | None = None,
+        resume: Any = None,
+        world: dist.World = dist.SINGLE,
+    ):
+        self.ctx, self.result, self.config_tree, self.resume, self.world = ctx, result, config_tree, resume, world
+        self.db, self.run_id = db, run_id
+        self.record_id: str | None = None
+        """The row this job's record went to, once written (a resume refused before its restore: its own)."""
+        self.delegated = False
+        """True in a `python -m run dist.nproc=N` process that started the ranks: rank 0 records the run."""
+        self.start_keys: dict[str, Any] = {}
+        """Keys the row gets once, when the record opens (start time, overrides, config; or the resumption)."""
+        self.holding = resume is not None
+        """A resume holds the original run's files and row until its checkpoint is restored (module docstring)."""
+        self.metrics: MetricsLog | None = None
+        self.logger: RunLogger | None = None
+        self.plan: Plan | None = None
+        self.state: TrainState | None = None
+        self._held_files: dict[str, str] = {}
+        self._attempt_dir: Path | None = None
+        self._closing = threading.Lock()
+        self._finished = False
+
+    def write_file(self, name: str, text: str) -> None:
+        """A run-dir file, written atomically, or kept in memory while a resume holds the original run's files."""
+        if self.holding:
+            self._held_files[name] = text
+        else:
+            atomic_write_text(self.ctx.run_dir / name, text)
+
+    def release(self, steps: int) -> None:
+        """The checkpoint is restored: from here on the resumed job is the original run, continued."""
+        self.holding = False
+        self.metrics = MetricsLog(self.ctx.run_dir / "metrics.jsonl", after_step=steps)
+        for name, text in self._held_files.items():
+            self.write_file(name, text)
+        if self.db is not None and self.run_id is not None:
+            self.db.upsert(self.run_id, {**self.result, **self.start_keys})
+
+    def error_dir(self) -> Path:
+        """Where this job's error.txt and, for a resume refused before its restore, its record go."""
+        if not self.holding:
+            return self.ctx.run_dir
+        if self._attempt_dir is None:
+            self._attempt_dir = self.ctx.run_dir / "resume_attempts" / time.strftime("%Y-%m-%d_%H-%M-%S")
+        return self._attempt_dir
+
+    def on_phase(self, phase: str, keys: dict[str, Any] | None = None) -> None:
+        """A phase starts (no keys) or ends (its keys): record both at once in result.json and the row, so a run
+        stopped later keeps them and says where it was. Only rank 0 holds the row."""
+        self.result["phase"] = phase
+        self.result.update(keys or {})
+        if self.world.rank > 0 or self.holding:
+            return
+        write_json(self.ctx.run_dir / "result.json", self.result)
+        if self.db is not None and self.run_id is not None:
+            try:
+                self.db.upsert(self.run_id, self.result)
+            except Exception as e:  # noqa: BLE001 - result.json has it; the final write tries the row again
+                log.warning("could not update the results database %s: %s", getattr(self.db, "path", None), e)
+
+    def on_metrics(self, record: dict[str, Any]) -> None:
+        if self.metrics is None:  # a resume's batch search, before its restore: not part of the run's curve
+            return
+        self.metrics.write(record)
+        self.guard("log_metrics", record)
+
+    def guard(self, method: str, *args: Any) -> None:
+        """Call the run logger; a logger problem is a warning, never a failed run."""
+        if self.logger is None:
+            return
+        try:
+            getattr(self.logger, method)(*args)
+        except Exception as e:  # noqa: BLE001
+            log.warning("logger %s.%s failed: %s: %s", type(self.logger).__name__, method, type(e).__name__, e)
+
+    def record_training(self) -> None:
+        """The training keys of the result (the pipeline's; a record without training has none)."""
+
+    # -- always -------------------------------------------------------------------------------------------
+    def close_early(self, db: ResultsDB, run_id: str, status: str, error: str, tb: str) -> None:
+        """Rank 0, from the dist guard's thread: a peer failed or a stop signal came while this rank may be stuck
+        in a collective; close the row now, in case this process is killed before ``finish``."""
+        with self._closing:
+            if self._finished or self.holding:
+                return
+            db.upsert(run_id, {"status": status, "error": error, "finished_at": time.time()})
+            if tb:
+                (self.ctx.run_dir / "error.txt").write_text(tb)
+
+    def finish(self, db: ResultsDB | dist.NoRecords, started: float) -> None:
+        """Write result.json and complete the database row, whatever happened."""
+        with self._closing:
+            self._finished = True
+        if self.metrics:
+            self.metrics.close()
+        from speedrun.distributed.launch import adopt_rank0_record
+
+        assert self.run_id is not None
+        if self.delegated and adopt_rank0_record(db, self.run_id, self.ctx.run_dir, self.result):
+            log.info("result:\n%s", format_result_block(self.result))  # rank 0 recorded the run
+            return
+        if self.state is not None and self.result.get("steps") is None:
+            try:  # interrupted or failed mid-training: keep what was measured
+                self.record_training()
+            except Exception as e:  # noqa: BLE001 - e.g. a broken CUDA context; the record must still be written
+                log.warning("could not collect training metrics: %s: %s", type(e).__name__, e)
+                self.result.update(steps=self.state.steps, tokens=self.state.tokens)
+        finished = time.time()
+        self.result["wall_seconds"] = round(finished - started, 3)
+        out_dir, run_id = self.ctx.run_dir, self.run_id
+        if self.holding:  # a resume that ended before its restore: its own record, the original untouched
+            out_dir = self.error_dir()
+            out_dir.mkdir(parents=True, exist_ok=True)
+            run_id = str(out_dir.resolve())
+            self.result.update(run_dir=run_id, resume_of=self.run_id)
+            self.start_keys = {"started_at": started, "overrides": " ".join(self.ctx.overrides)}
+        self.record_id = run_id
+        write_json(out_dir / "result.json", self.result)
+        row = {**self.result, "finished_at": finished, "plan": self.plan.to_dict() if self.plan else None}
+        try:
+            db.upsert(run_id, {**self.start_keys, **row} if self.holding else row)
+        except Exception as e:  # noqa: BLE001 - result.json already holds the record
+            log.error("could not update the results database %s: %s", getattr(db, "path", None), e)
+            self.record_id = None
+        self.guard("log_result", self.result)
+        self.guard("finish", self.result["status"])
+        # a run that never trained (refused, or stopped before its model was built) has no block to show: the
+        # error and its row are one line (speedrun.main)
+        trained = self.state is not None and not self.holding
+        if self.world.info.launcher != "elastic" and trained:  # else the launching process prints it, last
+            log.info("result:\n%s", format_result_block(self.result))
+        self.world.shutdown(clean=self.result["status"] in ("ok", "diverged"))
+
+    def record_note(self) -> str:
+        """Where the record of this run is, for the one line that ends a refused or stopped run."""
+        if self.record_id is None:
+            return f"no row: the results database could not be written; see {self.error_dir() / 'result.json'}"
+        note = f"row {self.record_id} ({self.result['status']})"
+        from speedrun.training.checkpoint import list_checkpoints
+
+        if self.result["status"] == "interrupted" and not self.holding and list_checkpoints(self.ctx.run_dir):
+            note += f"; continue it with `python -m run resume={self.ctx.run_dir}`"
+        return note
