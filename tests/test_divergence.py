@@ -15,7 +15,7 @@ from conftest import fake_device
 from speedrun.config import to_config
 from speedrun.plan import resolve
 from speedrun.progress import Progress
-from speedrun.training.dense_metrics import DIVERGENCE_MARGIN, SMOOTH_STEPS, divergence
+from speedrun.training.dense_metrics import DIVERGENCE_MARGIN, EARLY_MARGIN, SMOOTH_STEPS, divergence
 
 LN_1024 = math.log(1024)
 
@@ -58,18 +58,29 @@ def test_neither_a_last_spike_nor_a_spike_just_before_the_last_step_decides():
 
 def test_the_margin_is_what_a_loss_may_rise_above_its_first():
     first = 6.5  # below ln(1024): only the rise counts
-    assert divergence([first, first + DIVERGENCE_MARGIN - 0.01], 1024) is None
-    found = divergence([first, first + DIVERGENCE_MARGIN + 0.01], 1024)
-    assert found is not None and found.reason.startswith("training loss rose from 6.5000 at step 1 to 7.5100 at step 2")
+    steady = [first] + [first + DIVERGENCE_MARGIN - 0.01] * SMOOTH_STEPS
+    assert divergence(steady, 1024) is None
+    found = divergence([first] + [first + DIVERGENCE_MARGIN + 0.01] * SMOOTH_STEPS, 1024)
+    assert found is not None and found.reason.startswith("training loss rose from 6.5000 at step 1 to 7.5100")
     assert "uniform" not in found.reason
 
 
+def test_a_short_run_gets_the_early_margin():
+    """Before SMOOTH_STEPS steps a bounce of a nat or two is the start of training; a blow-up is many nats."""
+    assert divergence([6.92, 8.20], 1024) is None  # the tiny preset's 2-step sweep job
+    assert divergence([6.5, 6.5 + EARLY_MARGIN - 0.01], 1024) is None
+    found = divergence([6.5, 6.5 + EARLY_MARGIN + 0.01], 1024)
+    assert found is not None and found.reason.startswith("training loss rose from 6.5000 at step 1 to 10.5100 at step 2")
+
+
 def test_a_run_that_ends_above_uniform_guessing_is_diverged_even_below_its_first_loss():
-    found = divergence([12.0, 11.0, 10.5, 10.0], 1024)  # started worse than uniform and stayed there
+    found = divergence([14.0, 13.0, 12.5, 12.0], 1024)  # started worse than uniform and stayed there
     assert found is not None and found.step == 4
-    assert found.reason.startswith("training loss ended at 10.5000 (mean of steps 2-4, last 10.0000)")
+    assert found.reason.startswith("training loss ended at 12.5000 (mean of steps 2-4, last 12.0000)")
     assert found.reason.endswith("above ln(1024) = 6.9315 (uniform guessing)")
-    assert divergence([12.0, 11.0, 10.5, 7.5], 1024) is None  # last step within the margin of uniform
+    assert divergence([14.0, 13.0, 12.5, 9.5], 1024) is None  # last step within the early margin of uniform
+    long = [14.0] + [8.5] * SMOOTH_STEPS  # a long run: the 1-nat margin
+    assert divergence(long, 1024) is not None and divergence(long[:-1] + [7.5], 1024) is None
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])

@@ -7,7 +7,7 @@ plus what a long sweep needs, with any launcher (pool, submitit, basic):
   callbacks (the summary) always run; the summary callback then sets the exit status.
 - ``fail_fast``: stop after the first batch with a failure (the pool launcher also stops inside a batch).
 - ``resume``: skip the combinations that already completed with status ok: a run in results.sqlite with the
-  same composed config (see speedrun.report.sweep.config_identity: same name, overrides and conf/ defaults), on the same
+  same composed config (see speedrun.records.identity.config_identity: same name, overrides and conf/ defaults), on the same
   card (its ``device_name`` is speedrun.records.identity.current_device_name() here; ``$SPEEDRUN_DEVICE_NAME`` overrides
   it) and of the same code (its ``code_fingerprint`` is code_fingerprint(REPO_ROOT) here, unless
   ``resume_across_code``). A combination done only elsewhere runs again, and the summary says why.
@@ -150,7 +150,7 @@ class SpeedrunSweeper(BasicSweeper):
             )
 
     def _identity(self, overrides: list[str]) -> str | None:
-        from speedrun.report.sweep import config_identity
+        from speedrun.records.identity import SWEEP_REUSE_IGNORED, config_identity
 
         assert self.config is not None and self.hydra_context is not None
         cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
@@ -160,7 +160,7 @@ class SpeedrunSweeper(BasicSweeper):
             task = copy.deepcopy(cfg)
             with read_write(task), open_dict(task):
                 del task["hydra"]
-            return config_identity(OmegaConf.to_container(task, resolve=True))
+            return config_identity(OmegaConf.to_container(task, resolve=True), SWEEP_REUSE_IGNORED)
         except Exception as e:  # noqa: BLE001 - an unresolvable config cannot be matched; it just runs
             log.warning(f"resume: cannot resolve the config of {' '.join(overrides)} ({e}); it will run")
             return None

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 DEVICE_NAME_ENV = "SPEEDRUN_DEVICE_NAME"
 """Overrides ``current_device_name()``: for a sweep launched where its jobs do not run (a SLURM login node, whose
@@ -22,11 +24,34 @@ GPU_SHARED_ENV = "SPEEDRUN_GPU_SHARED"
 """Set to 1 by the pool launcher for a job that shares its GPU with others (hydra.launcher.jobs_per_gpu > 1); the
 run records ``gpu_shared``, since its speed and memory are then not the card's alone."""
 
+SWEEP_REUSE_IGNORED = ("sweep", "logger", "results_db", "checkpoint", "resume")
+"""Top-level keys a sweep's resume ignores when it looks for an earlier ok run to stand in for a job: they change
+none of a finished run's numbers (how often it was checkpointed, or that it was resumed from one, included)."""
+
+AUTO_RESUME_IGNORED = ("sweep", "logger", "results_db", "resume")
+"""Top-level keys auto-resume ignores when it decides that a checkpoint in the run dir is this job's own (a SLURM
+job requeued into its dir). Unlike a sweep's reuse it keeps ``checkpoint``: the continued job goes on
+checkpointing as the original did, so other checkpoint settings make another job."""
+
 CODE_DIRS = ("src", "conf")
 """What a run's code is: everything under these (the package, the entry point, the Hydra config tree)."""
 
 FALLBACK_SUFFIXES = (".py", ".yaml")
 """Without git: the files of these kinds under CODE_DIRS."""
+
+
+def config_identity(config: Any, ignore: tuple[str, ...]) -> str | None:
+    """A canonical string for a composed config (a dict, or its JSON text as the results row keeps it) without
+    the top-level keys in ``ignore``; None for something that is not a config. Two configs that compare equal here
+    train the same way."""
+    if isinstance(config, str):
+        try:
+            config = json.loads(config)
+        except ValueError:
+            return None
+    if not isinstance(config, dict):
+        return None
+    return json.dumps({k: v for k, v in config.items() if k not in ignore}, sort_keys=True, default=str)
 
 
 def current_device_name() -> str:

@@ -7,7 +7,7 @@ combination with the seeds folded (n, mean and std of the metrics, failures), gr
 speedrun.report's grouping, the same as the report's leaderboard.
 
 Resume identity: a combination is already done when results.sqlite holds a run with status ok whose composed
-config equals this job's, ignoring the keys in ``RESUME_IGNORED`` (they do not change what trains), that ran on
+config equals this job's, ignoring the keys in ``SWEEP_REUSE_IGNORED`` (they do not change what trains), that ran on
 the card the sweep runs on (``device_name``) and with the code the sweep runs (``code_fingerprint``; see
 speedrun.records.identity). Same name, same overrides and the same conf/ defaults give the same config; the sweep id (a
 new timestamped dir per invocation) plays no part.
@@ -28,6 +28,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from speedrun.paths import results_db_path
+from speedrun.records.identity import SWEEP_REUSE_IGNORED, config_identity
 from speedrun.report.groups import Group, default_group_keys, eval_sets, group_runs
 from speedrun.report.leaderboard import extra_columns, groups_csv, metrics_for, shared_note, table_rows
 from speedrun.report.runs import FOLDED_KEYS, Run, is_failure, override_dict
@@ -36,26 +37,10 @@ from speedrun.tables import first_line, format_table
 log = logging.getLogger(__name__)
 
 MANIFEST = "sweep.json"
-RESUME_IGNORED = ("sweep", "logger", "results_db", "checkpoint", "resume")
-"""Top-level config keys that do not change what a run computes, so resume ignores them (how often a run was
-checkpointed, or that it was resumed from one, changes none of its numbers)."""
 
 
 # ---------------------------------------------------------------------------------------------------------
 # resume identity
-
-
-def config_identity(config: Any) -> str | None:
-    """A canonical string for a task config (dict or JSON text) without the keys resume ignores."""
-    if isinstance(config, str):
-        try:
-            config = json.loads(config)
-        except ValueError:
-            return None
-    if not isinstance(config, dict):
-        return None
-    kept = {k: v for k, v in config.items() if k not in RESUME_IGNORED}
-    return json.dumps(kept, sort_keys=True, default=str)
 
 
 def reuse_refusal(row: dict[str, Any], device_name: str | None, code: str | None) -> str | None:
@@ -92,7 +77,7 @@ def completed_runs(
         log.warning("resume: cannot read %s (%s); every combination will run", db_path, e)
         return done
     for row in sorted(rows, key=lambda r: r.get("started_at") or 0.0):
-        ident = config_identity(row.get("config"))
+        ident = config_identity(row.get("config"), SWEEP_REUSE_IGNORED)
         if ident is None:
             continue
         why = reuse_refusal(row, device_name, code)

@@ -74,6 +74,10 @@ fresh model starts near uniform (its first loss is about ln(vocab)) and a few st
 by half a nat either way (2 steps of 256 tokens, tests/test_run_outcomes.py: 6.93 -> 7.50), so a short run must not
 be judged to the hundredth; a run that went wrong ends whole nats above (3 steps of pgolf_baseline on CPU: 6.9 ->
 15.0)."""
+EARLY_MARGIN = 4.0
+"""The margin for a run judged before it has SMOOTH_STEPS steps after its first: the first few steps of a small
+model at a full learning rate bounce by a nat or more (a 2 s CPU sweep job of the tiny preset: 6.92 -> 8.20 at step
+2), while a blow-up is many nats (pgolf_baseline for 10 s on a CPU: 6.9 -> 15.0 in 3 steps)."""
 SMOOTH_STEPS = 10
 """The end of training is judged on the mean of the last this many steps' losses (the first step excluded), and
 on the last step's alone: both must be above, so neither one noisy last batch nor a spike just before it decides."""
@@ -109,8 +113,9 @@ def divergence(
     logged loss when ``losses`` does not begin with it.
 
     Diverged: a loss is not finite; or, at the end of a run of two steps or more, both the mean of the last
-    SMOOTH_STEPS losses after the first step and the last loss are more than DIVERGENCE_MARGIN above the first
-    logged loss, or above ln(vocab_size) (uniform guessing). Only the end counts: a loss that rises for a while and
+    SMOOTH_STEPS losses after the first step and the last loss are more than DIVERGENCE_MARGIN (EARLY_MARGIN in a
+    run shorter than SMOOTH_STEPS steps after its first) above the first logged loss, or above ln(vocab_size)
+    (uniform guessing). Only the end counts: a loss that rises for a while and
     comes back down is training.
     """
     found = non_finite(losses, start_step)
@@ -125,7 +130,8 @@ def divergence(
     smoothed, last = sum(window) / len(window), window[-1]
     end = min(smoothed, last)
     uniform = math.log(vocab_size)
-    rose, above_uniform = end > first_loss + DIVERGENCE_MARGIN, end > uniform + DIVERGENCE_MARGIN
+    margin = DIVERGENCE_MARGIN if len(after) >= SMOOTH_STEPS else EARLY_MARGIN
+    rose, above_uniform = end > first_loss + margin, end > uniform + margin
     if not (rose or above_uniform):
         return None
     head = f"training loss rose from {first_loss:.4f} at step {first_step} to" if rose else "training loss ended at"

@@ -13,17 +13,14 @@ checkpoint.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from speedrun.errors import ConfigError
+from speedrun.records.identity import AUTO_RESUME_IGNORED, config_identity
 from speedrun.training.checkpoint import DIRNAME, latest_meta
-
-IGNORED = ("sweep", "logger", "results_db", "resume")
-"""Top-level config keys that do not change what trains: a requeued job may differ in them and still resume."""
 
 
 @dataclass
@@ -112,17 +109,14 @@ def accepted_resume(asked: str, overrides: list[str], cwd: Path) -> tuple[Path, 
     return path, meta
 
 
-def identity(config: Any) -> str:
-    kept = {k: v for k, v in (config or {}).items() if k not in IGNORED}
-    return json.dumps(kept, sort_keys=True, default=str)
-
-
 def find_resume(config: dict[str, Any], overrides: list[str], run_dir: Path, cwd: Path) -> Resume | None:
     """The resume this job asks for (``resume=``) or may do (auto_resume), or None; ConfigError when refused."""
     asked = config.get("resume")
     if not asked:
         meta = latest_meta(run_dir) if (config.get("checkpoint") or {}).get("auto_resume", True) else None
-        if meta is None or identity(meta.get("config")) != identity(config):
+        if meta is None or config_identity(meta.get("config"), AUTO_RESUME_IGNORED) != config_identity(
+            config, AUTO_RESUME_IGNORED
+        ):
             return None
         return Resume(
             run_dir.resolve(),
