@@ -65,8 +65,8 @@ def test_the_range_of_a_count_is_still_checked(compose):
 
 
 # An invalid value of every numeric field of the optim and schedule groups, and the words of the valid range.
-OPTIM_NUMERIC = [f.name for f in dataclasses.fields(OptimConfig) if f.name != "name"]
-SCHEDULE_NUMERIC = ["rewarmup_steps", "warmup_frac", "warmdown_frac"]
+OPTIM_NUMERIC = [f.name for f in dataclasses.fields(OptimConfig) if f.type in ("float", "int")]
+SCHEDULE_NUMERIC = ["rewarmup_steps", "warmup_frac", "warmdown_frac", "min_lr"]
 
 
 @pytest.mark.parametrize("key", [f"optim.{k}" for k in OPTIM_NUMERIC] + [f"schedule.{k}" for k in SCHEDULE_NUMERIC])

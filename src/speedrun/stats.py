@@ -50,9 +50,9 @@ def welch_less(a: Sequence[float], b: Sequence[float]) -> Welch | None:
     a, b = finite(a), finite(b)
     if len(a) < 2 or len(b) < 2:
         return None
-    ma, mb = mean(a), mean(b)
-    va, vb = std(a) ** 2, std(b) ** 2  # type: ignore[operator]
-    assert ma is not None and mb is not None
+    ma, mb, sa, sb = mean(a), mean(b), std(a), std(b)
+    assert ma is not None and mb is not None and sa is not None and sb is not None  # two or more values each
+    va, vb = sa**2, sb**2
     se2 = va / len(a) + vb / len(b)
     delta = ma - mb
     if se2 == 0.0:  # identical constant samples: no evidence either way unless the means differ

@@ -135,9 +135,11 @@ def pick_winner(candidates: list[Candidate], min_gain: float = 0.01) -> Candidat
     """The fastest measured candidate with numerics ok that beats the default (candidates[0]) by more than
     ``min_gain``; else the default."""
     default = candidates[0]
-    ok = [c for c in candidates[1:] if c.numerics == "ok" and c.tokens_per_s]
-    best = max(ok, key=lambda c: c.tokens_per_s, default=None)  # type: ignore[arg-type,return-value]
-    if best is not None and default.tokens_per_s and best.tokens_per_s > default.tokens_per_s * (1 + min_gain):
+    measured = [(c.tokens_per_s, c) for c in candidates[1:] if c.numerics == "ok" and c.tokens_per_s]
+    if not measured:
+        return default
+    speed, best = max(measured, key=lambda m: m[0])  # the first of equals, as max over the candidates was
+    if default.tokens_per_s and speed > default.tokens_per_s * (1 + min_gain):
         return best
     return default
 

@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
@@ -172,7 +172,8 @@ class PoolLauncher(Launcher):
         slots = pool_slots(p.get("gpus"), p.get("jobs_per_gpu", 1), p.get("cpu_jobs", 1))
         echo = p.get("echo")
         echo = len(slots) == 1 if echo is None else bool(echo)
-        forwarded = _forwarded(OmegaConf.to_container(self.config.hydra.overrides.hydra))  # type: ignore[arg-type]
+        # hydra.overrides.hydra is a list of strings; to_container's return type covers any node
+        forwarded = _forwarded(cast("list[str]", OmegaConf.to_container(self.config.hydra.overrides.hydra)))
         jobs = [self._prepare(initial_job_idx + i, list(o), sweep_dir, forwarded) for i, o in enumerate(job_overrides)]
         where = ", ".join(f"GPU {s}" for s in dict.fromkeys(slots)) if slots[0] is not None else "CPU"
         log.info(
@@ -276,7 +277,9 @@ class _Pool:
                     self._finish(job)
                 else:
                     self._not_run(job)
-        return [j.ret for j in jobs]  # type: ignore[misc]
+        returns = [j.ret for j in jobs if j.ret is not None]
+        assert len(returns) == len(jobs)  # the loop above gave every job its return
+        return returns
 
     def _start(self, job: _Job, slots: list[int]) -> _Job:
         gpu = ",".join(g for g in (self.slots[i] for i in slots) if g is not None) or None

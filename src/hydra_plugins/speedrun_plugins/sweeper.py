@@ -18,9 +18,10 @@ import copy
 import logging
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
@@ -32,6 +33,8 @@ from omegaconf import OmegaConf, open_dict, read_write
 from speedrun.paths import results_db_path
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -98,7 +101,7 @@ class SpeedrunSweeper(BasicSweeper):
         todo = [j for j in manifest.jobs if j.state == "pending"]
         returns: list[list[JobReturn]] = []
         num = 0
-        for batch in self.split_overrides_to_chunks(todo, self.max_batch_size) if todo else []:  # type: ignore
+        for batch in _chunks(todo, self.max_batch_size) if todo else []:
             results = self.launcher.launch([j.overrides for j in batch], initial_job_idx=num)
             num += len(batch)
             returns.append(list(results))
@@ -165,7 +168,7 @@ class SpeedrunSweeper(BasicSweeper):
             log.warning(f"resume: cannot resolve the config of {' '.join(overrides)} ({e}); it will run")
             return None
         finally:
-            HydraConfig.instance().cfg = saved  # type: ignore[assignment]
+            HydraConfig.instance().cfg = saved
 
     def _db_path(self) -> Path:
         assert self.config is not None
@@ -173,6 +176,16 @@ class SpeedrunSweeper(BasicSweeper):
         if db.is_absolute():
             return db
         return Path(str(OmegaConf.select(self.config, "hydra.runtime.cwd", default=".") or ".")) / db
+
+
+def _chunks(items: list[_T], n: int | None) -> Iterator[list[_T]]:
+    """BasicSweeper.split_overrides_to_chunks, typed for any list (Hydra's is annotated for lists of overrides
+    only): batches of ``n`` (hydra.sweeper.max_batch_size), all in one for None or -1."""
+    if n is None or n == -1:
+        n = len(items)
+    assert n > 0
+    for i in range(0, len(items), n):
+        yield items[i : i + n]
 
 
 def _record(job: Any, ret: JobReturn) -> bool:

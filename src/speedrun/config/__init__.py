@@ -29,6 +29,7 @@ from speedrun.config.training import (
     AttnConfig,
     BudgetConfig,
     DataConfig,
+    EMAConfig,
     HardwareConfig,
     ModelConfig,
     OptimConfig,
@@ -48,6 +49,7 @@ __all__ = [
     "CheckpointConfig",
     "DataConfig",
     "DistConfig",
+    "EMAConfig",
     "EvalConfig",
     "HardwareConfig",
     "KernelConfig",
@@ -70,6 +72,8 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    ema: EMAConfig = field(default_factory=EMAConfig)
+    """Weight EMA (a plain key, not a group: ema.decay=0.9965); off by default."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     ttt: TTTConfig = field(default_factory=TTTConfig)
     quant: QuantConfig = field(default_factory=QuantConfig)

@@ -18,22 +18,93 @@ class Choice(str, Enum):
         return format(str(self.value), spec)
 
 
-def _choices(name: str, values: str) -> type[Choice]:
-    """An Enum of Choice whose members are named as their values (OmegaConf matches by name)."""
-    return Choice(name, {v: v for v in values.split()}, module=__name__)  # type: ignore[return-value]
+# One class per set, each member named as its value (OmegaConf matches a YAML string to a member by name).
+# Written as classes rather than Enum("Name", "a b c") calls so that a type checker sees the members.
 
 
-HardwareName = _choices("HardwareName", "auto cpu t4 a100 h100 b200")
-SdpaKernel = _choices("SdpaKernel", "auto flash cudnn efficient math")
-PrecisionName = _choices("PrecisionName", "auto fp32 bf16 fp16 fp8")
-ScheduleName = _choices("ScheduleName", "constant progressive")
-Progress = _choices("Progress", "time step")
-EvalName = _choices("EvalName", "standard sliding")
-TTTName = _choices("TTTName", "off lora")
-QuantName = _choices("QuantName", "off int8 int6")
-Compressor = _choices("Compressor", "zlib lzma brotli zstd")
-LoggerName = _choices("LoggerName", "console wandb")
-WandbMode = _choices("WandbMode", "auto online offline")
+class HardwareName(Choice):
+    auto = "auto"
+    cpu = "cpu"
+    t4 = "t4"
+    a100 = "a100"
+    h100 = "h100"
+    b200 = "b200"
+
+
+class SdpaKernel(Choice):
+    auto = "auto"
+    flash = "flash"
+    cudnn = "cudnn"
+    efficient = "efficient"
+    math = "math"
+
+
+class PrecisionName(Choice):
+    auto = "auto"
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp8 = "fp8"
+
+
+class ScheduleName(Choice):
+    constant = "constant"
+    progressive = "progressive"
+
+
+class Progress(Choice):
+    time = "time"
+    step = "step"
+
+
+class EvalName(Choice):
+    standard = "standard"
+    sliding = "sliding"
+
+
+class TTTName(Choice):
+    off = "off"
+    lora = "lora"
+
+
+class QuantName(Choice):
+    off = "off"
+    int8 = "int8"
+    int6 = "int6"
+
+
+class Compressor(Choice):
+    zlib = "zlib"
+    lzma = "lzma"
+    brotli = "brotli"
+    zstd = "zstd"
+
+
+class LoggerName(Choice):
+    console = "console"
+    wandb = "wandb"
+
+
+class WandbMode(Choice):
+    auto = "auto"
+    online = "online"
+    offline = "offline"
+
+
+class NSCoefficients(Choice):
+    quintic = "quintic"
+    polar_express = "polar_express"
+
+
+class MlpAct(Choice):
+    relu2 = "relu2"
+    leaky_relu2 = "leaky_relu2"
+
+
+class ParallelLane(Choice):
+    mean = "mean"
+    attn = "attn"
+    mlp = "mlp"
 
 
 def _require(ok: bool, message: str) -> None:

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from speedrun.config.checkpointing import parse_batch
-from speedrun.config.choices import HardwareName, PrecisionName, Progress, ScheduleName, SdpaKernel, _require
+from speedrun.config.choices import (
+    HardwareName,
+    MlpAct,
+    NSCoefficients,
+    ParallelLane,
+    PrecisionName,
+    Progress,
+    ScheduleName,
+    SdpaKernel,
+    _require,
+)
 from speedrun.config.specs import parse_count, parse_stages
 
 
@@ -74,6 +84,73 @@ class PrecisionConfig:
 
 
 @dataclass
+class LoopConfig:
+    """model.loop: depth recurrence, the record's NUM_LOOPS / LOOP_START / LOOP_END / ENABLE_LOOPING_AT."""
+
+    start: int = 0
+    """First layer (0-based) of the looped segment. The record: 3."""
+    end: int = 0
+    """Last layer of the looped segment, inclusive (< n_layer). The record: 5."""
+    num: int = 0
+    """Extra passes over layers start..end while the loop is on: the segment runs 1 + num times in a row with the
+    same weights, and the U-Net skips pair the first and second half of that longer sequence of layer calls.
+    0: off. The record: 2 (layers 3-5 three times: 17 layer calls for 11 layers)."""
+    enable_at: float = 0.0
+    """Fraction of the training budget (measured as the context stages are: schedule.progress) at which the loop
+    switches on; before it every layer runs once. 0: looped from the first step. Both graphs (loop off and on) are
+    compiled in the untimed warm-up, so the switch recompiles nothing. Evaluation, the artifact's round trip and
+    TTT run the model as training left it (looped once the switch has happened). The record: 0.35."""
+
+    def __post_init__(self) -> None:
+        _require(self.num >= 0, f"model.loop.num={self.num} must be >= 0 (0: off); e.g. model.loop.num=2")
+        _require(
+            self.num == 0 or 0 <= self.start <= self.end,
+            f"model.loop.start={self.start} and model.loop.end={self.end} must satisfy 0 <= start <= end; e.g. "
+            f"model.loop.start=3 model.loop.end=5",
+        )
+        _require(
+            0 <= self.enable_at < 1,
+            f"model.loop.enable_at={self.enable_at} must be in [0, 1) (a fraction of the budget); e.g. 0.35",
+        )
+
+
+@dataclass
+class SmearGateConfig:
+    """model.smear_gate: the record's SmearGate (SMEAR_GATE_ENABLED, GATE_WINDOW) with its BOS fix."""
+
+    window: int = 0
+    """Before the first block, each token's embedding e_t gets lambda * sigmoid(w . e_t[:window]) * e_{t-1} added
+    (w of size window and the scalar lambda learned, both 0 at init: the identity); a token that is BOS takes
+    nothing from the one before it, so no document mixes into the next. window: embedding channels that drive the
+    gate, <= d_model. 0: off. The record: 12."""
+
+    def __post_init__(self) -> None:
+        _require(self.window >= 0, f"model.smear_gate.window={self.window} must be >= 0 (0: off); e.g. 12")
+
+
+@dataclass
+class AttnOutGateConfig:
+    """model.attn_out_gate: the record's sparse attention output gate (SPARSE_ATTN_GATE_*)."""
+
+    window: int = 0
+    """Each head's attention output (after XSA, before attn.proj) is multiplied by sigmoid(scale * W_h . x[:window]),
+    x the attention's input at that position and W (n_head, window) learned. window: input channels that drive it,
+    <= d_model. 0: off. The record: 12 (its GATE_WINDOW)."""
+    scale: float = 1.0
+    """Multiplier of the gate's logit. The record: 1.0 (PR #2014: 0.5)."""
+    init_std: float = 0.0
+    """Std of W's normal init; 0: zeros, every gate sigmoid(0) = 0.5 at init (the record's)."""
+
+    def __post_init__(self) -> None:
+        _require(self.window >= 0, f"model.attn_out_gate.window={self.window} must be >= 0 (0: off); e.g. 12")
+        _require(math.isfinite(self.scale), f"model.attn_out_gate.scale={self.scale} must be finite; e.g. 1.0")
+        _require(
+            self.init_std >= 0 and math.isfinite(self.init_std),
+            f"model.attn_out_gate.init_std={self.init_std} must be >= 0 (0: zeros); e.g. 0.0",
+        )
+
+
+@dataclass
 class ModelConfig:
     name: str = "auto"
     """Preset name. auto: the hardware profile's default model (tiny on CPU, pgolf_baseline on a GPU); shape
@@ -100,6 +177,43 @@ class ModelConfig:
     """RoPE base frequency."""
     qk_norm: bool = True
     """RMS-normalise queries and keys per head."""
+    qk_gain_init: float = 1.5
+    """Initial value of the learned per-head gain on the queries after QK-norm (attention logits scale with it).
+    Needs qk_norm. The record: 5.0."""
+    # parameter-golf's April 2026 record stack (records/track_10min_16mb/2026-04-29_*/train_gpt.py): each lever is
+    # off by default, and with all of them off the model is today's, bit for bit (tests/test_model_levers.py).
+    mlp_act: MlpAct = MlpAct.relu2
+    """MLP activation: relu2 = relu(x)^2, leaky_relu2 = leaky_relu(x, mlp_leaky_slope)^2. The record: leaky_relu2."""
+    mlp_leaky_slope: float = 0.5
+    """Negative slope of leaky_relu2 (unused by relu2). The record: 0.5."""
+    rope_dims: int | None = None
+    """Partial RoPE: rotate only the first rope_dims channels of each head (frequencies spread over those
+    channels), the rest carry no position. Even, <= head_dim. null or 0: every channel. The record: 16 (of 64)."""
+    ln_scale: bool = False
+    """Multiply each block's two norm outputs (before attention and before the MLP) by 1 / sqrt(layer + 1), layer
+    the 0-based block index (a looped block keeps its own). The record: true."""
+    xsa_last_n: int = 0
+    """XSA in the last xsa_last_n layers: each head's attention output y at each position loses its component
+    along that position's normalized value vector, y - (y . v_hat) v_hat (v of the head's KV group). 0: off. The
+    record: 11 (every layer)."""
+    skip_gates: bool = False
+    """Learned gates on the U-Net skips: x = lerp(w * skip, x, sigmoid(g)), g per channel, 0 at init (an even mix
+    of the stream and the weighted skip, where today adds them). The record: true."""
+    loop: LoopConfig = field(default_factory=LoopConfig)
+    """Depth recurrence (model.loop.start, .end, .num, .enable_at); off by default (num 0)."""
+    parallel_start_layer: int | None = None
+    """Parallel residual lanes from this (decoder) layer on: attention reads lane 0, the MLP reads lane 1 in
+    parallel, and both outputs go into both lanes with learned weights (lane = r * lane + a * attn + m * mlp; r
+    1.1, a and m 1 at init); skips go into lane 0; parallel_final_lane picks what reaches the head. null or 0:
+    off. The record: 8."""
+    parallel_final_lane: ParallelLane = ParallelLane.mean
+    """What the head gets from the parallel lanes: mean (of the two), attn (lane 0) or mlp (lane 1). The record:
+    mean."""
+    smear_gate: SmearGateConfig = field(default_factory=SmearGateConfig)
+    """The record's SmearGate with its BOS fix (model.smear_gate.window); off by default (window 0)."""
+    attn_out_gate: AttnOutGateConfig = field(default_factory=AttnOutGateConfig)
+    """The record's sparse attention output gate (model.attn_out_gate.window, .scale, .init_std); off by default
+    (window 0)."""
 
     def __post_init__(self) -> None:
         # Each set field alone; how they fit together (divisibility, RoPE) is ModelShape's check, once resolved.
@@ -107,6 +221,20 @@ class ModelConfig:
             value = getattr(self, key)
             _require(value is None or value >= 1, f"model.{key}={value} must be >= 1 (or null: from the preset)")
         _require(self.logit_softcap >= 0, f"model.logit_softcap={self.logit_softcap} must be >= 0 (0 turns it off)")
+        _require(math.isfinite(self.qk_gain_init), f"model.qk_gain_init={self.qk_gain_init} must be finite; e.g. 5.0")
+        _require(
+            self.mlp_leaky_slope >= 0 and math.isfinite(self.mlp_leaky_slope),
+            f"model.mlp_leaky_slope={self.mlp_leaky_slope} must be >= 0; e.g. model.mlp_leaky_slope=0.5",
+        )
+        _require(
+            self.rope_dims is None or (self.rope_dims >= 0 and self.rope_dims % 2 == 0),
+            f"model.rope_dims={self.rope_dims} must be even and >= 0 (null or 0: every channel); e.g. 16",
+        )
+        _require(self.xsa_last_n >= 0, f"model.xsa_last_n={self.xsa_last_n} must be >= 0 (0: off); e.g. 11")
+        _require(
+            self.parallel_start_layer is None or self.parallel_start_layer >= 0,
+            f"model.parallel_start_layer={self.parallel_start_layer} must be >= 0 (null or 0: off); e.g. 8",
+        )
 
 
 @dataclass
@@ -167,6 +295,25 @@ class OptimConfig:
     """Adam epsilon."""
     grad_clip: float = 0.0
     """Global grad-norm clip; 0 = off."""
+    # parameter-golf's April 2026 record stack (records/track_10min_16mb/2026-04-29_*/train_gpt.py), each off by
+    # default: with all of them off a step is today's, bit for bit (tests/test_optim_levers.py).
+    muon_wd: float = 0.0
+    """Decoupled weight decay of Muon's matrices, per unit of learning rate: p *= 1 - lr * muon_wd before each
+    update, lr being matrix_lr times the schedule's multiplier (so it warms down with the LR). 0: off. The record:
+    0.095."""
+    muon_row_normalize: bool = False
+    """MuonEq-R: divide each row of Muon's Nesterov update (one row per output unit, in the weight's own (out, in)
+    orientation) by its L2 norm before Newton-Schulz, so every output unit enters the orthogonalisation with the
+    same norm. false: off. The record: true."""
+    ns_coefficients: NSCoefficients = NSCoefficients.quintic
+    """Newton-Schulz coefficients: quintic (Muon's (3.4445, -4.775, 2.0315) at every iteration) or polar_express
+    (Polar Express: a minimax-optimal (a, b, c) for each iteration, as the record uses; it has 5, so
+    muon_backend_steps must be <= 5)."""
+    adam_wd: float = 0.0
+    """Decoupled weight decay (AdamW's: p *= 1 - lr * adam_wd, lr as scheduled) of the Adam parameters other than
+    the token embedding: gains, scales, skip weights, and an untied output head. 0: off. The record: 0.02."""
+    embed_wd: float = 0.0
+    """The same for the token embedding (which, tied, is also the output head). 0: off. The record: 0.085."""
 
     def __post_init__(self) -> None:
         # Muon and torch's Adam would refuse most of these only when the optimizers are built, after the data.
@@ -189,6 +336,36 @@ class OptimConfig:
         # eps = 0 divides by zero in Adam wherever a gradient has always been 0 (an unused embedding row)
         check("eps", self.eps > 0, "> 0")
         check("grad_clip", self.grad_clip >= 0, ">= 0 (0: off)")
+        for key in ("muon_wd", "adam_wd", "embed_wd"):
+            check(key, getattr(self, key) >= 0, ">= 0 (0: off)")
+        # the decay multiplier 1 - lr * wd must stay positive at the peak LR, or the weights flip sign every step
+        for key, lrs in (
+            ("muon_wd", ("matrix_lr",)),
+            ("adam_wd", ("scalar_lr", "head_lr")),
+            ("embed_wd", ("embed_lr", "tied_embed_lr")),
+        ):
+            lr_key = max(lrs, key=lambda k: getattr(self, k))
+            _require(
+                getattr(self, key) * getattr(self, lr_key) < 1,
+                f"optim.{key}={getattr(self, key)} times optim.{lr_key}={getattr(self, lr_key)} must be < 1 (the "
+                f"weights are multiplied by 1 - lr * {key} each step); lower optim.{key}",
+            )
+        _require(
+            self.ns_coefficients != NSCoefficients.polar_express or self.muon_backend_steps <= 5,
+            f"optim.ns_coefficients=polar_express has 5 iterations, optim.muon_backend_steps="
+            f"{self.muon_backend_steps}; set optim.muon_backend_steps=5 (or use optim.ns_coefficients=quintic)",
+        )
+
+    def result_keys(self) -> dict[str, Any]:
+        """The record-stack levers as result.json and the results row record them (the other fields are in
+        plan.json)."""
+        return {
+            "muon_wd": self.muon_wd,
+            "muon_row_normalize": self.muon_row_normalize,
+            "ns_coefficients": str(self.ns_coefficients),
+            "adam_wd": self.adam_wd,
+            "embed_wd": self.embed_wd,
+        }
 
 
 @dataclass
@@ -208,7 +385,11 @@ class ScheduleConfig:
     warmup_frac: float = 0.0
     """Fraction of the budget for linear LR warm-up."""
     warmdown_frac: float = 0.2
-    """Final fraction of the budget over which LR decays linearly to 0."""
+    """Final fraction of the budget over which LR decays linearly to 0 (to min_lr when that is set)."""
+    min_lr: float = 0.0
+    """Floor of the warm-down, as a fraction of the peak LR: the multiplier is max((1 - progress) / warmdown_frac,
+    min_lr), so it decays linearly as before and is held at min_lr from where the line crosses it to the end.
+    0: decay to 0. The record: 0.1."""
 
     def __post_init__(self) -> None:
         if self.name == ScheduleName.progressive:
@@ -234,10 +415,49 @@ class ScheduleConfig:
             self.rewarmup_steps >= 0,
             f"schedule.rewarmup_steps={self.rewarmup_steps} must be >= 0 (0: none); e.g. schedule.rewarmup_steps=10",
         )
+        _require(
+            0 <= self.min_lr <= 1,
+            f"schedule.min_lr={self.min_lr} must be in [0, 1] (a fraction of the peak LR; 0: decay to 0); e.g. "
+            f"schedule.min_lr=0.1",
+        )
+        _require(
+            self.min_lr == 0 or self.warmdown_frac > 0,
+            f"schedule.min_lr={self.min_lr} is the floor of the warm-down, and schedule.warmdown_frac=0 has none; "
+            f"set schedule.warmdown_frac (e.g. 0.2) or drop schedule.min_lr",
+        )
+
+    def result_keys(self) -> dict[str, Any]:
+        """What result.json and the results row record of the schedule's record-stack levers."""
+        return {"min_lr": self.min_lr}
 
     def stages(self) -> list[tuple[int, float]] | None:
         """[(seq_len, until), ...] for a progressive schedule; None for a constant one."""
         return parse_stages(self.seq_len) if self.name == ScheduleName.progressive else None
+
+
+@dataclass
+class EMAConfig:
+    """The top-level ``ema`` key (conf/config.yaml: ``ema: {decay: null}``; set it with ``ema.decay=0.9965``)."""
+
+    decay: float | None = None
+    """Exponential moving average of the weights: after every optimizer step ema = decay * ema + (1 - decay) * w,
+    fp32 copies of the parameters started from the initial weights (speedrun.model.optim.WeightEMA). The final
+    evaluation, the quantized artifact and TTT use the EMA weights; periodic validation scores the live weights.
+    It averages over about 1 / (1 - decay) steps. None or 0: off. The record: 0.9965."""
+
+    def __post_init__(self) -> None:
+        _require(
+            self.decay is None or (0 <= self.decay < 1 and math.isfinite(self.decay)),
+            f"ema.decay={self.decay} must be in [0, 1) (null or 0: off); e.g. ema.decay=0.9965",
+        )
+
+    @property
+    def on(self) -> bool:
+        return bool(self.decay)
+
+    def result_keys(self) -> dict[str, Any]:
+        """ema_decay: the decay that ran, or None when off."""
+        return {"ema_decay": self.decay if self.on else None}
 
 
 @dataclass

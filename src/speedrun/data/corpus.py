@@ -5,14 +5,15 @@ from __future__ import annotations
 import gzip
 import json
 import lzma
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO
 
 ASSETS_DIR = Path(__file__).resolve().parent / "assets"
 #: The Python 3.11 documentation sources, one JSON object per document (see assets/LICENSE-pydoc.txt).
 EMBEDDED_CORPUS: Path = ASSETS_DIR / "pydoc311.jsonl.xz"
 
-_JSONL_SUFFIXES = {".jsonl": open, ".jsonl.xz": lzma.open, ".jsonl.gz": gzip.open}
+_JSONL_SUFFIXES: dict[str, Callable[..., IO[str]]] = {".jsonl": open, ".jsonl.xz": lzma.open, ".jsonl.gz": gzip.open}
 SUPPORTED_SUFFIXES = (*_JSONL_SUFFIXES, ".txt")
 
 

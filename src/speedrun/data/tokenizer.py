@@ -20,6 +20,7 @@ import os
 import random
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import sentencepiece as spm
 
@@ -115,7 +116,7 @@ def train_tokenizer(
     sample = sample_training_text(texts, max_chars, seed)
     if not sample:
         raise ValueError("cannot train a tokenizer on no text (all documents empty?)")
-    settings = {**TRAINER_SETTINGS, **(extra_settings or {})}
+    settings: dict[str, Any] = {**TRAINER_SETTINGS, **(extra_settings or {})}
     if num_threads is not None:
         settings["num_threads"] = num_threads
     model_path = model_prefix.with_name(model_prefix.name + ".model")

@@ -240,7 +240,7 @@ def run_eval(
 
 
 @contextmanager
-def document_mask(model: torch.nn.Module, bos_id: int | None) -> Iterator[None]:
+def document_mask(model: Any, bos_id: int | None) -> Iterator[None]:
     """Switch the GPT's document mask on (attention only within BOS-delimited documents) for the duration.
 
     The model reads ``bos_id`` on every forward and hands it to its attention backend, whose prepare() builds

@@ -9,6 +9,9 @@ Order and what each number measures (all on the same validation tokens and byte 
 
 GPTQ (quant=int6) takes its Hessians from a fresh stream of *training* batches, never from validation data.
 
+With ema.decay set, every number here is of the weights' moving average: training.loop.train returns with it in the
+model (the record applies its EMA the same way, before its diagnostic eval, GPTQ and TTT).
+
 Each phase (eval, quant, ttt) reports its keys through ``on_phase`` as soon as it ends (the runner writes them to
 result.json and the results row), so a run stopped or failing in a later phase keeps what the earlier ones
 measured; ``on_phase(name)`` with no keys says a phase started. Within a phase, scoring, GPTQ, compression and TTT
@@ -97,6 +100,8 @@ def evaluate_and_export(
         report(phase, {**keys, "eval_seconds": out["eval_seconds"]})
 
     report("eval")
+    if plan.ema.on:
+        log(f"eval: scoring the weights' moving average (ema.decay {plan.ema.decay:g}), as export and TTT will")
     res = score("eval")
     # both window layouts score targets 1..res.tokens of the stream: tokens 0..res.tokens are what was read
     done(
@@ -199,7 +204,7 @@ def _ttt(
         chunk_size=t.chunk_size,
         short_chunks=t.short_chunks,
         targets=t.targets,
-        batch_size=t.batch_size,
+        batch_size=t.batch_size or plan.eval.batch_size,  # the resolver fills it; None only in a hand-made plan
         beta1=t.beta1,
         beta2=t.beta2,
         weight_decay=t.weight_decay,

@@ -48,7 +48,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -111,7 +111,8 @@ class LoRAModel:
     """A deep copy of the GPT, frozen, with LoRALinear in place of the targeted block linears."""
 
     def __init__(self, model: nn.Module, targets: tuple[str, ...], rank: int, slots: int, seed: int):
-        self.model = copy.deepcopy(model)
+        # a model of the registry's contract (model/protocol.py): its blocks and their linears are looked up by name
+        self.model: Any = cast(Any, copy.deepcopy(model))
         self.model.eval()  # our GPT has no dropout; eval() also keeps fp8 linears on their bf16 path
         for p in self.model.parameters():
             p.requires_grad_(False)

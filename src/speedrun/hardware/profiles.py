@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,19 @@ class HardwareProfile:
         return None if tflops is None else tflops * 1e12
 
 
-_GPU_DEFAULTS = dict(
+class _Recipe(TypedDict):
+    """The recommended-default fields of HardwareProfile that the GPU profiles share."""
+
+    precision: str
+    attn: str
+    sdpa_kernel: str
+    micro_batch_tokens: int
+    model: str
+    tokens_per_step: int
+    train_seconds: float
+
+
+_GPU_DEFAULTS = _Recipe(
     precision="bf16",
     attn="sdpa",
     sdpa_kernel="flash",
@@ -71,7 +84,7 @@ _GPU_DEFAULTS = dict(
 )
 # On sm90 SDPA's cuDNN kernel trained pgolf_baseline 11% faster than flash (1.97M vs 1.77M tok/s, H200, bf16,
 # scripts/bench_matrix.py); A100 and B200 keep flash until measured.
-_SM90_DEFAULTS = {**_GPU_DEFAULTS, "sdpa_kernel": "cudnn"}
+_SM90_DEFAULTS: _Recipe = {**_GPU_DEFAULTS, "sdpa_kernel": "cudnn"}
 
 PROFILES: dict[str, HardwareProfile] = {
     "cpu": HardwareProfile(
@@ -189,9 +202,12 @@ def profile_for_gpu(name: str, capability: tuple[int, int], memory_gb: float) ->
     for profile in PROFILES.values():
         if any(p.lower() in name.lower() for p in profile.name_patterns):
             return profile
-    gpus = sorted((p for p in PROFILES.values() if p.capability and p.name == p.family), key=lambda p: p.capability)
-    below = [p for p in gpus if p.capability <= capability]
-    nearest = below[-1] if below else gpus[0]
+    gpus = sorted(
+        ((p.capability, p) for p in PROFILES.values() if p.capability is not None and p.name == p.family),
+        key=lambda cap_profile: cap_profile[0],
+    )
+    below = [p for cap, p in gpus if cap <= capability]
+    nearest = below[-1] if below else gpus[0][1]
     warnings.warn(
         f"unknown GPU {name!r} (sm{capability[0]}{capability[1]}, {memory_gb:.0f} GB): using the nearest profile "
         f"{nearest.name!r} for its recipe; mfu is computed only for cards in speedrun.hardware.cards",

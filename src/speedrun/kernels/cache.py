@@ -32,7 +32,8 @@ def cache_stats() -> dict[str, Any]:
     (inductor's FX-graph cache and AOTAutograd's), from dynamo's counters."""
     from torch._dynamo.utils import counters
 
-    inductor, aot = counters.get("inductor", {}), counters.get("aot_autograd", {})
+    inductor: dict[str, int] = counters.get("inductor", {})
+    aot: dict[str, int] = counters.get("aot_autograd", {})
     hits = int(inductor.get("fxgraph_cache_hit", 0)) + int(aot.get("autograd_cache_hit", 0))
     misses = int(inductor.get("fxgraph_cache_miss", 0)) + int(aot.get("autograd_cache_miss", 0))
     return {

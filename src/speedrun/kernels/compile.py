@@ -4,17 +4,20 @@ inductor's CUDA graph trees would overwrite)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from speedrun.config.kernel import GRAPHING_MODES
 
+if TYPE_CHECKING:
+    from speedrun.model.gpt import GPT
+
 EVAL_MODE = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
 """Evaluation's compile mode for a training mode that records CUDA graphs."""
 
 
-def compile_model(model: torch.nn.Module, plan: Any) -> tuple[Any, Any, bool]:
+def compile_model(model: GPT, plan: Any) -> tuple[Any, Any, bool]:
     """-> (training callable, evaluation callable, whether training needs cudagraph_mark_step_begin per call).
     kernel=default compiles exactly as before: torch.compile(model, dynamic=False), one object for both;
     kernel.compile_scope=blocks returns CompiledRegions over the model."""
@@ -26,7 +29,7 @@ def compile_model(model: torch.nn.Module, plan: Any) -> tuple[Any, Any, bool]:
         import torch._inductor.config as inductor_config
 
         inductor_config.coordinate_descent_tuning = True
-    kwargs = {} if mode == "default" else {"mode": mode}
+    kwargs: dict[str, Any] = {} if mode == "default" else {"mode": mode}
     if plan.kernel.compile_scope == "blocks":
         # Regional compilation: the blocks run the same code on parameters dynamo lifts as inputs, so it traces
         # their graph once and reuses it for every block; the head (norm, logits, softcap, loss) is a second
@@ -38,7 +41,8 @@ def compile_model(model: torch.nn.Module, plan: Any) -> tuple[Any, Any, bool]:
     if mode not in GRAPHING_MODES:
         return compiled, compiled, False
     eval_mode = EVAL_MODE[mode]
-    compiled_eval = torch.compile(model, dynamic=dynamic, **({} if eval_mode == "default" else {"mode": eval_mode}))
+    eval_kwargs: dict[str, Any] = {} if eval_mode == "default" else {"mode": eval_mode}
+    compiled_eval = torch.compile(model, dynamic=dynamic, **eval_kwargs)
     return compiled, compiled_eval, True
 
 
@@ -52,7 +56,7 @@ class CompiledRegions:
     """The model's forward with compiled blocks and head (kernel.compile_scope=blocks). The model itself stays
     uncompiled, as under torch.compile(model): GPTQ's calibration hooks and TTT call it directly."""
 
-    def __init__(self, model: torch.nn.Module, blocks: tuple, head: Any):
+    def __init__(self, model: GPT, blocks: tuple, head: Any):
         self.model, self.blocks, self.head = model, blocks, head
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

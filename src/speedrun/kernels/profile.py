@@ -26,14 +26,18 @@ class KernelRow:
     total_ms: float
 
 
+def _self_device_us(event: Any) -> float:
+    """An event's self device time in us (self_cuda_time_total where the torch has no self_device_time_total)."""
+    us = getattr(event, "self_device_time_total", None)
+    return getattr(event, "self_cuda_time_total", 0) if us is None else us
+
+
 def kernel_rows(events: Iterable[Any], cuda: bool) -> list[KernelRow]:
     """Rows from profiler key_averages(): device kernels on CUDA (self device time), operators on CPU."""
     rows = []
     for e in events:
         if cuda:
-            us = getattr(e, "self_device_time_total", None)
-            if us is None:
-                us = getattr(e, "self_cuda_time_total", 0)
+            us = _self_device_us(e)
             is_kernel = str(getattr(e, "device_type", "")).endswith("CUDA")
             if not is_kernel or us <= 0:
                 continue

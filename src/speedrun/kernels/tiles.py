@@ -19,8 +19,11 @@ adds a k/v (q/do) buffer, which the estimate adds as (num_stages - 1) x the stre
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+_Pick = TypeVar("_Pick")
 
 FWD_CANDIDATES = ((128, 64), (64, 64), (64, 32), (32, 32), (32, 16), (16, 16))
 """(BLOCK_M, BLOCK_N) tried for the forward, largest first."""
@@ -122,27 +125,13 @@ def bwd_smem_bytes(
 
 def tiles_smem(tiles: FlexTiles, head_dim: int, elem_bytes: int, pipelined: bool) -> dict[str, int]:
     """{"fwd": bytes, "bwd": bytes} for the parts of ``tiles`` that are set."""
-    out = {}
-    if tiles.has_fwd:
-        out["fwd"] = fwd_smem_bytes(
-            tiles.block_m,
-            tiles.block_n,
-            head_dim,
-            elem_bytes,  # type: ignore[arg-type]
-            tiles.fwd_num_stages or 1,
-            pipelined,
-        )
-    if tiles.has_bwd:
-        out["bwd"] = bwd_smem_bytes(
-            tiles.block_m1,
-            tiles.block_n1,
-            tiles.block_m2,  # type: ignore[arg-type]
-            tiles.block_n2,
-            head_dim,
-            elem_bytes,
-            tiles.bwd_num_stages or 1,
-            pipelined,
-        )
+    out: dict[str, int] = {}
+    m, n = tiles.block_m, tiles.block_n
+    if m is not None and n is not None:  # tiles.has_fwd
+        out["fwd"] = fwd_smem_bytes(m, n, head_dim, elem_bytes, tiles.fwd_num_stages or 1, pipelined)
+    m1, n1, m2, n2 = tiles.block_m1, tiles.block_n1, tiles.block_m2, tiles.block_n2
+    if m1 is not None and n1 is not None and m2 is not None and n2 is not None:  # tiles.has_bwd
+        out["bwd"] = bwd_smem_bytes(m1, n1, m2, n2, head_dim, elem_bytes, tiles.bwd_num_stages or 1, pipelined)
     return out
 
 
@@ -165,15 +154,17 @@ def choose_tiles(head_dim: int, smem_per_sm: int, smem_per_block: int, elem_byte
     two programs per SM (half its shared memory), so one program's loads overlap another's math; if none does,
     the largest that fits one program's limit. num_warps 4 and num_stages 1 (sm75 has no async copies).
     Raises ValueError when nothing fits (head_dim too large for this card)."""
-    picks = []
-    for fitting in (fitting_fwd, fitting_bwd):
+
+    def first_fitting(fitting: Callable[[int, int, int], list[_Pick]]) -> _Pick:
         found = fitting(head_dim, smem_per_sm // 2, elem_bytes) or fitting(head_dim, smem_per_block, elem_bytes)
         if not found:
             raise ValueError(
                 f"no flex tiling of head_dim {head_dim} fits {smem_per_block // 1024} KB of shared memory per program"
             )
-        picks.append(found[0])
-    (m, n), (m1, n1, m2, n2) = picks
+        return found[0]
+
+    m, n = first_fitting(fitting_fwd)
+    m1, n1, m2, n2 = first_fitting(fitting_bwd)
     return FlexTiles(
         block_m=m,
         block_n=n,

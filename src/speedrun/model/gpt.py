@@ -8,6 +8,15 @@ The first half of the blocks ("encoder") pushes its outputs on a stack; each blo
 skip_weights[i] * stack.pop() (U-Net style). Output projections (attn proj, mlp proj, untied lm_head) start at zero.
 logits = softcap * tanh(logits / softcap), cross-entropy in fp32.
 
+Record levers (ModelShape, config.training.ModelConfig), each off by default and then absent from the computation
+(the model is today's, bit for bit): leaky_relu(x, slope)^2 in the MLP, partial RoPE (the first rope_dims channels
+of each head), ln_scale (norm outputs x 1/sqrt(layer+1)), qk_gain_init, XSA in the last layers (the attention
+output minus its component along the value vector), sigmoid gates on the skips, depth recurrence (model.loop:
+layers start..end called 1 + num times while ``loop_active``, a Python switch the compiled graphs specialise on),
+parallel residual lanes from a decoder layer, the SmearGate on the embedding (never across BOS) and the sparse
+attention output gate. Their small parameters (gates, lane weights) are Adam "scalar" parameters, none an
+nn.Linear: GPTQ, fp8 and TTT see the same linears as without them, and the int8/int6 export keeps them in float.
+
 Parameter names follow parameter-golf's train_gpt.py (tok_emb, blocks.N.attn.c_q, ..., skip_weights,
 lm_head) so state dicts and its name-based rules (control tensors kept in fp32 by the quantizer) carry over.
 Weights are fp32 masters; run under torch.autocast for bf16/fp16 matmuls. Under bf16 autocast the residual
@@ -18,6 +27,7 @@ too narrow for it). Norms, the q/k path before attention, the softcap and the lo
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 
 import torch
@@ -33,9 +43,13 @@ def rms_norm(x: torch.Tensor) -> torch.Tensor:
     return F.rms_norm(x.float(), (x.size(-1),)).to(x.dtype)
 
 
-def rope_tables(seq_len: int, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of shape (seq_len, head_dim // 2), fp32."""
-    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+def rope_tables(
+    seq_len: int, head_dim: int, base: float, rope_dims: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape (seq_len, rd // 2), fp32, rd = rope_dims or head_dim: the frequencies are spread over the
+    rotated channels (the record's Rotary(rope_dims=16): inv_freq = 1 / base^(arange(0, rd, 2) / rd))."""
+    rd = rope_dims or head_dim
+    inv_freq = 1.0 / (base ** (torch.arange(0, rd, 2, dtype=torch.float32) / rd))
     freqs = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
     return freqs.cos(), freqs.sin()
 
@@ -47,6 +61,25 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1)
 
 
+def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope_dims: int) -> torch.Tensor:
+    """Rotate the first rope_dims channels of (B, H, T, D) (halves convention within them), pass the rest through
+    (the record's apply_rotary_emb with rope_dims > 0). rope_dims >= D is apply_rope."""
+    if rope_dims >= x.size(-1):
+        return apply_rope(x, cos, sin)
+    return torch.cat((apply_rope(x[..., :rope_dims], cos, sin), x[..., rope_dims:]), dim=-1)
+
+
+def xsa(y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """XSA (the record's _xsa_efficient): y (B, H, T, D) attention output, v (B, Hkv, T, D) values; returns
+    y - (y . v_hat) v_hat per head and position, v_hat = v / |v| of the head's KV group (query head h reads KV head
+    h // (H // Hkv), as GQA's repeat_interleave). Computed in fp32, returned in y's dtype."""
+    B, H, T, D = y.shape
+    hkv = v.size(1)
+    yg = y.float().reshape(B, hkv, H // hkv, T, D)
+    vn = F.normalize(v.float(), dim=-1).unsqueeze(2)
+    return (yg - (yg * vn).sum(dim=-1, keepdim=True) * vn).reshape(B, H, T, D).to(y.dtype)
+
+
 def _linear(d_in: int, d_out: int, zero_init: bool = False) -> nn.Linear:
     layer = nn.Linear(d_in, d_out, bias=False)  # default init: U(-1/sqrt(d_in), 1/sqrt(d_in)), as theirs
     if zero_init:
@@ -55,7 +88,7 @@ def _linear(d_in: int, d_out: int, zero_init: bool = False) -> nn.Linear:
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, shape: ModelShape, attention: AttentionBackend, fused_qkv: bool = False):
+    def __init__(self, shape: ModelShape, attention: AttentionBackend, fused_qkv: bool = False, use_xsa: bool = False):
         super().__init__()
         self.n_head, self.n_kv_head, self.head_dim = shape.n_head, shape.n_kv_head, shape.head_dim
         kv_dim = shape.n_kv_head * shape.head_dim
@@ -74,6 +107,17 @@ class CausalSelfAttention(nn.Module):
         if shape.qk_norm:
             self.q_gain = nn.Parameter(torch.full((shape.n_head,), shape.qk_gain_init, dtype=torch.float32))
         self.attention = attention  # a plain object, not a module: no parameters, not in state_dict
+        self.rope_dims = shape.rope_dims or shape.head_dim
+        self.use_xsa = use_xsa
+        gate = shape.attn_out_gate
+        self.gate_window, self.gate_scale = gate.window, gate.scale
+        if gate.window:
+            # the record's sparse attention gate (attn_gate_w, (n_head, window)): a Parameter, not an nn.Linear, so
+            # GPTQ, fp8 and TTT leave it alone and the export keeps it in float
+            w = torch.zeros(shape.n_head, gate.window)
+            if gate.init_std > 0:
+                nn.init.normal_(w, mean=0.0, std=gate.init_std)
+            self.attn_gate_w = nn.Parameter(w)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: object) -> torch.Tensor:
         B, T, C = x.shape
@@ -93,11 +137,21 @@ class CausalSelfAttention(nn.Module):
         if self.qk_norm:
             q = F.rms_norm(q, (self.head_dim,))
             k = F.rms_norm(k, (self.head_dim,))
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
+        if self.rope_dims == self.head_dim:
+            q = apply_rope(q, cos, sin)
+            k = apply_rope(k, cos, sin)
+        else:
+            q = apply_partial_rope(q, cos, sin, self.rope_dims)
+            k = apply_partial_rope(k, cos, sin, self.rope_dims)
         if self.qk_norm:
             q = q * self.q_gain[None, :, None, None]
         y = self.attention(q.to(dtype), k.to(dtype), v, ctx)
+        if self.use_xsa:
+            y = xsa(y, v)
+        if self.gate_window:
+            # y_h *= sigmoid(scale * W_h . x[:window]) per position (the record's sparse_attn_gate)
+            g = torch.sigmoid(self.gate_scale * F.linear(x[..., : self.gate_window], self.attn_gate_w))
+            y = y * g.transpose(1, 2).unsqueeze(-1).to(y.dtype)
         y = y.transpose(1, 2).reshape(B, T, C)
         return self.proj(y)
 
@@ -107,29 +161,53 @@ class MLP(nn.Module):
         super().__init__()
         self.fc = _linear(shape.d_model, shape.mlp_mult * shape.d_model)
         self.proj = _linear(shape.mlp_mult * shape.d_model, shape.d_model, zero_init=True)
+        self.leaky_slope = shape.mlp_leaky_slope if shape.mlp_act == "leaky_relu2" else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(torch.relu(self.fc(x)).square())
+        if self.leaky_slope is None:
+            return self.proj(torch.relu(self.fc(x)).square())
+        return self.proj(F.leaky_relu(self.fc(x), self.leaky_slope).square())  # the record's LeakyReLU(0.5)^2
 
 
 class Block(nn.Module):
     # 1-D/0-D and mixing parameters: Adam, kept fp32; everything else in a block is a matrix for Muon.
-    CONTROL = ("attn_scale", "mlp_scale", "resid_mix", "q_gain")
+    CONTROL = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "attn_gate_w", "lane_resid", "lane_post")
 
-    def __init__(self, shape: ModelShape, attention: AttentionBackend, fused_qkv: bool = False):
+    def __init__(self, shape: ModelShape, attention: AttentionBackend, fused_qkv: bool = False, layer: int = 0):
         super().__init__()
-        self.attn = CausalSelfAttention(shape, attention, fused_qkv)
+        self.attn = CausalSelfAttention(shape, attention, fused_qkv, use_xsa=layer >= shape.n_layer - shape.xsa_last_n)
         self.mlp = MLP(shape)
         self.attn_scale = nn.Parameter(torch.ones(shape.d_model))
         self.mlp_scale = nn.Parameter(torch.ones(shape.d_model))
         self.resid_mix = nn.Parameter(torch.stack((torch.ones(shape.d_model), torch.zeros(shape.d_model))))
+        # ln_scale: a buffer, not a Python float, so kernel.compile_scope=blocks traces one graph for every layer
+        scale = torch.tensor(1.0 / math.sqrt(layer + 1)) if shape.ln_scale else None
+        self.register_buffer("ln_scale", scale, persistent=False)
+        if shape.parallel_start_layer and layer >= shape.parallel_start_layer:
+            # the record's parallel_resid_lambdas[layer] (init 1.1) and parallel_post_lambdas[layer] (init 1):
+            # lane_post[0] = attention's weights into (lane 0, lane 1), lane_post[1] = the MLP's
+            self.lane_resid = nn.Parameter(torch.full((2,), 1.1))
+            self.lane_post = nn.Parameter(torch.ones(2, 2))
 
-    def forward(self, x, x0, cos, sin, ctx):
+    def norm(self, x: torch.Tensor) -> torch.Tensor:
+        if self.ln_scale is None:
+            return rms_norm(x)
+        return (F.rms_norm(x.float(), (x.size(-1),)) * self.ln_scale).to(x.dtype)
+
+    def forward(self, x, x0, cos, sin, ctx, lane1=None):
+        """One block on the residual stream x. With ``lane1`` (parallel residual lanes, x being lane 0) attention
+        reads lane 0 mixed with x0 and the MLP reads lane 1, side by side, and it returns both lanes (the record's
+        GPT._parallel_block)."""
         dt = x.dtype
         mix = self.resid_mix.to(dt)
+        if lane1 is not None:
+            attn = self.attn_scale.to(dt) * self.attn(self.norm(mix[0] * x + mix[1] * x0), cos, sin, ctx).to(dt)
+            mlp = self.mlp_scale.to(dt) * self.mlp(self.norm(lane1)).to(dt)
+            r, p = self.lane_resid.to(dt), self.lane_post.to(dt)
+            return r[0] * x + p[0, 0] * attn + p[1, 0] * mlp, r[1] * lane1 + p[0, 1] * attn + p[1, 1] * mlp
         x = mix[0] * x + mix[1] * x0
-        x = x + self.attn_scale.to(dt) * self.attn(rms_norm(x), cos, sin, ctx).to(dt)
-        x = x + self.mlp_scale.to(dt) * self.mlp(rms_norm(x)).to(dt)
+        x = x + self.attn_scale.to(dt) * self.attn(self.norm(x), cos, sin, ctx).to(dt)
+        x = x + self.mlp_scale.to(dt) * self.mlp(self.norm(x)).to(dt)
         return x
 
 
@@ -144,11 +222,17 @@ def _residual_dtype(device_type: str) -> torch.dtype:
 
 class GPT(nn.Module):
     def __init__(
-        self, shape: ModelShape, attention: AttentionBackend, bos_id: int | None = None, fused_qkv: bool = False
+        self,
+        shape: ModelShape,
+        attention: AttentionBackend,
+        bos_id: int | None = None,
+        fused_qkv: bool = False,
+        doc_bos_id: int | None = None,
     ):
         """attention: the backend every layer calls (speedrun.model.attention.get_backend). bos_id: mask attention at
         document boundaries (documents start at BOS); None attends across documents, as parameter-golf does.
-        fused_qkv: one q/k/v matmul per block in training mode (CausalSelfAttention.fused_qkv)."""
+        fused_qkv: one q/k/v matmul per block in training mode (CausalSelfAttention.fused_qkv). doc_bos_id: the BOS
+        token, for what must not cross documents without masking attention (model.smear_gate; bos_id if None)."""
         super().__init__()
         if bos_id is not None and not attention.supports_doc_mask:
             raise ValueError(
@@ -159,13 +243,30 @@ class GPT(nn.Module):
         self.tok_emb = nn.Embedding(shape.vocab_size, shape.d_model)
         self.num_encoder_layers = shape.n_layer // 2
         self.num_decoder_layers = shape.n_layer - self.num_encoder_layers
-        n_skip = min(self.num_encoder_layers, self.num_decoder_layers)
+        # (encoder, decoder) layer orders, loop off and on; the longer (looped) one sizes the skips, as the record
+        self.orders = {False: shape.layer_order(False), True: shape.layer_order(True)}
+        n_skip = min(len(self.orders[shape.loop.on][0]), len(self.orders[shape.loop.on][1]))
         self.skip_weights = nn.Parameter(torch.ones(n_skip, shape.d_model))
-        self.blocks = nn.ModuleList([Block(shape, attention, fused_qkv) for _ in range(shape.n_layer)])
+        self.blocks = nn.ModuleList([Block(shape, attention, fused_qkv, layer=i) for i in range(shape.n_layer)])
         self.lm_head = None if shape.tie_embeddings else _linear(shape.d_model, shape.vocab_size, zero_init=True)
         if shape.tie_embeddings:
             nn.init.normal_(self.tok_emb.weight, mean=0.0, std=shape.tied_embed_init_std)
-        cos, sin = rope_tables(shape.seq_len, shape.head_dim, shape.rope_base)
+        # skip gates: sigmoid(0) = 0.5 at init, the record's (skip_gates zeros)
+        self.skip_gates = nn.Parameter(torch.zeros(n_skip, shape.d_model)) if shape.skip_gates else None
+        self.loop_active = False
+        """model.loop switched on (set_loop): a Python attribute, so a compiled model keeps one graph per state."""
+        self.smear_window = shape.smear_gate.window
+        self.smear_bos_id = doc_bos_id if doc_bos_id is not None else bos_id
+        if self.smear_window:
+            if self.smear_bos_id is None:
+                raise ValueError(
+                    "model.smear_gate needs the BOS token id (GPT(doc_bos_id=...)): it must not smear a document's "
+                    "last token into the next document's first"
+                )
+            # the record's smear_gate (a (1, window) linear, zero init) and smear_lambda (zeros): identity at init
+            self.smear_w = nn.Parameter(torch.zeros(self.smear_window))
+            self.smear_lambda = nn.Parameter(torch.zeros(1))
+        cos, sin = rope_tables(shape.seq_len, shape.head_dim, shape.rope_base, shape.rope_dims)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         # Callables that stand in for the blocks and the head inside compiled_regions() (kernel.compile_scope=blocks);
@@ -182,7 +283,41 @@ class GPT(nn.Module):
         finally:
             self._region_calls = None
 
+    # ---- the depth-recurrence switch ---------------------------------------------------------------
+
+    def set_loop(self, active: bool) -> None:
+        """Switch model.loop on or off (a no-op for a model without one). The training loop switches it at
+        loop.enable_at; warm-up compiles both states first."""
+        self.loop_active = bool(active) and self.shape.loop.on
+
+    @contextlib.contextmanager
+    def looped(self, active: bool = True) -> Iterator[None]:
+        """set_loop(active) for the duration of the block, the previous state after it."""
+        before = self.loop_active
+        self.set_loop(active)
+        try:
+            yield
+        finally:
+            self.loop_active = before
+
     # ---- forward -----------------------------------------------------------------------------------
+
+    def smear(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """The record's SmearGate with its BOS fix: x_t += lambda * sigmoid(w . x_t[:window]) * x_{t-1} for t >= 1,
+        except where idx_t is BOS (a document's first token takes nothing from the previous document)."""
+        w = self.smear_window
+        gate = torch.sigmoid(F.linear(x[:, 1:, :w], self.smear_w[None, :]))  # (B, T-1, 1)
+        keep = (idx[:, 1:] != self.smear_bos_id).unsqueeze(-1)
+        g = (self.smear_lambda * gate * keep).to(x.dtype)
+        return torch.cat((x[:, :1], x[:, 1:] + g * x[:, :-1]), dim=1)
+
+    def skip(self, x: torch.Tensor, skip: torch.Tensor, i: int) -> torch.Tensor:
+        """Decoder call i takes a U-Net skip: x + w_i * skip, or with model.skip_gates lerp(w_i * skip, x,
+        sigmoid(g_i)) (the record's torch.lerp form)."""
+        scaled = self.skip_weights[i].to(x.dtype) * skip
+        if self.skip_gates is None:
+            return x + scaled
+        return torch.lerp(scaled, x, torch.sigmoid(self.skip_gates[i].to(x.dtype)))
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, reduction: str = "mean"):
         """idx (B, T) token ids. Returns the mean cross-entropy (fp32 scalar) when targets are given and
@@ -194,16 +329,30 @@ class GPT(nn.Module):
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
 
         blocks, head = self._region_calls or (self.blocks, self.head)
-        x = rms_norm(self.tok_emb(idx)).to(_residual_dtype(idx.device.type))
+        x = self.tok_emb(idx)
+        if self.smear_window:
+            x = self.smear(x, idx)
+        x = rms_norm(x).to(_residual_dtype(idx.device.type))
         x0 = x
+        encoder, decoder = self.orders[self.loop_active]
+        parallel = self.shape.parallel_start_layer or self.shape.n_layer
         skips: list[torch.Tensor] = []
-        for i in range(self.num_encoder_layers):
+        for i in encoder:
             x = blocks[i](x, x0, cos, sin, ctx)
             skips.append(x)
-        for i in range(self.num_decoder_layers):
+        lane1 = None
+        for j, i in enumerate(decoder):
+            if lane1 is None and i >= parallel:
+                lane1 = x  # the lanes split before this call's skip, which goes into lane 0 only (the record's)
             if skips:
-                x = x + self.skip_weights[i].to(x.dtype) * skips.pop()
-            x = blocks[self.num_encoder_layers + i](x, x0, cos, sin, ctx)
+                x = self.skip(x, skips.pop(), j)
+            if lane1 is None:
+                x = blocks[i](x, x0, cos, sin, ctx)
+            else:
+                x, lane1 = blocks[i](x, x0, cos, sin, ctx, lane1)
+        if lane1 is not None:
+            lane = self.shape.parallel_final_lane
+            x = lane1 if lane == "mlp" else x if lane == "attn" else 0.5 * (x + lane1)
         return head(x, targets, reduction)
 
     def head(self, x: torch.Tensor, targets: torch.Tensor | None, reduction: str = "mean"):
@@ -229,14 +378,20 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
-        """Optimizer partition: matrix (2-D block weights, Muon), scalar (gains, scales, mixes, skip weights:
-        Adam), embed (token embedding: Adam), head (untied lm_head: Adam; empty when tied)."""
+        """Optimizer partition: matrix (2-D block weights, Muon), scalar (gains, scales, mixes, skip weights, the
+        record levers' gates and lane weights: Adam), embed (token embedding: Adam), head (untied lm_head: Adam; empty when tied)."""
         matrix: list[nn.Parameter] = []
         scalar: list[nn.Parameter] = []
         for name, p in self.blocks.named_parameters():
             control = p.ndim < 2 or name.rsplit(".", 1)[-1] in Block.CONTROL
             (scalar if control else matrix).append(p)
         scalar.append(self.skip_weights)
+        # the record levers' model-level gates (skip gates, smear gate): Adam too
+        scalar += [
+            p
+            for p in (self.skip_gates, getattr(self, "smear_w", None), getattr(self, "smear_lambda", None))
+            if p is not None
+        ]
         return {
             "matrix": matrix,
             "scalar": scalar,
@@ -245,4 +400,4 @@ class GPT(nn.Module):
         }
 
 
-__all__ = ["GPT", "rms_norm", "apply_rope", "rope_tables"]
+__all__ = ["GPT", "rms_norm", "apply_rope", "apply_partial_rope", "rope_tables", "xsa"]

@@ -4,38 +4,90 @@ Muon: SGD momentum with Nesterov, whose update is orthogonalised by a quintic Ne
 (Keller Jordan's Muon, as used by modded-nanogpt and parameter-golf) and scaled by sqrt(max(1, rows/cols)).
 The whole per-matrix update lives in ``muon_update`` so a distributed version can shard matrices across
 ranks and all-gather the results without duplicating the math.
+
+parameter-golf's April 2026 record stack (records/track_10min_16mb/2026-04-29_SmearGateBOSFix_3Seed_1.06141/
+train_gpt.py, "the record" below) adds levers, each off by default (off, a step is today's bit for bit):
+MuonEq-R row normalisation (``row_normalize``), the Polar Express coefficient schedule (``ns_coefficients``),
+decoupled weight decay on every group (Muon's ``weight_decay``, AdamW's on embeddings and the rest), and an
+exponential moving average of the weights (``WeightEMA``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import functools
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torch import Tensor
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
+"""Muon's quintic (a, b, c), the same at every iteration: X <- a X + b (X X^T) X + c (X X^T)^2 X."""
+
+POLAR_EXPRESS_COEFFS = (
+    (8.156554524902461, -22.48329292557795, 15.878769915207462),
+    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+)
+"""Polar Express (Amsel, Persson, Musco, Gower 2025, arXiv:2505.16932): a minimax-optimal quintic per iteration,
+for 5 iterations; the numbers are the record's ``_PE_COEFFS`` (train_gpt.py, "Polar Express per-iteration minimax
+Newton-Schulz coefficients (PR #1344)"), used there with the same Frobenius normalisation as ``newton_schulz``.
+Early iterations lift small singular values fast (8.16 x), the later ones settle them near 1."""
+
+NS_SCHEDULES = {"quintic": None, "polar_express": POLAR_EXPRESS_COEFFS}
 
 
-def newton_schulz(G: Tensor, steps: int = 5, dtype: torch.dtype = torch.float32, eps: float = 1e-7) -> Tensor:
+def ns_schedule(name: str, steps: int) -> tuple[tuple[float, float, float], ...]:
+    """The (a, b, c) of each of ``steps`` Newton-Schulz iterations: quintic repeats NS_COEFFS; polar_express is
+    the first ``steps`` of POLAR_EXPRESS_COEFFS (at most 5)."""
+    if name not in NS_SCHEDULES:
+        raise ValueError(f"ns_coefficients={name!r}: use one of {', '.join(NS_SCHEDULES)}")
+    schedule = NS_SCHEDULES[name]
+    if schedule is None:
+        return (NS_COEFFS,) * steps
+    if steps > len(schedule):
+        raise ValueError(f"ns_coefficients={name} has {len(schedule)} iterations, asked for {steps}")
+    return schedule[:steps]
+
+
+def newton_schulz(
+    G: Tensor,
+    steps: int = 5,
+    dtype: torch.dtype = torch.float32,
+    eps: float = 1e-7,
+    coefficients: Sequence[tuple[float, float, float]] | None = None,
+) -> Tensor:
     """Approximately orthogonalise a matrix, or each matrix of a stack (..., rows, cols): G = U S V^T -> ~U V^T.
 
     The quintic's coefficients trade exactness for speed: after 5 steps singular values land roughly in
     [0.7, 1.2] rather than at 1 (those below ~2e-3 of the Frobenius norm stay small). Computed in ``dtype``
     (bf16 on GPUs that have it, fp32 on CPU and T4). Returns a tensor of ``dtype`` shaped like G.
+    ``coefficients``: one (a, b, c) per iteration (``ns_schedule``), ``steps`` of them; None: NS_COEFFS at
+    every iteration.
     """
     if G.ndim < 2:
         raise ValueError(f"newton_schulz expects a matrix or a stack of matrices, got shape {tuple(G.shape)}")
-    a, b, c = NS_COEFFS
+    schedule = (NS_COEFFS,) * steps if coefficients is None else tuple(coefficients)
+    if len(schedule) != steps:
+        raise ValueError(f"newton_schulz: {len(schedule)} coefficient triples for {steps} steps")
     X = G.to(dtype)
     X = X / (X.norm(dim=(-2, -1), keepdim=True) + eps)  # spectral norm <= Frobenius norm <= 1
     transposed = G.size(-2) > G.size(-1)
     if transposed:  # iterate on the wide orientation: X X^T is the smaller Gram matrix
         X = X.mT
-    for _ in range(steps):
+    for a, b, c in schedule:
         A = X @ X.mT
         B = b * A + c * (A @ A)
         X = a * X + B @ X
     return X.mT if transposed else X
+
+
+def row_normalize(x: Tensor, dim: int = -1, eps: float = 1e-7) -> Tensor:
+    """MuonEq-R: x divided by the L2 norm (in fp32, floored at eps) of each of its rows along ``dim``, so every
+    row has norm 1 (a zero row stays zero). The record's form: ``update / update.float().norm(dim=-1,
+    keepdim=True).clamp_min(1e-07)``, on the Nesterov update, before Newton-Schulz."""
+    return x / x.float().norm(dim=dim, keepdim=True).clamp_min(eps).to(x.dtype)
 
 
 def muon_update(
@@ -46,6 +98,7 @@ def muon_update(
     steps: int = 5,
     ns_dtype: torch.dtype = torch.float32,
     orthogonalize: Callable[..., Tensor] = newton_schulz,
+    row_dims: Sequence[int] | None = None,
 ) -> Tensor:
     """Muon updates (to be subtracted, times lr) of same-shape matrices, as one stack (n, rows, cols).
 
@@ -53,11 +106,20 @@ def muon_update(
     u = NS(g) * sqrt(max(1, rows / cols)). The matrices go through Newton-Schulz as one batched stack, which
     turns ~50 small launches per iteration into a few. A distributed step gives each rank a share of the
     matrices, calls this, and all-gathers the stacks.
+
+    ``row_dims`` (MuonEq-R, None: off): for each matrix, the dim its weight's rows lie along (-1; -2 for a matrix
+    handed in transposed); g is row-normalised along it before Newton-Schulz (``row_normalize``).
     """
     torch._foreach_mul_(momentum_buffers, momentum)
     torch._foreach_add_(momentum_buffers, grads)
     g = torch._foreach_add(grads, momentum_buffers, alpha=momentum) if nesterov else momentum_buffers
-    update = orthogonalize(torch.stack(g), steps=steps, dtype=ns_dtype)
+    if row_dims is None:
+        stack = torch.stack(g)
+    elif all(d == row_dims[0] for d in row_dims):
+        stack = row_normalize(torch.stack(g), row_dims[0])
+    else:
+        stack = torch.stack([row_normalize(x, d) for x, d in zip(g, row_dims)])
+    update = orthogonalize(stack, steps=steps, dtype=ns_dtype)
     rows, cols = grads[0].shape
     return update * max(1.0, rows / cols) ** 0.5
 
@@ -75,8 +137,11 @@ def _compiled_newton_schulz() -> Callable[..., Tensor]:
 class Muon(torch.optim.Optimizer):
     """Muon for 2-D parameters. lr is the step size of an orthogonalised update (no grad-scale dependence).
 
-    weight_decay is decoupled (p *= 1 - lr * wd before the update). compile_ns: wrap the Newton-Schulz
-    iteration in torch.compile (None: when the parameters are on CUDA).
+    weight_decay is decoupled (p *= 1 - lr * wd before the update, lr the scheduled one: the record's
+    ``p.data.mul_(1.0 - lr * wd)``). compile_ns: wrap the Newton-Schulz iteration in torch.compile (None: when the
+    parameters are on CUDA). row_normalize: MuonEq-R (``row_normalize``, each weight's own rows). ns_coefficients:
+    quintic or polar_express (``ns_schedule``). Both are attributes, not param-group entries, so the optimizer's
+    state_dict is the same whatever they are (a plan that changes them is refused at resume).
     """
 
     def __init__(
@@ -89,7 +154,10 @@ class Muon(torch.optim.Optimizer):
         weight_decay: float = 0.0,
         ns_dtype: torch.dtype = torch.float32,
         compile_ns: bool | None = None,
+        row_normalize: bool = False,
+        ns_coefficients: str = "quintic",
     ):
+        ns_schedule(str(ns_coefficients), backend_steps)  # an unknown name, or too many steps, raises here
         if lr < 0 or not 0 <= momentum < 1 or backend_steps < 1 or weight_decay < 0:
             raise ValueError(
                 f"Muon: need lr >= 0, 0 <= momentum < 1, backend_steps >= 1, weight_decay >= 0; got "
@@ -105,6 +173,8 @@ class Muon(torch.optim.Optimizer):
                     raise ValueError(f"Muon takes 2-D parameters only, got shape {tuple(p.shape)}")
         self.ns_dtype = ns_dtype
         self.compile_ns = compile_ns
+        self.row_normalize = row_normalize
+        self.ns_coefficients = str(ns_coefficients)
         self.distribute: Callable[[Callable[..., Tensor]], Callable[..., Tensor]] | None = None
         """Set on a multi-rank run (speedrun.distributed.world.World.prepare): wraps the Newton-Schulz function so that each
         rank orthogonalises its share of every stack and the ranks all-gather the rest."""
@@ -147,6 +217,9 @@ class Muon(torch.optim.Optimizer):
                 kept = [b.clone() for b in bufs] if found_inf is not None else None
                 use_compiled = self.compile_ns if self.compile_ns is not None else params[0].is_cuda
                 orthogonalize = _compiled_newton_schulz() if use_compiled else newton_schulz
+                if self.ns_coefficients != "quintic":  # quintic: newton_schulz's own default, untouched
+                    schedule = ns_schedule(self.ns_coefficients, group["backend_steps"])
+                    orthogonalize = functools.partial(orthogonalize, coefficients=schedule)
                 update = muon_update(
                     grads,
                     bufs,
@@ -155,6 +228,8 @@ class Muon(torch.optim.Optimizer):
                     group["backend_steps"],
                     self.ns_dtype,
                     self.distribute(orthogonalize) if self.distribute else orthogonalize,
+                    # MuonEq-R normalises each weight's own rows: those of a matrix handed in transposed lie along -2
+                    row_dims=[-2 if t and mixed else -1 for t in tall] if self.row_normalize else None,
                 )
                 updates = list(update.to(params[0].dtype).unbind(0))
                 if mixed:  # back to each matrix's own orientation, with its own sqrt(rows / cols) scale
@@ -164,7 +239,7 @@ class Muon(torch.optim.Optimizer):
                 if found_inf is not None:  # skip on device: zero update, buffers restored, no decay
                     skip = found_inf.to(torch.bool)
                     updates = [u.masked_fill(skip, 0.0) for u in updates]
-                    for b, old in zip(bufs, kept):  # type: ignore[arg-type]
+                    for b, old in zip(bufs, kept):
                         b.copy_(torch.where(skip, old, b))
                 if wd > 0:
                     decay = 1.0 - lr * wd if found_inf is None else 1.0 - lr * wd * (1.0 - found_inf.float())
@@ -189,6 +264,10 @@ def build_optimizers(
     weight_decay: float = 0.0,
     ns_dtype: torch.dtype = torch.float32,
     fused: bool | None = None,
+    row_normalize: bool = False,
+    ns_coefficients: str = "quintic",
+    adam_wd: float = 0.0,
+    embed_wd: float = 0.0,
 ) -> list[torch.optim.Optimizer]:
     """Optimizers for a GPT, split by ``model.param_groups()``:
 
@@ -201,7 +280,11 @@ def build_optimizers(
     embed_lr 0.6, head_lr 0.008, muon_momentum 0.95 (warmed up from 0.85 over 500 steps by the trainer, see
     set_muon_momentum), muon_backend_steps 5, beta1 0.9, beta2 0.95, eps 1e-8, no weight decay, fused Adam.
 
-    weight_decay applies to the Muon matrices only (decoupled); embeddings, head and scalars get none.
+    weight_decay (optim.muon_wd) is the Muon matrices' decoupled decay; row_normalize (MuonEq-R) and
+    ns_coefficients are Muon's too. embed_wd decays the token embedding, adam_wd the other Adam parameters (an
+    untied head and the scalars), both decoupled as AdamW does (p *= 1 - lr * wd, the record's
+    ``torch.optim.AdamW(..., weight_decay=h.embed_wd)`` and ``h.adam_wd``); a group whose decay is 0 gets plain
+    Adam, as before those levers existed.
     ns_dtype: Newton-Schulz dtype (bf16 where the GPU has it, fp32 on CPU/T4). fused: fused Adam
     (None: when the parameters are on CUDA). Every param group records its "base_lr" for set_lr_multiplier.
     Returns [embed Adam, (head Adam), Muon, scalar Adam], the order parameter-golf steps them in.
@@ -211,15 +294,16 @@ def build_optimizers(
         fused = next(model.parameters()).is_cuda
     betas = (beta1, beta2)
 
-    def adam(params: list[Tensor], lr: float) -> torch.optim.Optimizer:
-        return torch.optim.Adam(
-            [{"params": params, "lr": lr, "base_lr": lr}], betas=betas, eps=eps, weight_decay=0.0, fused=fused
-        )
+    def adam(params: list[Tensor], lr: float, wd: float = 0.0) -> torch.optim.Optimizer:
+        group = [{"params": params, "lr": lr, "base_lr": lr}]
+        if wd > 0:  # decoupled, scaled by the scheduled lr: param *= 1 - lr * wd, then the Adam step
+            return torch.optim.AdamW(group, betas=betas, eps=eps, weight_decay=wd, fused=fused)
+        return torch.optim.Adam(group, betas=betas, eps=eps, weight_decay=0.0, fused=fused)
 
     token_lr = tied_embed_lr if not groups["head"] else embed_lr
-    optimizers: list[torch.optim.Optimizer] = [adam(groups["embed"], token_lr)]
+    optimizers: list[torch.optim.Optimizer] = [adam(groups["embed"], token_lr, embed_wd)]
     if groups["head"]:
-        optimizers.append(adam(groups["head"], head_lr))
+        optimizers.append(adam(groups["head"], head_lr, adam_wd))
     muon = Muon(
         [{"params": groups["matrix"], "base_lr": matrix_lr}],
         lr=matrix_lr,
@@ -227,9 +311,11 @@ def build_optimizers(
         backend_steps=muon_backend_steps,
         weight_decay=weight_decay,
         ns_dtype=ns_dtype,
+        row_normalize=row_normalize,
+        ns_coefficients=ns_coefficients,
     )
     optimizers.append(muon)
-    optimizers.append(adam(groups["scalar"], scalar_lr))
+    optimizers.append(adam(groups["scalar"], scalar_lr, adam_wd))
     return optimizers
 
 
@@ -248,12 +334,60 @@ def set_muon_momentum(optimizers: Iterable[torch.optim.Optimizer], momentum: flo
                 group["momentum"] = momentum
 
 
+class WeightEMA:
+    """An exponential moving average of a model's parameters: after each optimizer step ``update()`` moves each
+    fp32 shadow towards its parameter, ema = decay * ema + (1 - decay) * w (the record's ``ema_state[name].mul_(
+    ema_decay).add_(t.float(), alpha=1 - ema_decay)``, here one ``torch._foreach_lerp_`` on the device: no host
+    sync, nothing read back). The shadows start as copies of the parameters when it is made.
+
+    Parameters only: the model's buffers (RoPE tables) are not learned. On several ranks every rank holds the same
+    weights after each step, so each keeps its own identical average. ``copy_to()`` puts the average into the
+    model (for evaluation and export); ``state_dict``/``load_state_dict`` carry it through checkpoints.
+    """
+
+    def __init__(self, model: torch.nn.Module, decay: float):
+        if not 0 < decay < 1:
+            raise ValueError(f"WeightEMA: decay must be in (0, 1), got {decay}")
+        self.decay = float(decay)
+        named = list(model.named_parameters())
+        self.names = [n for n, _ in named]
+        self.params = [p for _, p in named]
+        with torch.no_grad():
+            self.shadow = [p.detach().to(torch.float32, copy=True) for p in self.params]
+
+    @torch.no_grad()
+    def update(self) -> None:
+        src = [p if p.dtype == torch.float32 else p.float() for p in self.params]
+        torch._foreach_lerp_(self.shadow, src, 1.0 - self.decay)
+
+    @torch.no_grad()
+    def copy_to(self) -> None:
+        """Overwrite the model's parameters with the average (cast to each parameter's dtype), in place."""
+        for p, s in zip(self.params, self.shadow):
+            p.copy_(s)
+
+    def state_dict(self) -> dict:
+        return {"decay": self.decay, "shadow": dict(zip(self.names, self.shadow))}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict) -> None:
+        saved = state["shadow"]
+        if list(saved) != self.names:
+            raise ValueError(f"EMA state has parameters {list(saved)[:3]}..., the model {self.names[:3]}...")
+        for s, name in zip(self.shadow, self.names):
+            s.copy_(saved[name])
+
+
 __all__ = [
     "Muon",
+    "WeightEMA",
     "newton_schulz",
+    "ns_schedule",
+    "row_normalize",
     "muon_update",
     "build_optimizers",
     "set_lr_multiplier",
     "set_muon_momentum",
     "NS_COEFFS",
+    "POLAR_EXPRESS_COEFFS",
 ]

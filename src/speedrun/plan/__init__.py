@@ -15,7 +15,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from speedrun.config import CONF_DIR, Config, DataConfig, ModelConfig, QuantConfig, TTTConfig
+from speedrun.config import CONF_DIR, Config, DataConfig, EMAConfig, ModelConfig, QuantConfig, TTTConfig
 from speedrun.errors import PlanError
 from speedrun.hardware.cards import card_for
 from speedrun.hardware.profiles import PROFILES, DetectedDevice, HardwareProfile
@@ -167,6 +167,13 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
         grad_accum=1 if search else tokens_per_step // micro_tokens,
         warmup_steps=cfg.budget.warmup_steps,
     )
+    if kernel.cuda_graphs and model.loop.on and model.loop.enable_at > 0:
+        # GraphedMicroStep keys its graphs by the batch's shape: a loop switched on mid-run would replay the graph
+        # captured without it
+        raise PlanError(
+            f"kernel.cuda_graphs captures one graph per batch shape and cannot follow model.loop switching on at "
+            f"model.loop.enable_at={model.loop.enable_at}; drop kernel.cuda_graphs or set model.loop.enable_at=0"
+        )
     warmup_steps = cfg.budget.warmup_steps
     if kernel.cuda_graphs:  # enough untimed steps to capture (the search may end at one micro-batch per step)
         warmup_steps = max(warmup_steps, graph_warmup_steps(1 if search else tokens_per_step // micro_tokens))
@@ -217,6 +224,7 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
         micro_batch_search=search,
         dist=dist,
         kernel=kernel,
+        ema=EMAConfig(decay=cfg.ema.decay or None),  # 0 is off too: plan.json says null
     )
 
 

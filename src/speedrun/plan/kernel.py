@@ -205,8 +205,9 @@ def _resolve_fp8(settings: dict[str, Any], precision: str, profile: HardwareProf
     if not targets:
         return (), impl
     shown = "[" + ",".join(targets) + "]"
-    if profile.device_type != "cuda" or profile.capability < (8, 9):
-        where = "no GPU" if profile.device_type != "cuda" else f"sm{profile.capability[0]}{profile.capability[1]}"
+    capability = profile.capability or (0, 0)  # None: no GPU
+    if profile.device_type != "cuda" or capability < (8, 9):
+        where = "no GPU" if profile.device_type != "cuda" else f"sm{capability[0]}{capability[1]}"
         raise PlanError(
             f"kernel.fp8={shown} needs compute capability >= 8.9 (fp8 tensor cores); {profile.name} is "
             f"{where} - use kernel.fp8=[]"
@@ -257,7 +258,7 @@ def _resolve_tiles(
             f"flex tiles {', '.join(big)} must divide the block mask's {FLEX_BLOCK_SIZE}: use tiles of "
             f"16, 32, 64 or 128"
         )
-    smem = tiles_smem(tiles, model.head_dim, elem, pipelined=profile.capability >= (8, 0))
+    smem = tiles_smem(tiles, model.head_dim, elem, pipelined=(profile.capability or (0, 0)) >= (8, 0))
     for part, need in smem.items():
         if smem_block and need > smem_block:
             fits = (

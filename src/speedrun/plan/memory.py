@@ -24,7 +24,8 @@ def training_memory_bytes(model: ModelShape, micro_batch: int, precision: str, s
     tokens = micro_batch * model.seq_len
     act_bytes = 4 if precision == "fp32" else 2
     states = 16 * params
-    activations = tokens * model.n_layer * model.d_model * (8 + 3 * model.mlp_mult) * act_bytes
+    # every layer call keeps its activations: a looped layer (model.loop) once per call
+    activations = tokens * model.layer_passes(looped=True) * model.d_model * (8 + 3 * model.mlp_mult) * act_bytes
     logits = tokens * model.vocab_size * 10
     return states + activations + logits + scores_bytes
 

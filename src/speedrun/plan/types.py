@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from speedrun.config import CheckpointConfig, LoggerConfig, OptimConfig, QuantConfig, ScheduleConfig, TTTConfig
+from speedrun.config import (
+    CheckpointConfig,
+    EMAConfig,
+    LoggerConfig,
+    OptimConfig,
+    QuantConfig,
+    ScheduleConfig,
+    TTTConfig,
+)
 from speedrun.model.shape import ModelShape
 from speedrun.plan.distributed import DistPlan
 
@@ -204,6 +212,8 @@ class Plan:
     """Compile mode, CUDA graphs, FP8 targets, flex tiles, profiling (the kernel group, resolved)."""
     dist: DistPlan = DistPlan()
     """Ranks of the run (world_size, nodes, nproc per node, backend, who starts them); one process by default."""
+    ema: EMAConfig = field(default_factory=EMAConfig)
+    """Weight EMA (decay None: off; the resolver turns 0 into None)."""
 
     @property
     def world_size(self) -> int:
@@ -217,6 +227,23 @@ class Plan:
         d = dataclasses.asdict(self)
         d["attn_options"] = dict(self.attn_options)
         return json.loads(json.dumps(d, default=str))  # Choice enums -> their strings
+
+    def optim_result_keys(self) -> dict[str, Any]:
+        """The optimizer, schedule and EMA levers of the record stack, as result.json and the results row record
+        them: muon_wd, muon_row_normalize, ns_coefficients, adam_wd, embed_wd, min_lr, ema_decay."""
+        return {**self.optim.result_keys(), **self.schedule.result_keys(), **self.ema.result_keys()}
+
+    def levers_text(self) -> str:
+        """The record-stack levers that are on, for describe(); "" when all are off."""
+        o = self.optim
+        on = [f"muon_wd {o.muon_wd:g}"] if o.muon_wd else []
+        on += ["MuonEq-R"] if o.muon_row_normalize else []
+        on += [f"NS {o.ns_coefficients}"] if str(o.ns_coefficients) != "quintic" else []
+        on += [f"adam_wd {o.adam_wd:g}"] if o.adam_wd else []
+        on += [f"embed_wd {o.embed_wd:g}"] if o.embed_wd else []
+        on += [f"min_lr {self.schedule.min_lr:g}"] if self.schedule.min_lr else []
+        on += [f"EMA {self.ema.decay:g} (eval and export on the average)"] if self.ema.on else []
+        return ", ".join(on)
 
     def budget_text(self) -> str:
         """The budgets, whichever ends first: e.g. "120 s or 1000 steps or 5e+08 tokens"."""
@@ -254,6 +281,7 @@ class Plan:
             + f", eval {self.eval.label} on {self.eval.tokens if self.eval.tokens is not None else 'all'} tokens, "
             f"compile {'on' if self.compile else 'off'}, memory estimate {self.memory_estimate_gb:g} GB",
             f"kernel      {self.kernel.describe()}",
+            *([f"levers      {self.levers_text()}"] if self.levers_text() else []),
         ]
         return "\n".join(lines)
 

@@ -48,31 +48,31 @@ def _finite(v: Any) -> bool:
 
 def smooth(ys: Sequence[float]) -> np.ndarray:
     """Exponential moving average with a span of about 2% of the points (no smoothing below 50 points)."""
-    ys = np.asarray(ys, dtype=float)
-    if len(ys) < 50:
-        return ys
-    alpha = 2.0 / (0.02 * len(ys) + 1)
-    out = np.empty_like(ys)
-    acc = ys[0]
-    for i, y in enumerate(ys):
+    arr = np.asarray(ys, dtype=float)
+    if len(arr) < 50:
+        return arr
+    alpha = 2.0 / (0.02 * len(arr) + 1)
+    out = np.empty_like(arr)
+    acc = arr[0]
+    for i, y in enumerate(arr):
         acc = alpha * y + (1 - alpha) * acc
         out[i] = acc
     return out
 
 
 def aggregate(
-    curves: Sequence[tuple[Sequence[float], Sequence[float]]], points: int = 200
+    curves: Sequence[tuple[Sequence[float] | np.ndarray, Sequence[float] | np.ndarray]], points: int = 200
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
     """(grid, mean, std or None for a single run) over the x range all curves cover; None without two points."""
-    curves = [(np.asarray(xs, float), np.asarray(ys, float)) for xs, ys in curves if len(xs) >= 1]
-    if not curves:
+    arrays = [(np.asarray(xs, float), np.asarray(ys, float)) for xs, ys in curves if len(xs) >= 1]
+    if not arrays:
         return None
-    lo, hi = max(xs[0] for xs, _ in curves), min(xs[-1] for xs, _ in curves)
+    lo, hi = max(xs[0] for xs, _ in arrays), min(xs[-1] for xs, _ in arrays)
     if hi < lo:
         return None
     grid = np.linspace(lo, hi, points) if hi > lo else np.array([lo])
-    stacked = np.stack([np.interp(grid, xs, ys) for xs, ys in curves])
-    return grid, stacked.mean(axis=0), stacked.std(axis=0, ddof=1) if len(curves) > 1 else None
+    stacked = np.stack([np.interp(grid, xs, ys) for xs, ys in arrays])
+    return grid, stacked.mean(axis=0), stacked.std(axis=0, ddof=1) if len(arrays) > 1 else None
 
 
 def plot_curves(plt: Any, groups: Sequence[Group], colors: dict, x: str = "tokens", max_groups: int = 20) -> Any:

@@ -189,7 +189,7 @@ def rank_groups(groups: Sequence[Group], metric: str, sets: EvalSets) -> list[Gr
     """Groups sorted by mean ``metric`` (lower first) within each evaluation set, the sets in first-seen order,
     with ``rank`` numbered within the set. Groups that mix sets come last, unranked ("-"), and so do groups with no
     ``metric`` from an ok run (every run failed, diverged or was not run): a rank is earned by a result."""
-    order = {fp: i for i, fp in enumerate(sets.fingerprints)}
+    order: dict[str | None, int] = {fp: i for i, fp in enumerate(sets.fingerprints)}
     separate = len(sets.fingerprints) > 1  # one known set: the unknown runs are ranked with it
 
     def block(g: Group) -> str | None:

@@ -67,6 +67,7 @@ def _plot_pareto(plt: Any, groups: Sequence[Group], colors: dict, metric: str) -
             c = colors[g.label()]
             ax.scatter(xs, ys, color=c, alpha=0.35, s=14)
             mx, my = mean(xs), mean(ys)
+            assert mx is not None and my is not None  # xs and ys are not empty
             ax.errorbar(
                 [mx], [my], xerr=[std(xs) or 0], yerr=[std(ys) or 0], fmt="o", color=c, ms=7, capsize=3, label=g.label()
             )
@@ -92,7 +93,7 @@ def _finish(ax: Any, xlabel: str, ylabel: str) -> None:
 def _plot_quant(plt: Any, groups: Sequence[Group], colors: dict, metric: str) -> Any:
     fig, ax = plt.subplots(figsize=(8, 4.8))
     any_point = False
-    caps = set()
+    caps: set[int] = set()
     for g in groups:
         pts = [(r.row.get("artifact_bytes"), r.row.get("val_bpb_quant")) for r in g.ok]
         pts = [(x, y) for x, y in pts if finite([x]) and finite([y])]

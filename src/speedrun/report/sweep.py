@@ -309,10 +309,10 @@ def write_summary(sweep_dir: Path, db_path: Path | None = None) -> Summary | Non
 try:
     from hydra.experimental.callback import Callback
 except ImportError:  # hydra is a dependency; this only keeps `import speedrun.report.sweep` light in odd setups
-    Callback = object  # type: ignore[misc,assignment]
+    Callback = object  # type: ignore[misc,assignment]  # a plain base class in place of hydra's
 
 
-class SweepSummary(Callback):  # type: ignore[misc,valid-type]
+class SweepSummary(Callback):
     """At the end of a multirun: summary.md and summary.csv in the sweep dir, the same table on the console.
 
     With ``exit_nonzero_on_failure`` (the default) the process then exits with status 1 when any job failed, was

@@ -84,6 +84,7 @@ class Job(JobRecord):
         )
         self.result.update(self.world.describe(plan.device_name))  # world_size, nodes, each rank's GPU
         self.result.update(plan.kernel.result_keys())  # kernel_* settings that ran, so sweeps over kernel= group
+        self.result.update(plan.optim_result_keys())  # the optimizer, schedule and EMA levers
         configure_torch(plan)
         if self.world.rank == 0:  # one W&B run per run, not per rank
             self.logger = make_logger(plan.logger, self.ctx.run_dir, self.result["sweep"], plan.name)
@@ -174,6 +175,7 @@ class Job(JobRecord):
         """Score the model, export the artifact, score its round trip, test-time train (speedrun.finishing)."""
         from speedrun.finishing.finalize import evaluate_and_export
 
+        assert self.plan is not None  # resolve() set it, before the model was built
         model.eval()  # no dropout here, but fp8 layers switch to their bf16 path for evaluation
         self.result.update(
             evaluate_and_export(

@@ -11,12 +11,16 @@ import math
 import os
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeGuard
 from urllib.parse import urlparse
 
 from speedrun.config import LoggerConfig
 
 log = logging.getLogger("speedrun.logger")
+
+WandbInitMode = Literal["online", "offline", "disabled"]
+"""The modes speedrun passes to wandb.init."""
+_INIT_MODES: dict[str, WandbInitMode] = {"online": "online", "offline": "offline", "disabled": "disabled"}
 
 
 class RunLogger:
@@ -91,7 +95,7 @@ class WandbLogger(RunLogger):
             return
         mode = resolve_wandb_mode(self.settings.mode)
         # The run's id comes from its run dir, so a resumed run (resume=<run dir>) continues the same W&B run.
-        kwargs = dict(
+        kwargs: dict[str, Any] = dict(
             project=self.settings.project,
             entity=self.settings.entity,
             group=self.group,
@@ -178,7 +182,7 @@ def define_metrics(run: Any) -> None:
         run.define_metric(key, step_metric="tokens", summary="min")
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -191,10 +195,10 @@ def _settings(wandb: Any, init_timeout: float) -> Any:
     return wandb.Settings(**wanted)
 
 
-def resolve_wandb_mode(mode: str) -> str | None:
+def resolve_wandb_mode(mode: str) -> WandbInitMode | None:
     """logger.mode -> the mode passed to wandb.init (None: WANDB_MODE from the environment decides)."""
-    if mode in ("online", "offline", "disabled"):
-        return mode
+    if mode in _INIT_MODES:
+        return _INIT_MODES[mode]
     if mode != "auto":
         raise ValueError(f"logger.mode={mode}: choose auto, online, offline or disabled")
     if os.environ.get("WANDB_MODE"):

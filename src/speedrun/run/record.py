@@ -116,7 +116,7 @@ class JobRecord:
         """The training keys of the result (the pipeline's; a record without training has none)."""
 
     # -- always -------------------------------------------------------------------------------------------
-    def close_early(self, db: ResultsDB, run_id: str, status: str, error: str, tb: str) -> None:
+    def close_early(self, db: ResultsDB | dist.NoRecords, run_id: str, status: str, error: str, tb: str) -> None:
         """Rank 0, from the dist guard's thread: a peer failed or a stop signal came while this rank may be stuck
         in a collective; close the row now, in case this process is killed before ``finish``."""
         with self._closing:

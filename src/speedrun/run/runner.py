@@ -14,7 +14,7 @@ import os
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -122,12 +122,12 @@ def run_job(dict_cfg: DictConfig, ctx: RunContext | None = None) -> dict[str, An
             result.update(oom_result(job.plan, result.get("phase"), oom, ctx.run_dir))
             world.settle(dict(result), e, ctx.run_dir)  # tell the other ranks to stop; this row keeps status oom
             oom_error = RunOutOfMemory(result["error"])
-            oom_error.speedrun_job = job  # type: ignore[attr-defined]
+            oom_error.speedrun_job = job  # type: ignore[attr-defined]  # read by speedrun.main, as above
             raise oom_error from e
         result["status"] = "failed"
         result["error"] = f"{type(e).__name__}: {e}"
         world.settle(result, e, ctx.run_dir)  # names the rank that failed first, and tells the others to stop
-        e.speedrun_job = job  # type: ignore[attr-defined]
+        e.speedrun_job = job  # type: ignore[attr-defined]  # read by speedrun.main, as above
         raise
     finally:
         with stop_signals_deferred():
@@ -135,7 +135,7 @@ def run_job(dict_cfg: DictConfig, ctx: RunContext | None = None) -> dict[str, An
     return result
 
 
-def _open_record(db: ResultsDB, run_id: str, row: dict[str, Any]) -> None:
+def _open_record(db: ResultsDB | dist.NoRecords, run_id: str, row: dict[str, Any]) -> None:
     """The row that says `running`. A database that cannot be written stops the run here, before any work, with
     its path and the fix (a run whose record cannot be kept is not worth starting)."""
     import sqlite3
@@ -168,8 +168,9 @@ def _find_resume(dict_cfg: DictConfig, ctx: RunContext) -> tuple[Any, Exception 
     from speedrun.errors import ConfigError
     from speedrun.training.resume import find_resume
 
-    tree = OmegaConf.to_container(dict_cfg, resolve=True, enum_to_str=True)
+    # a DictConfig's container is a dict with str keys; to_container's return type covers any node
+    tree = cast("dict[str, Any]", OmegaConf.to_container(dict_cfg, resolve=True, enum_to_str=True))
     try:
-        return find_resume(tree, ctx.overrides, ctx.run_dir, ctx.original_cwd), None  # type: ignore[arg-type]
+        return find_resume(tree, ctx.overrides, ctx.run_dir, ctx.original_cwd), None
     except ConfigError as e:
         return None, e

@@ -18,12 +18,16 @@ micro-batch, or the nearest smaller divisor of the sequences per step) and says 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from speedrun.model.gpt import GPT
 
 OOM = (torch.cuda.OutOfMemoryError,)
 """What "does not fit" looks like (torch.OutOfMemoryError: the caching allocator's refusal, the memory cap included)."""
@@ -89,7 +93,11 @@ def plan_with_batches(
         for L in sorted(lengths, reverse=True):
             tried: dict[int, bool] = {}
             ok = [t for t in options if best_tokens is None or t <= best_tokens]
-            found = largest_fitting(ok, fits_probe(lambda n, L=L: try_train(L, n // L), on_free), tried)
+
+            def try_tokens(n: int, L: int = L) -> Any:
+                return try_train(L, n // L)
+
+            found = largest_fitting(ok, fits_probe(try_tokens, on_free), tried)
             report[f"train_seq_{L}"] = {str(t // L): v for t, v in sorted(tried.items())}
             if found is None:
                 raise torch.cuda.OutOfMemoryError(
@@ -116,7 +124,7 @@ def plan_with_batches(
     return plan, report
 
 
-def search_batches(plan: Any, model: torch.nn.Module, log: Callable[[str], None]) -> tuple[Any, dict]:
+def search_batches(plan: Any, model: GPT, log: Callable[[str], None]) -> tuple[Any, dict]:
     """plan_with_batches with real tries of the eager model on the plan's device (CUDA only)."""
     if plan.device != "cuda":
         log(
@@ -156,4 +164,7 @@ def search_batches(plan: Any, model: torch.nn.Module, log: Callable[[str], None]
         finally:
             model.train(was)
 
-    return plan_with_batches(plan, try_train, try_eval, log, on_free=torch.cuda.empty_cache)
+    # with model.loop the looped model (more layer calls, more activations) is the one that must fit
+    looped = model.looped() if plan.model.loop.on else contextlib.nullcontext()
+    with looped:
+        return plan_with_batches(plan, try_train, try_eval, log, on_free=torch.cuda.empty_cache)

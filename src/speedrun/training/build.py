@@ -94,8 +94,15 @@ def build_model(plan: Plan, attention, bos_id: int):
     from speedrun.model.gpt import GPT
     from speedrun.model.optim import build_optimizers
 
-    # bos_id switches on document masking in the model; only backends that can mask documents get it.
-    model = GPT(plan.model, attention, bos_id=bos_id if plan.document_mask else None, fused_qkv=plan.kernel.fused_qkv)
+    # bos_id switches on document masking in the model; only backends that can mask documents get it. doc_bos_id
+    # is the token alone, for model levers that must not cross documents (model.smear_gate) whatever the mask.
+    model = GPT(
+        plan.model,
+        attention,
+        bos_id=bos_id if plan.document_mask else None,
+        fused_qkv=plan.kernel.fused_qkv,
+        doc_bos_id=bos_id,
+    )
     if plan.kernel.fp8:  # precision=fp8 resolves to every block linear; kernel.fp8 picks some
         from speedrun.model.fp8 import convert_linears, convert_torchao
 
@@ -115,6 +122,11 @@ def build_model(plan: Plan, attention, bos_id: int):
         beta2=o.beta2,
         eps=o.eps,
         ns_dtype=torch.bfloat16 if plan.ns_dtype == "bf16" else torch.float32,
+        weight_decay=o.muon_wd,
+        row_normalize=o.muon_row_normalize,
+        ns_coefficients=str(o.ns_coefficients),
+        adam_wd=o.adam_wd,
+        embed_wd=o.embed_wd,
     )
     if plan.compile:
         # Static shapes: one graph per context length, all compiled during warm-up (progressive schedules

@@ -1,7 +1,8 @@
 """Checkpoints: everything the training loop needs to continue bit for bit, written atomically into the run dir.
 
-``<run dir>/checkpoints/step_<steps>.pt`` holds the model, the optimizers, the GradScaler, the data position, the
-RNG states and the loop's progress (TrainState: steps, tokens, FLOPs, elapsed train seconds, stage index...);
+``<run dir>/checkpoints/step_<steps>.pt`` holds the model, the optimizers, the GradScaler, the weights' EMA (when
+ema.decay is set; None otherwise), the data position, the RNG states and the loop's progress (TrainState: steps,
+tokens, FLOPs, elapsed train seconds, stage index...);
 ``step_<steps>.json`` beside it holds what resume reads without loading tensors (the composed config, the
 overrides, the Plan, the progress). Both are written to a temporary name and renamed into place, the .pt first, so
 a checkpoint counts only once both exist; the oldest are deleted beyond ``checkpoint.keep``.
@@ -100,7 +101,7 @@ def rng_state() -> dict[str, Any]:
     import numpy as np
     import torch
 
-    np_state = np.random.get_state()  # noqa: NPY002 - the global legacy RNG is what we save
+    np_state: Any = np.random.get_state()  # noqa: NPY002 - the global legacy RNG is what we save
     version, internal, gauss = random.getstate()
     return {
         "torch": torch.get_rng_state(),
@@ -123,22 +124,28 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state((name, keys.numpy().astype("uint32"), *rest))  # noqa: NPY002
 
 
-def capture(model: Any, optimizers: list, scaler: Any, state: Any) -> dict[str, Any]:
-    """The payload of a checkpoint at a step boundary (state: train.TrainState)."""
+def capture(model: Any, optimizers: list, scaler: Any, state: Any, ema: Any = None) -> dict[str, Any]:
+    """The payload of a checkpoint at a step boundary (state: train.TrainState; ema: the Stepper's WeightEMA or
+    None)."""
     return {
         "format": FORMAT,
         "model": model.state_dict(),
         "optimizers": [o.state_dict() for o in optimizers],
         "scaler": scaler.state_dict() if scaler is not None else None,
+        "ema": ema.state_dict() if ema is not None else None,
         "data": {"position": state.position},
         "rng": rng_state(),
         "progress": dataclasses.asdict(state),
     }
 
 
-def restore(payload: dict[str, Any], model: Any, optimizers: list, scaler: Any, state: Any) -> None:
-    """Load a payload into a freshly built model, its optimizers, scaler and a TrainState, in place."""
+def restore(payload: dict[str, Any], model: Any, optimizers: list, scaler: Any, state: Any, ema: Any = None) -> None:
+    """Load a payload into a freshly built model, its optimizers, scaler, EMA and a TrainState, in place."""
     model.load_state_dict(payload["model"])
+    if ema is not None:
+        if payload.get("ema") is None:  # resume refuses a plan whose ema differs first; this is the last guard
+            raise ValueError("the run keeps a weight EMA (ema.decay) and this checkpoint has none")
+        ema.load_state_dict(payload["ema"])
     if len(payload["optimizers"]) != len(optimizers):
         raise ValueError(f"checkpoint has {len(payload['optimizers'])} optimizers, the model {len(optimizers)}")
     for opt, saved in zip(optimizers, payload["optimizers"]):

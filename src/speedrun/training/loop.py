@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from speedrun.config import OptimConfig, ScheduleConfig
-from speedrun.model.optim import set_lr_multiplier, set_muon_momentum
+from speedrun.model.optim import WeightEMA, set_lr_multiplier, set_muon_momentum
 from speedrun.plan import Plan
 from speedrun.plan.dtypes import autocast_dtype
 from speedrun.training.budget import Budget, Clock
@@ -69,11 +69,12 @@ class TrainState:
 
 
 def lr_multiplier(progress: float, schedule: ScheduleConfig) -> float:
-    """Linear warm-up over the first warmup_frac of the budget, linear warm-down to 0 over the last warmdown_frac."""
+    """Linear warm-up over the first warmup_frac of the budget, linear warm-down to 0 over the last warmdown_frac,
+    held at schedule.min_lr once it gets there (the record's ``max((1 - frac) / warmdown_frac, min_lr)``)."""
     if schedule.warmup_frac > 0 and progress < schedule.warmup_frac:
         return max(progress / schedule.warmup_frac, 1e-3)
     if schedule.warmdown_frac > 0 and progress > 1 - schedule.warmdown_frac:
-        return max((1 - progress) / schedule.warmdown_frac, 0.0)
+        return max((1 - progress) / schedule.warmdown_frac, schedule.min_lr)
     return 1.0
 
 
@@ -86,10 +87,14 @@ def muon_momentum(step: int, optim: OptimConfig) -> float:
 
 class Stepper:
     """One optimizer step: grad accumulation over micro-batches, autocast, GradScaler, clipping. On several ranks
-    (``world``, speedrun.distributed.world) each runs its own micro-batches; gradients and the loss are averaged over them."""
+    (``world``, speedrun.distributed.world) each runs its own micro-batches; gradients and the loss are averaged over them.
+
+    ``ema`` (plan.ema on): the weights' moving average (speedrun.model.optim.WeightEMA), started from the weights the
+    Stepper is made with (those warm-up restores); train() updates it after each timed step, never warm-up's."""
 
     def __init__(self, model: torch.nn.Module, forward: Callable, optimizers: list, plan: Plan, world: Any = None):
         self.model, self.forward, self.optimizers, self.plan = model, forward, optimizers, plan
+        self.ema = WeightEMA(model, plan.ema.decay) if plan.ema.on else None
         from speedrun.distributed.world import SINGLE
 
         self.world = world or SINGLE
@@ -173,9 +178,45 @@ def _graphs_compiled() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+def _loop_states(plan: Plan) -> list[bool]:
+    """The model.loop states training will run (warm-up compiles each): off, then on from loop.enable_at; on only
+    when it is on from the first step; [False] for a model without a loop."""
+    loop = plan.model.loop
+    if not loop.on:
+        return [False]
+    return [True] if loop.enable_at <= 0 else [False, True]
+
+
+def _loop_due(plan: Plan, stage_frac: float) -> bool | None:
+    """Whether model.loop should be on at this point of the budget (None: the model has no loop). The fraction is
+    the context stages' (Budget.stage_fraction), so the loop follows whichever budget governs the run."""
+    loop = plan.model.loop
+    return stage_frac >= loop.enable_at if loop.on else None
+
+
+def _switch_loop(stepper: Stepper, state: TrainState, on: bool, seconds: float, log: Callable[[str], None]) -> int:
+    """Switch the model's loop (a Python attribute the compiled graphs specialise on: both were compiled in
+    warm-up, so no recompile), record a stage entry with ``loop: true`` from this step (speedrun.training.mfu charges
+    its tokens the looped FLOPs) unless the current entry already has it (a resumed run); -> the step's FLOPs."""
+    plan = stepper.plan
+    stepper.model.set_loop(on)
+    seq_len = plan.stages[state.stage_index].seq_len
+    if on and state.stages and not state.stages[-1].get("loop"):
+        state.stages.append(
+            {"seq_len": seq_len, "start_step": state.steps, "start_seconds": round(seconds, 3), "loop": True}
+        )
+        loop = plan.model.loop
+        log(
+            f"layer loop on from step {state.steps}: layers {loop.start}-{loop.end} x {1 + loop.num}, "
+            f"{plan.model.layer_passes(True)} layer calls per forward"
+        )
+    return plan.tokens_per_step * plan_flops_per_token(plan, seq_len, looped=on)
+
+
 def warm_up(stepper: Stepper, make_batches: MakeBatches, state: TrainState, log: Callable[[str], None]) -> None:
-    """Compile and autotune with Plan.warmup_steps real steps at every context length of the plan, then restore
-    the initial model and optimizer state, so training starts from the same weights whatever the warm-up did."""
+    """Compile and autotune with Plan.warmup_steps real steps at every context length of the plan (with model.loop,
+    in each loop state training will run: off and on), then restore the initial model and optimizer state, so
+    training starts from the same weights whatever the warm-up did."""
     steps = stepper.plan.warmup_steps
     if steps <= 0:
         return
@@ -183,12 +224,20 @@ def warm_up(stepper: Stepper, make_batches: MakeBatches, state: TrainState, log:
     saved_opts = [copy.deepcopy(opt.state_dict()) for opt in stepper.optimizers]
     saved_scaler = copy.deepcopy(stepper.scaler.state_dict()) if stepper.scaler else None
     stages = stepper.plan.stages
-    log(f"warm-up: {steps} step(s) x {len(stages)} context length(s) to compile and autotune (not timed)")
+    loop_states = _loop_states(stepper.plan)
+    looping = stepper.plan.model.loop.on
+    states = f" x {len(loop_states)} layer-loop state(s)" if looping else ""
+    log(f"warm-up: {steps} step(s) x {len(stages)} context length(s){states} to compile and autotune (not timed)")
     t0 = time.perf_counter()
     for stage in stages:
         batches = make_batches(stage.seq_len, stage.micro_batch)
-        for _ in range(steps):
-            stepper(batches)
+        for looped in loop_states:
+            if looping:
+                stepper.model.set_loop(looped)
+            for _ in range(steps):
+                stepper(batches)
+    if looping:
+        stepper.model.set_loop(False)  # train() switches it when the budget says
     _sync(stepper.plan.device)
     state.compile_seconds = time.perf_counter() - t0
     stepper.model.load_state_dict(saved_model)
@@ -218,6 +267,9 @@ def train(
     re-warms over schedule.rewarmup_steps. Losses stay on the device until a flush (speedrun.training.dense_metrics). ``extras``
     (speedrun.training.periodic.LoopExtras) runs periodic validation and checkpoints between steps with the clock paused,
     and turns a stop signal into a checkpoint at the end of the step.
+
+    With plan.ema on, the weights' average is updated after every step, and a run that did not diverge returns
+    with the average in the model (as the record's train_model does), so evaluation and export use it.
     """
     plan = stepper.plan
     optim, schedule, log_every_seconds = plan.optim, plan.schedule, plan.logger.log_every_seconds
@@ -267,6 +319,7 @@ def train(
                 break
             stage_frac = budget.stage_fraction(plan.stage_progress, *used(seconds))
             wanted = next((i for i, st in enumerate(plan.stages) if stage_frac < st.until), len(plan.stages) - 1)
+            looped = _loop_due(plan, stage_frac)  # model.loop: None without one
             if wanted > state.stage_index or batches is None:
                 position = batches.state_dict()["position"] if batches is not None else state.position
                 if wanted > state.stage_index:
@@ -274,6 +327,7 @@ def train(
                     state.stage_index, state.stage_start_step = wanted, state.steps
                     state.stages.append(
                         {"seq_len": stage.seq_len, "start_step": state.steps, "start_seconds": round(seconds, 3)}
+                        | ({} if looped is None else {"loop": looped})
                     )
                     if len(plan.stages) > 1:
                         log(
@@ -282,13 +336,17 @@ def train(
                         )
                 stage = plan.stages[state.stage_index]
                 batches = make_batches(stage.seq_len, stage.micro_batch, position)
-                step_flops = step_tokens * plan_flops_per_token(plan, stage.seq_len)
+                step_flops = step_tokens * plan_flops_per_token(plan, stage.seq_len, looped=bool(looped))
+            if looped is not None and looped != stepper.model.loop_active:
+                step_flops = _switch_loop(stepper, state, looped, seconds, log)
             lr = lr_multiplier(budget.progress(*used(seconds)), schedule)
             if state.stage_index > 0 and schedule.rewarmup_steps > 0:
                 lr *= min(1.0, (state.steps - state.stage_start_step + 1) / schedule.rewarmup_steps)
             set_lr_multiplier(stepper.optimizers, lr)
             set_muon_momentum(stepper.optimizers, muon_momentum(state.steps, optim))
             loss = stepper(batches)
+            if stepper.ema is not None:
+                stepper.ema.update()
             state.steps += 1
             state.tokens += step_tokens
             state.flops += step_flops
@@ -308,6 +366,8 @@ def train(
     _sync(plan.device)
     state.train_seconds = clock.elapsed()
     state.recompiles = _graphs_compiled() - graphs_before
+    if plan.model.loop.on:  # evaluation, export and TTT run the model as training left it (a resumed run too)
+        stepper.model.set_loop(bool(state.stages) and bool(state.stages[-1].get("loop")))
     if not state.diverged:
         flush(line=True)
     if not state.diverged and state.recent_losses:
@@ -323,4 +383,9 @@ def train(
     if extras is not None and not state.diverged:
         with clock.paused():
             extras.finish(state)
+    if stepper.ema is not None and not state.diverged:
+        # from here on the model holds the average: the final eval, the artifact and TTT use it (periodic
+        # validation and the checkpoints above had the live weights, and the checkpoints the EMA beside them)
+        stepper.ema.copy_to()
+        log(f"ema: the model now holds the weights' moving average (decay {stepper.ema.decay:g}) for evaluation")
     return state

@@ -31,6 +31,7 @@ _SAME_PLAN = (
     "budget_flops",
     "optim",
     "schedule",
+    "ema",
     "precision",
 )
 """Plan fields a checkpoint must agree on to be continued (the config is the same; the device may not be)."""
@@ -90,7 +91,7 @@ class ResumableExtras(LoopExtras):
                 f"({self.plan.device_name}): resume on a device that resolves the same plan"
             )
         s = self.stepper
-        restore(payload, s.model, s.optimizers, s.scaler, state)
+        restore(payload, s.model, s.optimizers, s.scaler, state, ema=getattr(s, "ema", None))
         self.last_ckpt = (state.steps, payload["path"])
         self.last_eval_step = meta.get("last_eval_step")  # a validation at the checkpoint's step is not repeated
         if self.plan.eval.every_seconds:
@@ -108,8 +109,10 @@ class ResumableExtras(LoopExtras):
 
 def loop_result(plan: Any, state: Any) -> dict[str, Any]:
     """Result keys of the loop: which budget ended training, the FLOPs trained, the time kept out of
-    train_seconds, and the batch sizes that ran (searched or not)."""
+    train_seconds, the batch sizes that ran (searched or not), and the optimizer, schedule and EMA levers
+    (Plan.optim_result_keys: muon_wd ... ema_decay)."""
     return {
+        **plan.optim_result_keys(),
         "budget_end": state.budget_end,
         "val_seconds_periodic": round(state.val_seconds_periodic, 3),
         "checkpoint_seconds": round(state.checkpoint_seconds, 3),

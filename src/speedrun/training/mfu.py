@@ -7,7 +7,9 @@ Per token at context T: 6 x matmul parameters + 12 x layers x d_model x T_eff (M
     document masks: not discounted. What they skip depends on where documents end in the data; counting the full
     T keeps a run's FLOPs a function of the model and schedule alone.
 A progressive schedule charges each token the T_eff of the stage it was trained in (TrainState.stages holds
-each stage's start step; tokens per step are the same in every stage).
+each stage's start step; tokens per step are the same in every stage). With model.loop, a stage entry that says
+``loop: true`` (the loop switched on at its start step) charges its tokens the looped FLOPs: every looped layer
+counted once per call (ModelShape.flops_per_token(T, looped=True)).
 """
 
 from __future__ import annotations
@@ -23,28 +25,33 @@ log = logging.getLogger("speedrun")
 
 def stage_tokens(
     stages: Sequence[dict[str, Any]], steps: int, tokens_per_step: int, default_seq_len: int
-) -> list[tuple[int, int]]:
-    """(seq_len, tokens trained at it) for each stage that ran; every token at ``default_seq_len`` if none did."""
+) -> list[tuple[int, ...]]:
+    """(seq_len, tokens trained at it) for each stage that ran, (seq_len, tokens, True) for one trained with
+    model.loop on; every token at ``default_seq_len`` if none ran."""
     if not stages:
         return [(default_seq_len, steps * tokens_per_step)]
-    out = []
+    out: list[tuple[int, ...]] = []
     for i, stage in enumerate(stages):
         end = stages[i + 1]["start_step"] if i + 1 < len(stages) else steps
-        out.append((int(stage["seq_len"]), max(0, end - int(stage["start_step"])) * tokens_per_step))
+        entry = (int(stage["seq_len"]), max(0, end - int(stage["start_step"])) * tokens_per_step)
+        out.append(entry + (True,) if stage.get("loop") else entry)
     return out
 
 
-def plan_flops_per_token(plan: Any, seq_len: int) -> int:
-    """FLOPs per token of the plan's model trained at ``seq_len``, its attention window applied: what budget.flops
-    counts step by step and what MFU divides, so the two never disagree."""
+def plan_flops_per_token(plan: Any, seq_len: int, looped: bool = False) -> int:
+    """FLOPs per token of the plan's model trained at ``seq_len`` (``looped``: with model.loop on), its attention
+    window applied: what budget.flops counts step by step and what MFU divides, so the two never disagree."""
     window = dict(plan.attn_options).get("window")
-    return plan.model.flops_per_token(min(seq_len, window) if window else seq_len)
+    return plan.model.flops_per_token(min(seq_len, window) if window else seq_len, looped=looped)
 
 
-def training_flops(model: ModelShape, per_stage: Sequence[tuple[int, int]], window: int | None = None) -> int:
-    """Model FLOPs of training ``per_stage`` = [(seq_len, tokens), ...] by the convention above."""
+def training_flops(model: ModelShape, per_stage: Sequence[tuple[int, ...]], window: int | None = None) -> int:
+    """Model FLOPs of training ``per_stage`` = [(seq_len, tokens), ...] by the convention above; an entry
+    (seq_len, tokens, True) was trained with model.loop on."""
     return sum(
-        tokens * model.flops_per_token(min(seq_len, window) if window else seq_len) for seq_len, tokens in per_stage
+        entry[1]
+        * model.flops_per_token(min(entry[0], window) if window else entry[0], looped=len(entry) > 2 and bool(entry[2]))
+        for entry in per_stage
     )
 
 
@@ -52,7 +59,7 @@ def mfu_keys(plan: Any, stages: Sequence[dict[str, Any]], steps: int, train_seco
     """The result keys: flops_per_token (mean over the tokens trained), train_flops, mfu (the card that ran),
     mfu_profile (the emulated profile's peak, emulated runs only), card. mfu is None on CPU and on unknown cards."""
     per_stage = stage_tokens(stages, steps, plan.tokens_per_step, plan.model.seq_len)
-    tokens = sum(t for _, t in per_stage)
+    tokens = sum(entry[1] for entry in per_stage)
     flops = training_flops(plan.model, per_stage, dict(plan.attn_options).get("window"))
     out: dict[str, Any] = {
         "card": plan.card,

@@ -142,7 +142,7 @@ class LoopExtras:
     def save(self, state: Any) -> str:
         t = time.perf_counter()
         s = self.stepper
-        payload = capture(s.model, s.optimizers, s.scaler, state)
+        payload = capture(s.model, s.optimizers, s.scaler, state, ema=getattr(s, "ema", None))
         meta = {
             **self.meta,
             "steps": state.steps,

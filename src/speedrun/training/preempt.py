@@ -72,6 +72,7 @@ class StopRequests:
         usr2 = getattr(signal, "SIGUSR2", None)
         if usr2 in pending:
             previous = self._previous.get(usr2)
+            assert callable(previous)  # deferring() takes SIGUSR2 over only from a Python handler (submitit's)
             try:
                 previous(usr2, None)  # submitit: launcher.checkpoint -> requeue -> sys.exit
             except SystemExit:
