@@ -6,10 +6,12 @@ import hydra
 from omegaconf import DictConfig
 
 from speedrun.config import CONF_DIR, register_configs
+from speedrun.model.registry import arch_from_argv, register_model_schema
 from speedrun.training.resume import register_resolvers
 
 register_configs()
 register_resolvers()
+register_model_schema(arch_from_argv(sys.argv))  # a model's own knobs (model.arch=pkg.mod:Cls) compose as typed
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")

@@ -70,7 +70,9 @@ def test_a_short_run_gets_the_early_margin():
     assert divergence([6.92, 8.20], 1024) is None  # the tiny preset's 2-step sweep job
     assert divergence([6.5, 6.5 + EARLY_MARGIN - 0.01], 1024) is None
     found = divergence([6.5, 6.5 + EARLY_MARGIN + 0.01], 1024)
-    assert found is not None and found.reason.startswith("training loss rose from 6.5000 at step 1 to 10.5100 at step 2")
+    assert found is not None and found.reason.startswith(
+        "training loss rose from 6.5000 at step 1 to 10.5100 at step 2"
+    )
 
 
 def test_a_run_that_ends_above_uniform_guessing_is_diverged_even_below_its_first_loss():

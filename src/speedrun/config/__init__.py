@@ -126,6 +126,27 @@ def register_configs() -> None:
     cs.store(name="config_schema", node=Config)
     for group, schema in GROUPS.items():
         cs.store(name=f"{group}_schema", node=schema)
+    OmegaConf.register_new_resolver("speedrun_smoke_layers", smoke_layers, replace=True)
+
+
+def smoke_layers(loop_num: int, loop_start: int, loop_end: int, parallel_start: int | None) -> int:
+    """debug=smoke's depth: 2 blocks, or the fewest that keep the recipe's depth levers as set (conf/debug/smoke.yaml
+    calls it). A loop of layers start..end needs end + 1 blocks; parallel lanes from layer k need k after the loop
+    and in the decoder half of the layer order (the looped order when the loop is on: model/shape.py's
+    layer_order)."""
+    for n in range(2, 2 * (max(loop_end, parallel_start or 0) + 2)):
+        if loop_num and loop_end >= n:
+            continue
+        if parallel_start is not None:
+            order = list(range(n))
+            if loop_num:
+                loop = list(range(loop_start, loop_end + 1))
+                order = list(range(loop_start)) + loop * (loop_num + 1) + list(range(loop_end + 1, n))
+            decoder = order[len(order) // 2 :]
+            if not (n // 2 <= parallel_start < n and parallel_start in decoder and parallel_start > loop_end):
+                continue
+        return n
+    return 2
 
 
 def to_config(cfg: DictConfig | dict[str, Any]) -> Config:

@@ -155,6 +155,10 @@ class ModelConfig:
     name: str = "auto"
     """Preset name. auto: the hardware profile's default model (tiny on CPU, pgolf_baseline on a GPU); shape
     fields set on the command line (model.n_layer=6) override the preset's."""
+    arch: str = "gpt"
+    """The model class: a registered name (gpt: the built-in GPT) or "package.module:Class" of your own, which
+    must meet the pipeline's contract (speedrun/model/protocol.py, docs/extending.md). A class with a `config`
+    dataclass (a ModelConfig subclass) adds its own typed knobs: `model.arch=pkg.mod:MyGPT model.my_knob=3`."""
     vocab_size: int | None = None
     """Token vocabulary. None: the data's tokenizer vocabulary."""
     n_layer: int | None = None

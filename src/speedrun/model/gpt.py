@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -172,6 +173,9 @@ class MLP(nn.Module):
 class Block(nn.Module):
     # 1-D/0-D and mixing parameters: Adam, kept fp32; everything else in a block is a matrix for Muon.
     CONTROL = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "attn_gate_w", "lane_resid", "lane_post")
+    ln_scale: torch.Tensor | None
+    lane_resid: nn.Parameter
+    lane_post: nn.Parameter
 
     def __init__(self, shape: ModelShape, attention: AttentionBackend, fused_qkv: bool = False, layer: int = 0):
         super().__init__()
@@ -221,6 +225,9 @@ def _residual_dtype(device_type: str) -> torch.dtype:
 
 
 class GPT(nn.Module):
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+
     def __init__(
         self,
         shape: ModelShape,
@@ -228,12 +235,17 @@ class GPT(nn.Module):
         bos_id: int | None = None,
         fused_qkv: bool = False,
         doc_bos_id: int | None = None,
+        options: dict | None = None,
     ):
         """attention: the backend every layer calls (speedrun.model.attention.get_backend). bos_id: mask attention at
         document boundaries (documents start at BOS); None attends across documents, as parameter-golf does.
         fused_qkv: one q/k/v matmul per block in training mode (CausalSelfAttention.fused_qkv). doc_bos_id: the BOS
-        token, for what must not cross documents without masking attention (model.smear_gate; bos_id if None)."""
+        token, for what must not cross documents without masking attention (model.smear_gate; bos_id if None).
+        options: a registered model's own knobs (speedrun.model.registry); the built-in GPT's levers are ModelShape
+        fields, so it takes none."""
         super().__init__()
+        if options:
+            raise ValueError(f"the built-in GPT takes no options of its own: {sorted(options)}")
         if bos_id is not None and not attention.supports_doc_mask:
             raise ValueError(
                 f"document masking (bos_id={bos_id}) needs an attention backend that supports it "
@@ -252,7 +264,9 @@ class GPT(nn.Module):
         if shape.tie_embeddings:
             nn.init.normal_(self.tok_emb.weight, mean=0.0, std=shape.tied_embed_init_std)
         # skip gates: sigmoid(0) = 0.5 at init, the record's (skip_gates zeros)
-        self.skip_gates = nn.Parameter(torch.zeros(n_skip, shape.d_model)) if shape.skip_gates else None
+        self.skip_gates: nn.Parameter | None = (
+            nn.Parameter(torch.zeros(n_skip, shape.d_model)) if shape.skip_gates else None
+        )
         self.loop_active = False
         """model.loop switched on (set_loop): a Python attribute, so a compiled model keeps one graph per state."""
         self.smear_window = shape.smear_gate.window
@@ -271,7 +285,7 @@ class GPT(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         # Callables that stand in for the blocks and the head inside compiled_regions() (kernel.compile_scope=blocks);
         # a plain tuple, not a ModuleList, so they are not registered as submodules or saved.
-        self._region_calls: tuple[tuple, object] | None = None
+        self._region_calls: tuple[tuple, Any] | None = None
 
     @contextlib.contextmanager
     def compiled_regions(self, blocks: tuple, head: object) -> Iterator[None]:
@@ -307,7 +321,7 @@ class GPT(nn.Module):
         except where idx_t is BOS (a document's first token takes nothing from the previous document)."""
         w = self.smear_window
         gate = torch.sigmoid(F.linear(x[:, 1:, :w], self.smear_w[None, :]))  # (B, T-1, 1)
-        keep = (idx[:, 1:] != self.smear_bos_id).unsqueeze(-1)
+        keep = torch.ne(idx[:, 1:], cast(int, self.smear_bos_id)).unsqueeze(-1)  # set whenever the gate is on
         g = (self.smear_lambda * gate * keep).to(x.dtype)
         return torch.cat((x[:, :1], x[:, 1:] + g * x[:, :-1]), dim=1)
 
@@ -395,8 +409,8 @@ class GPT(nn.Module):
         return {
             "matrix": matrix,
             "scalar": scalar,
-            "embed": [self.tok_emb.weight],
-            "head": [] if self.lm_head is None else [self.lm_head.weight],
+            "embed": [cast(nn.Parameter, self.tok_emb.weight)],
+            "head": [] if self.lm_head is None else [cast(nn.Parameter, self.lm_head.weight)],
         }
 
 

@@ -13,9 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
-from speedrun.config import CONF_DIR, Config, DataConfig, EMAConfig, ModelConfig, QuantConfig, TTTConfig
+from speedrun.config import Config, DataConfig, EMAConfig, QuantConfig, TTTConfig
 from speedrun.errors import PlanError
 from speedrun.hardware.cards import card_for
 from speedrun.hardware.profiles import PROFILES, DetectedDevice, HardwareProfile
@@ -24,6 +22,8 @@ from speedrun.plan.attention import check_scores_memory, resolve_attention
 from speedrun.plan.distributed import DistPlan, WorldInfo, check_step_split, resolve_dist
 from speedrun.plan.kernel import graph_warmup_steps, kernel_micro_batch, kernel_settings, resolve_kernel
 from speedrun.plan.memory import param_count, training_memory_bytes
+from speedrun.plan.model import resolve_arch, resolve_model
+from speedrun.plan.options import load_option
 from speedrun.plan.types import DataPlan, EvalPlan, KernelPlan, Plan, Stage, plan_json
 
 __all__ = [
@@ -41,17 +41,6 @@ __all__ = [
 ]
 
 
-def load_option(group: str, option: str) -> dict[str, Any]:
-    """Read conf/<group>/<option>.yaml (without its defaults list): used to resolve ``auto`` presets."""
-    path = CONF_DIR / group / f"{option}.yaml"
-    if not path.exists():
-        raise PlanError(f"{group}={option}: no such option ({path} missing)")
-    data = OmegaConf.to_container(OmegaConf.load(path))
-    assert isinstance(data, dict)
-    data.pop("defaults", None)
-    return data
-
-
 def choose_profile(requested: str, device: DetectedDevice) -> tuple[HardwareProfile, bool]:
     """The profile to run and whether it is emulated on a bigger device."""
     if requested == "auto":
@@ -67,7 +56,10 @@ def choose_profile(requested: str, device: DetectedDevice) -> tuple[HardwareProf
         # Same chip family but another profile (an H200 asked to be an h100): the recipe runs with the profile's
         # memory cap on a card that is not the profile's, so it is emulation, and recorded as such.
         return profile, profile.name != device.profile.name
-    too_big = profile.capability > device.capability or profile.memory_gb > device.memory_gb + 1
+    # a CPU (no capability, no GPU memory) is smaller than any GPU
+    too_big = (profile.capability or (0, 0)) > (device.capability or (0, 0)) or (profile.memory_gb or 0) > (
+        device.memory_gb or 0
+    ) + 1
     if too_big:
         raise PlanError(
             f"hardware={requested} (sm{_sm(profile.capability)}, {profile.memory_gb:g} GB) is larger than this "
@@ -93,7 +85,8 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
     # fp8: the block linears run in fp8 (forward and backward), lm_head and attention in bf16. Dividing all
     # FLOPs by the fp8 peak understates MFU a little rather than flattering it.
 
-    model_name, model = _resolve_model(cfg, profile)
+    model_name, model = resolve_model(cfg, profile)
+    model_arch, model_options = resolve_arch(cfg)
     lengths = cfg.schedule.stages()
     if lengths:
         # RoPE tables (and eval) are sized for the longest length.
@@ -200,6 +193,8 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
         document_mask=cfg.attn.document_mask,
         model_name=model_name,
         model=model,
+        model_arch=model_arch,
+        model_options=model_options,
         micro_batch=micro_batch,
         stages=stages,
         stage_progress=str(cfg.schedule.progress),
@@ -287,7 +282,7 @@ def _check_precision(precision: str, profile: HardwareProfile) -> None:
         if precision in ("fp16", "fp8"):
             raise PlanError(f"precision={precision} needs a CUDA GPU; on CPU use precision=fp32 or bf16")
         return
-    if precision == "fp8" and profile.capability < (8, 9):
+    if precision == "fp8" and (profile.capability or (0, 0)) < (8, 9):
         raise PlanError(
             f"precision=fp8 needs compute capability >= 8.9 (torch._scaled_mm); {profile.name} is "
             f"sm{_sm(profile.capability)} - use precision=bf16" + ("" if profile.has_bf16 else " or fp16")
@@ -297,40 +292,6 @@ def _check_precision(precision: str, profile: HardwareProfile) -> None:
             f"precision=bf16 needs compute capability >= 8.0; {profile.name} is sm{_sm(profile.capability)} "
             f"(bf16 would be emulated, slowly) - use precision=fp16 (autocast + GradScaler) or fp32"
         )
-
-
-def _resolve_model(cfg: Config, profile: HardwareProfile) -> tuple[str, ModelShape]:
-    name = cfg.model.name
-    model_cfg = cfg.model
-    if name == "auto":
-        # The profile's preset, with whatever the user set explicitly on top (set fields are not None).
-        name = profile.model
-        preset = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), load_option("model", name)))
-        explicit = {
-            f.name: getattr(cfg.model, f.name)
-            for f in dataclasses.fields(ModelConfig)
-            if f.name != "name" and getattr(cfg.model, f.name) is not None
-        }
-        model_cfg = dataclasses.replace(preset, **explicit)  # type: ignore[type-var]
-    missing = [
-        f
-        for f in ("n_layer", "d_model", "n_head", "n_kv_head", "mlp_mult", "seq_len", "tie_embeddings")
-        if getattr(model_cfg, f) is None
-    ]
-    if missing:
-        raise PlanError(
-            f"model={name} leaves {', '.join(missing)} unset; set model.<field>=... or use a preset "
-            f"(model=tiny, pgolf_baseline, ...)"
-        )
-    vocab = model_cfg.vocab_size or cfg.data.vocab_size
-    if vocab != cfg.data.vocab_size:
-        raise PlanError(
-            f"model.vocab_size={vocab} differs from data.vocab_size={cfg.data.vocab_size}; leave model.vocab_size "
-            f"unset to take the data's"
-        )
-    shared = {f.name for f in dataclasses.fields(ModelShape)} & {f.name for f in dataclasses.fields(ModelConfig)}
-    values = {k: getattr(model_cfg, k) for k in shared if k != "vocab_size"}
-    return name, ModelShape(vocab_size=vocab, **values)
 
 
 def _resolve_eval(
@@ -344,7 +305,7 @@ def _resolve_eval(
     from speedrun.model.attention import backend_class
 
     e = cfg.eval
-    if e.name == "sliding" and e.stride > model.seq_len:
+    if e.name == "sliding" and e.stride is not None and e.stride > model.seq_len:
         raise PlanError(
             f"eval=sliding needs eval.stride <= model.seq_len={model.seq_len}, got {e.stride}; use e.g. eval.stride=64"
         )

@@ -205,6 +205,10 @@ class Plan:
     data: DataPlan
     logger: LoggerConfig
     checkpoint: CheckpointConfig
+    model_arch: str = "gpt"
+    """model.arch: the class the run builds (speedrun.model.registry)."""
+    model_options: tuple[tuple[str, Any], ...] = ()
+    """The model class's own knobs (its schema's fields beyond ModelConfig's), sorted (name, value) pairs."""
     micro_batch_search: bool = False
     """hardware.micro_batch=auto: search the largest micro-batch that fits during warm-up (stages and grad_accum
     are replaced with the choice, plan.json rewritten); micro_batch is then where the search starts."""

@@ -77,6 +77,8 @@ class Job(JobRecord):
             code_fingerprint=env["code_fingerprint"],
             torch_version=env["torch_version"],
             model=plan.model_name,
+            model_arch=plan.model_arch,
+            model_options=dict(plan.model_options) or None,
             tokens_per_step=plan.tokens_per_step,
             seq_len=plan.model.seq_len,
             card=plan.card,
@@ -85,6 +87,7 @@ class Job(JobRecord):
         self.result.update(self.world.describe(plan.device_name))  # world_size, nodes, each rank's GPU
         self.result.update(plan.kernel.result_keys())  # kernel_* settings that ran, so sweeps over kernel= group
         self.result.update(plan.optim_result_keys())  # the optimizer, schedule and EMA levers
+        self.result.update(plan.model.result_keys())  # the model levers (model_*)
         configure_torch(plan)
         if self.world.rank == 0:  # one W&B run per run, not per rank
             self.logger = make_logger(plan.logger, self.ctx.run_dir, self.result["sweep"], plan.name)

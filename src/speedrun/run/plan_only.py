@@ -28,6 +28,7 @@ def print_plan(argv: list[str]) -> int:
     from speedrun.config import CONF_DIR, register_configs, to_config
     from speedrun.errors import ConfigError
     from speedrun.hardware import profiles as hardware
+    from speedrun.model.registry import arch_from_argv, register_model_schema
     from speedrun.plan import plan_json, resolve
 
     args = [a for a in argv[1:] if a != FLAG]
@@ -35,6 +36,7 @@ def print_plan(argv: list[str]) -> int:
     if flags:
         return _refuse(f"--plan takes overrides only (group=option, key=value), not {' '.join(flags)}")
     register_configs()
+    register_model_schema(arch_from_argv(argv))  # a model's own knobs, as `python -m run` composes them
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name="config", overrides=args)

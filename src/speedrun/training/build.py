@@ -91,18 +91,21 @@ def build_attention(plan: Plan):
 
 def build_model(plan: Plan, attention, bos_id: int):
     """-> (model, train forward, eval forward returning per-token nats, optimizers)."""
-    from speedrun.model.gpt import GPT
     from speedrun.model.optim import build_optimizers
+    from speedrun.model.protocol import check_instance
+    from speedrun.model.registry import model_class
 
     # bos_id switches on document masking in the model; only backends that can mask documents get it. doc_bos_id
     # is the token alone, for model levers that must not cross documents (model.smear_gate) whatever the mask.
-    model = GPT(
+    model = model_class(plan.model_arch)(
         plan.model,
         attention,
         bos_id=bos_id if plan.document_mask else None,
         fused_qkv=plan.kernel.fused_qkv,
         doc_bos_id=bos_id,
+        options=dict(plan.model_options),
     )
+    check_instance(model, plan.model_arch)
     if plan.kernel.fp8:  # precision=fp8 resolves to every block linear; kernel.fp8 picks some
         from speedrun.model.fp8 import convert_linears, convert_torchao
 

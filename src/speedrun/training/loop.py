@@ -94,7 +94,8 @@ class Stepper:
 
     def __init__(self, model: torch.nn.Module, forward: Callable, optimizers: list, plan: Plan, world: Any = None):
         self.model, self.forward, self.optimizers, self.plan = model, forward, optimizers, plan
-        self.ema = WeightEMA(model, plan.ema.decay) if plan.ema.on else None
+        decay = plan.ema.decay
+        self.ema = WeightEMA(model, decay) if plan.ema.on and decay is not None else None
         from speedrun.distributed.world import SINGLE
 
         self.world = world or SINGLE
@@ -178,6 +179,10 @@ def _graphs_compiled() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+def _set_loop(model: Any, on: bool) -> None:
+    model.set_loop(on)  # GPT.set_loop: model.loop on or off (a no-op for a model without one)
+
+
 def _loop_states(plan: Plan) -> list[bool]:
     """The model.loop states training will run (warm-up compiles each): off, then on from loop.enable_at; on only
     when it is on from the first step; [False] for a model without a loop."""
@@ -199,7 +204,7 @@ def _switch_loop(stepper: Stepper, state: TrainState, on: bool, seconds: float, 
     warm-up, so no recompile), record a stage entry with ``loop: true`` from this step (speedrun.training.mfu charges
     its tokens the looped FLOPs) unless the current entry already has it (a resumed run); -> the step's FLOPs."""
     plan = stepper.plan
-    stepper.model.set_loop(on)
+    _set_loop(stepper.model, on)
     seq_len = plan.stages[state.stage_index].seq_len
     if on and state.stages and not state.stages[-1].get("loop"):
         state.stages.append(
@@ -233,11 +238,11 @@ def warm_up(stepper: Stepper, make_batches: MakeBatches, state: TrainState, log:
         batches = make_batches(stage.seq_len, stage.micro_batch)
         for looped in loop_states:
             if looping:
-                stepper.model.set_loop(looped)
+                _set_loop(stepper.model, looped)
             for _ in range(steps):
                 stepper(batches)
     if looping:
-        stepper.model.set_loop(False)  # train() switches it when the budget says
+        _set_loop(stepper.model, False)  # train() switches it when the budget says
     _sync(stepper.plan.device)
     state.compile_seconds = time.perf_counter() - t0
     stepper.model.load_state_dict(saved_model)
@@ -367,7 +372,7 @@ def train(
     state.train_seconds = clock.elapsed()
     state.recompiles = _graphs_compiled() - graphs_before
     if plan.model.loop.on:  # evaluation, export and TTT run the model as training left it (a resumed run too)
-        stepper.model.set_loop(bool(state.stages) and bool(state.stages[-1].get("loop")))
+        _set_loop(stepper.model, bool(state.stages) and bool(state.stages[-1].get("loop")))
     if not state.diverged:
         flush(line=True)
     if not state.diverged and state.recent_losses:

@@ -1,0 +1,60 @@
+"""The model part of the resolver: the preset and explicit fields -> ModelShape, and model.arch -> the class the run
+builds (checked against the pipeline's contract now, so a missing method fails before any data is built)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, cast
+
+from omegaconf import OmegaConf
+
+from speedrun.config import Config, ModelConfig
+from speedrun.errors import PlanError
+from speedrun.hardware.profiles import HardwareProfile
+from speedrun.model.shape import ModelShape
+from speedrun.plan.options import load_option
+
+
+def resolve_model(cfg: Config, profile: HardwareProfile) -> tuple[str, ModelShape]:
+    name = cfg.model.name
+    model_cfg = cfg.model
+    if name == "auto":
+        # The profile's preset, with whatever the user set explicitly on top (set fields are not None).
+        name = profile.model
+        preset = cast(
+            ModelConfig,
+            OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), load_option("model", name))),
+        )
+        explicit = {
+            f.name: getattr(cfg.model, f.name)
+            for f in dataclasses.fields(ModelConfig)
+            if f.name != "name" and getattr(cfg.model, f.name) is not None
+        }
+        model_cfg = dataclasses.replace(preset, **explicit)
+    missing = [
+        f
+        for f in ("n_layer", "d_model", "n_head", "n_kv_head", "mlp_mult", "seq_len", "tie_embeddings")
+        if getattr(model_cfg, f) is None
+    ]
+    if missing:
+        raise PlanError(
+            f"model={name} leaves {', '.join(missing)} unset; set model.<field>=... or use a preset "
+            f"(model=tiny, pgolf_baseline, ...)"
+        )
+    vocab = model_cfg.vocab_size or cfg.data.vocab_size
+    if vocab != cfg.data.vocab_size:
+        raise PlanError(
+            f"model.vocab_size={vocab} differs from data.vocab_size={cfg.data.vocab_size}; leave model.vocab_size "
+            f"unset to take the data's"
+        )
+    shared = {f.name for f in dataclasses.fields(ModelShape)} & {f.name for f in dataclasses.fields(ModelConfig)}
+    values = {k: getattr(model_cfg, k) for k in shared if k != "vocab_size"}
+    return name, ModelShape(vocab_size=vocab, **values)
+
+
+def resolve_arch(cfg: Config) -> tuple[str, tuple[tuple[str, Any], ...]]:
+    """(model.arch, the model's own knobs as sorted items): the class is imported and its contract checked here."""
+    from speedrun.model.registry import model_class, own_options
+
+    model_class(cfg.model.arch)
+    return cfg.model.arch, tuple(sorted(own_options(cfg.model).items()))
