@@ -255,7 +255,7 @@ def _run(plan, shard: Path, world, state=None) -> dict:
     """Train STEPS steps with the real loop, then score: what a rank (or the single process) reports."""
     from speedrun.data.loader import TokenStream
     from speedrun.finishing.evaluate import run_eval
-    from speedrun.finishing.ttt import ttt_evaluate
+    from speedrun.finishing.ttt import LoRASettings, ttt_evaluate
     from speedrun.model.attention import get_backend
     from speedrun.training.build import build_model
     from speedrun.training.loop import Stepper, TrainState, train
@@ -302,9 +302,8 @@ def _run(plan, shard: Path, world, state=None) -> dict:
             autocast_dtype=None,
             shard=world,
         )
-    out["ttt"] = ttt_evaluate(
-        model, val, luts, bos_id=1, seq_len=32, rank=2, lr=0.01, chunk_size=8, batch_size=2, seed=0, shard=world
-    )
+    settings = LoRASettings(rank=2, lr=0.01, chunk_size=8, batch_size=2, seed=0)
+    out["ttt"] = ttt_evaluate(model, val, luts, settings, bos_id=1, seq_len=32, shard=world)
     return out
 
 

@@ -132,6 +132,7 @@ class Scripted:
         from speedrun.distributed.world import SINGLE
 
         self.plan, self.losses, self.optimizers, self.world = plan, iter(losses), [], SINGLE
+        self.ema = None  # the loop updates a Stepper's weight average after each step; these steps have none
 
     def __call__(self, batches):
         next(batches)
@@ -350,8 +351,9 @@ def test_ttt_ticks_its_share_of_tokens(monkeypatch):
         parts += [torch.tensor([0]), torch.randint(1, 64, (n - 1,), generator=g)]
     tokens = torch.cat(parts)
     lines: list[str] = []
+    settings = speedrun.finishing.ttt.LoRASettings(rank=2, lr=0.01, chunk_size=8)
     res = speedrun.finishing.ttt.ttt_evaluate(
-        tiny_gpt(24), tokens, luts64(), bos_id=0, seq_len=24, rank=2, lr=0.01, chunk_size=8, log=lines.append
+        tiny_gpt(24), tokens, luts64(), settings, bos_id=0, seq_len=24, log=lines.append
     )
     ticks = [line for line in lines if line.startswith("ttt: ")]
     assert ticks and ticks[-1].startswith(f"ttt: {res.tokens_total}/{res.tokens_total} tokens (100.0%)")

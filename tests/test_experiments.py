@@ -34,6 +34,7 @@ NEEDS_GPU = {
 SMOKE_MAX_STEPS = 4
 SMOKE_TOKENS_PER_STEP = 6144
 SMOKE_SHAPE = {"n_layer": 2, "d_model": 64}
+"""Recipes with depth levers (model.loop, model.parallel_start_layer) get the fewest layers that keep them."""
 
 
 def smoke_run(tmp_path: Path, data_cache: Path, *args: str):
@@ -73,7 +74,11 @@ def assert_smoke_run_ok(proc, run_dir: Path, tmp_path: Path) -> dict:
     assert result["steps"] == SMOKE_MAX_STEPS, result
     assert result["tokens"] == SMOKE_MAX_STEPS * SMOKE_TOKENS_PER_STEP
     plan = json.loads((run_dir / "plan.json").read_text())
-    assert {k: plan["model"][k] for k in SMOKE_SHAPE} == SMOKE_SHAPE and plan["compile"] is False
+    from speedrun.config import smoke_layers
+
+    loop, parallel = plan["model"]["loop"], plan["model"]["parallel_start_layer"]
+    shape = {**SMOKE_SHAPE, "n_layer": smoke_layers(loop["num"], loop["start"], loop["end"], parallel)}
+    assert {k: plan["model"][k] for k in SMOKE_SHAPE} == shape and plan["compile"] is False
     # every stage produced its number
     assert math.isfinite(result["val_bpb"]) and 0 < result["val_bpb"] < 20
     assert math.isfinite(result["val_bpb_quant"]) and result["artifact_bytes"] > 0

@@ -16,7 +16,8 @@ from conftest import fake_device
 from speedrun.config import to_config
 from speedrun.errors import ConfigError, PlanError
 from speedrun.model.attention import get_backend
-from speedrun.model.gpt import GPT, apply_partial_rope, apply_rope, rope_tables, xsa
+from speedrun.model.gpt import GPT
+from speedrun.model.layers import apply_partial_rope, apply_rope, rope_tables, xsa
 from speedrun.model.shape import AttnOutGate, LayerLoop, ModelShape, SmearGate
 from speedrun.plan import resolve
 
@@ -507,7 +508,7 @@ def test_every_lever_on_trains_quantizes_and_adapts():
     GPTQ sees exactly the block linears) and score-first TTT on the restored model."""
     from speedrun.data.bpb import ByteLUTs
     from speedrun.finishing import quantize as Q
-    from speedrun.finishing.ttt import ttt_evaluate
+    from speedrun.finishing.ttt import LoRASettings, ttt_evaluate
     from speedrun.model.optim import build_optimizers
 
     m = _model(ALL_ON, noise=0.02)
@@ -563,5 +564,6 @@ def test_every_lever_on_trains_quantizes_and_adapts():
     g = torch.Generator().manual_seed(0)
     docs = [torch.cat((torch.tensor([BOS]), torch.randint(1, vocab, (n - 1,), generator=g))) for n in (40, 30)]
     tokens = torch.cat(docs)
-    res = ttt_evaluate(m, tokens, luts, bos_id=BOS, seq_len=32, rank=2, lr=0.01, chunk_size=8, targets="all", seed=0)
+    settings = LoRASettings(rank=2, lr=0.01, chunk_size=8, targets="all", seed=0)
+    res = ttt_evaluate(m, tokens, luts, settings, bos_id=BOS, seq_len=32)
     assert res.complete and math.isfinite(res.val_bpb) and math.isfinite(res.base_val_bpb)

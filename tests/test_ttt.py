@@ -3,6 +3,7 @@ and the whole finalize step (eval + int6 + TTT) on a tiny model."""
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import pytest
@@ -12,7 +13,14 @@ from conftest import fake_device
 from speedrun.config import to_config
 from speedrun.data.bpb import ByteLUTs
 from speedrun.errors import ConfigError
-from speedrun.finishing.ttt import chunk_size_for, parse_short_chunks, parse_targets, split_documents, ttt_evaluate
+from speedrun.finishing.ttt import (
+    LoRASettings,
+    chunk_size_for,
+    parse_short_chunks,
+    parse_targets,
+    split_documents,
+    ttt_evaluate,
+)
 from speedrun.model.attention import get_backend
 from speedrun.model.gpt import GPT
 from speedrun.model.shape import ModelShape
@@ -48,11 +56,15 @@ def docs_stream(lengths, seed=0):
     return torch.cat(parts)
 
 
+LORA_KEYS = {f.name for f in dataclasses.fields(LoRASettings)}
 KW = dict(bos_id=BOS, seq_len=TINY.seq_len, rank=4, lr=0.05, chunk_size=8, targets="all", seed=0)
 
 
 def run(m, tokens, **kw):
-    return ttt_evaluate(m, tokens, luts(), **{**KW, **kw, "record_chunks": True})
+    """ttt_evaluate with KW and ``kw``: the LoRA settings' keys become its LoRASettings, the rest stay keywords."""
+    kw = {**KW, **kw, "record_chunks": True}
+    settings = LoRASettings(**{k: kw.pop(k) for k in list(kw) if k in LORA_KEYS})
+    return ttt_evaluate(m, tokens, luts(), settings, **kw)
 
 
 def test_changing_later_chunks_never_changes_earlier_scores():

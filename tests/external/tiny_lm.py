@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from speedrun.config.training import ModelConfig
+from speedrun.config.model import ModelConfig
 
 
 @dataclass

@@ -25,13 +25,13 @@ from speedrun.config.choices import *  # noqa: F403 - the Enums are part of the 
 from speedrun.config.distributed import DistConfig
 from speedrun.config.finishing import EvalConfig, LoggerConfig, QuantConfig, TTTConfig
 from speedrun.config.kernel import KernelConfig
+from speedrun.config.model import ModelConfig
 from speedrun.config.training import (
     AttnConfig,
     BudgetConfig,
     DataConfig,
     EMAConfig,
     HardwareConfig,
-    ModelConfig,
     OptimConfig,
     PrecisionConfig,
     ScheduleConfig,

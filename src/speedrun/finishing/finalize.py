@@ -15,7 +15,7 @@ model (the record applies its EMA the same way, before its diagnostic eval, GPTQ
 Each phase (eval, quant, ttt) reports its keys through ``on_phase`` as soon as it ends (the runner writes them to
 result.json and the results row), so a run stopped or failing in a later phase keeps what the earlier ones
 measured; ``on_phase(name)`` with no keys says a phase started. Within a phase, scoring, GPTQ, compression and TTT
-print a progress line every 30 s (speedrun.training.dense_metrics.Progress, ticked after each batch, matrix, MB or TTT chunk), so
+print a progress line every 30 s (speedrun.progress.Progress, ticked after each batch, matrix, MB or TTT chunk), so
 a phase of minutes on a slow device is never silent.
 
 ``eval_fingerprint`` names the exact scored tokens: 16 hex digits of blake2b over the int32 ids of the validation
@@ -71,72 +71,106 @@ def evaluate_and_export(
     on_phase: PhaseCallback | None = None,
     world: Any = None,
 ) -> dict[str, Any]:
-    out: dict[str, Any] = {"eval_mode": plan.eval.label}
-    report: PhaseCallback = on_phase or (lambda name, keys=None: None)
-    amp_dtype = autocast_dtype(plan)
-    bos_id = data.bos_id if plan.eval.document_isolated else None
-    q = plan.quant
+    """The three phases in order; returns every key they measured (also reported through ``on_phase``)."""
+    finish = Finish(plan, model, eval_forward, data, run_dir, log, on_phase, world)
+    finish.evaluate()
+    if plan.quant.name != "off":
+        finish.quantize()
+    if plan.ttt.name != "off":
+        finish.test_time_train()
+    return finish.out
 
-    def score(label: str) -> EvalResult:
-        with document_mask(model, bos_id):
+
+class Finish:
+    """The phases after training, each a method: evaluate, quantize (export + round-trip score), test-time train.
+    ``out`` collects their keys; each phase reports its own as it ends."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        model: torch.nn.Module,
+        eval_forward: Callable,
+        data: Any,
+        run_dir: Path,
+        log: Callable[[str], None],
+        on_phase: PhaseCallback | None = None,
+        world: Any = None,
+    ):
+        self.plan, self.model, self.eval_forward, self.data = plan, model, eval_forward, data
+        self.run_dir, self.log, self.world = run_dir, log, world
+        self.report: PhaseCallback = on_phase or (lambda name, keys=None: None)
+        self.amp_dtype = autocast_dtype(plan)
+        self.out: dict[str, Any] = {"eval_mode": plan.eval.label}
+        self.t0 = time.perf_counter()
+
+    def score(self, label: str) -> EvalResult:
+        """The model as it is now, over the eval slice with the eval group's windows (split over the ranks)."""
+        plan, data = self.plan, self.data
+        with document_mask(self.model, data.bos_id if plan.eval.document_isolated else None):
             return run_eval(
                 plan.eval.mode,
-                eval_forward,
+                self.eval_forward,
                 data.val_tokens,
                 data.luts,
                 seq_len=plan.model.seq_len,
                 stride=plan.eval.stride,
                 batch_size=plan.eval.batch_size,
                 device=plan.device,
-                autocast_dtype=amp_dtype,
-                shard=world,
-                progress=Progress(label, log),
+                autocast_dtype=self.amp_dtype,
+                shard=self.world,
+                progress=Progress(label, self.log),
             )
 
-    t0 = time.perf_counter()
+    def done(self, phase: str, **keys: Any) -> None:
+        self.out.update(keys, eval_seconds=round(time.perf_counter() - self.t0, 3))
+        self.report(phase, {**keys, "eval_seconds": self.out["eval_seconds"]})
 
-    def done(phase: str, **keys: Any) -> None:
-        out.update(keys, eval_seconds=round(time.perf_counter() - t0, 3))
-        report(phase, {**keys, "eval_seconds": out["eval_seconds"]})
+    def evaluate(self) -> None:
+        """val_loss and val_bpb of the trained model (its EMA weights when ema.decay is set)."""
+        plan = self.plan
+        self.report("eval")
+        if plan.ema.on:
+            self.log(
+                f"eval: scoring the weights' moving average (ema.decay {plan.ema.decay:g}), as export and TTT will"
+            )
+        res = self.score("eval")
+        # both window layouts score targets 1..res.tokens of the stream: tokens 0..res.tokens are what was read
+        self.done(
+            "eval",
+            eval_mode=plan.eval.label,
+            val_loss=round(res.val_loss, 6),
+            val_bpb=round(res.val_bpb, 6),
+            eval_tokens=res.tokens,
+            eval_bytes=res.bytes,
+            eval_split="val",
+            eval_fingerprint=eval_fingerprint(self.data.val_tokens[: res.tokens + 1]),
+        )
+        self.log(
+            f"eval ({self.out['eval_mode']}): val_loss {res.val_loss:.4f}  val_bpb {res.val_bpb:.4f}  "
+            f"({res.tokens:,} tokens, {res.bytes:,} bytes)"
+        )
 
-    report("eval")
-    if plan.ema.on:
-        log(f"eval: scoring the weights' moving average (ema.decay {plan.ema.decay:g}), as export and TTT will")
-    res = score("eval")
-    # both window layouts score targets 1..res.tokens of the stream: tokens 0..res.tokens are what was read
-    done(
-        "eval",
-        eval_mode=plan.eval.label,
-        val_loss=round(res.val_loss, 6),
-        val_bpb=round(res.val_bpb, 6),
-        eval_tokens=res.tokens,
-        eval_bytes=res.bytes,
-        eval_split="val",
-        eval_fingerprint=eval_fingerprint(data.val_tokens[: res.tokens + 1]),
-    )
-    log(
-        f"eval ({out['eval_mode']}): val_loss {res.val_loss:.4f}  val_bpb {res.val_bpb:.4f}  "
-        f"({res.tokens:,} tokens, {res.bytes:,} bytes)"
-    )
-    if q.name != "off":
-        report("quant")
+    def quantize(self) -> None:
+        """Export the artifact (rank 0), load its dequantized weights into the model, score that round trip."""
+        plan, q, world = self.plan, self.plan.quant, self.world
+        self.report("quant")
         tq = time.perf_counter()
 
         def export() -> Artifact:
-            return _export(plan, model, data, log)
+            return _export(plan, self.model, self.data, self.log)
 
         artifact = world.from_rank0(export) if world else export()  # rank 0 exports, every rank gets its bytes
-        path = run_dir / f"model.{q.name}.{q.compressor}"
+        path = self.run_dir / f"model.{q.name}.{q.compressor}"
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(artifact.blob)
         os.replace(tmp, path)
         restored = load_artifact(path.read_bytes(), str(q.compressor))
-        model.load_state_dict({k: restored[k].to(v.dtype) for k, v in model.state_dict().items()})
+        self.model.load_state_dict({k: restored[k].to(v.dtype) for k, v in self.model.state_dict().items()})
         quant_seconds = round(time.perf_counter() - tq, 3)
-        sizes = write_manifest(run_dir, len(artifact.blob), q.cap_bytes)  # artifact_code.json: what was counted
-        report("quant", sizes)  # the artifact exists: its size is a result even if its scoring never ends
-        qres = score("eval (quantized)")
-        done(
+        sizes = write_manifest(self.run_dir, len(artifact.blob), q.cap_bytes)  # artifact_code.json: what counted
+        self.report("quant", sizes)  # the artifact exists: its size is a result even if its scoring never ends
+        qres = self.score("eval (quantized)")
+        self.done(
             "quant",
             val_bpb_quant=round(qres.val_bpb, 6),
             val_loss_quant=round(qres.val_loss, 6),
@@ -145,15 +179,16 @@ def evaluate_and_export(
             compressor=str(q.compressor),
             quant_seconds=quant_seconds,
         )
-        log(
+        self.log(
             f"quant: {q.name}+{q.compressor} artifact {sizes['artifact_bytes']:,} bytes "
             f"(model {sizes['artifact_model_bytes']:,} + code {sizes['artifact_code_bytes']:,} raw; cap "
             f"{q.cap_bytes:,}: {'ok' if sizes['artifact_ok'] else 'OVER'}); val_bpb_quant {qres.val_bpb:.4f}"
         )
-    if plan.ttt.name != "off":
-        report("ttt")
-        done("ttt", **_ttt(plan, model, data, amp_dtype, log, world))
-    return out
+
+    def test_time_train(self) -> None:
+        """Score-first LoRA TTT on the model as it is now (the dequantized artifact when quant is on)."""
+        self.report("ttt")
+        self.done("ttt", **_ttt(self.plan, self.model, self.data, self.amp_dtype, self.log, self.world))
 
 
 def _export(plan: Plan, model: torch.nn.Module, data: Any, log: Callable[[str], None]) -> Artifact:
@@ -190,15 +225,10 @@ def _export(plan: Plan, model: torch.nn.Module, data: Any, log: Callable[[str], 
 def _ttt(
     plan: Plan, model: torch.nn.Module, data: Any, autocast_dtype: Any, log: Callable[[str], None], world: Any = None
 ) -> dict[str, Any]:
-    from speedrun.finishing.ttt import ttt_evaluate
+    from speedrun.finishing.ttt import LoRASettings, ttt_evaluate
 
     t = plan.ttt
-    res = ttt_evaluate(
-        model,
-        data.val_tokens,
-        data.luts,
-        bos_id=data.bos_id,
-        seq_len=plan.model.seq_len,
+    settings = LoRASettings(
         rank=t.rank,
         lr=t.lr,
         chunk_size=t.chunk_size,
@@ -209,11 +239,19 @@ def _ttt(
         beta2=t.beta2,
         weight_decay=t.weight_decay,
         max_seconds=t.max_seconds,
+        seed=plan.seed,
+        score_base=t.score_base,
+    )
+    res = ttt_evaluate(
+        model,
+        data.val_tokens,
+        data.luts,
+        settings,
+        bos_id=data.bos_id,
+        seq_len=plan.model.seq_len,
         device=plan.device,
         autocast_dtype=autocast_dtype,
-        seed=plan.seed,
         log=log,
-        score_base=t.score_base,
         shard=world,
     )
     out = dict(

@@ -167,34 +167,54 @@ class TTTResult:
         return self.tokens_scored / self.tokens_total if self.tokens_total else 0.0
 
 
+@dataclass(frozen=True)
+class LoRASettings:
+    """How the adapters learn: what ``ttt.*`` resolves to (rank, learning rate, chunks, targets, optimizer)."""
+
+    rank: int
+    lr: float
+    chunk_size: int
+    short_chunks: str = ""
+    """Short documents' chunk schedule, "LEN:CHUNK,..." (config.specs.parse_short_chunks); "" = off."""
+    targets: str = "all"
+    batch_size: int = 1
+    """Documents adapted side by side, each with its own adapters."""
+    beta1: float = 0.9
+    beta2: float = 0.95
+    weight_decay: float = 0.0
+    max_seconds: float | None = None
+    """Stop after the chunk that passes this many seconds (the rest unscored, recorded as the fraction scored)."""
+    seed: int = 0
+    score_base: bool = True
+    """Also score each chunk with the unadapted model (base_val_loss, base_val_bpb)."""
+
+
 def ttt_evaluate(
     model: nn.Module,
     val_tokens: torch.Tensor,
     luts: ByteLUTs,
+    settings: LoRASettings,
     *,
     bos_id: int,
     seq_len: int,
-    rank: int,
-    lr: float,
-    chunk_size: int,
-    short_chunks: str = "",
-    targets: str = "all",
-    batch_size: int = 1,
-    beta1: float = 0.9,
-    beta2: float = 0.95,
-    weight_decay: float = 0.0,
-    max_seconds: float | None = None,
     device: str = "cpu",
     autocast_dtype: torch.dtype | None = None,
-    seed: int = 0,
-    record_chunks: bool = False,
     log: Callable[[str], None] | None = None,
-    score_base: bool = True,
     shard: Any | None = None,
+    record_chunks: bool = False,
 ) -> TTTResult:
-    """Score val_tokens with score-first LoRA TTT (see the module doc). ``model`` is not modified. With
-    ``score_base`` each chunk is also scored by ``model`` itself, unadapted (base_val_loss, base_val_bpb). ``log``
-    also gets a progress line at most every 30 s (this rank's tokens scored of its share)."""
+    """Score val_tokens with score-first LoRA TTT (see the module doc), learning as ``settings`` say. ``model`` is
+    not modified. ``log`` also gets a progress line at most every 30 s (this rank's tokens scored of its share);
+    ``shard`` (a World) splits the documents over the ranks."""
+    rank, lr, chunk_size, short_chunks, targets = (
+        settings.rank,
+        settings.lr,
+        settings.chunk_size,
+        settings.short_chunks,
+        settings.targets,
+    )
+    batch_size, beta1, beta2, weight_decay = settings.batch_size, settings.beta1, settings.beta2, settings.weight_decay
+    max_seconds, seed, score_base = settings.max_seconds, settings.seed, settings.score_base
     steps = parse_short_chunks(short_chunks)
     target_names = parse_targets(targets)
     for size in [chunk_size] + [c for _, c in steps]:

@@ -22,7 +22,7 @@ A model is constructed as ``cls(shape, attention, bos_id=..., doc_bos_id=..., fu
 ``shape`` the resolved ModelShape, ``attention`` the backend the plan picked (call it as ``attention(q, k, v,
 ctx)``; it never changes during a run), ``bos_id`` the document separator when the plan masks documents (else
 None), ``doc_bos_id`` the separator token always, ``options`` the model's own knobs (its schema's fields beyond
-speedrun.config.training.ModelConfig's) as a dict.
+speedrun.config.model.ModelConfig's) as a dict.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``model.arch`` is a registered name (``gpt``, the built-in) or ``"package.module:Class"``, like the attention
 backends' registry. A class may carry its own knobs as a ``config`` attribute: a dataclass that subclasses
-speedrun.config.training.ModelConfig and adds typed fields. ``register_model_schema`` puts that dataclass in
+speedrun.config.model.ModelConfig and adds typed fields. ``register_model_schema`` puts that dataclass in
 Hydra's ConfigStore as the model group's schema before Hydra composes, so ``model.my_knob=3`` is checked like any
 built-in field and a misspelt key still fails at compose time; the runner hands the extra fields to the model's
 constructor as ``options``.
@@ -50,7 +50,7 @@ def model_class(arch: str) -> type:
 
 def model_schema(cls: type) -> type | None:
     """The class's own config dataclass (a ModelConfig subclass), or None for a model without knobs of its own."""
-    from speedrun.config.training import ModelConfig
+    from speedrun.config.model import ModelConfig
 
     schema = getattr(cls, "config", None)
     if schema is None:
@@ -58,13 +58,13 @@ def model_schema(cls: type) -> type | None:
     if not (isinstance(schema, type) and dataclasses.is_dataclass(schema) and issubclass(schema, ModelConfig)):
         from speedrun.errors import ConfigError
 
-        raise ConfigError(f"{cls.__name__}.config must be a dataclass subclassing speedrun.config.training.ModelConfig")
+        raise ConfigError(f"{cls.__name__}.config must be a dataclass subclassing speedrun.config.model.ModelConfig")
     return schema
 
 
 def own_options(config: Any) -> dict[str, Any]:
     """The fields a model's schema adds to ModelConfig's, with their values: what the model gets as ``options``."""
-    from speedrun.config.training import ModelConfig
+    from speedrun.config.model import ModelConfig
 
     base = {f.name for f in dataclasses.fields(ModelConfig)}
     return {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in base}
