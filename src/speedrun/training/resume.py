@@ -7,8 +7,11 @@ invocation go to ``.hydra/resume/``, leaving the original ``.hydra/`` as it was)
 row (run_id = the run dir). A job that starts in a run dir already holding a checkpoint of its own config (a SLURM
 job requeued into its sweep dir) resumes the same way without being asked (checkpoint.auto_resume).
 
-A refusal is a ConfigError naming the problem: the dir does not exist, is not a speedrun run dir, or holds no
-checkpoint.
+A refusal is a ConfigError naming the problem: the dir does not exist, is not a speedrun run dir, holds no
+checkpoint, or the command line has overrides the run did not. The resolver makes every one of these checks
+before Hydra writes anything, and sends a refused resume to a new run dir, so the run it names is left byte for
+byte as it was (the refusal is that new dir's failed row). An accepted resume writes nothing into the original
+until its checkpoint is restored (speedrun.run.record).
 """
 
 from __future__ import annotations
