@@ -79,7 +79,7 @@ class Submission:
     def submission_json(self) -> dict[str, Any]:
         first = self.runs[0].result
         bpb, loss = self.values(self.bpb_key), self.values(self.loss_key)
-        steps = self.values("steps")
+        steps = mean(self.values("steps"))
         return {
             "author": self.author,
             "github_id": self.github_id,
@@ -94,7 +94,7 @@ class Submission:
             "bytes_code": len(self.code),
             "bytes_model": max(int(r.result.get("artifact_model_bytes") or 0) for r in self.runs),
             "cap_bytes": self.cap(),
-            "steps": round(mean(steps)) if steps else None,
+            "steps": round(steps) if steps is not None else None,
             "seeds": [run.seed for run in self.runs],
             "seed_results": self.seed_results(),
             "hardware": self.hardware(),
@@ -120,8 +120,8 @@ class Submission:
         quant = f"{r.get('quant')}+{r.get('compressor')}" if r.get("quant") else "no quantization"
         ttt = f", TTT {c.get('ttt', {}).get('name')}" if r.get("val_bpb_ttt") is not None else ""
         return (
-            f"speedrun {r.get('model')} ({r.get('params'):,} parameters, seq {r.get('seq_len')}), "
-            f"{r.get('tokens_per_step'):,} tokens/step, {r.get('precision')}, {r.get('attn_kernel')}, "
+            f"speedrun {r.get('model')} ({_n(r.get('params'))} parameters, seq {r.get('seq_len')}), "
+            f"{_n(r.get('tokens_per_step'))} tokens/step, {r.get('precision')}, {r.get('attn_kernel')}, "
             f"{quant}{ttt}, eval {r.get('eval_mode')}"
         )
 
@@ -171,6 +171,7 @@ class Submission:
             else "DATA_PATH=<the embedded corpus's dataset dir, built by `python -m run` in data.cache_dir> "
         )
         overrides = " ".join(self.runs[0].overrides())
+        card = f" (card table: {r['card']})" if r.get("card") else ""
         raw = self.raw_code_bytes()
         lines = [
             f"# {self.name}",
@@ -196,16 +197,16 @@ class Submission:
             "",
             f"- {self.settings_line()}",
             f"- budget: {r.get('train_seconds')} s of training ({r.get('budget_end')} ended it), "
-            f"{r.get('tokens'):,} tokens in {r.get('steps')} steps",
-            f"- data: {data.get('name')} (vocab {data.get('vocab_size')}), {r.get('eval_tokens'):,} validation tokens "
+            f"{_n(r.get('tokens'))} tokens in {r.get('steps')} steps",
+            f"- data: {data.get('name')} (vocab {data.get('vocab_size')}), {_n(r.get('eval_tokens'))} validation tokens "
             f"scored (fingerprint {r.get('eval_fingerprint')})",
             f"- made with: `python -m run {overrides}`" if overrides else "- made with: `python -m run`",
             f"- the resolved config (every setting) is inside {WRAPPED_FILE}; speedrun `{r.get('git_sha')}`",
             "",
             "## Card",
             "",
-            f"{sub['hardware']} (card table: {r.get('card')}), torch {r.get('torch_version')}, "
-            f"precision {r.get('precision')}, attention {r.get('attn_kernel')}.",
+            f"{sub['hardware']}{card}, "
+            f"torch {r.get('torch_version')}, precision {r.get('precision')}, attention {r.get('attn_kernel')}.",
             "",
             "## Command",
             "",
@@ -256,6 +257,11 @@ class Submission:
 
 def log_name(run: Run) -> str:
     return f"train_seed{run.seed}.log"
+
+
+def _n(x: Any) -> str:
+    """A count with thousands separators; what a record lacks as "?"."""
+    return f"{x:,}" if isinstance(x, int) else "?" if x is None else str(x)
 
 
 def _round(x: float | None) -> float | None:

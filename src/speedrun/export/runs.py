@@ -50,7 +50,7 @@ class Run:
             return []
         from omegaconf import OmegaConf
 
-        return [str(o) for o in OmegaConf.load(path)]  # type: ignore[union-attr]  # a list node: iterable
+        return [str(o) for o in OmegaConf.load(path)]
 
     def env(self) -> dict[str, Any]:
         try:
