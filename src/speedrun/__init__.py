@@ -36,7 +36,7 @@ def main(cfg: Any, run_dir: str | Path | None = None) -> dict[str, Any]:
     ctx = None if run_dir is None else RunContext.standalone(Path(run_dir))
     with contextlib.nullcontext() if ctx is None else standalone_logging(ctx.run_dir):
         try:
-            return run_job(cfg, ctx)
+            return run_job(cfg) if ctx is None else run_job(cfg, ctx)  # the Hydra path calls exactly as before
         except (ConfigError, RunOutOfMemory) as e:
             log.error("error: %s%s", e, _where_recorded(e))
             sys.exit(1)
