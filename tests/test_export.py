@@ -256,3 +256,26 @@ def test_an_existing_folder_is_replaced_only_with_force(tmp_path, capsys):
     code, text = export([run, "--out", out, "--force"], capsys)
     assert code == 0 and not (out / "old.txt").exists() and (out / "submission.json").is_file()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".X.")]  # no temporary left beside it
+
+
+def test_a_raw_rule_run_is_wrapped_from_this_source_only_if_it_ran_it(tmp_path, capsys):
+    """A run counted raw wrote no train_gpt.py: the export builds one from the source here, refusing (unless
+    --force) when that is not the source that ran."""
+    from omegaconf import OmegaConf
+
+    from speedrun.paths import REPO_ROOT
+    from speedrun.records.identity import code_fingerprint
+
+    run = fake_run(tmp_path, 0)
+    (run / "train_gpt.py").unlink()
+    (run / ".hydra").mkdir()
+    OmegaConf.save(OmegaConf.create({**CONFIG, "artifact": {"code_rule": "raw"}}), run / ".hydra" / "config.yaml")
+    result = json.loads((run / "result.json").read_text())
+    (run / "result.json").write_text(json.dumps({**result, "code_fingerprint": "0123456789abcdef"}))
+    code, text = export([run, "--out", tmp_path / "X"], capsys)
+    assert code == 1 and "not the source that ran" in text and "--force" in text
+    (run / "result.json").write_text(json.dumps({**result, "code_fingerprint": code_fingerprint(REPO_ROOT)}))
+    code, text = export([run, "--out", tmp_path / "X"], capsys)
+    assert code == 0, text
+    files, meta = read_wrapper((tmp_path / "X" / "train_gpt.py").read_bytes())
+    assert list(files) == list(packed_files()) and meta["config"]["artifact"] == {"code_rule": "raw"}
