@@ -198,8 +198,8 @@ class Submission:
             f"- {self.settings_line()}",
             f"- budget: {r.get('train_seconds')} s of training ({r.get('budget_end')} ended it), "
             f"{_n(r.get('tokens'))} tokens in {r.get('steps')} steps",
-            f"- data: {data.get('name')} (vocab {data.get('vocab_size')}), {_n(r.get('eval_tokens'))} validation tokens "
-            f"scored (fingerprint {r.get('eval_fingerprint')})",
+            f"- data: {data.get('name')} (vocab {data.get('vocab_size')}), {_n(r.get('eval_tokens'))} validation "
+            f"tokens scored (fingerprint {r.get('eval_fingerprint')})",
             f"- made with: `python -m run {overrides}`" if overrides else "- made with: `python -m run`",
             f"- the resolved config (every setting) is inside {WRAPPED_FILE}; speedrun `{r.get('git_sha')}`",
             "",

@@ -12,8 +12,9 @@ The file is a comment and three lines of Python:
 The payload, decompressed, is a Python program: ``F`` = {path in the repository: text} (packed_files: the Python
 minified, the few conf/ files the resolver reads as they are), ``M`` = the meta as JSON text (the resolved config,
 the torch and speedrun versions), then BOOT, which writes F into a private temporary directory laid out as the
-repository (removed at exit), puts its src/ first on sys.path and calls ``speedrun.rerun.main(M, __file__)``. Only the standard library runs before that. ``read_wrapper`` takes a file apart
-again without running it (the export and the tests use it).
+repository (removed at exit), puts its src/ first on sys.path and calls ``speedrun.rerun.main(M, __file__)``.
+Only the standard library runs before that. ``read_wrapper`` takes a file apart again without running it (the
+export and the tests use it).
 """
 
 from __future__ import annotations
