@@ -5,13 +5,18 @@ The package imports nothing heavy at import time; ``main`` pulls in torch and th
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 __version__ = "0.1.0"
 
 
-def main(cfg: Any) -> dict[str, Any]:
+def main(cfg: Any, run_dir: str | Path | None = None) -> dict[str, Any]:
     """Run one job from a composed Hydra config; returns the result record (also written to disk).
+
+    ``run_dir``: run the job there with no Hydra context (no command-line overrides, no sweep; the console and
+    run.log set up as conf/config.yaml's hydra.job_logging does), for a config that was composed earlier: how an
+    exported train_gpt.py re-runs its run (speedrun.rerun). Unset: Hydra's run dir and overrides, as `python -m run`.
 
     A user error (speedrun.errors.ConfigError: a bad value, an impossible combination, missing or corrupt data, a
     kernel that cannot load, a results database that cannot be written) ends the process with one line naming the
@@ -19,23 +24,26 @@ def main(cfg: Any) -> dict[str, Any]:
     Running out of GPU memory ends the same way with status oom (speedrun.run.oom). Ctrl-C and SIGTERM end with one
     line and the shell's status for the signal (130, 143); the row says interrupted. Anything else is a bug and
     keeps its traceback."""
+    import contextlib
     import logging
     import signal
     import sys
 
     from speedrun.errors import ConfigError, RunOutOfMemory
-    from speedrun.run.runner import run_job
+    from speedrun.run.runner import RunContext, run_job, standalone_logging
 
     log = logging.getLogger("speedrun")
-    try:
-        return run_job(cfg)
-    except (ConfigError, RunOutOfMemory) as e:
-        log.error("error: %s%s", e, _where_recorded(e))
-        sys.exit(1)
-    except KeyboardInterrupt as e:
-        signum = signal.SIGTERM if f"signal {int(signal.SIGTERM)}" in str(e) else signal.SIGINT
-        log.error("interrupted: %s%s", str(e) or "Ctrl-C", _where_recorded(e))
-        sys.exit(128 + int(signum))
+    ctx = None if run_dir is None else RunContext.standalone(Path(run_dir))
+    with contextlib.nullcontext() if ctx is None else standalone_logging(ctx.run_dir):
+        try:
+            return run_job(cfg) if ctx is None else run_job(cfg, ctx)  # the Hydra path calls exactly as before
+        except (ConfigError, RunOutOfMemory) as e:
+            log.error("error: %s%s", e, _where_recorded(e))
+            sys.exit(1)
+        except KeyboardInterrupt as e:
+            signum = signal.SIGTERM if f"signal {int(signal.SIGTERM)}" in str(e) else signal.SIGINT
+            log.error("interrupted: %s%s", str(e) or "Ctrl-C", _where_recorded(e))
+            sys.exit(128 + int(signum))
 
 
 def _where_recorded(e: BaseException) -> str:

@@ -1,4 +1,4 @@
-"""Where things live: the repository root, the conf/ tree, and the results database.
+"""Where things live: the repository root, the conf/ tree, the results database and the cache.
 
 One home for each path, so the runner, the sweep launcher, the sweeper and the report agree on them.
 """
@@ -15,6 +15,10 @@ CONF_DIR = REPO_ROOT / "conf"
 """The conf/ tree at the repository root."""
 
 DEFAULT_RESULTS_DB = "outputs/results.sqlite"
+
+CACHE_DIR = Path("~/.cache/speedrun")
+"""What speedrun can rebuild but keeps between runs: the embedded dataset (data.cache_dir's default) and the
+minified source of the self-extracting file (speedrun.finishing.minify). Unexpanded, as data.cache_dir is."""
 
 
 def results_db_path(value: Any | None = None, cwd: Path | None = None) -> Path:

@@ -20,6 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from speedrun.config.artifact import ArtifactConfig, CodeRule
 from speedrun.config.checkpointing import CheckpointConfig
 from speedrun.config.choices import *  # noqa: F403 - the Enums are part of the schema's public names
 from speedrun.config.distributed import DistConfig
@@ -44,9 +45,11 @@ __all__ = [
     "GROUPS",
     "register_configs",
     "to_config",
+    "ArtifactConfig",
     "AttnConfig",
     "BudgetConfig",
     "CheckpointConfig",
+    "CodeRule",
     "DataConfig",
     "DistConfig",
     "EMAConfig",
@@ -81,6 +84,8 @@ class Config:
     kernel: KernelConfig = field(default_factory=KernelConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    artifact: ArtifactConfig = field(default_factory=ArtifactConfig)
+    """How the artifact's code is counted (a plain key, not a group: artifact.code_rule=raw); wrapped by default."""
     dist: DistConfig = field(default_factory=DistConfig)
     seed: int = 0
     """Seed for model initialisation, TTT's adapter init and document order. It does not change the training data

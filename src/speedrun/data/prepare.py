@@ -256,6 +256,12 @@ def _exclusive_lock(path: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def embedded_dir(cache_dir: Path, vocab_size: int) -> Path:
+    """Where ensure_embedded_dataset builds the embedded corpus of ``vocab_size`` (an exported train_gpt.py, which
+    does not carry the corpus, trains on the built directory: speedrun.rerun)."""
+    return Path(cache_dir).expanduser() / f"embedded_pydoc311_sp{vocab_size}"
+
+
 def ensure_embedded_dataset(cache_dir: Path, vocab_size: int = 1024) -> DatasetPaths:
     """The embedded Python-docs corpus as a dataset in cache_dir/embedded_pydoc311_sp{vocab}/.
 
@@ -265,7 +271,7 @@ def ensure_embedded_dataset(cache_dir: Path, vocab_size: int = 1024) -> DatasetP
     """
     cache_dir = Path(cache_dir).expanduser()
     cache_dir.mkdir(parents=True, exist_ok=True)
-    target = cache_dir / f"embedded_pydoc311_sp{vocab_size}"
+    target = embedded_dir(cache_dir, vocab_size)
     stamp = {"corpus": EMBEDDED_CORPUS.name, "corpus_sha256": _sha256(EMBEDDED_CORPUS), "build_version": BUILD_VERSION}
     with _exclusive_lock(cache_dir / f".{target.name}.lock"):
         info = read_dataset_info(target)

@@ -1,5 +1,10 @@
 """The code side of the artifact, by parameter-golf's rule: the source a submission needs to train, evaluate and
-dequantize the model, counted as raw UTF-8 bytes (uncompressed), plus the compressed model bytes.
+dequantize the model, plus the compressed model bytes. How the code is counted is ``artifact.code_rule``:
+
+- ``wrapped`` (the default): the length of the self-extracting train_gpt.py the run writes into its run dir
+  (speedrun.finishing.wrap: the files below minified, lzma-compressed and base85-encoded with the run's resolved
+  config), the way parameter-golf's records ship their code. The number and the file cannot disagree.
+- ``raw``: the raw UTF-8 bytes of the files below, uncompressed.
 
 CODE_FILES is that source, as data in one place: src/run.py and every speedrun module the run's path imports
 (resolve, build, the model and its attention backends, training, evaluation, TTT, quantization and the
@@ -8,13 +13,19 @@ imports but a submission would not need, each with the reason. tests/test_artifa
 from src/run.py and fails when a module on the path is in neither list or a listed file is no longer on it, so
 the list cannot rot. Not counted either, because nothing on the path imports them: report/, sweep.py, stats.py,
 the Hydra plugins, scripts/ (data preparation, benchmarks) and the embedded corpus (data, not code).
-The Hydra YAML under conf/ is configuration, not source, and is not counted.
+The Hydra YAML under conf/ is configuration, not source, and is not counted (the wrapped file carries the
+resolved config instead).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from speedrun.config.artifact import ArtifactConfig
+    from speedrun.finishing.wrap import CodeSource
 
 SRC = Path(__file__).resolve().parents[2]
 """src/: CODE_FILES are relative to it."""
@@ -23,6 +34,7 @@ CODE_FILES: tuple[str, ...] = (
     "run.py",
     "speedrun/__init__.py",
     "speedrun/config/__init__.py",
+    "speedrun/config/artifact.py",
     "speedrun/config/checkpointing.py",
     "speedrun/config/choices.py",
     "speedrun/config/compressors.py",
@@ -48,8 +60,10 @@ CODE_FILES: tuple[str, ...] = (
     "speedrun/finishing/artifact.py",
     "speedrun/finishing/evaluate.py",
     "speedrun/finishing/finalize.py",
+    "speedrun/finishing/minify.py",
     "speedrun/finishing/quantize.py",
     "speedrun/finishing/ttt.py",
+    "speedrun/finishing/wrap.py",
     "speedrun/hardware/__init__.py",
     "speedrun/hardware/cards.py",
     "speedrun/hardware/profiles.py",
@@ -118,40 +132,95 @@ NOT_COUNTED: dict[str, str] = {
     "training, evaluation or dequantization",
 }
 
+ENTRY = "speedrun/rerun.py"
+"""The self-extracting file's entry point (it re-runs the embedded config without Hydra's command line). Not on
+src/run.py's path, so the raw rule does not count it."""
+
+WRAPPED_ALSO: tuple[str, ...] = ("speedrun/run/loggers.py", ENTRY)
+"""What the self-extracting file packs besides CODE_FILES, because its re-run imports it: the entry point, and the
+loggers (NOT_COUNTED by the raw rule, but speedrun/run/job.py imports them, so a file without them would not run).
+tests/test_artifact_code.py checks that the entry's imports are all packed."""
+
+CONF_READ: tuple[str, ...] = ("model/*.yaml", "kernel/tuned/*.yaml")
+"""conf/ files the resolver reads while it runs, not only Hydra when it composes: the preset model=auto picks for the
+device (speedrun.plan.options) and kernel=tuned's tables (speedrun.kernels.tuned). The self-extracting file packs
+them, so that its re-run resolves as `python -m run` does, on any device."""
+
+WRAPPED_FILE = "train_gpt.py"
+"""The self-extracting file in the run dir (the wrapped rule), under parameter-golf's name for a submission's code."""
+
 MANIFEST = "artifact_code.json"
-"""The run-dir file listing the counted files and their bytes."""
+"""The run-dir file saying how the code was counted, with each packed file's raw and minified bytes."""
 
 
 def code_manifest() -> list[dict[str, Any]]:
-    """[{"path": "speedrun/model/gpt.py", "bytes": 10568}, ...]: raw UTF-8 bytes of each counted file, as on disk."""
-    return [{"path": rel, "bytes": len((SRC / rel).read_bytes())} for rel in CODE_FILES]
+    """[{"path": "speedrun/model/gpt.py", "raw_bytes": 10568, "minified_bytes": None}, ...]: raw UTF-8 bytes of
+    each counted file, as on disk."""
+    return [{"path": rel, "raw_bytes": len((SRC / rel).read_bytes()), "minified_bytes": None} for rel in CODE_FILES]
 
 
 def code_bytes() -> int:
-    return sum(f["bytes"] for f in code_manifest())
+    """The raw rule's count of the source as it is on disk."""
+    return sum(f["raw_bytes"] for f in code_manifest())
 
 
-def write_manifest(run_dir: Path, model_bytes: int, cap_bytes: int) -> dict[str, Any]:
-    """artifact_code.json in the run dir; returns the result keys (artifact_model_bytes, artifact_code_bytes,
-    artifact_bytes, artifact_ok)."""
+def write_manifest(
+    run_dir: Path, model_bytes: int, cap_bytes: int, rule: ArtifactConfig, code: CodeSource | None = None
+) -> dict[str, Any]:
+    """Count the code by ``rule`` (wrapped: write train_gpt.py into the run dir first; ``code`` is the source the
+    job read when it started, or now when None), write artifact_code.json; returns the result keys
+    (artifact_model_bytes, artifact_code_bytes, artifact_bytes, artifact_ok, artifact_code_rule)."""
     from speedrun.records.store import write_json
 
-    files = code_manifest()
-    code = sum(f["bytes"] for f in files)
+    wrapped = rule.code_rule == "wrapped"
+    counted, files, extra = _wrapped(run_dir, rule, code) if wrapped else (code_bytes(), code_manifest(), {})
     keys = {
         "artifact_model_bytes": model_bytes,
-        "artifact_code_bytes": code,
-        "artifact_bytes": model_bytes + code,
-        "artifact_ok": model_bytes + code <= cap_bytes,
+        "artifact_code_bytes": counted,
+        "artifact_bytes": model_bytes + counted,
+        "artifact_ok": model_bytes + counted <= cap_bytes,
+        "artifact_code_rule": str(rule.code_rule),
     }
+    how = (
+        f"code counted as the bytes of the self-extracting {WRAPPED_FILE} (minified, lzma, base85, with the config)"
+        if wrapped
+        else "code counted as raw UTF-8 bytes of each file"
+    )
     write_json(
         run_dir / MANIFEST,
         {
-            "rule": "code counted as raw UTF-8 bytes (parameter-golf), model compressed",
+            "rule": f"{how} + the compressed model (parameter-golf)",
             **keys,
             "cap_bytes": cap_bytes,
+            **extra,
             "files": files,
             "not_counted": NOT_COUNTED,
         },
     )
     return keys
+
+
+def _wrapped(run_dir: Path, rule: ArtifactConfig, code: CodeSource | None) -> tuple[int, list, dict[str, Any]]:
+    """The self-extracting file in the run dir: built from ``code``, or, on a re-run of an exported file
+    (artifact.code_file), that file itself. (its bytes, the files it packs, manifest keys)."""
+    from speedrun.finishing.wrap import CodeSource, build_wrapper, read_wrapper
+
+    if rule.code_file is not None:
+        data = Path(rule.code_file).read_bytes()
+        packed, _ = read_wrapper(data)
+        files = [{"path": p, "raw_bytes": None, "minified_bytes": len(s.encode())} for p, s in packed.items()]
+        extra: dict[str, Any] = {"code_file": WRAPPED_FILE, "copied_from": str(rule.code_file)}
+    else:
+        from speedrun.finishing.minify import minifier_version
+
+        code = code or CodeSource.snapshot()
+        data, minified = build_wrapper(code)
+        files = [
+            {"path": p, "raw_bytes": len(code.files[p].encode()), "minified_bytes": len(minified[p].encode())}
+            for p in code.files  # paths in the repository: src/... and the conf/ files the resolver reads
+        ]
+        extra = {"code_file": WRAPPED_FILE, "minifier": f"python-minifier {minifier_version()}"}
+    tmp = run_dir / f".{WRAPPED_FILE}.{os.getpid()}.tmp"
+    tmp.write_bytes(data)
+    os.replace(tmp, run_dir / WRAPPED_FILE)
+    return len(data), files, extra

@@ -35,7 +35,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -52,6 +52,9 @@ from speedrun.finishing.quantize import (
 from speedrun.plan import Plan
 from speedrun.plan.dtypes import autocast_dtype
 from speedrun.progress import Progress
+
+if TYPE_CHECKING:
+    from speedrun.finishing.wrap import CodeSource
 
 PhaseCallback = Callable[..., None]
 """on_phase(name) when a phase starts; on_phase(name, keys) when it ends."""
@@ -70,9 +73,11 @@ def evaluate_and_export(
     log: Callable[[str], None],
     on_phase: PhaseCallback | None = None,
     world: Any = None,
+    code: CodeSource | None = None,
 ) -> dict[str, Any]:
-    """The three phases in order; returns every key they measured (also reported through ``on_phase``)."""
-    finish = Finish(plan, model, eval_forward, data, run_dir, log, on_phase, world)
+    """The three phases in order; returns every key they measured (also reported through ``on_phase``). ``code``:
+    the source the job read when it started, for the self-extracting file (None: read it at export)."""
+    finish = Finish(plan, model, eval_forward, data, run_dir, log, on_phase, world, code)
     finish.evaluate()
     if plan.quant.name != "off":
         finish.quantize()
@@ -95,9 +100,10 @@ class Finish:
         log: Callable[[str], None],
         on_phase: PhaseCallback | None = None,
         world: Any = None,
+        code: CodeSource | None = None,
     ):
         self.plan, self.model, self.eval_forward, self.data = plan, model, eval_forward, data
-        self.run_dir, self.log, self.world = run_dir, log, world
+        self.run_dir, self.log, self.world, self.code = run_dir, log, world, code
         self.report: PhaseCallback = on_phase or (lambda name, keys=None: None)
         self.amp_dtype = autocast_dtype(plan)
         self.out: dict[str, Any] = {"eval_mode": plan.eval.label}
@@ -167,7 +173,8 @@ class Finish:
         restored = load_artifact(path.read_bytes(), str(q.compressor))
         self.model.load_state_dict({k: restored[k].to(v.dtype) for k, v in self.model.state_dict().items()})
         quant_seconds = round(time.perf_counter() - tq, 3)
-        sizes = write_manifest(self.run_dir, len(artifact.blob), q.cap_bytes)  # artifact_code.json: what counted
+        # the code's bytes by artifact.code_rule (wrapped: train_gpt.py written beside the model); artifact_code.json
+        sizes = write_manifest(self.run_dir, len(artifact.blob), q.cap_bytes, plan.artifact, self.code)
         self.report("quant", sizes)  # the artifact exists: its size is a result even if its scoring never ends
         qres = self.score("eval (quantized)")
         self.done(
@@ -181,7 +188,8 @@ class Finish:
         )
         self.log(
             f"quant: {q.name}+{q.compressor} artifact {sizes['artifact_bytes']:,} bytes "
-            f"(model {sizes['artifact_model_bytes']:,} + code {sizes['artifact_code_bytes']:,} raw; cap "
+            f"(model {sizes['artifact_model_bytes']:,} + code {sizes['artifact_code_bytes']:,} "
+            f"{sizes['artifact_code_rule']}; cap "
             f"{q.cap_bytes:,}: {'ok' if sizes['artifact_ok'] else 'OVER'}); val_bpb_quant {qres.val_bpb:.4f}"
         )
 

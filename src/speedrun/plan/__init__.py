@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from speedrun.config import Config, DataConfig, EMAConfig, QuantConfig, TTTConfig
+from speedrun.config import ArtifactConfig, Config, DataConfig, EMAConfig, QuantConfig, TTTConfig
 from speedrun.errors import PlanError
 from speedrun.hardware.cards import card_for
 from speedrun.hardware.profiles import PROFILES, DetectedDevice, HardwareProfile
@@ -140,6 +140,7 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
     eval_plan = _resolve_eval(cfg, profile, attn, model, micro_batch, search)
     ttt = _resolve_ttt(cfg.ttt, model, eval_plan.batch_size)
     _check_compressor(cfg.quant)
+    _check_code_rule(cfg.artifact, cfg.quant)
     # A card-independent budget (tokens, FLOPs) set without a time budget is not cut short by the profile's
     # default seconds: the point of it is the same training on any card.
     default_seconds = math.inf if (b.tokens or b.flops) else profile.train_seconds
@@ -220,6 +221,7 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
         dist=dist,
         kernel=kernel,
         ema=EMAConfig(decay=cfg.ema.decay or None),  # 0 is off too: plan.json says null
+        artifact=cfg.artifact,
     )
 
 
@@ -354,6 +356,19 @@ def _check_compressor(quant: QuantConfig) -> None:
 
     try:
         check_compressor(str(quant.compressor), quant.level)
+    except ValueError as err:
+        raise PlanError(str(err)) from None
+
+
+def _check_code_rule(artifact: ArtifactConfig, quant: QuantConfig) -> None:
+    """The wrapped rule needs python-minifier: refuse before training, not at export time (a run without an
+    artifact counts no code)."""
+    if quant.name == "off":
+        return
+    from speedrun.config.artifact import check_code_rule
+
+    try:
+        check_code_rule(artifact)
     except ValueError as err:
         raise PlanError(str(err)) from None
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from speedrun.config import (
+    ArtifactConfig,
     CheckpointConfig,
     EMAConfig,
     LoggerConfig,
@@ -218,6 +219,8 @@ class Plan:
     """Ranks of the run (world_size, nodes, nproc per node, backend, who starts them); one process by default."""
     ema: EMAConfig = field(default_factory=EMAConfig)
     """Weight EMA (decay None: off; the resolver turns 0 into None)."""
+    artifact: ArtifactConfig = field(default_factory=ArtifactConfig)
+    """How the artifact's code is counted (code_rule), and the self-extracting file a re-run counts (code_file)."""
 
     @property
     def world_size(self) -> int:

@@ -21,6 +21,9 @@ log = logging.getLogger("speedrun")
 class Job(JobRecord):
     peak_memory: Any = None
     model: Any = None
+    code: Any = None
+    """The source as the job read it when it started, with its resolved config: the self-extracting file is made
+    from it (speedrun.finishing.wrap.CodeSource), so the file carries the code that ran, not a later edit."""
 
     def run(self, config: Config) -> None:
         """The whole pipeline. ``config`` is read by the resolver alone; everything after it reads the Plan."""
@@ -59,9 +62,11 @@ class Job(JobRecord):
     def start(self, plan: Any) -> None:
         """Join the other ranks, record the environment and what the plan chose, configure torch, open the
         logger."""
+        from speedrun.finishing.wrap import CodeSource
         from speedrun.records.store import capture_environment
         from speedrun.training.build import configure_torch
 
+        self.code = CodeSource.snapshot(self.config_tree)
         self.world.init(plan)
         env = capture_environment(plan.device)
         self.write_file("env.json", json.dumps(env, indent=2, default=str) + "\n")
@@ -190,6 +195,7 @@ class Job(JobRecord):
                 log.info,
                 on_phase=self.on_phase,
                 world=self.world,
+                code=self.code,
             )
         )
 

@@ -8,11 +8,14 @@ from a scheduler). In between, each phase writes its results to result.json and 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
+import sys
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -48,6 +51,37 @@ class RunContext:
         if hc.mode == RunMode.MULTIRUN or not OmegaConf.is_missing(hc.job, "num"):
             sweep = Path(hc.sweep.dir).name
         return cls(Path(hc.runtime.output_dir), list(hc.overrides.task), sweep, Path(hc.runtime.cwd))
+
+    @classmethod
+    def standalone(cls, run_dir: Path) -> RunContext:
+        """A job run with no Hydra (an exported train_gpt.py, speedrun.rerun): in ``run_dir``, with no command-line
+        overrides and no sweep, relative paths taken from the current directory."""
+        return cls(Path(run_dir), [], None, Path.cwd())
+
+
+@contextlib.contextmanager
+def standalone_logging(run_dir: Path) -> Iterator[None]:
+    """What conf/config.yaml's hydra.job_logging gives `python -m run`, for a job run without Hydra: INFO and up to
+    stdout and to <run dir>/run.log, each line "[HH:MM:SS] message". Ranks above 0 write no run.log (under Hydra
+    they write theirs to a private dir, speedrun.distributed.launch.worker_argv). The handlers go when it ends."""
+    root = logging.getLogger()
+    fmt = logging.Formatter("[%(asctime)s] %(message)s", datefmt="%H:%M:%S")
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stdout)]
+    if os.environ.get("RANK", "0") == "0":
+        run_dir.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(run_dir / "run.log"))
+    level = root.level
+    root.setLevel(logging.INFO)
+    for h in handlers:
+        h.setFormatter(fmt)
+        root.addHandler(h)
+    try:
+        yield
+    finally:
+        for h in handlers:
+            root.removeHandler(h)
+            h.close()
+        root.setLevel(level)
 
 
 def run_job(dict_cfg: DictConfig, ctx: RunContext | None = None) -> dict[str, Any]:

@@ -1,0 +1,135 @@
+"""``python -m speedrun.export``: finished runs -> a parameter-golf submission folder.
+
+    python -m speedrun.export outputs/runs/2026-11-26/17-22-18-954404_default --out submission
+    python -m speedrun.export <run seed 0> <run seed 1> <run seed 2> --out submission --name "My record"
+    python -m speedrun.export outputs/multirun/2026-11-26/10-00-00-000000_default --out submission   # a sweep's jobs
+
+The folder holds train_gpt.py (the runs' self-extracting file: `python train_gpt.py` or torchrun re-runs them),
+README.md, submission.json, requirements.txt and one log per seed (train_seed<seed>.log); several runs must be
+seeds of one config, and report their mean and std. A run that is not ok or whose artifact is over its cap is
+refused unless --force; so is an --out that exists and is not empty. The folder is built beside --out and renamed
+into place, so a failed export leaves nothing half written. docs/export.md has the whole workflow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from speedrun.export.folder import Submission, log_name
+from speedrun.export.runs import ExportError, Run, check_runs, expand, load_run
+from speedrun.finishing.artifact import WRAPPED_FILE
+from speedrun.records.store import write_json
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m speedrun.export",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
+    p.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help="run dirs, or a sweep dir (its jobs)")
+    p.add_argument("--out", type=Path, required=True, help="the submission folder to write")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="export runs that are not ok or over their cap, and replace a non-empty --out",
+    )
+    p.add_argument("--name", help="the submission's name (default: the runs' name)")
+    p.add_argument("--author", default="", help="submission.json's author")
+    p.add_argument("--github-id", default="", help="submission.json's github_id")
+    p.add_argument("--track", default="10min_16mb", help="parameter-golf track (default: 10min_16mb)")
+    p.add_argument("--summary", default="", help="submission.json's technique_summary (default: the settings)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        out = export(args)
+    except ExportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(out)
+    return 0
+
+
+def export(args: argparse.Namespace) -> str:
+    """Write the folder; returns the one line that says what was written."""
+    out: Path = args.out
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.force:
+        raise ExportError(f"{out} exists and is not empty; choose another --out, or pass --force to replace it")
+    runs = [load_run(p) for p in expand(list(args.runs))]
+    check_runs(runs, args.force)
+    sub = Submission(
+        runs,
+        wrapper_for(runs, args.force),
+        name=args.name or str(runs[0].config.get("name")),
+        author=args.author,
+        github_id=args.github_id,
+        track=args.track,
+        summary=args.summary,
+    )
+    write_folder(out, sub)
+    meta = sub.submission_json()
+    spread = f" ± {meta['val_bpb_std']:.6f}" if meta["val_bpb_std"] is not None else ""
+    return (
+        f"wrote {out}: {WRAPPED_FILE} ({meta['bytes_code']:,} bytes), README.md, submission.json, requirements.txt, "
+        f"{len(runs)} log(s); val_bpb {meta['val_bpb']:.6f}{spread} ({sub.bpb_key}), {meta['bytes_total']:,} bytes"
+    )
+
+
+def wrapper_for(runs: list[Run], force: bool) -> bytes:
+    """The first run's train_gpt.py; a raw-rule run wrote none, so one is built from the source here, which must be
+    the source that ran (its code_fingerprint) unless ``force``."""
+    first = runs[0]
+    if first.wrapper is not None:
+        return first.wrapper
+    from speedrun.finishing.wrap import CodeSource, build_wrapper
+    from speedrun.paths import REPO_ROOT
+    from speedrun.records.identity import code_fingerprint
+
+    recorded, here = first.result.get("code_fingerprint"), code_fingerprint(REPO_ROOT)
+    if recorded != here and not force:
+        raise ExportError(
+            f"{first.dir} counted its code raw and wrote no {WRAPPED_FILE}; the export would build one from the "
+            f"source here, which is not the source that ran (code_fingerprint {here}, the run's {recorded}): check "
+            f"out the run's commit {first.result.get('git_sha')}, or pass --force"
+        )
+    env = first.env()
+    versions = {"torch": str(first.result.get("torch_version")), "python": str(env.get("python"))}
+    here_code = CodeSource.snapshot()
+    return build_wrapper(CodeSource(here_code.files, first.config, {**here_code.versions, **versions}))[0]
+
+
+def write_folder(out: Path, sub: Submission) -> None:
+    """Every file into a temporary sibling of ``out``, then renamed into place (a replaced ``out`` goes last)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        (tmp / WRAPPED_FILE).write_bytes(sub.code)
+        (tmp / "README.md").write_text(sub.readme())
+        write_json(tmp / "submission.json", sub.submission_json())
+        (tmp / "requirements.txt").write_text(sub.requirements())
+        for run in sub.runs:
+            if run.log.is_file():
+                shutil.copyfile(run.log, tmp / log_name(run))
+        os.chmod(tmp, 0o755)  # mkdtemp's 0700 is for while it is half written
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            os.replace(out, old)
+            os.replace(tmp, out)
+            if old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                old.unlink()
+        else:
+            os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

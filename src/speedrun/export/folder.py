@@ -1,0 +1,268 @@
+"""The files of a submission folder, as parameter-golf's records lay them out: train_gpt.py (the self-extracting
+file), README.md (numbers, settings, card, command), submission.json (the fields the records carry), one log per
+seed and requirements.txt (what parameter-golf's image lacks).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from speedrun.export.runs import ExportError, Run
+from speedrun.finishing.artifact import MANIFEST, WRAPPED_FILE
+from speedrun.stats import mean, std
+from speedrun.tables import format_table, mean_std_cell
+
+HEADLINES = (("val_bpb_ttt", "val_loss_ttt"), ("val_bpb_quant", "val_loss_quant"), ("val_bpb", "val_loss"))
+"""The number a submission reports, best first: what the artifact earns after test-time training (when it scored
+every token), else the dequantized artifact's, else the trained model's."""
+
+REQUIREMENTS = {"omegaconf": "omegaconf>=2.3", "hydra": "hydra-core>=1.3.2"}
+"""What train_gpt.py imports that parameter-golf's requirements.txt (torch, numpy, sentencepiece, ...) lacks, pinned
+to the versions the run had when its env.json says (hydra-core rides along: speedrun's config package names it)."""
+COMPRESSOR_PACKAGES = {"brotli": "brotli>=1.1", "zstd": "zstandard>=0.22"}
+
+
+def headline(result: dict[str, Any]) -> tuple[str, str]:
+    """(bpb key, loss key) of the number this run's submission reports (HEADLINES)."""
+    for bpb, loss in HEADLINES:
+        if result.get(bpb) is not None and (bpb != "val_bpb_ttt" or result.get("ttt_complete")):
+            return bpb, loss
+    raise ExportError(f"{result.get('run_dir')}: no val_bpb recorded; export a finished run")
+
+
+@dataclass
+class Submission:
+    runs: list[Run]
+    code: bytes
+    """The train_gpt.py shipped (the first run's)."""
+    name: str
+    author: str = ""
+    github_id: str = ""
+    track: str = "10min_16mb"
+    summary: str = ""
+
+    def __post_init__(self) -> None:
+        self.bpb_key, self.loss_key = headline(self.runs[0].result)
+        self.date = time.strftime("%Y-%m-%d")
+
+    # -- numbers ------------------------------------------------------------------------------------------------
+    def values(self, key: str) -> list[float]:
+        return [float(r.result[key]) for r in self.runs if r.result.get(key) is not None]
+
+    def total(self, run: Run) -> int:
+        """The run's model bytes plus the shipped file's: the artifact as submitted."""
+        return int(run.result.get("artifact_model_bytes") or 0) + len(self.code)
+
+    def cap(self) -> int:
+        return int(self.runs[0].config.get("quant", {}).get("cap_bytes", 16_000_000))
+
+    def seed_results(self) -> dict[str, dict[str, Any]]:
+        out = {}
+        for run in self.runs:
+            r = run.result
+            out[str(run.seed)] = {
+                "val_bpb": r.get(self.bpb_key),
+                "val_loss": r.get(self.loss_key),
+                "val_bpb_prequant": r.get("val_bpb"),
+                "artifact_bytes": self.total(run),
+                "bytes_model": r.get("artifact_model_bytes"),
+                "steps": r.get("steps"),
+                "train_time_s": r.get("train_seconds"),
+                "eval_time_s": r.get("eval_seconds"),
+                "tokens_per_s": r.get("tokens_per_s"),
+            }
+        return out
+
+    def submission_json(self) -> dict[str, Any]:
+        first = self.runs[0].result
+        bpb, loss = self.values(self.bpb_key), self.values(self.loss_key)
+        steps = mean(self.values("steps"))
+        return {
+            "author": self.author,
+            "github_id": self.github_id,
+            "name": self.name,
+            "date": self.date,
+            "track": self.track,
+            "val_bpb": _round(mean(bpb)),
+            "val_bpb_std": _round(std(bpb)),
+            "val_loss": _round(mean(loss)),
+            "metric": self.bpb_key,
+            "bytes_total": max(self.total(run) for run in self.runs),
+            "bytes_code": len(self.code),
+            "bytes_model": max(int(r.result.get("artifact_model_bytes") or 0) for r in self.runs),
+            "cap_bytes": self.cap(),
+            "steps": round(steps) if steps is not None else None,
+            "seeds": [run.seed for run in self.runs],
+            "seed_results": self.seed_results(),
+            "hardware": self.hardware(),
+            "pytorch_version": first.get("torch_version"),
+            "technique_summary": self.summary or self.settings_line(),
+            "speedrun": {
+                "code_rule": "wrapped",
+                "run_code_rule": first.get("artifact_code_rule"),
+                "git_sha": first.get("git_sha"),
+                "code_fingerprint": first.get("code_fingerprint"),
+                "eval_mode": first.get("eval_mode"),
+                "eval_fingerprint": first.get("eval_fingerprint"),
+                "run_dirs": [str(run.dir) for run in self.runs],
+            },
+        }
+
+    def hardware(self) -> str:
+        r = self.runs[0].result
+        return f"{r.get('world_size') or 1}x{r.get('device_name')}"
+
+    def settings_line(self) -> str:
+        r, c = self.runs[0].result, self.runs[0].config
+        quant = f"{r.get('quant')}+{r.get('compressor')}" if r.get("quant") else "no quantization"
+        ttt = f", TTT {c.get('ttt', {}).get('name')}" if r.get("val_bpb_ttt") is not None else ""
+        return (
+            f"speedrun {r.get('model')} ({_n(r.get('params'))} parameters, seq {r.get('seq_len')}), "
+            f"{_n(r.get('tokens_per_step'))} tokens/step, {r.get('precision')}, {r.get('attn_kernel')}, "
+            f"{quant}{ttt}, eval {r.get('eval_mode')}"
+        )
+
+    # -- texts --------------------------------------------------------------------------------------------------
+    def readme(self) -> str:
+        sub = self.submission_json()
+        n = len(self.runs)
+        spread = f"{n}-seed mean ± {sub['val_bpb_std']:.6f}" if n > 1 else "1 seed"
+        ok = all(self.total(run) <= self.cap() for run in self.runs)
+        rows = [
+            [
+                seed,
+                v["val_bpb"],
+                v["val_loss"],
+                v["val_bpb_prequant"],
+                v["steps"],
+                v["train_time_s"],
+                f"{v['artifact_bytes']:,}",
+            ]
+            for seed, v in sub["seed_results"].items()
+        ]
+        if n > 1:
+            rows.append(
+                [
+                    "mean ± std",
+                    mean_std_cell(sub["val_bpb"], sub["val_bpb_std"], "{:.6f}"),
+                    mean_std_cell(sub["val_loss"], std(self.values(self.loss_key)), "{:.6f}"),
+                    "",
+                    "",
+                    "",
+                    "",
+                ]
+            )
+        table = format_table(
+            ["seed", f"val_bpb ({self.bpb_key})", "val_loss", "val_bpb before export", "steps", "train s", "bytes"],
+            rows,
+        )
+        r = self.runs[0].result
+        world = int(r.get("world_size") or 1)
+        run_cmd = (
+            f"torchrun --standalone --nproc_per_node={world} {WRAPPED_FILE}" if world > 1 else f"python {WRAPPED_FILE}"
+        )
+        data = self.runs[0].config.get("data", {})
+        data_env = (
+            f"DATA_PATH=<{data.get('name')} shards> TOKENIZER_PATH=<their tokenizer .model> "
+            if data.get("path")
+            else "DATA_PATH=<the embedded corpus's dataset dir, built by `python -m run` in data.cache_dir> "
+        )
+        overrides = " ".join(self.runs[0].overrides())
+        card = f" (card table: {r['card']})" if r.get("card") else ""
+        raw = self.raw_code_bytes()
+        lines = [
+            f"# {self.name}",
+            "",
+            f"**val_bpb = {sub['val_bpb']:.6f}** ({spread}; `{self.bpb_key}`) | **{sub['bytes_total']:,} bytes** "
+            f"(code {sub['bytes_code']:,} + model {sub['bytes_model']:,}) | {sub['hardware']}",
+            "",
+            f"Exported by speedrun (`python -m speedrun.export`) on {self.date} from {n} run(s).",
+            "",
+            "## Results",
+            "",
+            table,
+            "",
+            f"Artifacts (code + model) {'all within' if ok else 'NOT all within'} the cap of {self.cap():,} bytes. "
+            f"`val_bpb` is `{self.bpb_key}`: "
+            + {
+                "val_bpb_ttt": "after score-first test-time training on the dequantized artifact.",
+                "val_bpb_quant": "the dequantized artifact, scored on the validation split.",
+                "val_bpb": "the trained model (no quantized artifact).",
+            }[self.bpb_key],
+            "",
+            "## Settings",
+            "",
+            f"- {self.settings_line()}",
+            f"- budget: {r.get('train_seconds')} s of training ({r.get('budget_end')} ended it), "
+            f"{_n(r.get('tokens'))} tokens in {r.get('steps')} steps",
+            f"- data: {data.get('name')} (vocab {data.get('vocab_size')}), {_n(r.get('eval_tokens'))} validation "
+            f"tokens scored (fingerprint {r.get('eval_fingerprint')})",
+            f"- made with: `python -m run {overrides}`" if overrides else "- made with: `python -m run`",
+            f"- the resolved config (every setting) is inside {WRAPPED_FILE}; speedrun `{r.get('git_sha')}`",
+            "",
+            "## Card",
+            "",
+            f"{sub['hardware']}{card}, "
+            f"torch {r.get('torch_version')}, precision {r.get('precision')}, attention {r.get('attn_kernel')}.",
+            "",
+            "## Command",
+            "",
+            "```bash",
+            "pip install -r requirements.txt",
+            f"{data_env}SEED=<seed> {run_cmd}",
+            "```",
+            "",
+            f"{WRAPPED_FILE} carries speedrun's code (minified) and the run's resolved config; it unpacks them into a "
+            "temporary directory, re-runs the run with DATA_PATH, TOKENIZER_PATH and SEED when set (the ranks from "
+            "torchrun), writes ./runs/ and prints the same result block. It refuses a torch of another major "
+            "version than the run's.",
+            "",
+            "## Code size",
+            "",
+            f"Code bytes are the length of {WRAPPED_FILE}: {len(self.code):,}"
+            + (f" (the same source counted raw: {raw:,} bytes)." if raw else "."),
+            "",
+            "## Files",
+            "",
+            f"- `{WRAPPED_FILE}`: the self-extracting run",
+            "- `submission.json`: the numbers above, per seed",
+            "- `requirements.txt`: what parameter-golf's image lacks",
+            *[f"- `{log_name(run)}`: the run's log" for run in self.runs],
+            "",
+        ]
+        return "\n".join(lines)
+
+    def raw_code_bytes(self) -> int | None:
+        """The packed source's raw bytes, from the first run's artifact_code.json (None when it lacks them)."""
+        try:
+            files = json.loads((self.runs[0].dir / MANIFEST).read_text())["files"]
+            return sum(int(f["raw_bytes"]) for f in files)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def requirements(self) -> str:
+        env = self.runs[0].env()
+        lines = ["# speedrun's train_gpt.py needs these beyond parameter-golf's requirements.txt"]
+        for module, spec in REQUIREMENTS.items():
+            version = env.get(f"{module}_version")
+            lines.append(f"{spec.split('>=')[0]}=={version}" if version else spec)
+        compressor = self.runs[0].config.get("quant", {}).get("compressor")
+        if compressor in COMPRESSOR_PACKAGES and self.runs[0].config.get("quant", {}).get("name") != "off":
+            lines.append(COMPRESSOR_PACKAGES[compressor])
+        return "\n".join(lines) + "\n"
+
+
+def log_name(run: Run) -> str:
+    return f"train_seed{run.seed}.log"
+
+
+def _n(x: Any) -> str:
+    """A count with thousands separators; what a record lacks as "?"."""
+    return f"{x:,}" if isinstance(x, int) else "?" if x is None else str(x)
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 8)

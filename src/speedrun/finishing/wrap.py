@@ -1,0 +1,124 @@
+"""The self-extracting train_gpt.py: the run's code and resolved config in one file, as parameter-golf's records ship
+their code, so that artifact_code_bytes (the wrapped rule) is the length of a file that exists and runs.
+
+The file is a comment and three lines of Python:
+
+    import lzma as L,base64 as B
+    P="<payload>"
+    exec(L.decompress(B.b85decode(P),format=L.FORMAT_RAW,filters=[{"id":L.FILTER_LZMA2}]))
+
+(the payload on a line of its own, so that a traceback through the exec shows the short line, not 100 KB).
+
+The payload, decompressed, is a Python program: ``F`` = {path in the repository: text} (packed_files: the Python
+minified, the few conf/ files the resolver reads as they are), ``M`` = the meta as JSON text (the resolved config,
+the torch and speedrun versions), then BOOT, which writes F into a private temporary directory laid out as the
+repository (removed at exit), puts its src/ first on sys.path and calls ``speedrun.rerun.main(M, __file__)``.
+Only the standard library runs before that. ``read_wrapper`` takes a file apart again without running it (the
+export and the tests use it).
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import json
+import lzma
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from speedrun.finishing.artifact import CODE_FILES, CONF_READ, WRAPPED_ALSO
+from speedrun.paths import CONF_DIR, REPO_ROOT
+
+FORMAT = 1
+"""Bumped when the payload's layout changes; speedrun.rerun refuses a format it does not know."""
+
+HEADER = "# speedrun self-extracting run: `python train_gpt.py` (or torchrun) re-runs it; docs/export.md\n"
+OUTER = (
+    "import lzma as L,base64 as B\n"
+    'P="{payload}"\n'
+    'exec(L.decompress(B.b85decode(P),format=L.FORMAT_RAW,filters=[{{"id":L.FILTER_LZMA2}}]))\n'
+)
+# LZMA2 at its strongest preset; the decoder's default dictionary (8 MiB) covers any distance in a payload of a few
+# hundred KB, so the outer line need not spell the encoder's settings out.
+FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME}]
+
+# Runs before anything of speedrun's is importable: written small by hand, since every byte is counted. A private
+# directory per process (mkdtemp is 0700), so torchrun's ranks never share or race on one.
+BOOT = """import atexit,os,shutil,sys,tempfile
+d=tempfile.mkdtemp(prefix="speedrun-");atexit.register(shutil.rmtree,d,True);s=os.path.join(d,"src")
+for p,t in F.items():
+ q=os.path.join(d,p);os.makedirs(os.path.dirname(q),exist_ok=True)
+ with open(q,"w",encoding="utf-8")as f:f.write(t)
+sys.path.insert(0,s);os.environ["PYTHONPATH"]=os.pathsep.join(filter(None,(s,os.environ.get("PYTHONPATH"))))
+from speedrun.rerun import main
+main(M,__file__)
+"""
+
+
+def packed_files() -> tuple[str, ...]:
+    """What the file carries, as paths in the repository: src/ + CODE_FILES (as listed there, whatever gets added)
+    and WRAPPED_ALSO (the entry point and what it needs beyond them), then the conf/ files the resolver reads
+    (CONF_READ)."""
+    conf = sorted({p.relative_to(REPO_ROOT).as_posix() for pattern in CONF_READ for p in CONF_DIR.glob(pattern)})
+    return (*(f"src/{rel}" for rel in (*CODE_FILES, *WRAPPED_ALSO)), *conf)
+
+
+@dataclass(frozen=True)
+class CodeSource:
+    """The source a run's file is made from, read when the job starts (the code that ran, not what is on disk when
+    it ends), with the run's resolved config."""
+
+    files: dict[str, str]
+    config: dict[str, Any] | None = None
+    """The resolved config tree the file re-runs; None: a file that refuses to run (tests that only count)."""
+    versions: dict[str, str] = field(default_factory=dict)
+    """torch, python, speedrun: what the run had (speedrun.rerun checks torch's major version)."""
+
+    @classmethod
+    def snapshot(cls, config: dict[str, Any] | None = None) -> CodeSource:
+        import platform
+
+        import torch
+
+        import speedrun
+
+        files = {rel: (REPO_ROOT / rel).read_text(encoding="utf-8") for rel in packed_files()}
+        versions = {"torch": torch.__version__, "python": platform.python_version(), "speedrun": speedrun.__version__}
+        return cls(files, config, versions)
+
+
+def build_wrapper(code: CodeSource) -> tuple[bytes, dict[str, str]]:
+    """The self-extracting file's bytes, and the minified sources it carries ({path: minified source})."""
+    from speedrun.finishing.minify import minify_files
+
+    minified = minify_files(code.files)
+    meta = {"format": FORMAT, "config": code.config, "versions": code.versions}
+    payload = f"F={minified!r}\nM={json.dumps(meta, sort_keys=True, separators=(',', ':'))!r}\n{BOOT}"
+    blob = lzma.compress(payload.encode("utf-8"), format=lzma.FORMAT_RAW, filters=FILTERS)
+    text = HEADER + OUTER.format(payload=base64.b85encode(blob).decode("ascii"))
+    data = text.encode("ascii")
+    if unwrap_payload(data) != payload:  # the outer line decodes with the decoder's defaults: prove it, once per file
+        raise RuntimeError("the self-extracting file does not decode to its payload (speedrun.finishing.wrap)")
+    return data, minified
+
+
+def unwrap_payload(data: bytes) -> str:
+    """The payload program of a self-extracting file, decoded as the file decodes it (nothing is run)."""
+    match = re.search(rb'^P="([^"]*)"$', data, re.M)
+    if match is None:
+        raise ValueError('not a speedrun self-extracting file: no P="<payload>" line in it')
+    blob = base64.b85decode(match.group(1))
+    return lzma.decompress(blob, format=lzma.FORMAT_RAW, filters=[{"id": lzma.FILTER_LZMA2}]).decode("utf-8")
+
+
+def read_wrapper(data: bytes) -> tuple[dict[str, str], dict[str, Any]]:
+    """({path: minified source}, meta) of a self-extracting file, read without running it."""
+    values: dict[str, Any] = {}
+    for node in ast.parse(unwrap_payload(data)).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            if node.targets[0].id in ("F", "M"):
+                values[node.targets[0].id] = ast.literal_eval(node.value)
+    if set(values) != {"F", "M"}:
+        raise ValueError("not a speedrun self-extracting file: its payload lacks F (files) or M (meta)")
+    return values["F"], json.loads(values["M"])

@@ -1,0 +1,285 @@
+"""The self-extracting train_gpt.py and `python -m speedrun.export` (docs/export.md).
+
+The acceptance test (slow): a smoke run, its export, and the exported file run where speedrun is not installed,
+reaching the run's val_bpb to 1e-6 (CPU is deterministic) and counting itself as the run counted it. The rest are
+seconds: the file round-trips the sources, refuses another torch major, and the export refuses what must not be
+submitted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import run_cli
+from speedrun.export.cli import main as export_main
+from speedrun.finishing.wrap import CodeSource, build_wrapper, packed_files, read_wrapper
+
+SITE_PACKAGES = str(Path(torch.__file__).resolve().parents[1])
+"""torch's (and omegaconf's, numpy's, sentencepiece's) site-packages. With `python -S` and only this on PYTHONPATH,
+its .pth files are not read, so an editable install of speedrun (a .pth file) is not importable."""
+
+
+def bare_env(**extra: str) -> dict[str, str]:
+    """The environment of a machine with torch and the requirements but no speedrun."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return {**env, "PYTHONPATH": SITE_PACKAGES, "PYTHONUNBUFFERED": "1", **extra}
+
+
+@pytest.mark.slow
+def test_an_exported_run_reruns_where_speedrun_is_not_installed(tmp_path, data_cache):
+    from speedrun.data.prepare import embedded_dir
+
+    # 1. a smoke run; its train_gpt.py is what it counted
+    run_cwd = tmp_path / "run"
+    run_cwd.mkdir()
+    # a smoke run made shorter still (no warm-up step, 4 micro-batches a step): its numbers only have to repeat
+    smoke = ["debug=smoke", "budget.max_steps=2", "budget.warmup_steps=0", "budget.tokens_per_step=1024"]
+    smoke += ["eval.tokens=2048", f"data.cache_dir={data_cache}", "name=exp"]
+    proc = run_cli(smoke, cwd=run_cwd)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    (result_path,) = (run_cwd / "outputs" / "runs").glob("*/*/result.json")
+    result = json.loads(result_path.read_text())
+    assert result["artifact_code_rule"] == "wrapped"
+    assert result["artifact_code_bytes"] == (result_path.parent / "train_gpt.py").stat().st_size
+
+    # 2. the export
+    out = tmp_path / "X"
+    exported = subprocess.run(
+        [sys.executable, "-m", "speedrun.export", str(result_path.parent), "--out", str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert exported.returncode == 0, exported.stderr
+    assert sorted(p.name for p in out.iterdir()) == [
+        "README.md",
+        "requirements.txt",
+        "submission.json",
+        "train_gpt.py",
+        "train_seed0.log",
+    ]
+    assert result["artifact_code_bytes"] == os.path.getsize(out / "train_gpt.py")
+    submission = json.loads((out / "submission.json").read_text())
+    assert submission["bytes_code"] == result["artifact_code_bytes"] and submission["seeds"] == [0]
+    assert submission["val_bpb"] == result["val_bpb_quant"] and submission["metric"] == "val_bpb_quant"
+
+    # 3. a directory holding only the folder and the data, on a Python where speedrun is not importable
+    clean = tmp_path / "clean"
+    shutil.copytree(out, clean / "X")
+    shutil.copytree(embedded_dir(data_cache, 1024), clean / "data")
+    env = bare_env(DATA_PATH=str(clean / "data"))
+    no_speedrun = subprocess.run(
+        [sys.executable, "-S", "-c", "import speedrun"], cwd=clean, env=env, text=True, capture_output=True
+    )
+    if no_speedrun.returncode == 0:  # installed into site-packages itself, not editable (a .pth file): cannot hide it
+        pytest.skip("speedrun is installed into site-packages (not editable), so python -S cannot hide it")
+    assert "No module named 'speedrun'" in no_speedrun.stderr
+    rerun = subprocess.run(
+        [sys.executable, "-S", "X/train_gpt.py"], cwd=clean, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert rerun.returncode == 0, rerun.stderr[-3000:] + rerun.stdout[-3000:]
+    (again_path,) = (clean / "runs").glob("*/result.json")
+    again = json.loads(again_path.read_text())
+    assert again["status"] == "ok" and abs(again["val_bpb"] - result["val_bpb"]) <= 1e-6
+    assert again["val_bpb_quant"] == pytest.approx(result["val_bpb_quant"], abs=1e-6)
+    # the re-run counts the file that ran, byte for byte, and prints the result block
+    assert again["artifact_code_bytes"] == os.path.getsize(clean / "X" / "train_gpt.py")
+    assert (again_path.parent / "train_gpt.py").read_bytes() == (clean / "X" / "train_gpt.py").read_bytes()
+    assert re.search(r"^val_bpb:\s+\d+\.\d+\s*$", rerun.stdout, re.M) and (again_path.parent / "run.log").is_file()
+
+
+# ------------------------------------------------------------------------------------------------- the file
+
+
+def test_the_file_round_trips_the_sources_minified_and_they_compile():
+    from speedrun.finishing.minify import minify_files
+
+    code = CodeSource.snapshot({"seed": 3, "name": "x"})
+    data, minified = build_wrapper(code)
+    files, meta = read_wrapper(data)
+    assert list(files) == list(packed_files()) and files == minified == minify_files(code.files)  # byte-exact
+    for path, text in files.items():
+        if path.endswith(".py"):
+            compile(text, path, "exec")
+        else:  # the conf/ presets the resolver reads travel as they are
+            assert text == code.files[path]
+    assert meta["config"] == {"seed": 3, "name": "x"} and meta["versions"]["torch"] == torch.__version__
+    assert build_wrapper(code)[0] == data  # the same source makes the same bytes: the count is reproducible
+
+
+def test_the_file_refuses_another_torch_major(tmp_path):
+    from speedrun.rerun import Refusal, check_torch
+
+    check_torch("2.13.0+cpu", "2.5.1")
+    with pytest.raises(Refusal, match=r"torch 2\.13\.0.*torch 3\.0\.0.*pip install 'torch>=2,<3'"):
+        check_torch("2.13.0", "3.0.0")
+    with pytest.raises(Refusal, match="not installed"):
+        check_torch("2.13.0", None)
+    # the file itself: it stops before any work, with the line above
+    major = int(torch.__version__.split(".")[0])
+    data, _ = build_wrapper(CodeSource(CodeSource.snapshot().files, {"seed": 0}, {"torch": f"{major + 1}.0.0"}))
+    (tmp_path / "train_gpt.py").write_bytes(data)
+    proc = subprocess.run(
+        [sys.executable, "-S", "train_gpt.py"], cwd=tmp_path, env=bare_env(), capture_output=True, text=True
+    )
+    assert proc.returncode == 1 and f"pip install 'torch>={major + 1},<{major + 2}'" in proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_rerun_takes_parameter_golfs_environment(tmp_path):
+    from speedrun.rerun import Refusal, rerun_config
+
+    config = {
+        "seed": 0,
+        "name": "r",
+        "data": {"path": None, "tokenizer": None, "vocab_size": 8, "cache_dir": "nowhere"},
+    }
+    data = tmp_path / "shards"
+    data.mkdir()
+    (data / "tokenizer.model").write_bytes(b"")
+    env = {"DATA_PATH": str(data), "SEED": "42", "RANK": "0", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"}
+    tree = rerun_config(config, env, tmp_path / "train_gpt.py", tmp_path)
+    assert tree["data"]["path"] == str(data) and tree["data"]["tokenizer"] == str(data / "tokenizer.model")
+    assert tree["seed"] == 42 and (tree["dist"]["nproc"], tree["dist"]["nodes"]) == (8, 1)
+    assert tree["artifact"] == {"code_rule": "wrapped", "code_file": str(tmp_path / "train_gpt.py")}
+    assert tree["results_db"] == str(tmp_path / "runs" / "results.sqlite") and config["seed"] == 0
+    with pytest.raises(Refusal, match="needs TOKENIZER_PATH"):
+        rerun_config(config, {"DATA_PATH": str(tmp_path)}, tmp_path / "f", tmp_path)
+    with pytest.raises(Refusal, match="embedded corpus, which the file does not carry"):
+        rerun_config(config, {}, tmp_path / "f", tmp_path)
+    with pytest.raises(Refusal, match="torchrun --standalone --nproc_per_node=4"):
+        rerun_config({**config, "dist": {"nproc": 4, "nodes": 1}}, {"DATA_PATH": str(data)}, tmp_path / "f", tmp_path)
+
+
+# ----------------------------------------------------------------------------------------------- the export
+
+CONFIG = {
+    "name": "r",
+    "seed": 0,
+    "model": {"arch": "gpt", "n_layer": 2},
+    "optim": {"matrix_lr": 0.04},
+    "data": {"name": "embedded", "path": None, "vocab_size": 1024},
+    "quant": {"name": "int8", "compressor": "zlib", "cap_bytes": 16_000_000},
+    "sweep": None,
+}
+
+
+def fake_run(root: Path, seed: int, status: str = "ok", artifact_ok: bool = True, **config) -> Path:
+    """A finished run dir as the export reads it: result.json, run.log and a (tiny) train_gpt.py with its config."""
+    run = root / f"run{seed}"
+    run.mkdir(parents=True)
+    tree = {**CONFIG, "seed": seed, **config}
+    data, _ = build_wrapper(CodeSource({"src/speedrun/__init__.py": "X = 1\n"}, tree, {"torch": torch.__version__}))
+    (run / "train_gpt.py").write_bytes(data)
+    (run / "run.log").write_text(f"seed {seed}\n")
+    result = {
+        "status": status,
+        "error": None if status == "ok" else "RuntimeError: boom",
+        "seed": seed,
+        "val_bpb": 1.5,
+        "val_loss": 3.0,
+        "val_bpb_quant": 1.5 + seed / 100,
+        "val_loss_quant": 3.0 + seed / 100,
+        "artifact_model_bytes": 1000,
+        "artifact_bytes": 1000 + len(data),
+        "artifact_ok": artifact_ok,
+        "steps": 10,
+        "torch_version": torch.__version__,
+    }
+    (run / "result.json").write_text(json.dumps(result))
+    return run
+
+
+def export(args: list, capsys) -> tuple[int, str]:
+    code = export_main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def test_seeds_export_as_one_folder_with_mean_and_std(tmp_path, capsys):
+    runs = [fake_run(tmp_path, seed) for seed in (1, 2, 3)]
+    code, text = export([*runs, "--out", tmp_path / "X", "--name", "three"], capsys)
+    assert code == 0, text
+    sub = json.loads((tmp_path / "X" / "submission.json").read_text())
+    assert (
+        sub["seeds"] == [1, 2, 3]
+        and sub["val_bpb"] == pytest.approx(1.52)
+        and sub["val_bpb_std"] == pytest.approx(0.01)
+    )
+    assert sub["name"] == "three" and sub["bytes_code"] == (runs[0] / "train_gpt.py").stat().st_size
+    assert (tmp_path / "X" / "train_gpt.py").read_bytes() == (runs[0] / "train_gpt.py").read_bytes()
+    assert [(tmp_path / "X" / f"train_seed{s}.log").read_text() for s in (1, 2, 3)] == [
+        "seed 1\n",
+        "seed 2\n",
+        "seed 3\n",
+    ]
+    assert "1.520000" in (tmp_path / "X" / "README.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "kwargs, refusal",
+    [
+        ({"status": "failed"}, "status failed"),
+        ({"artifact_ok": False}, "over its cap"),
+    ],
+)
+def test_a_run_not_ok_or_over_its_cap_needs_force(tmp_path, capsys, kwargs, refusal):
+    run = fake_run(tmp_path, 0, **kwargs)
+    code, text = export([run, "--out", tmp_path / "X"], capsys)
+    assert code == 1 and refusal in text and "--force" in text and not (tmp_path / "X").exists()
+    code, text = export([run, "--out", tmp_path / "X", "--force"], capsys)
+    assert code == 0 and (tmp_path / "X" / "train_gpt.py").is_file()
+
+
+def test_runs_that_are_not_seeds_of_one_config_are_refused_naming_the_keys(tmp_path, capsys):
+    a = fake_run(tmp_path, 0)
+    b = fake_run(tmp_path, 1, optim={"matrix_lr": 0.05}, sweep="s1")  # the sweep id is bookkeeping
+    code, text = export([a, b, "--out", tmp_path / "X", "--force"], capsys)
+    assert code == 1 and "differ in optim.matrix_lr:" in text and "sweep" not in text.split("differ in")[1]
+    assert not (tmp_path / "X").exists()
+
+
+def test_an_existing_folder_is_replaced_only_with_force(tmp_path, capsys):
+    run = fake_run(tmp_path, 0)
+    out = tmp_path / "X"
+    out.mkdir()
+    (out / "old.txt").write_text("keep me")
+    code, text = export([run, "--out", out], capsys)
+    assert code == 1 and "exists and is not empty" in text and "--force" in text
+    assert (out / "old.txt").read_text() == "keep me"
+    code, text = export([run, "--out", out, "--force"], capsys)
+    assert code == 0 and not (out / "old.txt").exists() and (out / "submission.json").is_file()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".X.")]  # no temporary left beside it
+
+
+def test_a_raw_rule_run_is_wrapped_from_this_source_only_if_it_ran_it(tmp_path, capsys):
+    """A run counted raw wrote no train_gpt.py: the export builds one from the source here, refusing (unless
+    --force) when that is not the source that ran."""
+    from omegaconf import OmegaConf
+
+    from speedrun.paths import REPO_ROOT
+    from speedrun.records.identity import code_fingerprint
+
+    run = fake_run(tmp_path, 0)
+    (run / "train_gpt.py").unlink()
+    (run / ".hydra").mkdir()
+    OmegaConf.save(OmegaConf.create({**CONFIG, "artifact": {"code_rule": "raw"}}), run / ".hydra" / "config.yaml")
+    result = json.loads((run / "result.json").read_text())
+    (run / "result.json").write_text(json.dumps({**result, "code_fingerprint": "0123456789abcdef"}))
+    code, text = export([run, "--out", tmp_path / "X"], capsys)
+    assert code == 1 and "not the source that ran" in text and "--force" in text
+    (run / "result.json").write_text(json.dumps({**result, "code_fingerprint": code_fingerprint(REPO_ROOT)}))
+    code, text = export([run, "--out", tmp_path / "X"], capsys)
+    assert code == 0, text
+    files, meta = read_wrapper((tmp_path / "X" / "train_gpt.py").read_bytes())
+    assert list(files) == list(packed_files()) and meta["config"]["artifact"] == {"code_rule": "raw"}
