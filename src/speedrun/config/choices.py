@@ -67,6 +67,11 @@ class TTTName(Choice):
     lora = "lora"
 
 
+class TTTOptimizer(Choice):
+    adam = "adam"
+    sgd = "sgd"
+
+
 class QuantName(Choice):
     off = "off"
     int8 = "int8"
