@@ -276,3 +276,20 @@ def test_cuda_bf16_ttt_completes_and_agrees_with_cpu():
     gpu = run(m.cuda(), tokens, batch_size=4, device="cuda", autocast_dtype=torch.bfloat16, short_chunks="64:4")
     assert gpu.complete and gpu.tokens_scored == cpu.tokens_scored and gpu.bytes == cpu.bytes
     assert abs(gpu.val_loss - cpu.val_loss) < 0.1, (gpu.val_loss, cpu.val_loss)
+
+
+def test_the_record_recipe_runs_the_records_ttt(compose):
+    """experiment=pgolf_record sets the same TTT as ttt=record (only its time budget differs), and ttt=record
+    resolves with the record model's context."""
+    recipe = to_config(compose(["experiment=pgolf_record"])).ttt
+    option = to_config(compose(["ttt=record"])).ttt
+    assert dataclasses.replace(recipe, max_seconds=None) == option
+    assert (option.rank, option.alpha, option.targets, option.phased.phases, option.warm_start_a) == (
+        96,
+        144,
+        "record",
+        3,
+        True,
+    )
+    plan = resolve(to_config(compose(["experiment=pgolf_record"])), fake_device("h100"))
+    assert plan.ttt.batch_size == 64 and plan.ttt.phased.prefix_docs == 2000

@@ -65,6 +65,7 @@ class EvalName(Choice):
 class TTTName(Choice):
     off = "off"
     lora = "lora"
+    record = "record"
 
 
 class TTTOptimizer(Choice):

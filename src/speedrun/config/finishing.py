@@ -135,7 +135,8 @@ class PhasedTTTConfig:
 @dataclass
 class TTTConfig:
     name: TTTName = TTTName.off
-    """off, or lora: score-first test-time training at eval, per document, on the (dequantized) model."""
+    """off; lora: score-first LoRA test-time training at eval, per document, on the (dequantized) model; record:
+    the same with the 2026-04 records' settings (conf/ttt/record.yaml: their adapters and phased global TTT)."""
     rank: int = 8
     """LoRA rank of every adapter."""
     alpha: float | None = None
