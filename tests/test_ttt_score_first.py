@@ -187,3 +187,20 @@ def test_alpha_scales_the_delta_and_warm_start_keeps_a():
     assert all(torch.equal(d.A, a + 1.0) and not d.B.any() for d, a in zip(plain.deltas, drawn))
     plain.reset(keep_a=False)  # after a phase: the seeded draw again
     assert all(torch.equal(d.A, a) for d, a in zip(plain.deltas, drawn))
+
+
+# ---- CUDA (device machine) -------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_cuda_bf16_record_ttt_with_phases_agrees_with_cpu():
+    """The records' kind of TTT (warm A, head and bypass adapters, 2 global phases) under bf16 autocast on CUDA:
+    the same tokens, bytes and phases as on CPU in fp32, the score close."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    tokens = docs_stream(LENGTHS, seed=1)
+    cpu = ttt_evaluate(model(), tokens, luts(), CONFIGS["warm"], bos_id=BOS, seq_len=24)
+    gpu = ttt_evaluate(model().cuda(), tokens, luts(), CONFIGS["warm"], bos_id=BOS, seq_len=24, device="cuda",
+                       autocast_dtype=torch.bfloat16)  # fmt: skip
+    assert gpu.complete and (gpu.tokens_scored, gpu.bytes, gpu.phases_done) == (cpu.tokens_scored, cpu.bytes, 2)
+    assert abs(gpu.val_loss - cpu.val_loss) < 0.1, (gpu.val_loss, cpu.val_loss)

@@ -64,6 +64,7 @@ CODE_FILES: tuple[str, ...] = (
     "speedrun/finishing/minify.py",
     "speedrun/finishing/quantize.py",
     "speedrun/finishing/ttt.py",
+    "speedrun/finishing/ttt_docs.py",
     "speedrun/finishing/ttt_global.py",
     "speedrun/finishing/wrap.py",
     "speedrun/hardware/__init__.py",

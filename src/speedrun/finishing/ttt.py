@@ -16,11 +16,8 @@ last target, so no token attends across BOS and no score can depend on a later t
 chunk k have been trained on chunks 0..k-1 only, and a global phase trains only on documents already scored
 (tests/test_ttt_score_first.py changes one token at a time and checks every score made before it).
 
-Chunk size: ``ttt.chunk_size``, or for short documents the schedule ``ttt.short_chunks`` = "LEN:CHUNK,...":
-a document with at most LEN scored tokens uses CHUNK, the first LEN (ascending) that fits; longer documents
-use chunk_size. This is parameter-golf's TTT_SHORT_SCORE_FIRST_STEPS (PR #2014: "256:8,2000:24" with a
-default chunk of 48): a chunk *size* per document-length bucket, not a number of chunks; there the bucket is
-chosen by the longest document of a batch, here per document (batches never mix chunk sizes).
+Documents, their chunk sizes (``ttt.chunk_size``, ``ttt.short_chunks``) and the batches' order:
+speedrun.finishing.ttt_docs.
 
 Adapters (speedrun.finishing.lora): rank-r LoRA on what ``ttt.targets`` names, scaled by alpha / rank, one slot per
 document of a batch; Adam (AdamW) or SGD. Documents of a batch have independent adapters: the loss is a sum of
@@ -33,8 +30,8 @@ chunk 0 costs nothing extra (its adapters add exactly nothing, B = 0); every oth
 without grad.
 
 Budget: ``ttt.max_seconds`` is checked before every chunk step and every global step; when it is spent TTT stops
-there and reports what it scored (tokens_scored, fraction). Batches run in a seeded random order, so a partial run
-scores an unbiased sample of documents rather than the shortest or longest.
+there and reports what it scored (tokens_scored, fraction): an unbiased sample of documents, the batches running in
+a seeded random order.
 
 Ranks (``shard``, a speedrun.distributed.world.World): the shuffled batches are dealt round-robin, each rank adapts
 and scores its own, and the float64 sums are all-reduced; seconds is the slowest rank's. Without warm_start_a a
@@ -46,7 +43,6 @@ rank's model stays the same (ttt_global's module doc).
 from __future__ import annotations
 
 import math
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -58,29 +54,9 @@ from torch import nn
 from speedrun.config.specs import parse_short_chunks, parse_targets
 from speedrun.data.bpb import ByteLUTs, token_bytes
 from speedrun.finishing.lora import LoRAModel
+from speedrun.finishing.ttt_docs import chunk_size_for, document_batches, split_documents
 from speedrun.finishing.ttt_global import GlobalSettings, finetune, phase_schedule, row_width
 from speedrun.progress import Progress
-
-
-def chunk_size_for(n_targets: int, chunk_size: int, short_chunks: list[tuple[int, int]]) -> int:
-    """The chunk size of a document with n_targets scored tokens."""
-    for length, chunk in short_chunks:
-        if n_targets <= length:
-            return chunk
-    return chunk_size
-
-
-def split_documents(tokens: torch.Tensor, bos_id: int) -> list[tuple[int, int]]:
-    """(start, n_targets) per document of a 1-D stream: a document starts at a BOS (or at 0 for a leading
-    fragment) and owns the targets start+1 .. next BOS (inclusive; the stream's end for the last one)."""
-    n = tokens.numel()
-    starts = (tokens == bos_id).nonzero().flatten().tolist()
-    if not starts or starts[0] != 0:
-        starts = [0] + starts
-    ends = starts[1:] + [n - 1]
-    docs = [(s, e - s) for s, e in zip(starts, ends) if e > s]
-    assert sum(d[1] for d in docs) == n - 1
-    return docs
 
 
 class ScoredChunk(NamedTuple):
@@ -190,7 +166,7 @@ def ttt_evaluate(
     t0 = time.perf_counter()
     deadline = None if s.max_seconds is None else t0 + s.max_seconds
     docs = split_documents(val_tokens, bos_id)
-    batches = _batches(docs, s.chunk_size, steps, s.batch_size, s.seed)
+    batches = document_batches(docs, s.chunk_size, steps, s.batch_size, s.seed)
     phases = phase_schedule([len(b) for b in batches], s.phased)
     last_phase = max(phases, default=-1)
     rank, world = (shard.rank, shard.world_size) if shard is not None else (0, 1)
@@ -295,27 +271,6 @@ def ttt_evaluate(
         global_tokens=glob.tokens,
         global_seconds=glob.seconds,
     )
-
-
-def _batches(
-    docs: list[tuple[int, int]], chunk_size: int, steps: list[tuple[int, int]], batch_size: int, seed: int
-) -> list[list[int]]:
-    """Document indices per batch, in the order they are scored: documents of similar length side by side (one
-    chunk size per batch), the batches in a seeded random order."""
-    order = sorted(range(len(docs)), key=lambda i: docs[i][1])
-    batches: list[list[int]] = []
-    for i in order:
-        c = chunk_size_for(docs[i][1], chunk_size, steps)
-        if (
-            batches
-            and len(batches[-1]) < batch_size
-            and chunk_size_for(docs[batches[-1][0]][1], chunk_size, steps) == c
-        ):
-            batches[-1].append(i)
-        else:
-            batches.append([i])
-    random.Random(seed).shuffle(batches)
-    return batches
 
 
 class _Sums:
