@@ -34,8 +34,8 @@ the same tokens; the report and sweep summary compare only those.
 On several ranks (``world``): every score is split over the ranks and all-reduced (speedrun.finishing.evaluate), so it
 equals a one-rank score of the same weights; the export (Hessians, GPTQ, compression) runs on rank 0 alone, with
 the one-rank calibration stream, and its artifact is broadcast, so every rank scores the same dequantized
-weights; TTT deals its document batches over the ranks (each batch is independent: fresh adapters per batch), and its global
-phases run on every rank with averaged gradients.
+weights; TTT deals its document batches over the ranks (each batch is independent: fresh adapters per batch), and
+its global phases run on every rank with averaged gradients.
 """
 
 from __future__ import annotations
