@@ -3,6 +3,8 @@ the stride is the window, and document isolation goes through the backend's docu
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from speedrun.config import to_config
 from speedrun.data.bpb import ByteLUTs
 from speedrun.errors import ConfigError
 from speedrun.finishing.evaluate import document_mask, evaluate, evaluate_sliding, run_eval, sliding_windows
+from speedrun.finishing.finalize import eval_fingerprint
 from speedrun.model.attention import get_backend
 from speedrun.model.gpt import GPT
 from speedrun.model.shape import ModelShape
@@ -179,3 +182,60 @@ def test_cuda_document_isolated_sliding_eval_flex_matches_math():
             )
     assert results["flex"].tokens == results["math"].tokens == 4 * 128
     assert abs(results["flex"].val_loss - results["math"].val_loss) < 2e-2
+
+
+# ---- eval.max_seconds ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["standard", "sliding"])
+def test_a_time_budget_stops_after_the_batch_that_spends_it_and_says_so(monkeypatch, mode):
+    """Each batch costs one second of a fake clock and 'scores' its targets' positions: with 2.5 s the pass stops
+    after its third batch, and the sums are those of targets 1..tokens exactly (a prefix, each once)."""
+    import speedrun.finishing.evaluate as E
+
+    clock = [0.0]
+    monkeypatch.setattr(E, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    def forward(x, y):
+        clock[0] += 1.0
+        return y.double()
+
+    n = 403
+    tokens = torch.arange(n)
+    ones = ByteLUTs(
+        torch.ones(n, dtype=torch.int16), torch.zeros(n, dtype=torch.bool), torch.zeros(n, dtype=torch.bool)
+    )
+    kw = dict(seq_len=32, stride=12 if mode == "sliding" else None, batch_size=2, device="cpu", autocast_dtype=None)
+    cut = run_eval(mode, forward, tokens, ones, max_seconds=2.5, **kw)
+    windows = sliding_windows(n - 1, 32, 12)[:6] if mode == "sliding" else [(0, 0)] * 6
+    m = sum(32 - score_from for _, score_from in windows)  # 3 batches of 2 windows
+    assert (cut.tokens, cut.bytes, cut.complete) == (m, m, False) and round(cut.val_loss * m) == m * (m + 1) // 2
+    full = run_eval(mode, forward, tokens, ones, **kw)
+    assert cut.tokens_total == full.tokens_total == full.tokens and full.complete
+    assert run_eval(mode, forward, tokens, ones, max_seconds=1e6, **kw) == full  # a budget never spent: the same
+
+
+def test_a_partial_eval_is_visible_in_the_record_and_the_result_block(compose, tmp_path):
+    from speedrun.finishing.finalize import evaluate_and_export
+    from speedrun.records.result_block import format_result_block
+
+    cfg = to_config(
+        compose(
+            [
+                *("hardware=cpu", "model=tiny", "model.n_layer=2", "model.d_model=32", "model.seq_len=32"),
+                *("data.vocab_size=64", "hardware.micro_batch=2", "budget.tokens_per_step=64", "quant=off"),
+                "eval.max_seconds=1e-9",
+            ]
+        )
+    )
+    plan = resolve(cfg, fake_device("cpu"))
+    model = tiny_model()
+    data = types.SimpleNamespace(val_tokens=stream(6 * 32 + 1), luts=luts_for(64), bos_id=0)
+    lines: list[str] = []
+    out = evaluate_and_export(plan, model, lambda x, y: model(x, y, reduction="none"), data, tmp_path, lines.append)
+    assert out["eval_complete"] is False and out["val_tokens_scored"] == out["eval_tokens"] == 2 * 32
+    assert out["val_tokens_total"] == 6 * 32 and out["eval_tokens_per_s"] > 0 and out["eval_recompiles"] == 0
+    assert out["eval_fingerprint"] == eval_fingerprint(data.val_tokens[: 2 * 32 + 1])  # of what was scored
+    assert any("PARTIAL" in line for line in lines)
+    block = dict(line.split(":", 1) for line in format_result_block(out).splitlines())
+    assert block["eval_complete"].strip() == "False"

@@ -73,22 +73,22 @@ def test_changing_later_chunks_never_changes_earlier_scores():
     m = model()
     lengths = [61, 45, 70]  # documents 0 and 2 share a batch of 2 (sorted by length: [45], [61, 70] -> 2 batches)
     tokens = docs_stream(lengths)
-    base = {(d, k): (nats, n) for d, k, nats, n in run(m, tokens, batch_size=2).chunks}
+    base = {(c.doc, c.chunk): (c.nats, c.tokens) for c in run(m, tokens, batch_size=2).chunks}
     starts = [0, 61, 106]
     doc, k = 2, 3  # change document 2 from chunk 4 on: its targets 33.. are tokens starts[2] + 33 ..
     changed = tokens.clone()
     lo, hi = starts[doc] + (k + 1) * 8 + 1, starts[doc] + lengths[doc]
     changed[lo:hi] = (changed[lo:hi] + 7) % 63 + 1  # never BOS: same documents
-    after = {(d, c): (nats, n) for d, c, nats, n in run(m, changed, batch_size=2).chunks}
+    after = {(c.doc, c.chunk): (c.nats, c.tokens) for c in run(m, changed, batch_size=2).chunks}
     assert set(after) == set(base)
     for (d, c), score in base.items():
         if d != doc or c <= k:
             assert after[(d, c)] == score, (d, c)
     assert any(after[(doc, c)] != base[(doc, c)] for c in range(k + 1, 9))
     # score before update: every document's first chunk is scored before any step, so it is the base model's
-    frozen = {(d, c): score for d, c, *score in run(m, tokens, batch_size=2, lr=0.0).chunks}
+    frozen = {(c.doc, c.chunk): (c.nats, c.tokens) for c in run(m, tokens, batch_size=2, lr=0.0).chunks}
     for d in range(3):
-        assert tuple(frozen[(d, 0)]) == base[(d, 0)] and tuple(frozen[(d, 1)]) != base[(d, 1)]
+        assert frozen[(d, 0)] == base[(d, 0)] and frozen[(d, 1)] != base[(d, 1)]
 
 
 def test_adapters_start_as_the_base_model_and_leave_it_untouched():
@@ -159,8 +159,8 @@ def test_short_document_chunk_schedule():
     # a short document gets more, smaller chunks: 3 documents x ceil(n / chunk) chunks
     res = run(model(), docs_stream([10, 30, 40]), short_chunks="12:2,32:4")
     per_doc = {}
-    for d, _c, _, n in res.chunks:
-        per_doc.setdefault(d, []).append(n)
+    for c in res.chunks:
+        per_doc.setdefault(c.doc, []).append(c.tokens)
     assert per_doc == {0: [2] * 5, 1: [4] * 7 + [2], 2: [8] * 4 + [7]}  # the last document ends at M
 
 
@@ -168,8 +168,8 @@ def test_targets_and_documents():
     assert parse_targets("all") == ("q", "k", "v", "o", "up", "down")
     assert parse_targets("no_qv") == ("k", "o", "up", "down")
     assert parse_targets("q, v,mlp") == ("q", "v", "up", "down")
-    with pytest.raises(ValueError, match="F.linear"):
-        parse_targets("q,head")
+    assert parse_targets("q,head,mlp_bypass") == ("q", "head", "mlp_bypass")
+    assert parse_targets("record") == ("q", "k", "v", "attn_bypass", "mlp_bypass", "head")
     with pytest.raises(ValueError, match="unknown target"):
         parse_targets("q,x")
     assert split_documents(torch.tensor([0, 5, 6, 0, 7, 0, 8]), 0) == [(0, 3), (3, 2), (5, 1)]
@@ -187,7 +187,15 @@ def plan_for(compose, *overrides):
     [
         (["ttt=lora", "ttt.short_chunks=256-8"], "LEN:CHUNK"),
         (["ttt=lora", "model=tiny", "ttt.chunk_size=300"], "model.seq_len=256"),
-        (["ttt=lora", "ttt.targets=head"], "F.linear"),
+        (["ttt=lora", "ttt.targets=lm"], "unknown target 'lm'"),
+        (["ttt=lora", "ttt.momentum=0.9"], "ttt.optimizer=sgd"),
+        (["ttt=lora", "ttt.optimizer=sgd", "ttt.momentum=1.0"], "ttt.momentum=0.9"),
+        (["ttt=lora", "ttt.alpha=0"], "ttt.alpha=144"),
+        (["ttt=lora", "ttt.beta2=1.0"], "0.999"),
+        (["ttt.phased.phases=3"], "add ttt=lora"),
+        (["ttt=lora", "ttt.phased.phases=3", "ttt.phased.prefix_docs=2"], "ttt.phased.prefix_docs=2000"),
+        (["ttt=lora", "ttt.phased.phases=1", "ttt.phased.momentum=1"], "ttt.phased.momentum"),
+        (["ttt=lora", "ttt.phased.phases=1", "ttt.phased.batch_seqs=0"], "32768, 32 and 1"),
         (["ttt=lora", "ttt.rank=0"], "ttt.rank"),
         (["ttt=lora", "ttt.max_seconds=0"], "ttt.max_seconds"),
     ],
@@ -268,3 +276,20 @@ def test_cuda_bf16_ttt_completes_and_agrees_with_cpu():
     gpu = run(m.cuda(), tokens, batch_size=4, device="cuda", autocast_dtype=torch.bfloat16, short_chunks="64:4")
     assert gpu.complete and gpu.tokens_scored == cpu.tokens_scored and gpu.bytes == cpu.bytes
     assert abs(gpu.val_loss - cpu.val_loss) < 0.1, (gpu.val_loss, cpu.val_loss)
+
+
+def test_the_record_recipe_runs_the_records_ttt(compose):
+    """experiment=pgolf_record sets the same TTT as ttt=record (only its time budget differs), and ttt=record
+    resolves with the record model's context."""
+    recipe = to_config(compose(["experiment=pgolf_record"])).ttt
+    option = to_config(compose(["ttt=record"])).ttt
+    assert dataclasses.replace(recipe, max_seconds=None) == option
+    assert (option.rank, option.alpha, option.targets, option.phased.phases, option.warm_start_a) == (
+        96,
+        144,
+        "record",
+        3,
+        True,
+    )
+    plan = resolve(to_config(compose(["experiment=pgolf_record"])), fake_device("h100"))
+    assert plan.ttt.batch_size == 64 and plan.ttt.phased.prefix_docs == 2000

@@ -24,7 +24,7 @@ from speedrun.config.artifact import ArtifactConfig, CodeRule
 from speedrun.config.checkpointing import CheckpointConfig
 from speedrun.config.choices import *  # noqa: F403 - the Enums are part of the schema's public names
 from speedrun.config.distributed import DistConfig
-from speedrun.config.finishing import EvalConfig, LoggerConfig, QuantConfig, TTTConfig
+from speedrun.config.finishing import EvalConfig, LoggerConfig, PhasedTTTConfig, QuantConfig, TTTConfig
 from speedrun.config.kernel import KernelConfig
 from speedrun.config.model import ModelConfig
 from speedrun.config.training import (
@@ -59,6 +59,7 @@ __all__ = [
     "LoggerConfig",
     "ModelConfig",
     "OptimConfig",
+    "PhasedTTTConfig",
     "PrecisionConfig",
     "QuantConfig",
     "ScheduleConfig",

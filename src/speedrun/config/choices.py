@@ -65,6 +65,12 @@ class EvalName(Choice):
 class TTTName(Choice):
     off = "off"
     lora = "lora"
+    record = "record"
+
+
+class TTTOptimizer(Choice):
+    adam = "adam"
+    sgd = "sgd"
 
 
 class QuantName(Choice):

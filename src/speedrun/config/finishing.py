@@ -6,7 +6,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from speedrun.config.checkpointing import parse_batch
-from speedrun.config.choices import Compressor, EvalName, LoggerName, QuantName, TTTName, WandbMode, _require
+from speedrun.config.choices import (
+    Compressor,
+    EvalName,
+    LoggerName,
+    QuantName,
+    TTTName,
+    TTTOptimizer,
+    WandbMode,
+    _require,
+)
 from speedrun.config.specs import parse_count, parse_short_chunks, parse_targets
 
 
@@ -38,6 +47,12 @@ class EvalConfig:
     periodic_tokens: Any = 65536
     """Validation tokens each periodic evaluation scores (a fixed slice from the start of the val split); an
     integer, also written 6.5536e4 or 65_536 (typed Any, see parse_count)."""
+    max_seconds: float | None = None
+    """Wall-clock budget of each final scoring pass (val_bpb, and val_bpb_quant apart): when spent, the pass stops
+    after the batch in progress and scores what it covered, a prefix of the eval tokens, recorded as
+    val_tokens_scored of val_tokens_total with eval_complete false (eval_complete_quant for the round trip).
+    parameter-golf allows 600 s for a submission's whole evaluation. None: no limit. Periodic validation and TTT
+    (ttt.max_seconds) are not affected."""
 
     def __post_init__(self) -> None:
         self.batch_size = parse_batch(self.batch_size, f"eval.batch_size={self.batch_size}")
@@ -67,32 +82,100 @@ class EvalConfig:
                 "eval.stride is for eval=sliding; use eval=sliding eval.stride=N, or drop eval.stride",
             )
         _require(self.tokens is None or self.tokens >= 0, f"eval.tokens={self.tokens} must be >= 0 (0: all)")
+        _require(
+            self.max_seconds is None or self.max_seconds > 0,
+            f"eval.max_seconds={self.max_seconds} must be > 0; use null for no limit",
+        )
+
+
+@dataclass
+class PhasedTTTConfig:
+    """ttt.phased: phased global TTT, the records' PHASED_TTT_* / GLOBAL_TTT_* (speedrun.finishing.ttt_global).
+    The documents LoRA TTT scores first (``prefix_docs`` of them, in the order they are scored) are cut into
+    ``phases`` equal groups; when a group is scored, the model's own weights are fine-tuned with SGD on every
+    document scored so far, and the documents after it are scored (and LoRA-adapted) on the fine-tuned model."""
+
+    phases: int = 0
+    """Global fine-tunes (0: off; the records: 3). Needs ttt=lora."""
+    prefix_docs: int = 2000
+    """Documents, counted in the order TTT scores them, whose scoring the phases cut up: phase p fine-tunes on the
+    first prefix_docs x p / phases of them (every earlier phase's documents again). The records: 2000."""
+    lr: float = 1e-3
+    """SGD learning rate at the start of each phase; it follows a cosine to 0 over the phase's chunks."""
+    momentum: float = 0.9
+    """SGD momentum (0 <= momentum < 1); the momentum buffer starts at zero in every phase."""
+    chunk_tokens: int = 32768
+    """Tokens per chunk of a phase's documents: the unit of the cosine learning-rate schedule. A chunk holds whole
+    documents (at least one), so it can exceed this."""
+    batch_seqs: int = 32
+    """Rows per SGD step, over all ranks together (so the updates do not depend on the number of ranks). A row is
+    one document, or model.seq_len tokens of a longer one: no row crosses a document boundary."""
+    grad_clip: float = 1.0
+    """Clip the gradient's global norm to this before each step (0: off)."""
+    epochs: int = 1
+    """Passes over each chunk before the next."""
+
+    def __post_init__(self) -> None:
+        _require(self.phases >= 0, f"ttt.phased.phases={self.phases} must be >= 0 (0: off); use e.g. 3")
+        _require(
+            self.prefix_docs >= max(1, self.phases),
+            f"ttt.phased.prefix_docs={self.prefix_docs} must be >= ttt.phased.phases={self.phases} (each phase "
+            f"needs a document); use e.g. ttt.phased.prefix_docs=2000",
+        )
+        _require(self.lr > 0, f"ttt.phased.lr={self.lr} must be > 0; use e.g. ttt.phased.lr=0.001")
+        _require(0 <= self.momentum < 1, f"ttt.phased.momentum={self.momentum} must be in [0, 1); use e.g. 0.9")
+        _require(
+            self.chunk_tokens >= 1 and self.batch_seqs >= 1 and self.epochs >= 1,
+            f"ttt.phased.chunk_tokens ({self.chunk_tokens}), .batch_seqs ({self.batch_seqs}) and .epochs "
+            f"({self.epochs}) must be >= 1; the records use 32768, 32 and 1",
+        )
+        _require(self.grad_clip >= 0, f"ttt.phased.grad_clip={self.grad_clip} must be >= 0 (0: off)")
 
 
 @dataclass
 class TTTConfig:
     name: TTTName = TTTName.off
-    """off, or lora: score-first test-time training at eval, per document, on the (dequantized) model."""
+    """off; lora: score-first LoRA test-time training at eval, per document, on the (dequantized) model; record:
+    the same with the 2026-04 records' settings (conf/ttt/record.yaml: their adapters and phased global TTT)."""
     rank: int = 8
     """LoRA rank of every adapter."""
+    alpha: float | None = None
+    """LoRA scaling: every adapter's delta B A is multiplied by alpha / rank, so a change of rank keeps the
+    delta's scale. None: no scaling (x 1). The records: 144 at rank 96 (x 1.5)."""
     lr: float = 0.01
-    """Adam learning rate of the adapters."""
+    """Learning rate of the adapters."""
+    optimizer: TTTOptimizer = TTTOptimizer.adam
+    """adam (AdamW: ttt.beta1, ttt.beta2, ttt.eps, decoupled ttt.weight_decay) or sgd (ttt.momentum, and
+    ttt.weight_decay as SGD's own, added to the gradient)."""
     beta1: float = 0.9
-    """Adam beta1 of the adapters."""
+    """Adam beta1 of the adapters (the records: 0)."""
     beta2: float = 0.95
-    """Adam beta2 of the adapters."""
+    """Adam beta2 of the adapters (the records: 0.999)."""
+    eps: float = 1e-8
+    """Adam epsilon of the adapters (the records: 1e-10)."""
+    momentum: float | None = None
+    """ttt.optimizer=sgd: momentum (None: 0, plain SGD). Adam's is ttt.beta1."""
     weight_decay: float = 0.0
-    """AdamW (decoupled) weight decay of the adapters."""
+    """Weight decay of the adapters (the records: 1.0, with Adam)."""
+    warm_start_a: bool = False
+    """Keep each adapter's A as the previous batch of documents left it (B still starts at 0, so a document still
+    starts from the unadapted model, and the optimizer starts afresh): A accumulates directions over the documents
+    a rank adapts, and goes back to its seeded draw only after each ttt.phased phase, as the records'
+    TTT_WARM_START_A=1. false: A is the same seeded draw for every document, and a document's score depends on
+    nothing but itself. With true, a score depends on the documents the same rank adapted before it, so a run on
+    N ranks differs from one on one."""
     chunk_size: int = 256
     """Tokens per chunk: each chunk is scored, then the adapters take one step on it."""
     short_chunks: str = ""
     """Chunk sizes for short documents, "LEN:CHUNK,...", e.g. "256:8,2000:24": a document with at most LEN
     scored tokens uses CHUNK (first matching LEN in ascending order); longer ones use chunk_size. "" = off."""
     targets: str = "all"
-    """Block linears that get adapters: a preset (all, no_qv, qkvo, qv) or a comma list of q, k, v, o (attention),
-    up, down (MLP). The output head cannot: the GPT applies its weight with F.linear, not a module call."""
+    """What gets adapters: a preset (all, no_qv, qkvo, qv, record) or a comma list of q, k, v, o (attention), up,
+    down (MLP), attn_bypass, mlp_bypass (a low-rank path beside each whole attention or MLP) and head (the output
+    head, tied or untied)."""
     batch_size: int | None = None
-    """Documents adapted side by side (independent adapters). None: the eval batch size."""
+    """Documents adapted side by side (independent adapters): the records' TTT_BATCH_SIZE (64). None: the eval
+    batch size."""
     max_seconds: float | None = None
     """Wall-clock budget for TTT; when spent it stops after the current chunk and records what was scored
     (ttt_tokens_scored, ttt_fraction). None: no limit."""
@@ -100,6 +183,9 @@ class TTTConfig:
     """Also score every chunk unadapted, in the same pass and windows (val_bpb_ttt_base, so the gain is
     val_bpb_ttt_base - val_bpb_ttt): one more forward per chunk after a document's first, about +40% TTT time
     on CPU. false: skip it (val_bpb_ttt_base null)."""
+    phased: PhasedTTTConfig = field(default_factory=PhasedTTTConfig)
+    """Phased global TTT (ttt.phased.phases, .prefix_docs, .lr, ...): the model's own weights fine-tuned with SGD
+    on documents already scored; off by default (phases 0)."""
 
     def __post_init__(self) -> None:
         parse_targets(self.targets)
@@ -113,6 +199,31 @@ class TTTConfig:
         _require(
             self.max_seconds is None or self.max_seconds > 0,
             f"ttt.max_seconds={self.max_seconds} must be > 0; use null for no limit",
+        )
+        _require(
+            self.alpha is None or self.alpha > 0,
+            f"ttt.alpha={self.alpha} must be > 0; use null for no scaling, or e.g. ttt.alpha=144 at ttt.rank=96",
+        )
+        _require(
+            0 <= self.beta1 < 1 and 0 <= self.beta2 < 1 and self.eps > 0 and self.weight_decay >= 0,
+            f"ttt.beta1 ({self.beta1}) and ttt.beta2 ({self.beta2}) must be in [0, 1), ttt.eps ({self.eps}) > 0 and "
+            f"ttt.weight_decay ({self.weight_decay}) >= 0; the records use 0, 0.999, 1e-10 and 1.0",
+        )
+        if self.optimizer == TTTOptimizer.sgd:
+            _require(
+                self.momentum is None or 0 <= self.momentum < 1,
+                f"ttt.momentum={self.momentum} must be in [0, 1); use e.g. ttt.momentum=0.9",
+            )
+        else:
+            _require(
+                self.momentum is None,
+                f"ttt.momentum={self.momentum} is for ttt.optimizer=sgd; Adam's momentum is ttt.beta1 (set "
+                f"ttt.optimizer=sgd, or drop ttt.momentum)",
+            )
+        _require(
+            self.phased.phases == 0 or self.name != TTTName.off,
+            f"ttt.phased.phases={self.phased.phases} runs inside LoRA TTT; add ttt=lora (or ttt=record), or set "
+            f"ttt.phased.phases=0",
         )
 
     def chunk_sizes(self) -> list[int]:

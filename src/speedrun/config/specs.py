@@ -10,14 +10,19 @@ from typing import Any
 
 from speedrun.errors import ConfigError
 
-TTT_TARGETS = ("q", "k", "v", "o", "up", "down")
-"""Block linears that can carry a LoRA adapter: attention q, k, v, o (proj); MLP up (fc), down (proj)."""
+TTT_TARGETS = ("q", "k", "v", "o", "up", "down", "attn_bypass", "mlp_bypass", "head")
+"""What can carry a LoRA adapter: the block linears attention q, k, v, o (proj) and MLP up (fc), down (proj); a
+low-rank path beside a whole sublayer, from its input to its output (attn_bypass, mlp_bypass: what the 2026-04
+records call their o and MLP adapters); the output head (a delta on the logits, tied or untied)."""
 TTT_PRESETS = {
     "all": ("q", "k", "v", "o", "up", "down"),
     "no_qv": ("k", "o", "up", "down"),
     "qkvo": ("q", "k", "v", "o"),
     "qv": ("q", "v"),
+    "record": ("q", "k", "v", "attn_bypass", "mlp_bypass", "head"),
 }
+"""Named target sets. record: the adapters of parameter-golf's 2026-04-27/29 records (q, k, v on the projections,
+one beside each attention and each MLP, and the LM head)."""
 
 
 def parse_count(value: Any, key: str) -> int | None:
@@ -67,7 +72,7 @@ def parse_stages(spec: Any) -> list[tuple[int, float]]:
 
 
 def parse_targets(spec: str) -> tuple[str, ...]:
-    """A preset name or a comma list of q, k, v, o, up, down (``mlp`` = up,down) -> ordered target names."""
+    """A preset name or a comma list of TTT_TARGETS (``mlp`` = up,down) -> ordered target names."""
     spec = spec.strip()
     if spec in TTT_PRESETS:
         return TTT_PRESETS[spec]
@@ -75,11 +80,6 @@ def parse_targets(spec: str) -> tuple[str, ...]:
     for item in (s.strip() for s in spec.split(",")):
         expanded = ("up", "down") if item == "mlp" else (item,)
         for name in expanded:
-            if name == "head":
-                raise ConfigError(
-                    "ttt.targets: 'head' cannot get an adapter: the GPT computes logits with F.linear on the "
-                    "head's weight, not a module call; adapt the block linears (q, k, v, o, up, down)"
-                )
             if name not in TTT_TARGETS:
                 raise ConfigError(
                     f"ttt.targets={spec!r}: unknown target {name!r}; use a preset ({', '.join(TTT_PRESETS)}) or a "

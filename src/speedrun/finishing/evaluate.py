@@ -21,11 +21,18 @@ every batch's float64 nats and int64 bytes in that batch's slot of a vector (zer
 all-reduced: each slot has one non-zero term, so the sum is exact, and adding the slots in batch order on the host
 gives the same sums, bit for bit, as one rank scoring every batch (the batches, and so the kernels' shapes, are
 the same).
+
+A time budget (``max_seconds``, eval.max_seconds) is checked after each round of batches (one per rank) on rank 0's
+clock, so every rank stops after the same round: what was scored is then the first batches, targets 1..tokens of
+the stream, and the result says so (``tokens`` < ``tokens_total``, ``complete`` false). The check reads the host's
+clock, and a GPU may still be running the batches queued before it: the cut comes a batch or two late there.
+Without a budget nothing is checked and no collective is added.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -40,10 +47,17 @@ from speedrun.progress import Progress
 @dataclass(frozen=True)
 class EvalResult:
     val_loss: float
-    """Mean nats per token."""
+    """Mean nats per scored token."""
     val_bpb: float
     tokens: int
+    """Targets scored: 1..tokens of the stream (fewer than tokens_total when a time budget cut the pass short)."""
     bytes: int
+    tokens_total: int = 0
+    """Targets the whole pass covers."""
+
+    @property
+    def complete(self) -> bool:
+        return self.tokens == self.tokens_total
 
 
 @torch.no_grad()
@@ -58,12 +72,14 @@ def evaluate(
     autocast_dtype: torch.dtype | None,
     shard: Any = None,
     progress: Progress | None = None,
+    max_seconds: float | None = None,
 ) -> EvalResult:
     """Score non-overlapping windows of seq_len; ``forward(x, y)`` returns per-token nats of shape (B, T).
 
     Every token after the first is scored exactly once; sums are float64 so long evaluations do not drift.
     shard: split the batches over ranks (see the module doc); None scores them all here. progress: ticked after
     each batch with the tokens of the whole evaluation up to it (on several ranks, the ranks move in step).
+    max_seconds: stop after the round of batches that spends it (see the module doc).
     """
     n_windows = (val_tokens.numel() - 1) // seq_len
     if n_windows < 1:
@@ -72,7 +88,8 @@ def evaluate(
     starts = range(0, n_windows, batch_size)
     sums = _BatchSums(len(starts), device)
     sum_tokens = n_windows * seq_len
-    for i, start in _dealt(starts, shard):
+    deal = _Deal(starts, shard, max_seconds)
+    for i, start in deal:
         count = min(batch_size, n_windows - start)
         span = val_tokens[start * seq_len : (start + count) * seq_len + 1].to(device, non_blocking=True)
         x = span[:-1].view(count, seq_len)
@@ -87,11 +104,13 @@ def evaluate(
         if progress is not None:
             progress.tick((start + count) * seq_len, sum_tokens)
     total_nats, total_bytes, _ = sums.totals(shard)
+    scored = min(n_windows, deal.scored * batch_size) * seq_len  # the first deal.scored batches, on every rank
     return EvalResult(
-        val_loss=total_nats / sum_tokens,
+        val_loss=total_nats / scored,
         val_bpb=total_nats / math.log(2) / total_bytes,
-        tokens=sum_tokens,
+        tokens=scored,
         bytes=total_bytes,
+        tokens_total=sum_tokens,
     )
 
 
@@ -120,10 +139,29 @@ def sliding_windows(n_targets: int, seq_len: int, stride: int) -> list[tuple[int
     return windows
 
 
-def _dealt(batches: Any, shard: Any) -> list[tuple[int, Any]]:
-    """(index, batch) of the batches this rank scores: every world_size-th, from its rank (all on one rank)."""
-    rank, world = (shard.rank, shard.world_size) if shard is not None else (0, 1)
-    return [(i, b) for i, b in enumerate(batches) if i % world == rank]
+class _Deal:
+    """(index, batch) of the batches this rank scores: every world_size-th, from its rank (all on one rank). With
+    ``max_seconds``, after each round of world_size batches rank 0's clock says whether to go on; ``scored`` is
+    then the number of batches (of every rank) scored, the same on every rank."""
+
+    def __init__(self, batches: Any, shard: Any, max_seconds: float | None):
+        self.batches, self.shard = list(batches), shard
+        self.deadline = None if max_seconds is None else time.perf_counter() + max_seconds
+        self.scored = 0
+
+    def __iter__(self) -> Iterator[tuple[int, Any]]:
+        rank, world = (self.shard.rank, self.shard.world_size) if self.shard is not None else (0, 1)
+        n = len(self.batches)
+        for first in range(0, n, world):
+            if first + rank < n:
+                yield first + rank, self.batches[first + rank]
+            self.scored = min(n, first + world)
+            if self.deadline is not None and self.scored < n:
+                late = 1.0 if time.perf_counter() > self.deadline else 0.0
+                if self.shard is not None:
+                    late = self.shard.agree(late)  # every rank calls this once per round: no rank waits alone
+                if late:
+                    return
 
 
 class _BatchSums:
@@ -157,9 +195,10 @@ def evaluate_sliding(
     autocast_dtype: torch.dtype | None,
     shard: Any = None,
     progress: Progress | None = None,
+    max_seconds: float | None = None,
 ) -> EvalResult:
-    """Score every target once with windows of seq_len advancing by stride (see the module doc); ``progress`` as
-    in ``evaluate``."""
+    """Score every target once with windows of seq_len advancing by stride (see the module doc); ``progress`` and
+    ``max_seconds`` as in ``evaluate``."""
     n_targets = val_tokens.numel() - 1
     windows = sliding_windows(n_targets, seq_len, stride)
     T = min(seq_len, n_targets)
@@ -169,7 +208,8 @@ def evaluate_sliding(
     firsts = range(0, len(windows), batch_size)
     sums = _BatchSums(len(firsts), device)
     scored_through = _scored_through(windows, T, batch_size) if progress is not None else []
-    for i, first in _dealt(firsts, shard):
+    deal = _Deal(firsts, shard, max_seconds)
+    for i, first in deal:
         batch = windows[first : first + batch_size]
         starts = torch.tensor([w[0] for w in batch])
         score_from = torch.tensor([w[1] for w in batch], device=device)
@@ -187,12 +227,14 @@ def evaluate_sliding(
         if progress is not None:
             progress.tick(scored_through[i], n_targets)
     total_nats, total_bytes, total_tokens = sums.totals(shard)
-    assert total_tokens == n_targets, (total_tokens, n_targets)  # exactly once, by construction
+    if deal.scored == len(firsts):
+        assert total_tokens == n_targets, (total_tokens, n_targets)  # exactly once, by construction
     return EvalResult(
         val_loss=total_nats / total_tokens,
         val_bpb=total_nats / math.log(2) / total_bytes,
         tokens=total_tokens,
         bytes=total_bytes,
+        tokens_total=n_targets,
     )
 
 
@@ -219,9 +261,11 @@ def run_eval(
     autocast_dtype: torch.dtype | None,
     shard: Any = None,
     progress: Progress | None = None,
+    max_seconds: float | None = None,
 ) -> EvalResult:
     """The eval group's dispatch: ``standard`` or ``sliding`` (with ``stride``); ``shard`` splits it over ranks;
-    ``progress`` prints a throttled progress line (speedrun.training.dense_metrics.Progress)."""
+    ``progress`` prints a throttled progress line (speedrun.progress.Progress); ``max_seconds`` cuts it short after
+    the batch that spends it (the result's ``complete`` says whether it did)."""
     kwargs = dict(
         seq_len=seq_len,
         batch_size=batch_size,
@@ -229,6 +273,7 @@ def run_eval(
         autocast_dtype=autocast_dtype,
         shard=shard,
         progress=progress,
+        max_seconds=max_seconds,
     )
     if name == "standard":
         return evaluate(forward, val_tokens, luts, **kwargs)

@@ -4,8 +4,13 @@ Order and what each number measures (all on the same validation tokens and byte 
 
     val_bpb         the trained model, with the eval group's windows (standard or sliding)
     val_bpb_quant   the dequantized artifact, same windows          (quant != off)
-    val_bpb_ttt     score-first LoRA TTT on the dequantized model   (ttt != off; on the trained model if quant=off)
+    val_bpb_ttt     score-first LoRA TTT on the dequantized model   (ttt != off; on the trained model if quant=off),
+                    with ttt.phased the model itself fine-tuned on documents already scored
     val_bpb_ttt_base  the same TTT chunks and windows, unadapted    (ttt != off)
+
+eval.max_seconds bounds each of the first two passes: one cut short scores a prefix of the tokens, and says so
+(eval_complete / eval_complete_quant false, val_tokens_scored of val_tokens_total, a warning in the log); its
+fingerprint is of the tokens it scored, so the report never compares it with a complete pass.
 
 GPTQ (quant=int6) takes its Hessians from a fresh stream of *training* batches, never from validation data.
 
@@ -18,6 +23,10 @@ measured; ``on_phase(name)`` with no keys says a phase started. Within a phase, 
 print a progress line every 30 s (speedrun.progress.Progress, ticked after each batch, matrix, MB or TTT chunk), so
 a phase of minutes on a slow device is never silent.
 
+Throughput: eval_tokens_per_s (and _quant), ttt_tokens_per_s. eval_recompiles counts the graphs torch.compile built
+since finishing began (the compiled eval forward meeting a new shape or the document mask), as training's
+recompiles does for the timed loop.
+
 ``eval_fingerprint`` names the exact scored tokens: 16 hex digits of blake2b over the int32 ids of the validation
 tokens the windows cover (targets 1..eval_tokens and the context token 0). Runs with the same fingerprint scored
 the same tokens; the report and sweep summary compare only those.
@@ -25,11 +34,13 @@ the same tokens; the report and sweep summary compare only those.
 On several ranks (``world``): every score is split over the ranks and all-reduced (speedrun.finishing.evaluate), so it
 equals a one-rank score of the same weights; the export (Hessians, GPTQ, compression) runs on rank 0 alone, with
 the one-rank calibration stream, and its artifact is broadcast, so every rank scores the same dequantized
-weights; TTT deals its document batches over the ranks (each batch is independent: fresh adapters per batch).
+weights; TTT deals its document batches over the ranks (each batch is independent: fresh adapters per batch), and
+its global phases run on every rank with averaged gradients.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import time
@@ -108,12 +119,15 @@ class Finish:
         self.amp_dtype = autocast_dtype(plan)
         self.out: dict[str, Any] = {"eval_mode": plan.eval.label}
         self.t0 = time.perf_counter()
+        self.graphs0 = graphs_compiled()
 
-    def score(self, label: str) -> EvalResult:
-        """The model as it is now, over the eval slice with the eval group's windows (split over the ranks)."""
+    def score(self, label: str, suffix: str = "") -> tuple[EvalResult, dict[str, Any]]:
+        """The model as it is now, over the eval slice with the eval group's windows (split over the ranks), within
+        eval.max_seconds; and its keys: tokens scored, completeness, tokens per second (named with ``suffix``)."""
         plan, data = self.plan, self.data
+        t0 = time.perf_counter()
         with document_mask(self.model, data.bos_id if plan.eval.document_isolated else None):
-            return run_eval(
+            res = run_eval(
                 plan.eval.mode,
                 self.eval_forward,
                 data.val_tokens,
@@ -125,11 +139,28 @@ class Finish:
                 autocast_dtype=self.amp_dtype,
                 shard=self.world,
                 progress=Progress(label, self.log),
+                max_seconds=plan.eval.max_seconds,
             )
+        seconds = time.perf_counter() - t0
+        if not res.complete:
+            self.log(
+                f"WARNING {label}: eval.max_seconds={plan.eval.max_seconds:g} spent after {seconds:.1f} s: scored "
+                f"{res.tokens:,} of {res.tokens_total:,} tokens; this score is PARTIAL (eval_complete{suffix} false)"
+            )
+        keys = {
+            f"val_tokens_scored{suffix}": res.tokens,
+            f"eval_complete{suffix}": res.complete,
+            f"eval_tokens_per_s{suffix}": round(res.tokens / seconds, 1) if seconds > 0 else None,
+        }
+        return res, keys
 
     def done(self, phase: str, **keys: Any) -> None:
-        self.out.update(keys, eval_seconds=round(time.perf_counter() - self.t0, 3))
-        self.report(phase, {**keys, "eval_seconds": self.out["eval_seconds"]})
+        timing = {
+            "eval_seconds": round(time.perf_counter() - self.t0, 3),
+            "eval_recompiles": graphs_compiled() - self.graphs0,
+        }
+        self.out.update(keys, **timing)
+        self.report(phase, {**keys, **timing})
 
     def evaluate(self) -> None:
         """val_loss and val_bpb of the trained model (its EMA weights when ema.decay is set)."""
@@ -139,8 +170,9 @@ class Finish:
             self.log(
                 f"eval: scoring the weights' moving average (ema.decay {plan.ema.decay:g}), as export and TTT will"
             )
-        res = self.score("eval")
-        # both window layouts score targets 1..res.tokens of the stream: tokens 0..res.tokens are what was read
+        res, keys = self.score("eval")
+        # both window layouts score targets 1..res.tokens of the stream (a cut-short pass too: a prefix of them):
+        # tokens 0..res.tokens are what was read
         self.done(
             "eval",
             eval_mode=plan.eval.label,
@@ -150,10 +182,12 @@ class Finish:
             eval_bytes=res.bytes,
             eval_split="val",
             eval_fingerprint=eval_fingerprint(self.data.val_tokens[: res.tokens + 1]),
+            val_tokens_total=res.tokens_total,
+            **keys,
         )
         self.log(
             f"eval ({self.out['eval_mode']}): val_loss {res.val_loss:.4f}  val_bpb {res.val_bpb:.4f}  "
-            f"({res.tokens:,} tokens, {res.bytes:,} bytes)"
+            f"({res.tokens:,}{'' if res.complete else f' of {res.tokens_total:,}'} tokens, {res.bytes:,} bytes)"
         )
 
     def quantize(self) -> None:
@@ -176,11 +210,12 @@ class Finish:
         # the code's bytes by artifact.code_rule (wrapped: train_gpt.py written beside the model); artifact_code.json
         sizes = write_manifest(self.run_dir, len(artifact.blob), q.cap_bytes, plan.artifact, self.code)
         self.report("quant", sizes)  # the artifact exists: its size is a result even if its scoring never ends
-        qres = self.score("eval (quantized)")
+        qres, keys = self.score("eval (quantized)", "_quant")
         self.done(
             "quant",
             val_bpb_quant=round(qres.val_bpb, 6),
             val_loss_quant=round(qres.val_loss, 6),
+            **keys,
             **sizes,
             quant=str(q.name),
             compressor=str(q.compressor),
@@ -197,6 +232,13 @@ class Finish:
         """Score-first LoRA TTT on the model as it is now (the dequantized artifact when quant is on)."""
         self.report("ttt")
         self.done("ttt", **_ttt(self.plan, self.model, self.data, self.amp_dtype, self.log, self.world))
+
+
+def graphs_compiled() -> int:
+    """Graphs torch.compile has built in this process (what training's recompiles counts too)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def _export(plan: Plan, model: torch.nn.Module, data: Any, log: Callable[[str], None]) -> Artifact:
@@ -234,8 +276,10 @@ def _ttt(
     plan: Plan, model: torch.nn.Module, data: Any, autocast_dtype: Any, log: Callable[[str], None], world: Any = None
 ) -> dict[str, Any]:
     from speedrun.finishing.ttt import LoRASettings, ttt_evaluate
+    from speedrun.finishing.ttt_global import GlobalSettings
 
     t = plan.ttt
+    g = t.phased
     settings = LoRASettings(
         rank=t.rank,
         lr=t.lr,
@@ -249,6 +293,22 @@ def _ttt(
         max_seconds=t.max_seconds,
         seed=plan.seed,
         score_base=t.score_base,
+        alpha=t.alpha,
+        optimizer=str(t.optimizer),
+        eps=t.eps,
+        momentum=t.momentum,
+        warm_start_a=t.warm_start_a,
+        phased=GlobalSettings(
+            phases=g.phases,
+            prefix_docs=g.prefix_docs,
+            lr=g.lr,
+            momentum=g.momentum,
+            chunk_tokens=g.chunk_tokens,
+            batch_seqs=g.batch_seqs,
+            grad_clip=g.grad_clip,
+            epochs=g.epochs,
+            micro_rows=plan.micro_batch,  # a step's activations never exceed a training micro-step's
+        ),
     )
     res = ttt_evaluate(
         model,
@@ -272,11 +332,37 @@ def _ttt(
         ttt_fraction=round(res.fraction, 6),
         ttt_complete=res.complete,
         ttt_docs=res.docs_total,
+        ttt_tokens_per_s=None if res.tokens_per_s is None else round(res.tokens_per_s, 1),
+        **ttt_setting_keys(t),
+        ttt_phases_done=res.phases_done,
+        ttt_phased_steps=res.global_steps,
+        ttt_phased_tokens=res.global_tokens,
+        ttt_phased_seconds=round(res.global_seconds, 3),
     )
+    phased = f", {res.phases_done}/{g.phases} global phases in {res.global_seconds:.1f} s" if g.phases else ""
     log(
         f"ttt ({t.name}, rank {t.rank}, targets {t.targets}): val_bpb_ttt "
         f"{'n/a' if res.val_bpb is None else f'{res.val_bpb:.4f}'} (unadapted "
         f"{'n/a' if res.base_val_bpb is None else f'{res.base_val_bpb:.4f}'}) over {res.tokens_scored:,}/{res.tokens_total:,} "
-        f"tokens ({100 * res.fraction:.1f}%) of {res.docs_total:,} documents in {res.seconds:.1f} s"
+        f"tokens ({100 * res.fraction:.1f}%) of {res.docs_total:,} documents in {res.seconds:.1f} s{phased}"
     )
     return out
+
+
+def ttt_setting_keys(t: Any) -> dict[str, Any]:
+    """How TTT learnt, as flat ttt_* result keys (the phased knobs as ttt_phased_*), so the report can group runs by
+    them without reading the config."""
+    keys: dict[str, Any] = {
+        f"ttt_{name}": getattr(t, name)
+        for name in ("rank", "alpha", "lr", "beta1", "beta2", "eps", "momentum", "weight_decay")
+    }
+    keys.update(
+        ttt_optimizer=str(t.optimizer),
+        ttt_warm_start_a=t.warm_start_a,
+        ttt_targets=t.targets,
+        ttt_chunk_size=t.chunk_size,
+        ttt_short_chunks=t.short_chunks,
+        ttt_batch_size=t.batch_size,
+    )
+    keys.update((f"ttt_phased_{f.name}", getattr(t.phased, f.name)) for f in dataclasses.fields(t.phased))
+    return keys

@@ -1,146 +1,74 @@
 """Score-first test-time training (TTT): per-document LoRA adapters trained on the validation stream as it
-is scored, never on a token before that token has been scored.
+is scored, never on a token before that token has been scored; optionally, between batches, the model itself
+fine-tuned on documents already scored (phased global TTT, speedrun.finishing.ttt_global).
 
 For each document (BOS-delimited; document d owns the targets after its BOS up to and including the next BOS,
 so the documents' targets are exactly positions 1..M of the stream, as in the standard eval):
 
-    adapters <- fresh (B = 0, A = a fixed seeded init: the model starts as the base model)
+    adapters <- fresh (B = 0: the model starts as the unadapted model; A the seeded draw, or with
+                ttt.warm_start_a as the previous batch left it)
     for each chunk of the document's targets, in order:
         score the chunk with the current adapters   (adds to the val_bpb_ttt sums)
-        one Adam step on that chunk's mean loss      (skipped after the last chunk)
+        one optimizer step on that chunk's mean loss (skipped after the last chunk)
 
 A chunk is scored from a window of at most model.seq_len tokens of its own document that ends at the chunk's
 last target, so no token attends across BOS and no score can depend on a later token: the adapters that score
-chunk k have been trained on chunks 0..k-1 only (tests/test_ttt.py proves it by changing later tokens).
+chunk k have been trained on chunks 0..k-1 only, and a global phase trains only on documents already scored
+(tests/test_ttt_score_first.py changes one token at a time and checks every score made before it).
 
-Chunk size: ``ttt.chunk_size``, or for short documents the schedule ``ttt.short_chunks`` = "LEN:CHUNK,...":
-a document with at most LEN scored tokens uses CHUNK, the first LEN (ascending) that fits; longer documents
-use chunk_size. This is parameter-golf's TTT_SHORT_SCORE_FIRST_STEPS (PR #2014: "256:8,2000:24" with a
-default chunk of 48): a chunk *size* per document-length bucket, not a number of chunks; there the bucket is
-chosen by the longest document of a batch, here per document (batches never mix chunk sizes).
+Documents, their chunk sizes (``ttt.chunk_size``, ``ttt.short_chunks``) and the batches' order:
+speedrun.finishing.ttt_docs.
 
-Adapters: rank-r LoRA (delta W = B A, B zero-initialised) on the block linears named by ``ttt.targets``
-(q, k, v, o = attn.c_q/c_k/c_v/proj; up, down = mlp.fc/mlp.proj; presets all, no_qv, qkvo, qv). They are
-attached by swapping those nn.Linear modules in a deep copy of the model for wrappers, so model.py is not
-touched. The output head cannot get one: the GPT computes logits with F.linear on the head's weight rather
-than by calling a module. Documents of a batch have independent adapters (batched A, B); the loss is a sum of
-per-document terms and Adam is elementwise, so a document's adapter sees only its own gradients.
+Adapters (speedrun.finishing.lora): rank-r LoRA on what ``ttt.targets`` names, scaled by alpha / rank, one slot per
+document of a batch; Adam (AdamW) or SGD. Documents of a batch have independent adapters: the loss is a sum of
+per-document terms and both optimizers are elementwise, so a document's adapter sees only its own gradients.
 
-Baseline: every chunk is also scored by the base model with no adaptation, in the same pass and from the same
-window (``val_bpb_ttt_base``), so ``val_bpb_ttt_base - val_bpb_ttt`` is what adaptation bought, apart from what
-the document-local windows alone change against the plain eval. A chunk 0 costs nothing extra (its adapters are
-fresh, B = 0, so its adapted score is the base score); every later chunk costs one more forward without grad.
+Baseline: every chunk is also scored by the model passed in, with no adaptation and no global phase, in the same
+pass and from the same window (``val_bpb_ttt_base``), so ``val_bpb_ttt_base - val_bpb_ttt`` is what adaptation
+bought, apart from what the document-local windows alone change against the plain eval. Before any global phase a
+chunk 0 costs nothing extra (its adapters add exactly nothing, B = 0); every other chunk costs one more forward
+without grad.
 
-Budget: ``ttt.max_seconds`` is checked before every chunk step; when it is spent TTT stops there and reports
-what it scored (tokens_scored, fraction). Batches run in a seeded random order, so a partial run scores an
-unbiased sample of documents rather than the shortest or longest.
+Budget: ``ttt.max_seconds`` is checked before every chunk step and every global step; when it is spent TTT stops
+there and reports what it scored (tokens_scored, fraction): an unbiased sample of documents, the batches running in
+a seeded random order.
 
-Ranks (``shard``, a speedrun.distributed.world.World): the shuffled batches are dealt round-robin, each rank adapts and scores
-its own (a batch's result does not depend on the others': fresh adapters and optimizer per batch), under its own
-``max_seconds``, and the sums are all-reduced; seconds is the slowest rank's.
+Ranks (``shard``, a speedrun.distributed.world.World): the shuffled batches are dealt round-robin, each rank adapts
+and scores its own, and the float64 sums are all-reduced; seconds is the slowest rank's. Without warm_start_a a
+batch's result does not depend on the others' (fresh adapters and optimizer per batch), so the sums equal one
+rank's. Global phases run on every rank at once, at the same batch boundary, with their gradients averaged, so every
+rank's model stays the same (ttt_global's module doc).
 """
 
 from __future__ import annotations
 
-import copy
 import math
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
 from speedrun.config.specs import parse_short_chunks, parse_targets
 from speedrun.data.bpb import ByteLUTs, token_bytes
+from speedrun.finishing.lora import LoRAModel
+from speedrun.finishing.ttt_docs import chunk_size_for, document_batches, split_documents
+from speedrun.finishing.ttt_global import GlobalSettings, finetune, phase_schedule, row_width
 from speedrun.progress import Progress
 
-TARGETS = {
-    "q": ("attn", "c_q"),
-    "k": ("attn", "c_k"),
-    "v": ("attn", "c_v"),
-    "o": ("attn", "proj"),
-    "up": ("mlp", "fc"),
-    "down": ("mlp", "proj"),
-}
-"""Adapter target -> (submodule of a block, attribute): blocks.N.attn.c_q etc."""
 
+class ScoredChunk(NamedTuple):
+    """One document's chunk as it was scored (TTTResult.chunks, for tests)."""
 
-def chunk_size_for(n_targets: int, chunk_size: int, short_chunks: list[tuple[int, int]]) -> int:
-    """The chunk size of a document with n_targets scored tokens."""
-    for length, chunk in short_chunks:
-        if n_targets <= length:
-            return chunk
-    return chunk_size
-
-
-def split_documents(tokens: torch.Tensor, bos_id: int) -> list[tuple[int, int]]:
-    """(start, n_targets) per document of a 1-D stream: a document starts at a BOS (or at 0 for a leading
-    fragment) and owns the targets start+1 .. next BOS (inclusive; the stream's end for the last one)."""
-    n = tokens.numel()
-    starts = (tokens == bos_id).nonzero().flatten().tolist()
-    if not starts or starts[0] != 0:
-        starts = [0] + starts
-    ends = starts[1:] + [n - 1]
-    docs = [(s, e - s) for s, e in zip(starts, ends) if e > s]
-    assert sum(d[1] for d in docs) == n - 1
-    return docs
-
-
-class LoRALinear(nn.Module):
-    """A frozen nn.Linear plus one low-rank delta per batch row: y = base(x) + (x A^T) B^T, with A of shape
-    (slots, rank, in) and B (slots, out, rank): row i of a batch of b <= slots rows uses slot i."""
-
-    def __init__(self, base: nn.Linear, rows: int, rank: int):
-        super().__init__()
-        self.base = base
-        device = base.weight.device
-        self.A = nn.Parameter(torch.zeros(rows, rank, base.in_features, device=device))
-        self.B = nn.Parameter(torch.zeros(rows, base.out_features, rank, device=device))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.base(x)
-        A, B = self.A[: x.size(0)], self.B[: x.size(0)]
-        delta = torch.bmm(torch.bmm(x, A.transpose(1, 2).to(x.dtype)), B.transpose(1, 2).to(x.dtype))
-        return y + delta.to(y.dtype)
-
-
-class LoRAModel:
-    """A deep copy of the GPT, frozen, with LoRALinear in place of the targeted block linears."""
-
-    def __init__(self, model: nn.Module, targets: tuple[str, ...], rank: int, slots: int, seed: int):
-        # a model of the registry's contract (model/protocol.py): its blocks and their linears are looked up by name
-        self.model: Any = cast(Any, copy.deepcopy(model))
-        self.model.eval()  # our GPT has no dropout; eval() also keeps fp8 linears on their bf16 path
-        for p in self.model.parameters():
-            p.requires_grad_(False)
-        self.layers: list[LoRALinear] = []
-        for block in self.model.blocks:
-            for t in targets:
-                parent_name, attr = TARGETS[t]
-                parent = getattr(block, parent_name)
-                layer = LoRALinear(getattr(parent, attr), slots, rank)
-                setattr(parent, attr, layer)
-                self.layers.append(layer)
-        # One A init (kaiming-uniform, seeded) shared by every document, so a document's result does not depend
-        # on which batch or slot it lands in.
-        gen = torch.Generator().manual_seed(seed)
-        self.a_init = [
-            torch.empty(layer.A.shape[1:]).uniform_(-1, 1, generator=gen) / math.sqrt(layer.A.shape[2])
-            for layer in self.layers
-        ]
-
-    def parameters(self) -> list[nn.Parameter]:
-        return [p for layer in self.layers for p in (layer.A, layer.B)]
-
-    @torch.no_grad()
-    def reset(self) -> None:
-        """Fresh adapters for every slot: A = the shared init, B = 0 (the model is the base model again)."""
-        for layer, a in zip(self.layers, self.a_init):
-            layer.A.copy_(a.to(layer.A.device).expand_as(layer.A))
-            layer.B.zero_()
+    batch: int
+    """Position of the document's batch in the scoring order: (batch, chunk) orders the scoring, and the chunks
+    of one (batch, chunk) were scored in one forward."""
+    chunk: int
+    doc: int
+    nats: float
+    tokens: int
 
 
 @dataclass
@@ -159,17 +87,29 @@ class TTTResult:
     seconds: float
     complete: bool
     """False when ttt.max_seconds stopped it before every token was scored."""
-    chunks: list[tuple[int, int, float, int]] = field(default_factory=list)
-    """(document index, chunk index, sum of nats, tokens) per scored chunk, when asked for (tests)."""
+    chunks: list[ScoredChunk] = field(default_factory=list)
+    """Every scored chunk, in scoring order, when asked for (tests)."""
+    phases_done: int = 0
+    """Global phases that ran (ttt.phased)."""
+    global_steps: int = 0
+    global_tokens: int = 0
+    global_seconds: float = 0.0
+    """Time in the global fine-tunes (the slowest rank's), part of ``seconds``."""
 
     @property
     def fraction(self) -> float:
         return self.tokens_scored / self.tokens_total if self.tokens_total else 0.0
 
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Tokens scored per second of TTT (global phases included)."""
+        return self.tokens_scored / self.seconds if self.seconds > 0 else None
+
 
 @dataclass(frozen=True)
 class LoRASettings:
-    """How the adapters learn: what ``ttt.*`` resolves to (rank, learning rate, chunks, targets, optimizer)."""
+    """How the adapters learn: what ``ttt.*`` resolves to (speedrun.config.finishing.TTTConfig has each knob's
+    meaning)."""
 
     rank: int
     lr: float
@@ -187,6 +127,16 @@ class LoRASettings:
     seed: int = 0
     score_base: bool = True
     """Also score each chunk with the unadapted model (base_val_loss, base_val_bpb)."""
+    alpha: float | None = None
+    """LoRA scaling alpha / rank; None: 1."""
+    optimizer: str = "adam"
+    """adam (AdamW with beta1, beta2, eps, weight_decay) or sgd (momentum, weight_decay)."""
+    eps: float = 1e-8
+    momentum: float | None = None
+    warm_start_a: bool = False
+    """Keep A from one batch to the next (B still starts at 0); A goes back to its draw after a global phase."""
+    phased: GlobalSettings = GlobalSettings()
+    """Phased global TTT (speedrun.finishing.ttt_global); off by default."""
 
 
 def ttt_evaluate(
@@ -206,84 +156,103 @@ def ttt_evaluate(
     """Score val_tokens with score-first LoRA TTT (see the module doc), learning as ``settings`` say. ``model`` is
     not modified. ``log`` also gets a progress line at most every 30 s (this rank's tokens scored of its share);
     ``shard`` (a World) splits the documents over the ranks."""
-    rank, lr, chunk_size, short_chunks, targets = (
-        settings.rank,
-        settings.lr,
-        settings.chunk_size,
-        settings.short_chunks,
-        settings.targets,
-    )
-    batch_size, beta1, beta2, weight_decay = settings.batch_size, settings.beta1, settings.beta2, settings.weight_decay
-    max_seconds, seed, score_base = settings.max_seconds, settings.seed, settings.score_base
-    steps = parse_short_chunks(short_chunks)
-    target_names = parse_targets(targets)
-    for size in [chunk_size] + [c for _, c in steps]:
+    s = settings
+    steps = parse_short_chunks(s.short_chunks)
+    for size in [s.chunk_size] + [c for _, c in steps]:
         if not 1 <= size <= seq_len:
             raise ValueError(f"TTT chunk sizes must be in [1, seq_len={seq_len}], got {size}")
-    if batch_size < 1:
-        raise ValueError(f"ttt.batch_size must be >= 1, got {batch_size}")
+    if s.batch_size < 1:
+        raise ValueError(f"ttt.batch_size must be >= 1, got {s.batch_size}")
     t0 = time.perf_counter()
+    deadline = None if s.max_seconds is None else t0 + s.max_seconds
     docs = split_documents(val_tokens, bos_id)
-    order = sorted(range(len(docs)), key=lambda i: docs[i][1])  # similar lengths side by side
-    batches: list[list[int]] = []
-    for i in order:
-        c = chunk_size_for(docs[i][1], chunk_size, steps)
-        if (
-            batches
-            and len(batches[-1]) < batch_size
-            and chunk_size_for(docs[batches[-1][0]][1], chunk_size, steps) == c
-        ):
-            batches[-1].append(i)
-        else:
-            batches.append([i])
-    random.Random(seed).shuffle(batches)
-    if shard is not None:
-        batches = batches[shard.rank :: shard.world_size]
-    share = sum(docs[i][1] for batch in batches for i in batch)
+    batches = document_batches(docs, s.chunk_size, steps, s.batch_size, s.seed)
+    phases = phase_schedule([len(b) for b in batches], s.phased)
+    last_phase = max(phases, default=-1)
+    rank, world = (shard.rank, shard.world_size) if shard is not None else (0, 1)
+    share = sum(docs[i][1] for b, batch in enumerate(batches) if b % world == rank for i in batch)
     progress = Progress("ttt", log) if log is not None else None
 
-    lora = LoRAModel(model, target_names, rank, min(batch_size, len(docs)), seed)
+    scale = 1.0 if s.alpha is None else s.alpha / s.rank
+    lora = LoRAModel(model, parse_targets(s.targets), s.rank, min(s.batch_size, len(docs)), s.seed, scale)
     luts = luts.to(device)
     tokens = val_tokens.to(device)
-    state = _Sums(device)
-    result_chunks: list[tuple[int, int, float, int]] = []
-    docs_done, stopped = 0, False
-    for batch in batches:
-        c = chunk_size_for(docs[batch[0]][1], chunk_size, steps)
-        stopped = _adapt_batch(
-            lora,
-            [docs[i] for i in batch],
-            batch,
-            c,
-            tokens,
-            luts,
-            state,
-            seq_len=seq_len,
-            lr=lr,
-            betas=(beta1, beta2),
-            weight_decay=weight_decay,
-            device=device,
-            autocast_dtype=autocast_dtype,
-            deadline=None if max_seconds is None else t0 + max_seconds,
-            chunk_log=result_chunks if record_chunks else None,
-            base=model if score_base else None,
-            progress=progress,
-            share=share,
-        )
-        if stopped:
+    sums = _Sums(device)
+    scored: list[ScoredChunk] | None = [] if record_chunks else None
+    docs_done, stopped, changed = 0, False, False
+    glob = _GlobalTotals()
+    for b, batch in enumerate(batches):
+        if stopped and b > last_phase:  # no phase boundary left at which the other ranks wait for this one
             break
-        docs_done += len(batch)
+        if b % world == rank and not stopped:
+            stopped = _adapt_batch(
+                lora,
+                [docs[i] for i in batch],
+                batch,
+                chunk_size_for(docs[batch[0]][1], s.chunk_size, steps),
+                tokens,
+                luts,
+                sums,
+                settings=s,
+                seq_len=seq_len,
+                device=device,
+                autocast_dtype=autocast_dtype,
+                deadline=deadline,
+                chunk_log=scored,
+                base=model if s.score_base else None,
+                base_is_adapted_start=not changed,
+                progress=progress,
+                share=share,
+                batch_index=b,
+            )
+            if not stopped:
+                docs_done += len(batch)
+        if b in phases:
+            if shard is not None:  # every rank meets here: the phase needs them all, or none goes on
+                stopped = bool(shard.max(1.0 if stopped else 0.0))
+            if stopped:
+                break
+            order = [docs[i] for done in batches[: b + 1] for i in done]  # the documents scored so far, in order
+            for boundary in phases[b]:
+                if log is not None and rank == 0:
+                    log(
+                        f"ttt phase {glob.phases + 1}/{s.phased.phases}: fine-tuning on the first {boundary:,} documents scored"
+                    )
+                with lora.bare() as bare:
+                    stats = finetune(
+                        bare,
+                        tokens,
+                        order[:boundary],
+                        s.phased,
+                        seq_len=seq_len,
+                        device=device,
+                        autocast_dtype=autocast_dtype,
+                        shard=shard,
+                        deadline=deadline,
+                    )
+                glob.add(stats)
+                changed = True
+                if stats.stopped:
+                    stopped = True
+                    break
+            lora.reset(keep_a=False)  # warm_start_a: A drawn afresh for the fine-tuned model, as the records
+            if stopped:
+                break
     if shard is not None:
-        counts = torch.tensor([state.tokens, docs_done], dtype=torch.int64, device=device)
-        shard.sum_(state.nats), shard.sum_(state.bytes), shard.sum_(state.base_nats), shard.sum_(counts)
-        state.tokens, docs_done = (int(v) for v in counts.tolist())
+        counts = torch.tensor([sums.tokens, docs_done], dtype=torch.int64, device=device)
+        shard.sum_(sums.nats), shard.sum_(sums.bytes), shard.sum_(sums.base_nats), shard.sum_(counts)
+        sums.tokens, docs_done = (int(v) for v in counts.tolist())
         stopped = bool(shard.max(1.0 if stopped else 0.0))
-    seconds = time.perf_counter() - t0 if shard is None else shard.max(time.perf_counter() - t0)
-    nats, n_bytes, n_tokens = state.totals()
-    base_nats = float(state.base_nats.item()) if score_base else None
+    seconds = time.perf_counter() - t0
+    if shard is not None:
+        seconds, glob.seconds = float(shard.max(seconds) or 0.0), float(shard.max(glob.seconds) or 0.0)
+    nats, n_bytes, n_tokens = sums.totals()
+    base_nats = float(sums.base_nats.item()) if s.score_base else None
     total = val_tokens.numel() - 1
     if stopped and log:
-        log(f"ttt: max_seconds={max_seconds:g} reached after {seconds:.1f} s; scored {n_tokens:,} of {total:,} tokens")
+        log(
+            f"ttt: max_seconds={s.max_seconds:g} reached after {seconds:.1f} s; scored {n_tokens:,} of {total:,} tokens"
+        )
     return TTTResult(
         val_loss=nats / n_tokens if n_tokens else None,
         val_bpb=nats / math.log(2) / n_bytes if n_bytes else None,
@@ -296,7 +265,11 @@ def ttt_evaluate(
         docs_total=len(docs),
         seconds=seconds,
         complete=n_tokens == total,
-        chunks=result_chunks,
+        chunks=scored or [],
+        phases_done=glob.phases,
+        global_steps=glob.steps,
+        global_tokens=glob.tokens,
+        global_seconds=glob.seconds,
     )
 
 
@@ -311,10 +284,18 @@ class _Sums:
         return float(self.nats.item()), int(self.bytes.item()), self.tokens
 
 
-def _width(n: int, seq_len: int) -> int:
-    """Pad window widths to a power of two (>= 64, at most seq_len): a handful of shapes for the whole run,
-    so kernels that compile or plan per shape (flex, cuDNN) do so a few times, not once per chunk."""
-    return min(seq_len, max(64, 1 << max(0, n - 1).bit_length()))
+@dataclass
+class _GlobalTotals:
+    phases: int = 0
+    steps: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+
+    def add(self, stats: Any) -> None:
+        self.phases += 1
+        self.steps += stats.steps
+        self.tokens += stats.tokens
+        self.seconds += stats.seconds
 
 
 def _nats(
@@ -326,6 +307,12 @@ def _nats(
         return model(x, y, reduction="none")
 
 
+def _optimizer(params: list[nn.Parameter], s: LoRASettings) -> torch.optim.Optimizer:
+    if s.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=s.lr, momentum=s.momentum or 0.0, weight_decay=s.weight_decay)
+    return torch.optim.AdamW(params, lr=s.lr, betas=(s.beta1, s.beta2), eps=s.eps, weight_decay=s.weight_decay)
+
+
 def _adapt_batch(
     lora: LoRAModel,
     docs: list[tuple[int, int]],
@@ -335,25 +322,26 @@ def _adapt_batch(
     luts: ByteLUTs,
     sums: _Sums,
     *,
+    settings: LoRASettings,
     seq_len: int,
-    lr: float,
-    betas: tuple[float, float],
-    weight_decay: float,
     device: str,
     autocast_dtype: torch.dtype | None,
     deadline: float | None,
-    chunk_log: list | None,
+    chunk_log: list[ScoredChunk] | None,
     base: nn.Module | None = None,
+    base_is_adapted_start: bool = True,
     progress: Progress | None = None,
     share: int = 0,
+    batch_index: int = 0,
 ) -> bool:
     """Score-first TTT of one batch of documents (all with chunk size ``chunk``). True if the deadline hit.
 
     Every step runs one row per document of the batch at one padded width (documents that are done are all
     padding: unscored, untrained), so the shapes stay few: the batch size (smaller only for a last, short
-    batch) times a handful of widths."""
-    lora.reset()
-    opt = torch.optim.AdamW(lora.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
+    batch) times a handful of widths. ``base_is_adapted_start``: the adapted model with fresh adapters is the base
+    model (no global phase has changed the copy), so a chunk 0's score is also its base score."""
+    lora.reset(keep_a=settings.warm_start_a)
+    opt = _optimizer(lora.parameters(), settings)
     n_chunks = [math.ceil(n / chunk) for _, n in docs]
     rows = len(docs)
     last = tokens.numel() - 1
@@ -368,7 +356,7 @@ def _adapt_batch(
                 lo = max(0, hi - seq_len)
                 begin[i], length[i], first[i] = start + lo, hi - lo, k * chunk - lo
                 train[i] = 1.0 if k < nc - 1 else 0.0  # no update after a document's last chunk
-        width = _width(max(length), seq_len)
+        width = row_width(max(length), seq_len)
         cols = torch.arange(width, device=device)
         idx = torch.tensor(begin, device=device)[:, None] + cols[None, :]
         valid = cols[None, :] < torch.tensor(length, device=device)[:, None]
@@ -382,8 +370,9 @@ def _adapt_batch(
         with torch.no_grad():  # the score: before this chunk's update
             chunk_nats = torch.where(scored, nats.detach().double(), 0.0)
             sums.nats += chunk_nats.sum()
-            if base is not None:  # chunk 0: fresh adapters (B = 0) add exactly nothing, so it is the base score
-                base_nats = nats.detach() if k == 0 else _nats(base, x, y, device, autocast_dtype)
+            if base is not None:  # fresh adapters (B = 0) add exactly nothing: a chunk 0 may be the base score
+                reuse = k == 0 and base_is_adapted_start
+                base_nats = nats.detach() if reuse else _nats(base, x, y, device, autocast_dtype)
                 sums.base_nats += torch.where(scored, base_nats.double(), 0.0).sum()
             sums.bytes += torch.where(scored, token_bytes(x, y, luts), 0).sum()
             counts = scored.sum(dim=1)
@@ -393,7 +382,7 @@ def _adapt_batch(
             if chunk_log is not None:
                 for i, (d_nats, d_count) in enumerate(zip(chunk_nats.sum(dim=1).tolist(), counts.tolist())):
                     if d_count:
-                        chunk_log.append((doc_ids[i], k, d_nats, d_count))
+                        chunk_log.append(ScoredChunk(batch_index, k, doc_ids[i], d_nats, d_count))
         if training:  # then one step on the chunk just scored: it can only change later chunks' scores
             per_doc = (nats * scored).sum(dim=1) / counts.clamp_min(1)
             opt.zero_grad(set_to_none=True)

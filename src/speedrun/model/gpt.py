@@ -245,6 +245,10 @@ class GPT(nn.Module):
         # Callables that stand in for the blocks and the head inside compiled_regions() (kernel.compile_scope=blocks);
         # a plain tuple, not a ModuleList, so they are not registered as submodules or saved.
         self._region_calls: tuple[tuple, Any] | None = None
+        self.head_adapter: nn.Module | None = None
+        """A module adding a delta to the logits, from the normed final hidden state (B, T, C) -> (B, T, V): TTT's LoRA
+        on the output head (speedrun.finishing.lora), set only on TTT's own copy of the model. The head's weight is
+        applied with F.linear (it may be the tied embedding), so an adapter cannot be swapped in as a module."""
 
     @contextlib.contextmanager
     def compiled_regions(self, blocks: tuple, head: object) -> Iterator[None]:
@@ -333,7 +337,10 @@ class GPT(nn.Module):
         B, T = x.shape[:2]
         x = rms_norm(x)
         weight = self.tok_emb.weight if self.lm_head is None else self.lm_head.weight
-        logits = F.linear(x, weight).float()
+        logits = F.linear(x, weight)
+        if self.head_adapter is not None:
+            logits = logits + self.head_adapter(x)
+        logits = logits.float()
         if self.shape.logit_softcap > 0:
             cap = self.shape.logit_softcap
             logits = cap * torch.tanh(logits / cap)

@@ -14,7 +14,9 @@ Who uses what:
   ``forward`` calls the compiled copies;
 - GPTQ, fp8 and TTT address the linears inside ``blocks`` by name (``<i>.attn.c_q``, ``<i>.attn.c_k``,
   ``<i>.attn.c_v``, ``<i>.attn.proj``, ``<i>.mlp.fc``, ``<i>.mlp.proj``; GPTQ takes any 2-D weight it finds): a model whose blocks name them otherwise
-  trains and evaluates, and those features refuse it by name;
+  trains and evaluates, and those features refuse it by name; TTT's bypass adapters wrap ``<i>.attn`` and
+  ``<i>.mlp``, and its ``head`` target sets a ``head_adapter`` attribute that ``head`` must add to the logits
+  (speedrun.model.gpt.GPT.head; a model without the attribute is refused ttt.targets=head);
 - the record: ``num_params()``; MFU: the FLOPs per token of the shape (speedrun.model.shape.ModelShape), unless the
   class defines ``flops_per_token(shape, seq_len)`` for a different arithmetic.
 

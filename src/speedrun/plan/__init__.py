@@ -333,6 +333,7 @@ def _resolve_eval(
         every_steps=e.every_steps,
         every_seconds=e.every_seconds,
         periodic_tokens=e.periodic_tokens,
+        max_seconds=e.max_seconds,
     )
 
 

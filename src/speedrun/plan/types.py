@@ -56,6 +56,8 @@ class EvalPlan:
     """Periodic validation every this many train seconds (None: off)."""
     periodic_tokens: int = 65536
     """Validation tokens each periodic evaluation scores (standard windows of model.seq_len)."""
+    max_seconds: float | None = None
+    """Wall-clock budget of each final scoring pass (eval.max_seconds); None: none."""
 
     @property
     def periodic(self) -> bool:

@@ -1,0 +1,173 @@
+"""TTT's LoRA adapters: batched low-rank deltas, one per document slot, on a frozen copy of the model.
+
+Where an adapter goes (``ttt.targets``, speedrun.config.specs.TTT_TARGETS):
+
+- q, k, v, o, up, down: the block linear (attn.c_q, c_k, c_v, proj; mlp.fc, proj) becomes linear(x) + delta(x);
+- attn_bypass, mlp_bypass: the whole sublayer (block.attn, block.mlp) becomes sublayer(x, ...) + delta(x), a
+  low-rank path from the sublayer's (normed) input to its output, which is what the 2026-04 records call their
+  o and MLP adapters;
+- head: the model's ``head_adapter`` hook (speedrun.model.gpt.GPT.head), a delta on the logits from the normed
+  final hidden state, for a tied head (the embedding) as for an untied one.
+
+Modules are swapped in a deep copy of the model (the model passed in is never touched), so the GPT needs no TTT
+path of its own. A looped layer (model.loop) uses one adapter for all its calls, where the records give each call
+its own.
+
+delta(x) = (alpha / rank) (x A_i^T) B_i^T for row i of the batch, A of shape (slots, rank, in), B (slots, out, rank):
+every document of a batch has its own adapter, so with an elementwise optimizer (Adam, SGD) and a loss that sums
+per-document terms a document's adapter sees only its own gradients. alpha None scales by 1. A starts at a seeded
+draw, U(-1/sqrt(in), 1/sqrt(in)), shared by every slot; B at 0, so a fresh adapter adds exactly nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+from collections.abc import Iterator
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+TARGETS = {
+    "q": ("attn", "c_q"),
+    "k": ("attn", "c_k"),
+    "v": ("attn", "c_v"),
+    "o": ("attn", "proj"),
+    "up": ("mlp", "fc"),
+    "down": ("mlp", "proj"),
+}
+"""Adapter target -> (submodule of a block, attribute): blocks.N.attn.c_q etc."""
+BYPASS = {"attn_bypass": "attn", "mlp_bypass": "mlp"}
+"""Adapter target -> the block's sublayer it runs beside."""
+
+
+class LoRADelta(nn.Module):
+    """The per-slot low-rank delta: x (b, T, in) -> scale (x A^T) B^T, row i of a batch of b <= slots using slot i."""
+
+    def __init__(self, d_in: int, d_out: int, slots: int, rank: int, scale: float, device: Any):
+        super().__init__()
+        self.A = nn.Parameter(torch.zeros(slots, rank, d_in, device=device))
+        self.B = nn.Parameter(torch.zeros(slots, d_out, rank, device=device))
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        A, B = self.A[: x.size(0)], self.B[: x.size(0)]
+        delta = torch.bmm(torch.bmm(x, A.transpose(1, 2).to(x.dtype)), B.transpose(1, 2).to(x.dtype))
+        return delta if self.scale == 1.0 else delta * self.scale
+
+
+class Adapted(nn.Module):
+    """A frozen module (a linear, or a whole attention or MLP) plus a delta from its first input:
+    module(x, *rest) + delta(x). ``active`` False gives the module alone, bit for bit (global TTT trains that)."""
+
+    def __init__(self, module: nn.Module, delta: LoRADelta):
+        super().__init__()
+        self.module, self.delta = module, delta
+        self.active = True
+
+    def forward(self, x: torch.Tensor, *rest: Any) -> torch.Tensor:
+        y = self.module(x, *rest)
+        if not self.active:
+            return y
+        return y + self.delta(x).to(y.dtype)
+
+
+def _features(module: nn.Module) -> tuple[int, int]:
+    """(in, out) of a linear, or of a sublayer that maps d_model -> d_model (its first linear's input width)."""
+    if isinstance(module, nn.Linear):
+        return module.in_features, module.out_features
+    first = next(m for m in module.modules() if isinstance(m, nn.Linear))
+    return first.in_features, first.in_features
+
+
+class LoRAModel:
+    """A deep copy of the model, frozen, with adapters on ``targets`` (see the module doc); ``slots`` documents side
+    by side. ``scale`` = alpha / rank (1 without alpha)."""
+
+    def __init__(
+        self, model: nn.Module, targets: tuple[str, ...], rank: int, slots: int, seed: int, scale: float = 1.0
+    ):
+        # a model of the registry's contract (model/protocol.py): its blocks and their linears are looked up by name
+        self.model: Any = cast(Any, copy.deepcopy(model))
+        self.model.eval()  # our GPT has no dropout; eval() also keeps fp8 linears on their bf16 path
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        if "head" in targets and not hasattr(self.model, "head_adapter"):
+            raise ValueError(
+                f"ttt.targets has head, but {type(model).__name__} has no head_adapter hook (speedrun.model.gpt.GPT."
+                f"head applies it); drop head from ttt.targets"
+            )
+        device = next(self.model.parameters()).device
+        self.wrapped: list[Adapted] = []
+        self.deltas: list[LoRADelta] = []
+
+        def adapt(parent: nn.Module, attr: str) -> None:
+            inner = getattr(parent, attr)
+            d_in, d_out = _features(inner)
+            wrapper = Adapted(inner, LoRADelta(d_in, d_out, slots, rank, scale, device))
+            setattr(parent, attr, wrapper)
+            self.wrapped.append(wrapper)
+            self.deltas.append(wrapper.delta)
+
+        for block in self.model.blocks:
+            for t in targets:  # the linears first: a bypass wraps the sublayer that holds them
+                if t in TARGETS:
+                    parent_name, attr = TARGETS[t]
+                    adapt(getattr(block, parent_name), attr)
+            for t in targets:
+                if t in BYPASS:
+                    adapt(block, BYPASS[t])
+        self.head: LoRADelta | None = None
+        if "head" in targets:
+            lm_head = getattr(self.model, "lm_head", None)  # the GPT's: None when tied to the embedding
+            vocab, d_model = (self.model.tok_emb if lm_head is None else lm_head).weight.shape
+            self.head = LoRADelta(d_model, vocab, slots, rank, scale, device)
+            self.model.head_adapter = self.head
+            self.deltas.append(self.head)
+        # One A init (kaiming-uniform, seeded) shared by every document, so a document's result does not depend on
+        # which batch or slot it lands in (unless warm_start_a keeps A from one batch to the next).
+        gen = torch.Generator().manual_seed(seed)
+        self.a_init = [
+            torch.empty(d.A.shape[1:]).uniform_(-1, 1, generator=gen) / math.sqrt(d.A.shape[2]) for d in self.deltas
+        ]
+        self.reset(keep_a=False)
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for d in self.deltas for p in (d.A, d.B)]
+
+    def base_parameters(self) -> list[nn.Parameter]:
+        """The copied model's own weights (what global TTT trains), in the model's order."""
+        adapters = {id(p) for p in self.parameters()}
+        return [p for p in self.model.parameters() if id(p) not in adapters]
+
+    @torch.no_grad()
+    def reset(self, keep_a: bool) -> None:
+        """B = 0 in every slot (the model is the unadapted model again); A = the shared init unless ``keep_a``."""
+        for delta, a in zip(self.deltas, self.a_init):
+            if not keep_a:
+                delta.A.copy_(a.to(delta.A.device).expand_as(delta.A))
+            delta.B.zero_()
+
+    @contextlib.contextmanager
+    def bare(self) -> Iterator[Any]:
+        """The copied model without its adapters (bit for bit the model alone) and with its own weights trainable:
+        what global TTT fine-tunes. Adapters and freezing come back after."""
+        for w in self.wrapped:
+            w.active = False
+        if self.head is not None:
+            self.model.head_adapter = None
+        params = self.base_parameters()
+        for p in params:
+            p.requires_grad_(True)
+        try:
+            yield self.model
+        finally:
+            for p in params:
+                p.requires_grad_(False)
+                p.grad = None
+            for w in self.wrapped:
+                w.active = True
+            if self.head is not None:
+                self.model.head_adapter = self.head

@@ -1,0 +1,192 @@
+"""Phased global TTT: between batches of score-first LoRA TTT (speedrun.finishing.ttt), the model's own weights are
+fine-tuned with SGD on documents that are already scored, as parameter-golf's 2026-04 records do (their
+PHASED_TTT_* and GLOBAL_TTT_* settings).
+
+When (``phase_schedule``): the first ``prefix_docs`` documents in the order TTT scores them are cut into
+``phases`` equal groups; phase p runs right after the batch that scores the last document of group p, and trains
+on every document scored up to that boundary (groups 0..p: cumulative, as the records). Every document it trains
+on is a whole document whose every token has been scored, so no token's score can depend on an update that used
+it or a later token. A phase that would end with the last batch is dropped: nothing is left to score after it.
+
+How (``finetune``): the documents, in scoring order, are grouped into chunks of about ``chunk_tokens`` tokens
+(whole documents); chunk c of n trains at lr x (1 + cos(pi c / n)) / 2, a cosine to 0 over the phase. A chunk's
+rows are its documents, each cut into rows of at most seq_len tokens (a row never crosses a document boundary, so
+this needs no document mask from the attention backend), sorted by length so that a step's rows pad little, and
+taken ``batch_seqs`` rows per SGD step (momentum, gradient clipping to ``grad_clip``). The loss of a step is the
+mean over its real tokens. SGD's momentum starts at zero in every phase.
+
+Ranks: each step's rows are dealt round-robin over the ranks; each rank's loss is its share of the step's summed
+nats over the step's token count (x world_size, which the gradient average divides out), so the averaged gradient
+is the one-rank gradient, every rank applies the same update, and the models stay identical. The time budget is
+checked before every step on rank 0's clock, so all ranks stop at the same step.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class GlobalSettings:
+    """What ``ttt.phased.*`` resolves to (speedrun.config.finishing.PhasedTTTConfig has each knob's meaning)."""
+
+    phases: int = 0
+    """Global fine-tunes; 0: off."""
+    prefix_docs: int = 2000
+    lr: float = 1e-3
+    momentum: float = 0.9
+    chunk_tokens: int = 32768
+    batch_seqs: int = 32
+    grad_clip: float = 1.0
+    epochs: int = 1
+    micro_rows: int | None = None
+    """Rows per forward within a step (their gradients add up); None: a rank's whole share of a step at once. The
+    run passes its training micro-batch, so a step never holds more activations than a training micro-step."""
+
+
+@dataclass
+class FinetuneStats:
+    steps: int = 0
+    tokens: int = 0
+    """Tokens trained on (each epoch counted)."""
+    seconds: float = 0.0
+    stopped: bool = False
+    """The time budget ran out during the fine-tune."""
+
+
+def phase_schedule(batch_docs: list[int], settings: GlobalSettings) -> dict[int, list[int]]:
+    """{batch index: [documents the phases ending with that batch train on]}, from the number of documents of each
+    batch in scoring order (see the module doc). Several phases may end with one batch when it is larger than a
+    phase's group; they then run one after the other."""
+    if settings.phases == 0 or not batch_docs:
+        return {}
+    cumulative = list(itertools.accumulate(batch_docs))
+    prefix = min(settings.prefix_docs, cumulative[-1])
+    out: dict[int, list[int]] = {}
+    for p in range(settings.phases):
+        boundary = prefix * (p + 1) // settings.phases
+        ends = bisect.bisect_left(cumulative, boundary)  # the batch that scores document number `boundary`
+        if boundary > 0 and ends < len(batch_docs) - 1:
+            out.setdefault(ends, []).append(boundary)
+    return out
+
+
+def row_width(n: int, seq_len: int) -> int:
+    """Pad a batch of rows of at most n tokens to a power of two (>= 64, at most seq_len): a handful of shapes for
+    the whole run, so kernels that compile or plan per shape (flex, cuDNN) do so a few times, not once per batch."""
+    return min(seq_len, max(64, 1 << max(0, n - 1).bit_length()))
+
+
+def document_rows(docs: list[tuple[int, int]], seq_len: int) -> list[tuple[int, int]]:
+    """(start, length) per row: each document (start, n_targets) cut into rows of at most seq_len inputs; a row
+    feeds tokens start..start+length-1 and predicts start+1..start+length."""
+    return [(start + lo, min(seq_len, n - lo)) for start, n in docs for lo in range(0, n, seq_len)]
+
+
+def chunks_of(docs: list[tuple[int, int]], chunk_tokens: int) -> list[list[tuple[int, int]]]:
+    """Consecutive whole documents, each group closed once it holds at least chunk_tokens targets."""
+    chunks: list[list[tuple[int, int]]] = [[]]
+    size = 0
+    for doc in docs:
+        chunks[-1].append(doc)
+        size += doc[1]
+        if size >= chunk_tokens:
+            chunks.append([])
+            size = 0
+    return [c for c in chunks if c]
+
+
+def finetune(
+    model: nn.Module,
+    tokens: torch.Tensor,
+    docs: list[tuple[int, int]],
+    settings: GlobalSettings,
+    *,
+    seq_len: int,
+    device: str,
+    autocast_dtype: torch.dtype | None,
+    shard: Any = None,
+    deadline: float | None = None,
+) -> FinetuneStats:
+    """Fine-tune every trainable parameter of ``model`` in place on ``docs`` (start, n_targets) of the 1-D stream
+    ``tokens`` (on ``device``), as the module doc says. ``shard``: a World whose ranks all call this together."""
+    t0 = time.perf_counter()
+    stats = FinetuneStats()
+    rank, world = (shard.rank, shard.world_size) if shard is not None else (0, 1)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=settings.lr, momentum=settings.momentum)
+    chunks = chunks_of(docs, settings.chunk_tokens)
+    last = tokens.numel() - 1
+
+    def out_of_time() -> bool:
+        if deadline is None:
+            return False
+        late = 1.0 if time.perf_counter() > deadline else 0.0
+        return bool(shard.agree(late) if shard is not None else late)
+
+    for c, chunk in enumerate(chunks):
+        for group in opt.param_groups:
+            group["lr"] = settings.lr * 0.5 * (1.0 + math.cos(math.pi * c / len(chunks)))
+        rows = sorted(document_rows(chunk, seq_len), key=lambda r: -r[1])  # stable: ties keep scoring order
+        for _ in range(settings.epochs):
+            for first in range(0, len(rows), settings.batch_seqs):
+                if out_of_time():
+                    stats.stopped = True
+                    stats.seconds = time.perf_counter() - t0
+                    return stats
+                step_rows = rows[first : first + settings.batch_seqs]
+                step_tokens = sum(n for _, n in step_rows)
+                mine = step_rows[rank::world]
+                micro = settings.micro_rows or max(1, len(mine))
+                opt.zero_grad(set_to_none=True)
+                for m in range(0, len(mine), micro):
+                    x, y, valid = _gather(tokens, mine[m : m + micro], seq_len, last, device)
+                    nats = _nats(model, x, y, device, autocast_dtype)
+                    # x world: the gradient average over the ranks divides it out again
+                    (torch.where(valid, nats, 0.0).sum() * (world / step_tokens)).backward()
+                if shard is not None:
+                    shard.sync_grads(params)
+                if settings.grad_clip > 0:
+                    torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
+                opt.step()
+                stats.steps += 1
+                stats.tokens += step_tokens
+    opt.zero_grad(set_to_none=True)
+    stats.seconds = time.perf_counter() - t0
+    return stats
+
+
+def _gather(
+    tokens: torch.Tensor, rows: list[tuple[int, int]], seq_len: int, last: int, device: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inputs, targets and the mask of real positions of ``rows``, padded at the end to one width."""
+    width = row_width(max(n for _, n in rows), seq_len)
+    cols = torch.arange(width, device=device)
+    idx = torch.tensor([s for s, _ in rows], device=device)[:, None] + cols[None, :]
+    valid = cols[None, :] < torch.tensor([n for _, n in rows], device=device)[:, None]
+    x = torch.where(valid, tokens[idx.clamp(max=last - 1)], 0)
+    y = torch.where(valid, tokens[(idx + 1).clamp(max=last)], 0)
+    return x, y, valid
+
+
+def _nats(
+    model: Callable[..., torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    device: str,
+    autocast_dtype: torch.dtype | None,
+) -> torch.Tensor:
+    """Per-token nats (B, T) of ``model``, under autocast when the run uses it."""
+    if autocast_dtype is None:
+        return model(x, y, reduction="none")
+    with torch.autocast(device, dtype=autocast_dtype):
+        return model(x, y, reduction="none")

@@ -1,0 +1,206 @@
+"""Score-first, as a property of the code: no token's score depends on an update that used that token or a later
+one, for per-document LoRA, warm-started A and every phase of phased global TTT; and the pieces that make it so
+(the phase schedule, document-bounded rows, the adapters: head, bypass, alpha, warm start)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from speedrun.finishing.lora import LoRAModel
+from speedrun.finishing.ttt import LoRASettings, split_documents, ttt_evaluate
+from speedrun.finishing.ttt_global import GlobalSettings, chunks_of, document_rows, finetune, phase_schedule
+from speedrun.model.attention import get_backend
+from speedrun.model.gpt import GPT
+from speedrun.model.shape import ModelShape
+from test_ttt import BOS, TINY, docs_stream, luts
+
+CHUNK = 8
+PHASED = GlobalSettings(phases=2, prefix_docs=4, lr=0.05, momentum=0.5, chunk_tokens=40, batch_seqs=3)
+CONFIGS = {
+    # per-document adapters only: a document's scores depend on nothing but its own earlier tokens
+    "lora": LoRASettings(rank=4, lr=0.05, chunk_size=CHUNK, batch_size=2, score_base=False),
+    # the model fine-tuned after batches 0 and 1 (4 documents, 2 phases), adapters on the head and beside sublayers
+    "phased": LoRASettings(
+        rank=4, lr=0.05, chunk_size=CHUNK, batch_size=2, targets="q,v,head,attn_bypass,mlp_bypass", alpha=8.0,
+        optimizer="sgd", momentum=0.9, phased=PHASED, score_base=False,
+    ),
+    # A carried from batch to batch, with the records' adapters and Adam (beta1 0, weight decay): and phases
+    "warm": LoRASettings(
+        rank=4, lr=0.05, chunk_size=CHUNK, batch_size=2, targets="record", alpha=8.0, warm_start_a=True,
+        beta1=0.0, beta2=0.999, eps=1e-10, weight_decay=1.0, phased=PHASED, score_base=False,
+    ),
+}  # fmt: skip
+LENGTHS = [37, 20, 51, 29, 44, 33, 26, 48]  # 8 documents, 4 batches of 2; several chunks and windows each
+
+
+def model(seed: int = 0, tied: bool = True) -> GPT:
+    torch.manual_seed(seed)
+    shape = TINY if tied else ModelShape(**{**TINY.__dict__, "tie_embeddings": False})
+    m = GPT(shape, get_backend("sdpa", kernel="math"))
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return m
+
+
+def scores(m, tokens, settings):
+    res = ttt_evaluate(m, tokens, luts(), settings, bos_id=BOS, seq_len=TINY.seq_len, record_chunks=True)
+    assert res.complete
+    return res, {(c.doc, c.chunk): c for c in res.chunks}
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_no_score_depends_on_a_token_scored_after_it(config):
+    """Change the first target of one chunk (never to BOS: the same documents), in every document in turn: every
+    chunk scored before it, and every other document's chunk scored in the same forward, keeps its score bit for
+    bit. Then what may change does: the chunk itself always, later chunks of other documents exactly when
+    something learns across documents (a global phase after the change, or warm-started A), never with
+    per-document adapters alone. Every document is changed once at its chunk 1, so a phase that trained on one
+    document too many (the first one scored after it) would change that document's chunk 0, scored before."""
+    settings = CONFIGS[config]
+    m = model()
+    tokens = docs_stream(LENGTHS, seed=1)
+    docs = split_documents(tokens, BOS)
+    base, before = scores(m, tokens, settings)
+    batch_of = {c.doc: c.batch for c in base.chunks}
+    assert sorted(set(batch_of.values())) == [0, 1, 2, 3]
+    if settings.phased.phases:
+        assert base.phases_done == 2 and base.global_steps > 0
+    rng = random.Random(0)
+    picks = [(d, c) for d, (_, n) in enumerate(docs) for c in range(2, n // CHUNK) if c * CHUNK + 1 < n]
+    crossed = 0
+    for d, c in [(d, 1) for d in range(len(docs))] + rng.sample(picks, 2):
+        changed = tokens.clone()
+        position = docs[d][0] + c * CHUNK + 1  # the chunk's first target
+        changed[position] = changed[position] % 62 + 1 if changed[position] != 62 else 1
+        assert changed[position] != BOS and changed[position] != tokens[position]
+        _, after = scores(m, changed, settings)
+        assert after.keys() == before.keys()
+        when = (batch_of[d], c)
+        for key, chunk in before.items():
+            earlier = (chunk.batch, chunk.chunk) < when or ((chunk.batch, chunk.chunk) == when and chunk.doc != d)
+            if earlier:
+                assert after[key] == chunk, (config, (d, c), key)
+        assert after[(d, c)].nats != before[(d, c)].nats  # the changed target itself
+        others_later = [k for k, v in before.items() if k[0] != d and (v.batch, v.chunk) > when]
+        moved = [k for k in others_later if after[k] != before[k]]
+        learns_across = config == "warm" or (config == "phased" and batch_of[d] <= 1)
+        if learns_across:
+            crossed += bool(moved)
+        else:
+            assert not moved, (config, (d, c), moved)
+    if config != "lora":
+        assert crossed >= 2  # a change reaches later documents through the phases (and warm-started A)
+
+
+def test_global_phases_run_after_the_documents_they_train_on_are_scored():
+    # 4 batches of 2 documents: 2 phases over the first 4 documents end with batches 0 and 1
+    g = GlobalSettings(phases=2, prefix_docs=4)
+    assert phase_schedule([2, 2, 2, 2], g) == {0: [2], 1: [4]}
+    # a batch larger than a phase's group ends several phases; a prefix beyond the documents is cut to them, and a
+    # phase ending with the last batch is dropped (nothing is scored after it)
+    assert phase_schedule([5, 5, 5], GlobalSettings(phases=3, prefix_docs=9)) == {0: [3], 1: [6, 9]}
+    assert phase_schedule([2, 2], GlobalSettings(phases=2, prefix_docs=100)) == {0: [2]}
+    assert phase_schedule([2, 2], GlobalSettings(phases=0)) == {}
+
+
+def test_global_rows_never_cross_a_document_and_chunks_hold_whole_documents():
+    tokens = docs_stream([30, 5, 61], seed=2)
+    docs = split_documents(tokens, BOS)
+    rows = document_rows(docs, 24)
+    assert [n for _, n in rows] == [24, 6, 5, 24, 24, 12]  # the last document ends at the stream's end
+    for start, n in rows:
+        inputs = tokens[start : start + n]
+        assert not (inputs[1:] == BOS).any()  # a BOS only as a row's first input (a document's start)
+        assert (tokens[start + 1 : start + n] != BOS).all()  # no target before a document's last one is BOS
+    assert sum(n for _, n in rows) == tokens.numel() - 1  # every target once
+    assert chunks_of(docs, 31) == [docs[:2], docs[2:]] and chunks_of(docs, 1) == [[d] for d in docs]
+
+
+def test_global_finetune_learns_the_documents_and_leaves_the_model_passed_in_alone():
+    """A phase trains the copy's own weights: the loss of the documents it trained on falls; ttt_evaluate never
+    touches the model it was given."""
+    m = model()
+    g = torch.Generator().manual_seed(3)
+    motif = torch.randint(1, 64, (5,), generator=g)
+    tokens = torch.cat([torch.cat([torch.tensor([BOS]), motif.repeat(8)]) for _ in range(3)])
+    docs = split_documents(tokens, BOS)
+    lora = LoRAModel(m, ("q",), rank=2, slots=1, seed=0)
+
+    @torch.no_grad()
+    def loss(net) -> float:
+        return float(net(tokens[:-1][None, :24], tokens[1:][None, :24]))
+
+    with lora.bare() as bare:
+        before = loss(bare)
+        stats = finetune(bare, tokens, docs, GlobalSettings(phases=1, lr=0.3, batch_seqs=2, epochs=3), seq_len=24,
+                         device="cpu", autocast_dtype=None)  # fmt: skip
+        after = loss(bare)
+    assert stats.steps == 3 * 3 and stats.tokens == 3 * (tokens.numel() - 1) and not stats.stopped
+    assert after < before - 0.5 and loss(m) == before  # the copy learnt; the model passed in did not move
+    assert all(not p.requires_grad and p.grad is None for p in lora.base_parameters())  # frozen again after
+    state = {k: v.clone() for k, v in m.state_dict().items()}
+    res = ttt_evaluate(m, docs_stream(LENGTHS), luts(), CONFIGS["warm"], bos_id=BOS, seq_len=24)
+    assert res.phases_done == 2 and all(torch.equal(state[k], v) for k, v in m.state_dict().items())
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_every_target_adapts_and_fresh_adapters_add_nothing(tied):
+    """Each target alone (the head, tied or untied, and the bypasses included) lowers the loss of a repetitive
+    document below the unadapted score of the same chunks; with lr 0 the adapted scores are the base scores."""
+    from speedrun.config.specs import TTT_TARGETS
+
+    m = model(tied=tied)
+    if not tied:
+        with torch.no_grad():
+            m.lm_head.weight.normal_(0, 0.05)  # zero-initialised otherwise: no logits to adapt
+    g = torch.Generator().manual_seed(3)
+    tokens = torch.cat([torch.tensor([BOS]), torch.randint(1, 64, (6,), generator=g).repeat(12)])
+    for target in TTT_TARGETS:
+        s = LoRASettings(rank=4, lr=0.05, chunk_size=CHUNK, targets=target, alpha=8.0)
+        res = ttt_evaluate(m, tokens, luts(), s, bos_id=BOS, seq_len=24)
+        assert res.val_loss < res.base_val_loss - 0.02, (target, res.val_loss, res.base_val_loss)  # q, k: 0.04+
+        frozen = ttt_evaluate(m, tokens, luts(), LoRASettings(rank=4, lr=0.0, chunk_size=CHUNK, targets=target),
+                              bos_id=BOS, seq_len=24)  # fmt: skip
+        assert frozen.val_loss == frozen.base_val_loss, target
+
+
+def test_alpha_scales_the_delta_and_warm_start_keeps_a():
+    m = model()
+    plain = LoRAModel(m, ("q", "head"), rank=4, slots=2, seed=0)
+    scaled = LoRAModel(m, ("q", "head"), rank=4, slots=2, seed=0, scale=144 / 96)
+    x = torch.randn(2, 5, TINY.d_model)
+    for a, b in zip(plain.deltas, scaled.deltas):
+        assert torch.equal(a.A, b.A) and not a.B.any()  # the same seeded A; B = 0: a fresh adapter adds nothing
+        with torch.no_grad():
+            a.B.normal_()
+            b.B.copy_(a.B)
+        torch.testing.assert_close(b(x[..., : a.A.shape[2]]), a(x[..., : a.A.shape[2]]) * 1.5)
+    drawn = [d.A.clone() for d in plain.deltas]
+    with torch.no_grad():
+        for d in plain.deltas:
+            d.A.add_(1.0)
+    plain.reset(keep_a=True)  # warm start: A as the last batch left it, B back to 0
+    assert all(torch.equal(d.A, a + 1.0) and not d.B.any() for d, a in zip(plain.deltas, drawn))
+    plain.reset(keep_a=False)  # after a phase: the seeded draw again
+    assert all(torch.equal(d.A, a) for d, a in zip(plain.deltas, drawn))
+
+
+# ---- CUDA (device machine) -------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_cuda_bf16_record_ttt_with_phases_agrees_with_cpu():
+    """The records' kind of TTT (warm A, head and bypass adapters, 2 global phases) under bf16 autocast on CUDA:
+    the same tokens, bytes and phases as on CPU in fp32, the score close."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    tokens = docs_stream(LENGTHS, seed=1)
+    cpu = ttt_evaluate(model(), tokens, luts(), CONFIGS["warm"], bos_id=BOS, seq_len=24)
+    gpu = ttt_evaluate(model().cuda(), tokens, luts(), CONFIGS["warm"], bos_id=BOS, seq_len=24, device="cuda",
+                       autocast_dtype=torch.bfloat16)  # fmt: skip
+    assert gpu.complete and (gpu.tokens_scored, gpu.bytes, gpu.phases_done) == (cpu.tokens_scored, cpu.bytes, 2)
+    assert abs(gpu.val_loss - cpu.val_loss) < 0.1, (gpu.val_loss, cpu.val_loss)
