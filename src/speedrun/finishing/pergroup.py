@@ -30,6 +30,7 @@ The blob carries its own header, so speedrun.finishing.quantize.load_artifact re
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 import time
@@ -90,16 +91,16 @@ def _decode(data: bytes, layout: str, specs: list[tuple[torch.dtype, list[int]]]
     out, offset = [], 0
     for dtype, shape in specs:
         stored = [shape[1], shape[0]] if layout == "columns" and len(shape) == 2 else shape
-        count = int(np.prod(stored)) if stored else 1
-        nbytes = count * torch.empty((), dtype=dtype).element_size()
-        t = torch.frombuffer(bytearray(data[offset : offset + nbytes]), dtype=dtype).reshape(stored)
+        nbytes = math.prod(stored) * torch.empty((), dtype=dtype).element_size()  # a scalar's shape [] holds 1
+        chunk = bytearray(data[offset : offset + nbytes])
+        t = torch.frombuffer(chunk, dtype=dtype).reshape(stored) if nbytes else torch.empty(stored, dtype=dtype)
         out.append(t.T.contiguous() if layout == "columns" and len(shape) == 2 else t)
         offset += nbytes
     return out
 
 
 def _bytes(t: torch.Tensor) -> bytes:
-    return t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
 def pack(

@@ -29,7 +29,7 @@ REPORT = "artifact_tensors.json"
 
 def byte_entropy(t: torch.Tensor) -> float:
     """Order-0 entropy of a tensor's stored bytes, in bytes (entropy per byte x bytes / 8)."""
-    data = t.detach().cpu().contiguous().view(torch.uint8).numpy().ravel()
+    data = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
     if data.size == 0:
         return 0.0
     p = np.bincount(data, minlength=256) / data.size
