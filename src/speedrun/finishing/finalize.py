@@ -165,7 +165,7 @@ class Finish:
         tq = time.perf_counter()
 
         def export() -> Artifact:
-            return _export(plan, self.model, self.data, self.log, self.run_dir)
+            return export_artifact(plan, self.model, self.data, self.log, self.run_dir)
 
         artifact = world.from_rank0(export) if world else export()  # rank 0 exports, every rank gets its bytes
         path = self.run_dir / f"model.{q.name}.{q.compressor}"
@@ -228,7 +228,9 @@ class Finish:
         self.done("ttt", **_ttt(self.plan, self.model, self.data, self.amp_dtype, self.log, self.world))
 
 
-def _export(plan: Plan, model: torch.nn.Module, data: Any, log: Callable[[str], None], run_dir: Path) -> Artifact:
+def export_artifact(
+    plan: Plan, model: torch.nn.Module, data: Any, log: Callable[[str], None], run_dir: Path
+) -> Artifact:
     """Quantize and compress the model (rank 0); the Artifact's ``extra`` carries the per-tensor report and, for
     int6, quant_hessian_seconds. quant.keep_weights: the float weights to <run dir>/model.pt first."""
     q = plan.quant
