@@ -163,7 +163,9 @@ def sigma_scales(w: torch.Tensor, sigma: float, qmax: int) -> torch.Tensor:
     return (sigma * std / qmax).clamp_min(1e-8).half()
 
 
-def row_scales(w: torch.Tensor, importance: torch.Tensor, qmax: int, clip_ratios: Sequence[float], sigma: float | None):
+def row_scales(
+    w: torch.Tensor, importance: torch.Tensor, qmax: int, clip_ratios: Sequence[float], sigma: float | None
+) -> torch.Tensor:
     """The scales of quant.clip: sigma_scales when ``sigma`` is given, else search_scales."""
     return sigma_scales(w, sigma, qmax) if sigma is not None else search_scales(w, importance, qmax, clip_ratios)
 

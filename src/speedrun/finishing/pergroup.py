@@ -12,12 +12,12 @@ its kind and class (speedrun.finishing.classes):
     raw         anything else (integer buffers), one group per dtype
 
 and each group is laid out for its coder: multi-byte values are split into byte planes (all first bytes, then all
-second bytes: the sign-and-exponent bytes of fp16 scales are nearly constant and compress to almost nothing apart
-from their noisy mantissa bytes); int8 codes are stored column by column (each matrix transposed), which measured
-smaller with brotli-11 on matrices whose input columns differ in scale (benchmarks). Each group is cut into chunks of
-CHUNK_BYTES (brotli's default window is 4 MiB, so a chunk that size loses almost no context) and the chunks are
-compressed concurrently with quant.pergroup_codec at quant.level; brotli and lzma release the GIL, so threads use
-every core.
+second bytes: the high bytes of fp16 scales, sign, exponent and top mantissa bits, take few values and compress
+apart from their noisy low bytes); int8 codes are stored column by column (each matrix transposed), which measured
+smaller with brotli-11 on matrices whose input columns differ in scale (docs/benchmarks.md, "Export levers on
+CPU"). Each group is cut into chunks of CHUNK_BYTES (brotli's default window is 4 MiB, so a chunk that size loses
+almost no context) and the chunks are compressed concurrently with quant.pergroup_codec at quant.level; brotli and
+lzma release the GIL, so threads use every core.
 
 The blob carries its own header, so speedrun.finishing.quantize.load_artifact reads it without being told the codec:
 

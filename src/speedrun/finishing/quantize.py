@@ -36,7 +36,7 @@ import torch
 
 from speedrun.config.choices import QuantName
 from speedrun.config.compressors import PERGROUP, check_compressor
-from speedrun.config.quant import QuantConfig
+from speedrun.config.quant import TENSOR_CLASSES, QuantConfig
 from speedrun.finishing import lqer, pergroup
 from speedrun.finishing.classes import EMBED_NAMES, tensor_class
 from speedrun.finishing.compression import CHUNK_BYTES, COMPRESSORS, STREAMS, compress, decompress
@@ -206,7 +206,7 @@ def quantize_int6(
     def matrix_rule(name: str, method: str) -> tuple[int, float | None]:
         cls = tensor_class(name)
         bits = q.embed_bits if cls == "embed" or method == "rtn" else q.bits
-        k = q.sigmas.of(cls if cls != "gate" else "matrix") if sigma else None
+        k = q.sigmas.of(cls if cls in TENSOR_CLASSES else "matrix") if sigma else None  # a large gate: matrix
         rules[name] = {
             "class": cls,
             "method": method,
