@@ -341,3 +341,22 @@ def test_result_keys_record_the_levers():
     assert (keys["quant_lqer_rank"], keys["quant_lqer_top_k"], keys["quant_lqer_factor_bits"]) == (4, 3, 4)
     assert keys["quant_gate_bits"] == 8 and keys["quant_pergroup_codec"] == "brotli"
     assert int6().result_keys()["quant_sigmas_attn"] is None and int6().result_keys()["quant_lqer_top_k"] is None
+
+
+# ---- CUDA (device machine) -------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_cuda_head_hessian_under_bf16_autocast_matches_cpu():
+    """The head's Hessian is captured through F.linear under autocast on CUDA as on CPU (bf16 inputs, fp32 sums)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    model = gpt()
+    cpu = collect_hessians(model, iter(batches()), 3, device="cpu", head=True)
+    cuda = collect_hessians(model.cuda(), iter(batches()), 3, device="cuda", autocast_dtype=torch.bfloat16, head=True)
+    assert set(cpu) == set(cuda)
+    for name in ("tok_emb.weight", "blocks.0.attn.c_q.weight"):
+        rel = float((cuda[name].cpu() - cpu[name]).norm() / cpu[name].norm())
+        assert rel < 0.02, (name, rel)
+    packed, rules = Q.quantize_int6(model.state_dict(), cuda, int6(clip=QuantClip.sigma, embed_gptq=True))
+    assert rules["tok_emb.weight"]["method"] == "gptq" and packed["tok_emb.weight"]["q"].device.type == "cpu"
