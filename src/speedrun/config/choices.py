@@ -84,6 +84,17 @@ class Compressor(Choice):
     lzma = "lzma"
     brotli = "brotli"
     zstd = "zstd"
+    pergroup = "pergroup"
+
+
+class PergroupCodec(Choice):
+    brotli = "brotli"
+    lzma = "lzma"
+
+
+class QuantClip(Choice):
+    absmax_search = "absmax_search"
+    sigma = "sigma"
 
 
 class LoggerName(Choice):

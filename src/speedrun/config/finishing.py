@@ -1,4 +1,5 @@
-"""Schemas of the groups that say what happens after training and how it is reported: eval, ttt, quant, logger."""
+"""Schemas of the groups that say what happens after training and how it is reported: eval, ttt, logger, and
+quant (its schema is config/quant.py, re-exported here)."""
 
 from __future__ import annotations
 
@@ -6,17 +7,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from speedrun.config.checkpointing import parse_batch
-from speedrun.config.choices import (
-    Compressor,
-    EvalName,
-    LoggerName,
-    QuantName,
-    TTTName,
-    TTTOptimizer,
-    WandbMode,
-    _require,
-)
+from speedrun.config.choices import EvalName, LoggerName, TTTName, TTTOptimizer, WandbMode, _require
+from speedrun.config.quant import QuantConfig
 from speedrun.config.specs import parse_count, parse_short_chunks, parse_targets
+
+__all__ = ["EvalConfig", "LoggerConfig", "QuantConfig", "TTTConfig"]  # QuantConfig lives in config/quant.py
 
 
 @dataclass
@@ -229,51 +224,6 @@ class TTTConfig:
     def chunk_sizes(self) -> list[int]:
         """Every chunk size TTT may use (chunk_size and the short-document ones)."""
         return [self.chunk_size] + [c for _, c in parse_short_chunks(self.short_chunks)]
-
-
-@dataclass
-class QuantConfig:
-    name: QuantName = QuantName.int8
-    """off; int8: per-row int8 weights (parameter-golf's export); int6: GPTQ on the block matrices with
-    Hessians from training batches, embeddings at embed_bits. Scored on the dequantized round trip."""
-    compressor: Compressor = Compressor.zlib
-    """zlib, lzma (stdlib), brotli, zstd (the `compress` extra: pip install 'speedrun[compress]')."""
-    level: int = 9
-    """Compression level (zlib 0-9, lzma 0-9, brotli 0-11, zstd 1-22)."""
-    cap_bytes: Any = 16_000_000
-    """Artifact size limit; recorded as artifact_ok. An integer, also written 16e6 or 16_000_000 (typed Any, see
-    parse_count)."""
-    bits: int = 6
-    """int6: bits of the GPTQ block matrices (values in [-(2^(bits-1)-1), 2^(bits-1)-1], stored one per byte)."""
-    embed_bits: int = 8
-    """int6: bits of the token embedding (and untied lm_head): per-row round-to-nearest with the clip search."""
-    calib_batches: int = 8
-    """int6: training micro-batches whose activations make the GPTQ Hessians (never validation data)."""
-    damp: float = 0.01
-    """int6: GPTQ dampening, added to the Hessian diagonal as damp x its mean."""
-    block_size: int = 128
-    """int6: GPTQ column block size (error propagation is done lazily per block)."""
-    clip_ratios: list[float] = field(default_factory=lambda: [1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7])
-    """int6: per-row clip search candidates, fractions of the row's absmax; each row keeps the one with the
-    least Hessian-diagonal-weighted rounding error."""
-
-    def __post_init__(self) -> None:
-        self.cap_bytes = parse_count(self.cap_bytes, "quant.cap_bytes")
-        _require(
-            2 <= self.bits <= 8 and 2 <= self.embed_bits <= 8,
-            f"quant.bits={self.bits} and quant.embed_bits={self.embed_bits} must be in 2..8 (one int8 byte per "
-            f"value); use e.g. quant.bits=6 quant.embed_bits=8",
-        )
-        _require(
-            self.calib_batches >= 1 and self.block_size >= 1 and self.damp >= 0,
-            f"quant.calib_batches ({self.calib_batches}) and quant.block_size ({self.block_size}) must be >= 1 "
-            f"and quant.damp ({self.damp}) >= 0; use the int6 defaults (8, 128, 0.01)",
-        )
-        _require(
-            bool(self.clip_ratios) and all(0 < r <= 1 for r in self.clip_ratios),
-            f"quant.clip_ratios={list(self.clip_ratios)} must be fractions in (0, 1]; use e.g. [1.0,0.9,0.8]",
-        )
-        _require(self.cap_bytes is not None and self.cap_bytes >= 1, f"quant.cap_bytes={self.cap_bytes} must be >= 1")
 
 
 @dataclass

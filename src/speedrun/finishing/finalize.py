@@ -52,21 +52,25 @@ import torch
 
 from speedrun.finishing.artifact import write_manifest
 from speedrun.finishing.evaluate import EvalResult, document_mask, run_eval
+from speedrun.finishing.quant_report import REPORT, tensor_report
 from speedrun.finishing.quantize import (
     Artifact,
     collect_hessians,
-    export,
     export_packed,
     load_artifact,
-    quantize_state_dict_gptq,
+    quantize_int6,
+    quantize_state_dict,
 )
 from speedrun.plan import Plan
 from speedrun.plan.dtypes import autocast_dtype
 from speedrun.progress import Progress
+from speedrun.records.store import write_json
 
 if TYPE_CHECKING:
     from speedrun.finishing.wrap import CodeSource
 
+FLOAT_WEIGHTS = "model.pt"
+"""quant.keep_weights: the float state dict the export quantized, in the run dir (scripts/quant_table.py reads it)."""
 PhaseCallback = Callable[..., None]
 """on_phase(name) when a phase starts; on_phase(name, keys) when it ends."""
 
@@ -85,10 +89,12 @@ def evaluate_and_export(
     on_phase: PhaseCallback | None = None,
     world: Any = None,
     code: CodeSource | None = None,
+    train_seconds: float | None = None,
 ) -> dict[str, Any]:
     """The three phases in order; returns every key they measured (also reported through ``on_phase``). ``code``:
-    the source the job read when it started, for the self-extracting file (None: read it at export)."""
-    finish = Finish(plan, model, eval_forward, data, run_dir, log, on_phase, world, code)
+    the source the job read when it started, for the self-extracting file (None: read it at export).
+    ``train_seconds``: the training loop's, to which quant.reserve_seconds adds the Hessians' time."""
+    finish = Finish(plan, model, eval_forward, data, run_dir, log, on_phase, world, code, train_seconds)
     finish.evaluate()
     if plan.quant.name != "off":
         finish.quantize()
@@ -112,9 +118,11 @@ class Finish:
         on_phase: PhaseCallback | None = None,
         world: Any = None,
         code: CodeSource | None = None,
+        train_seconds: float | None = None,
     ):
         self.plan, self.model, self.eval_forward, self.data = plan, model, eval_forward, data
         self.run_dir, self.log, self.world, self.code = run_dir, log, world, code
+        self.train_seconds = train_seconds
         self.report: PhaseCallback = on_phase or (lambda name, keys=None: None)
         self.amp_dtype = autocast_dtype(plan)
         self.out: dict[str, Any] = {"eval_mode": plan.eval.label}
@@ -197,7 +205,7 @@ class Finish:
         tq = time.perf_counter()
 
         def export() -> Artifact:
-            return _export(plan, self.model, self.data, self.log)
+            return export_artifact(plan, self.model, self.data, self.log, self.run_dir)
 
         artifact = world.from_rank0(export) if world else export()  # rank 0 exports, every rank gets its bytes
         path = self.run_dir / f"model.{q.name}.{q.compressor}"
@@ -209,7 +217,10 @@ class Finish:
         quant_seconds = round(time.perf_counter() - tq, 3)
         # the code's bytes by artifact.code_rule (wrapped: train_gpt.py written beside the model); artifact_code.json
         sizes = write_manifest(self.run_dir, len(artifact.blob), q.cap_bytes, plan.artifact, self.code)
-        self.report("quant", sizes)  # the artifact exists: its size is a result even if its scoring never ends
+        write_json(self.run_dir / REPORT, {"artifact_model_bytes": len(artifact.blob), **artifact.extra["report"]})
+        export_keys = {"compress_seconds": artifact.compress_seconds, **self._reserve_keys(artifact)}
+        # the artifact exists: its size is a result even if its scoring never ends
+        self.report("quant", {**sizes, **export_keys})
         qres, keys = self.score("eval (quantized)", "_quant")
         self.done(
             "quant",
@@ -220,13 +231,38 @@ class Finish:
             quant=str(q.name),
             compressor=str(q.compressor),
             quant_seconds=quant_seconds,
+            **export_keys,
         )
         self.log(
             f"quant: {q.name}+{q.compressor} artifact {sizes['artifact_bytes']:,} bytes "
             f"(model {sizes['artifact_model_bytes']:,} + code {sizes['artifact_code_bytes']:,} "
             f"{sizes['artifact_code_rule']}; cap "
-            f"{q.cap_bytes:,}: {'ok' if sizes['artifact_ok'] else 'OVER'}); val_bpb_quant {qres.val_bpb:.4f}"
+            f"{q.cap_bytes:,}: {'ok' if sizes['artifact_ok'] else 'OVER'}); val_bpb_quant {qres.val_bpb:.4f}; "
+            f"per tensor: {REPORT}"
         )
+
+    def _reserve_keys(self, artifact: Artifact) -> dict[str, Any]:
+        """quant_hessian_seconds (int6); with quant.reserve_seconds, train_seconds = the loop's + the Hessians'
+        (they read training data, so parameter-golf counts them as training), train_loop_seconds, and
+        quant_reserve_ok: whether the two stayed within budget.train_seconds."""
+        hessian = artifact.extra.get("quant_hessian_seconds")
+        if hessian is None:
+            return {}
+        keys: dict[str, Any] = {"quant_hessian_seconds": hessian}
+        reserve, loop = self.plan.quant.reserve_seconds, self.train_seconds
+        if reserve and loop is not None:
+            total = loop + hessian
+            keys.update(
+                train_seconds=round(total, 3),
+                train_loop_seconds=round(loop, 3),
+                quant_reserve_ok=total <= self.plan.train_seconds,
+            )
+            self.log(
+                f"quant: training loop {loop:.1f} s + Hessians {hessian:.1f} s = {total:.1f} s of "
+                f"budget.train_seconds {self.plan.train_seconds:g} (quant.reserve_seconds {reserve:g}: "
+                f"{'enough' if total <= self.plan.train_seconds else 'NOT enough, raise it'})"
+            )
+        return keys
 
     def test_time_train(self) -> None:
         """Score-first LoRA TTT on the model as it is now (the dequantized artifact when quant is on)."""
@@ -241,35 +277,44 @@ def graphs_compiled() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-def _export(plan: Plan, model: torch.nn.Module, data: Any, log: Callable[[str], None]) -> Artifact:
+def export_artifact(
+    plan: Plan, model: torch.nn.Module, data: Any, log: Callable[[str], None], run_dir: Path
+) -> Artifact:
+    """Quantize and compress the model (rank 0); the Artifact's ``extra`` carries the per-tensor report and, for
+    int6, quant_hessian_seconds. quant.keep_weights: the float weights to <run dir>/model.pt first."""
     q = plan.quant
+    state = model.state_dict()
+    if q.keep_weights:
+        torch.save({k: v.detach().cpu() for k, v in state.items()}, run_dir / FLOAT_WEIGHTS)
+    extra: dict[str, Any] = {}
+    hessians: dict[str, torch.Tensor] = {}
+    rules: dict[str, dict[str, Any]] = {}
     if q.name == "int8":
-        return export(model.state_dict(), str(q.compressor), q.level, log)
-    t0 = time.perf_counter()
-    hessians = collect_hessians(
-        model,
-        data.train_batches(),
-        q.calib_batches,
-        device=plan.device,
-        autocast_dtype=autocast_dtype(plan),
-        progress=Progress("gptq: Hessians", log, unit="batches"),
-    )
-    t1 = time.perf_counter()
-    packed = quantize_state_dict_gptq(
-        model.state_dict(),
-        hessians,
-        bits=q.bits,
-        embed_bits=q.embed_bits,
-        damp=q.damp,
-        block_size=q.block_size,
-        clip_ratios=q.clip_ratios,
-        progress=Progress(f"gptq: int{q.bits}", log, unit="matrices"),
-    )
-    log(
-        f"quant: GPTQ int{q.bits} on {len(hessians)} matrices (Hessians from {q.calib_batches} training batches "
-        f"in {t1 - t0:.1f} s, quantized in {time.perf_counter() - t1:.1f} s), embeddings int{q.embed_bits}"
-    )
-    return export_packed(packed, str(q.compressor), q.level, log)
+        packed = quantize_state_dict(state)
+    else:
+        t0 = time.perf_counter()
+        hessians = collect_hessians(
+            model,
+            data.train_batches(),
+            q.calib_batches,
+            device=plan.device,
+            autocast_dtype=autocast_dtype(plan),
+            progress=Progress("gptq: Hessians", log, unit="batches"),
+            head=q.embed_gptq,
+        )
+        t1 = time.perf_counter()
+        packed, rules = quantize_int6(state, hessians, q, Progress(f"gptq: int{q.bits}", log, unit="matrices"))
+        extra["quant_hessian_seconds"] = round(t1 - t0, 3)
+        gptq = sum(r["method"] == "gptq" for r in rules.values())
+        levers = ", ".join(q.levers_on()) or "no levers"
+        log(
+            f"quant: GPTQ on {gptq} matrices (Hessians from {q.calib_batches} training batches in {t1 - t0:.1f} s, "
+            f"quantized in {time.perf_counter() - t1:.1f} s), int{q.bits} blocks, int{q.embed_bits} embeddings; "
+            f"{levers}"
+        )
+    artifact = export_packed(packed, str(q.compressor), q.level, log, str(q.pergroup_codec))
+    extra["report"] = tensor_report(state, packed, rules, hessians, artifact.group_bytes, str(q.compressor))
+    return dataclasses.replace(artifact, extra=extra)
 
 
 def _ttt(

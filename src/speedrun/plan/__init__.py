@@ -139,12 +139,12 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
 
     eval_plan = _resolve_eval(cfg, profile, attn, model, micro_batch, search)
     ttt = _resolve_ttt(cfg.ttt, model, eval_plan.batch_size)
-    _check_compressor(cfg.quant)
     _check_code_rule(cfg.artifact, cfg.quant)
     # A card-independent budget (tokens, FLOPs) set without a time budget is not cut short by the profile's
     # default seconds: the point of it is the same training on any card.
     default_seconds = math.inf if (b.tokens or b.flops) else profile.train_seconds
     train_seconds = b.train_seconds if b.train_seconds is not None else default_seconds
+    _check_quant(cfg.quant, train_seconds if train_seconds > 0 else math.inf)
     compile_on = cfg.hardware.compile if cfg.hardware.compile is not None else on_cuda
     # micro-batch search may raise the micro-batch after resolve: check CUDA graphs' warm-up for one per step
     kernel, attn_options = resolve_kernel(
@@ -349,16 +349,23 @@ def _resolve_ttt(ttt: TTTConfig, model: ModelShape, eval_batch: int) -> TTTConfi
     return dataclasses.replace(ttt, batch_size=ttt.batch_size or eval_batch)
 
 
-def _check_compressor(quant: QuantConfig) -> None:
-    """brotli and zstd come from an optional extra: refuse before training, not at export time."""
+def _check_quant(quant: QuantConfig, train_seconds: float) -> None:
+    """brotli and zstd come from an optional extra: refuse before training, not at export time. A reservation for
+    GPTQ's Hessians must leave training some of a time budget."""
     if quant.name == "off":
         return
     from speedrun.config.compressors import check_compressor
 
     try:
-        check_compressor(str(quant.compressor), quant.level)
+        check_compressor(str(quant.compressor), quant.level, str(quant.pergroup_codec))
     except ValueError as err:
         raise PlanError(str(err)) from None
+    if quant.reserve_seconds and not quant.reserve_seconds < train_seconds < math.inf:
+        raise PlanError(
+            f"quant.reserve_seconds={quant.reserve_seconds:g} is taken from the time budget "
+            f"(budget.train_seconds={train_seconds:g}): set budget.train_seconds above it, or drop "
+            f"quant.reserve_seconds"
+        )
 
 
 def _check_code_rule(artifact: ArtifactConfig, quant: QuantConfig) -> None:

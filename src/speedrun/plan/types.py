@@ -232,6 +232,12 @@ class Plan:
     def eval_tokens(self) -> int | None:
         return self.eval.tokens
 
+    @property
+    def loop_seconds(self) -> float:
+        """The training loop's time budget: train_seconds less quant.reserve_seconds, the time kept for GPTQ's
+        Hessian collection, which reads training data and so counts as training (parameter-golf's rule)."""
+        return self.train_seconds - self.quant.reserve_seconds
+
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["attn_options"] = dict(self.attn_options)
@@ -256,7 +262,8 @@ class Plan:
 
     def budget_text(self) -> str:
         """The budgets, whichever ends first: e.g. "120 s or 1000 steps or 5e+08 tokens"."""
-        parts = [f"{self.train_seconds:g} s"] if self.train_seconds != float("inf") else []
+        reserve = f" ({self.quant.reserve_seconds:g} s of it for GPTQ's Hessians)" if self.quant.reserve_seconds else ""
+        parts = [f"{self.train_seconds:g} s{reserve}"] if self.train_seconds != float("inf") else []
         parts += [f"{self.max_steps} steps"] if self.max_steps else []
         parts += [f"{self.budget_tokens:.4g} tokens"] if self.budget_tokens else []
         parts += [f"{self.budget_flops:.4g} FLOPs"] if self.budget_flops else []

@@ -93,6 +93,7 @@ class Job(JobRecord):
         self.result.update(plan.kernel.result_keys())  # kernel_* settings that ran, so sweeps over kernel= group
         self.result.update(plan.optim_result_keys())  # the optimizer, schedule and EMA levers
         self.result.update(plan.model.result_keys())  # the model levers (model_*)
+        self.result.update(plan.quant.result_keys())  # the export's levers (quant_*)
         configure_torch(plan)
         if self.world.rank == 0:  # one W&B run per run, not per rank
             self.logger = make_logger(plan.logger, self.ctx.run_dir, self.result["sweep"], plan.name)
@@ -196,6 +197,7 @@ class Job(JobRecord):
                 on_phase=self.on_phase,
                 world=self.world,
                 code=self.code,
+                train_seconds=self.state.train_seconds if self.state is not None else None,
             )
         )
 

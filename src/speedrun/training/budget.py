@@ -36,7 +36,8 @@ class Budget:
 
     @classmethod
     def from_plan(cls, plan: Any) -> Budget:
-        return cls(plan.train_seconds, plan.max_steps, plan.budget_tokens, plan.budget_flops)
+        # the loop's seconds: quant.reserve_seconds of the time budget are left for GPTQ's Hessians
+        return cls(plan.loop_seconds, plan.max_steps, plan.budget_tokens, plan.budget_flops)
 
     def fractions(self, seconds: float, steps: int, tokens: int, flops: float) -> dict[str, float]:
         """The used fraction of each budget that is set."""

@@ -1,0 +1,196 @@
+"""The quant group's schema: how the artifact is quantized and compressed, and the levers of parameter-golf's
+2026-04-29 record export (sigma clipping per tensor class, GPTQ'd embeddings, LQER, quantized gates, per-group
+compression, the Hessians' time reserved in the training budget). Every lever is off by default: with all off the
+artifact is today's, byte for byte."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from speedrun.config.choices import Compressor, PergroupCodec, QuantClip, QuantName, _require
+from speedrun.config.specs import parse_count
+
+TENSOR_CLASSES = ("attn", "mlp", "matrix", "embed")
+"""The classes of quantized matrices quant.sigmas names (speedrun.finishing.classes assigns them by name)."""
+
+
+@dataclass
+class ClipSigmas:
+    """quant.sigmas: k of quant.clip=sigma per tensor class, in standard deviations of the row (clip = k x std)."""
+
+    matrix: float = 12.85
+    """Quantized matrices of no other class: linears of a model of one's own outside ``attn``/``mlp`` modules, a
+    large 2-D parameter GPTQ does not see. The record's MATRIX_CLIP_SIGMAS (12.85), which in its own tied 11x512
+    model applies to no tensor (every large matrix there is attention, MLP or the embedding)."""
+    mlp: float = 12.0
+    """MLP fc and proj (``blocks.<i>.mlp.*``). The record: 12 (MLP_CLIP_SIGMAS=12 in its run command; 10 is its
+    script's default)."""
+    attn: float = 13.0
+    """Attention c_q, c_k, c_v and proj (``blocks.<i>.attn.*``). The record: 13 (ATTN_CLIP_SIGMAS)."""
+    embed: float = 15.0
+    """The token embedding and an untied lm_head. The record: 15 (EMBED_CLIP_SIGMAS=15 in its run command; 20 is
+    its script's default). The record files an untied head under matrix; its model has none."""
+
+    def __post_init__(self) -> None:
+        for name in TENSOR_CLASSES:
+            k = getattr(self, name)
+            _require(
+                math.isfinite(k) and k > 0,
+                f"quant.sigmas.{name}={k} must be > 0 (the clip in row standard deviations); e.g. 12",
+            )
+
+    def of(self, tensor_class: str) -> float:
+        """k for a class of TENSOR_CLASSES."""
+        return float(getattr(self, tensor_class))
+
+
+@dataclass
+class LQERConfig:
+    """quant.lqer: a low-rank correction of the worst-quantized matrices, stored beside their codes and added back
+    when the artifact is dequantized (the record's LQER_*)."""
+
+    rank: int = 0
+    """Rank r of each correction: the top r singular triplets of the quantization error W - dequant(Q), as two
+    factors (r x rows and r x cols values). 0: off. The record: 4."""
+    top_k: int = 3
+    """How many quantized matrices get a correction: those with the largest quantization error ||W - dequant(Q)||_F
+    (absolute Frobenius norm, the record's ranking), whatever their class. The record: 3."""
+    factor_bits: int = 4
+    """Bits of the factors' codes (2..8): each group of asym_group values is stored as unsigned codes with an fp16
+    step and an fp16 minimum (asymmetric). The record: 4 (its second factor; the first it keeps at 2 bits with one
+    scale per matrix)."""
+    asym_group: int = 64
+    """Values per quantization group along each factor row (a row of n values is cut into ceil(n / asym_group)
+    equal groups). The record: 64."""
+
+    def __post_init__(self) -> None:
+        _require(self.rank >= 0, f"quant.lqer.rank={self.rank} must be >= 0 (0: off); e.g. quant.lqer.rank=4")
+        _require(self.top_k >= 1, f"quant.lqer.top_k={self.top_k} must be >= 1; e.g. quant.lqer.top_k=3")
+        _require(
+            2 <= self.factor_bits <= 8,
+            f"quant.lqer.factor_bits={self.factor_bits} must be in 2..8 (one byte per code); e.g. 4",
+        )
+        _require(self.asym_group >= 2, f"quant.lqer.asym_group={self.asym_group} must be >= 2; e.g. 64")
+
+
+@dataclass
+class QuantConfig:
+    name: QuantName = QuantName.int8
+    """off; int8: per-row int8 weights (parameter-golf's export); int6: GPTQ on the block matrices with
+    Hessians from training batches, embeddings at embed_bits. Scored on the dequantized round trip."""
+    compressor: Compressor = Compressor.zlib
+    """zlib, lzma (stdlib), brotli, zstd (the `compress` extra: pip install 'speedrun[compress]'), or pergroup:
+    tensors grouped by kind and class, each group byte-shuffled and compressed apart with quant.pergroup_codec in
+    parallel threads (speedrun.finishing.pergroup)."""
+    level: int = 9
+    """Compression level (zlib 0-9, lzma 0-9, brotli 0-11, zstd 1-22; pergroup: its codec's)."""
+    cap_bytes: Any = 16_000_000
+    """Artifact size limit; recorded as artifact_ok. An integer, also written 16e6 or 16_000_000 (typed Any, see
+    parse_count)."""
+    bits: int = 6
+    """int6: bits of the GPTQ block matrices (values in [-(2^(bits-1)-1), 2^(bits-1)-1], stored one per byte)."""
+    embed_bits: int = 8
+    """int6: bits of the token embedding and an untied lm_head (round-to-nearest per row, or GPTQ with
+    quant.embed_gptq)."""
+    calib_batches: int = 8
+    """int6: training micro-batches whose activations make the GPTQ Hessians (never validation data)."""
+    damp: float = 0.01
+    """int6: GPTQ dampening, added to the Hessian diagonal as damp x its mean."""
+    block_size: int = 128
+    """int6: GPTQ column block size (error propagation is done lazily per block)."""
+    clip_ratios: list[float] = field(default_factory=lambda: [1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7])
+    """int6, clip=absmax_search: per-row clip search candidates, fractions of the row's absmax; each row keeps the
+    one with the least Hessian-diagonal-weighted rounding error."""
+    clip: QuantClip = QuantClip.absmax_search
+    """int6: how each row's clip (the magnitude its largest code stands for; scale = clip / (2^(bits-1)-1)) is
+    chosen. absmax_search: the search over clip_ratios above. sigma: clip = k x the row's standard deviation, k
+    from quant.sigmas by the tensor's class; a large k (the record's 12-15) makes the grid coarse, so the codes
+    cluster near zero and compress to far fewer bits than the container's, at some rounding error."""
+    sigmas: ClipSigmas = field(default_factory=ClipSigmas)
+    """int6, clip=sigma: k per tensor class (attn, mlp, embed, matrix)."""
+    embed_gptq: bool = False
+    """int6: GPTQ the token embedding (and an untied lm_head) at embed_bits instead of rounding to nearest. The
+    Hessian is that of the output head's input, X^T X of the final norm's output (the record's), for a tied
+    embedding and an untied head alike; an untied embedding is only looked up, which makes its Hessian diagonal
+    in the rows, so it stays round-to-nearest (speedrun.finishing.gptq)."""
+    lqer: LQERConfig = field(default_factory=LQERConfig)
+    """int6: low-rank corrections of the top_k worst-quantized matrices (rank 0: off)."""
+    gate_bits: int | None = None
+    """int6: bits of the model's small gate tensors (smear gate, attention output gate, skip gates: names
+    containing ``gate``, and the smear gate's ``smear_w``), per-row round-to-nearest with an fp16 absmax scale.
+    None: kept in float as every small tensor is (fp16; fp32 up to 64 values)."""
+    reserve_seconds: float = 0.0
+    """int6: seconds of budget.train_seconds kept for GPTQ's Hessian collection, which reads training data and so
+    counts as training under parameter-golf's rules: the training loop stops this much earlier (its LR schedule
+    follows the shorter budget), train_seconds records loop + Hessian seconds, and quant_reserve_ok whether that
+    stayed within budget.train_seconds. 0: off. The record: 8."""
+    pergroup_codec: PergroupCodec = PergroupCodec.brotli
+    """compressor=pergroup: the codec of every group (brotli or lzma), at quant.level."""
+    keep_weights: bool = False
+    """Write the float weights the export quantizes (the EMA's when ema.decay is set) to <run dir>/model.pt, so
+    scripts/quant_table.py can re-quantize them under other settings."""
+
+    def __post_init__(self) -> None:
+        self.cap_bytes = parse_count(self.cap_bytes, "quant.cap_bytes")
+        _require(
+            2 <= self.bits <= 8 and 2 <= self.embed_bits <= 8,
+            f"quant.bits={self.bits} and quant.embed_bits={self.embed_bits} must be in 2..8 (one int8 byte per "
+            f"value); use e.g. quant.bits=6 quant.embed_bits=8",
+        )
+        _require(
+            self.calib_batches >= 1 and self.block_size >= 1 and self.damp >= 0,
+            f"quant.calib_batches ({self.calib_batches}) and quant.block_size ({self.block_size}) must be >= 1 "
+            f"and quant.damp ({self.damp}) >= 0; use the int6 defaults (8, 128, 0.01)",
+        )
+        _require(
+            bool(self.clip_ratios) and all(0 < r <= 1 for r in self.clip_ratios),
+            f"quant.clip_ratios={list(self.clip_ratios)} must be fractions in (0, 1]; use e.g. [1.0,0.9,0.8]",
+        )
+        _require(self.cap_bytes is not None and self.cap_bytes >= 1, f"quant.cap_bytes={self.cap_bytes} must be >= 1")
+        _require(
+            self.gate_bits is None or 2 <= self.gate_bits <= 8,
+            f"quant.gate_bits={self.gate_bits} must be in 2..8 (one int8 byte per value), or null to keep gates "
+            f"in float; e.g. quant.gate_bits=8",
+        )
+        _require(
+            math.isfinite(self.reserve_seconds) and self.reserve_seconds >= 0,
+            f"quant.reserve_seconds={self.reserve_seconds} must be >= 0 (0: off); e.g. quant.reserve_seconds=8",
+        )
+        levers = self.levers_on()
+        _require(
+            self.name == QuantName.int6 or not levers,
+            f"{', '.join(levers)} act on GPTQ's export: add quant=int6 (now quant={self.name}), or drop them",
+        )
+
+    def levers_on(self) -> list[str]:
+        """The GPTQ levers set away from their defaults, as the command line names them."""
+        on = [f"quant.clip={self.clip}"] if self.clip != QuantClip.absmax_search else []
+        on += ["quant.embed_gptq=true"] if self.embed_gptq else []
+        on += [f"quant.lqer.rank={self.lqer.rank}"] if self.lqer.rank else []
+        on += [f"quant.gate_bits={self.gate_bits}"] if self.gate_bits is not None else []
+        on += [f"quant.reserve_seconds={self.reserve_seconds:g}"] if self.reserve_seconds else []
+        return on
+
+    def result_keys(self) -> dict[str, Any]:
+        """The export's levers as result.json and the results row record them (quant_*; null where a lever does
+        not apply: every key with quant=off, the sigmas without clip=sigma, LQER's knobs at rank 0)."""
+        on = self.name != QuantName.off
+        int6 = self.name == QuantName.int6
+        sigma = int6 and self.clip == QuantClip.sigma
+        lqer = int6 and self.lqer.rank > 0
+        return {
+            "quant_bits": self.bits if int6 else None,
+            "quant_embed_bits": self.embed_bits if int6 else None,
+            "quant_clip": str(self.clip) if int6 else None,
+            **{f"quant_sigmas_{c}": self.sigmas.of(c) if sigma else None for c in TENSOR_CLASSES},
+            "quant_embed_gptq": self.embed_gptq if int6 else None,
+            "quant_lqer_rank": self.lqer.rank if int6 else None,
+            "quant_lqer_top_k": self.lqer.top_k if lqer else None,
+            "quant_lqer_factor_bits": self.lqer.factor_bits if lqer else None,
+            "quant_lqer_asym_group": self.lqer.asym_group if lqer else None,
+            "quant_gate_bits": self.gate_bits if int6 else None,
+            "quant_reserve_seconds": self.reserve_seconds if int6 else None,
+            "quant_pergroup_codec": str(self.pergroup_codec) if on and self.compressor == "pergroup" else None,
+        }

@@ -1,0 +1,236 @@
+"""GPTQ (quant=int6): Hessians from training batches, per-row scales, and the column-by-column rounding.
+
+The Hessian H = X^T X / n of each layer's inputs comes from forward hooks over a few *training* micro-batches
+(never validation data). Columns are taken in order of decreasing H diagonal, each is rounded and its error spread
+over the columns not yet rounded through the upper Cholesky factor of H^-1, so the layer's output error on those
+activations is what is minimised, not the weights' own error.
+
+Scales are per row (fp16) and fixed before GPTQ, by one of two rules (quant.clip):
+
+- absmax_search: for each row, the candidate clip (a fraction of the row's absmax, ``quant.clip_ratios``) with the
+  least H-diagonal-weighted rounding error;
+- sigma: clip = k x the row's standard deviation, k by tensor class (quant.sigmas). Far beyond the absmax (the
+  record's k of 12-15 against a trained row's absmax of a few sigma) the grid is coarse, the codes cluster near
+  zero and the entropy coder stores them in about 3 bits instead of the container's 6.
+
+The output head (quant.embed_gptq). Its weight is applied with F.linear (tied: the token embedding; untied:
+lm_head), never as a module call, so no forward hook sees its input; a TorchFunctionMode watches F.linear during
+the calibration forwards and accumulates X^T X of whatever multiplies that weight: the final norm's output, the
+record's Hessian for its tied embedding. An embedding that is only looked up (untied) has inputs that are one-hot
+rows: its Hessian is diagonal over the vocabulary and couples no two entries of a row, so GPTQ has nothing to
+propagate and it stays round-to-nearest. For a tied embedding the lookup role adds the same kind of per-row
+identity term, which we leave out as the record does (GPTQ already damps H by quant.damp x its mean diagonal).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from speedrun.progress import Progress
+
+HEAD_NAMES = ("tok_emb.weight", "lm_head.weight")
+"""Weights that may be the output head's (applied with F.linear in GPT.head)."""
+
+
+def gptq_layers(model: torch.nn.Module) -> dict[str, torch.nn.Linear]:
+    """The linear layers GPTQ quantizes, by state-dict weight name: every nn.Linear inside the blocks, and the
+    untied lm_head (whose hook never fires: the head applies its weight with F.linear, see head_weights)."""
+    layers = {}
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and (name.startswith("blocks.") or name == "lm_head"):
+            layers[f"{name}.weight"] = module
+    return layers
+
+
+def head_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The embedding tables that may multiply the final hidden state, by state-dict name (quant.embed_gptq)."""
+    params = dict(model.named_parameters())
+    return {name: params[name] for name in HEAD_NAMES if name in params}
+
+
+class _LinearInputs(TorchFunctionMode):
+    """Calls ``add(name, input)`` for every F.linear whose weight is one of ``weights`` (by identity)."""
+
+    def __init__(self, weights: dict[str, torch.Tensor], add: Callable[[str, torch.Tensor], None]):
+        super().__init__()
+        self.names = {id(w): name for name, w in weights.items()}
+        self.add = add
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is F.linear:
+            weight = args[1] if len(args) > 1 else kwargs.get("weight")
+            name = self.names.get(id(weight))
+            if name is not None:
+                self.add(name, args[0] if args else kwargs["input"])
+        return func(*args, **kwargs)
+
+
+@torch.no_grad()
+def collect_hessians(
+    model: torch.nn.Module,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    n_batches: int,
+    *,
+    device: str,
+    autocast_dtype: torch.dtype | None = None,
+    progress: Progress | None = None,
+    head: bool = False,
+) -> dict[str, torch.Tensor]:
+    """H = X^T X / n (fp32, on ``device``) of the inputs of every GPTQ layer over ``n_batches`` (x, y) batches
+    (``progress`` ticked after each); with ``head``, also of the output head's weight (head_weights), keyed by its
+    name (``tok_emb.weight`` when tied).
+
+    Pass a fresh *training* stream: GPTQ fits the weights to these activations, so validation data here would
+    leak into the score. Forward hooks on the eager model; the model is left unchanged.
+    """
+    if n_batches < 1:
+        raise ValueError(f"quant.calib_batches must be >= 1, got {n_batches}")
+    layers = gptq_layers(model)
+    sums: dict[str, torch.Tensor] = {}
+    counts: dict[str, int] = {}
+
+    def add(name: str, inputs: torch.Tensor) -> None:
+        x = inputs.detach().reshape(-1, inputs.size(-1)).float()
+        if name not in sums:
+            sums[name] = torch.zeros(x.size(1), x.size(1), dtype=torch.float32, device=x.device)
+            counts[name] = 0
+        sums[name].addmm_(x.T, x)
+        counts[name] += x.size(0)
+
+    def hook(name: str) -> Callable[..., None]:
+        return lambda module, inputs: add(name, inputs[0])
+
+    handles = [module.register_forward_pre_hook(hook(name)) for name, module in layers.items()]
+    watch = _LinearInputs(head_weights(model), add) if head else None
+    was_training = model.training
+    model.eval()
+    try:
+        iterator: Iterator = iter(batches)
+        for done in range(1, n_batches + 1):
+            x, y = next(iterator)
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            with watch or contextlib.nullcontext(), _autocast(device, autocast_dtype):
+                model(x, y)
+            if progress is not None:
+                progress.tick(done, n_batches)
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    return {name: sums[name] / counts[name] for name in sums}
+
+
+def _autocast(device: str, dtype: torch.dtype | None) -> Any:
+    return torch.autocast(device, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
+def qmax_of(bits: int) -> int:
+    if not 2 <= bits <= 8:
+        raise ValueError(f"quantization bits must be in 2..8 (stored in int8), got {bits}")
+    return 2 ** (bits - 1) - 1
+
+
+def search_scales(w: torch.Tensor, importance: torch.Tensor, qmax: int, clip_ratios: Sequence[float]) -> torch.Tensor:
+    """Per-row fp16 scales: for each row the clip (ratio x row absmax) whose round-to-nearest error, weighted
+    per column by ``importance`` (the Hessian diagonal; ones for embeddings), is least. Returns (rows,) fp16."""
+    if not clip_ratios or any(not 0 < r <= 1 for r in clip_ratios):
+        raise ValueError(f"quant.clip_ratios must be a non-empty list of fractions in (0, 1], got {list(clip_ratios)}")
+    w = w.float()
+    absmax = w.abs().amax(dim=1).clamp_min(1e-8)
+    best_err = torch.full_like(absmax, float("inf"))
+    best = torch.zeros_like(absmax)
+    for ratio in clip_ratios:
+        scale = (ratio * absmax / qmax).half().float().clamp_min(1e-8)  # as stored: fp16
+        q = torch.clamp(torch.round(w / scale[:, None]), -qmax, qmax)
+        err = ((w - q * scale[:, None]).square() * importance[None, :]).sum(dim=1)
+        better = err < best_err
+        best_err = torch.where(better, err, best_err)
+        best = torch.where(better, scale, best)
+    return best.half()
+
+
+def sigma_scales(w: torch.Tensor, sigma: float, qmax: int) -> torch.Tensor:
+    """Per-row fp16 scales of quant.clip=sigma: clip = sigma x the row's standard deviation (unbiased, as
+    torch.std), scale = clip / qmax. Returns (rows,) fp16."""
+    std = w.float().std(dim=1) if w.size(1) > 1 else w.float().abs()[:, 0]
+    return (sigma * std / qmax).clamp_min(1e-8).half()
+
+
+def row_scales(
+    w: torch.Tensor, importance: torch.Tensor, qmax: int, clip_ratios: Sequence[float], sigma: float | None
+) -> torch.Tensor:
+    """The scales of quant.clip: sigma_scales when ``sigma`` is given, else search_scales."""
+    return sigma_scales(w, sigma, qmax) if sigma is not None else search_scales(w, importance, qmax, clip_ratios)
+
+
+def quantize_rtn(
+    w: torch.Tensor, bits: int, clip_ratios: Sequence[float] = (1.0,), sigma: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Round-to-nearest per row with the clip rule (uniform importance) -> (int8 values, fp16 scales)."""
+    qmax = qmax_of(bits)
+    w = w.float()
+    scale = row_scales(w, torch.ones(w.size(1), device=w.device), qmax, clip_ratios, sigma)
+    q = torch.clamp(torch.round(w / scale.float()[:, None]), -qmax, qmax).to(torch.int8)
+    return q, scale
+
+
+def quantize_gptq(
+    w: torch.Tensor,
+    hessian: torch.Tensor,
+    *,
+    bits: int,
+    damp: float = 0.01,
+    block_size: int = 128,
+    clip_ratios: Sequence[float] = (1.0,),
+    sigma: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPTQ of one (out, in) weight given H = X^T X / n of its inputs -> (int8 values, fp16 per-row scales).
+
+    Minimises ||X (W - Q)^T|| column by column: round a column, divide its error by the pivot of the upper
+    Cholesky factor U of H^-1 and subtract error x U[row] from the columns to its right (within a block at
+    once, then for the rest of the matrix in one matmul per block). Columns go in decreasing H diagonal
+    ("act order"), so the most-used inputs are rounded first, while every later column can still compensate.
+    ``sigma``: the scales are quant.clip=sigma's, of the row as given; None: the clip search's.
+    """
+    qmax = qmax_of(bits)
+    if block_size < 1:
+        raise ValueError(f"quant.block_size must be >= 1, got {block_size}")
+    W = w.detach().float().clone()
+    H = hessian.detach().to(device=W.device, dtype=torch.float64).clone()
+    rows, cols = W.shape
+    if H.shape != (cols, cols):
+        raise ValueError(f"Hessian shape {tuple(H.shape)} does not match weight {tuple(W.shape)}")
+    sigma_scale = sigma_scales(W, sigma, qmax) if sigma is not None else None  # the row as trained
+    dead = torch.diagonal(H) == 0  # inputs that never fired: their weights cannot matter
+    H[dead, dead] = 1.0
+    W[:, dead] = 0.0
+    scale = sigma_scale if sigma_scale is not None else search_scales(W, torch.diagonal(H).float(), qmax, clip_ratios)
+    s = scale.float()[:, None]
+    H.diagonal().add_(damp * torch.diagonal(H).mean())
+    perm = torch.argsort(torch.diagonal(H), descending=True)
+    W = W[:, perm]
+    H = H[perm][:, perm]
+    U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True).float()
+    Q = torch.zeros(rows, cols, dtype=torch.int8, device=W.device)
+    for i1 in range(0, cols, block_size):
+        i2 = min(cols, i1 + block_size)
+        Wb = W[:, i1:i2].clone()
+        Ub = U[i1:i2, i1:i2]
+        Err = torch.zeros(rows, i2 - i1, device=W.device)
+        for j in range(i2 - i1):
+            col = Wb[:, j : j + 1]
+            q = torch.clamp(torch.round(col / s), -qmax, qmax)
+            Q[:, i1 + j] = q[:, 0].to(torch.int8)
+            err = (col - q * s) / Ub[j, j]
+            Wb[:, j:] -= err * Ub[j : j + 1, j:]
+            Err[:, j : j + 1] = err
+        if i2 < cols:
+            W[:, i2:] -= Err @ U[i1:i2, i2:]
+    return Q[:, torch.argsort(perm)].contiguous(), scale
