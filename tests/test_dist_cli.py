@@ -65,7 +65,7 @@ def test_torchrun_two_ranks_make_one_run_like_one_process(tmp_path, data_cache, 
         "timeout_s": 600.0,
     }
     assert result["tokens"] == result["steps"] * 6144  # tokens (and tokens_per_s) are global
-    # one process, the same command line: the session's default smoke run (conftest.default_smoke_run)
+    # one process, the same overrides (plus its own run dir and database): conftest.default_smoke_run
     single = default_smoke_run.proc
     assert single.returncode == 0, single.stderr[-3000:]
     con = sqlite3.connect(default_smoke_run.db)
