@@ -1,13 +1,33 @@
-"""Shared fixtures: compose the real config tree, and fake devices for the resolver."""
+"""Shared fixtures: compose the real config tree, and fake devices for the resolver; how the suite runs in parallel."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+# One intra-op thread for torch, here and in every process a test starts (they inherit the environment): set before
+# any test module imports torch. The suite runs on pytest-xdist workers (pyproject's addopts: -n auto), each one
+# busy on a core; with torch's default of one OpenMP thread per core, the threads spin against the other worker
+# and the CLI runs' subprocesses, and a smoke run measured 10 times slower (74 s against 7 s) on a 2-core machine
+# that had other work. The models here are tiny: one thread loses nothing. An OMP_NUM_THREADS already set wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: no error where xdist is not installed
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: a worker per CPU this process may use, except for a run that selects the gpu-marked tests (one
+    device: they run in one process, as scripts/gpu_tests.sh runs them, which also drops addopts)."""
+    markexpr = config.getoption("markexpr", "") or ""
+    if "gpu" in markexpr and "not gpu" not in markexpr:
+        return 0
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 @pytest.fixture
@@ -27,11 +47,62 @@ def compose():
     return _compose
 
 
+def session_dir(tmp_path_factory) -> Path:
+    """A directory of this pytest session that every xdist worker sees: pytest-N/, above each worker's own
+    pytest-N/popen-gwK/ (without xdist, the session's base temp dir)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
 def data_cache(tmp_path_factory):
-    """data.cache_dir for CLI runs: the embedded dataset is built once per session (per vocabulary size), by the
-    first run that needs it, and shared by tests/test_cli.py and tests/test_experiments.py."""
-    return tmp_path_factory.mktemp("cache")
+    """data.cache_dir for CLI and in-process runs: the embedded dataset is built once per session (per vocabulary
+    size), by the first run that needs it, and shared by every test that asks for this fixture, on every xdist
+    worker (ensure_embedded_dataset serialises concurrent builders on a lock file)."""
+    path = session_dir(tmp_path_factory) / "speedrun-data-cache"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedRun:
+    """A finished `python -m run` that several tests read: its console (proc), working dir, run dir and database."""
+
+    proc: subprocess.CompletedProcess
+    cwd: Path
+    run_dir: Path
+    db: Path
+
+
+def shared_cli_run(tmp_path_factory, name: str, args: list[str], timeout: int = 300) -> SharedRun:
+    """Run `python -m run <args>` once per pytest session, whichever test or xdist worker asks first (the others wait
+    on a lock, then read the same run), with hydra.run.dir and results_db in a directory of its own. For tests that
+    only read what the run left: one that writes to its run dir or database gets a run of its own instead. The
+    outcome is kept whatever it was; each test asserts on it (proc.returncode first)."""
+    import fcntl
+    import json
+
+    cwd = session_dir(tmp_path_factory) / f"shared-run-{name}"
+    run_dir, db, record = cwd / "run", cwd / "r.sqlite", cwd / "console.json"
+    with open(session_dir(tmp_path_factory) / f".shared-run-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not record.exists():
+            cwd.mkdir(exist_ok=True)
+            proc = run_cli([*args, f"hydra.run.dir={run_dir}", f"results_db={db}"], cwd=cwd, timeout=timeout)
+            record.write_text(
+                json.dumps({"args": proc.args, "rc": proc.returncode, "out": proc.stdout, "err": proc.stderr})
+            )
+    saved = json.loads(record.read_text())
+    proc = subprocess.CompletedProcess(saved["args"], saved["rc"], saved["out"], saved["err"])
+    return SharedRun(proc, cwd, run_dir, db)
+
+
+@pytest.fixture(scope="session")
+def default_smoke_run(tmp_path_factory, data_cache) -> SharedRun:
+    """The default job as a CPU smoke run (`python -m run debug=smoke`, data from data_cache), run once for the whole
+    session: tests/test_experiments.py checks what it recorded and tests/test_dist_cli.py compares a two-rank run
+    with it. Read its run dir and database; never write to them (its database must keep its one row)."""
+    return shared_cli_run(tmp_path_factory, "smoke", ["debug=smoke", f"data.cache_dir={data_cache}"])
 
 
 # What torch.cuda.get_device_name() says on each profile's card (the card table, speedrun.hardware.cards, matches these).
@@ -56,9 +127,6 @@ def fake_device(profile_name: str, name: str | None = None):
 
 def run_cli(args, cwd, timeout=300, env_extra=None):
     """Run `python -m run ...` in a subprocess (the real entry point) and return the CompletedProcess."""
-    import os
-    import subprocess
-
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}
     return subprocess.run(
         [sys.executable, "-m", "run", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout

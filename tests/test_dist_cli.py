@@ -33,14 +33,14 @@ def run_dirs(cwd: Path) -> list[Path]:
     return sorted(p.parent for p in (cwd / "outputs").glob("**/.hydra"))
 
 
-def test_torchrun_two_ranks_make_one_run_like_one_process(tmp_path, data_cache):
+def test_torchrun_two_ranks_make_one_run_like_one_process(tmp_path, data_cache, default_smoke_run):
     """torchrun starts both ranks with the same command line: rank 1 creates no run dir of its own, rank 0 records
     world_size 2, and the run trains and scores as one process with twice the accumulation (fp32)."""
     torchrun = Path(sys.executable).with_name("torchrun")
     if not torchrun.exists():
         pytest.skip(f"no torchrun beside {sys.executable}")
-    # the 4 steps decide, not smoke's 10 s, which a loaded machine can reach first
-    args = [*SMOKE, "budget.train_seconds=120", f"data.cache_dir={data_cache}"]
+    # the 4 steps decide (smoke's 120 s is only a safety cap), the same data as conftest's default_smoke_run
+    args = [*SMOKE, f"data.cache_dir={data_cache}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
         [str(torchrun), "--standalone", "--nproc_per_node=2", "-m", "run", *args],
@@ -65,11 +65,12 @@ def test_torchrun_two_ranks_make_one_run_like_one_process(tmp_path, data_cache):
         "timeout_s": 600.0,
     }
     assert result["tokens"] == result["steps"] * 6144  # tokens (and tokens_per_s) are global
-    single_dir = tmp_path / "single"
-    single_dir.mkdir()
-    single = run_cli(args, cwd=single_dir)
+    # one process, the same overrides (plus its own run dir and database): conftest.default_smoke_run
+    single = default_smoke_run.proc
     assert single.returncode == 0, single.stderr[-3000:]
-    (one,) = rows(single_dir)
+    con = sqlite3.connect(default_smoke_run.db)
+    con.row_factory = sqlite3.Row
+    (one,) = [dict(r) for r in con.execute("SELECT * FROM runs")]
     assert one["steps"] == row["steps"] == 4 and abs(one["val_bpb"] - row["val_bpb"]) < 1e-4
 
 

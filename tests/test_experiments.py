@@ -125,8 +125,10 @@ def test_experiment_runs_as_a_cpu_smoke_run(tmp_path, data_cache, experiment, co
         assert out.count("context stage ") == n_stages, out[-4000:]
 
 
-def test_smoke_run_of_the_default_job(tmp_path, data_cache):
-    proc, run_dir = smoke_run(tmp_path, data_cache)
-    result = assert_smoke_run_ok(proc, run_dir, tmp_path)
+def test_smoke_run_of_the_default_job(default_smoke_run):
+    # the session's one default smoke run (conftest.default_smoke_run: smoke_run()'s command with no experiment, run
+    # once and shared with tests/test_dist_cli.py), in a dir of its own with its own database
+    run = default_smoke_run
+    result = assert_smoke_run_ok(run.proc, run.run_dir, run.cwd)
     # model=auto on CPU picks the tiny preset; the smoke shape overrides its fields (plan._resolve_model)
     assert result["model"] == "tiny" and result["name"] == "default" and result["precision"] == "fp32"

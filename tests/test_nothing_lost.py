@@ -86,13 +86,12 @@ def test_a_refused_resume_leaves_the_finished_run_as_it_was(finished, extra, nee
     assert refused[-1]["run_id"] in line or any(r["run_id"] in line for r in refused)
 
 
-def test_a_resume_with_an_override_it_never_had_is_refused_before_hydra_writes(tmp_path):
+def test_a_resume_with_an_override_it_never_had_is_refused_before_hydra_writes(interrupted):
     """An interrupted run with a checkpoint, resumed with a different override: refused, nothing touched."""
-    db, run_dir = tmp_path / "r.sqlite", tmp_path / "run"
-    stopped = _interrupted_run(tmp_path, db, run_dir)
+    stopped, cwd, db, run_dir = interrupted
     assert stopped.returncode == 143
     before = snapshot(run_dir, db)
-    proc = run_cli([f"resume={run_dir}", "seed=7", f"results_db={db}"], cwd=tmp_path)
+    proc = run_cli([f"resume={run_dir}", "seed=7", f"results_db={db}"], cwd=cwd)
     one_line_error(proc, "these overrides differ from it: seed=7")
     assert_unchanged(before, run_dir, db)
     assert not (run_dir / ".hydra" / "resume").exists()  # Hydra wrote its files into the refusal's new dir
@@ -102,7 +101,7 @@ def test_a_resume_with_an_override_it_never_had_is_refused_before_hydra_writes(t
     for pt in (run_dir / "checkpoints").glob("*.pt"):
         pt.write_bytes(b"not a checkpoint")
     before = snapshot(run_dir, db)
-    proc = run_cli([f"resume={run_dir}", f"results_db={db}"], cwd=tmp_path)
+    proc = run_cli([f"resume={run_dir}", f"results_db={db}"], cwd=cwd)
     line = one_line_error(proc, "no readable checkpoint")
     assert_unchanged(before, run_dir, db, allow=(".hydra/resume/", "resume_attempts/", "run.log"))
     (attempt,) = [r for r in rows(db).values() if r.get("resume_of") == str(run_dir.resolve())]
@@ -130,9 +129,18 @@ def _interrupted_run(cwd: Path, db: Path, run_dir: Path) -> subprocess.Completed
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
 
 
-def test_sigterm_is_one_line_exit_143_and_an_interrupted_row(tmp_path):
-    db, run_dir = tmp_path / "r.sqlite", tmp_path / "run"
-    proc = _interrupted_run(tmp_path, db, run_dir)
+@pytest.fixture(scope="module")
+def interrupted(tmp_path_factory):
+    """A smoke run stopped by SIGTERM during training, with its console output: the two tests below share it. The
+    test that resumes it leaves the run dir and its row as they were (it asserts so) and adds rows of its own, so
+    what the other test reads holds in either order."""
+    cwd = tmp_path_factory.mktemp("interrupted")
+    db, run_dir = cwd / "r.sqlite", cwd / "run"
+    return _interrupted_run(cwd, db, run_dir), cwd, db, run_dir
+
+
+def test_sigterm_is_one_line_exit_143_and_an_interrupted_row(interrupted):
+    proc, _, db, run_dir = interrupted
     line = one_line_error(proc, "interrupted: signal 15", code=143, trained=True)
     assert f"resume={run_dir}" in line  # the line says how to continue
     assert rows(db)[str(run_dir.resolve())]["status"] == "interrupted"

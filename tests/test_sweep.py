@@ -17,7 +17,8 @@ from omegaconf import OmegaConf
 from conftest import run_cli
 from hydra_plugins.speedrun_plugins import pool_launcher as pl
 
-# test_cli.py's TINY with a 2 s budget, no warm-up step and a shorter eval: every job is a real run, just short
+# A tiny CPU run of 4 steps (or 2 s, whichever ends first), no warm-up step and a shorter eval: every job is a real
+# run, just short (a 2 s budget alone ran ~10 steps a job, which no assertion here needs)
 SWEEP_TINY = [
     "hardware=cpu",
     "model=tiny",
@@ -26,17 +27,10 @@ SWEEP_TINY = [
     "eval.tokens=2048",
     "logger.log_every_seconds=0.5",
     "budget.train_seconds=2",
+    "budget.max_steps=4",
     "budget.warmup_steps=0",
 ]
 GRID = ["model.n_layer=1,2", "optim.matrix_lr=0.04,0.02"]
-
-
-@pytest.fixture(scope="session")
-def shared_data(tmp_path_factory):
-    """The embedded dataset, built once by the first job that needs it (test_wandb.py uses the same path)."""
-    path = tmp_path_factory.getbasetemp() / "speedrun-data-cache"
-    path.mkdir(exist_ok=True)
-    return path
 
 
 def db_rows(cwd: Path) -> list[dict]:
@@ -214,9 +208,9 @@ def test_keep_going_runs_every_job_after_a_failure(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory, shared_data):
+def project(tmp_path_factory, data_cache):
     """A working dir in which the tests below run sweeps one after another (they share results.sqlite)."""
-    return {"cwd": tmp_path_factory.mktemp("sweep"), "data": shared_data}
+    return {"cwd": tmp_path_factory.mktemp("sweep"), "data": data_cache}
 
 
 def _sweep(project, *args, timeout=600, env=None):

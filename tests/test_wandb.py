@@ -17,7 +17,8 @@ import pytest
 from speedrun.config import LoggerConfig
 from speedrun.run.loggers import WandbLogger, make_logger, resolve_wandb_mode
 
-# test_cli.py's TINY with a 2 s budget, no warm-up step and a shorter eval: every job is a real run, just short
+# A tiny CPU run of 4 steps (or 2 s, whichever ends first), no warm-up step and a shorter eval: every job is a real
+# run, just short (a 2 s budget alone ran ~10 steps a job, which no assertion here needs)
 SWEEP_TINY = [
     "hardware=cpu",
     "model=tiny",
@@ -26,16 +27,9 @@ SWEEP_TINY = [
     "eval.tokens=2048",
     "logger.log_every_seconds=0.5",
     "budget.train_seconds=2",
+    "budget.max_steps=4",
     "budget.warmup_steps=0",
 ]
-
-
-@pytest.fixture(scope="session")
-def shared_data(tmp_path_factory):
-    """The embedded dataset, built once by the first job that needs it (test_sweep.py uses the same path)."""
-    path = tmp_path_factory.getbasetemp() / "speedrun-data-cache"
-    path.mkdir(exist_ok=True)
-    return path
 
 
 def wandb_records(run_dir: Path) -> dict:
@@ -83,7 +77,7 @@ def wandb_records(run_dir: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_an_offline_sweep_leaves_config_and_summary_in_each_run_dir(tmp_path, shared_data):
+def test_an_offline_sweep_leaves_config_and_summary_in_each_run_dir(tmp_path, data_cache):
     pytest.importorskip("wandb", reason="wandb is not installed (pip install -e '.[wandb]'; it is in the dev extra)")
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(
@@ -101,7 +95,7 @@ def test_an_offline_sweep_leaves_config_and_summary_in_each_run_dir(tmp_path, sh
             "run",
             "-m",
             *SWEEP_TINY,
-            f"data.cache_dir={shared_data}",
+            f"data.cache_dir={data_cache}",
             "logger=wandb",
             "logger.project=speedrun-test",
             # job 1 fails on purpose after its logger started: fineweb_sp1024's shards are not in tmp_path
