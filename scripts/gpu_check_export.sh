@@ -21,7 +21,8 @@ train)
   rm -rf "$run"
   "$py" -m run experiment=pgolf_record ttt=off eval.tokens="${EVAL_TOKENS:-1048576}" \
     "budget.train_seconds=${TRAIN_SECONDS:-300}" logger.log_every_seconds=30 "results_db=$work/results.sqlite" \
-    "hydra.run.dir=$run" data.cache_dir=/tmp/speedrun-cache "$@" 2>&1 | grep -vE "^\s*$" | tail -60
+    "hydra.run.dir=$run" data.cache_dir=/tmp/speedrun-cache "$@" >"$work/train.log" 2>&1
+  grep -E "warm-up done|layer loop|eval \(|quant:|compressed|status:|error:" "$work/train.log"
   "$py" - "$run" <<'EOF'
 import json, sys
 from pathlib import Path
