@@ -231,9 +231,10 @@ def test_seeds_export_as_one_folder_with_mean_and_std(tmp_path, capsys):
     [
         ({"status": "failed"}, "status failed"),
         ({"artifact_ok": False}, "over its cap"),
+        ({"eval_complete_quant": False, "val_tokens_scored": 10, "val_tokens_total": 99}, "its score is partial"),
     ],
 )
-def test_a_run_not_ok_or_over_its_cap_needs_force(tmp_path, capsys, kwargs, refusal):
+def test_a_run_not_ok_over_its_cap_or_scored_in_part_needs_force(tmp_path, capsys, kwargs, refusal):
     run = fake_run(tmp_path, 0, **kwargs)
     code, text = export([run, "--out", tmp_path / "X"], capsys)
     assert code == 1 and refusal in text and "--force" in text and not (tmp_path / "X").exists()

@@ -107,8 +107,8 @@ def _hydra_config(path: Path) -> dict[str, Any]:
 
 
 def check_runs(runs: list[Run], force: bool) -> None:
-    """Raise ExportError for what must not become a submission: a run not ok or over its cap (unless ``force``),
-    runs that are not seeds of one config, two runs of one seed, code the file cannot carry."""
+    """Raise ExportError for what must not become a submission: a run not ok, over its cap or scored in part (unless
+    ``force``), runs that are not seeds of one config, two runs of one seed, code the file cannot carry."""
     for run in runs:
         r = run.result
         if r.get("status") != "ok" and not force:
@@ -123,6 +123,13 @@ def check_runs(runs: list[Run], force: bool) -> None:
                 else "it wrote no artifact (quant=off)"
             )
             raise ExportError(f"{run.dir}: {why}; a submission must fit the cap, or pass --force to export it anyway")
+        partial = [k for k in ("eval_complete", "eval_complete_quant") if r.get(k) is False]
+        if partial and not force:
+            raise ExportError(
+                f"{run.dir}: its score is partial ({', '.join(partial)} false: eval.max_seconds ran out after "
+                f"{r.get('val_tokens_scored')} of {r.get('val_tokens_total')} tokens); a submission scores the whole "
+                "split: raise eval.max_seconds and run again, or pass --force to export it anyway"
+            )
         arch = run.config.get("model", {}).get("arch", "gpt")
         if arch != "gpt":
             raise ExportError(
