@@ -174,8 +174,11 @@ CONFIG = {
 }
 
 
-def fake_run(root: Path, seed: int, status: str = "ok", artifact_ok: bool = True, **config) -> Path:
-    """A finished run dir as the export reads it: result.json, run.log and a (tiny) train_gpt.py with its config."""
+def fake_run(
+    root: Path, seed: int, status: str = "ok", artifact_ok: bool = True, result_extra: dict | None = None, **config
+) -> Path:
+    """A finished run dir as the export reads it: result.json (plus ``result_extra``), run.log and a (tiny)
+    train_gpt.py with its config (plus ``config``)."""
     run = root / f"run{seed}"
     run.mkdir(parents=True)
     tree = {**CONFIG, "seed": seed, **config}
@@ -195,6 +198,7 @@ def fake_run(root: Path, seed: int, status: str = "ok", artifact_ok: bool = True
         "artifact_ok": artifact_ok,
         "steps": 10,
         "torch_version": torch.__version__,
+        **(result_extra or {}),
     }
     (run / "result.json").write_text(json.dumps(result))
     return run
@@ -231,7 +235,10 @@ def test_seeds_export_as_one_folder_with_mean_and_std(tmp_path, capsys):
     [
         ({"status": "failed"}, "status failed"),
         ({"artifact_ok": False}, "over its cap"),
-        ({"eval_complete_quant": False, "val_tokens_scored": 10, "val_tokens_total": 99}, "its score is partial"),
+        (
+            {"result_extra": {"eval_complete_quant": False, "val_tokens_scored": 10, "val_tokens_total": 99}},
+            "its score is partial",
+        ),
     ],
 )
 def test_a_run_not_ok_over_its_cap_or_scored_in_part_needs_force(tmp_path, capsys, kwargs, refusal):

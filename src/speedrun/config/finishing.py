@@ -215,6 +215,11 @@ class TTTConfig:
                 f"ttt.momentum={self.momentum} is for ttt.optimizer=sgd; Adam's momentum is ttt.beta1 (set "
                 f"ttt.optimizer=sgd, or drop ttt.momentum)",
             )
+        _require(
+            self.phased.phases == 0 or self.name != TTTName.off,
+            f"ttt.phased.phases={self.phased.phases} runs inside LoRA TTT; add ttt=lora (or ttt=record), or set "
+            f"ttt.phased.phases=0",
+        )
 
     def chunk_sizes(self) -> list[int]:
         """Every chunk size TTT may use (chunk_size and the short-document ones)."""
