@@ -1,0 +1,109 @@
+"""Time to target (budget.target_val_loss / target_val_bpb): a run stops at the first periodic evaluation at or
+below its target and records when it got there; one that never gets there ends ok at its budget; the refusals;
+the report's --target table (mean time to target over the seeds that reached it, the acceptance test on the final
+metric, the Welch test of the time against a baseline)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from speedrun import stats
+from speedrun.config import to_config
+from speedrun.errors import ConfigError
+
+# A tiny CPU run: 12 steps at most, a periodic evaluation every 3 (the first at step 3)
+RUN = [
+    "debug=smoke",
+    "budget.max_steps=12",
+    "budget.train_seconds=600",
+    "budget.tokens_per_step=1024",
+    "eval.tokens=2048",
+    "eval.periodic_tokens=1024",
+    "quant=off",
+    "eval.every_steps=3",
+]
+TARGET_KEYS = ("time_to_target", "steps_to_target", "tokens_to_target")
+
+
+def run(compose, tmp_path: Path, data_cache: Path, name: str, *overrides: str) -> dict:
+    from speedrun.run.runner import RunContext, run_job
+
+    args = [*RUN, f"data.cache_dir={data_cache}", f"results_db={tmp_path / 'r.sqlite'}", *overrides]
+    return run_job(compose(args), RunContext(tmp_path / name, args, None, tmp_path))
+
+
+def val_records(run_dir: Path) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r.get("kind") == "val"]
+
+
+def test_a_reached_target_stops_training_at_that_evaluation(compose, tmp_path, data_cache):
+    # any model scores under 100 bits per byte: the first periodic evaluation (step 3) reaches it
+    result = run(compose, tmp_path, data_cache, "reach", "budget.target_val_bpb=100")
+    assert result["status"] == "ok" and result["reached"] is True and result["budget_end"] == "target"
+    assert (result["target_metric"], result["target_value"]) == ("val_bpb", 100.0)
+    assert result["steps"] == result["steps_to_target"] == 3 < 12
+    assert result["tokens_to_target"] == 3 * 1024 == result["tokens"]
+    # the time is the loop's train seconds at that evaluation: the evaluation itself is not in it
+    assert 0 < result["time_to_target"] <= result["train_seconds"]
+    vals = val_records(tmp_path / "reach")
+    assert [v["step"] for v in vals] == [3] and vals[0]["val_bpb"] <= 100  # stopped there, not evaluated again
+    assert result["time_to_target"] == pytest.approx(vals[0]["elapsed_s"], abs=1e-3)  # the train clock there
+    assert math.isfinite(result["val_bpb"])  # the final full evaluation ran as always
+    saved = json.loads((tmp_path / "reach" / "result.json").read_text())
+    assert {k: saved[k] for k in ("reached", *TARGET_KEYS)} == {k: result[k] for k in ("reached", *TARGET_KEYS)}
+
+
+def test_an_unreachable_target_ends_ok_at_the_budget(compose, tmp_path, data_cache):
+    result = run(compose, tmp_path, data_cache, "miss", "budget.target_val_loss=0.001")
+    assert result["status"] == "ok" and result["reached"] is False and result["budget_end"] == "steps"
+    assert result["steps"] == 12 and all(result[k] is None for k in TARGET_KEYS)
+    assert (result["target_metric"], result["target_value"]) == ("val_loss", 0.001)
+    assert [v["step"] for v in val_records(tmp_path / "miss")] == [3, 6, 9, 12]
+
+
+def test_no_target_keys_without_a_target(compose, tmp_path):
+    from conftest import fake_device
+    from speedrun.plan import resolve
+    from speedrun.training.loop import TrainState
+    from speedrun.training.loop_setup import target_keys
+
+    plan = resolve(to_config(compose(["debug=smoke"])), fake_device("cpu"))
+    assert plan.target_metric is None and target_keys(plan, TrainState()) == {}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (["budget.target_val_loss=3.28", "budget.target_val_bpb=1.1"], "both set.*drop one"),
+        (["budget.target_val_loss=3.28"], "add eval.every_steps=N or eval.every_seconds=S"),
+        (["budget.target_val_bpb=0", "eval.every_steps=10"], "finite number > 0"),
+    ],
+)
+def test_refusals_name_the_fix(compose, overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        to_config(compose(overrides))
+
+
+def test_a_target_with_periodic_evaluation_resolves(compose):
+    from conftest import fake_device
+    from speedrun.plan import resolve
+
+    cfg = to_config(compose(["budget.target_val_loss=3.28", "eval.every_seconds=30"]))
+    assert cfg.budget.target == ("val_loss", 3.28)
+    plan = resolve(cfg, fake_device("cpu"))
+    assert (plan.target_metric, plan.target_value) == ("val_loss", 3.28)
+    assert "until periodic val_loss <= 3.28" in plan.describe()
+
+
+def test_one_sample_test_below():
+    assert stats.ttest_below([1.0], 2.0) is None  # one value: no spread, no test
+    below = stats.ttest_below([3.20, 3.21, 3.19, 3.22], 3.28)
+    assert below is not None and below.p < 0.01 and below.delta == pytest.approx(3.205 - 3.28)
+    near = stats.ttest_below([3.27, 3.29, 3.275], 3.28)
+    assert near is not None and 0.01 < near.p < 0.9
+    assert stats.ttest_below([3.3, 3.3], 3.28).p == 1.0  # constant and above: no evidence
