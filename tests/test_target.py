@@ -5,6 +5,7 @@ metric, the Welch test of the time against a baseline)."""
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 from pathlib import Path
@@ -183,6 +184,8 @@ def test_report_ranks_by_time_to_target_with_the_acceptance_test(tmp_path, capsy
     assert sdpa["delta s vs baseline"] == "baseline" and flex["delta s vs baseline"] == "-2.75"
     assert float(flex["p (Welch)"]) == pytest.approx(expected.p, rel=1e-3) and expected.p < 0.05
     assert math_["p (Welch)"] == ""  # no seed reached it: nothing to compare
+    with open(tmp_path / "r" / "target.csv") as f:
+        assert [r["attn"] for r in csv.DictReader(f)] == ["flex", "sdpa", "math"]  # the same table, as CSV
 
     assert report.main([*args, "--target", "val_bpb=1.0"]) == 0
     assert "no run in the selection trained with this target" in capsys.readouterr().out

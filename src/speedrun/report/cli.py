@@ -28,7 +28,7 @@ from speedrun.report.leaderboard import extra_columns, groups_csv, metrics_for, 
 from speedrun.report.page import render_html, runs_section
 from speedrun.report.plots import make_plots
 from speedrun.report.selection import load_runs, parse_pairs
-from speedrun.tables import format_table
+from speedrun.tables import csv_text, format_table
 
 LOWER_IS_BETTER = ("val_bpb", "val_bpb_quant", "val_bpb_ttt", "val_bpb_ttt_base", "val_loss")
 
@@ -151,6 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         t_notes, t_headers, t_rows = target_table(runs, keys, *target, baseline)
         print(f"\ntime to target ({target[0]} <= {target[1]:g}):\n" + "\n".join(t_notes))
         print(format_table(t_headers, t_rows) if t_rows else "no run in the selection trained with this target")
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "target.csv").write_text(csv_text(t_headers, [dict(zip(t_headers, r)) for r in t_rows]))
 
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
