@@ -192,3 +192,24 @@ def test_report_ranks_by_time_to_target_with_the_acceptance_test(tmp_path, capsy
     assert report.main([*args, "--target", "loss=3"]) == 2
     assert "--target val_loss=3.28" in capsys.readouterr().err
     assert parse_target("val_bpb=1.1") == ("val_bpb", 1.1)
+
+
+def test_one_sample_test_matches_scipy():
+    sps = pytest.importorskip("scipy.stats", reason="scipy is in the dev extra; the fallback is tested against it")
+    for xs in ([3.27, 3.29, 3.275], [3.2, 3.25, 3.22, 3.3, 3.21]):
+        ref = sps.ttest_1samp(xs, 3.28, alternative="less")
+        below = stats.ttest_below(xs, 3.28)
+        assert below is not None and math.isclose(below.t, ref.statistic, rel_tol=1e-9)
+        assert math.isclose(below.p, ref.pvalue, rel_tol=1e-7)
+
+
+def test_a_run_resumed_after_reaching_its_target_trains_no_further(compose, tmp_path, monkeypatch):
+    # its last checkpoint (written when training finished) holds target_steps: the loop ends at once, on target
+    from speedrun.training import loop
+    from test_budget import plan_for, train_plan
+
+    plan = plan_for(compose, "budget.max_steps=20", "budget.target_val_loss=3.28", "eval.every_steps=5")
+    restored = loop.TrainState(steps=5, tokens=5 * 256, target_steps=5, target_tokens=5 * 256, target_seconds=1.0)
+    monkeypatch.setattr(loop, "TrainState", lambda: restored)  # train_plan's fresh state: the restored one
+    state, records = train_plan(plan, tmp_path)
+    assert (state.steps, state.budget_end, records) == (5, "target", [])
