@@ -186,6 +186,8 @@ def test_report_ranks_by_time_to_target_with_the_acceptance_test(tmp_path, capsy
     assert math_["p (Welch)"] == ""  # no seed reached it: nothing to compare
     with open(tmp_path / "r" / "target.csv") as f:
         assert [r["attn"] for r in csv.DictReader(f)] == ["flex", "sdpa", "math"]  # the same table, as CSV
+    page = (tmp_path / "r" / "report.html").read_text()
+    assert '<table id="target">' in page and "time to target (val_loss &lt;= 3.28)" in page  # and on the page
 
     assert report.main([*args, "--target", "val_bpb=1.0"]) == 0
     assert "no run in the selection trained with this target" in capsys.readouterr().out

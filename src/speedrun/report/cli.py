@@ -145,14 +145,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\nleaderboard ({args.metric}, lower is better):\n" + format_table(*board))
     if ttest is not None:
         print(f"\nagainst the baseline (one-sided Welch t-test on {args.metric}):\n" + format_table(*ttest))
+    target_html = None
     if target is not None:
         from speedrun.report.target import target_table
 
         t_notes, t_headers, t_rows = target_table(runs, keys, *target, baseline)
-        print(f"\ntime to target ({target[0]} <= {target[1]:g}):\n" + "\n".join(t_notes))
+        heading = f"time to target ({target[0]} <= {target[1]:g})"
+        print(f"\n{heading}:\n" + "\n".join(t_notes))
         print(format_table(t_headers, t_rows) if t_rows else "no run in the selection trained with this target")
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "target.csv").write_text(csv_text(t_headers, [dict(zip(t_headers, r)) for r in t_rows]))
+        target_html = (heading, t_notes, (t_headers, t_rows))
 
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -177,6 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         plots,
         runs_html=runs_section(groups, out),
         board_links=links,
+        target=target_html,
     )
     (out / "report.html").write_text(page)
     print(f"\nwrote {out / 'leaderboard.csv'}" + "".join(f", {p}" for p in plots.values()) + f", {out / 'report.html'}")
