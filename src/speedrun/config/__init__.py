@@ -37,6 +37,7 @@ from speedrun.config.training import (
     PrecisionConfig,
     ScheduleConfig,
 )
+from speedrun.errors import ConfigError
 from speedrun.paths import CONF_DIR, DEFAULT_RESULTS_DB
 
 __all__ = [
@@ -100,6 +101,15 @@ class Config:
     resume: str | None = None
     """A run dir to continue from its latest checkpoint, to its original budget, recorded in the same row:
     `python -m run resume=<run dir>`. The run's own config is used (speedrun.training.resume)."""
+
+    def __post_init__(self) -> None:
+        # checks across groups (each group's own sit in its __post_init__, run before this one)
+        target = self.budget.target
+        if target is not None and not (self.eval.every_steps or self.eval.every_seconds):
+            raise ConfigError(
+                f"budget.target_{target[0]}={target[1]:g} is checked at periodic evaluations, and none is set: add "
+                "eval.every_steps=N or eval.every_seconds=S (the clock pauses during them)"
+            )
 
 
 GROUPS = {

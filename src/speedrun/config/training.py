@@ -323,8 +323,26 @@ class BudgetConfig:
     integer, also written 524_288 or 5.24288e5 (typed Any, see parse_count)."""
     warmup_steps: int = 1
     """Untimed steps run before training (compile, autotune), after which model and optimizer are restored."""
+    target_val_loss: float | None = None
+    """Time to target (modded-nanogpt's metric, e.g. 3.28): training stops at the first periodic evaluation
+    (eval.every_steps / eval.every_seconds, needed) whose val_loss is at or below this, and result.json records
+    reached, time_to_target, steps_to_target and tokens_to_target. The other budgets stay as a ceiling: a run
+    that never gets there ends at its budget with reached false. None: no target. Exclusive with
+    budget.target_val_bpb."""
+    target_val_bpb: float | None = None
+    """As budget.target_val_loss, on the periodic evaluation's val_bpb. None: no target."""
 
     def __post_init__(self) -> None:
+        _require(
+            self.target_val_loss is None or self.target_val_bpb is None,
+            f"budget.target_val_loss={self.target_val_loss} and budget.target_val_bpb={self.target_val_bpb} are "
+            "both set: a run has one target; drop one of them (budget.target_val_bpb=null)",
+        )
+        for key, value in (("target_val_loss", self.target_val_loss), ("target_val_bpb", self.target_val_bpb)):
+            _require(
+                value is None or (math.isfinite(value) and value > 0),
+                f"budget.{key}={value} must be a finite number > 0 (or null: no target)",
+            )
         self.tokens = parse_count(self.tokens, "budget.tokens")
         self.tokens_per_step = parse_count(self.tokens_per_step, "budget.tokens_per_step")
         _require(self.max_steps is None or self.max_steps >= 1, f"budget.max_steps={self.max_steps} must be >= 1")
@@ -343,3 +361,12 @@ class BudgetConfig:
             or self.flops is not None,
             "budget.train_seconds must be > 0 unless budget.max_steps, budget.tokens or budget.flops is set",
         )
+
+    @property
+    def target(self) -> tuple[str, float] | None:
+        """The time-to-target metric and value (("val_loss", 3.28)), or None when no target is set."""
+        if self.target_val_loss is not None:
+            return "val_loss", float(self.target_val_loss)
+        if self.target_val_bpb is not None:
+            return "val_bpb", float(self.target_val_bpb)
+        return None

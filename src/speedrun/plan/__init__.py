@@ -222,6 +222,8 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
         kernel=kernel,
         ema=EMAConfig(decay=cfg.ema.decay or None),  # 0 is off too: plan.json says null
         artifact=cfg.artifact,
+        target_metric=cfg.budget.target[0] if cfg.budget.target else None,
+        target_value=cfg.budget.target[1] if cfg.budget.target else None,
     )
 
 

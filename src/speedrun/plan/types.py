@@ -223,6 +223,10 @@ class Plan:
     """Weight EMA (decay None: off; the resolver turns 0 into None)."""
     artifact: ArtifactConfig = field(default_factory=ArtifactConfig)
     """How the artifact's code is counted (code_rule), and the self-extracting file a re-run counts (code_file)."""
+    target_metric: str | None = None
+    """budget.target_*: val_loss or val_bpb, the periodic evaluation's metric that ends the run at or below
+    target_value (None: no target; the budgets alone end the run)."""
+    target_value: float | None = None
 
     @property
     def world_size(self) -> int:
@@ -267,7 +271,10 @@ class Plan:
         parts += [f"{self.max_steps} steps"] if self.max_steps else []
         parts += [f"{self.budget_tokens:.4g} tokens"] if self.budget_tokens else []
         parts += [f"{self.budget_flops:.4g} FLOPs"] if self.budget_flops else []
-        return " or ".join(parts) or "none"
+        text = " or ".join(parts) or "none"
+        if self.target_metric is not None:  # a target ends the run early; the budgets above stay its ceiling
+            text += f", until periodic {self.target_metric} <= {self.target_value:g}"
+        return text
 
     def describe(self) -> str:
         m = self.model

@@ -3,6 +3,7 @@
     python -m speedrun.report                                   # every run in outputs/results.sqlite
     python -m speedrun.report --sweep latest --baseline attn=sdpa
     python -m speedrun.report --where model.n_layer=2 --group-by attn,precision --out outputs/report
+    python -m speedrun.report --target val_loss=3.28 --baseline attn=sdpa   # time to target
 
 Runs are grouped by ``--group-by`` keys (default: the overrides that vary among the selected runs, seeds
 folded, plus ``hardware`` and ``device_name`` when they vary), so each group is one combination on one card and
@@ -27,7 +28,7 @@ from speedrun.report.leaderboard import extra_columns, groups_csv, metrics_for, 
 from speedrun.report.page import render_html, runs_section
 from speedrun.report.plots import make_plots
 from speedrun.report.selection import load_runs, parse_pairs
-from speedrun.tables import format_table
+from speedrun.tables import csv_text, format_table
 
 LOWER_IS_BETTER = ("val_bpb", "val_bpb_quant", "val_bpb_ttt", "val_bpb_ttt_base", "val_loss")
 
@@ -63,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--metric", default="val_bpb", choices=LOWER_IS_BETTER, help="metric to rank and test")
     p.add_argument("--alpha", type=float, default=0.05, help="significance level for the verdict")
+    p.add_argument(
+        "--target",
+        metavar="METRIC=VALUE",
+        help="time to target (val_loss=3.28 or val_bpb=X): rank groups trained with budget.target_METRIC=VALUE by "
+        "mean time_to_target, with the acceptance test of the final METRIC (p < 0.01)",
+    )
     p.add_argument("--out", type=Path, default=Path("outputs/report"), help="where CSV, PNGs and report.html go")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument(
@@ -87,6 +94,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         problem = preflight(args.wandb_entity)  # before any work: no credentials is one line, not a traceback
         if problem:
             print(f"error: {problem}", file=sys.stderr)
+            return 2
+    target = None
+    if args.target:
+        from speedrun.report.target import parse_target
+
+        try:
+            target = parse_target(args.target)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
             return 2
     where = parse_pairs(args.where, "--where")
     baseline = parse_pairs(args.baseline, "--baseline")
@@ -129,6 +145,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\nleaderboard ({args.metric}, lower is better):\n" + format_table(*board))
     if ttest is not None:
         print(f"\nagainst the baseline (one-sided Welch t-test on {args.metric}):\n" + format_table(*ttest))
+    target_html = None
+    if target is not None:
+        from speedrun.report.target import target_table
+
+        t_notes, t_headers, t_rows = target_table(runs, keys, *target, baseline)
+        heading = f"time to target ({target[0]} <= {target[1]:g})"
+        print(f"\n{heading}:\n" + "\n".join(t_notes))
+        print(format_table(t_headers, t_rows) if t_rows else "no run in the selection trained with this target")
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "target.csv").write_text(csv_text(t_headers, [dict(zip(t_headers, r)) for r in t_rows]))
+        target_html = (heading, t_notes, (t_headers, t_rows))
 
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -153,6 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         plots,
         runs_html=runs_section(groups, out),
         board_links=links,
+        target=target_html,
     )
     (out / "report.html").write_text(page)
     print(f"\nwrote {out / 'leaderboard.csv'}" + "".join(f", {p}" for p in plots.values()) + f", {out / 'report.html'}")

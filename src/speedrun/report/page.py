@@ -111,9 +111,10 @@ def render_html(
     plots: dict[str, Path],
     runs_html: str = "",
     board_links: Sequence[str] | None = None,
+    target: tuple[str, list[str], Table] | None = None,
 ) -> str:
-    """The page: meta lines, notes (evaluation-set and other warnings), the leaderboard, the t-tests, the plots and
-    the runs that did not end ok."""
+    """The page: meta lines, notes (evaluation-set and other warnings), the leaderboard, the t-tests, the time to
+    target table (``target``: heading, notes, table; --target), the plots and the runs that did not end ok."""
     parts = [
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>',
         f"<style>{_CSS}</style></head><body>",
@@ -125,6 +126,13 @@ def render_html(
     parts += ["<h2>Leaderboard</h2>", html_table("leaderboard", *board, row_classes=board_classes, links=board_links)]
     if ttest is not None:
         parts += ["<h2>Against the baseline (one-sided Welch t-test)</h2>", html_table("ttest", *ttest)]
+    if target is not None:
+        heading, target_notes, table = target
+        parts += [
+            f"<h2>{html.escape(heading)}</h2>",
+            '<div class="meta">' + "<br>".join(map(html.escape, target_notes)),
+        ]
+        parts += ["</div>", html_table("target", *table)]
     if plots:
         parts.append("<h2>Plots</h2>")
         for name, path in plots.items():

@@ -61,7 +61,13 @@ class TrainState:
     position: int = 0
     """Token position of the training stream after the last step (what a checkpoint resumes from)."""
     budget_end: str | None = None
-    """The budget that ended training: time, steps, tokens or flops (None: stopped otherwise)."""
+    """The budget that ended training: time, steps, tokens or flops, or target (budget.target_*: a periodic
+    evaluation reached it); None: stopped otherwise."""
+    target_steps: int | None = None
+    """Steps, tokens and train seconds (evaluations excluded) at the periodic evaluation that first reached
+    budget.target_* (None: not reached, or no target)."""
+    target_tokens: int | None = None
+    target_seconds: float | None = None
     val_seconds_periodic: float = 0.0
     """Wall seconds of periodic validation (kept out of train_seconds)."""
     checkpoint_seconds: float = 0.0
@@ -319,6 +325,9 @@ def train(
 
     with extras.deferring() if extras is not None else contextlib.nullcontext():
         while True:
+            if state.target_steps is not None:  # resumed from the checkpoint of a run that had reached its target
+                state.budget_end = "target"
+                break
             if budget.progress(*used(seconds)) >= 1.0:
                 state.budget_end = budget.ended_by(*used(seconds))
                 break
@@ -368,6 +377,12 @@ def train(
             if boundary:
                 with clock.paused():
                     extras.run(state)  # raises KeyboardInterrupt after its checkpoint when a stop was requested
+                # a reached target ends training here, on every rank alike: rank 0's verdict is broadcast, since the
+                # periodic evaluation is not sharded or all-reduced (each rank would score the slice itself, and
+                # floats near the target could disagree). The resolver refuses it on several ranks today anyway.
+                if plan.target_metric is not None and agree(float(state.target_steps is not None)):
+                    state.budget_end = "target"
+                    break
     _sync(plan.device)
     state.train_seconds = clock.elapsed()
     state.recompiles = _graphs_compiled() - graphs_before

@@ -33,6 +33,8 @@ _SAME_PLAN = (
     "schedule",
     "ema",
     "precision",
+    "target_metric",
+    "target_value",
 )
 """Plan fields a checkpoint must agree on to be continued (the config is the same; the device may not be)."""
 
@@ -119,4 +121,22 @@ def loop_result(plan: Any, state: Any) -> dict[str, Any]:
         "micro_batch": plan.micro_batch,
         "grad_accum": plan.grad_accum,
         "eval_batch_size": plan.eval.batch_size,
+        **target_keys(plan, state),
+    }
+
+
+def target_keys(plan: Any, state: Any) -> dict[str, Any]:
+    """Time to target (budget.target_*): the target and whether a periodic evaluation reached it, with the train
+    seconds (evaluations excluded), steps and tokens at that evaluation; the *_to_target keys are null when it was
+    not reached. Empty without a target."""
+    if plan.target_metric is None:
+        return {}
+    reached = state.target_steps is not None
+    return {
+        "target_metric": plan.target_metric,
+        "target_value": plan.target_value,
+        "reached": reached,
+        "time_to_target": round(state.target_seconds, 3) if reached else None,
+        "steps_to_target": state.target_steps,
+        "tokens_to_target": state.target_tokens,
     }

@@ -138,6 +138,25 @@ class LoopExtras:
             f"val    {state.steps:>6}  val_bpb {res.val_bpb:.4f}  val_loss {res.val_loss:.4f}  "
             f"({res.tokens:,} tokens, {seconds:.1f}s, not in train time)"
         )
+        self._check_target(state, res)
+
+    def _check_target(self, state: Any, res: Any) -> None:
+        """budget.target_*: the first evaluation at or below the target records where training got there (the
+        loop then stops); state.train_seconds is the flush's, taken before the clock paused for this evaluation."""
+        metric, target = self.plan.target_metric, self.plan.target_value
+        if metric is None or state.target_steps is not None:
+            return
+        value = float(getattr(res, metric))
+        if value <= target:
+            state.target_steps, state.target_tokens, state.target_seconds = (
+                state.steps,
+                state.tokens,
+                state.train_seconds,
+            )
+            self.log(
+                f"target {metric} {value:.4f} <= {target:g} at step {state.steps}, {state.train_seconds:.2f} train "
+                f"seconds: training stops here"
+            )
 
     def save(self, state: Any) -> str:
         t = time.perf_counter()
