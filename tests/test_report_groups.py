@@ -196,6 +196,21 @@ def test_runs_that_shared_a_gpu_are_counted_and_said(tmp_path, capsys):
     assert "gpu_shared" not in alone[0]
 
 
+def test_runs_trained_to_a_target_show_how_many_reached_it_and_their_mean_time(tmp_path, capsys):
+    reached = [{"reached": True, "time_to_target": t} for t in (100.0, 110.0)] + [
+        {"reached": False, "time_to_target": None}
+    ]
+    rows = [{**r, **seed_row} for r, seed_row in zip(seeds("sdpa", SDPA[:3]), reached, strict=True)]
+    rows += [{**r, "reached": True, "time_to_target": 90.0} for r in seeds("flex", FLEX[:2])]
+    printed, board = run_report(make_db(tmp_path, rows), tmp_path / "r", capsys)
+    cells = {r["attn"]: (r["reached"], r["time_to_target"]) for r in board}
+    # the run that missed is counted in `reached`, not averaged into the time
+    assert cells == {"sdpa": ("2/3", "105.0 ± 7.1"), "flex": ("2/2", "90.0 ± 0.0")}
+    assert "| reached" in printed
+    _, plain = run_report(make_db(tmp_path / "plain", seeds("sdpa", SDPA)), tmp_path / "r2", capsys)
+    assert "reached" not in plain[0] and "time_to_target" not in plain[0]
+
+
 # ---------------------------------------------------------------------------------------------------------
 # the sweep summary goes the same way
 

@@ -28,6 +28,9 @@ TTT_METRICS: dict[str, str] = {"val_bpb_ttt_base": "{:.4f}", "val_bpb_ttt": "{:.
 (base - ttt, per run) that TTT bought."""
 
 SHARED_KEY = "gpu_shared"
+TARGET_KEYS = ("reached", "time_to_target")
+"""Columns of runs trained to a target (budget.target_val_loss / target_val_bpb): how many of a group's ok runs
+reached it, and their mean time to it (runs that did not reach it are counted, not averaged)."""
 """Result column: the job shared its GPU with other jobs (pool launcher, jobs_per_gpu > 1), so its throughput
 is not that of the card alone."""
 
@@ -46,13 +49,16 @@ def metrics_for(groups: Sequence[Group], first: str = "val_bpb") -> dict[str, st
 
 
 def extra_columns(groups: Sequence[Group], keys: Sequence[str], sets: EvalSets) -> list[str]:
-    """Columns shown only when they say something: the evaluation set when the groups span several, and how
-    many runs shared a GPU when any run did (every run records gpu_shared, false included)."""
+    """Columns shown only when they say something: the evaluation set when the groups span several, how many runs
+    shared a GPU when any run did (every run records gpu_shared, false included), and the target's columns when
+    runs were trained to one."""
     cols = []
     if (len(sets.fingerprints) > 1 or sets.mixed) and EVAL_KEY not in keys:
         cols.append(EVAL_KEY)
     if any(r.row.get(SHARED_KEY) for g in groups for r in g.runs):
         cols.append(SHARED_KEY)
+    if any(r.row.get("reached") is not None for g in groups for r in g.ok):
+        cols.extend(TARGET_KEYS)
     return cols
 
 
@@ -71,6 +77,12 @@ def shared_note(groups: Sequence[Group]) -> list[str]:
 def _extra(g: Group, col: str) -> Any:
     if col == EVAL_KEY:
         return ",".join(g.fingerprints()) or "null"
+    if col == "reached":
+        trained_to_target = [r for r in g.ok if r.row.get("reached") is not None]
+        return f"{g.count('reached')}/{len(trained_to_target)}"
+    if col == "time_to_target":
+        times = g.metric("time_to_target")  # null where the run did not reach it: left out, counted in `reached`
+        return mean_std_cell(mean(times), std(times), "{:.1f}")
     return g.count(col)
 
 
