@@ -149,3 +149,81 @@ def test_prepare_script_writes_gpt2_style_shards(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert read_shard(list_shards(out, "val")[0])[0] == boundary_id(load_encoding(vocab))
+
+
+# --- the plan and a run on GPT-2-style data ---------------------------------------------------------------------
+
+
+def test_mng_124m_on_gpt2_data_pads_the_vocab_to_50304(compose):
+    from conftest import fake_device
+    from speedrun.config import to_config
+    from speedrun.plan import resolve
+
+    cfg = to_config(compose(["experiment=mng_124m", "data=fineweb10B_gpt2"]))
+    plan = resolve(cfg, fake_device("h100"))
+    assert plan.model.vocab_size == 50304 and plan.data.vocab_size == 50257
+    assert plan.data.tokenizer == GPT2  # a name, not made into a path under the working directory
+    assert (plan.model.n_layer, plan.model.d_model, plan.model.n_head, plan.model.n_kv_head) == (12, 768, 6, 6)
+    # A 1024 vocabulary is already a multiple of 128: the embedded corpus keeps it.
+    assert resolve(to_config(compose(["experiment=mng_124m"])), fake_device("h100")).model.vocab_size == 1024
+
+
+def test_an_explicit_model_vocab_must_be_the_padded_one(compose):
+    from conftest import fake_device
+    from speedrun.config import to_config
+    from speedrun.errors import PlanError
+    from speedrun.plan import resolve
+
+    cfg = to_config(compose(["model=mng_124m", "data=fineweb10B_gpt2", "model.vocab_size=50257"]))
+    with pytest.raises(PlanError, match="padded to a multiple of model.vocab_multiple=128: 50304"):
+        resolve(cfg, fake_device("h100"))
+
+
+def test_without_tiktoken_the_plan_names_the_extra(compose, monkeypatch):
+    from conftest import fake_device
+    from speedrun.config import to_config
+    from speedrun.errors import DataError
+    from speedrun.plan import resolve
+
+    monkeypatch.setitem(sys.modules, "tiktoken", None)  # import tiktoken now raises ImportError
+    cfg = to_config(compose(["data=fineweb10B_gpt2"]))
+    with pytest.raises(DataError, match=r"pip install 'speedrun\[gpt2\]'"):
+        resolve(cfg, fake_device("h100"))
+
+
+@pytest.mark.slow
+def test_a_smoke_run_trains_and_scores_on_tiktoken_shards(tmp_path):
+    """The whole run path with a byte-level BPE: shards from prepare_data, data.tokenizer=<file>.tiktoken, the
+    byte LUT and <|endoftext|> as the document boundary; val_bpb is finite and the bytes are the val text's."""
+    import json
+
+    from conftest import run_cli
+
+    vocab = write_tiktoken_file(tmp_path / "small.tiktoken")
+    docs = [f"{d} {i}" * 8 for i in range(12) for d in DOCS]
+    prepare_tiktoken_dataset(docs[4:], docs[:4], tmp_path / "ds", str(vocab), num_threads=1)
+    n_vocab = load_encoding(vocab).n_vocab
+    proc = run_cli(
+        [
+            "debug=smoke",
+            f"data.path={tmp_path / 'ds'}",
+            f"data.tokenizer={vocab}",
+            f"data.vocab_size={n_vocab}",
+            "model.vocab_multiple=16",
+            "eval.tokens=null",
+            f"hydra.run.dir={tmp_path / 'run'}",
+            f"results_db={tmp_path / 'r.sqlite'}",
+        ],
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["status"] == "ok" and np.isfinite(result["val_bpb"])
+    # The scored bytes are the byte LUT's count over the scored val prefix: the GPT-2 path was taken.
+    val = torch.from_numpy(read_shard(list_shards(tmp_path / "ds", "val")[0]).astype(np.int64))
+    scored = val[: result["eval_tokens"] + 1]
+    assert result["eval_bytes"] == stream_bytes(scored, build_tiktoken_luts(load_encoding(vocab)))
+    assert result["eval_bytes"] > 0
+    plan = json.loads((tmp_path / "run" / "plan.json").read_text())
+    assert plan["model"]["vocab_size"] == -(-n_vocab // 16) * 16
