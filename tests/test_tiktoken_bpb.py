@@ -110,6 +110,18 @@ def test_a_local_tiktoken_file_loads_with_eot_after_the_ranks(tmp_path, enc):
     assert local.encode_ordinary(DOCS[0]) == enc.encode_ordinary(DOCS[0])
 
 
+def test_gpt2_vocabulary_offline_names_both_ways_to_provide_it(monkeypatch):
+    from speedrun.errors import DataError
+
+    def offline(name):
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr(tiktoken, "get_encoding", offline)
+    with pytest.raises(DataError, match="TIKTOKEN_CACHE_DIR") as err:
+        load_encoding(GPT2)
+    assert "data.tokenizer=<path>/r50k_base.tiktoken" in str(err.value)
+
+
 def test_missing_tiktoken_file_names_the_fix(tmp_path):
     with pytest.raises(FileNotFoundError, match="r50k_base.tiktoken"):
         load_encoding(tmp_path / "absent.tiktoken")

@@ -385,7 +385,7 @@ def _check_code_rule(artifact: ArtifactConfig, quant: QuantConfig) -> None:
 
 
 def _resolve_data(data: DataConfig, cwd: Path) -> DataPlan:
-    if is_tiktoken(data.tokenizer):
+    if is_tiktoken(data.tokenizer):  # a missing optional dependency fails here, before any work
         require_tiktoken()
 
     def absolute(value: str | None) -> str | None:
@@ -396,7 +396,7 @@ def _resolve_data(data: DataConfig, cwd: Path) -> DataPlan:
 
     return DataPlan(
         path=absolute(data.path),
-        # "gpt2" names tiktoken's encoding, not a file; tiktoken's absence is reported here, before any work.
+        # "gpt2" names tiktoken's encoding, not a file under the working directory.
         tokenizer=data.tokenizer if data.tokenizer == GPT2 else absolute(data.tokenizer),
         vocab_size=data.vocab_size,
         cache_dir=str(absolute(data.cache_dir)),
