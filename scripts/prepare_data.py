@@ -7,6 +7,11 @@ Inputs: .jsonl / .jsonl.xz / .jsonl.gz (one JSON object per line, document in "t
 --val-every) form the val split. Writes DIR/tokenizer.model, DIR/fineweb_train_%06d.bin,
 DIR/fineweb_val_%06d.bin and DIR/dataset.json; train on it with
     python -m run data.path=DIR data.tokenizer=DIR/tokenizer.model data.vocab_size=<vocab>
+
+With --tokenizer gpt2 (or a local *.tiktoken vocabulary) nothing is trained: the documents are tokenized with
+GPT-2's byte-level BPE (tiktoken; pip install 'speedrun[gpt2]'), each prefixed by <|endoftext|> (50256), as in
+modded-nanogpt's FineWeb shards; train on them with
+    python -m run data=fineweb10B_gpt2 data.path=DIR
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from speedrun.data.corpus import iter_documents, split_train_val
-from speedrun.data.prepare import prepare_dataset, read_dataset_info
+from speedrun.data.prepare import prepare_dataset, prepare_tiktoken_dataset, read_dataset_info
+from speedrun.data.tiktoken_bpe import is_tiktoken
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +44,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="document files: .jsonl, .jsonl.xz, .jsonl.gz (field 'text') or .txt (one document)",
     )
     parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="output directory (must not exist)")
-    parser.add_argument("--vocab-size", type=int, default=1024, help="tokenizer vocabulary size (default 1024)")
+    parser.add_argument(
+        "--tokenizer",
+        default="sentencepiece",
+        metavar="KIND",
+        help="sentencepiece (default: train one of --vocab-size on the train split), gpt2 (tiktoken's GPT-2 "
+        "encoding, modded-nanogpt's) or PATH.tiktoken (a local GPT-2 vocabulary, for offline machines)",
+    )
+    parser.add_argument(
+        "--vocab-size", type=int, default=1024, help="vocabulary of a trained sentencepiece tokenizer (default 1024)"
+    )
     parser.add_argument(
         "--val-every",
         type=int,
@@ -52,21 +67,32 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.tokenizer != "sentencepiece" and not is_tiktoken(args.tokenizer):
+        parser.error(f"--tokenizer {args.tokenizer}: use sentencepiece, gpt2 or a path ending in .tiktoken")
     docs: list[str] = []
     for path in args.input:
         docs.extend(iter_documents(path))
     train, val = split_train_val(docs, args.val_every)
-    paths = prepare_dataset(
-        train,
-        val,
-        args.out,
-        args.vocab_size,
-        args.shard_tokens,
-        seed=args.seed,
-        overwrite=args.overwrite,
-        info={"inputs": [str(p) for p in args.input], "val_every": args.val_every},
-    )
+    inputs = {"inputs": [str(p) for p in args.input], "val_every": args.val_every}
+    if is_tiktoken(args.tokenizer):
+        paths = prepare_tiktoken_dataset(
+            train, val, args.out, args.tokenizer, args.shard_tokens, overwrite=args.overwrite, info=inputs
+        )
+    elif args.tokenizer == "sentencepiece":
+        paths = prepare_dataset(
+            train,
+            val,
+            args.out,
+            args.vocab_size,
+            args.shard_tokens,
+            seed=args.seed,
+            overwrite=args.overwrite,
+            info=inputs,
+        )
+    else:  # refused by the check above
+        raise AssertionError(args.tokenizer)
     info = read_dataset_info(paths.directory)
     rows = {
         "out": paths.directory,

@@ -155,6 +155,9 @@ def test_the_rerun_takes_parameter_golfs_environment(tmp_path):
     assert tree["results_db"] == str(tmp_path / "runs" / "results.sqlite") and config["seed"] == 0
     with pytest.raises(Refusal, match="needs TOKENIZER_PATH"):
         rerun_config(config, {"DATA_PATH": str(tmp_path)}, tmp_path / "f", tmp_path)
+    # A GPT-2 (tiktoken) run names its tokenizer, which needs no file next to the shards.
+    gpt2 = {**config, "data": {**config["data"], "tokenizer": "gpt2", "path": "elsewhere", "vocab_size": 50257}}
+    assert rerun_config(gpt2, {"DATA_PATH": str(tmp_path)}, tmp_path / "f", tmp_path)["data"]["tokenizer"] == "gpt2"
     with pytest.raises(Refusal, match="embedded corpus, which the file does not carry"):
         rerun_config(config, {}, tmp_path / "f", tmp_path)
     with pytest.raises(Refusal, match="torchrun --standalone --nproc_per_node=4"):

@@ -30,6 +30,9 @@ PGOLF_DATA = "data/datasets/fineweb10B_sp{vocab}"
 PGOLF_TOKENIZER = "data/tokenizers/fineweb_{vocab}_bpe.model"
 """Where parameter-golf's repository keeps its shards and tokenizers (its train_gpt.py's defaults), relative to the
 directory a record is run from."""
+GPT2_TOKENIZER = "gpt2"
+"""speedrun.data.tiktoken_bpe.GPT2, data.tokenizer's name for GPT-2's vocabulary (not imported from there: that
+module imports torch, which this one checks before importing)."""
 
 
 class Refusal(SystemExit):
@@ -104,9 +107,13 @@ def rerun_data(data: dict[str, Any], env: Mapping[str, str], cwd: Path) -> dict[
     if from_env:
         if not tokenizer and (Path(from_env) / "tokenizer.model").is_file():
             tokenizer = str(Path(from_env) / "tokenizer.model")
+        if not tokenizer and data.get("tokenizer") == GPT2_TOKENIZER:  # a name, not a file: it holds on any machine
+            tokenizer = GPT2_TOKENIZER
         if not tokenizer:
             raise Refusal(f"DATA_PATH={from_env} needs TOKENIZER_PATH=<the SentencePiece .model of those shards>")
-        return {**data, "path": str(Path(from_env).resolve()), "tokenizer": str(Path(tokenizer).resolve())}
+        if tokenizer != GPT2_TOKENIZER:
+            tokenizer = str(Path(tokenizer).resolve())
+        return {**data, "path": str(Path(from_env).resolve()), "tokenizer": tokenizer}
     if tokenizer:
         raise Refusal(f"TOKENIZER_PATH={tokenizer} needs DATA_PATH=<the directory of the shards it tokenized>")
     vocab = data["vocab_size"]

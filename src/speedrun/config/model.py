@@ -86,7 +86,10 @@ class ModelConfig:
     must meet the pipeline's contract (speedrun/model/protocol.py, docs/extending.md). A class with a `config`
     dataclass (a ModelConfig subclass) adds its own typed knobs: `model.arch=pkg.mod:MyGPT model.my_knob=3`."""
     vocab_size: int | None = None
-    """Token vocabulary. None: the data's tokenizer vocabulary."""
+    """Token vocabulary. None: the data's tokenizer vocabulary, padded up to a multiple of vocab_multiple."""
+    vocab_multiple: int = 1
+    """Pad the data's vocabulary up to a multiple of this (the extra rows are ids no data holds): modded-nanogpt
+    pads GPT-2's 50,257 to 50,304 (128) so the embedding and head matmuls tile evenly. 1: no padding."""
     n_layer: int | None = None
     """Transformer blocks (None: from the preset)."""
     d_model: int | None = None
@@ -150,6 +153,7 @@ class ModelConfig:
         for key in ("vocab_size", "n_layer", "d_model", "n_head", "n_kv_head", "mlp_mult", "seq_len"):
             value = getattr(self, key)
             _require(value is None or value >= 1, f"model.{key}={value} must be >= 1 (or null: from the preset)")
+        _require(self.vocab_multiple >= 1, f"model.vocab_multiple={self.vocab_multiple} must be >= 1 (1: no padding)")
         _require(self.logit_softcap >= 0, f"model.logit_softcap={self.logit_softcap} must be >= 0 (0 turns it off)")
         _require(math.isfinite(self.qk_gain_init), f"model.qk_gain_init={self.qk_gain_init} must be finite; e.g. 5.0")
         _require(

@@ -84,11 +84,15 @@ class PrecisionConfig:
 @dataclass
 class DataConfig:
     name: str = "embedded"
-    """embedded (Python docs shipped in the repo), fineweb_sp1024, fineweb_sp8192, or a custom name."""
+    """embedded (Python docs shipped in the repo), fineweb_sp1024, fineweb_sp8192, fineweb10B_gpt2, or a custom
+    name."""
     path: str | None = None
     """Directory holding fineweb_{train,val}_%06d.bin shards. None for the embedded corpus."""
     tokenizer: str | None = None
-    """SentencePiece .model file. None for the embedded corpus."""
+    """The shards' tokenizer; its kind follows from the value: ``gpt2`` (tiktoken's GPT-2 encoding, as in
+    modded-nanogpt's shards; pip install 'speedrun[gpt2]') or a path ending in ``.tiktoken`` (a local GPT-2
+    vocabulary, for offline machines) is a byte-level BPE; any other path is a SentencePiece .model file.
+    None for the embedded corpus."""
     vocab_size: int = 1024
     """Tokenizer vocabulary (the embedded corpus trains one of this size)."""
     cache_dir: str = "~/.cache/speedrun"
@@ -97,7 +101,7 @@ class DataConfig:
     def __post_init__(self) -> None:
         _require(
             self.path is None or self.tokenizer is not None,
-            f"data.path={self.path} needs data.tokenizer=<the SentencePiece .model of those shards>",
+            f"data.path={self.path} needs data.tokenizer=<the SentencePiece .model of those shards, or gpt2>",
         )
         # Without shards the embedded corpus is read with the tokenizer it trains itself: a tokenizer given alone
         # would be ignored, and the run would not be the one asked for.

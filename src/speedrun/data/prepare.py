@@ -26,6 +26,7 @@ import torch
 from speedrun.data.bpb import build_byte_luts, stream_bytes, unigram_bits_per_byte
 from speedrun.data.corpus import EMBEDDED_CORPUS, load_embedded_documents, split_train_val
 from speedrun.data.shards import list_shards, read_header, shard_name, write_shard
+from speedrun.data.tiktoken_bpe import GPT2, boundary_id, build_tiktoken_luts, is_tiktoken, load_encoding
 from speedrun.data.tokenizer import TRAINER_SETTINGS, load_tokenizer, train_tokenizer
 from speedrun.errors import DataError
 
@@ -203,6 +204,98 @@ def prepare_dataset(
     return _open_prepared(out_dir)
 
 
+def _encode_tiktoken_docs(enc, docs: list[str], num_threads: int) -> Iterator[np.ndarray]:
+    """As _encode_docs for a tiktoken encoding: [<|endoftext|>] + ids per document, as modded-nanogpt's
+    fineweb.py writes them. encode_ordinary: a literal "<|endoftext|>" inside a document is text, not a boundary."""
+    eot = boundary_id(enc)
+    for i in range(0, len(docs), ENCODE_BATCH_DOCS):
+        encoded = enc.encode_ordinary_batch(docs[i : i + ENCODE_BATCH_DOCS], num_threads=num_threads)
+        yield np.concatenate([np.asarray([eot, *ids], dtype=np.uint16) for ids in encoded])
+
+
+def prepare_tiktoken_dataset(
+    documents_train: Iterable[str],
+    documents_val: Iterable[str],
+    out_dir: Path,
+    tokenizer: str = GPT2,
+    shard_tokens: int = 100_000_000,
+    *,
+    num_threads: int | None = None,
+    overwrite: bool = False,
+    info: dict | None = None,
+) -> DatasetPaths:
+    """Tokenize documents with a tiktoken vocabulary (``gpt2`` or a ``*.tiktoken`` file) into train/val shards
+    laid out as modded-nanogpt's (each document = [<|endoftext|>] + its ids). Nothing is trained; dataset.json
+    records the tokenizer, so the directory opens with data.tokenizer=<the same value>. Atomic as prepare_dataset.
+    """
+    enc = load_encoding(tokenizer)  # fails here, before any work, without tiktoken or the vocabulary
+    vocab_size = int(enc.n_vocab)
+    if vocab_size > 65536:
+        raise ValueError(f"{tokenizer} has {vocab_size} tokens: uint16 shards hold at most 65536")
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not overwrite:
+        raise FileExistsError(f"{out_dir} already exists; pass overwrite=True (--overwrite) to replace it")
+    if shard_tokens < 1:
+        raise ValueError(f"shard_tokens must be >= 1, got {shard_tokens}")
+    train_docs, val_docs = list(documents_train), list(documents_val)
+    if not train_docs or not val_docs:
+        raise ValueError(f"need at least one train and one val document (got {len(train_docs)} and {len(val_docs)})")
+    threads = num_threads or min(os.cpu_count() or 1, 16)
+    t0 = time.perf_counter()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        _log(f"tokenizing {len(train_docs)} train + {len(val_docs)} val documents with {tokenizer}")
+        counts = np.zeros(vocab_size, dtype=np.int64)
+        train_writer = _ShardWriter(tmp, "train", shard_tokens)
+        for chunk in _encode_tiktoken_docs(enc, train_docs, threads):
+            counts += np.bincount(chunk, minlength=vocab_size)
+            train_writer.add(chunk)
+        train_writer.flush()
+        val_stream = np.concatenate(list(_encode_tiktoken_docs(enc, val_docs, threads)))
+        val_writer = _ShardWriter(tmp, "val", shard_tokens)
+        val_writer.add(val_stream)
+        val_writer.flush()
+        luts = build_tiktoken_luts(enc)
+        val_bytes = stream_bytes(torch.from_numpy(val_stream.astype(np.int64)), luts)
+        original_bytes = sum(len(d.encode("utf-8")) for d in val_docs)
+        if val_bytes != original_bytes:  # byte-level BPE is lossless: this would be a bug, not a tokenizer quirk
+            _log(f"WARNING: counted val bytes {val_bytes} != the val text's {original_bytes} (BPB would be off)")
+        record = {
+            "build_version": BUILD_VERSION,
+            "vocab_size": vocab_size,
+            "tokenizer": str(tokenizer),
+            "tokenizer_kind": "tiktoken",
+            "shard_tokens": shard_tokens,
+            "train": {"documents": len(train_docs), "tokens": train_writer.tokens, "shards": len(train_writer.paths)},
+            "val": {
+                "documents": len(val_docs),
+                "tokens": val_writer.tokens,
+                "shards": len(val_writer.paths),
+                "bytes": val_bytes,
+                "bytes_original_text": original_bytes,
+            },
+            "unigram_val_bpb": unigram_bits_per_byte(counts, val_stream, luts),
+            **(info or {}),
+        }
+        (tmp / INFO_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        _install(tmp, out_dir, overwrite)
+    except BaseException:
+        _remove_tree(tmp)
+        raise
+    _log(
+        f"wrote {out_dir}: {train_writer.tokens:,} train tokens in {len(train_writer.paths)} shard(s), "
+        f"{val_writer.tokens:,} val tokens ({val_bytes:,} bytes) in {time.perf_counter() - t0:.1f}s"
+    )
+    return DatasetPaths(
+        train=list_shards(out_dir, "train"),
+        val=list_shards(out_dir, "val"),
+        tokenizer=Path(tokenizer),
+        vocab_size=vocab_size,
+    )
+
+
 def _install(tmp: Path, out_dir: Path, overwrite: bool) -> None:
     """Rename the finished ``tmp`` to ``out_dir``; with overwrite, swap out an existing one."""
     old = None
@@ -324,9 +417,11 @@ def parameter_golf_help(vocab_size: int) -> str:
     return "\n".join(lines)
 
 
-def open_dataset(path: Path, tokenizer: Path, vocab_size: int) -> DatasetPaths:
+def open_dataset(path: Path, tokenizer: Path | str, vocab_size: int) -> DatasetPaths:
     """An existing shard directory plus its tokenizer, checked: shards present with valid headers,
     tokenizer present with exactly ``vocab_size`` pieces."""
+    if is_tiktoken(tokenizer):
+        return _open_tiktoken_dataset(Path(path).expanduser(), str(tokenizer), vocab_size)
     path, tokenizer = Path(path).expanduser(), Path(tokenizer).expanduser()
     help_text = parameter_golf_help(vocab_size)
     if not path.is_dir():
@@ -347,3 +442,31 @@ def open_dataset(path: Path, tokenizer: Path, vocab_size: int) -> DatasetPaths:
     for shard in train + val:
         read_header(shard)  # cheap: magic, version, size; token ids are checked as batches are read
     return DatasetPaths(train=train, val=val, tokenizer=tokenizer, vocab_size=vocab_size)
+
+
+MODDED_NANOGPT_HELP = (
+    "To get modded-nanogpt's GPT-2-tokenized FineWeb shards (fineweb_train_%06d.bin, fineweb_val_%06d.bin):\n"
+    "    git clone https://github.com/KellerJordan/modded-nanogpt && cd modded-nanogpt\n"
+    "    python data/cached_fineweb10B.py 8     # the val shard and 8 train shards of 100M tokens\n"
+    "  which writes data/fineweb10B/. Then set data=fineweb10B_gpt2 data.path=<modded-nanogpt>/data/fineweb10B,\n"
+    "  or tokenize your own text: python scripts/prepare_data.py --tokenizer gpt2 --input ... --out DIR"
+)
+
+
+def _open_tiktoken_dataset(path: Path, tokenizer: str, vocab_size: int) -> DatasetPaths:
+    """Shards tokenized with a tiktoken vocabulary (GPT-2): shards checked, vocabulary size matched."""
+    if not path.is_dir():
+        raise DataNotFoundError(f"dataset directory not found: {path}\n{MODDED_NANOGPT_HELP}")
+    try:
+        train, val = list_shards(path, "train"), list_shards(path, "val")
+    except FileNotFoundError as e:
+        raise DataNotFoundError(f"{e}\n{MODDED_NANOGPT_HELP}") from None
+    n = int(load_encoding(tokenizer).n_vocab)
+    if n != vocab_size:
+        raise DataError(
+            f"tokenizer {tokenizer} has {n} tokens but the configured vocab_size is {vocab_size}; "
+            f"set data.vocab_size={n}"
+        )
+    for shard in train + val:
+        read_header(shard)
+    return DatasetPaths(train=train, val=val, tokenizer=Path(tokenizer), vocab_size=vocab_size)

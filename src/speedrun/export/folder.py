@@ -165,11 +165,12 @@ class Submission:
             f"torchrun --standalone --nproc_per_node={world} {WRAPPED_FILE}" if world > 1 else f"python {WRAPPED_FILE}"
         )
         data = self.runs[0].config.get("data", {})
-        data_env = (
-            f"DATA_PATH=<{data.get('name')} shards> TOKENIZER_PATH=<their tokenizer .model> "
-            if data.get("path")
-            else "DATA_PATH=<the embedded corpus's dataset dir, built by `python -m run` in data.cache_dir> "
-        )
+        if data.get("path") and data.get("tokenizer") == "gpt2":  # tiktoken's named vocabulary: no file to point at
+            data_env = f"DATA_PATH=<{data.get('name')} shards> "
+        elif data.get("path"):
+            data_env = f"DATA_PATH=<{data.get('name')} shards> TOKENIZER_PATH=<their tokenizer .model> "
+        else:
+            data_env = "DATA_PATH=<the embedded corpus's dataset dir, built by `python -m run` in data.cache_dir> "
         overrides = " ".join(self.runs[0].overrides())
         card = f" (card table: {r['card']})" if r.get("card") else ""
         raw = self.raw_code_bytes()

@@ -51,6 +51,7 @@ CODE_FILES: tuple[str, ...] = (
     "speedrun/data/loader.py",
     "speedrun/data/prepare.py",
     "speedrun/data/shards.py",
+    "speedrun/data/tiktoken_bpe.py",
     "speedrun/data/tokenizer.py",
     "speedrun/distributed/__init__.py",
     "speedrun/distributed/guard.py",

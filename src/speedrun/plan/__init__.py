@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from speedrun.config import ArtifactConfig, Config, DataConfig, EMAConfig, QuantConfig, TTTConfig
+from speedrun.data.tiktoken_bpe import GPT2, is_tiktoken, require_tiktoken
 from speedrun.errors import PlanError
 from speedrun.hardware.cards import card_for
 from speedrun.hardware.profiles import PROFILES, DetectedDevice, HardwareProfile
@@ -384,6 +385,9 @@ def _check_code_rule(artifact: ArtifactConfig, quant: QuantConfig) -> None:
 
 
 def _resolve_data(data: DataConfig, cwd: Path) -> DataPlan:
+    if is_tiktoken(data.tokenizer):  # a missing optional dependency fails here, before any work
+        require_tiktoken()
+
     def absolute(value: str | None) -> str | None:
         if value is None:
             return None
@@ -392,7 +396,8 @@ def _resolve_data(data: DataConfig, cwd: Path) -> DataPlan:
 
     return DataPlan(
         path=absolute(data.path),
-        tokenizer=absolute(data.tokenizer),
+        # "gpt2" names tiktoken's encoding, not a file under the working directory.
+        tokenizer=data.tokenizer if data.tokenizer == GPT2 else absolute(data.tokenizer),
         vocab_size=data.vocab_size,
         cache_dir=str(absolute(data.cache_dir)),
     )

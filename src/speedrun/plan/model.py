@@ -41,11 +41,20 @@ def resolve_model(cfg: Config, profile: HardwareProfile) -> tuple[str, ModelShap
             f"model={name} leaves {', '.join(missing)} unset; set model.<field>=... or use a preset "
             f"(model=tiny, pgolf_baseline, ...)"
         )
-    vocab = model_cfg.vocab_size or cfg.data.vocab_size
-    if vocab != cfg.data.vocab_size:
+    # Padding only adds ids that never occur in the data: their logits are trained towards -inf like any unused
+    # token's, and byte accounting never looks them up (it is indexed by the data's tokens).
+    multiple = model_cfg.vocab_multiple
+    padded = -(-cfg.data.vocab_size // multiple) * multiple
+    vocab = model_cfg.vocab_size or padded
+    if vocab != padded:
+        padding = (
+            f" padded to a multiple of model.vocab_multiple={multiple}: {padded}"
+            if padded != cfg.data.vocab_size
+            else ""
+        )
         raise PlanError(
-            f"model.vocab_size={vocab} differs from data.vocab_size={cfg.data.vocab_size}; leave model.vocab_size "
-            f"unset to take the data's"
+            f"model.vocab_size={vocab} differs from data.vocab_size={cfg.data.vocab_size}{padding}; leave "
+            f"model.vocab_size unset to take the data's"
         )
     shared = {f.name for f in dataclasses.fields(ModelShape)} & {f.name for f in dataclasses.fields(ModelConfig)}
     values = {k: getattr(model_cfg, k) for k in shared if k != "vocab_size"}

@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -16,6 +17,7 @@ from speedrun.data.bpb import ByteLUTs, build_byte_luts
 from speedrun.data.loader import TokenStream, load_val_tokens
 from speedrun.data.prepare import DatasetPaths, ensure_embedded_dataset, open_dataset
 from speedrun.data.shards import read_header
+from speedrun.data.tiktoken_bpe import boundary_id, build_tiktoken_luts, is_tiktoken, load_encoding
 from speedrun.data.tokenizer import load_tokenizer
 from speedrun.plan import Plan
 
@@ -43,7 +45,12 @@ def build_data(plan: Plan, log: Callable[[str], None]) -> DataBundle:
     else:
         assert d.tokenizer is not None  # the resolver refuses a path without its tokenizer
         paths = open_dataset(Path(d.path), Path(d.tokenizer), d.vocab_size)
-    sp = load_tokenizer(paths.tokenizer)
+    if is_tiktoken(d.tokenizer):  # GPT-2's byte-level BPE (modded-nanogpt's shards)
+        enc = load_encoding(cast(str, d.tokenizer))
+        luts, bos_id = build_tiktoken_luts(enc), boundary_id(enc)
+    else:
+        sp = load_tokenizer(paths.tokenizer)
+        luts, bos_id = build_byte_luts(sp), sp.bos_id()
     seq_len = plan.model.seq_len
     val_tokens = load_val_tokens(paths.val, plan.eval.tokens, seq_len, vocab_size=paths.vocab_size)
     log(
@@ -73,8 +80,8 @@ def build_data(plan: Plan, log: Callable[[str], None]) -> DataBundle:
 
     return DataBundle(
         paths=paths,
-        luts=build_byte_luts(sp),
-        bos_id=sp.bos_id(),
+        luts=luts,
+        bos_id=bos_id,
         val_tokens=val_tokens,
         train_batches=train_batches,
         train_tokens=sum(read_header(p) for p in paths.train),

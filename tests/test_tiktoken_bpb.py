@@ -1,0 +1,241 @@
+"""GPT-2 (tiktoken) data: byte accounting proved exact against decoding, and the shards prepare_data writes.
+
+The real GPT-2 vocabulary cannot be downloaded offline, so the tests build a small byte-level BPE with GPT-2's
+split pattern: all 256 single bytes plus a few merges, and <|endoftext|> after them. The byte accounting does
+not depend on which merges exist, only on each token decoding to its own byte string.
+"""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+tiktoken = pytest.importorskip("tiktoken", reason="tiktoken is not installed (pip install 'speedrun[gpt2]')")
+
+from speedrun.data.bpb import stream_bytes, token_bytes  # noqa: E402
+from speedrun.data.prepare import open_dataset, prepare_tiktoken_dataset, read_dataset_info  # noqa: E402
+from speedrun.data.shards import list_shards, read_shard  # noqa: E402
+from speedrun.data.tiktoken_bpe import (  # noqa: E402
+    ENDOFTEXT,
+    GPT2,
+    boundary_id,
+    build_tiktoken_luts,
+    is_tiktoken,
+    load_encoding,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+MERGES = [b" t", b"he", b" the", b"in", b" a", b"\xe2\x82", b"\xe2\x82\xac", b"  ", b"    ", b"\n\n"]
+DOCS = [
+    "the cat in the hat",
+    " leading space, then the rest",
+    "",
+    "\u20ac euro first, and a \u20ac\u20ac pair",
+    "\u00fcn\u00efc\u00f6d\u00e9 \u6f22\u5b57 \U0001f642 \u00a0nbsp",
+    "code:\n    indented()\n\n\ttab\r\n",
+    "a literal <|endoftext|> inside a document is text",
+    " " * 9 + "x",
+]
+
+
+def small_ranks() -> dict[bytes, int]:
+    ranks = {bytes([b]): b for b in range(256)}
+    for piece in MERGES:
+        ranks[piece] = len(ranks)
+    return ranks
+
+
+@pytest.fixture(scope="module")
+def enc():
+    from tiktoken_ext.openai_public import r50k_pat_str  # GPT-2's pre-tokenizer regex
+
+    ranks = small_ranks()
+    return tiktoken.Encoding(
+        name="gpt2_small_test", pat_str=r50k_pat_str, mergeable_ranks=ranks, special_tokens={ENDOFTEXT: len(ranks)}
+    )
+
+
+def write_tiktoken_file(path: Path) -> Path:
+    lines = [f"{base64.b64encode(tok).decode()} {rank}" for tok, rank in small_ranks().items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_kind_follows_from_the_tokenizer_value():
+    assert is_tiktoken(GPT2) and is_tiktoken("/data/r50k_base.tiktoken")
+    assert not is_tiktoken("data/tokenizers/fineweb_1024_bpe.model") and not is_tiktoken(None)
+
+
+def test_luts_count_each_tokens_bytes_and_zero_for_the_separator(enc):
+    luts = build_tiktoken_luts(enc, vocab_size=enc.n_vocab + 5)
+    eot = boundary_id(enc)
+    assert eot == 256 + len(MERGES)
+    assert luts.vocab_size == enc.n_vocab + 5
+    assert int(luts.base_bytes[eot]) == 0 and bool(luts.is_boundary[eot])
+    assert all(int(luts.base_bytes[b]) == 1 for b in range(256))
+    assert int(luts.base_bytes[enc.encode_single_token(b" the")]) == 4
+    assert int(luts.base_bytes[enc.encode_single_token(b"\xe2\x82\xac")]) == 3
+    assert not luts.has_leading_space.any()  # no leading-space rule for a byte-level BPE
+    assert luts.is_boundary[enc.n_vocab :].all() and (luts.base_bytes[enc.n_vocab :] == 0).all()
+
+
+def test_counted_bytes_equal_decoded_bytes_per_document(enc):
+    """Over a stream laid out as modded-nanogpt's ([EOT] + ids per document), every document's counted bytes
+    equal the UTF-8 length of its decoded text, which for a byte-level BPE is also the original text."""
+    luts = build_tiktoken_luts(enc)
+    eot = boundary_id(enc)
+    stream: list[int] = []
+    for doc in DOCS:
+        ids = enc.encode_ordinary(doc)
+        prev = torch.tensor([eot, *ids[:-1]]) if ids else torch.tensor([], dtype=torch.long)
+        counted = int(token_bytes(prev, torch.tensor(ids, dtype=torch.long), luts).sum()) if ids else 0
+        decoded = enc.decode_bytes(ids)
+        assert counted == len(decoded) == len(doc.encode("utf-8")), doc
+        stream += [eot, *ids]
+    total = stream_bytes(torch.tensor(stream), luts)
+    assert total == sum(len(d.encode("utf-8")) for d in DOCS)
+    # The merges were used: the count is not just one byte per token.
+    assert len(stream) - len(DOCS) < total
+
+
+def test_a_local_tiktoken_file_loads_with_eot_after_the_ranks(tmp_path, enc):
+    local = load_encoding(write_tiktoken_file(tmp_path / "small.tiktoken"))
+    assert local.n_vocab == enc.n_vocab and boundary_id(local) == boundary_id(enc)
+    assert local.encode_ordinary(DOCS[0]) == enc.encode_ordinary(DOCS[0])
+
+
+def test_gpt2_vocabulary_offline_names_both_ways_to_provide_it(monkeypatch):
+    from speedrun.errors import DataError
+
+    def offline(name):
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr(tiktoken, "get_encoding", offline)
+    with pytest.raises(DataError, match="TIKTOKEN_CACHE_DIR") as err:
+        load_encoding(GPT2)
+    assert "data.tokenizer=<path>/r50k_base.tiktoken" in str(err.value)
+
+
+def test_missing_tiktoken_file_names_the_fix(tmp_path):
+    with pytest.raises(FileNotFoundError, match="r50k_base.tiktoken"):
+        load_encoding(tmp_path / "absent.tiktoken")
+
+
+def test_prepared_shards_are_modded_nanogpt_layout(tmp_path):
+    vocab = write_tiktoken_file(tmp_path / "small.tiktoken")
+    train, val = DOCS * 3, DOCS
+    paths = prepare_tiktoken_dataset(train, val, tmp_path / "ds", str(vocab), shard_tokens=100, num_threads=1)
+    enc = load_encoding(vocab)
+    eot = boundary_id(enc)
+    tokens = np.concatenate([read_shard(p) for p in list_shards(tmp_path / "ds", "val")]).astype(np.int64)
+    expected = [t for doc in val for t in (eot, *enc.encode_ordinary(doc))]
+    assert tokens.tolist() == expected
+    assert len(paths.train) > 1  # 100-token shards: documents cross shard ends
+    info = read_dataset_info(tmp_path / "ds")
+    assert info["val"]["bytes"] == sum(len(d.encode("utf-8")) for d in val)
+    assert info["vocab_size"] == enc.n_vocab and info["tokenizer"] == str(vocab)
+    opened = open_dataset(tmp_path / "ds", str(vocab), enc.n_vocab)
+    assert opened.val == paths.val and opened.vocab_size == enc.n_vocab
+    with pytest.raises(ValueError, match=f"data.vocab_size={enc.n_vocab}"):
+        open_dataset(tmp_path / "ds", str(vocab), 1024)
+
+
+def test_prepare_script_writes_gpt2_style_shards(tmp_path):
+    vocab = write_tiktoken_file(tmp_path / "small.tiktoken")
+    inputs = [tmp_path / "a.txt", tmp_path / "b.txt"]  # a .txt file is one document
+    for i, path in enumerate(inputs):
+        path.write_text(f"the cat in the hat {i}\n" * 20)
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts/prepare_data.py"), "--tokenizer", str(vocab), "--input", *map(str, inputs)]
+        + ["--out", str(out), "--val-every", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert read_shard(list_shards(out, "val")[0])[0] == boundary_id(load_encoding(vocab))
+
+
+# --- the plan and a run on GPT-2-style data ---------------------------------------------------------------------
+
+
+def test_mng_124m_on_gpt2_data_pads_the_vocab_to_50304(compose):
+    from conftest import fake_device
+    from speedrun.config import to_config
+    from speedrun.plan import resolve
+
+    cfg = to_config(compose(["experiment=mng_124m", "data=fineweb10B_gpt2"]))
+    plan = resolve(cfg, fake_device("h100"))
+    assert plan.model.vocab_size == 50304 and plan.data.vocab_size == 50257
+    assert plan.data.tokenizer == GPT2  # a name, not made into a path under the working directory
+    assert (plan.model.n_layer, plan.model.d_model, plan.model.n_head, plan.model.n_kv_head) == (12, 768, 6, 6)
+    # A 1024 vocabulary is already a multiple of 128: the embedded corpus keeps it.
+    assert resolve(to_config(compose(["experiment=mng_124m"])), fake_device("h100")).model.vocab_size == 1024
+
+
+def test_an_explicit_model_vocab_must_be_the_padded_one(compose):
+    from conftest import fake_device
+    from speedrun.config import to_config
+    from speedrun.errors import PlanError
+    from speedrun.plan import resolve
+
+    cfg = to_config(compose(["model=mng_124m", "data=fineweb10B_gpt2", "model.vocab_size=50257"]))
+    with pytest.raises(PlanError, match="padded to a multiple of model.vocab_multiple=128: 50304"):
+        resolve(cfg, fake_device("h100"))
+
+
+def test_without_tiktoken_the_plan_names_the_extra(compose, monkeypatch):
+    from conftest import fake_device
+    from speedrun.config import to_config
+    from speedrun.errors import DataError
+    from speedrun.plan import resolve
+
+    monkeypatch.setitem(sys.modules, "tiktoken", None)  # import tiktoken now raises ImportError
+    cfg = to_config(compose(["data=fineweb10B_gpt2"]))
+    with pytest.raises(DataError, match=r"pip install 'speedrun\[gpt2\]'"):
+        resolve(cfg, fake_device("h100"))
+
+
+@pytest.mark.slow
+def test_a_smoke_run_trains_and_scores_on_tiktoken_shards(tmp_path):
+    """The whole run path with a byte-level BPE: shards from prepare_data, data.tokenizer=<file>.tiktoken, the
+    byte LUT and <|endoftext|> as the document boundary; val_bpb is finite and the bytes are the val text's."""
+    import json
+
+    from conftest import run_cli
+
+    vocab = write_tiktoken_file(tmp_path / "small.tiktoken")
+    docs = [f"{d} {i}" * 8 for i in range(12) for d in DOCS]
+    prepare_tiktoken_dataset(docs[4:], docs[:4], tmp_path / "ds", str(vocab), num_threads=1)
+    n_vocab = load_encoding(vocab).n_vocab
+    proc = run_cli(
+        [
+            "debug=smoke",
+            f"data.path={tmp_path / 'ds'}",
+            f"data.tokenizer={vocab}",
+            f"data.vocab_size={n_vocab}",
+            "model.vocab_multiple=16",
+            "eval.tokens=null",
+            f"hydra.run.dir={tmp_path / 'run'}",
+            f"results_db={tmp_path / 'r.sqlite'}",
+        ],
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["status"] == "ok" and np.isfinite(result["val_bpb"])
+    # The scored bytes are the byte LUT's count over the scored val prefix: the GPT-2 path was taken.
+    val = torch.from_numpy(read_shard(list_shards(tmp_path / "ds", "val")[0]).astype(np.int64))
+    scored = val[: result["eval_tokens"] + 1]
+    assert result["eval_bytes"] == stream_bytes(scored, build_tiktoken_luts(load_encoding(vocab)))
+    assert result["eval_bytes"] > 0
+    plan = json.loads((tmp_path / "run" / "plan.json").read_text())
+    assert plan["model"]["vocab_size"] == -(-n_vocab // 16) * 16
