@@ -170,3 +170,24 @@ def test_the_slurm_path_runs_two_tasks_as_one_run(tmp_path, data_cache):
     assert row["status"] == "ok" and row["world_size"] == 2
     assert json.loads(row["plan"])["dist"]["launch"] == "submitit"
     assert [p.name for p in run_dirs(tmp_path)] == ["0"]  # the sweep's job dir, shared by both tasks
+
+
+def test_periodic_validation_and_a_target_on_two_ranks(tmp_path, data_cache):
+    """`python -m run dist.nproc=2 eval.every_steps=2` with a target every evaluation reaches: both ranks evaluate
+    at step 2 (sharded, all-reduced), agree the target is reached and stop there together; rank 0 alone writes the
+    val record (one, in the run's metrics.jsonl) and the time-to-target keys."""
+    args = [*SMOKE, "dist.nproc=2", "eval.every_steps=2", "budget.target_val_bpb=1000", f"data.cache_dir={data_cache}"]
+    proc = run_cli(args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (run_dir,) = run_dirs(tmp_path)
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "ok" and result["world_size"] == 2
+    assert (result["budget_end"], result["reached"], result["steps_to_target"], result["steps"]) == (
+        "target",
+        True,
+        2,
+        2,
+    )
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    vals = [r for r in records if "val_bpb" in r]
+    assert [r["step"] for r in vals] == [2] and vals[0]["val_bpb"] <= 1000

@@ -173,10 +173,10 @@ def test_model_overrides_apply_on_top_of_the_auto_preset(compose):
 
 @pytest.mark.parametrize(
     "extra",
-    [["checkpoint.every_steps=10"], ["eval.every_steps=10"], ["hardware.micro_batch=auto"]],
+    [["checkpoint.every_steps=10"], ["hardware.micro_batch=auto"]],
 )
 def test_one_process_features_are_refused_on_several_ranks(compose, extra):
-    """Periodic validation, checkpoints and the micro-batch search run on one process; with ranks they are refused
+    """Periodic checkpoints and the micro-batch search run on one process; with ranks they are refused
     before any rank starts, not silently skipped."""
     from speedrun.plan import WorldInfo
 

@@ -112,14 +112,12 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
     grad_accum = check_step_split(
         tokens_per_step, micro_batch, seq_len, dist.world_size, [length for length, _ in lengths or ()]
     )
-    if dist.world_size > 1 and (
-        cfg.checkpoint.every_seconds or cfg.checkpoint.every_steps or cfg.eval.every_steps or cfg.eval.every_seconds
-    ):
-        # each rank would validate and checkpoint on its own clock; rank-0 checkpoints with a shared resume are
-        # not built yet, so refuse rather than write checkpoints no run can continue from
+    if dist.world_size > 1 and (cfg.checkpoint.every_seconds or cfg.checkpoint.every_steps):
+        # rank-0 checkpoints with a shared resume are not built yet: refuse rather than write checkpoints no run
+        # can continue from (periodic validation, eval.every_*, is sharded over the ranks and runs)
         raise PlanError(
-            "periodic validation (eval.every_*) and checkpoints (checkpoint.every_*) run on one process "
-            "only; with dist.nproc > 1 drop them, or run on one GPU"
+            "periodic checkpoints (checkpoint.every_*) run on one process only; with dist.nproc > 1 drop "
+            "checkpoint.every_steps / checkpoint.every_seconds, or run on one GPU"
         )
     if search and dist.world_size > 1:
         # the search probes one process's memory; ranks that each searched could pick different sizes

@@ -126,7 +126,8 @@ class Job(JobRecord):
         # each rank reads its own micro-batches of every step (data.loader.TokenStream)
         batches = functools.partial(data.train_batches, rank=self.world.rank, world_size=self.world.world_size)
         extras = None
-        if self.world.world_size == 1:  # periodic validation, checkpoints, batch search: one process (plan refuses)
+        # periodic validation runs on every rank (sharded); checkpoints and the batch search on one process only
+        if self.world.world_size == 1 or plan.eval.periodic:
             plan, extras = self._prepare_loop(plan, stepper, eval_forward, data)
         self.on_phase("warmup")
         warm_up(stepper, batches, state, log.info)

@@ -377,9 +377,9 @@ def train(
             if boundary:
                 with clock.paused():
                     extras.run(state)  # raises KeyboardInterrupt after its checkpoint when a stop was requested
-                # a reached target ends training here, on every rank alike: rank 0's verdict is broadcast, since the
-                # periodic evaluation is not sharded or all-reduced (each rank would score the slice itself, and
-                # floats near the target could disagree). The resolver refuses it on several ranks today anyway.
+                # a reached target ends training here, on every rank alike: the periodic evaluation is sharded and
+                # all-reduced, so every rank holds the same numbers and verdict; rank 0's is broadcast all the same
+                # (one scalar), so no float could ever make the ranks part
                 if plan.target_metric is not None and agree(float(state.target_steps is not None)):
                     state.budget_end = "target"
                     break

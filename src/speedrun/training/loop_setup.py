@@ -60,7 +60,10 @@ def prepare_loop(
     """Search batch sizes if the plan asks (rewriting plan.json with the choice) and build the LoopExtras.
     Returns the plan that trains, the extras and the search's record (None: no search)."""
     searched = None
-    if plan.micro_batch_search or plan.eval.batch_search:
+    world = getattr(stepper, "world", None)
+    single = world is None or world.single
+    # the batch search probes one process's memory: on several ranks (periodic validation only) nothing is searched
+    if single and (plan.micro_batch_search or plan.eval.batch_search):
         from speedrun.plan import plan_json
         from speedrun.training.batch_search import search_batches
 
@@ -68,7 +71,9 @@ def prepare_loop(
         stepper.plan = plan
         hooks.write_file("plan.json", plan_json(plan) + "\n")
     evaluator = (
-        PeriodicEval(plan, stepper.model, eval_forward, data.val_tokens, data.luts) if plan.eval.periodic else None
+        PeriodicEval(plan, stepper.model, eval_forward, data.val_tokens, data.luts, shard=world)
+        if plan.eval.periodic
+        else None
     )
     meta = checkpoint_meta(hooks.config_tree, hooks.overrides, plan, hooks.cwd)
     extras = ResumableExtras(

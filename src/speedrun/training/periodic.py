@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from speedrun.distributed.world import SINGLE
 from speedrun.finishing.evaluate import run_eval
 from speedrun.training.checkpoint import capture, save_checkpoint
 from speedrun.training.dense_metrics import val_record
@@ -28,10 +29,22 @@ log = logging.getLogger("speedrun")
 
 
 class PeriodicEval:
-    """Standard windows of model.seq_len over the first eval.periodic_tokens validation tokens."""
+    """Standard windows of model.seq_len over the first eval.periodic_tokens validation tokens. On several ranks
+    (``shard``, a speedrun.distributed.world.World) the batches of windows are split over the ranks and the sums
+    all-reduced in float64, as the final evaluation does (finishing.evaluate): every rank gets the same val_loss and
+    val_bpb, equal to one rank scoring every window."""
 
-    def __init__(self, plan: Any, model: torch.nn.Module, eval_forward: Callable, val_tokens: torch.Tensor, luts: Any):
+    def __init__(
+        self,
+        plan: Any,
+        model: torch.nn.Module,
+        eval_forward: Callable,
+        val_tokens: torch.Tensor,
+        luts: Any,
+        shard: Any = None,
+    ):
         self.plan, self.model, self.forward, self.luts = plan, model, eval_forward, luts
+        self.shard = shard if shard is not None and not shard.single else None
         seq_len = plan.model.seq_len
         windows = max(1, min(plan.eval.periodic_tokens, val_tokens.numel() - 1) // seq_len)
         self.tokens = val_tokens[: windows * seq_len + 1]
@@ -52,6 +65,7 @@ class PeriodicEval:
                 batch_size=self.plan.eval.batch_size,
                 device=self.plan.device,
                 autocast_dtype=autocast_dtype(self.plan),
+                shard=self.shard,
             )
         finally:
             self.model.train(was_training)
@@ -71,22 +85,31 @@ class LoopExtras:
     ):
         self.plan, self.run_dir, self.stepper, self.evaluator = plan, Path(run_dir), stepper, evaluator
         self.meta, self.on_metrics, self.log = meta, on_metrics, log_fn
+        self.world = getattr(stepper, "world", None) or SINGLE
+        """On several ranks every decision here is the same on every rank: eval.every_steps counts the same steps,
+        eval.every_seconds reads the loop's agreed clock (rank 0's), the evaluation is sharded and all-reduced."""
         self.stop = StopRequests()
         ck = plan.checkpoint
         self.next_ckpt_wall = time.monotonic() + ck.every_seconds if ck.every_seconds else float("inf")
         self.next_eval_seconds = plan.eval.every_seconds or float("inf")
         self.last_eval_step: int | None = None
         self.last_ckpt: tuple[int, str | None] = (-1, None)
+        self.seconds = 0.0
+        """The loop's (agreed) train seconds at the last ``due``: what ``run`` decides on, so every rank agrees."""
 
     # -- what the loop calls ---------------------------------------------------------------------------------
     def deferring(self) -> Any:
-        return self.stop.deferring() if self.plan.checkpoint.on_signal else contextlib.nullcontext()
+        # on several ranks a signal reaches one rank's loop only: the dist guard stops them all instead
+        if self.plan.checkpoint.on_signal and self.world.single:
+            return self.stop.deferring()
+        return contextlib.nullcontext()
 
     def due(self, state: Any, seconds: float) -> bool:
+        self.seconds = seconds
         return self.stop.requested or self._eval_due(state, seconds) or self._ckpt_due(state)
 
     def run(self, state: Any) -> None:
-        if self._eval_due(state, state.train_seconds):
+        if self._eval_due(state, self.seconds):
             self.evaluate(state)
         if self._ckpt_due(state):
             self.save(state)
@@ -129,16 +152,20 @@ class LoopExtras:
         state.val_seconds_periodic += seconds
         self.last_eval_step = state.steps
         if self.plan.eval.every_seconds:
-            while self.next_eval_seconds <= state.train_seconds:
+            now = self.world.agree(state.train_seconds)  # rank 0's clock: the next due is the same on every rank
+            while self.next_eval_seconds <= now:
                 self.next_eval_seconds += self.plan.eval.every_seconds
-        self.on_metrics(
-            val_record(state.steps, state.tokens, state.train_seconds, res.val_loss, res.val_bpb, res.tokens, seconds)
-        )
-        self.log(
-            f"val    {state.steps:>6}  val_bpb {res.val_bpb:.4f}  val_loss {res.val_loss:.4f}  "
-            f"({res.tokens:,} tokens, {seconds:.1f}s, not in train time)"
-        )
-        self._check_target(state, res)
+        if self.world.rank == 0:  # rank 0 writes metrics.jsonl and run.log; the others hold the same numbers
+            self.on_metrics(
+                val_record(
+                    state.steps, state.tokens, state.train_seconds, res.val_loss, res.val_bpb, res.tokens, seconds
+                )
+            )
+            self.log(
+                f"val    {state.steps:>6}  val_bpb {res.val_bpb:.4f}  val_loss {res.val_loss:.4f}  "
+                f"({res.tokens:,} tokens, {seconds:.1f}s, not in train time)"
+            )
+        self._check_target(state, res)  # the same verdict on every rank: the result is all-reduced
 
     def _check_target(self, state: Any, res: Any) -> None:
         """budget.target_*: the first evaluation at or below the target records where training got there (the
