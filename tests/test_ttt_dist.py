@@ -64,6 +64,7 @@ def _rank_main(rank: int, port: int, out_path: str) -> None:
     out = _score(World(WorldInfo("torchrun", rank, 2, rank, 2, 0)))
     if rank == 0:
         torch.save(out, out_path)
+    dist.barrier()  # both ranks done before either tears gloo down (a rank leaving early can abort its peer)
     dist.destroy_process_group()
 
 

@@ -350,6 +350,10 @@ class World:
             return
         try:
             if clean:
+                # Every rank passes this barrier before any tears its connections down: a gloo rank that leaves
+                # while its peer is still closing can abort in gloo's teardown (seen on CI, rarely). A bounded
+                # barrier (gloo's monitored one) so that a peer that died after the last step cannot hold us.
+                dist.monitored_barrier(group=self.ctrl, timeout=timedelta(seconds=60))
                 dist.destroy_process_group()
             else:
                 self.guard.abort()
