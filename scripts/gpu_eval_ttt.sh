@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# GPU check of issue 25: experiment=pgolf_record trained for TRAIN_SECONDS (default 60; speed, not quality, is what
+# is measured), then evaluated plain and through the record's test-time training (ttt=record: LoRA rank 96 on
+# q/k/v, MLP and head, 64 documents side by side, chunks of 48, and PHASES global phases, default the record's 3),
+# cut at TTT_SECONDS (default 120) with the tokens scored reported. Prints the eval and TTT rates per GPU.
+# Embedded corpus (vocab 1024). Extra arguments are Hydra overrides for the run.
+#
+# On the offline GPU machine (device_env.sh installs the carried wheels and puts src/ on PYTHONPATH):
+#   . scripts/device_env.sh && bash scripts/gpu_eval_ttt.sh
+#   . scripts/device_env.sh && PHASES=0 TTT_SECONDS=60 bash scripts/gpu_eval_ttt.sh ttt.warm_start_a=false
+set -uo pipefail
+cd "$(dirname "$0")/.."
+py=${PYTHON:-python3}
+work=${WORK:-outputs/eval_ttt_check}
+run=$work/run_$(date +%s)
+mkdir -p "$work"
+"$py" -c "import torch; print('gpu_eval_ttt.sh:', torch.cuda.get_device_name(0), '| torch', torch.__version__)"
+t0=$SECONDS
+"$py" -m run experiment=pgolf_record ttt=record "ttt.phased.phases=${PHASES:-3}" "ttt.max_seconds=${TTT_SECONDS:-120}" \
+  "budget.train_seconds=${TRAIN_SECONDS:-60}" logger.log_every_seconds=30 "results_db=$work/results.sqlite" \
+  "hydra.run.dir=$run" data.cache_dir=/tmp/speedrun-cache "$@" >"$run.log" 2>&1
+grep -E "warm-up done|eval \(|ttt|status:|error:" "$run.log" | tail -n 20
+"$py" - "$run" <<'PY'
+import json, sys
+from pathlib import Path
+
+result = json.loads((Path(sys.argv[1]) / "result.json").read_text())
+for key in ("status", "error", "gpu_name", "steps", "tokens_per_s", "val_bpb", "val_bpb_quant", "eval_seconds",
+            "eval_tokens_per_s", "eval_tokens_per_s_quant", "eval_recompiles", "val_tokens", "val_bpb_ttt",
+            "val_bpb_ttt_base", "ttt_seconds", "ttt_tokens_scored", "ttt_fraction", "ttt_complete", "ttt_docs",
+            "ttt_tokens_per_s", "ttt_phases_done", "ttt_phased_steps", "ttt_phased_seconds"):
+    print(f"{key}: {result.get(key)}")
+PY
+echo "exit in $((SECONDS - t0)) s"
+if [ -n "${OUT:-}" ] && [ -d "$run" ]; then
+  cp "$run/result.json" "$OUT/$(basename "$run")_result.json"
+  cp "$run.log" "$OUT/$(basename "$run").log"
+fi
