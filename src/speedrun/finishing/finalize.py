@@ -45,6 +45,7 @@ import hashlib
 import os
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,8 +57,9 @@ from speedrun.finishing.quant_report import REPORT, tensor_report
 from speedrun.finishing.quantize import (
     Artifact,
     collect_hessians,
+    dequantize_state_dict,
     export_packed,
-    load_artifact,
+    load_packed,
     quantize_int6,
     quantize_state_dict,
 )
@@ -199,47 +201,90 @@ class Finish:
         )
 
     def quantize(self) -> None:
-        """Export the artifact (rank 0), load its dequantized weights into the model, score that round trip."""
+        """Quantize the model (rank 0), load the dequantized weights into it and score that round trip, while rank
+        0 compresses the same codes into the artifact on a thread: the score and the compression both start from
+        the quantized codes and neither needs the other (brotli, lzma and zstd release the GIL). The artifact
+        file is then read back and must hold exactly the codes that were scored, or the phase fails."""
         plan, q, world = self.plan, self.plan.quant, self.world
         self.report("quant")
         tq = time.perf_counter()
+        rank0 = world is None or world.rank == 0
+        quantized = quantize_model(plan, self.model, self.data, self.log, self.run_dir) if rank0 else None
+        self.quantized_seconds = time.perf_counter() - tq
 
-        def export() -> Artifact:
-            return export_artifact(plan, self.model, self.data, self.log, self.run_dir)
+        def codes() -> dict[str, dict[str, torch.Tensor]]:
+            assert quantized is not None  # rank 0's
+            return quantized.packed
 
-        artifact = world.from_rank0(export) if world else export()  # rank 0 exports, every rank gets its bytes
-        path = self.run_dir / f"model.{q.name}.{q.compressor}"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(artifact.blob)
-        os.replace(tmp, path)
-        restored = load_artifact(path.read_bytes(), str(q.compressor))
+        # every rank scores rank 0's codes (the export ran on rank 0 alone, with the one-rank calibration stream)
+        packed = world.from_rank0(codes) if world else codes()
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compress") if quantized else None
+        future = pool.submit(self._write_artifact, quantized, packed) if pool and quantized else None
+        restored = dequantize_state_dict(packed)
         self.model.load_state_dict({k: restored[k].to(v.dtype) for k, v in self.model.state_dict().items()})
-        quant_seconds = round(time.perf_counter() - tq, 3)
-        # the code's bytes by artifact.code_rule (wrapped: train_gpt.py written beside the model); artifact_code.json
-        sizes = write_manifest(self.run_dir, len(artifact.blob), q.cap_bytes, plan.artifact, self.code)
-        write_json(self.run_dir / REPORT, {"artifact_model_bytes": len(artifact.blob), **artifact.extra["report"]})
-        export_keys = {"compress_seconds": artifact.compress_seconds, **self._reserve_keys(artifact)}
-        # the artifact exists: its size is a result even if its scoring never ends
-        self.report("quant", {**sizes, **export_keys})
-        qres, keys = self.score("eval (quantized)", "_quant")
+        try:
+            qres, keys = self.score("eval (quantized)", "_quant")
+        except BaseException:
+            if future is not None:  # the artifact is a result even if its scoring never ends: keep it
+                self._keep_artifact_after_failure(future)
+            raise
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True)
+        t_scored = time.perf_counter()
+        artifact_keys = future.result() if future is not None else {}
+        if future is not None:
+            artifact_keys["compress_wait_seconds"] = round(time.perf_counter() - t_scored, 3)
+        if world is not None:
+            artifact_keys = world.from_rank0(lambda: artifact_keys)
         self.done(
             "quant",
             val_bpb_quant=round(qres.val_bpb, 6),
             val_loss_quant=round(qres.val_loss, 6),
             **keys,
-            **sizes,
+            **artifact_keys,
             quant=str(q.name),
             compressor=str(q.compressor),
-            quant_seconds=quant_seconds,
-            **export_keys,
         )
+        sizes = artifact_keys
         self.log(
             f"quant: {q.name}+{q.compressor} artifact {sizes['artifact_bytes']:,} bytes "
             f"(model {sizes['artifact_model_bytes']:,} + code {sizes['artifact_code_bytes']:,} "
             f"{sizes['artifact_code_rule']}; cap "
             f"{q.cap_bytes:,}: {'ok' if sizes['artifact_ok'] else 'OVER'}); val_bpb_quant {qres.val_bpb:.4f}; "
-            f"per tensor: {REPORT}"
+            f"compressed in {sizes['compress_seconds']:.1f} s beside the score (waited {sizes['compress_wait_seconds']:.1f}"
+            f" s for it); per tensor: {REPORT}"
         )
+
+    def _write_artifact(self, quantized: Quantized, packed: dict[str, dict[str, torch.Tensor]]) -> dict[str, Any]:
+        """Rank 0, on the compression thread: compress the codes, write the artifact file (atomically), read it
+        back and check it holds the codes that were scored, then the manifest and the per-tensor report; the keys
+        of its size and timings. The file is on disk as soon as it exists, even if the score never ends."""
+        q = self.plan.quant
+        artifact = compress_quantized(self.plan, quantized, self.log, COMPRESS_WORKERS)
+        path = self.run_dir / f"model.{q.name}.{q.compressor}"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(artifact.blob)
+        os.replace(tmp, path)
+        check_round_trip(load_packed(path.read_bytes(), str(q.compressor)), packed, path)
+        # the code's bytes by artifact.code_rule (wrapped: train_gpt.py written beside the model); artifact_code.json
+        sizes = write_manifest(self.run_dir, len(artifact.blob), q.cap_bytes, self.plan.artifact, self.code)
+        write_json(self.run_dir / REPORT, {"artifact_model_bytes": len(artifact.blob), **artifact.extra["report"]})
+        return {
+            **sizes,
+            "compress_seconds": artifact.compress_seconds,
+            **self._reserve_keys(artifact),
+            # the export's own work (Hessians, GPTQ, compression), whatever ran beside it
+            "quant_seconds": round(self.quantized_seconds + artifact.compress_seconds, 3),
+        }
+
+    def _keep_artifact_after_failure(self, future: Future) -> None:
+        """The round-trip score failed or was stopped: wait for the artifact and report its size (best effort:
+        the score's own error is the one that propagates)."""
+        try:
+            self.report("quant", future.result())
+        except Exception as e:  # noqa: BLE001 - secondary to the error already on its way
+            self.log(f"quant: the artifact could not be kept after the failed score: {type(e).__name__}: {e}")
 
     def _reserve_keys(self, artifact: Artifact) -> dict[str, Any]:
         """quant_hessian_seconds (int6); with quant.reserve_seconds, train_seconds = the loop's + the Hessians'
@@ -277,15 +322,32 @@ def graphs_compiled() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-def export_artifact(
+COMPRESS_WORKERS = max(1, (os.cpu_count() or 2) - 1)
+"""Threads of the pergroup compression: every core but one, which the round-trip score beside it drives."""
+
+
+@dataclasses.dataclass
+class Quantized:
+    """What the export computed before compression (rank 0): the codes and what the per-tensor report needs."""
+
+    packed: dict[str, dict[str, torch.Tensor]]
+    """The packed state dict (codes, scales, LQER factors, fp16 and raw tensors), on the CPU."""
+    state: dict[str, torch.Tensor]
+    """The float weights that were quantized: a CPU copy, since the model's own tensors take the dequantized ones."""
+    rules: dict[str, dict[str, Any]]
+    hessians: dict[str, torch.Tensor]
+    extra: dict[str, Any]
+
+
+def quantize_model(
     plan: Plan, model: torch.nn.Module, data: Any, log: Callable[[str], None], run_dir: Path
-) -> Artifact:
-    """Quantize and compress the model (rank 0); the Artifact's ``extra`` carries the per-tensor report and, for
-    int6, quant_hessian_seconds. quant.keep_weights: the float weights to <run dir>/model.pt first."""
+) -> Quantized:
+    """Quantize the model (rank 0); int6 records quant_hessian_seconds in ``extra``. quant.keep_weights: the float
+    weights to <run dir>/model.pt first."""
     q = plan.quant
-    state = model.state_dict()
+    state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
     if q.keep_weights:
-        torch.save({k: v.detach().cpu() for k, v in state.items()}, run_dir / FLOAT_WEIGHTS)
+        torch.save(state, run_dir / FLOAT_WEIGHTS)
     extra: dict[str, Any] = {}
     hessians: dict[str, torch.Tensor] = {}
     rules: dict[str, dict[str, Any]] = {}
@@ -312,9 +374,48 @@ def export_artifact(
             f"quantized in {time.perf_counter() - t1:.1f} s), int{q.bits} blocks, int{q.embed_bits} embeddings; "
             f"{levers}"
         )
-    artifact = export_packed(packed, str(q.compressor), q.level, log, str(q.pergroup_codec))
-    extra["report"] = tensor_report(state, packed, rules, hessians, artifact.group_bytes, str(q.compressor))
-    return dataclasses.replace(artifact, extra=extra)
+    packed = {name: {f: t.detach().cpu() for f, t in entry.items()} for name, entry in packed.items()}
+    return Quantized(packed, state, rules, hessians, extra)
+
+
+def compress_quantized(
+    plan: Plan, quantized: Quantized, log: Callable[[str], None], workers: int | None = None
+) -> Artifact:
+    """Serialize and compress the codes; the Artifact's ``extra`` carries the per-tensor report and the export's
+    timings. Reads nothing but ``quantized`` (it runs on a thread beside the round-trip score)."""
+    q = plan.quant
+    artifact = export_packed(quantized.packed, str(q.compressor), q.level, log, str(q.pergroup_codec), workers)
+    report = tensor_report(
+        quantized.state, quantized.packed, quantized.rules, quantized.hessians, artifact.group_bytes, str(q.compressor)
+    )
+    return dataclasses.replace(artifact, extra={**quantized.extra, "report": report})
+
+
+def export_artifact(
+    plan: Plan, model: torch.nn.Module, data: Any, log: Callable[[str], None], run_dir: Path
+) -> Artifact:
+    """Quantize and compress the model in one go (rank 0): what the finishing phase does in two overlapped steps."""
+    return compress_quantized(plan, quantize_model(plan, model, data, log, run_dir), log)
+
+
+def check_round_trip(
+    read: dict[str, dict[str, torch.Tensor]], scored: dict[str, dict[str, torch.Tensor]], path: Path
+) -> None:
+    """The artifact read back must hold exactly the codes whose dequantized weights were scored (val_bpb_quant is
+    a claim about the file), tensor for tensor, bit for bit."""
+    if list(read) != list(scored):
+        missing, extra = sorted(set(scored) - set(read)), sorted(set(read) - set(scored))
+        raise RuntimeError(
+            f"{path}: the artifact's tensors differ from those scored (missing {missing}, extra {extra})"
+        )
+    for name, entry in scored.items():
+        got = read[name]
+        for f, t in entry.items():
+            if f not in got or got[f].dtype != t.dtype or not torch.equal(got[f], t):
+                raise RuntimeError(
+                    f"{path}: {name}.{f} read back from the artifact differs from the codes scored; the compressor "
+                    f"({type(got.get(f)).__name__}) did not round-trip, so val_bpb_quant would not be the file's"
+                )
 
 
 def _ttt(

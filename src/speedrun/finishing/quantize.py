@@ -143,14 +143,16 @@ def export_packed(
     level: int,
     log: Callable[[str], None] | None = None,
     codec: str = "brotli",
+    workers: int | None = None,
 ) -> Artifact:
-    """Serialize and compress a packed state dict; ``codec`` is quant.pergroup_codec (compressor=pergroup only)."""
+    """Serialize and compress a packed state dict; ``codec`` is quant.pergroup_codec and ``workers`` its threads
+    (compressor=pergroup only; default every core)."""
     from speedrun.finishing.artifact import code_bytes
 
     t0 = time.perf_counter()
     if compressor == PERGROUP:
         check_compressor(compressor, level, codec)
-        blob, groups = pergroup.pack(packed, codec, level, log)
+        blob, groups = pergroup.pack(packed, codec, level, log, workers)
     else:
         buf = io.BytesIO()
         torch.save(packed, buf)

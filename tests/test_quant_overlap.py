@@ -1,0 +1,120 @@
+"""The quantized round trip is scored while rank 0 compresses the artifact (speedrun.finishing.finalize.Finish
+.quantize): the two run at the same time, the artifact read back must hold exactly the codes that were scored, and
+a score that fails still leaves the artifact and its size."""
+
+from __future__ import annotations
+
+import threading
+import types
+
+import pytest
+import torch
+
+from speedrun.finishing import finalize
+from test_quant_levers import batches, gpt, plan_for
+
+TINY = [
+    "model=tiny",
+    "model.n_layer=2",
+    "model.d_model=32",
+    "model.n_head=4",
+    "model.n_kv_head=2",
+    "model.mlp_mult=2",
+    "model.seq_len=16",
+    "data.vocab_size=64",
+    "hardware.micro_batch=4",
+    "budget.tokens_per_step=64",
+]
+
+
+def _data():
+    from test_ttt import BOS, docs_stream, luts
+
+    return types.SimpleNamespace(
+        val_tokens=docs_stream([40, 30]), luts=luts(), bos_id=BOS, train_batches=lambda: iter(batches())
+    )
+
+
+def _finish(compose, tmp_path, forward=None, on_phase=None, *overrides):
+    model = gpt()
+    plan = plan_for(compose, *TINY, *overrides)
+    fwd = forward or (lambda x, y: model(x, y, reduction="none"))
+    return finalize.Finish(plan, model, fwd, _data(), tmp_path, lambda line: None, on_phase), model
+
+
+def _artifact(finish, tmp_path):
+    q = finish.plan.quant
+    return tmp_path / f"model.{q.name}.{q.compressor}"
+
+
+def test_compression_runs_while_the_round_trip_is_scored(compose, tmp_path, monkeypatch):
+    """The compression waits, inside its thread, for the score's first batch; the score's first batch waits for
+    the compression to have started. Run one after the other, either wait would time out."""
+    compressing, scored = threading.Event(), threading.Event()
+    seen: dict[str, bool] = {}
+    real = finalize.compress_quantized
+
+    def compress(*args, **kwargs):
+        compressing.set()
+        seen["score_during_compression"] = scored.wait(timeout=30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(finalize, "compress_quantized", compress)
+    finish, model = _finish(compose, tmp_path, None, None, "quant=int6", "quant.calib_batches=2", "quant.block_size=8")
+    finish.evaluate()  # the float score first, as the phases run
+
+    def forward(x, y):
+        if not scored.is_set():
+            seen["compression_during_score"] = compressing.wait(timeout=30)
+            scored.set()
+        return model(x, y, reduction="none")
+
+    finish.eval_forward = forward
+    finish.quantize()
+    assert seen == {"compression_during_score": True, "score_during_compression": True}
+    out = finish.out
+    assert out["artifact_model_bytes"] == _artifact(finish, tmp_path).stat().st_size
+    assert out["compress_wait_seconds"] >= 0 and out["quant_seconds"] >= out["compress_seconds"]
+    assert (tmp_path / "artifact_tensors.json").is_file()
+
+
+def test_an_artifact_that_does_not_read_back_as_scored_fails_the_phase(compose, tmp_path, monkeypatch):
+    real = finalize.load_packed
+
+    def corrupt(blob, compressor):
+        packed = real(blob, compressor)
+        name, entry = next(iter(packed.items()))
+        field = next(iter(entry))
+        entry[field] = entry[field].clone()
+        entry[field].view(-1)[0] += 1  # one code (or one fp16 value) off
+        return packed
+
+    monkeypatch.setattr(finalize, "load_packed", corrupt)
+    finish, _ = _finish(compose, tmp_path)
+    with pytest.raises(RuntimeError, match="differs from the codes scored"):
+        finish.quantize()
+
+
+def test_check_round_trip_names_a_missing_tensor(tmp_path):
+    scored = {"a": {"q": torch.zeros(2, dtype=torch.int8)}, "b": {"raw": torch.ones(1)}}
+    finalize.check_round_trip(
+        {"a": {"q": torch.zeros(2, dtype=torch.int8)}, "b": {"raw": torch.ones(1)}}, scored, tmp_path
+    )
+    with pytest.raises(RuntimeError, match=r"missing \['b'\]"):
+        finalize.check_round_trip({"a": scored["a"]}, scored, tmp_path)
+    with pytest.raises(RuntimeError, match="b.raw"):
+        finalize.check_round_trip({**scored, "b": {"raw": torch.ones(1, dtype=torch.float64)}}, scored, tmp_path)
+
+
+def test_a_failed_round_trip_score_still_keeps_and_reports_the_artifact(compose, tmp_path):
+    reports: list[tuple] = []
+    finish, _ = _finish(compose, tmp_path, None, lambda name, keys=None: reports.append((name, keys)))
+
+    def broken(x, y):
+        raise RuntimeError("the quantized score broke")
+
+    finish.eval_forward = broken
+    with pytest.raises(RuntimeError, match="the quantized score broke"):
+        finish.quantize()
+    kept = [keys for name, keys in reports if name == "quant" and keys]
+    assert kept and kept[0]["artifact_model_bytes"] == _artifact(finish, tmp_path).stat().st_size
