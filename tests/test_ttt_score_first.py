@@ -204,3 +204,24 @@ def test_cuda_bf16_record_ttt_with_phases_agrees_with_cpu():
                        autocast_dtype=torch.bfloat16)  # fmt: skip
     assert gpu.complete and (gpu.tokens_scored, gpu.bytes, gpu.phases_done) == (cpu.tokens_scored, cpu.bytes, 2)
     assert abs(gpu.val_loss - cpu.val_loss) < 0.1, (gpu.val_loss, cpu.val_loss)
+
+
+def test_compiled_ttt_scores_like_eager_with_its_warm_up_off_the_clock():
+    """ttt.compile: the adapted and unadapted forwards through torch.compile (dynamic shapes; aot_eager here, the
+    same graph capture as inductor without a C++ toolchain) give eager's scores, after a warm-up on random tokens
+    that leaves the adapters as they were; the records' adapters, phases and base scores included."""
+    import dataclasses
+
+    torch._dynamo.reset()
+    tokens = docs_stream(LENGTHS, seed=3)
+    eager = dataclasses.replace(CONFIGS["warm"], score_base=True)
+    compiled = dataclasses.replace(eager, compile="aot_eager")
+    a, b = scores(model(), tokens, eager)[0], scores(model(), tokens, compiled)[0]
+    assert a.compile_seconds == 0.0 and b.compile_seconds > 0
+    assert b.recompiles == 0  # the warm-up's dynamic graphs cover every width, batch and phase of the run
+    assert (b.tokens_scored, b.bytes, b.phases_done) == (a.tokens_scored, a.bytes, a.phases_done)
+    assert b.val_loss == pytest.approx(a.val_loss, rel=1e-5) and b.base_val_loss == pytest.approx(
+        a.base_val_loss, rel=1e-5
+    )
+    for x, y in zip(a.chunks, b.chunks):
+        assert (x.doc, x.chunk, x.tokens) == (y.doc, y.chunk, y.tokens) and y.nats == pytest.approx(x.nats, rel=1e-4)

@@ -178,6 +178,11 @@ class TTTConfig:
     """Also score every chunk unadapted, in the same pass and windows (val_bpb_ttt_base, so the gain is
     val_bpb_ttt_base - val_bpb_ttt): one more forward per chunk after a document's first, about +40% TTT time
     on CPU. false: skip it (val_bpb_ttt_base null)."""
+    compile: bool = False
+    """torch.compile the adapted model's forward (and the unadapted one's, for val_bpb_ttt_base) with dynamic
+    shapes, as the records do, warmed up on random tokens before TTT's clock starts (ttt_compile_seconds; graphs
+    built after the warm-up: ttt_recompiles). The global phases run eagerly. Off by default: not yet measured on a
+    GPU here."""
     phased: PhasedTTTConfig = field(default_factory=PhasedTTTConfig)
     """Phased global TTT (ttt.phased.phases, .prefix_docs, .lr, ...): the model's own weights fine-tuned with SGD
     on documents already scored; off by default (phases 0)."""

@@ -63,6 +63,7 @@ from speedrun.finishing.quantize import (
     quantize_int6,
     quantize_state_dict,
 )
+from speedrun.kernels.compile import graphs_compiled
 from speedrun.plan import Plan
 from speedrun.plan.dtypes import autocast_dtype
 from speedrun.progress import Progress
@@ -315,13 +316,6 @@ class Finish:
         self.done("ttt", **_ttt(self.plan, self.model, self.data, self.amp_dtype, self.log, self.world))
 
 
-def graphs_compiled() -> int:
-    """Graphs torch.compile has built in this process (what training's recompiles counts too)."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
-
-
 COMPRESS_WORKERS = max(1, (os.cpu_count() or 2) - 1)
 """Threads of the pergroup compression: every core but one, which the round-trip score beside it drives."""
 
@@ -444,6 +438,7 @@ def _ttt(
         eps=t.eps,
         momentum=t.momentum,
         warm_start_a=t.warm_start_a,
+        compile="inductor" if t.compile else None,
         phased=GlobalSettings(
             phases=g.phases,
             prefix_docs=g.prefix_docs,
@@ -479,6 +474,8 @@ def _ttt(
         ttt_complete=res.complete,
         ttt_docs=res.docs_total,
         ttt_tokens_per_s=None if res.tokens_per_s is None else round(res.tokens_per_s, 1),
+        ttt_compile_seconds=round(res.compile_seconds, 3),
+        ttt_recompiles=res.recompiles,
         **ttt_setting_keys(t),
         ttt_phases_done=res.phases_done,
         ttt_phased_steps=res.global_steps,
@@ -505,6 +502,7 @@ def ttt_setting_keys(t: Any) -> dict[str, Any]:
     keys.update(
         ttt_optimizer=str(t.optimizer),
         ttt_warm_start_a=t.warm_start_a,
+        ttt_compile=t.compile,
         ttt_targets=t.targets,
         ttt_chunk_size=t.chunk_size,
         ttt_short_chunks=t.short_chunks,

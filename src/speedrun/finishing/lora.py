@@ -100,6 +100,7 @@ class LoRAModel:
                 f"head applies it); drop head from ttt.targets"
             )
         device = next(self.model.parameters()).device
+        self.slots = slots
         self.wrapped: list[Adapted] = []
         self.deltas: list[LoRADelta] = []
 

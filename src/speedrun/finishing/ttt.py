@@ -56,6 +56,7 @@ from speedrun.data.bpb import ByteLUTs, token_bytes
 from speedrun.finishing.lora import LoRAModel
 from speedrun.finishing.ttt_docs import chunk_size_for, document_batches, split_documents
 from speedrun.finishing.ttt_global import GlobalSettings, finetune, phase_schedule, row_width
+from speedrun.kernels.compile import graphs_compiled
 from speedrun.progress import Progress
 
 
@@ -95,6 +96,10 @@ class TTTResult:
     global_tokens: int = 0
     global_seconds: float = 0.0
     """Time in the global fine-tunes (the slowest rank's), part of ``seconds``."""
+    compile_seconds: float = 0.0
+    """The compile warm-up before the clock started (settings.compile; 0 when eager), not part of ``seconds``."""
+    recompiles: int = 0
+    """Graphs torch.compile built after the warm-up, during TTT itself (0 is the aim)."""
 
     @property
     def fraction(self) -> float:
@@ -137,6 +142,9 @@ class LoRASettings:
     """Keep A from one batch to the next (B still starts at 0); A goes back to its draw after a global phase."""
     phased: GlobalSettings = GlobalSettings()
     """Phased global TTT (speedrun.finishing.ttt_global); off by default."""
+    compile: str | None = None
+    """torch.compile backend of the adapted and unadapted forwards (inductor; tests use aot_eager), dynamic
+    shapes, warmed up before the clock starts; None: eager."""
 
 
 def ttt_evaluate(
@@ -163,8 +171,6 @@ def ttt_evaluate(
             raise ValueError(f"TTT chunk sizes must be in [1, seq_len={seq_len}], got {size}")
     if s.batch_size < 1:
         raise ValueError(f"ttt.batch_size must be >= 1, got {s.batch_size}")
-    t0 = time.perf_counter()
-    deadline = None if s.max_seconds is None else t0 + s.max_seconds
     docs = split_documents(val_tokens, bos_id)
     batches = document_batches(docs, s.chunk_size, steps, s.batch_size, s.seed)
     phases = phase_schedule([len(b) for b in batches], s.phased)
@@ -177,6 +183,10 @@ def ttt_evaluate(
     lora = LoRAModel(model, parse_targets(s.targets), s.rank, min(s.batch_size, len(docs)), s.seed, scale)
     luts = luts.to(device)
     tokens = val_tokens.to(device)
+    forward, base_forward = _forwards(lora, model, s, seq_len, steps, device, autocast_dtype, int(tokens.max()) + 1)
+    graphs0 = graphs_compiled()
+    t0 = time.perf_counter()  # TTT's clock (and ttt.max_seconds) starts after the compile warm-up
+    deadline = None if s.max_seconds is None else t0 + s.max_seconds
     sums = _Sums(device)
     scored: list[ScoredChunk] | None = [] if record_chunks else None
     docs_done, stopped, changed = 0, False, False
@@ -199,7 +209,8 @@ def ttt_evaluate(
                 autocast_dtype=autocast_dtype,
                 deadline=deadline,
                 chunk_log=scored,
-                base=model if s.score_base else None,
+                forward=forward,
+                base=base_forward if s.score_base else None,
                 base_is_adapted_start=not changed,
                 progress=progress,
                 share=share,
@@ -270,7 +281,53 @@ def ttt_evaluate(
         global_steps=glob.steps,
         global_tokens=glob.tokens,
         global_seconds=glob.seconds,
+        compile_seconds=forward.warm_up_seconds if isinstance(forward, _Compiled) else 0.0,
+        recompiles=graphs_compiled() - graphs0,
     )
+
+
+class _Compiled:
+    """A module's forward through torch.compile (dynamic shapes), and how long its warm-up took."""
+
+    def __init__(self, module: nn.Module, backend: str):
+        self.fn = torch.compile(module, dynamic=True, backend=backend)
+        self.warm_up_seconds = 0.0
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, reduction: str = "none") -> torch.Tensor:
+        return self.fn(x, y, reduction=reduction)
+
+
+def _forwards(
+    lora: LoRAModel,
+    model: nn.Module,
+    s: LoRASettings,
+    seq_len: int,
+    steps: list[tuple[int, int]],
+    device: str,
+    autocast_dtype: torch.dtype | None,
+    vocab: int,
+) -> tuple[Callable, Callable]:
+    """The adapted and the unadapted forward: the modules themselves, or (settings.compile) compiled and warmed up
+    on random tokens (never validation data) at every chunk size and the full window, with and without gradients,
+    so the graphs exist before TTT's clock starts. The warm-up takes no optimizer step: the adapters stay as
+    they were (their gradients are dropped)."""
+    if s.compile is None:
+        return lora.model, model
+    t0 = time.perf_counter()
+    forward, base = _Compiled(lora.model, s.compile), _Compiled(model, s.compile)
+    rows = lora.slots  # a full batch; a last, smaller one is another size of the same dynamic graph
+    gen = torch.Generator().manual_seed(0)
+    for width in sorted({row_width(c, seq_len) for c in [s.chunk_size, *(c for _, c in steps)]} | {seq_len}):
+        x, y = (torch.randint(0, vocab, (rows, width), generator=gen).to(device) for _ in range(2))
+        _nats(forward, x, y, device, autocast_dtype).float().mean().backward()
+        with torch.no_grad():
+            _nats(forward, x, y, device, autocast_dtype)
+            if s.score_base:
+                _nats(base, x, y, device, autocast_dtype)
+    for p in lora.parameters():
+        p.grad = None
+    forward.warm_up_seconds = time.perf_counter() - t0
+    return forward, base
 
 
 class _Sums:
@@ -299,7 +356,7 @@ class _GlobalTotals:
 
 
 def _nats(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: str, autocast_dtype: torch.dtype | None
+    model: Callable, x: torch.Tensor, y: torch.Tensor, device: str, autocast_dtype: torch.dtype | None
 ) -> torch.Tensor:
     if autocast_dtype is None:
         return model(x, y, reduction="none")
@@ -328,7 +385,8 @@ def _adapt_batch(
     autocast_dtype: torch.dtype | None,
     deadline: float | None,
     chunk_log: list[ScoredChunk] | None,
-    base: nn.Module | None = None,
+    forward: Callable,
+    base: Callable | None = None,
     base_is_adapted_start: bool = True,
     progress: Progress | None = None,
     share: int = 0,
@@ -366,7 +424,7 @@ def _adapt_batch(
         weights = torch.tensor(train, device=device)
         training = any(train)
         with torch.set_grad_enabled(training):
-            nats = _nats(lora.model, x, y, device, autocast_dtype)
+            nats = _nats(forward, x, y, device, autocast_dtype)
         with torch.no_grad():  # the score: before this chunk's update
             chunk_nats = torch.where(scored, nats.detach().double(), 0.0)
             sums.nats += chunk_nats.sum()

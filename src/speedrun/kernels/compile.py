@@ -46,6 +46,13 @@ def compile_model(model: GPT, plan: Any) -> tuple[Any, Any, bool]:
     return compiled, compiled_eval, True
 
 
+def graphs_compiled() -> int:
+    """Graphs torch.compile has built in this process: the difference over a phase is its recompiles."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 def keeps_grads(plan: Any) -> bool:
     """Whether gradients must stay allocated between steps (zeroed in place, not set to None): a CUDA graph,
     ours or inductor's, accumulates into the .grad tensors it saw when it was recorded."""
