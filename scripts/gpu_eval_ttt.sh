@@ -8,6 +8,9 @@
 # On the offline GPU machine (device_env.sh installs the carried wheels and puts src/ on PYTHONPATH):
 #   . scripts/device_env.sh && bash scripts/gpu_eval_ttt.sh
 #   . scripts/device_env.sh && PHASES=0 TTT_SECONDS=60 bash scripts/gpu_eval_ttt.sh ttt.warm_start_a=false
+# The run dir stays under outputs/eval_ttt_check/ while the machine is warm; the next call can tabulate TTT options
+# on its exported model (issue 25's table):
+#   . scripts/device_env.sh && python3 scripts/ttt_table.py outputs/eval_ttt_check/run_<time> ttt.max_seconds=300
 set -uo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}

@@ -177,7 +177,7 @@ def markdown(rows: list[dict[str, Any]], val_bpb: float, tokens: int, torch_vers
     head += [f"{c} bytes" for c in present]
     lines = [
         f"float val_bpb {val_bpb:.5f} on {tokens:,} eval tokens; {device}, torch {torch_version}; quant s: Hessians, "
-        f"GPTQ, compression and the round trip's load; class bytes are estimates (artifact_tensors.json: each "
+        f"GPTQ and compression; class bytes are estimates (artifact_tensors.json: each "
         f"group's compressed bytes shared out by byte entropy)",
         "",
         "| " + " | ".join(head) + " |",

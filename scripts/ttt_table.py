@@ -1,0 +1,154 @@
+"""Test-time train a finished run's model under several TTT settings and print one Markdown table: val_bpb_ttt,
+val_bpb_ttt_base beside it, the gain, TTT seconds, tokens per second and the compile warm-up.
+
+    python scripts/ttt_table.py outputs/runs/<date>/<time>_<name> ttt.max_seconds=600
+    python scripts/ttt_table.py <run dir> --setting "rank 32=ttt.rank=32 ttt.alpha=48"
+
+The run's own config (``.hydra/config.yaml``) is rebuilt on this machine with the overrides given after the run dir
+(dotted keys, applied to every setting), then the records' TTT (conf/ttt/record.yaml) on top, then each setting's
+dotted overrides. TTT adapts the model the run exported: the dequantized artifact (``model.<quant>.<compressor>``
+in the run dir) when there is one, as a run's TTT phase does, else the float weights (``model.pt``, written with
+quant.keep_weights=true, or the newest checkpoint's). Without ``--setting`` the ladder is LADDER: the records' TTT,
+then its global phases 1 and 0, then each LoRA option of issue 25 switched back to its default, then compiled.
+Each setting runs the TTT phase exactly as a run does (speedrun.finishing.finalize.Finish.test_time_train); the
+table is also written to ``<run dir>/ttt_table/table.md``, and each row's keys to ``ttt_table/rows.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from quant_table import float_weights, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+LADDER = [
+    ("record: 3 phases", []),
+    ("1 phase", ["ttt.phased.phases=1"]),
+    ("0 phases", ["ttt.phased.phases=0"]),
+    ("no warm-start A", ["ttt.warm_start_a=false"]),
+    ("no alpha (x1)", ["ttt.alpha=null"]),
+    ("no weight decay", ["ttt.weight_decay=0"]),
+    ("no head adapter", ["ttt.targets=q,k,v,attn_bypass,mlp_bypass"]),
+    ("compiled", ["ttt.compile=true"]),
+]
+"""(label, overrides on top of the records' TTT)."""
+
+
+def record_ttt() -> list[str]:
+    """conf/ttt/record.yaml as dotted overrides (ttt.rank=96, ...; its nested phased block as ttt.phased.*)."""
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "ttt" / "record.yaml"))
+    assert isinstance(node, dict)
+    node.pop("defaults", None)
+
+    def flat(prefix: str, value: Any) -> list[str]:
+        if isinstance(value, dict):
+            return [item for k, v in value.items() for item in flat(f"{prefix}.{k}", v)]
+        return [f"{prefix}={'null' if value is None else value}"]
+
+    return flat("ttt", node)
+
+
+def parse_setting(text: str) -> tuple[str, list[str]]:
+    label, _, overrides = text.partition("=")
+    if not overrides:
+        raise SystemExit(f"--setting {text!r}: write LABEL=OVERRIDES, e.g. 'rank 32=ttt.rank=32 ttt.alpha=48'")
+    return label, overrides.split()
+
+
+def exported_weights(run_dir: Path, plan: Any, log: Any) -> tuple[dict[str, Any], str]:
+    """The weights a run's TTT phase adapts: the artifact's round trip if the run wrote one, else the float ones."""
+    from speedrun.finishing.quantize import load_artifact
+
+    q = plan.quant
+    artifact = run_dir / f"model.{q.name}.{q.compressor}"
+    if q.name != "off" and artifact.is_file():
+        return load_artifact(artifact.read_bytes(), str(q.compressor)), f"the dequantized {artifact.name}"
+    return float_weights(run_dir, log), "the float weights (no artifact in the run dir)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("overrides", nargs="*", help="dotted keys for every setting, e.g. ttt.max_seconds=600")
+    parser.add_argument("--setting", action="append", default=[], help="LABEL=OVERRIDES (repeatable)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    log = logging.getLogger("ttt_table").info
+
+    import torch
+
+    from speedrun.finishing.finalize import Finish
+    from speedrun.hardware import profiles as hardware
+    from speedrun.plan import resolve
+    from speedrun.training.build import build_attention, build_data, build_model
+
+    run_dir = args.run_dir.resolve()
+    settings = [parse_setting(s) for s in args.setting] or LADDER
+    device = hardware.detect()
+    base = [*record_ttt(), *args.overrides]
+    plans = [resolve(load_config(run_dir, [*base, *extra]), device, cwd=Path.cwd()) for _, extra in settings]
+    first = plans[0]
+    data = build_data(first, log)
+    model, _, eval_forward, _ = build_model(first, build_attention(first), data.bos_id)
+    weights, source = exported_weights(run_dir, first, log)
+    state = {k: v.to(model.state_dict()[k].dtype) for k, v in weights.items()}
+    result = json.loads((run_dir / "result.json").read_text()) if (run_dir / "result.json").is_file() else {}
+    if first.model.loop.on and (result.get("stages") or [{}])[-1].get("loop"):
+        model.set_loop(True)  # the run ended with its loop on: adapt the model as it was exported
+    out = run_dir / "ttt_table"
+    out.mkdir(exist_ok=True)
+    rows = []
+    for i, ((label, _), plan) in enumerate(zip(settings, plans)):
+        model.load_state_dict(state)
+        model.eval()
+        where = out / str(i)
+        where.mkdir(exist_ok=True)
+        finish = Finish(plan, model, eval_forward, data, where, log)
+        finish.test_time_train()
+        rows.append({"setting": label, **finish.out})
+    table = markdown(rows, source, torch.__version__, first.device_name)
+    (out / "table.md").write_text(table)
+    (out / "rows.json").write_text(json.dumps(rows, indent=1, default=str) + "\n")
+    print(table)
+    return 0
+
+
+def markdown(rows: list[dict[str, Any]], source: str, torch_version: str, device: str) -> str:
+    head = ["setting", "val_bpb_ttt", "val_bpb_ttt_base", "gain", "phases", "scored", "TTT s", "tokens/s", "compile s"]
+    lines = [
+        f"TTT of {source}; {device}, torch {torch_version}; gain = val_bpb_ttt_base - val_bpb_ttt (what adaptation "
+        f"and the phases bought on the same chunks); scored: the fraction of validation tokens TTT reached",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join("---" for _ in head) + "|",
+    ]
+
+    def num(value: Any, fmt: str) -> str:
+        return "n/a" if value is None else format(value, fmt)
+
+    for r in rows:
+        ttt, base = r.get("val_bpb_ttt"), r.get("val_bpb_ttt_base")
+        cells = [
+            r["setting"],
+            num(ttt, ".5f"),
+            num(base, ".5f"),
+            num(None if ttt is None or base is None else base - ttt, "+.5f"),
+            f"{r.get('ttt_phases_done', 0)}/{r.get('ttt_phased_phases', 0)}",
+            num(r.get("ttt_fraction"), ".1%"),
+            num(r.get("ttt_seconds"), ".1f"),
+            num(r.get("ttt_tokens_per_s"), ",.0f"),
+            num(r.get("ttt_compile_seconds"), ".1f"),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

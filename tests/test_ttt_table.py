@@ -1,0 +1,46 @@
+"""scripts/ttt_table.py: the records' TTT under several settings on a finished run's exported model, one table."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_record_ttt_is_the_ttt_record_group_as_dotted_keys():
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        from ttt_table import record_ttt
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    keys = dict(item.split("=", 1) for item in record_ttt())
+    assert keys["ttt.name"] == "record" and keys["ttt.rank"] == "96" and keys["ttt.phased.phases"] == "3"
+    assert keys["ttt.warm_start_a"] == "True" and keys["ttt.phased.prefix_docs"] == "2000"
+
+
+def test_ttt_table_runs_each_setting_on_the_runs_artifact(default_smoke_run, tmp_path):
+    """On a copy of the shared smoke run (int8 artifact): two settings, small enough for a CPU; each row is a real
+    TTT phase (tokens scored, phases as asked) of the artifact's dequantized weights, and the table says so."""
+    assert default_smoke_run.proc.returncode == 0, default_smoke_run.proc.stderr[-2000:]
+    run = tmp_path / "run"
+    shutil.copytree(default_smoke_run.run_dir, run)
+    small = ["ttt.rank=4", "ttt.alpha=6", "ttt.batch_size=2", "ttt.chunk_size=64", "ttt.phased.prefix_docs=2"]
+    small += ["ttt.phased.chunk_tokens=512", "ttt.phased.batch_seqs=8", "eval.tokens=12288", "ttt.max_seconds=null"]
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts/ttt_table.py"), str(run), *small,
+         "--setting", "none=ttt.phased.phases=0", "--setting", "one=ttt.phased.phases=1"],
+        capture_output=True, text=True, timeout=600, cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads((run / "ttt_table" / "rows.json").read_text())
+    assert [r["setting"] for r in rows] == ["none", "one"]
+    assert [r["ttt_phases_done"] for r in rows] == [0, 1]
+    assert all(r["ttt_tokens_scored"] > 0 and r["val_bpb_ttt"] > 0 for r in rows)
+    # both rows adapted the same weights over the same tokens: the unadapted score of the chunks is one number
+    assert rows[0]["val_bpb_ttt_base"] == rows[1]["val_bpb_ttt_base"]
+    table = (run / "ttt_table" / "table.md").read_text()
+    assert "TTT of the dequantized model.int8." in table and "| none |" in table and "| one |" in table
