@@ -205,7 +205,7 @@ def test_mng_124m_on_gpt2_data_pads_the_vocab_to_50304(compose):
     assert resolve(to_config(compose(["experiment=mng_124m"])), fake_device("h100")).model.vocab_size == 1024
 
 
-def test_mng_124m_budget_and_validation_are_modded_nanogpts(compose):
+def test_mng_124m_budget_and_validation_are_modded_nanogpts(compose, tmp_path):
     """Its step count and mean batch, no wall-clock cap (the card's default 120 s would end it early), validation
     every 250 steps on its 10,485,760 val tokens, target 3.28 (conf/experiment/mng_124m.yaml lists the sources)."""
     from conftest import fake_device
@@ -215,7 +215,14 @@ def test_mng_124m_budget_and_validation_are_modded_nanogpts(compose):
     plan = resolve(to_config(compose(["experiment=mng_124m", "data=fineweb10B_gpt2"])), fake_device("h100"))
     assert plan.train_seconds == float("inf") and plan.max_steps == 1285
     assert plan.tokens_per_step == 262144 == 128 * plan.model.seq_len
-    assert (plan.eval.every_steps, plan.eval.periodic_tokens, plan.eval.tokens) == (250, 10485760, 10485760)
+    assert (plan.eval.every_steps, plan.eval.periodic_tokens, plan.eval.tokens) == (250, 10485760, 10485761)
+    # its val_tokens are targets: the evaluation scores exactly its first 10,485,760 (5120 windows of 2048)
+    from speedrun.data.loader import load_val_tokens
+    from speedrun.data.shards import write_shard
+
+    write_shard(tmp_path / "fineweb_val_000000.bin", np.zeros(10_500_000, dtype=np.uint16))
+    scored = load_val_tokens([tmp_path / "fineweb_val_000000.bin"], plan.eval.tokens, plan.model.seq_len)
+    assert scored.numel() - 1 == 10485760 == plan.eval.periodic_tokens
     assert plan.target_metric == "val_loss" and plan.target_value == 3.28
 
 
