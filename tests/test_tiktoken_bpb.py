@@ -163,6 +163,29 @@ def test_prepare_script_writes_gpt2_style_shards(tmp_path):
     assert read_shard(list_shards(out, "val")[0])[0] == boundary_id(load_encoding(vocab))
 
 
+def test_check_bpb_bytes_script_agrees_with_decoding_and_catches_a_wrong_count(tmp_path, capsys):
+    """scripts/check_bpb_bytes.py: speedrun's count of the val targets equals the UTF-8 length of tiktoken's
+    decoding (whole split and eval windows); a dataset.json that disagrees makes it exit 1."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("check_bpb_bytes", REPO / "scripts/check_bpb_bytes.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    vocab = write_tiktoken_file(tmp_path / "small.tiktoken")
+    docs = [f"{d} {i}" * 4 for i in range(6) for d in DOCS]
+    prepare_tiktoken_dataset(docs[2:], docs[:6], tmp_path / "ds", str(vocab), num_threads=1)
+    assert script.main(["--data", str(tmp_path / "ds"), "--seq-len", "16"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("equal") == 3 and out.rstrip().endswith("OK"), out
+    info_path = tmp_path / "ds" / "dataset.json"
+    info = json.loads(info_path.read_text())
+    info["val"]["bytes_original_text"] += 1
+    info_path.write_text(json.dumps(info))
+    assert script.main(["--data", str(tmp_path / "ds"), "--seq-len", "16"]) == 1
+    assert capsys.readouterr().out.rstrip().endswith("MISMATCH")
+
+
 # --- the plan and a run on GPT-2-style data ---------------------------------------------------------------------
 
 
@@ -175,9 +198,32 @@ def test_mng_124m_on_gpt2_data_pads_the_vocab_to_50304(compose):
     plan = resolve(cfg, fake_device("h100"))
     assert plan.model.vocab_size == 50304 and plan.data.vocab_size == 50257
     assert plan.data.tokenizer == GPT2  # a name, not made into a path under the working directory
-    assert (plan.model.n_layer, plan.model.d_model, plan.model.n_head, plan.model.n_kv_head) == (12, 768, 6, 6)
+    # modded-nanogpt's train_gpt.py at f411b3d: GPT(num_layers=11, num_heads=6, head_dim=128, model_dim=768)
+    assert (plan.model.n_layer, plan.model.d_model, plan.model.n_head, plan.model.n_kv_head) == (11, 768, 6, 6)
+    assert plan.model.seq_len == 2048 and plan.model.tie_embeddings
     # A 1024 vocabulary is already a multiple of 128: the embedded corpus keeps it.
     assert resolve(to_config(compose(["experiment=mng_124m"])), fake_device("h100")).model.vocab_size == 1024
+
+
+def test_mng_124m_budget_and_validation_are_modded_nanogpts(compose, tmp_path):
+    """Its step count and mean batch, no wall-clock cap (the card's default 120 s would end it early), validation
+    every 250 steps on its 10,485,760 val tokens, target 3.28 (conf/experiment/mng_124m.yaml lists the sources)."""
+    from conftest import fake_device
+    from speedrun.config import to_config
+    from speedrun.plan import resolve
+
+    plan = resolve(to_config(compose(["experiment=mng_124m", "data=fineweb10B_gpt2"])), fake_device("h100"))
+    assert plan.train_seconds == float("inf") and plan.max_steps == 1285
+    assert plan.tokens_per_step == 262144 == 128 * plan.model.seq_len
+    assert (plan.eval.every_steps, plan.eval.periodic_tokens, plan.eval.tokens) == (250, 10485760, 10485761)
+    # its val_tokens are targets: the evaluation scores exactly its first 10,485,760 (5120 windows of 2048)
+    from speedrun.data.loader import load_val_tokens
+    from speedrun.data.shards import write_shard
+
+    write_shard(tmp_path / "fineweb_val_000000.bin", np.zeros(10_500_000, dtype=np.uint16))
+    scored = load_val_tokens([tmp_path / "fineweb_val_000000.bin"], plan.eval.tokens, plan.model.seq_len)
+    assert scored.numel() - 1 == 10485760 == plan.eval.periodic_tokens
+    assert plan.target_metric == "val_loss" and plan.target_value == 3.28
 
 
 def test_an_explicit_model_vocab_must_be_the_padded_one(compose):
