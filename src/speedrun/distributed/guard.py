@@ -204,9 +204,11 @@ class Guard(threading.Thread):
                 Path(run_dir, "error.txt").write_text(f"rank {peer['rank']}:\n{peer['traceback']}")
             return
         if self.stop_signal is not None or isinstance(exc, KeyboardInterrupt):
-            # a collective that the stop broke is part of the interrupt, not a failure of its own
+            # a collective that the stop broke is part of the interrupt, not a failure of its own; an interrupt the
+            # loop raised keeps its own words (the step it stopped at and its checkpoint)
             result["status"] = "interrupted"
-            result["error"] = "interrupted (Ctrl-C or SIGTERM)"
+            if not isinstance(exc, KeyboardInterrupt) or not str(exc):
+                result["error"] = "interrupted (Ctrl-C or SIGTERM)"
             return
         self.publish(str(result.get("error")), traceback.format_exc())
         result["error"] = f"rank {self.world.rank}: {result.get('error')}"  # as every other rank names it
