@@ -28,9 +28,18 @@ STOP_AT = 3  # the signal comes during step 3 (between the periodic checkpoints 
 TWO = WorldInfo("torchrun", 0, 2, 0, 2, 0)
 
 
-def _loop(plan, shard: Path, world, run_dir: Path, *, resume: bool = False, signal_at: int | None = None) -> dict:
+def _loop(
+    plan,
+    shard: Path,
+    world,
+    run_dir: Path,
+    *,
+    resume: bool = False,
+    signal_at: int | None = None,
+    signum: int = signal.SIGTERM,
+) -> dict:
     """Train with the real Stepper, loop and ResumableExtras (periodic checkpoints, deferred stop signals, restore):
-    this rank's losses per step, where it stopped and why. ``signal_at``: SIGTERM to this process during that
+    this rank's losses per step, where it stopped and why. ``signal_at``: ``signum`` to this process during that
     step (of this run)."""
     from speedrun.data.loader import TokenStream
     from speedrun.model.attention import get_backend
@@ -49,7 +58,7 @@ def _loop(plan, shard: Path, world, run_dir: Path, *, resume: bool = False, sign
             loss = super().__call__(batches)
             losses.append(float(loss))
             if len(losses) == signal_at:
-                os.kill(os.getpid(), signal.SIGTERM)
+                os.kill(os.getpid(), signum)
             return loss
 
     def batches(seq_len, micro_batch, position=0):
@@ -63,12 +72,43 @@ def _loop(plan, shard: Path, world, run_dir: Path, *, resume: bool = False, sign
     state = TrainState()
     if resume:
         extras.restore(state)
-    start, stopped = state.steps, None
+    start, stopped, kind = state.steps, None, None
     try:
         train(stepper, batches, state=state, log=lambda _: None, on_metrics=lambda _: None, extras=extras)
-    except KeyboardInterrupt as e:
-        stopped = str(e)
-    return {"losses": losses, "start": start, "steps": state.steps, "stopped": stopped, "position": state.position}
+    except KeyboardInterrupt as e:  # Preempted too
+        stopped, kind = str(e), type(e).__name__
+    return {
+        "losses": losses,
+        "start": start,
+        "steps": state.steps,
+        "stopped": stopped,
+        "kind": kind,
+        "position": state.position,
+        "checkpoints": [p.name for p in (run_dir / "checkpoints").glob("*.pt")],
+    }
+
+
+def _under_submitit(plan, data: Path, world, own) -> dict:
+    """SLURM through submitit (SUBMITIT_FOLDER set), each signal to rank 1 alone: SIGUSR2 (preemption) stops both
+    ranks after one checkpoint and runs submitit's handler on every rank (rank 0's requeues and exits, the others'
+    return, as submitit's do); SIGTERM (submitit's "not the end") checkpoints on both and trains on."""
+    handled: list[int] = []
+
+    def submitit_handler(signum, frame):  # what submitit's checkpoint_and_try_requeue does on each rank
+        handled.append(signum)
+        if world.rank == 0:
+            raise SystemExit(-1)
+
+    os.environ["SUBMITIT_FOLDER"] = str(own("submitit"))
+    previous = signal.signal(signal.SIGUSR2, submitit_handler)
+    try:
+        usr2_at = STOP_AT if world.rank == 1 else None
+        preempted = _loop(plan, data, world, own("usr2"), signal_at=usr2_at, signum=signal.SIGUSR2)
+        carry_on = _loop(plan, data, world, own("term"), signal_at=5 if world.rank == 1 else None)
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+        del os.environ["SUBMITIT_FOLDER"]
+    return {"preempted": preempted, "carry_on": carry_on, "handled": handled}
 
 
 def _rank_main(rank: int, port: int, plan, shard: str, tmp: str) -> None:
@@ -98,6 +138,7 @@ def _rank_main(rank: int, port: int, plan, shard: str, tmp: str) -> None:
         shutil.copytree(tmp_dir / "cut2", tmp_dir / "cut2-again")
     out["resumed"] = _loop(plan, data, world, own("cut2-again"), resume=True)
     out["from_one"] = _loop(plan, data, world, own("cut1"), resume=True)  # a one-process checkpoint, on two ranks
+    out["submitit"] = _under_submitit(plan, data, world, own)
     torch.save(out, tmp_dir / f"r{rank}.pt")
     world.shutdown(clean=True)
 
@@ -150,6 +191,19 @@ def test_two_ranks_stop_together_checkpoint_and_resume_on_two_or_one(compose, tm
     for a, b in zip(r0["from_one"]["losses"], full1["losses"][STOP_AT:], strict=True):
         assert abs(a - b) <= 2e-6 * abs(b), (r0["from_one"]["losses"], full1["losses"][STOP_AT:])
     assert r0["from_one"]["steps"] == r1["from_one"]["steps"] == STEPS
+
+    # under submitit: SIGUSR2 on rank 1 preempts both at step 3, submitit's handler runs on both (rank 0 requeues)
+    s0, s1 = r0["submitit"], r1["submitit"]
+    usr2 = int(signal.SIGUSR2)
+    assert s0["handled"] == s1["handled"] == [usr2]
+    p0, p1 = s0["preempted"], s1["preempted"]
+    assert (p0["kind"], p1["kind"], p0["steps"], p1["steps"]) == ("Preempted", "Preempted", STOP_AT, STOP_AT)
+    assert "requeued" in p0["stopped"] and "another rank's SIGUSR2" in p0["stopped"]
+    assert sorted(p0["checkpoints"]) == ["step_00000002.pt", "step_00000003.pt"]
+    # SIGTERM on rank 1 at step 5: both checkpoint step 5 and train on to the end, the same steps as without it
+    c0, c1 = s0["carry_on"], s1["carry_on"]
+    assert c0["stopped"] is c1["stopped"] is None and c0["steps"] == c1["steps"] == STEPS
+    assert sorted(c0["checkpoints"]) == ["step_00000005.pt", "step_00000006.pt"] and c0["losses"] == full
 
 
 # ---------------------------------------------------------------------------------------------------------

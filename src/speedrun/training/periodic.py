@@ -141,7 +141,8 @@ class LoopExtras:
             level, self.stop_level = self.stop_level, NONE
             done = self.last_ckpt[1] if self.last_ckpt[0] == state.steps else None
             save = lambda: self.save(state) if self.plan.checkpoint.on_signal else None  # noqa: E731
-            self.stop.act(state.steps, done, save, level=level)  # raises unless it carries on
+            # raises unless it carries on
+            self.stop.act(state.steps, done, save, level=level, handed_over=self.world.barrier)
             if self.deferring_stops:
                 self.world.stops_handled()
 

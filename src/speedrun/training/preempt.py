@@ -85,29 +85,48 @@ class StopRequests:
         return STOP
 
     def act(
-        self, steps: int, checkpointed: str | None, save: Callable[[], str | None], level: int | None = None
+        self,
+        steps: int,
+        checkpointed: str | None,
+        save: Callable[[], str | None],
+        level: int | None = None,
+        handed_over: Callable[[], None] = lambda: None,
     ) -> None:
         """At a step boundary with signals pending (here, or on another rank: ``level``, agreed over the ranks;
         default: this process's): checkpoint (``save``, unless ``checkpointed`` already names this step's file),
         then stop, requeue, or carry on (SIGTERM under submitit). On several ranks every rank calls this at the same
-        step with the same level, so ``save`` (a collective) runs on all of them and all of them stop."""
+        step with the same level, so ``save`` (a collective) runs on all of them and all of them stop.
+        ``handed_over`` (a barrier, on several ranks) runs on every rank once submitit's handler has run where it
+        did: submitit requeues from global rank 0 alone and leaves the other tasks running, so they must not exit
+        (SLURM may end the job step with them) before rank 0 has requeued."""
         level = self.level() if level is None else level
         pending, self.pending = self.pending, []
         if level == NONE:
             return
         path = checkpointed or save()
         where = f"checkpoint {path}" if path else "no checkpoint (checkpoint.on_signal=false)"
-        usr2 = getattr(signal, "SIGUSR2", None)
         if level == PREEMPT:
-            previous = self._previous.get(usr2) if usr2 is not None else None
-            if usr2 in pending and callable(previous):  # deferring() takes SIGUSR2 over only from submitit's
-                try:
-                    previous(usr2, None)  # submitit: launcher.checkpoint -> requeue (global rank 0) -> sys.exit
-                except SystemExit:
-                    raise Preempted(f"preempted at step {steps}: {where}; job requeued (resumes by itself)") from None
-                raise Preempted(f"signal {usr2} at step {steps}: {where}")
-            raise Preempted(f"preempted at step {steps} (another rank's SIGUSR2): {where}")
+            outcome = self._hand_over(pending, steps, where)
+            handed_over()
+            raise outcome
         if level == CARRY_ON:
             return
         signum = f"signal {pending[0]}" if pending else "a stop signal on another rank"
         raise KeyboardInterrupt(f"{signum} at step {steps}: {where}")
+
+    def _hand_over(self, pending: list[int], steps: int, where: str) -> BaseException:
+        """Run submitit's own handler (deferring() took SIGUSR2 over only from there), whichever rank got the
+        signal: on global rank 0 it requeues the job and exits, on the others it returns. The exception this rank
+        then stops with."""
+        usr2 = getattr(signal, "SIGUSR2", None)
+        previous = self._previous.get(usr2) if usr2 is not None else None
+        whose = "" if usr2 in pending else " (another rank's SIGUSR2)"
+        if not callable(previous):
+            return Preempted(f"preempted at step {steps}{whose}: {where}")
+        try:
+            previous(usr2, None)  # submitit: launcher.checkpoint -> requeue (global rank 0) -> sys.exit
+        except SystemExit:
+            return Preempted(f"preempted at step {steps}{whose}: {where}; job requeued (resumes by itself)")
+        except BaseException as e:  # noqa: BLE001 - e.g. submitit's "not requeued": raised once the ranks met
+            return e
+        return Preempted(f"signal {usr2} at step {steps}{whose}: {where}")
