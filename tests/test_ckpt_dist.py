@@ -272,3 +272,26 @@ def test_checkpoints_and_the_batch_search_resolve_on_several_ranks(compose, extr
     assert plan.world_size == 2
     # the step still splits: 2 ranks x micro-batch x accumulation = tokens_per_step
     assert 2 * plan.micro_batch * plan.model.seq_len * plan.grad_accum == plan.tokens_per_step
+
+
+def test_a_resume_may_change_the_number_of_ranks_and_nothing_else(tmp_path):
+    """dist.nproc / dist.nodes beside resume= replace the run's own (in the config the resumed job runs and in its
+    overrides); any other override the run did not have is still refused."""
+    from speedrun.errors import ConfigError
+    from speedrun.training.checkpoint import save_checkpoint
+    from speedrun.training.resume import find_resume
+
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "plan.json").write_text("{}")
+    config = {"seed": 0, "dist": {"nproc": 2, "nodes": 1, "backend": "auto"}}
+    meta = {"config": config, "overrides": ["dist.nproc=2", "seed=0"], "steps": 3}
+    save_checkpoint(run_dir, {"format": 1, "progress": {"steps": 3}}, meta, keep=2)
+    asked = f"resume={run_dir}"
+    same = find_resume({"resume": str(run_dir)}, [asked], tmp_path, tmp_path)
+    assert same.config["dist"]["nproc"] == 2 and same.overrides == ["dist.nproc=2", "seed=0"]
+    one = find_resume({"resume": str(run_dir)}, [asked, "dist.nproc=1"], tmp_path, tmp_path)
+    assert one.config["dist"] == {"nproc": 1, "nodes": 1, "backend": "auto"} and one.steps == 3
+    assert one.overrides == ["seed=0", "dist.nproc=1"]
+    with pytest.raises(ConfigError, match="seed=1"):
+        find_resume({"resume": str(run_dir)}, [asked, "dist.nproc=1", "seed=1"], tmp_path, tmp_path)

@@ -5,6 +5,11 @@ and when it says yes, flushes the buffered losses and calls ``run`` with the tra
 validation nor the checkpoint write counts in train_seconds (they are reported apart: val_seconds_periodic,
 checkpoint_seconds). ``finish`` runs after the last step: a last validation point and, with periodic checkpoints
 on, a checkpoint of the finished training, so a job stopped during the final evaluation resumes straight to it.
+
+On several ranks every decision here is the same on every rank at the same step: ``agree`` folds each rank's stop
+request and checkpoint wall clock into the loop's per-step collective (the largest over the ranks), every rank joins
+``save`` (each rank's RNG and data position gathered, rank 0 writes the one file, training.checkpoint), and a stop
+raises on every rank after it.
 """
 
 from __future__ import annotations
