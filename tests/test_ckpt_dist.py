@@ -3,8 +3,10 @@
 A stop signal that reaches one rank stops every rank at the same step boundary after one checkpoint (rank 0's file);
 that checkpoint resumed on two ranks ends exactly where an uninterrupted two-rank run ends, and resumed on one
 process runs the same global batches step for step (the losses to float rounding: the gradient sums run in another
-order, as test_dist measures); a one-process checkpoint resumes on two ranks the same way. hardware.micro_batch=auto
-searches on every rank and every rank runs the smallest choice."""
+order, as test_dist measures); a one-process checkpoint resumes on two ranks the same way. Under submitit a SIGUSR2
+on one rank preempts both (submitit's handler runs on both) and a SIGTERM checkpoints both and trains on; a
+checkpoint rank 0 cannot write stops both with its error. hardware.micro_batch=auto searches on every rank and every
+rank runs the smallest choice."""
 
 from __future__ import annotations
 
@@ -111,6 +113,25 @@ def _under_submitit(plan, data: Path, world, own) -> dict:
     return {"preempted": preempted, "carry_on": carry_on, "handled": handled}
 
 
+def _disk_full(plan, data: Path, world, own) -> str:
+    """Rank 0's checkpoint write fails (a full disk): every rank stops with rank 0's error, none waits for it."""
+    from speedrun.training import periodic
+
+    original = periodic.save_checkpoint
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    periodic.save_checkpoint = full if world.rank == 0 else original
+    try:
+        _loop(plan, data, world, own("full-disk"))
+    except RuntimeError as e:
+        return str(e)
+    finally:
+        periodic.save_checkpoint = original
+    return "no error"
+
+
 def _rank_main(rank: int, port: int, plan, shard: str, tmp: str) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -139,6 +160,7 @@ def _rank_main(rank: int, port: int, plan, shard: str, tmp: str) -> None:
     out["resumed"] = _loop(plan, data, world, own("cut2-again"), resume=True)
     out["from_one"] = _loop(plan, data, world, own("cut1"), resume=True)  # a one-process checkpoint, on two ranks
     out["submitit"] = _under_submitit(plan, data, world, own)
+    out["disk_full"] = _disk_full(plan, data, world, own)
     torch.save(out, tmp_dir / f"r{rank}.pt")
     world.shutdown(clean=True)
 
@@ -204,6 +226,9 @@ def test_two_ranks_stop_together_checkpoint_and_resume_on_two_or_one(compose, tm
     c0, c1 = s0["carry_on"], s1["carry_on"]
     assert c0["stopped"] is c1["stopped"] is None and c0["steps"] == c1["steps"] == STEPS
     assert sorted(c0["checkpoints"]) == ["step_00000005.pt", "step_00000006.pt"] and c0["losses"] == full
+    # rank 0 cannot write the checkpoint of step 2: both ranks stop there with its error
+    assert r0["disk_full"] == r1["disk_full"]
+    assert "checkpoint of step 2 could not be written: OSError" in r0["disk_full"], r0["disk_full"]
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -108,13 +108,23 @@ class ResumableExtras(LoopExtras):
         )
 
     def _load(self) -> dict[str, Any]:
-        payload = load_checkpoint(self.run_dir, map_location=self.plan.device) if self.world.rank == 0 else None
-        path = self.world.from_rank0(lambda: payload["path"] if payload is not None else None)
-        if payload is None and path is not None:  # a rank > 0: the file rank 0 chose
-            payload = load_checkpoint_file(path, self.plan.device)
-        if payload is None:
+        """Rank 0 loads the newest readable checkpoint and tells every rank its path (or why there is none, so that
+        every rank stops with the same error); the others load that file."""
+        mine: dict[str, Any] = {}
+
+        def pick() -> dict[str, Any]:
+            try:
+                mine["payload"] = load_checkpoint(self.run_dir, map_location=self.plan.device)
+            except (OSError, ValueError) as e:  # a checkpoint of another format, an unreadable dir
+                return {"error": f"{type(e).__name__}: {e}"}
+            return {"path": mine["payload"]["path"] if mine["payload"] is not None else None}
+
+        picked = self.world.from_rank0(pick)
+        if "error" in picked:
+            raise ConfigError(f"resume: {picked['error']}")
+        if picked["path"] is None:
             raise ConfigError(f"resume: no readable checkpoint in {self.run_dir / 'checkpoints'}")
-        return payload
+        return mine.get("payload") or load_checkpoint_file(picked["path"], self.plan.device)
 
     @staticmethod
     def saved_meta(payload: dict[str, Any]) -> dict[str, Any]:

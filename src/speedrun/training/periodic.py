@@ -226,8 +226,11 @@ class LoopExtras:
         and data position are gathered, rank 0 writes the one file (its model and optimizers are every rank's,
         training.checkpoint) and broadcasts its path, so no rank goes on before the file is in place."""
         t = time.perf_counter()
-        ranks = None if self.world.single else self.world.gather(rank_state(state))
-        path = self.world.from_rank0(lambda: self._write(state, ranks))
+        if self.world.single:
+            path = self._write(state, None)
+        else:
+            ranks = self.world.gather(rank_state(state))
+            path = self._write_on_rank0(state, ranks)
         seconds = time.perf_counter() - t
         state.checkpoint_seconds += seconds
         self.last_ckpt = (state.steps, path)
@@ -236,6 +239,21 @@ class LoopExtras:
             self.next_ckpt_wall = time.monotonic() + self.plan.checkpoint.every_seconds
         self.log(f"checkpoint at step {state.steps}: {path} ({seconds:.1f}s, not in train time)")
         return path
+
+    def _write_on_rank0(self, state: Any, ranks: list[dict[str, Any]]) -> str:
+        """Rank 0 writes; every rank gets the path, or rank 0's error, so that all stop alike when it fails (a
+        full disk) rather than wait on a rank that left."""
+
+        def write() -> dict[str, str]:
+            try:
+                return {"path": self._write(state, ranks)}
+            except Exception as e:  # noqa: BLE001 - raised on every rank just below
+                return {"error": f"{type(e).__name__}: {e}"}
+
+        outcome = self.world.from_rank0(write)
+        if "error" in outcome:
+            raise RuntimeError(f"the checkpoint of step {state.steps} could not be written: {outcome['error']}")
+        return outcome["path"]
 
     def _write(self, state: Any, ranks: list[dict[str, Any]] | None) -> str:
         s = self.stepper
