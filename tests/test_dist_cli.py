@@ -146,6 +146,9 @@ def test_ctrl_c_leaves_an_interrupted_row(tmp_path, data_cache):
     (row,) = rows(tmp_path)
     assert row["status"] == "interrupted" and row["steps"] > 0 and row["finished_at"] is not None
     assert json.loads((run_dir / "result.json").read_text())["status"] == "interrupted"
+    # the ranks stopped together at a step boundary, after one checkpoint of that step (rank 0's file)
+    (checkpoint,) = (run_dir / "checkpoints").glob("step_*.pt")
+    assert checkpoint.name == f"step_{row['steps']:08d}.pt" and checkpoint.name in row["error"]
 
 
 def test_a_bad_dist_request_is_refused_before_any_rank_starts(tmp_path):

@@ -171,21 +171,6 @@ def test_model_overrides_apply_on_top_of_the_auto_preset(compose):
     assert (gpu.model_name, gpu.model.d_model, gpu.model.n_layer) == ("pgolf_baseline", 256, 9)
 
 
-@pytest.mark.parametrize(
-    "extra",
-    [["checkpoint.every_steps=10"], ["hardware.micro_batch=auto"]],
-)
-def test_one_process_features_are_refused_on_several_ranks(compose, extra):
-    """Periodic checkpoints and the micro-batch search run on one process; with ranks they are refused
-    before any rank starts, not silently skipped."""
-    from speedrun.plan import WorldInfo
-
-    cfg = to_config(compose(["dist.nproc=2", *extra]))
-    with pytest.raises(PlanError, match="dist.nproc > 1|several ranks"):
-        resolve(cfg, fake_device("h100"), world=WorldInfo(visible_gpus=2))
-    resolve(to_config(compose(extra)), fake_device("h100"), world=WorldInfo(visible_gpus=2))  # one rank: fine
-
-
 def test_the_profiles_micro_batch_is_lowered_to_split_the_step_over_the_ranks(compose):
     """CPU: 4096 tokens a step and 16 x 256 a micro-batch; over 2 ranks the profile's default could not split, so
     the resolver takes the largest micro-batch that does, whoever started the ranks."""

@@ -24,7 +24,8 @@ class CheckpointConfig:
     """Checkpoints kept in <run dir>/checkpoints/ (the oldest are deleted after a newer one is complete)."""
     on_signal: bool = True
     """SIGTERM, Ctrl-C or a SLURM preemption signal during training write a checkpoint at the end of the current
-    step before the run stops (a second signal stops at once)."""
+    step before the run stops (a second signal stops at once). On several ranks a signal that reaches any rank
+    stops every rank at the same step, after one checkpoint (rank 0's file)."""
     auto_resume: bool = True
     """A job that starts in a run dir already holding a checkpoint of the same config (a SLURM job requeued into
     its sweep dir) resumes from it instead of starting over."""

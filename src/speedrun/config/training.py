@@ -28,8 +28,9 @@ class HardwareConfig:
     """Sequences per forward/backward; gradient accumulation makes up budget.tokens_per_step. None: the profile's
     default, or the largest below it that splits budget.tokens_per_step over the ranks and the schedule's lengths
     (a value set here that does not split is refused); auto: the largest that fits the card (or the emulated
-    profile's memory cap) and divides the sequences per step, found during warm-up and recorded in plan.json (an
-    int, "auto" or null: typed Any, see parse_batch)."""
+    profile's memory cap) and divides the sequences per step (each rank's share: on several ranks every rank
+    searches and all run the smallest choice), found during warm-up and recorded in plan.json (an int, "auto" or
+    null: typed Any, see parse_batch)."""
     compile: bool | None = None
     """torch.compile the model. None: on for CUDA, off for CPU (compile time would eat a CPU budget)."""
     memory_cap_gb: float | None = None

@@ -9,7 +9,9 @@ outside the main thread:
   rank that raises publishes its error and traceback there before it exits (``settle``), and the first to do so
   is recorded under one key, so every rank names the same culprit;
 - stop signals (Ctrl-C, SIGTERM from torchrun, SLURM or the sweep pool), through ``signal.set_wakeup_fd``, which
-  Python's C-level handler writes even while the main thread is blocked.
+  Python's C-level handler writes even while the main thread is blocked. During training (``set_deferring``) the
+  first stop signal is left to the loop, which agrees on it with the other ranks at the next step boundary,
+  checkpoints and stops every rank there (speedrun.training.periodic); a second one is acted on here as always.
 
 On either it aborts the NCCL communicators, so the blocked collective returns with an error and the main thread
 records the run and exits, and on rank 0 it closes the row at once (World.on_stop), in case this process is
@@ -56,6 +58,11 @@ class Guard(threading.Thread):
         self.peer: dict[str, Any] | None = None
         """The first rank that failed, when it is another: {"rank", "error", "traceback"}."""
         self.stop_signal: int | None = None
+        self._deferring = False
+        """Training defers stop signals to its next step boundary (World.stops_deferred): the first one is the loop's
+        to act on (every rank stops at the same step, after a checkpoint); only a second ends the run from here."""
+        self._deferred = 0
+        self._defer_lock = threading.Lock()  # not _lock: that one may wait on the store
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._aborted = False
@@ -78,12 +85,10 @@ class Guard(threading.Thread):
         while not self._stopped.is_set():
             try:
                 ready, _, _ = select.select([self._read], [], [], POLL_S)
-                data = os.read(self._read, 64) if ready else b""
+                if ready:
+                    self._read_signals()
             except OSError:
                 return
-            for signum in data:
-                if signum in (signal.SIGINT, signal.SIGTERM) and self.stop_signal is None:
-                    self.stop_signal = signum
             if self._parent is not None and os.getppid() != self._parent:
                 log.warning("rank %d: the launching process is gone; stopping", self.world.rank)
                 self._parent = None
@@ -99,6 +104,32 @@ class Guard(threading.Thread):
             if self.stop_signal is not None and not self._signalled and self.peer is None:
                 self._signalled = True
                 self._stop_run("interrupted", f"interrupted (signal {signal.Signals(self.stop_signal).name})", "")
+
+    def set_deferring(self, on: bool) -> None:
+        """Start or end (or, on again, start afresh after the loop acted on a signal) the deferral. What the signal
+        pipe holds is read first, under the deferral it arrived in: the loop has seen every signal whose handler
+        ran, and its byte is in the pipe by then, so a signal the loop acted on is never acted on here later."""
+        self._read_signals()
+        with self._defer_lock:
+            self._deferring, self._deferred = on, 0
+
+    def _read_signals(self) -> None:
+        with self._defer_lock:  # one reader at a time: this thread, or the main thread in set_deferring
+            if self._read < 0:
+                return
+            try:
+                data = os.read(self._read, 64)
+            except BlockingIOError:  # the other reader emptied it
+                return
+            for signum in data:
+                if signum not in (signal.SIGINT, signal.SIGTERM):
+                    continue
+                if self._deferring:
+                    self._deferred += 1
+                    if self._deferred < 2:  # the first is the loop's (it stops every rank at a step boundary)
+                        continue
+                if self.stop_signal is None:
+                    self.stop_signal = signum
 
     def _stop_run(self, status: str, error: str, tb: str) -> None:
         if self.world.on_stop is not None:
@@ -173,9 +204,11 @@ class Guard(threading.Thread):
                 Path(run_dir, "error.txt").write_text(f"rank {peer['rank']}:\n{peer['traceback']}")
             return
         if self.stop_signal is not None or isinstance(exc, KeyboardInterrupt):
-            # a collective that the stop broke is part of the interrupt, not a failure of its own
+            # a collective that the stop broke is part of the interrupt, not a failure of its own; an interrupt the
+            # loop raised keeps its own words (the step it stopped at and its checkpoint)
             result["status"] = "interrupted"
-            result["error"] = "interrupted (Ctrl-C or SIGTERM)"
+            if not isinstance(exc, KeyboardInterrupt) or not str(exc):
+                result["error"] = "interrupted (Ctrl-C or SIGTERM)"
             return
         self.publish(str(result.get("error")), traceback.format_exc())
         result["error"] = f"rank {self.world.rank}: {result.get('error')}"  # as every other rank names it

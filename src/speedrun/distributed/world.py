@@ -9,7 +9,10 @@ own GPU (``cuda:LOCAL_RANK``), that stay in lock step through these calls:
 - ``mean``: the step's loss over all ranks (what is logged, and what "diverged" is decided on).
 - ``agree``: rank 0's clock, broadcast, so every time-based decision (stop, LR, context stage, logging) is the
   same on every rank and all ranks stop at the same step.
-- ``sum_``, ``max``, ``from_rank0``, ``gather``: eval sums, peak memory, rank 0's artifact, GPU names.
+- ``agree_with_flags``: the same, with flags every rank may raise (a stop signal on one rank) folded into the
+  same collective, so all ranks stop at the same step.
+- ``sum_``, ``max``, ``min``, ``from_rank0``, ``gather``: eval sums, peak memory, the batch size every rank fits,
+  rank 0's artifact and checkpoint path, GPU names and every rank's RNG state.
 
 On one process (``World(WorldInfo())``, the default everywhere) each call is the identity or a no-op, so the
 training code has a single path. Which processes exist is read from the environment (``current``): torchrun /
@@ -20,12 +23,13 @@ variables from submitit's own mapping of its job environment. Failures are the g
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import shutil
 import socket
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -192,6 +196,52 @@ class World:
         t = torch.tensor([float("-inf") if value is None else float(value)], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.ctrl)
         return None if t.item() == float("-inf") else float(t.item())
+
+    def min(self, value: float) -> float:
+        """The smallest value over the ranks (what every rank can do, e.g. the batch that fits on all of them)."""
+        if self.single:
+            return value
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([float(value)], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.ctrl)
+        return float(t.item())
+
+    def agree_with_flags(self, value: float, flags: list[float]) -> tuple[float, list[float]]:
+        """(rank 0's ``value``, the largest of each flag over the ranks), in one all-reduce: what the loop does
+        after every step, so a stop signal that reached any one rank (a flag) costs no collective of its own
+        beside rank 0's clock. Every rank gets the same numbers, so every rank takes the same decision."""
+        if self.single:
+            return value, list(flags)
+        import torch
+        import torch.distributed as dist
+
+        # MAX over [rank 0's value, -inf elsewhere] is rank 0's value: a broadcast folded into the flags' reduce
+        mine = value if self.rank == 0 else float("-inf")
+        t = torch.tensor([mine, *flags], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.ctrl)
+        out = t.tolist()
+        return out[0], out[1:]
+
+    @contextlib.contextmanager
+    def stops_deferred(self) -> Iterator[None]:
+        """While training defers stop signals to a step boundary (speedrun.training.preempt), the guard lets the
+        first one through to the loop instead of ending the run (a second still ends it at once)."""
+        if self.guard is None:
+            yield
+            return
+        self.guard.set_deferring(True)
+        try:
+            yield
+        finally:
+            self.guard.set_deferring(False)
+
+    def stops_handled(self) -> None:
+        """The loop acted on the deferred stop signals and trains on (SIGTERM under submitit): the next one is the
+        loop's again, not the guard's."""
+        if self.guard is not None:
+            self.guard.set_deferring(True)
 
     def sum_(self, tensor: Any) -> Any:
         """All-reduce (sum) in place, on the tensor's device; returns it."""

@@ -101,8 +101,8 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
     kernel_micro = kernel_micro_batch(cfg, settings)
     search = cfg.hardware.micro_batch == "auto"
     dist = resolve_dist(cfg.dist, world, profile.device_type)
-    if search:
-        micro_batch = start_micro_batch(profile, seq_len, tokens_per_step)
+    if search:  # each rank's share of the step: the search's candidates divide it (training.batch_search)
+        micro_batch = start_micro_batch(profile, seq_len, tokens_per_step // dist.world_size)
     else:
         micro_batch = kernel_micro or cfg.hardware.micro_batch
         if micro_batch is None:  # nobody chose it: the profile's, fitted to the step, the ranks and the stages
@@ -112,19 +112,6 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
     grad_accum = check_step_split(
         tokens_per_step, micro_batch, seq_len, dist.world_size, [length for length, _ in lengths or ()]
     )
-    if dist.world_size > 1 and (cfg.checkpoint.every_seconds or cfg.checkpoint.every_steps):
-        # rank-0 checkpoints with a shared resume are not built yet: refuse rather than write checkpoints no run
-        # can continue from (periodic validation, eval.every_*, is sharded over the ranks and runs)
-        raise PlanError(
-            "periodic checkpoints (checkpoint.every_*) run on one process only; with dist.nproc > 1 drop "
-            "checkpoint.every_steps / checkpoint.every_seconds, or run on one GPU"
-        )
-    if search and dist.world_size > 1:
-        # the search probes one process's memory; ranks that each searched could pick different sizes
-        raise PlanError(
-            "hardware.micro_batch=auto searches on one process; with several ranks set "
-            "hardware.micro_batch=N (find N with a one-GPU run's micro_batch=auto, recorded as micro_batch)"
-        )
     check_scores_memory(attn, attn_options, micro_batch, model, profile, precision)
     memory_gb = _memory_estimate_gb(attn, attn_options, micro_batch, model, precision)
     card = card_for(device.name) if on_cuda else None
@@ -228,8 +215,8 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
 
 def start_micro_batch(profile: HardwareProfile, seq_len: int, tokens_per_step: int) -> int:
     """hardware.micro_batch=auto: the profile's default micro-batch, or the nearest smaller one that divides the
-    sequences per step, as the plan's value until the warm-up search replaces it (and on CPU, where it does not
-    run)."""
+    sequences per step (``tokens_per_step``: one rank's share of it), as the plan's value until the warm-up search
+    replaces it (and on CPU, where it does not run)."""
     sequences = max(1, tokens_per_step // seq_len)
     default = max(1, profile.micro_batch_tokens // seq_len)
     return max(d for d in range(1, min(default, sequences) + 1) if sequences % d == 0)

@@ -125,10 +125,8 @@ class Job(JobRecord):
         stepper = Stepper(model, forward, optimizers, plan, world=self.world)
         # each rank reads its own micro-batches of every step (data.loader.TokenStream)
         batches = functools.partial(data.train_batches, rank=self.world.rank, world_size=self.world.world_size)
-        extras = None
-        # periodic validation runs on every rank (sharded); checkpoints and the batch search on one process only
-        if self.world.world_size == 1 or plan.eval.periodic:
-            plan, extras = self._prepare_loop(plan, stepper, eval_forward, data)
+        # batch search, periodic validation, checkpoints and stop signals: on every rank, agreed between them
+        plan, extras = self._prepare_loop(plan, stepper, eval_forward, data)
         self.on_phase("warmup")
         warm_up(stepper, batches, state, log.info)
         if extras is not None:
@@ -137,9 +135,10 @@ class Job(JobRecord):
             from speedrun.kernels.profile import profile_steps
 
             self.result.update(profile_steps(stepper, batches, self.ctx.run_dir, log.info, plan.kernel.profile_steps))
-        if extras is not None and self.resume:
-            extras.restore(state, self.resume)
-            self.release(state.steps)
+        if self._resuming():
+            extras.restore(state)
+            if self.resume is not None:
+                self.release(state.steps)
         self.peak_memory = PeakMemory(plan.device, graph_pools=keeps_grads(plan))
         self.peak_memory.start()  # peak_mem_mb covers timed training only
         self.on_phase("train")
@@ -154,6 +153,18 @@ class Job(JobRecord):
         self.on_phase("train")  # training's keys are in the record before evaluation starts
         if self.result["data_epochs"] > 1 and self.world.rank == 0:  # once per run, not once per rank
             _warn_repeated_data(plan, self.result["data_epochs"], data.train_tokens)
+
+    def _resuming(self) -> bool:
+        """Whether this job restores a checkpoint: rank 0's decision, on every rank. A rank > 0 runs in a directory
+        of its own, so auto-resume (a job requeued into its run dir) finds the checkpoint on rank 0 alone; the
+        others follow it (auto-resume found the same config there) and load the file rank 0 picks."""
+        resuming = bool(self.world.from_rank0(lambda: self.resume is not None))
+        if self.resume is not None and not resuming:
+            raise RuntimeError(
+                f"rank {self.world.rank} resumes {self.resume.run_dir} but rank 0 starts afresh: give every rank the "
+                f"same resume=<run dir>"
+            )
+        return resuming
 
     def _prepare_loop(self, plan: Any, stepper: Any, eval_forward: Any, data: Any) -> tuple[Any, Any]:
         """Batch-size search (a new plan.json when it chose), periodic validation and checkpoints."""

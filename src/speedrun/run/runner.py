@@ -92,19 +92,11 @@ def run_job(dict_cfg: DictConfig, ctx: RunContext | None = None) -> dict[str, An
         world.quiet()
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
     resume, refusal = _find_resume(dict_cfg, ctx)
-    if resume is not None and world.world_size > 1:
-        from speedrun.errors import ConfigError
-
-        resume, refusal = (
-            None,
-            ConfigError(
-                "resume=<run dir> continues a one-process run; runs of several ranks "
-                "cannot resume yet (they write no checkpoints)"
-            ),
-        )
     if resume is not None:  # the original job's config, dir and row (speedrun.training.resume)
         dict_cfg = OmegaConf.create(resume.config)
-        ctx = RunContext(resume.run_dir, resume.overrides, ctx.sweep or dict_cfg.sweep, resume.cwd)
+        # a rank > 0 keeps its private dir: rank 0 alone writes the run's files and row (and picks the checkpoint)
+        run_dir = resume.run_dir if world.rank == 0 else ctx.run_dir
+        ctx = RunContext(run_dir, resume.overrides, ctx.sweep or dict_cfg.sweep, resume.cwd)
     # The record opens from the composed config's top-level knobs (types already checked by Hydra), before the
     # schemas' own checks run, so a bad value still leaves a failed row.
     config_tree = OmegaConf.to_container(dict_cfg, resolve=True, enum_to_str=True)

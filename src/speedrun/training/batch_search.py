@@ -12,6 +12,9 @@ Tokens per micro-batch stay the same in every stage (the Plan's rule), so the ch
 token count that fits at every length and that each length divides. Evaluation gets its own batch (windows per
 forward) by the same search, without gradients, so an eval that would run out of memory never changes training.
 
+On several ranks every rank searches (its own card, and whatever else shares it) and the smallest choice over the
+ranks wins (``agree_batches``): a size that fits the tightest rank fits them all, so no rank runs out of memory.
+
 On CPU there is no out-of-memory signal to search by: the plan keeps its starting values (the profile's default
 micro-batch, or the nearest smaller divisor of the sequences per step) and says so in the log.
 """
@@ -83,10 +86,11 @@ def plan_with_batches(
     if plan.micro_batch_search:
         lengths = [st.seq_len for st in plan.stages]
         longest = plan.model.seq_len
-        # micro-batch token counts every length divides and that divide tokens_per_step, as in plan._stages
+        # micro-batch token counts every length divides and that divide each rank's share of tokens_per_step, as in
+        # plan._stages and plan.distributed.check_step_split
         options = [
             d * longest
-            for d in divisors(plan.tokens_per_step // longest)
+            for d in divisors(plan.tokens_per_step // (plan.world_size * longest))
             if all((d * longest) % L == 0 for L in lengths)
         ]
         best_tokens = None
@@ -106,10 +110,7 @@ def plan_with_batches(
                 )
             best_tokens = found
         assert best_tokens is not None
-        stages = tuple(dataclasses.replace(st, micro_batch=best_tokens // st.seq_len) for st in plan.stages)
-        plan = dataclasses.replace(
-            plan, micro_batch=best_tokens // longest, stages=stages, grad_accum=plan.tokens_per_step // best_tokens
-        )
+        plan = with_micro_tokens(plan, best_tokens)
         log(f"micro-batch search: {plan.micro_batch} x {longest} tokens x {plan.grad_accum} accum (tried {report})")
     if plan.eval.batch_search:
         tried = {}
@@ -124,8 +125,41 @@ def plan_with_batches(
     return plan, report
 
 
-def search_batches(plan: Any, model: GPT, log: Callable[[str], None]) -> tuple[Any, dict]:
-    """plan_with_batches with real tries of the eager model on the plan's device (CUDA only)."""
+def with_micro_tokens(plan: Any, tokens: int) -> Any:
+    """The plan with micro-batches of ``tokens`` tokens at every context length, and the accumulation that keeps
+    tokens_per_step (global: world_size ranks x micro-batch tokens x accumulation)."""
+    stages = tuple(dataclasses.replace(st, micro_batch=tokens // st.seq_len) for st in plan.stages)
+    accum = plan.tokens_per_step // (plan.world_size * tokens)
+    return dataclasses.replace(plan, micro_batch=tokens // plan.model.seq_len, stages=stages, grad_accum=accum)
+
+
+def agree_batches(plan: Any, world: Any, log: Callable[[str], None]) -> Any:
+    """On several ranks, the smallest micro-batch and eval batch any rank's search chose, on every rank. Each rank
+    searched its own memory (another process or a fuller card may leave less room); fitting is monotone and every
+    rank searched the same candidates, so the smallest choice is one every rank fits, and the ranks must run the
+    same batches (the step's split is the Plan's). One process: the plan as it is."""
+    if world is None or world.single:
+        return plan
+    tokens = plan.micro_batch * plan.model.seq_len
+    agreed = int(world.min(tokens)) if plan.micro_batch_search else tokens
+    eval_batch = int(world.min(plan.eval.batch_size)) if plan.eval.batch_search else plan.eval.batch_size
+    if (agreed, eval_batch) != (tokens, plan.eval.batch_size):
+        log(
+            f"batch search over {world.world_size} ranks: micro-batch {agreed // plan.model.seq_len}, eval batch "
+            f"{eval_batch} (the smallest any rank fits; this rank found {plan.micro_batch} and {plan.eval.batch_size})"
+        )
+    plan = with_micro_tokens(plan, agreed) if plan.micro_batch_search else plan
+    return dataclasses.replace(plan, eval=dataclasses.replace(plan.eval, batch_size=eval_batch))
+
+
+def search_batches(plan: Any, model: GPT, log: Callable[[str], None], world: Any = None) -> tuple[Any, dict]:
+    """plan_with_batches with real tries of the eager model on the plan's device (CUDA only), agreed over the
+    ranks (``world``: agree_batches)."""
+    plan, report = _search_here(plan, model, log)
+    return agree_batches(plan, world, log), report
+
+
+def _search_here(plan: Any, model: GPT, log: Callable[[str], None]) -> tuple[Any, dict]:
     if plan.device != "cuda":
         log(
             f"batch-size search needs a CUDA device (it searches by out-of-memory errors): keeping micro-batch "

@@ -8,9 +8,25 @@ overrides, the Plan, the progress). Both are written to a temporary name and ren
 a checkpoint counts only once both exist; the oldest are deleted beyond ``checkpoint.keep``.
 
 Loading uses ``torch.load(weights_only=True)``: the payload is tensors, numbers, strings, lists and dicts, and
-nothing else is ever unpickled. Multi-GPU: ``save_checkpoint`` is a plain function of (run dir, payload), so rank 0
-alone can call it; every rank calls ``load_checkpoint``. torch is imported inside the functions that need it: the
-listing functions serve resume's checks (and Hydra's resolvers, which run at every start).
+nothing else is ever unpickled. torch is imported inside the functions that need it: the listing functions serve
+resume's checks (and Hydra's resolvers, which run at every start).
+
+Several ranks: one file, written by rank 0 (not torch.distributed.checkpoint). Nothing of the training state is
+sharded: every rank holds the whole model (rank 0's weights broadcast at the start, then the same all-reduced
+gradients), the whole of every optimizer's state (Adam's moments, and Muon's momentum buffers, which stay whole on
+every rank: only its Newton-Schulz work is split, and all-gathered, World.split_newton_schulz), the same scaler and
+EMA. So rank 0's copy is the state, and a single file is what a later run of any number of ranks reads; DCP would
+add a directory of per-rank shards and a resharding step for state that has none. What does differ per rank (its
+RNG states and, in principle, its data position) is gathered to rank 0 (``rank_state``) and kept under ``ranks``.
+The ranks meet at the step boundary (periodic.LoopExtras.save): all gather, rank 0 writes and broadcasts the path,
+so no rank goes on before the file is in place. On resume rank 0 picks the newest readable checkpoint and every
+rank loads that file (``load_checkpoint_file``).
+
+The data position is the global offset of the next step's span in the token stream (data.loader.TokenStream: each
+step reads tokens_per_step consecutive tokens, of which each rank reads its slices), the same on every rank and the
+same whatever the number of ranks. A step covers the same tokens on one rank with accumulation 4 as on two ranks
+with accumulation 2, so a checkpoint resumed on any number of ranks that splits the step trains on the same global
+batches, step for step (the gradient sums run in another order: equal to float rounding, tests/test_ckpt_dist.py).
 """
 
 from __future__ import annotations
@@ -29,6 +45,10 @@ log = logging.getLogger("speedrun")
 FORMAT = 1
 DIRNAME = "checkpoints"
 _NAME = re.compile(r"^step_(\d+)\.pt$")
+
+
+class CheckpointFormatError(ValueError):
+    """A checkpoint written by code of another format: refused, never skipped for an older one."""
 
 
 def checkpoint_dir(run_dir: Path) -> Path:
@@ -78,19 +98,25 @@ def save_checkpoint(run_dir: Path, payload: dict[str, Any], meta: dict[str, Any]
 
 def load_checkpoint(run_dir: Path, map_location: Any = "cpu") -> dict[str, Any] | None:
     """The newest readable checkpoint's payload (an unreadable newest one is skipped with a warning), or None."""
-    import torch
-
     for path in reversed(list_checkpoints(run_dir)):
         try:
-            payload = torch.load(path, map_location=map_location, weights_only=True)
+            return load_checkpoint_file(path, map_location)
+        except CheckpointFormatError:
+            raise
         except Exception as e:  # noqa: BLE001 - e.g. a file cut short on a full disk: fall back to the previous one
             log.warning("checkpoint %s unreadable (%s: %s); trying an older one", path, type(e).__name__, e)
-            continue
-        if payload.get("format") != FORMAT:
-            raise ValueError(f"{path}: checkpoint format {payload.get('format')}, this code reads {FORMAT}")
-        payload["path"] = str(path)
-        return payload
     return None
+
+
+def load_checkpoint_file(path: Path | str, map_location: Any = "cpu") -> dict[str, Any]:
+    """One checkpoint's payload (ranks > 0 load the file rank 0 chose, so that every rank restores the same)."""
+    import torch
+
+    payload = torch.load(path, map_location=map_location, weights_only=True)
+    if payload.get("format") != FORMAT:
+        raise CheckpointFormatError(f"{path}: checkpoint format {payload.get('format')}, this code reads {FORMAT}")
+    payload["path"] = str(path)
+    return payload
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -117,16 +143,22 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
     torch.set_rng_state(state["torch"].cpu())
     if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+        # a run resumed on fewer visible GPUs than it saved from restores the ones it has
+        for i, s in enumerate(state["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(s.cpu(), i)
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     name, keys, *rest = state["numpy"]
     np.random.set_state((name, keys.numpy().astype("uint32"), *rest))  # noqa: NPY002
 
 
-def capture(model: Any, optimizers: list, scaler: Any, state: Any, ema: Any = None) -> dict[str, Any]:
+def capture(
+    model: Any, optimizers: list, scaler: Any, state: Any, ema: Any = None, ranks: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """The payload of a checkpoint at a step boundary (state: train.TrainState; ema: the Stepper's WeightEMA or
-    None)."""
+    None; ranks: on several ranks, every rank's ``rank_state()`` in rank order, gathered to rank 0)."""
+    if ranks is not None:
+        check_positions(ranks)
     return {
         "format": FORMAT,
         "model": model.state_dict(),
@@ -136,11 +168,58 @@ def capture(model: Any, optimizers: list, scaler: Any, state: Any, ema: Any = No
         "data": {"position": state.position},
         "rng": rng_state(),
         "progress": dataclasses.asdict(state),
+        "ranks": None if ranks is None else by_rank(ranks),
     }
 
 
-def restore(payload: dict[str, Any], model: Any, optimizers: list, scaler: Any, state: Any, ema: Any = None) -> None:
-    """Load a payload into a freshly built model, its optimizers, scaler, EMA and a TrainState, in place."""
+def rank_state(state: Any) -> dict[str, Any]:
+    """What differs, or could, between the ranks of a run: each rank's RNG states and its data position."""
+    return {"rng": rng_state(), "position": int(state.position)}
+
+
+def by_rank(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The payload's ``ranks``: how many there were, and each one's RNG states and data position, in rank order."""
+    return {"world_size": len(ranks), "rng": [r["rng"] for r in ranks], "positions": [r["position"] for r in ranks]}
+
+
+def check_positions(ranks: list[dict[str, Any]]) -> None:
+    """Every rank's stream stands at the same global position (data.loader.TokenStream: a step is one span of the
+    stream that the ranks read slices of), which is what makes the checkpoint resumable on any number of ranks;
+    a rank elsewhere is a bug, refused before it is written down."""
+    positions = [r["position"] for r in ranks]
+    if len(set(positions)) != 1:
+        raise RuntimeError(f"the ranks' data positions differ at a step boundary: {positions}")
+
+
+def rng_for_rank(payload: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
+    """The RNG states rank ``rank`` of ``world_size`` restores: its own when the checkpoint has as many ranks,
+    else those of rank ``rank % saved ranks`` (no rank's draws can be split or merged; training draws nothing
+    from them today, so the step sequence does not depend on this)."""
+    saved = payload.get("ranks")
+    if not saved:
+        return payload["rng"]
+    if saved["world_size"] != world_size:
+        log.info(
+            "checkpoint of %d rank(s) resumed on %d: RNG states of rank %d",
+            saved["world_size"],
+            world_size,
+            rank % saved["world_size"],
+        )
+    return saved["rng"][rank % saved["world_size"]]
+
+
+def restore(
+    payload: dict[str, Any],
+    model: Any,
+    optimizers: list,
+    scaler: Any,
+    state: Any,
+    ema: Any = None,
+    rank: int = 0,
+    world_size: int = 1,
+) -> None:
+    """Load a payload into a freshly built model, its optimizers, scaler, EMA and a TrainState, in place (this
+    process being rank ``rank`` of ``world_size``: any number of ranks that splits the step)."""
     model.load_state_dict(payload["model"])
     if ema is not None:
         if payload.get("ema") is None:  # resume refuses a plan whose ema differs first; this is the last guard
@@ -161,4 +240,4 @@ def restore(payload: dict[str, Any], model: Any, optimizers: list, scaler: Any, 
             setattr(state, key, value)
     state.position = int(payload["data"]["position"])
     state.budget_end = None
-    set_rng_state(payload["rng"])
+    set_rng_state(rng_for_rank(payload, rank, world_size))

@@ -291,7 +291,8 @@ def train(
     step_tokens = plan.tokens_per_step
     # On several ranks every decision below (stop, LR, context stage, when to flush and log, periodic validation and
     # checkpoints) is taken on rank 0's clock, broadcast after each step, so all ranks run the same steps and stop
-    # together (one scalar broadcast per step; nothing on one process).
+    # together (one small collective per step, which also carries a stop signal that reached any rank; nothing on
+    # one process).
     agree = stepper.world.agree
     seconds = agree(clock.elapsed())
     next_log = seconds + min(log_every_seconds, 2.0)  # seconds into training, on the agreed clock
@@ -365,7 +366,8 @@ def train(
             state.tokens += step_tokens
             state.flops += step_flops
             state.position = batches.state_dict()["position"]
-            seconds = agree(clock.elapsed())
+            # with extras, the same collective also carries every rank's stop request and checkpoint clock
+            seconds = extras.agree(clock.elapsed()) if extras is not None else agree(clock.elapsed())
             losses.add(loss, state.steps, state.tokens, lr, seconds)
             line = seconds >= next_log
             boundary = extras is not None and extras.due(state, seconds)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from speedrun.errors import ConfigError
-from speedrun.training.checkpoint import load_checkpoint, restore
+from speedrun.training.checkpoint import load_checkpoint, load_checkpoint_file, restore
 from speedrun.training.periodic import LoopExtras, PeriodicEval, checkpoint_meta
 
 if TYPE_CHECKING:
@@ -61,13 +61,12 @@ def prepare_loop(
     Returns the plan that trains, the extras and the search's record (None: no search)."""
     searched = None
     world = getattr(stepper, "world", None)
-    single = world is None or world.single
-    # the batch search probes one process's memory: on several ranks (periodic validation only) nothing is searched
-    if single and (plan.micro_batch_search or plan.eval.batch_search):
+    if plan.micro_batch_search or plan.eval.batch_search:
         from speedrun.plan import plan_json
         from speedrun.training.batch_search import search_batches
 
-        plan, searched = search_batches(plan, stepper.model, log.info)
+        # every rank searches its own memory; the smallest choice over the ranks is what every rank runs
+        plan, searched = search_batches(plan, stepper.model, log.info, world=world)
         stepper.plan = plan
         hooks.write_file("plan.json", plan_json(plan) + "\n")
     evaluator = (
@@ -83,12 +82,11 @@ def prepare_loop(
 
 
 class ResumableExtras(LoopExtras):
-    def restore(self, state: Any, resume: Any) -> None:
+    def restore(self, state: Any) -> None:
         """Load the run's newest checkpoint into the model, optimizers, scaler and TrainState (after warm-up,
-        which restores the initial weights when it ends)."""
-        payload = load_checkpoint(self.run_dir, map_location=self.plan.device)
-        if payload is None:
-            raise ConfigError(f"resume: no readable checkpoint in {self.run_dir / 'checkpoints'}")
+        which restores the initial weights when it ends). On several ranks rank 0 picks the checkpoint (ranks > 0
+        write into a directory of their own and may not even know the run's) and every rank loads that file."""
+        payload = self._load()
         meta = self.saved_meta(payload)
         saved, now = meta.get("plan") or {}, self.plan.to_dict()
         differ = [k for k in _SAME_PLAN if k in saved and saved[k] != now.get(k)]
@@ -97,8 +95,8 @@ class ResumableExtras(LoopExtras):
                 f"resume: the checkpoint's plan differs in {', '.join(differ)} from this device's "
                 f"({self.plan.device_name}): resume on a device that resolves the same plan"
             )
-        s = self.stepper
-        restore(payload, s.model, s.optimizers, s.scaler, state, ema=getattr(s, "ema", None))
+        s, w = self.stepper, self.world
+        restore(payload, s.model, s.optimizers, s.scaler, state, getattr(s, "ema", None), w.rank, w.world_size)
         self.last_ckpt = (state.steps, payload["path"])
         self.last_eval_step = meta.get("last_eval_step")  # a validation at the checkpoint's step is not repeated
         if self.plan.eval.every_seconds:
@@ -108,6 +106,25 @@ class ResumableExtras(LoopExtras):
             f"resumed from {payload['path']}: step {state.steps}, {state.tokens:,} tokens, "
             f"{state.train_seconds:.1f} train seconds done"
         )
+
+    def _load(self) -> dict[str, Any]:
+        """Rank 0 loads the newest readable checkpoint and tells every rank its path (or why there is none, so that
+        every rank stops with the same error); the others load that file."""
+        mine: dict[str, Any] = {}
+
+        def pick() -> dict[str, Any]:
+            try:
+                mine["payload"] = load_checkpoint(self.run_dir, map_location=self.plan.device)
+            except (OSError, ValueError) as e:  # a checkpoint of another format, an unreadable dir
+                return {"error": f"{type(e).__name__}: {e}"}
+            return {"path": mine["payload"]["path"] if mine["payload"] is not None else None}
+
+        picked = self.world.from_rank0(pick)
+        if "error" in picked:
+            raise ConfigError(f"resume: {picked['error']}")
+        if picked["path"] is None:
+            raise ConfigError(f"resume: no readable checkpoint in {self.run_dir / 'checkpoints'}")
+        return mine.get("payload") or load_checkpoint_file(picked["path"], self.plan.device)
 
     @staticmethod
     def saved_meta(payload: dict[str, Any]) -> dict[str, Any]:

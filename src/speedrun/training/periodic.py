@@ -5,6 +5,11 @@ and when it says yes, flushes the buffered losses and calls ``run`` with the tra
 validation nor the checkpoint write counts in train_seconds (they are reported apart: val_seconds_periodic,
 checkpoint_seconds). ``finish`` runs after the last step: a last validation point and, with periodic checkpoints
 on, a checkpoint of the finished training, so a job stopped during the final evaluation resumes straight to it.
+
+On several ranks every decision here is the same on every rank at the same step: ``agree`` folds each rank's stop
+request and checkpoint wall clock into the loop's per-step collective (the largest over the ranks), every rank joins
+``save`` (each rank's RNG and data position gathered, rank 0 writes the one file, training.checkpoint), and a stop
+raises on every rank after it.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +26,9 @@ import torch
 
 from speedrun.distributed.world import SINGLE
 from speedrun.finishing.evaluate import run_eval
-from speedrun.training.checkpoint import capture, save_checkpoint
+from speedrun.training.checkpoint import capture, rank_state, save_checkpoint
 from speedrun.training.dense_metrics import val_record
-from speedrun.training.preempt import StopRequests
+from speedrun.training.preempt import NONE, StopRequests
 
 log = logging.getLogger("speedrun")
 
@@ -96,29 +101,60 @@ class LoopExtras:
         self.last_ckpt: tuple[int, str | None] = (-1, None)
         self.seconds = 0.0
         """The loop's (agreed) train seconds at the last ``due``: what ``run`` decides on, so every rank agrees."""
+        self.stop_level = NONE
+        """The stop signals' request (preempt.NONE ... PREEMPT), the largest over the ranks at the last ``agree``."""
+        self.deferring_stops = False
+        self.wall_due = False
+        """checkpoint.every_seconds came due (on any rank's wall clock) at the last ``agree``."""
 
     # -- what the loop calls ---------------------------------------------------------------------------------
     def deferring(self) -> Any:
-        # on several ranks a signal reaches one rank's loop only: the dist guard stops them all instead
-        if self.plan.checkpoint.on_signal and self.world.single:
-            return self.stop.deferring()
-        return contextlib.nullcontext()
+        """Stop signals noted until the next step boundary (checkpoint.on_signal; off: the guard of a run of several
+        ranks, or the default handler of one, stops at once)."""
+        if not self.plan.checkpoint.on_signal:
+            return contextlib.nullcontext()
+        return self._deferring()
+
+    @contextlib.contextmanager
+    def _deferring(self) -> Iterator[None]:
+        with self.stop.deferring(), self.world.stops_deferred():
+            self.deferring_stops = True
+            try:
+                yield
+            finally:
+                self.deferring_stops = False
+
+    def agree(self, seconds: float) -> float:
+        """After every step: rank 0's train seconds, and this rank's stop request and checkpoint clock folded into
+        the same collective (World.agree_with_flags), so a signal that reached any rank, or a checkpoint due by the
+        wall clock, is acted on by every rank at this step boundary. One process: its own values."""
+        wall = time.monotonic() >= self.next_ckpt_wall
+        seconds, (level, wall_due) = self.world.agree_with_flags(seconds, [float(self.stop.level()), float(wall)])
+        self.stop_level, self.wall_due = int(level), bool(wall_due)
+        return seconds
 
     def due(self, state: Any, seconds: float) -> bool:
         self.seconds = seconds
-        return self.stop.requested or self._eval_due(state, seconds) or self._ckpt_due(state)
+        return self.stop_level != NONE or self._eval_due(state, seconds) or self._ckpt_due(state)
 
     def run(self, state: Any) -> None:
         if self._eval_due(state, self.seconds):
             self.evaluate(state)
         if self._ckpt_due(state):
             self.save(state)
-        if self.stop.requested:
+        if self.stop_level != NONE:
+            level, self.stop_level = self.stop_level, NONE
             done = self.last_ckpt[1] if self.last_ckpt[0] == state.steps else None
-            self.stop.act(state.steps, done, lambda: self.save(state) if self.plan.checkpoint.on_signal else None)
+            save = lambda: self.save(state) if self.plan.checkpoint.on_signal else None  # noqa: E731
+            # raises unless it carries on
+            self.stop.act(state.steps, done, save, level=level, handed_over=self.world.barrier)
+            if self.deferring_stops:
+                self.world.stops_handled()
 
     def finish(self, state: Any) -> None:
-        if self.stop.requested:  # a signal that came during the last step, after its boundary was checked
+        # a signal that came during the last step, after its boundary was checked (on any rank: agreed)
+        self.stop_level = int(self.world.max(float(self.stop.level())) or NONE)
+        if self.stop_level != NONE:
             self.run(state)
         if self.evaluator is not None and self.last_eval_step != state.steps:
             self.evaluate(state)
@@ -142,7 +178,7 @@ class LoopExtras:
 
     def _ckpt_due(self, state: Any) -> bool:
         every = self.plan.checkpoint.every_steps
-        return bool(every and state.steps % every == 0) or time.monotonic() >= self.next_ckpt_wall
+        return bool(every and state.steps % every == 0) or self.wall_due
 
     def evaluate(self, state: Any) -> None:
         assert self.evaluator is not None
@@ -186,25 +222,52 @@ class LoopExtras:
             )
 
     def save(self, state: Any) -> str:
+        """Checkpoint this step boundary. On several ranks every rank calls it at the same step: each rank's RNG
+        and data position are gathered, rank 0 writes the one file (its model and optimizers are every rank's,
+        training.checkpoint) and broadcasts its path, so no rank goes on before the file is in place."""
         t = time.perf_counter()
+        if self.world.single:
+            path = self._write(state, None)
+        else:
+            ranks = self.world.gather(rank_state(state))
+            path = self._write_on_rank0(state, ranks)
+        seconds = time.perf_counter() - t
+        state.checkpoint_seconds += seconds
+        self.last_ckpt = (state.steps, path)
+        self.wall_due = False
+        if self.plan.checkpoint.every_seconds:
+            self.next_ckpt_wall = time.monotonic() + self.plan.checkpoint.every_seconds
+        self.log(f"checkpoint at step {state.steps}: {path} ({seconds:.1f}s, not in train time)")
+        return path
+
+    def _write_on_rank0(self, state: Any, ranks: list[dict[str, Any]]) -> str:
+        """Rank 0 writes; every rank gets the path, or rank 0's error, so that all stop alike when it fails (a
+        full disk) rather than wait on a rank that left."""
+
+        def write() -> dict[str, str]:
+            try:
+                return {"path": self._write(state, ranks)}
+            except Exception as e:  # noqa: BLE001 - raised on every rank just below
+                return {"error": f"{type(e).__name__}: {e}"}
+
+        outcome = self.world.from_rank0(write)
+        if "error" in outcome:
+            raise RuntimeError(f"the checkpoint of step {state.steps} could not be written: {outcome['error']}")
+        return outcome["path"]
+
+    def _write(self, state: Any, ranks: list[dict[str, Any]] | None) -> str:
         s = self.stepper
-        payload = capture(s.model, s.optimizers, s.scaler, state, ema=getattr(s, "ema", None))
+        payload = capture(s.model, s.optimizers, s.scaler, state, ema=getattr(s, "ema", None), ranks=ranks)
         meta = {
             **self.meta,
             "steps": state.steps,
             "tokens": state.tokens,
             "train_seconds": state.train_seconds,
             "last_eval_step": self.last_eval_step,
+            "world_size": self.world.world_size,
             "saved_at": time.time(),
         }
-        path = save_checkpoint(self.run_dir, payload, meta, self.plan.checkpoint.keep)
-        seconds = time.perf_counter() - t
-        state.checkpoint_seconds += seconds
-        self.last_ckpt = (state.steps, str(path))
-        if self.plan.checkpoint.every_seconds:
-            self.next_ckpt_wall = time.monotonic() + self.plan.checkpoint.every_seconds
-        self.log(f"checkpoint at step {state.steps}: {path} ({seconds:.1f}s, not in train time)")
-        return str(path)
+        return str(save_checkpoint(self.run_dir, payload, meta, self.plan.checkpoint.keep))
 
 
 def checkpoint_meta(config_tree: Any, overrides: list[str], plan: Any, cwd: Path) -> dict[str, Any]:

@@ -10,6 +10,12 @@ SIGUSR2, which submitit handles by calling the launcher's ``checkpoint`` (ours a
 hydra_plugins/speedrun_plugins/slurm_launcher.py), requeueing the job and exiting. We defer it like the others:
 checkpoint first, then submitit's own handler, whose exit becomes ``Preempted``. submitit ignores SIGTERM (a
 USR2 follows it on preemption), so there a SIGTERM writes a checkpoint and training goes on.
+
+On several ranks a signal may reach one rank only (``kill`` of one process) or all of them at slightly different
+times. Each rank notes its own (``level``); the loop folds the levels into the collective it runs after every step
+anyway (World.agree_with_flags: the largest over the ranks), so every rank sees the same request at the same step
+boundary, joins in the one checkpoint (rank 0 writes it) and stops, carries on or is preempted alike. The dist
+guard leaves that first signal to the loop (World.stops_deferred); a second one ends the run at once.
 """
 
 from __future__ import annotations
@@ -19,6 +25,9 @@ import os
 import signal
 from collections.abc import Callable, Iterator
 from typing import Any
+
+NONE, CARRY_ON, STOP, PREEMPT = 0, 1, 2, 3
+"""What pending stop signals ask for, ordered so that the largest over the ranks is what they all do."""
 
 
 class Preempted(KeyboardInterrupt):
@@ -63,21 +72,61 @@ class StopRequests:
             for sig in installed:
                 signal.signal(sig, self._previous[sig])
 
-    def act(self, steps: int, checkpointed: str | None, save: Callable[[], str | None]) -> None:
-        """At a step boundary with signals pending: checkpoint (``save``, unless ``checkpointed`` already names
-        this step's file), then stop, requeue, or carry on (SIGTERM under submitit)."""
+    def level(self) -> int:
+        """What the pending signals ask for: NONE, CARRY_ON (SIGTERM under submitit: checkpoint and go on), STOP, or
+        PREEMPT (SIGUSR2 under submitit). On several ranks the largest over the ranks is what every rank does."""
+        if not self.pending:
+            return NONE
+        usr2 = getattr(signal, "SIGUSR2", None)
+        if usr2 in self.pending:
+            return PREEMPT
+        if under_submitit() and self.pending == [signal.SIGTERM]:
+            return CARRY_ON  # submitit's convention: SIGTERM is not the end, USR2 will say if it is
+        return STOP
+
+    def act(
+        self,
+        steps: int,
+        checkpointed: str | None,
+        save: Callable[[], str | None],
+        level: int | None = None,
+        handed_over: Callable[[], None] = lambda: None,
+    ) -> None:
+        """At a step boundary with signals pending (here, or on another rank: ``level``, agreed over the ranks;
+        default: this process's): checkpoint (``save``, unless ``checkpointed`` already names this step's file),
+        then stop, requeue, or carry on (SIGTERM under submitit). On several ranks every rank calls this at the same
+        step with the same level, so ``save`` (a collective) runs on all of them and all of them stop.
+        ``handed_over`` (a barrier, on several ranks) runs on every rank once submitit's handler has run where it
+        did: submitit requeues from global rank 0 alone and leaves the other tasks running, so they must not exit
+        (SLURM may end the job step with them) before rank 0 has requeued."""
+        level = self.level() if level is None else level
         pending, self.pending = self.pending, []
+        if level == NONE:
+            return
         path = checkpointed or save()
         where = f"checkpoint {path}" if path else "no checkpoint (checkpoint.on_signal=false)"
+        if level == PREEMPT:
+            outcome = self._hand_over(pending, steps, where)
+            handed_over()
+            raise outcome
+        if level == CARRY_ON:
+            return
+        signum = f"signal {pending[0]}" if pending else "a stop signal on another rank"
+        raise KeyboardInterrupt(f"{signum} at step {steps}: {where}")
+
+    def _hand_over(self, pending: list[int], steps: int, where: str) -> BaseException:
+        """Run submitit's own handler (deferring() took SIGUSR2 over only from there), whichever rank got the
+        signal: on global rank 0 it requeues the job and exits, on the others it returns. The exception this rank
+        then stops with."""
         usr2 = getattr(signal, "SIGUSR2", None)
-        if usr2 in pending:
-            previous = self._previous.get(usr2)
-            assert callable(previous)  # deferring() takes SIGUSR2 over only from a Python handler (submitit's)
-            try:
-                previous(usr2, None)  # submitit: launcher.checkpoint -> requeue -> sys.exit
-            except SystemExit:
-                raise Preempted(f"preempted at step {steps}: {where}; job requeued (resumes by itself)") from None
-            raise Preempted(f"signal {usr2} at step {steps}: {where}")
-        if under_submitit() and pending == [signal.SIGTERM]:
-            return  # submitit's convention: SIGTERM is not the end, USR2 will say if it is
-        raise KeyboardInterrupt(f"signal {pending[0]} at step {steps}: {where}")
+        previous = self._previous.get(usr2) if usr2 is not None else None
+        whose = "" if usr2 in pending else " (another rank's SIGUSR2)"
+        if not callable(previous):
+            return Preempted(f"preempted at step {steps}{whose}: {where}")
+        try:
+            previous(usr2, None)  # submitit: launcher.checkpoint -> requeue (global rank 0) -> sys.exit
+        except SystemExit:
+            return Preempted(f"preempted at step {steps}{whose}: {where}; job requeued (resumes by itself)")
+        except BaseException as e:  # noqa: BLE001 - e.g. submitit's "not requeued": raised once the ranks met
+            return e
+        return Preempted(f"signal {usr2} at step {steps}{whose}: {where}")

@@ -7,8 +7,14 @@ invocation go to ``.hydra/resume/``, leaving the original ``.hydra/`` as it was)
 row (run_id = the run dir). A job that starts in a run dir already holding a checkpoint of its own config (a SLURM
 job requeued into its sweep dir) resumes the same way without being asked (checkpoint.auto_resume).
 
+Several ranks: every rank runs this with the same ``resume=`` (the launching process passes its overrides on), and
+rank 0 picks the checkpoint that every rank loads (training.loop_setup.ResumableExtras); a rank > 0 keeps its own
+private directory. ``dist.nproc=N`` (and ``dist.nodes``) may be given beside ``resume=`` to continue on another
+number of ranks: the checkpoint is one file and its data position is global (training.checkpoint), so any number
+that splits the step continues with the same global batches.
+
 A refusal is a ConfigError naming the problem: the dir does not exist, is not a speedrun run dir, holds no
-checkpoint, or the command line has overrides the run did not. The resolver makes every one of these checks
+checkpoint, or the command line has overrides the run did not (other than dist.nproc / dist.nodes). The resolver makes every one of these checks
 before Hydra writes anything, and sends a refused resume to a new run dir, so the run it names is left byte for
 byte as it was (the refusal is that new dir's failed row). An accepted resume writes nothing into the original
 until its checkpoint is restored (speedrun.run.record).
@@ -16,7 +22,6 @@ until its checkpoint is restored (speedrun.run.record).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,18 +103,37 @@ def accepted_resume(asked: str, overrides: list[str], cwd: Path) -> tuple[Path, 
             f"off; run it again instead (with checkpoint.every_seconds=600 to keep one)"
         )
     saved = list(meta.get("overrides") or [])
-    extra = [o for o in overrides if not o.startswith("resume=") and o not in saved]
+    extra = [o for o in overrides if not o.startswith("resume=") and o not in saved and _key(o) not in RANK_KEYS]
     if extra:
         raise ConfigError(
             f"resume={asked} continues the run as it was configured ({' '.join(saved) or 'defaults'}); "
             f"these overrides differ from it: {' '.join(extra)}; drop them, or start a new run"
         )
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ConfigError(
-            f"resume={asked} continues a one-process run; runs of several ranks cannot resume yet (they write no "
-            f"checkpoints): run `python -m run resume={asked}` without torchrun"
-        )
     return path, meta
+
+
+RANK_KEYS = ("dist.nproc", "dist.nodes")
+"""Overrides a resume may change: how many ranks continue the run. A checkpoint holds the whole state once (rank 0's,
+training.checkpoint) and its data position is global, so any number of ranks that splits the step continues it
+with the same global batches; the resolver refuses a number that does not split."""
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def with_ranks(config: dict[str, Any], saved: list[str], given: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """The resumed job's config and overrides, with the ranks given beside ``resume=`` (RANK_KEYS) in place of the
+    original job's."""
+    ranks = [o for o in given if _key(o) in RANK_KEYS]
+    if not ranks:
+        return config, saved
+    dist = dict(config.get("dist") or {})
+    for o in ranks:
+        key, value = o.split("=", 1)
+        dist[_key(key).split(".", 1)[1]] = int(value)
+    changed = {_key(o) for o in ranks}
+    return {**config, "dist": dist}, [*(o for o in saved if _key(o) not in changed), *ranks]
 
 
 def find_resume(config: dict[str, Any], overrides: list[str], run_dir: Path, cwd: Path) -> Resume | None:
@@ -130,10 +154,10 @@ def find_resume(config: dict[str, Any], overrides: list[str], run_dir: Path, cwd
             auto=True,
         )
     path, meta = accepted_resume(str(asked), overrides, cwd)
-    saved = list(meta.get("overrides") or [])
+    config, saved = with_ranks(meta["config"], list(meta.get("overrides") or []), overrides)
     return Resume(
         path,
-        {**meta["config"], "resume": str(path)},
+        {**config, "resume": str(path)},
         saved,
         Path(meta.get("cwd") or cwd),
         int(meta["steps"]),
