@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from speedrun.config import OptimConfig, ScheduleConfig
+from speedrun.kernels.compile import graphs_compiled
 from speedrun.model.optim import WeightEMA, set_lr_multiplier, set_muon_momentum
 from speedrun.plan import Plan
 from speedrun.plan.dtypes import autocast_dtype
@@ -179,12 +180,6 @@ MakeBatches = Callable[..., Iterator[Batch]]
 """make_batches(seq_len, micro_batch, position) -> a stream of micro-batches (build.DataBundle.train_batches)."""
 
 
-def _graphs_compiled() -> int:
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
-
-
 def _set_loop(model: Any, on: bool) -> None:
     model.set_loop(on)  # GPT.set_loop: model.loop on or off (a no-op for a model without one)
 
@@ -287,7 +282,7 @@ def train(
     budget, clock = Budget.from_plan(plan), Clock(state.train_seconds)
     losses = LossBuffer(plan.device, plan.logger.flush_every_steps)
     batches: Any = None
-    graphs_before = _graphs_compiled()
+    graphs_before = graphs_compiled()
     step_tokens = plan.tokens_per_step
     # On several ranks every decision below (stop, LR, context stage, when to flush and log, periodic validation and
     # checkpoints) is taken on rank 0's clock, broadcast after each step, so all ranks run the same steps and stop
@@ -387,7 +382,7 @@ def train(
                     break
     _sync(plan.device)
     state.train_seconds = clock.elapsed()
-    state.recompiles = _graphs_compiled() - graphs_before
+    state.recompiles = graphs_compiled() - graphs_before
     if plan.model.loop.on:  # evaluation, export and TTT run the model as training left it (a resumed run too)
         _set_loop(stepper.model, bool(state.stages) and bool(state.stages[-1].get("loop")))
     if not state.diverged:
