@@ -96,7 +96,16 @@ class ResumableExtras(LoopExtras):
                 f"({self.plan.device_name}): resume on a device that resolves the same plan"
             )
         s, w = self.stepper, self.world
-        restore(payload, s.model, s.optimizers, s.scaler, state, getattr(s, "ema", None), w.rank, w.world_size)
+        restore(
+            payload,
+            s.model,
+            s.optimizers,
+            s.scaler,
+            state,
+            ema=getattr(s, "ema", None),
+            rank=w.rank,
+            world_size=w.world_size,
+        )
         self.last_ckpt = (state.steps, payload["path"])
         self.last_eval_step = meta.get("last_eval_step")  # a validation at the checkpoint's step is not repeated
         if self.plan.eval.every_seconds:
