@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 from pathlib import Path
 
@@ -49,21 +50,26 @@ def run(compose, run_dir: Path, overrides: list[str]):
 def test_usr2_under_submitit_checkpoints_then_hands_over_to_submitit(compose, tmp_path, data_cache, monkeypatch):
     handed = []
 
-    def submitit_handler(signum, frame):  # what submitit's checkpoint_and_try_requeue ends with
+    def submitit_handler(signum, frame):  # what submitit's checkpoint_and_try_requeue ends with (local executor)
         handed.append(signum)
-        raise SystemExit(-1)
+        raise SystemExit(144)
 
     monkeypatch.setenv("SUBMITIT_FOLDER", str(tmp_path / "submitit"))
     previous = signal.signal(signal.SIGUSR2, submitit_handler)
     try:
         signal_at_step(monkeypatch, 5, signal.SIGUSR2)
-        with pytest.raises(Preempted, match="requeued"):
+        with pytest.raises(Preempted, match="requeued") as raised:
             run(
                 compose, tmp_path / "job", [*RUN, f"data.cache_dir={data_cache}", f"results_db={tmp_path / 'r.sqlite'}"]
             )
     finally:
         signal.signal(signal.SIGUSR2, previous)
     assert handed == [signal.SIGUSR2]  # submitit ran after the checkpoint, once
+    # the process ends with submitit's requeue status (the local executor restarts only on 144), and the exception
+    # submitit pickles back to the launcher pickles: it carries where the row went as text, not the job
+    assert raised.value.exit_code == 144
+    again = pickle.loads(pickle.dumps(raised.value))
+    assert "interrupted" in again.speedrun_record and str(tmp_path / "job") in again.speedrun_record
     assert [p.name for p in (tmp_path / "job" / "checkpoints").glob("*.pt")] == ["step_00000005.pt"]
     result = json.loads((tmp_path / "job" / "result.json").read_text())
     assert result["status"] == "interrupted" and "preempted at step 5" in result["error"]
@@ -104,3 +110,20 @@ def test_the_slurm_launcher_is_ours_and_its_checkpoint_requeues_with_resume(comp
     delayed = launcher.checkpoint(["attn=flex"], "hydra.sweep.dir", 3, "job_id_for_3", {})
     assert isinstance(delayed, submitit.helpers.DelayedSubmission) and delayed.function is launcher
     assert delayed.args[0] == ["attn=flex", f"resume={tmp_path.resolve()}"] and delayed.args[2] == 3
+
+
+def test_main_ends_a_requeued_job_with_submitits_status(monkeypatch):
+    """speedrun.main exits with the status submitit's handler chose when it requeued (144 under the local
+    executor), and with the shell's signal status for any other interrupt."""
+    import speedrun
+    from speedrun.run import runner
+
+    for raised, status in ((Preempted("preempted at step 3; job requeued", 144), 144), (KeyboardInterrupt(), 130)):
+
+        def stopped(cfg, raised=raised):
+            raise raised
+
+        monkeypatch.setattr(runner, "run_job", stopped)
+        with pytest.raises(SystemExit) as exited:
+            speedrun.main({})
+        assert exited.value.code == status

@@ -43,9 +43,10 @@ def main(cfg: Any, run_dir: str | Path | None = None) -> dict[str, Any]:
         except KeyboardInterrupt as e:
             signum = signal.SIGTERM if f"signal {int(signal.SIGTERM)}" in str(e) else signal.SIGINT
             log.error("interrupted: %s%s", str(e) or "Ctrl-C", _where_recorded(e))
-            sys.exit(128 + int(signum))
+            requeued = getattr(e, "exit_code", None)  # training.preempt.Preempted: submitit's requeue status
+            sys.exit(requeued if requeued is not None else 128 + int(signum))
 
 
 def _where_recorded(e: BaseException) -> str:
-    job = getattr(e, "speedrun_job", None)
-    return f" [{job.record_note()}]" if job is not None else ""
+    note = getattr(e, "speedrun_record", None)  # speedrun.run.runner: where the row went, once it was final
+    return f" [{note}]" if note else ""

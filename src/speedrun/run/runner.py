@@ -158,7 +158,18 @@ def run_job(dict_cfg: DictConfig, ctx: RunContext | None = None) -> dict[str, An
     finally:
         with stop_signals_deferred():
             job.finish(db, started)
+        _note_where_recorded(sys.exc_info()[1])
     return result
+
+
+def _note_where_recorded(e: BaseException | None) -> None:
+    """Swap the Job an exception carries (set above) for the line saying where its record went, now that the row
+    is final: speedrun.main prints the line, and the exception must stay picklable, since submitit pickles a
+    failed job's exception to hand it back to the launcher (a Job holds locks)."""
+    job = getattr(e, "speedrun_job", None)
+    if e is not None and job is not None:
+        e.speedrun_record = job.record_note()  # type: ignore[attr-defined]
+        del e.speedrun_job  # type: ignore[attr-defined]
 
 
 def _open_record(db: ResultsDB | dist.NoRecords, run_id: str, row: dict[str, Any]) -> None:

@@ -31,7 +31,13 @@ NONE, CARRY_ON, STOP, PREEMPT = 0, 1, 2, 3
 
 
 class Preempted(KeyboardInterrupt):
-    """The job was preempted or timed out under SLURM, checkpointed and requeued; it resumes by itself."""
+    """The job was preempted or timed out under SLURM, checkpointed and requeued; it resumes by itself.
+    ``exit_code``: the status submitit's handler exited with after requeueing, which the process ends with too:
+    submitit's local executor restarts a job only when a task ends with its requeue status (144)."""
+
+    def __init__(self, message: str, exit_code: int | None = None):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def under_submitit() -> bool:
@@ -125,8 +131,9 @@ class StopRequests:
             return Preempted(f"preempted at step {steps}{whose}: {where}")
         try:
             previous(usr2, None)  # submitit: launcher.checkpoint -> requeue (global rank 0) -> sys.exit
-        except SystemExit:
-            return Preempted(f"preempted at step {steps}{whose}: {where}; job requeued (resumes by itself)")
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else None
+            return Preempted(f"preempted at step {steps}{whose}: {where}; job requeued (resumes by itself)", code)
         except BaseException as e:  # noqa: BLE001 - e.g. submitit's "not requeued": raised once the ranks met
             return e
         return Preempted(f"signal {usr2} at step {steps}{whose}: {where}")
