@@ -204,7 +204,7 @@ class Finish:
     def quantize(self) -> None:
         """Quantize the model (rank 0), load the dequantized weights into it and score that round trip, while rank
         0 compresses the same codes into the artifact on a thread: the score and the compression both start from
-        the quantized codes and neither needs the other (brotli, lzma and zstd release the GIL). The artifact
+        the quantized codes and neither needs the other (brotli and zstd release the GIL). The artifact
         file is then read back and must hold exactly the codes that were scored, or the phase fails."""
         plan, q, world = self.plan, self.plan.quant, self.world
         self.report("quant")
