@@ -127,3 +127,19 @@ def test_main_ends_a_requeued_job_with_submitits_status(monkeypatch):
         with pytest.raises(SystemExit) as exited:
             speedrun.main({})
         assert exited.value.code == status
+
+
+def test_a_signal_after_the_boundarys_agreement_waits_for_the_next_boundary(monkeypatch):
+    """Under submitit a SIGTERM (carry on) is agreed at a step boundary; a SIGUSR2 that lands while that boundary
+    evaluates or checkpoints is not consumed with it: it is still pending, and the next boundary preempts."""
+    from speedrun.training.preempt import CARRY_ON, PREEMPT, StopRequests
+
+    monkeypatch.setenv("SUBMITIT_FOLDER", "/tmp/submitit")
+    stop = StopRequests()
+    stop.pending.append(signal.SIGTERM)
+    taken = list(stop.pending)
+    level = stop.level(taken)
+    assert level == CARRY_ON
+    stop.pending.append(signal.SIGUSR2)  # during the boundary's evaluation
+    stop.act(3, "ckpt.pt", lambda: None, level=level, taken=taken)  # carries on
+    assert stop.pending == [signal.SIGUSR2] and stop.level() == PREEMPT

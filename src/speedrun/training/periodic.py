@@ -103,6 +103,8 @@ class LoopExtras:
         """The loop's (agreed) train seconds at the last ``due``: what ``run`` decides on, so every rank agrees."""
         self.stop_level = NONE
         """The stop signals' request (preempt.NONE ... PREEMPT), the largest over the ranks at the last ``agree``."""
+        self.stop_taken: list[int] = []
+        """This rank's signals that stop_level was agreed on: StopRequests.act consumes those alone."""
         self.deferring_stops = False
         self.wall_due = False
         """checkpoint.every_seconds came due (on any rank's wall clock) at the last ``agree``."""
@@ -129,7 +131,10 @@ class LoopExtras:
         the same collective (World.agree_with_flags), so a signal that reached any rank, or a checkpoint due by the
         wall clock, is acted on by every rank at this step boundary. One process: its own values."""
         wall = time.monotonic() >= self.next_ckpt_wall
-        seconds, (level, wall_due) = self.world.agree_with_flags(seconds, [float(self.stop.level()), float(wall)])
+        self.stop_taken = list(self.stop.pending)  # what this rank's level is made of (later signals wait)
+        seconds, (level, wall_due) = self.world.agree_with_flags(
+            seconds, [float(self.stop.level(self.stop_taken)), float(wall)]
+        )
         self.stop_level, self.wall_due = int(level), bool(wall_due)
         return seconds
 
@@ -147,13 +152,14 @@ class LoopExtras:
             done = self.last_ckpt[1] if self.last_ckpt[0] == state.steps else None
             save = lambda: self.save(state) if self.plan.checkpoint.on_signal else None  # noqa: E731
             # raises unless it carries on
-            self.stop.act(state.steps, done, save, level=level, handed_over=self.world.barrier)
+            self.stop.act(state.steps, done, save, level=level, handed_over=self.world.barrier, taken=self.stop_taken)
             if self.deferring_stops:
                 self.world.stops_handled()
 
     def finish(self, state: Any) -> None:
         # a signal that came during the last step, after its boundary was checked (on any rank: agreed)
-        self.stop_level = int(self.world.max(float(self.stop.level())) or NONE)
+        self.stop_taken = list(self.stop.pending)
+        self.stop_level = int(self.world.max(float(self.stop.level(self.stop_taken))) or NONE)
         if self.stop_level != NONE:
             self.run(state)
         if self.evaluator is not None and self.last_eval_step != state.steps:

@@ -78,15 +78,17 @@ class StopRequests:
             for sig in installed:
                 signal.signal(sig, self._previous[sig])
 
-    def level(self) -> int:
-        """What the pending signals ask for: NONE, CARRY_ON (SIGTERM under submitit: checkpoint and go on), STOP, or
-        PREEMPT (SIGUSR2 under submitit). On several ranks the largest over the ranks is what every rank does."""
-        if not self.pending:
+    def level(self, signals: list[int] | None = None) -> int:
+        """What the pending signals (or ``signals``) ask for: NONE, CARRY_ON (SIGTERM under submitit: checkpoint
+        and go on), STOP, or PREEMPT (SIGUSR2 under submitit). On several ranks the largest over the ranks is what
+        every rank does."""
+        pending = self.pending if signals is None else signals
+        if not pending:
             return NONE
         usr2 = getattr(signal, "SIGUSR2", None)
-        if usr2 in self.pending:
+        if usr2 in pending:
             return PREEMPT
-        if under_submitit() and self.pending == [signal.SIGTERM]:
+        if under_submitit() and pending == [signal.SIGTERM]:
             return CARRY_ON  # submitit's convention: SIGTERM is not the end, USR2 will say if it is
         return STOP
 
@@ -97,6 +99,7 @@ class StopRequests:
         save: Callable[[], str | None],
         level: int | None = None,
         handed_over: Callable[[], None] = lambda: None,
+        taken: list[int] | None = None,
     ) -> None:
         """At a step boundary with signals pending (here, or on another rank: ``level``, agreed over the ranks;
         default: this process's): checkpoint (``save``, unless ``checkpointed`` already names this step's file),
@@ -104,9 +107,14 @@ class StopRequests:
         step with the same level, so ``save`` (a collective) runs on all of them and all of them stop.
         ``handed_over`` (a barrier, on several ranks) runs on every rank once submitit's handler has run where it
         did: submitit requeues from global rank 0 alone and leaves the other tasks running, so they must not exit
-        (SLURM may end the job step with them) before rank 0 has requeued."""
+        (SLURM may end the job step with them) before rank 0 has requeued. ``taken``: the signals ``level`` was
+        agreed on (default: all pending now); only those are consumed, so one that came after the agreement (during
+        this boundary's evaluation or checkpoint) stays pending for the next boundary."""
         level = self.level() if level is None else level
-        pending, self.pending = self.pending, []
+        pending = list(self.pending) if taken is None else list(taken)
+        for signum in pending:
+            if signum in self.pending:
+                self.pending.remove(signum)
         if level == NONE:
             return
         path = checkpointed or save()
@@ -117,8 +125,8 @@ class StopRequests:
             raise outcome
         if level == CARRY_ON:
             return
-        signum = f"signal {pending[0]}" if pending else "a stop signal on another rank"
-        raise KeyboardInterrupt(f"{signum} at step {steps}: {where}")
+        which = f"signal {pending[0]}" if pending else "a stop signal on another rank"
+        raise KeyboardInterrupt(f"{which} at step {steps}: {where}")
 
     def _hand_over(self, pending: list[int], steps: int, where: str) -> BaseException:
         """Run submitit's own handler (deferring() took SIGUSR2 over only from there), whichever rank got the
