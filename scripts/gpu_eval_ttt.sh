@@ -22,8 +22,9 @@ t0=$SECONDS
 "$py" -m run experiment=pgolf_record ttt=record "ttt.phased.phases=${PHASES:-3}" "ttt.max_seconds=${TTT_SECONDS:-120}" \
   "budget.train_seconds=${TRAIN_SECONDS:-60}" logger.log_every_seconds=30 "results_db=$work/results.sqlite" \
   "hydra.run.dir=$run" data.cache_dir=/tmp/speedrun-cache "$@" >"$run.log" 2>&1
+rc=$?
 grep -E "warm-up done|eval \(|ttt|status:|error:" "$run.log" | tail -n 20
-"$py" - "$run" <<'PY'
+[ -f "$run/result.json" ] && "$py" - "$run" <<'PY'
 import json, sys
 from pathlib import Path
 
@@ -34,8 +35,9 @@ for key in ("status", "error", "gpu_name", "steps", "tokens_per_s", "val_bpb", "
             "ttt_tokens_per_s", "ttt_phases_done", "ttt_phased_steps", "ttt_phased_seconds"):
     print(f"{key}: {result.get(key)}")
 PY
-echo "exit in $((SECONDS - t0)) s"
-if [ -n "${OUT:-}" ] && [ -d "$run" ]; then
-  cp "$run/result.json" "$OUT/$(basename "$run")_result.json"
+echo "exit $rc in $((SECONDS - t0)) s"
+if [ -n "${OUT:-}" ]; then
+  [ -f "$run/result.json" ] && cp "$run/result.json" "$OUT/$(basename "$run")_result.json"
   cp "$run.log" "$OUT/$(basename "$run").log"
 fi
+exit "$rc"

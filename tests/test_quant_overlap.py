@@ -42,6 +42,17 @@ def _finish(compose, tmp_path, forward=None, on_phase=None, *overrides):
     return finalize.Finish(plan, model, fwd, _data(), tmp_path, lambda line: None, on_phase), model
 
 
+def _wait(condition, timeout: float = 30.0) -> bool:
+    import time
+
+    end = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def _artifact(finish, tmp_path):
     q = finish.plan.quant
     return tmp_path / f"model.{q.name}.{q.compressor}"
@@ -60,18 +71,31 @@ def test_compression_runs_while_the_round_trip_is_scored(compose, tmp_path, monk
         return real(*args, **kwargs)
 
     monkeypatch.setattr(finalize, "compress_quantized", compress)
-    finish, model = _finish(compose, tmp_path, None, None, "quant=int6", "quant.calib_batches=2", "quant.block_size=8")
+    reports: list[tuple] = []
+    int6 = ["quant=int6", "quant.calib_batches=2", "quant.block_size=8", "eval.batch_size=1"]
+    finish, model = _finish(compose, tmp_path, None, lambda name, keys=None: reports.append((name, keys)), *int6)
     finish.evaluate()  # the float score first, as the phases run
+    batches = [0]
 
     def forward(x, y):
-        if not scored.is_set():
+        batches[0] += 1
+        if batches[0] == 1:
             seen["compression_during_score"] = compressing.wait(timeout=30)
             scored.set()
+        elif batches[0] == 2:  # let the compression end here: the tick after this batch hands its keys over
+            seen["compressed_during_score"] = _wait(lambda: finish._artifact.done())
+        elif batches[0] == 3:
+            seen["reported_during_score"] = any(k and "artifact_bytes" in k for name, k in reports if name == "quant")
         return model(x, y, reduction="none")
 
     finish.eval_forward = forward
     finish.quantize()
-    assert seen == {"compression_during_score": True, "score_during_compression": True}
+    assert batches[0] >= 3
+    assert seen == dict.fromkeys(
+        ["compression_during_score", "score_during_compression", "compressed_during_score", "reported_during_score"],
+        True,
+    )
+    assert finish.out["compress_wait_seconds"] == 0.0  # collected before the score ended
     out = finish.out
     assert out["artifact_model_bytes"] == _artifact(finish, tmp_path).stat().st_size
     assert out["compress_wait_seconds"] >= 0 and out["quant_seconds"] >= out["compress_seconds"]
@@ -93,6 +117,7 @@ def test_an_artifact_that_does_not_read_back_as_scored_fails_the_phase(compose, 
     finish, _ = _finish(compose, tmp_path)
     with pytest.raises(RuntimeError, match="differs from the codes scored"):
         finish.quantize()
+    assert not _artifact(finish, tmp_path).exists()  # the file that failed its check never takes the name
 
 
 def test_check_round_trip_names_a_missing_tensor(tmp_path):

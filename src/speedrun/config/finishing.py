@@ -181,8 +181,8 @@ class TTTConfig:
     compile: bool = False
     """torch.compile the adapted model's forward (and the unadapted one's, for val_bpb_ttt_base) with dynamic
     shapes, as the records do, warmed up on random tokens before TTT's clock starts (ttt_compile_seconds; graphs
-    built after the warm-up: ttt_recompiles). The global phases run eagerly. Off by default: not yet measured on a
-    GPU here."""
+    built after the warm-up: ttt_recompiles; a last batch of a single document specializes one more graph). The
+    global phases run eagerly. Off by default: not yet measured on a GPU here."""
     phased: PhasedTTTConfig = field(default_factory=PhasedTTTConfig)
     """Phased global TTT (ttt.phased.phases, .prefix_docs, .lr, ...): the model's own weights fine-tuned with SGD
     on documents already scored; off by default (phases 0)."""

@@ -106,6 +106,19 @@ def evaluate_and_export(
     return finish.out
 
 
+class _ScoreProgress(Progress):
+    """A score's progress line that also runs ``between`` at every tick (after each batch, on the scoring
+    thread): how the artifact's keys, compressed beside the round-trip score, reach the record mid-score."""
+
+    def __init__(self, label: str, log: Callable[[str], None], between: Callable[[], Any]):
+        super().__init__(label, log)
+        self.between = between
+
+    def tick(self, done: float, total: float | None = None) -> bool:
+        self.between()
+        return super().tick(done, total)
+
+
 class Finish:
     """The phases after training, each a method: evaluate, quantize (export + round-trip score), test-time train.
     ``out`` collects their keys; each phase reports its own as it ends."""
@@ -131,6 +144,9 @@ class Finish:
         self.out: dict[str, Any] = {"eval_mode": plan.eval.label}
         self.t0 = time.perf_counter()
         self.graphs0 = graphs_compiled()
+        self._artifact: Future | None = None
+        """The artifact's compression (rank 0, Finish.quantize), running beside the round-trip score."""
+        self._artifact_keys: dict[str, Any] | None = None
 
     def score(self, label: str, suffix: str = "") -> tuple[EvalResult, dict[str, Any]]:
         """The model as it is now, over the eval slice with the eval group's windows (split over the ranks), within
@@ -149,7 +165,7 @@ class Finish:
                 device=plan.device,
                 autocast_dtype=self.amp_dtype,
                 shard=self.world,
-                progress=Progress(label, self.log),
+                progress=_ScoreProgress(label, self.log, lambda: self._collect_artifact(block=False)),
                 max_seconds=plan.eval.max_seconds,
             )
         seconds = time.perf_counter() - t0
@@ -220,22 +236,23 @@ class Finish:
         # every rank scores rank 0's codes (the export ran on rank 0 alone, with the one-rank calibration stream)
         packed = world.from_rank0(codes) if world else codes()
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compress") if quantized else None
-        future = pool.submit(self._write_artifact, quantized, packed) if pool and quantized else None
+        self._artifact = pool.submit(self._write_artifact, quantized, packed) if pool and quantized else None
+        self._artifact_keys = None
         restored = dequantize_state_dict(packed)
         self.model.load_state_dict({k: restored[k].to(v.dtype) for k, v in self.model.state_dict().items()})
         try:
             qres, keys = self.score("eval (quantized)", "_quant")
         except BaseException:
-            if future is not None:  # the artifact is a result even if its scoring never ends: keep it
-                self._keep_artifact_after_failure(future)
+            self._keep_artifact_after_failure()  # the artifact is a result even if its scoring never ends
             raise
         finally:
             if pool is not None:
-                pool.shutdown(wait=True)
+                pool.shutdown(wait=False)  # its one job is collected below (or was, above)
         t_scored = time.perf_counter()
-        artifact_keys = future.result() if future is not None else {}
-        if future is not None:
-            artifact_keys["compress_wait_seconds"] = round(time.perf_counter() - t_scored, 3)
+        waited = self._artifact is not None and self._artifact_keys is None
+        artifact_keys = self._collect_artifact(block=True) or {}
+        if self._artifact is not None:
+            artifact_keys["compress_wait_seconds"] = round(time.perf_counter() - t_scored, 3) if waited else 0.0
         if world is not None:
             artifact_keys = world.from_rank0(lambda: artifact_keys)
         self.done(
@@ -266,8 +283,9 @@ class Finish:
         path = self.run_dir / f"model.{q.name}.{q.compressor}"
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(artifact.blob)
+        # checked before it takes the artifact's name: a file that does not hold the scored codes is never one
+        check_round_trip(load_packed(tmp.read_bytes(), str(q.compressor)), packed, tmp)
         os.replace(tmp, path)
-        check_round_trip(load_packed(path.read_bytes(), str(q.compressor)), packed, path)
         # the code's bytes by artifact.code_rule (wrapped: train_gpt.py written beside the model); artifact_code.json
         sizes = write_manifest(self.run_dir, len(artifact.blob), q.cap_bytes, self.plan.artifact, self.code)
         write_json(self.run_dir / REPORT, {"artifact_model_bytes": len(artifact.blob), **artifact.extra["report"]})
@@ -279,12 +297,25 @@ class Finish:
             "quant_seconds": round(self.quantized_seconds + artifact.compress_seconds, 3),
         }
 
-    def _keep_artifact_after_failure(self, future: Future) -> None:
-        """The round-trip score failed or was stopped: wait for the artifact and report its size (best effort:
-        the score's own error is the one that propagates)."""
+    def _collect_artifact(self, block: bool) -> dict[str, Any] | None:
+        """The artifact's keys once its thread is done (``block``: wait for it), reported as soon as they are
+        collected, on this (the scoring) thread: the score ticks this between batches, so a run killed later in
+        the score still has the artifact's size in its record. None while not done, or on ranks > 0."""
+        future = self._artifact
+        if future is None or self._artifact_keys is not None:
+            return self._artifact_keys
+        if not block and not future.done():
+            return None
+        self._artifact_keys = future.result()
+        self.report("quant", self._artifact_keys)
+        return self._artifact_keys
+
+    def _keep_artifact_after_failure(self) -> None:
+        """The round-trip score failed or was stopped: wait for the artifact and report its size. Best effort: the
+        score's own error is the one that propagates, even if this wait is interrupted again (a second Ctrl-C)."""
         try:
-            self.report("quant", future.result())
-        except Exception as e:  # noqa: BLE001 - secondary to the error already on its way
+            self._collect_artifact(block=True)
+        except BaseException as e:  # noqa: BLE001 - secondary to the error already on its way
             self.log(f"quant: the artifact could not be kept after the failed score: {type(e).__name__}: {e}")
 
     def _reserve_keys(self, artifact: Artifact) -> dict[str, Any]:
@@ -339,9 +370,11 @@ def quantize_model(
     """Quantize the model (rank 0); int6 records quant_hessian_seconds in ``extra``. quant.keep_weights: the float
     weights to <run dir>/model.pt first."""
     q = plan.quant
-    state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+    state = model.state_dict()  # quantized where the weights are (GPTQ, clip searches on the GPU), as before
+    # the report's float weights: a CPU copy, since the model's own tensors take the dequantized ones next
+    float_state = {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
     if q.keep_weights:
-        torch.save(state, run_dir / FLOAT_WEIGHTS)
+        torch.save(float_state, run_dir / FLOAT_WEIGHTS)
     extra: dict[str, Any] = {}
     hessians: dict[str, torch.Tensor] = {}
     rules: dict[str, dict[str, Any]] = {}
@@ -369,7 +402,8 @@ def quantize_model(
             f"{levers}"
         )
     packed = {name: {f: t.detach().cpu() for f, t in entry.items()} for name, entry in packed.items()}
-    return Quantized(packed, state, rules, hessians, extra)
+    hessians = {name: h.detach().cpu() for name, h in hessians.items()}  # the report thread touches no GPU
+    return Quantized(packed, float_state, rules, hessians, extra)
 
 
 def compress_quantized(

@@ -255,8 +255,11 @@ def ttt_evaluate(
         sums.tokens, docs_done = (int(v) for v in counts.tolist())
         stopped = bool(shard.max(1.0 if stopped else 0.0))
     seconds = time.perf_counter() - t0
-    if shard is not None:
+    compile_seconds = forward.warm_up_seconds if isinstance(forward, _Compiled) else 0.0
+    recompiles = graphs_compiled() - graphs0
+    if shard is not None:  # the slowest rank's, as every count of time here
         seconds, glob.seconds = float(shard.max(seconds) or 0.0), float(shard.max(glob.seconds) or 0.0)
+        compile_seconds, recompiles = float(shard.max(compile_seconds) or 0.0), int(shard.max(recompiles) or 0)
     nats, n_bytes, n_tokens = sums.totals()
     base_nats = float(sums.base_nats.item()) if s.score_base else None
     total = val_tokens.numel() - 1
@@ -281,8 +284,8 @@ def ttt_evaluate(
         global_steps=glob.steps,
         global_tokens=glob.tokens,
         global_seconds=glob.seconds,
-        compile_seconds=forward.warm_up_seconds if isinstance(forward, _Compiled) else 0.0,
-        recompiles=graphs_compiled() - graphs0,
+        compile_seconds=compile_seconds,
+        recompiles=recompiles,
     )
 
 
