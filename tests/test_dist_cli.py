@@ -136,7 +136,7 @@ def test_ctrl_c_leaves_an_interrupted_row(tmp_path, data_cache):
         assert any("tok/s" in line for line in seen), "".join(seen)[-3000:]
         sent = time.time()
         proc.send_signal(signal.SIGINT)  # to the launching process only: it stops the ranks
-        proc.communicate(timeout=90)
+        rest, _ = proc.communicate(timeout=90)
         assert time.time() - sent < 60
     finally:
         if proc.poll() is None:
@@ -149,6 +149,9 @@ def test_ctrl_c_leaves_an_interrupted_row(tmp_path, data_cache):
     # the ranks stopped together at a step boundary, after one checkpoint of that step (rank 0's file)
     (checkpoint,) = (run_dir / "checkpoints").glob("step_*.pt")
     assert checkpoint.name == f"step_{row['steps']:08d}.pt" and checkpoint.name in row["error"]
+    # the launching process's last line points to rank 0's row and how to continue it
+    last = [line for line in rest.splitlines() if "interrupted:" in line][-1]
+    assert "(interrupted); continue it with `python -m run resume=" in last and "no row" not in last, last
 
 
 def test_a_bad_dist_request_is_refused_before_any_rank_starts(tmp_path):

@@ -136,6 +136,7 @@ class JobRecord:
 
         assert self.run_id is not None
         if self.delegated and adopt_rank0_record(db, self.run_id, self.ctx.run_dir, self.result):
+            self.record_id = self.run_id  # rank 0's row: what the launching process's last line points to
             log.info("result:\n%s", format_result_block(self.result))  # rank 0 recorded the run
             return
         if self.state is not None and self.result.get("steps") is None:
