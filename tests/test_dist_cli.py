@@ -178,25 +178,6 @@ def test_the_slurm_path_runs_two_tasks_as_one_run(tmp_path, data_cache):
     assert [p.name for p in run_dirs(tmp_path)] == ["0"]  # the sweep's job dir, shared by both tasks
 
 
-def test_the_slurm_path_requeues_two_tasks_and_continues_the_row(tmp_path, data_cache):
-    """A forced requeue, end to end: submitit's local executor sends its timeout signal (SIGUSR2) to both tasks 30 s
-    before hydra.launcher.timeout_min=1 runs out, mid-training (30 s of training budget, with the start-up before
-    it). Both ranks stop at the same step with one checkpoint; global rank 0's submitit handler requeues; the task
-    ends with the local executor's requeue status, so the executor starts the job again, which finds the
-    checkpoint in its run dir and trains the rest. One row, ok, resumed_from_step its checkpoint's step."""
-    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
-    timed = ["hydra.launcher.timeout_min=1", "budget.max_steps=1000000", "budget.train_seconds=30"]
-    args = ["-m", "hydra/launcher=slurm_local", "dist.nproc=2", *SMOKE, *timed, f"data.cache_dir={data_cache}"]
-    proc = run_cli(args, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (row,) = rows(tmp_path)
-    assert row["status"] == "ok" and row["world_size"] == 2 and row["resumed_from_step"] > 0, row
-    (run_dir,) = run_dirs(tmp_path)
-    log = (run_dir / "run.log").read_text()
-    stopped = f"checkpoints/step_{row['resumed_from_step']:08d}.pt; job requeued"
-    assert stopped in log and f"resumed from {run_dir}" in log and log.count("Caught signal SIGUSR2") == 1
-
-
 def test_periodic_validation_and_a_target_on_two_ranks(tmp_path, data_cache):
     """`python -m run dist.nproc=2 eval.every_steps=2` with a target every evaluation reaches: both ranks evaluate
     at step 2 (sharded, all-reduced), agree the target is reached and stop there together; rank 0 alone writes the
