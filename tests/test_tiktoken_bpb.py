@@ -201,6 +201,16 @@ def test_mng_124m_on_gpt2_data_pads_the_vocab_to_50304(compose):
     # modded-nanogpt's train_gpt.py at f411b3d: GPT(num_layers=11, num_heads=6, head_dim=128, model_dim=768)
     assert (plan.model.n_layer, plan.model.d_model, plan.model.n_head, plan.model.n_kv_head) == (11, 768, 6, 6)
     assert plan.model.seq_len == 2048 and plan.model.tie_embeddings
+    # its half-truncated RoPE: frequencies 1024^(-i/31), i = 0..31, on 64 of the 128 channels of a head
+    from speedrun.model.layers import rope_tables
+
+    assert (plan.model.rope_dims, plan.model.rope_base) == (64, 1280.58)
+    cos, sin = rope_tables(2, 128, plan.model.rope_base, plan.model.rope_dims)
+    angle = torch.atan2(sin[1].double(), cos[1].double())  # position 1: the frequencies themselves (all below pi)
+    torch.testing.assert_close(angle, 1024.0 ** (-torch.arange(32, dtype=torch.float64) / 31), rtol=1e-4, atol=1e-6)
+    # debug=smoke's heads of 32 channels keep the half: 16
+    smoke = resolve(to_config(compose(["experiment=mng_124m", "debug=smoke"])), fake_device("cpu"))
+    assert smoke.model.rope_dims == smoke.model.d_model // smoke.model.n_head // 2 == 16
     # A 1024 vocabulary is already a multiple of 128: the embedded corpus keeps it.
     assert resolve(to_config(compose(["experiment=mng_124m"])), fake_device("h100")).model.vocab_size == 1024
 

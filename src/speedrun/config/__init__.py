@@ -143,6 +143,13 @@ def register_configs() -> None:
     for group, schema in GROUPS.items():
         cs.store(name=f"{group}_schema", node=schema)
     OmegaConf.register_new_resolver("speedrun_smoke_layers", smoke_layers, replace=True)
+    OmegaConf.register_new_resolver("speedrun_half_head_dim", half_head_dim, replace=True)
+
+
+def half_head_dim(d_model: int, n_head: int) -> int:
+    """Half of a head's channels (d_model / n_head / 2): a recipe that rotates half of each head with RoPE, as
+    modded-nanogpt does (experiment=mng_124m's model.rope_dims), keeps doing so when debug=smoke shrinks the heads."""
+    return int(d_model) // int(n_head) // 2
 
 
 def smoke_layers(loop_num: int, loop_start: int, loop_end: int, parallel_start: int | None) -> int:
