@@ -8,10 +8,15 @@
 # recipe's shape and speed. Two steps, each within one device call, the machine kept warm in between:
 #   . scripts/device_env.sh && STEP=probe bash scripts/gpu_check_mng.sh            # one seed, its val curve
 #   . scripts/device_env.sh && STEP=seeds TARGET=4.2 bash scripts/gpu_check_mng.sh # 3 seeds to TARGET, the report
+# or both in one call, the target read off the probe's curve: the lowest val loss it reached within TARGET_SECONDS
+# (default 100) of training, plus MARGIN (default 0.02) so that a seed a little slower than the probe still
+# reaches it; with GPUS="1 2 3" the seeds run side by side, one per GPU (each its own process and GPU):
+#   . scripts/device_env.sh && STEP=auto GPUS="1 2 3" bash scripts/gpu_check_mng.sh
+# Every run stops at PROBE_STEPS (default 400) steps: the probe and the seeds share that budget and so the same
+# LR schedule (warm-down over its last 60%), and a seed that misses the target ends there with reached: false.
 # Needs on the device: tiktoken (in .whl: ../shared/device/wheels.sh .whl tiktoken) and GPT-2's vocabulary file
 # at .tiktoken/r50k_base.tiktoken (sha256 306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930; add
-# /.tiktoken/ to .git/info/exclude and carry it with .whl). PROBE_STEPS (default 400) bounds the probe; SEEDS (0 1
-# 2); EXTRA: more overrides for every run.
+# /.tiktoken/ to .git/info/exclude and carry it with .whl). SEEDS (0 1 2); EXTRA: more overrides for every run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}
@@ -32,22 +37,76 @@ args=(
 )
 t0=$SECONDS
 rc=0
-case "${STEP:?STEP is probe or seeds}" in
-probe)
-  "$py" -m run "${args[@]}" seed=0 "budget.max_steps=${PROBE_STEPS:-400}" budget.target_val_loss=null \
+steps=${PROBE_STEPS:-400}
+
+probe() {
+  rm -rf "$work/probe"
+  "$py" -m run "${args[@]}" seed=0 "budget.max_steps=$steps" budget.target_val_loss=null \
     "hydra.run.dir=$work/probe" >"$work/probe.log" 2>&1
   rc=$?
   grep -E "warm-up done|val_loss|status:|tokens_per_s|error" "$work/probe.log" | tail -n 25
-  ;;
-seeds)
+}
+
+# the lowest val loss of the probe's periodic evaluations within TARGET_SECONDS of training, plus MARGIN
+pick_target() {
+  "$py" - "$work/probe/metrics.jsonl" "${TARGET_SECONDS:-100}" "${MARGIN:-0.02}" <<'PY'
+import json, sys
+
+path, seconds, margin = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+vals = [r for r in map(json.loads, open(path)) if r.get("kind") == "val"]
+early = [r for r in vals if r["elapsed_s"] <= seconds] or vals[:1]
+if not early:
+    sys.exit(f"pick_target: no periodic evaluation in {path}")
+best = min(early, key=lambda r: r["val_loss"])
+print(f"{best['val_loss'] + margin:.4f}")
+print(f"pick_target: lowest val loss within {seconds:g} s: {best['val_loss']} at step {best['step']} "
+      f"({best['elapsed_s']} s); target = that + {margin:g}", file=sys.stderr)
+PY
+}
+
+seed_run() {  # seed_run SEED [GPU]
+  local seed=$1 gpu=${2:-}
+  rm -rf "$work/seed$seed"
+  ${gpu:+env CUDA_VISIBLE_DEVICES=$gpu} "$py" -m run "${args[@]}" "seed=$seed" "budget.max_steps=$steps" \
+    "budget.target_val_loss=$TARGET" "hydra.run.dir=$work/seed$seed" >"$work/seed$seed.log" 2>&1
+}
+
+seeds() {
+  local gpus=(${GPUS:-}) i=0 pids=() seed
   for seed in ${SEEDS:-0 1 2}; do
-    "$py" -m run "${args[@]}" "seed=$seed" "budget.target_val_loss=${TARGET:?TARGET=<val loss> from the probe}" \
-      "hydra.run.dir=$work/seed$seed" >"$work/seed$seed.log" 2>&1 || rc=$?
+    if [ ${#gpus[@]} -gt 0 ]; then
+      seed_run "$seed" "${gpus[$((i % ${#gpus[@]}))]}" &
+      pids+=($!)
+      i=$((i + 1))
+    else
+      seed_run "$seed" || rc=$?
+    fi
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done
+  for seed in ${SEEDS:-0 1 2}; do
+    echo "seed $seed:"
     grep -E "target|status:|time_to_target|tokens_per_s" "$work/seed$seed.log" | tail -n 6
   done
   "$py" -m speedrun.report --db "$work/results.sqlite" --name mng_124m --target "val_loss=$TARGET" --no-plots \
     --out "$work/report" || rc=$?
+}
+
+case "${STEP:?STEP is probe, seeds or auto}" in
+probe) probe ;;
+seeds)
+  : "${TARGET:?TARGET=<val loss> from the probe}"
+  seeds
   ;;
+auto)
+  probe
+  if [ "$rc" -eq 0 ] && TARGET=$(pick_target); then
+    echo "target val loss: $TARGET"
+    seeds
+  else
+    rc=1
+  fi
+  ;;
+*) echo "gpu_check_mng.sh: STEP=$STEP is not probe, seeds or auto" >&2; exit 2 ;;
 esac
 echo "exit $rc in $((SECONDS - t0)) s"
 if [ -n "${OUT:-}" ]; then

@@ -11,7 +11,7 @@ in the run dir) when there is one, as a run's TTT phase does, else the float wei
 quant.keep_weights=true, or the newest checkpoint's). Without ``--setting`` the ladder is LADDER: the records' TTT,
 then its global phases 1 and 0, then each LoRA option of issue 25 switched back to its default, then compiled.
 Each setting runs the TTT phase exactly as a run does (speedrun.finishing.finalize.Finish.test_time_train); the
-table is also written to ``<run dir>/ttt_table/table.md``, and each row's keys to ``ttt_table/rows.json``.
+table is also written to ``<run dir>/ttt_table/table.md`` (or ``--out``), and each row's keys to ``rows.json`` beside it.
 """
 
 from __future__ import annotations
@@ -78,6 +78,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("overrides", nargs="*", help="dotted keys for every setting, e.g. ttt.max_seconds=600")
     parser.add_argument("--setting", action="append", default=[], help="LABEL=OVERRIDES (repeatable)")
+    parser.add_argument(
+        "--rows", help="only these rows of the ladder, by index from 0 (e.g. 0,2,4), to split it over GPUs"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="where table.md, rows.json and each setting's files go (default <run dir>/ttt_table); "
+        "two tables of one run, e.g. halves of the ladder on two GPUs, need two",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     log = logging.getLogger("ttt_table").info
@@ -91,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
 
     run_dir = args.run_dir.resolve()
     settings = [parse_setting(s) for s in args.setting] or LADDER
+    if args.rows:
+        settings = [settings[int(i)] for i in args.rows.split(",")]
     device = hardware.detect()
     base = [*record_ttt(), *args.overrides]
     plans = [resolve(load_config(run_dir, [*base, *extra]), device, cwd=Path.cwd()) for _, extra in settings]
@@ -102,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     result = json.loads((run_dir / "result.json").read_text()) if (run_dir / "result.json").is_file() else {}
     if first.model.loop.on and (result.get("stages") or [{}])[-1].get("loop"):
         model.set_loop(True)  # the run ended with its loop on: adapt the model as it was exported
-    out = run_dir / "ttt_table"
-    out.mkdir(exist_ok=True)
+    out = args.out or run_dir / "ttt_table"
+    out.mkdir(parents=True, exist_ok=True)
     rows = []
     for i, ((label, _), plan) in enumerate(zip(settings, plans)):
         model.load_state_dict(state)
