@@ -10,7 +10,7 @@
 #   . scripts/device_env.sh && STEP=seeds TARGET=4.2 bash scripts/gpu_check_mng.sh # 3 seeds to TARGET, the report
 # or both in one call, the target read off the probe's curve: the lowest val loss it reached within TARGET_SECONDS
 # (default 100) of training, plus MARGIN (default 0.02) so that a seed a little slower than the probe still
-# reaches it; with GPUS="1 2 3" the seeds run side by side, one per GPU (each its own process and GPU):
+# reaches it; with GPUS="1 2 3" the seeds run side by side, one queue per GPU (never two runs on one GPU):
 #   . scripts/device_env.sh && STEP=auto GPUS="1 2 3" bash scripts/gpu_check_mng.sh
 # Every run stops at PROBE_STEPS (default 400) steps: the probe and the seeds share that budget and so the same
 # LR schedule (warm-down over its last 60%), and a seed that misses the target ends there with reached: false.
@@ -71,18 +71,21 @@ seed_run() {  # seed_run SEED [GPU]
     "budget.target_val_loss=$TARGET" "hydra.run.dir=$work/seed$seed" >"$work/seed$seed.log" 2>&1
 }
 
-seeds() {
-  local gpus=(${GPUS:-}) i=0 pids=() seed
-  for seed in ${SEEDS:-0 1 2}; do
-    if [ ${#gpus[@]} -gt 0 ]; then
-      seed_run "$seed" "${gpus[$((i % ${#gpus[@]}))]}" &
+seeds() {  # with GPUS, one queue per GPU (seeds dealt round-robin), so no two runs ever share a GPU
+  local gpus=(${GPUS:-}) list=(${SEEDS:-0 1 2}) g i pids=()
+  if [ ${#gpus[@]} -eq 0 ]; then
+    for i in "${list[@]}"; do seed_run "$i" || rc=$?; done
+  else
+    for g in "${!gpus[@]}"; do
+      (
+        q=0
+        for ((i = g; i < ${#list[@]}; i += ${#gpus[@]})); do seed_run "${list[$i]}" "${gpus[$g]}" || q=$?; done
+        exit $q
+      ) &
       pids+=($!)
-      i=$((i + 1))
-    else
-      seed_run "$seed" || rc=$?
-    fi
-  done
-  for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done
+    done
+    for i in "${pids[@]}"; do wait "$i" || rc=$?; done
+  fi
   for seed in ${SEEDS:-0 1 2}; do
     echo "seed $seed:"
     grep -E "target|status:|time_to_target|tokens_per_s" "$work/seed$seed.log" | tail -n 6

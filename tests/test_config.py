@@ -109,6 +109,20 @@ def test_every_experiment_composes_and_resolves_on_its_target(compose, experimen
     assert plan.tokens_per_step == cfg.budget.tokens_per_step
 
 
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_trains_without_its_export_or_ttt(compose, experiment):
+    """`experiment=X quant=off ttt=off` (training only, as the ablation and resume checks run) is accepted: an
+    experiment's export and TTT settings live in their groups (quant=record, ttt=record), which `=off` replaces whole,
+    instead of keys that quant=off would leave behind and the config would refuse."""
+    from conftest import fake_device
+    from speedrun.plan import resolve
+
+    cfg = to_config(compose([f"experiment={experiment}", "quant=off", "ttt=off"]))
+    target = "h100" if cfg.hardware.name in ("auto", "t4") else cfg.hardware.name
+    plan = resolve(cfg, fake_device(target))
+    assert (plan.quant.name, plan.ttt.name) == ("off", "off")
+
+
 def test_t4_colab_recipe(compose):
     from conftest import fake_device
     from speedrun.plan import resolve
