@@ -254,3 +254,33 @@ def test_sigterm_from_outside_writes_a_checkpoint_and_resume_finishes_the_row(tm
     assert (run_dir / ".hydra" / "resume" / "overrides.yaml").exists() and "resume" not in (
         run_dir / ".hydra" / "overrides.yaml"
     ).read_text()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_rng_state_restores_from_a_checkpoint_loaded_onto_the_gpu(tmp_path):
+    """A multi-GPU resume loads the checkpoint with map_location=<its GPU>, which moves every tensor there, the numpy
+    keys too; restoring must bring them back to the host (the first 2-GPU resume on an H200 failed here). After the
+    restore, torch, CUDA, numpy and Python draw what they drew right after the save."""
+    import random
+
+    import numpy as np
+
+    from speedrun.training.checkpoint import rng_state, set_rng_state
+
+    torch.manual_seed(3)
+    np.random.seed(3)  # noqa: NPY002 - the global legacy RNG is what checkpoints save
+    random.seed(3)
+    path = tmp_path / "rng.pt"
+    torch.save(rng_state(), path)
+
+    def draw() -> tuple:
+        return (torch.rand(3), torch.rand(3, device="cuda").cpu(), np.random.rand(3), random.random())  # noqa: NPY002
+
+    expected = draw()
+    state = torch.load(path, map_location="cuda", weights_only=True)
+    assert state["numpy"][1].device.type == "cuda"  # the case under test: the keys arrive on the GPU
+    set_rng_state(state)
+    got = draw()
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    assert np.array_equal(got[2], expected[2]) and got[3] == expected[3]

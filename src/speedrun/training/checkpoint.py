@@ -149,7 +149,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     name, keys, *rest = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype("uint32"), *rest))  # noqa: NPY002
+    # .cpu(): a checkpoint loaded with map_location=cuda (every rank of a multi-GPU resume) has its keys there
+    np.random.set_state((name, keys.cpu().numpy().astype("uint32"), *rest))  # noqa: NPY002
 
 
 def capture(
