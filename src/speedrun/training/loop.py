@@ -319,6 +319,8 @@ def train(
             on_metrics(record)
         return not state.diverged
 
+    if extras is not None:
+        extras.start()
     with extras.deferring() if extras is not None else contextlib.nullcontext():
         while True:
             if state.target_steps is not None:  # resumed from the checkpoint of a run that had reached its target

@@ -94,8 +94,8 @@ class LoopExtras:
         """On several ranks every decision here is the same on every rank: eval.every_steps counts the same steps,
         eval.every_seconds reads the loop's agreed clock (rank 0's), the evaluation is sharded and all-reduced."""
         self.stop = StopRequests()
-        ck = plan.checkpoint
-        self.next_ckpt_wall = time.monotonic() + ck.every_seconds if ck.every_seconds else float("inf")
+        self.next_ckpt_wall = float("inf")
+        """checkpoint.every_seconds's next wall-clock time; set by ``start`` when timed training begins."""
         self.next_eval_seconds = plan.eval.every_seconds or float("inf")
         self.last_eval_step: int | None = None
         self.last_ckpt: tuple[int, str | None] = (-1, None)
@@ -110,6 +110,12 @@ class LoopExtras:
         """checkpoint.every_seconds came due (on any rank's wall clock) at the last ``agree``."""
 
     # -- what the loop calls ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        """The timed loop begins: checkpoint.every_seconds counts from here, not from construction, so that the
+        warm-up's compile (two minutes on a GPU) does not make the first checkpoint come due at step 1."""
+        every = self.plan.checkpoint.every_seconds
+        self.next_ckpt_wall = time.monotonic() + every if every else float("inf")
+
     def deferring(self) -> Any:
         """Stop signals noted until the next step boundary (checkpoint.on_signal; off: the guard of a run of several
         ranks, or the default handler of one, stops at once)."""
