@@ -8,6 +8,9 @@ Inputs: .jsonl / .jsonl.xz / .jsonl.gz (one JSON object per line, document in "t
 DIR/fineweb_val_%06d.bin and DIR/dataset.json; train on it with
     python -m run data.path=DIR data.tokenizer=DIR/tokenizer.model data.vocab_size=<vocab>
 
+--max-doc-chars N cuts each document (after the split) into runs of whole paragraphs of at most N characters: a
+corpus of long documents made into FineWeb-like ones, e.g. for measuring test-time training, which works per document.
+
 With --tokenizer gpt2 (or a local *.tiktoken vocabulary) nothing is trained: the documents are tokenized with
 GPT-2's byte-level BPE (tiktoken; pip install 'speedrun[gpt2]'), each prefixed by <|endoftext|> (50256), as in
 modded-nanogpt's FineWeb shards; train on them with
@@ -25,7 +28,7 @@ try:
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from speedrun.data.corpus import iter_documents, split_train_val
+from speedrun.data.corpus import cut_at_paragraphs, iter_documents, split_train_val
 from speedrun.data.prepare import prepare_dataset, prepare_tiktoken_dataset, read_dataset_info
 from speedrun.data.tiktoken_bpe import is_tiktoken
 
@@ -60,6 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=20,
         help="every N-th document (starting with the first) goes to val (default 20)",
     )
+    parser.add_argument(
+        "--max-doc-chars",
+        type=int,
+        metavar="N",
+        help="cut each document, after the train/val split, into runs of whole paragraphs of at most N characters "
+        "(e.g. 2500 for FineWeb-like lengths; a longer paragraph stays whole): more, shorter documents",
+    )
     parser.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per shard (default 100M)")
     parser.add_argument("--seed", type=int, default=0, help="seed for the tokenizer's training-text sample")
     parser.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
@@ -75,7 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.input:
         docs.extend(iter_documents(path))
     train, val = split_train_val(docs, args.val_every)
-    inputs = {"inputs": [str(p) for p in args.input], "val_every": args.val_every}
+    inputs: dict = {"inputs": [str(p) for p in args.input], "val_every": args.val_every}
+    if args.max_doc_chars is not None:  # after the split, so that no document has pieces in both
+        if args.max_doc_chars < 1:
+            parser.error(f"--max-doc-chars {args.max_doc_chars}: must be >= 1 (e.g. 2500)")
+        train = [piece for doc in train for piece in cut_at_paragraphs(doc, args.max_doc_chars)]
+        val = [piece for doc in val for piece in cut_at_paragraphs(doc, args.max_doc_chars)]
+        inputs["max_doc_chars"] = args.max_doc_chars
     if is_tiktoken(args.tokenizer):
         paths = prepare_tiktoken_dataset(
             train, val, args.out, args.tokenizer, args.shard_tokens, overwrite=args.overwrite, info=inputs

@@ -15,7 +15,7 @@ import sentencepiece as spm
 import torch
 
 from speedrun.data import prepare as prepare_mod
-from speedrun.data.corpus import iter_documents, load_embedded_documents, split_train_val
+from speedrun.data.corpus import cut_at_paragraphs, iter_documents, load_embedded_documents, split_train_val
 from speedrun.data.loader import TokenStream, load_val_tokens
 from speedrun.data.prepare import (
     DataNotFoundError,
@@ -285,6 +285,36 @@ def test_split_train_val():
     assert split_train_val(["only"], 20) == ([], ["only"])
     with pytest.raises(ValueError):
         split_train_val(docs, 1)
+
+
+def test_cut_at_paragraphs_gives_the_document_back_in_whole_paragraphs():
+    doc = "a" * 5 + "\n\n" + "b" * 3 + "\n\n\n" + "c" * 20 + "\n\n" + "d" * 4 + "\n\n" + "e"
+    pieces = cut_at_paragraphs(doc, 13)
+    assert "".join(pieces) == doc
+    # whole paragraphs with their blank lines; the 22-character one is a piece alone; none mixes across it
+    assert pieces == ["aaaaa\n\nbbb\n\n\n", "c" * 20 + "\n\n", "dddd\n\ne"]
+    assert all(len(p) <= 13 for p in pieces if "c" not in p)
+    assert cut_at_paragraphs("one paragraph", 100) == ["one paragraph"]
+    assert cut_at_paragraphs("", 10) == []
+    with pytest.raises(ValueError, match="max_chars"):
+        cut_at_paragraphs(doc, 0)
+
+
+def test_prepare_data_cuts_documents_after_the_split(docs, tmp_path):
+    """--max-doc-chars: the val split is the same documents' text (split first, then cut), in more, shorter pieces."""
+    cli = _load_cli()
+    long_docs = ["\n\n".join(docs[i : i + 4]) for i in range(0, 12, 2)]
+    jsonl = tmp_path / "long.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": d}) + "\n" for d in long_docs), encoding="utf-8")
+    args = ["--input", str(jsonl), "--vocab-size", "400", "--val-every", "3"]
+    assert cli.main([*args, "--out", str(tmp_path / "whole")]) == 0
+    assert cli.main([*args, "--out", str(tmp_path / "cut"), "--max-doc-chars", "200"]) == 0
+    whole, cut = read_dataset_info(tmp_path / "whole"), read_dataset_info(tmp_path / "cut")
+    assert cut["val"]["bytes"] == whole["val"]["bytes"]  # the same val text
+    assert cut["val"]["documents"] > whole["val"]["documents"] == 2
+    assert cut["train"]["documents"] > whole["train"]["documents"] == 4
+    with pytest.raises(SystemExit):
+        cli.main([*args, "--out", str(tmp_path / "bad"), "--max-doc-chars", "0"])
 
 
 def _load_cli():
