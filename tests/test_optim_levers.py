@@ -507,6 +507,7 @@ def test_a_smoke_run_with_every_lever_evaluates_the_ema_and_records_it(compose, 
     assert any(not torch.equal(a, s) for a, s in zip(live["params"], emas[0].shadow))
     saved = json.loads((tmp_path / "run" / "result.json").read_text())
     assert saved["ema_decay"] == 0.5 and saved["ns_coefficients"] == "polar_express" and saved["min_lr"] == 0.1
+    assert saved["ema_init_share"] == 0.5**6  # the initial weights' part of the average after 6 steps
     plan = json.loads(Path(tmp_path / "run" / "plan.json").read_text())
     assert plan["ema"]["decay"] == 0.5 and plan["optim"]["muon_wd"] == 0.095
 
@@ -552,8 +553,12 @@ def test_train_updates_the_ema_after_each_timed_step_only(compose):
     stepper.ema.update = counted
     warm_up(stepper, make_batches, TrainState(), lambda _: None)
     assert not updates and all(torch.equal(a, b) for a, b in zip(stepper.ema.shadow, ref))
-    state = train(stepper, make_batches, state=TrainState(), log=lambda _: None, on_metrics=lambda _: None)
+    lines: list[str] = []
+    state = train(stepper, make_batches, state=TrainState(), log=lines.append, on_metrics=lambda _: None)
     assert state.steps == 3 and len(updates) == 3
+    # 0.8^3 = 51% of the average is still the initial weights: the run says so, with the fix
+    warning = [line for line in lines if line.startswith("warning: ema.decay 0.8 over 3 steps leaves 51%")]
+    assert warning and "ema.decay=null" in warning[0]
     for j, p in enumerate(model.parameters()):
         expected = 0.8**3 * initial[j] + sum(0.2 * 0.8 ** (3 - i) * updates[i - 1][j] for i in (1, 2, 3))
         torch.testing.assert_close(p.detach(), expected, atol=1e-6, rtol=1e-5)

@@ -75,6 +75,10 @@ class TrainState:
     """Wall seconds spent writing checkpoints (kept out of train_seconds)."""
 
 
+EMA_INIT_SHARE_WARN = 0.05
+"""Above this share of the initial weights in the EMA at the end of training, the run says so (a short run)."""
+
+
 def lr_multiplier(progress: float, schedule: ScheduleConfig) -> float:
     """Linear warm-up over the first warmup_frac of the budget, linear warm-down to 0 over the last warmdown_frac,
     held at schedule.min_lr once it gets there (the record's ``max((1 - frac) / warmdown_frac, min_lr)``)."""
@@ -407,4 +411,11 @@ def train(
         # validation and the checkpoints above had the live weights, and the checkpoints the EMA beside them)
         stepper.ema.copy_to()
         log(f"ema: the model now holds the weights' moving average (decay {stepper.ema.decay:g}) for evaluation")
+        share = stepper.ema.decay**state.steps  # the initial weights' part of the average (result: ema_init_share)
+        if share > EMA_INIT_SHARE_WARN:
+            log(
+                f"warning: ema.decay {stepper.ema.decay:g} over {state.steps} steps leaves {share:.0%} of the initial "
+                f"weights in the average that the final eval, export and TTT use; for a run this short set ema.decay "
+                f"to about {1 - 10 / max(state.steps, 20):.3f} (about a tenth of the run) or ema.decay=null"
+            )
     return state
