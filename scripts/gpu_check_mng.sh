@@ -77,6 +77,8 @@ seed_run() {  # seed_run SEED [GPU]
 
 seeds() {  # with GPUS, one queue per GPU (seeds dealt round-robin), so no two runs ever share a GPU
   local gpus=(${GPUS:-}) list=(${SEEDS:-0 1 2}) g i pids=()
+  # the report counts every row of the database with this target: an earlier call's seeds must not count twice
+  rm -f "$work/results.sqlite"
   if [ ${#gpus[@]} -eq 0 ]; then
     for i in "${list[@]}"; do seed_run "$i" || rc=$?; done
   else

@@ -7,8 +7,8 @@ val_bpb of the dequantized round trip, the quantization gap, compression seconds
 The run's own config (``.hydra/config.yaml``) is rebuilt on this machine with the overrides given after the run dir
 (dotted keys, e.g. ``eval.tokens=1000000``, applied to every setting), then each setting's dotted quant overrides on
 top. The float weights come from ``model.pt`` in the run dir (written with ``quant.keep_weights=true``, which
-experiment=pgolf_record sets), else from the newest checkpoint (mid-training weights, the EMA's where it kept
-one), said so on the console. Without ``--setting`` the ladder is LADDER: today's int6 export, then the record's
+quant=record, the export of experiment=pgolf_record, sets), else from the newest checkpoint (mid-training weights,
+the EMA's where it kept one), said so on the console. Without ``--setting`` the ladder is LADDER: today's int6 export, then the record's
 levers added one at a time. Each setting runs the export exactly as a run does (speedrun.finishing.finalize.Finish:
 Hessians from training batches, GPTQ, compression, the round trip scored on the eval tokens) into
 ``<run dir>/quant_table/<n>/``, whose ``artifact_tensors.json`` holds the per-tensor report; the table is also written

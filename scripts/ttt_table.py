@@ -100,8 +100,15 @@ def main(argv: list[str] | None = None) -> int:
 
     run_dir = args.run_dir.resolve()
     settings = [parse_setting(s) for s in args.setting] or LADDER
+    rows_kept = list(range(len(settings)))  # each setting's index in the whole list: its folder's name
     if args.rows:
-        settings = [settings[int(i)] for i in args.rows.split(",")]
+        try:
+            rows_kept = [int(i) for i in args.rows.split(",")]
+        except ValueError:
+            parser.error(f"--rows {args.rows}: give row indices separated by commas, e.g. 0,2,4")
+        if not all(0 <= i < len(settings) for i in rows_kept):
+            parser.error(f"--rows {args.rows}: rows are 0 to {len(settings) - 1} here")
+        settings = [settings[i] for i in rows_kept]
     device = hardware.detect()
     base = [*record_ttt(), *args.overrides]
     plans = [resolve(load_config(run_dir, [*base, *extra]), device, cwd=Path.cwd()) for _, extra in settings]
@@ -113,10 +120,11 @@ def main(argv: list[str] | None = None) -> int:
     result = json.loads((run_dir / "result.json").read_text()) if (run_dir / "result.json").is_file() else {}
     if first.model.loop.on and (result.get("stages") or [{}])[-1].get("loop"):
         model.set_loop(True)  # the run ended with its loop on: adapt the model as it was exported
-    out = args.out or run_dir / "ttt_table"
+    # a subset of rows writes apart by default, so two GPUs running two subsets never overwrite each other's table
+    out = args.out or run_dir / ("ttt_table" if not args.rows else f"ttt_table_rows{args.rows.replace(',', '_')}")
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for i, ((label, _), plan) in enumerate(zip(settings, plans)):
+    for i, (label, _), plan in zip(rows_kept, settings, plans):
         model.load_state_dict(state)
         model.eval()
         where = out / str(i)

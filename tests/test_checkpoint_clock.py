@@ -30,3 +30,61 @@ def test_the_first_checkpoint_comes_due_every_seconds_after_training_starts(monk
     now[0] += 2.0
     extras.agree(61.0)
     assert extras.wall_due
+
+
+def test_train_starts_the_checkpoint_clock_once_before_its_first_step(compose):
+    """The clock is started by train() itself (a LoopExtras left unstarted would never checkpoint by the wall clock):
+    once, before the first step is agreed on."""
+    import torch
+
+    from conftest import fake_device
+    from speedrun.config import to_config
+    from speedrun.model.attention import get_backend
+    from speedrun.plan import resolve
+    from speedrun.training.build import build_model
+    from speedrun.training.loop import Stepper, TrainState, train
+
+    plan = resolve(
+        to_config(compose(["debug=smoke", "budget.max_steps=2", "budget.tokens_per_step=512"])), fake_device("cpu")
+    )
+    torch.manual_seed(0)
+    model, forward, _, optimizers = build_model(plan, get_backend("sdpa", kernel="math"), bos_id=1)
+    calls: list[str] = []
+
+    class Extras:  # what train() asks of LoopExtras, recording the order of the calls
+        def start(self):
+            calls.append("start")
+
+        def deferring(self):
+            import contextlib
+
+            return contextlib.nullcontext()
+
+        def agree(self, seconds):
+            calls.append("agree")
+            return seconds
+
+        def due(self, state, seconds):
+            return False
+
+        def finish(self, state):
+            calls.append("finish")
+
+    class Batches:
+        def __init__(self, seq_len, micro_batch, position=0):
+            self.shape, self.position = (micro_batch, seq_len), position
+
+        def __next__(self):
+            self.position += self.shape[0] * self.shape[1]
+            x = torch.randint(0, plan.model.vocab_size, self.shape)
+            return x, torch.roll(x, -1, 1)
+
+        def state_dict(self):
+            return {"position": self.position}
+
+    state = train(
+        Stepper(model, forward, optimizers, plan), Batches, state=TrainState(), log=lambda _: None,
+        on_metrics=lambda _: None, extras=Extras(),
+    )  # fmt: skip
+    assert state.steps == 2
+    assert calls[0] == "start" and calls.count("start") == 1 and "agree" in calls

@@ -295,6 +295,11 @@ def test_cut_at_paragraphs_gives_the_document_back_in_whole_paragraphs():
     assert pieces == ["aaaaa\n\nbbb\n\n\n", "c" * 20 + "\n\n", "dddd\n\ne"]
     assert all(len(p) <= 13 for p in pieces if "c" not in p)
     assert cut_at_paragraphs("one paragraph", 100) == ["one paragraph"]
+    # Windows line ends and blank lines holding spaces are breaks too; the next paragraph keeps its indentation
+    assert cut_at_paragraphs("aaaaa\r\n\r\nbbbbb\r\n \r\nccccc", 8) == ["aaaaa\r\n\r\n", "bbbbb\r\n \r\n", "ccccc"]
+    assert cut_at_paragraphs("x\n\t\n    code\n\ny", 9) == ["x\n\t\n", "    code\n\n", "y"]
+    # blank lines leading a document never make a document of their own
+    assert cut_at_paragraphs("\n\n" + "b" * 20 + "\n\nc", 10) == ["\n\n" + "b" * 20 + "\n\n", "c"]
     assert cut_at_paragraphs("", 10) == []
     with pytest.raises(ValueError, match="max_chars"):
         cut_at_paragraphs(doc, 0)

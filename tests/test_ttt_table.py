@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -44,3 +46,16 @@ def test_ttt_table_runs_each_setting_on_the_runs_artifact(default_smoke_run, tmp
     assert rows[0]["val_bpb_ttt_base"] == rows[1]["val_bpb_ttt_base"]
     table = (run / "ttt_table" / "table.md").read_text()
     assert "TTT of the dequantized model.int8." in table and "| none |" in table and "| one |" in table
+
+
+@pytest.mark.parametrize("rows", ["2", "-1", "a,b"])
+def test_ttt_table_refuses_rows_outside_its_settings_before_loading_anything(tmp_path, rows):
+    """--rows picks settings by index; an index it does not have is a usage error naming the range, not an
+    IndexError (or, for -1, a silent pick from the end)."""
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts/ttt_table.py"), str(tmp_path / "no_run"),
+         "--setting", "a=ttt.rank=4", "--setting", "b=ttt.rank=8", "--rows", rows],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"--rows {rows}:" in proc.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import lzma
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
@@ -84,26 +85,26 @@ def split_train_val(docs: list[str], val_every: int = 20) -> tuple[list[str], li
 
 def cut_at_paragraphs(doc: str, max_chars: int) -> list[str]:
     """One document as pieces of at most ``max_chars`` characters, each a run of whole paragraphs (a paragraph ends
-    with its blank line, which stays with it); a paragraph longer than ``max_chars`` is a piece of its own. The pieces
-    joined give the document back exactly.
+    with its blank lines, which stay with it; \\n or \\r\\n, blank lines may hold spaces); a paragraph longer than
+    ``max_chars`` is a piece of its own. The pieces joined give the document back exactly.
 
     What it is for: a corpus of long documents (the embedded one's validation split is 24 documents of about 10,500
     tokens) cut into documents the length of FineWeb's, so that test-time training, which adapts per document, is
     measured on the shape it meets in parameter-golf (scripts/prepare_data.py --max-doc-chars)."""
     if max_chars < 1:
         raise ValueError(f"max_chars must be >= 1 (got {max_chars})")
-    paragraphs, start = [], 0
-    while start < len(doc):
-        end = doc.find("\n\n", start)
-        end = len(doc) if end < 0 else end + 2
-        while end < len(doc) and doc[end] == "\n":  # more blank lines belong to the same break
-            end += 1
-        paragraphs.append(doc[start:end])
-        start = end
+    # a break: a line end followed by one or more blank lines (spaces or tabs allowed, \n or \r\n); it ends right
+    # after its last line end, so the next paragraph keeps its indentation
+    ends = [m.end() for m in _PARAGRAPH_BREAK.finditer(doc)]
+    paragraphs = [doc[a:b] for a, b in zip([0, *ends], [*ends, len(doc)]) if b > a]
     pieces: list[str] = []
     for para in paragraphs:
-        if pieces and len(pieces[-1]) + len(para) <= max_chars:
+        # blank lines leading the document join what follows them rather than become a document of their own
+        if pieces and (len(pieces[-1]) + len(para) <= max_chars or not pieces[-1].strip()):
             pieces[-1] += para
         else:
             pieces.append(para)
     return pieces
+
+
+_PARAGRAPH_BREAK = re.compile(r"\r?\n(?:[ \t]*\r?\n)+")

@@ -412,7 +412,7 @@ def train(
         stepper.ema.copy_to()
         log(f"ema: the model now holds the weights' moving average (decay {stepper.ema.decay:g}) for evaluation")
         share = stepper.ema.decay**state.steps  # the initial weights' part of the average (result: ema_init_share)
-        if share > EMA_INIT_SHARE_WARN:
+        if state.steps and share > EMA_INIT_SHARE_WARN:
             log(
                 f"warning: ema.decay {stepper.ema.decay:g} over {state.steps} steps leaves {share:.0%} of the initial "
                 f"weights in the average that the final eval, export and TTT use; for a run this short set ema.decay "

@@ -152,16 +152,17 @@ def loop_result(plan: Any, state: Any) -> dict[str, Any]:
         "micro_batch": plan.micro_batch,
         "grad_accum": plan.grad_accum,
         "eval_batch_size": plan.eval.batch_size,
-        "ema_init_share": ema_init_share(plan, state.steps),
+        "ema_init_share": None if state.diverged else ema_init_share(plan, state.steps),
         **target_keys(plan, state),
     }
 
 
 def ema_init_share(plan: Any, steps: int) -> float | None:
     """The initial weights' share of the EMA after ``steps`` updates, decay ** steps (the average starts as a copy
-    of them); None without EMA. The record's 0.9965 assumes thousands of steps: after 215 it is still 47% the
-    untrained model, and the final evaluation scores that average."""
-    if not plan.ema.on:
+    of them); None without EMA, or without a step (nothing was averaged; an eval-only run scores its weights). The
+    record's 0.9965 assumes thousands of steps: after 215 it is still 47% the untrained model, and the final
+    evaluation scores that average."""
+    if not plan.ema.on or steps == 0:
         return None
     return round(float(plan.ema.decay) ** steps, 6)
 
