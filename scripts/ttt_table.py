@@ -132,11 +132,18 @@ def main(argv: list[str] | None = None) -> int:
         finish = Finish(plan, model, eval_forward, data, where, log)
         finish.test_time_train()
         rows.append({"setting": label, **finish.out})
-    table = markdown(rows, source, torch.__version__, first.device_name)
-    (out / "table.md").write_text(table)
-    (out / "rows.json").write_text(json.dumps(rows, indent=1, default=str) + "\n")
+        # after every row, so a run cut short (a time limit, a crash in a later row) keeps the rows it finished
+        table = markdown(rows, source, torch.__version__, first.device_name)
+        write_atomic(out / "table.md", table)
+        write_atomic(out / "rows.json", json.dumps(rows, indent=1, default=str) + "\n")
     print(table)
     return 0
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 def markdown(rows: list[dict[str, Any]], source: str, torch_version: str, device: str) -> str:
