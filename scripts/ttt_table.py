@@ -87,6 +87,12 @@ def main(argv: list[str] | None = None) -> int:
         help="where table.md, rows.json and each setting's files go (default <run dir>/ttt_table); "
         "two tables of one run, e.g. halves of the ladder on two GPUs, need two",
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="run each setting under torch.profiler and write where its time went to <row>/profile.txt "
+        "(slows TTT down: keep ttt.max_seconds short)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     log = logging.getLogger("ttt_table").info
@@ -110,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--rows {args.rows}: rows are 0 to {len(settings) - 1} here")
         settings = [settings[i] for i in rows_kept]
     device = hardware.detect()
-    base = [*record_ttt(), *args.overrides]
+    # one process adapts the model: a run trained on several GPUs is read back with dist.* for this one
+    base = ["dist.nproc=1", "dist.nodes=1", *record_ttt(), *args.overrides]
     plans = [resolve(load_config(run_dir, [*base, *extra]), device, cwd=Path.cwd()) for _, extra in settings]
     first = plans[0]
     data = build_data(first, log)
@@ -130,7 +137,10 @@ def main(argv: list[str] | None = None) -> int:
         where = out / str(i)
         where.mkdir(exist_ok=True)
         finish = Finish(plan, model, eval_forward, data, where, log)
-        finish.test_time_train()
+        if args.profile:
+            profile_ttt(finish, where / "profile.txt", log)
+        else:
+            finish.test_time_train()
         rows.append({"setting": label, **finish.out})
         # after every row, so a run cut short (a time limit, a crash in a later row) keeps the rows it finished
         table = markdown(rows, source, torch.__version__, first.device_name)
@@ -138,6 +148,34 @@ def main(argv: list[str] | None = None) -> int:
         write_atomic(out / "rows.json", json.dumps(rows, indent=1, default=str) + "\n")
     print(table)
     return 0
+
+
+def profile_ttt(finish: Any, path: Path, log: Any) -> None:
+    """The row's TTT under torch.profiler: GPU busy time against TTT's wall time (a low share means the GPU waits on
+    Python and kernel launches, not arithmetic), then the operators by GPU time and by CPU time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        finish.test_time_train()
+    events = prof.key_averages()
+    wall = finish.out.get("ttt_seconds") or 0.0
+    gpu_us = sum(e.self_device_time_total for e in events) if cuda else 0
+    launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"))
+    head = (
+        f"TTT {wall:.1f} s under the profiler (compile warm-up apart); GPU busy {gpu_us / 1e6:.1f} s "
+        f"({gpu_us / 1e6 / wall:.0%} of it); kernel launches {launches:,}; tokens scored {finish.out.get('ttt_tokens_scored')}"
+        if wall
+        else "TTT scored nothing"
+    )
+    parts = [head, ""]
+    if cuda:
+        parts += [events.table(sort_by="self_device_time_total", row_limit=25), ""]
+    parts.append(events.table(sort_by="self_cpu_time_total", row_limit=25))
+    write_atomic(path, "\n".join(parts) + "\n")
+    log(head)
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -59,3 +59,29 @@ def test_ttt_table_refuses_rows_outside_its_settings_before_loading_anything(tmp
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert f"--rows {rows}:" in proc.stderr
+
+
+def test_ttt_table_reads_a_multi_gpu_run_on_one_process_and_profiles_it(default_smoke_run, tmp_path):
+    """A run trained on several ranks (here 2 nodes x 2, which a plain process cannot resolve) is read back with
+    dist.* for the one process that adapts it; --profile writes where the row's TTT time went."""
+    assert default_smoke_run.proc.returncode == 0, default_smoke_run.proc.stderr[-2000:]
+    run = tmp_path / "run"
+    shutil.copytree(default_smoke_run.run_dir, run)
+    config = run / ".hydra" / "config.yaml"
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(config)
+    cfg.dist.nproc, cfg.dist.nodes = 2, 2
+    OmegaConf.save(cfg, config)
+    small = ["ttt.rank=4", "ttt.alpha=6", "ttt.batch_size=2", "ttt.chunk_size=64", "ttt.phased.phases=0"]
+    small += ["eval.tokens=12288", "ttt.max_seconds=null"]
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts/ttt_table.py"), str(run), *small, "--profile", "--setting", "p=ttt.rank=4"],
+        capture_output=True, text=True, timeout=600, cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (row,) = json.loads((run / "ttt_table" / "rows.json").read_text())
+    assert row["ttt_tokens_scored"] > 0
+    profile = (run / "ttt_table" / "0" / "profile.txt").read_text()
+    assert profile.startswith("TTT ") and f"tokens scored {row['ttt_tokens_scored']}" in profile
+    assert "Self CPU" in profile  # the operator table
