@@ -154,6 +154,7 @@ def profile_ttt(finish: Any, path: Path, log: Any) -> None:
     """The row's TTT under torch.profiler: GPU busy time against TTT's wall time (a low share means the GPU waits on
     Python and kernel launches, not arithmetic), then the operators by GPU time and by CPU time."""
     import torch
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     cuda = torch.cuda.is_available()
@@ -162,7 +163,8 @@ def profile_ttt(finish: Any, path: Path, log: Any) -> None:
         finish.test_time_train()
     events = prof.key_averages()
     wall = finish.out.get("ttt_seconds") or 0.0
-    gpu_us = sum(e.self_device_time_total for e in events) if cuda else 0
+    # kernels only: an operator's self device time repeats its kernels' time, so summing every event counts it twice
+    gpu_us = sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CUDA) if cuda else 0
     launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"))
     head = (
         f"TTT {wall:.1f} s under the profiler (compile warm-up apart); GPU busy {gpu_us / 1e6:.1f} s "

@@ -183,7 +183,11 @@ def ttt_evaluate(
     lora = LoRAModel(model, parse_targets(s.targets), s.rank, min(s.batch_size, len(docs)), s.seed, scale)
     luts = luts.to(device)
     tokens = val_tokens.to(device)
+    if s.compile is not None and log is not None and rank == 0:  # minutes on a large model: say what is going on
+        log("ttt: compiling the adapted and unadapted forwards (dynamic shapes), before TTT's clock starts")
     forward, base_forward = _forwards(lora, model, s, seq_len, steps, device, autocast_dtype, int(tokens.max()) + 1)
+    if isinstance(forward, _Compiled) and log is not None and rank == 0:
+        log(f"ttt: compile warm-up done in {forward.warm_up_seconds:.1f} s")
     graphs0 = graphs_compiled()
     t0 = time.perf_counter()  # TTT's clock (and ttt.max_seconds) starts after the compile warm-up
     deadline = None if s.max_seconds is None else t0 + s.max_seconds
