@@ -241,6 +241,11 @@ def test_sigterm_from_outside_writes_a_checkpoint_and_resume_finishes_the_row(tm
     assert list((run_dir / "checkpoints").glob("step_*.pt"))
     con = sqlite3.connect(tmp_path / "outputs" / "results.sqlite")
     assert con.execute("SELECT status FROM runs").fetchall() == [("interrupted",)]
+    # the first part's wall time, made long, so the resumed row's wall_seconds can only pass by adding it
+    first = json.loads((run_dir / "result.json").read_text())
+    assert first["wall_seconds"] > 0
+    (run_dir / "result.json").write_text(json.dumps({**first, "wall_seconds": 1000.0}))
+    t0 = time.time()
     done = subprocess.run(
         [sys.executable, "-m", "run", "resume=outputs/cut"],
         cwd=tmp_path,
@@ -249,8 +254,12 @@ def test_sigterm_from_outside_writes_a_checkpoint_and_resume_finishes_the_row(tm
         text=True,
         timeout=300,
     )
+    elapsed = time.time() - t0
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert con.execute("SELECT run_id, status, steps FROM runs").fetchall() == [(str(run_dir.resolve()), "ok", 300)]
+    (wall,) = con.execute("SELECT wall_seconds FROM runs").fetchone()
+    assert 1000.0 < wall < 1000.0 + elapsed  # both parts: the report's overhead_s (wall - train) stays >= 0
+    assert json.loads((run_dir / "result.json").read_text())["wall_seconds"] == wall
     assert (run_dir / ".hydra" / "resume" / "overrides.yaml").exists() and "resume" not in (
         run_dir / ".hydra" / "overrides.yaml"
     ).read_text()

@@ -8,6 +8,7 @@ then leaves the finished or interrupted run exactly as it was and is recorded ap
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -50,6 +51,9 @@ class JobRecord:
         """Keys the row gets once, when the record opens (start time, overrides, config; or the resumption)."""
         self.holding = resume is not None
         """A resume holds the original run's files and row until its checkpoint is restored (module docstring)."""
+        self.prior_wall_seconds = _prior_wall_seconds(resume)
+        """A resumed run's wall seconds before this process (its earlier parts, as their result.json says), so that
+        wall_seconds covers the whole run, as train_seconds does (the report's overhead_s is their difference)."""
         self.metrics: MetricsLog | None = None
         self.logger: RunLogger | None = None
         self.plan: Plan | None = None
@@ -146,8 +150,10 @@ class JobRecord:
                 log.warning("could not collect training metrics: %s: %s", type(e).__name__, e)
                 self.result.update(steps=self.state.steps, tokens=self.state.tokens)
         finished = time.time()
-        self.result["wall_seconds"] = round(finished - started, 3)
         out_dir, run_id = self.ctx.run_dir, self.run_id
+        # every part of a resumed run; a resume that never restored is a record of its own, with its own wall time
+        prior = 0.0 if self.holding else self.prior_wall_seconds
+        self.result["wall_seconds"] = round(prior + finished - started, 3)
         if self.holding:  # a resume that ended before its restore: its own record, the original untouched
             out_dir = self.error_dir()
             out_dir.mkdir(parents=True, exist_ok=True)
@@ -181,3 +187,14 @@ class JobRecord:
         if self.result["status"] == "interrupted" and not self.holding and list_checkpoints(self.ctx.run_dir):
             note += f"; continue it with `python -m run resume={self.ctx.run_dir}`"
         return note
+
+
+def _prior_wall_seconds(resume: Any) -> float:
+    """wall_seconds of the run being resumed, from its result.json (0 when it has none: killed before writing)."""
+    if resume is None:
+        return 0.0
+    try:
+        value = json.loads((Path(resume.run_dir) / "result.json").read_text()).get("wall_seconds")
+    except (OSError, ValueError, AttributeError):
+        return 0.0
+    return float(value) if isinstance(value, (int, float)) else 0.0
