@@ -198,6 +198,7 @@ def plan_for(compose, *overrides):
         (["ttt=lora", "ttt.phased.phases=1", "ttt.phased.batch_seqs=0"], "32768, 32 and 1"),
         (["ttt=lora", "ttt.rank=0"], "ttt.rank"),
         (["ttt=lora", "ttt.max_seconds=0"], "ttt.max_seconds"),
+        (["ttt=lora", "ttt.compile_scope=layers"], "ttt.compile_scope=blocks"),
     ],
 )
 def test_ttt_refusals(compose, overrides, needle):

@@ -9,9 +9,11 @@ import random
 import pytest
 import torch
 
+from speedrun.finishing import ttt as ttt_module
 from speedrun.finishing.lora import LoRAModel
 from speedrun.finishing.ttt import LoRASettings, split_documents, ttt_evaluate
 from speedrun.finishing.ttt_global import GlobalSettings, chunks_of, document_rows, finetune, phase_schedule
+from speedrun.kernels.compile import CompiledRegions
 from speedrun.model.attention import get_backend
 from speedrun.model.gpt import GPT
 from speedrun.model.shape import ModelShape
@@ -206,18 +208,22 @@ def test_cuda_bf16_record_ttt_with_phases_agrees_with_cpu():
     assert abs(gpu.val_loss - cpu.val_loss) < 0.1, (gpu.val_loss, cpu.val_loss)
 
 
-def test_compiled_ttt_scores_like_eager_with_its_warm_up_off_the_clock():
+@pytest.mark.parametrize("scope", ["blocks", "model"])
+def test_compiled_ttt_scores_like_eager_with_its_warm_up_off_the_clock(scope):
     """ttt.compile: the adapted and unadapted forwards through torch.compile (dynamic shapes; aot_eager here, the
     same graph capture as inductor without a C++ toolchain) give eager's scores, after a warm-up on random tokens
-    that leaves the adapters as they were; the records' adapters, phases and base scores included."""
+    that leaves the adapters as they were; the records' adapters, phases and base scores included. Either scope:
+    each block and the head on their own (the default), or the whole model as one graph."""
     import dataclasses
 
     torch._dynamo.reset()
     tokens = docs_stream(LENGTHS, seed=3)
     eager = dataclasses.replace(CONFIGS["warm"], score_base=True)
-    compiled = dataclasses.replace(eager, compile="aot_eager")
+    compiled = dataclasses.replace(eager, compile="aot_eager", compile_scope=scope)
     a, b = scores(model(), tokens, eager)[0], scores(model(), tokens, compiled)[0]
     assert a.compile_seconds == 0.0 and b.compile_seconds > 0
+    regional = isinstance(ttt_module._Compiled(model(), "aot_eager", scope).fn, CompiledRegions)
+    assert regional == (scope == "blocks")
     assert b.recompiles == 0  # the warm-up's dynamic graphs cover every width, batch and phase of the run
     assert (b.tokens_scored, b.bytes, b.phases_done) == (a.tokens_scored, a.bytes, a.phases_done)
     assert b.val_loss == pytest.approx(a.val_loss, rel=1e-5) and b.base_val_loss == pytest.approx(

@@ -11,6 +11,9 @@ from speedrun.config.choices import EvalName, LoggerName, TTTName, TTTOptimizer,
 from speedrun.config.quant import QuantConfig
 from speedrun.config.specs import parse_count, parse_short_chunks, parse_targets
 
+TTT_COMPILE_SCOPES = ("blocks", "model")
+"""What ttt.compile_scope may name (TTTConfig.compile_scope)."""
+
 __all__ = ["EvalConfig", "LoggerConfig", "QuantConfig", "TTTConfig"]  # QuantConfig lives in config/quant.py
 
 
@@ -183,6 +186,10 @@ class TTTConfig:
     shapes, as the records do, warmed up on random tokens before TTT's clock starts (ttt_compile_seconds; graphs
     built after the warm-up: ttt_recompiles; a last batch of a single document specializes one more graph). The
     global phases run eagerly. Off by default: not yet measured on a GPU here."""
+    compile_scope: str = "blocks"
+    """What ttt.compile compiles: ``blocks`` (each block and the head on their own, as kernel.compile_scope=blocks:
+    one small graph reused by every block) or ``model`` (the whole adapted model as one graph). ``model`` did not
+    finish its warm-up in 465 s on one H200 at the pgolf_record shape (docs/benchmarks.md)."""
     phased: PhasedTTTConfig = field(default_factory=PhasedTTTConfig)
     """Phased global TTT (ttt.phased.phases, .prefix_docs, .lr, ...): the model's own weights fine-tuned with SGD
     on documents already scored; off by default (phases 0)."""
@@ -190,6 +197,11 @@ class TTTConfig:
     def __post_init__(self) -> None:
         parse_targets(self.targets)
         parse_short_chunks(self.short_chunks)
+        _require(
+            self.compile_scope in TTT_COMPILE_SCOPES,
+            f"ttt.compile_scope={self.compile_scope!r} is not one of {', '.join(TTT_COMPILE_SCOPES)}; "
+            f"use ttt.compile_scope=blocks",
+        )
         _require(
             self.rank >= 1 and self.chunk_size >= 1 and (self.batch_size is None or self.batch_size >= 1),
             f"ttt.rank ({self.rank}), ttt.chunk_size ({self.chunk_size}) and ttt.batch_size ({self.batch_size}) "

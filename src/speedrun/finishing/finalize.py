@@ -473,6 +473,7 @@ def _ttt(
         momentum=t.momentum,
         warm_start_a=t.warm_start_a,
         compile="inductor" if t.compile else None,
+        compile_scope=t.compile_scope,
         phased=GlobalSettings(
             phases=g.phases,
             prefix_docs=g.prefix_docs,
@@ -537,6 +538,7 @@ def ttt_setting_keys(t: Any) -> dict[str, Any]:
         ttt_optimizer=str(t.optimizer),
         ttt_warm_start_a=t.warm_start_a,
         ttt_compile=t.compile,
+        ttt_compile_scope=t.compile_scope,
         ttt_targets=t.targets,
         ttt_chunk_size=t.chunk_size,
         ttt_short_chunks=t.short_chunks,

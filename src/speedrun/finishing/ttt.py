@@ -56,7 +56,7 @@ from speedrun.data.bpb import ByteLUTs, token_bytes
 from speedrun.finishing.lora import LoRAModel
 from speedrun.finishing.ttt_docs import chunk_size_for, document_batches, split_documents
 from speedrun.finishing.ttt_global import GlobalSettings, finetune, phase_schedule, row_width
-from speedrun.kernels.compile import graphs_compiled
+from speedrun.kernels.compile import CompiledRegions, graphs_compiled
 from speedrun.progress import Progress
 
 
@@ -145,6 +145,9 @@ class LoRASettings:
     compile: str | None = None
     """torch.compile backend of the adapted and unadapted forwards (inductor; tests use aot_eager), dynamic
     shapes, warmed up before the clock starts; None: eager."""
+    compile_scope: str = "blocks"
+    """blocks: each block and the head compiled on their own (one small graph that every block reuses, through
+    the model's compiled_regions); model: the whole forward as one graph."""
 
 
 def ttt_evaluate(
@@ -294,14 +297,30 @@ def ttt_evaluate(
 
 
 class _Compiled:
-    """A module's forward through torch.compile (dynamic shapes), and how long its warm-up took."""
+    """A module's forward through torch.compile (dynamic shapes), and how long its warm-up took. ``scope`` blocks
+    compiles each block and the head apart (CompiledRegions, as kernel.compile_scope=blocks does for training):
+    the blocks share their code, so one small graph serves them all, where the whole model with its repeated
+    layers, adapters and both loop passes is one very large graph to trace and lower."""
 
-    def __init__(self, module: nn.Module, backend: str):
-        self.fn = torch.compile(module, dynamic=True, backend=backend)
+    def __init__(self, module: nn.Module, backend: str, scope: str = "blocks"):
+        self.fn: Callable
+        if scope == "blocks" and hasattr(module, "compiled_regions"):
+            model: Any = module
+            blocks = tuple(torch.compile(block, dynamic=True, backend=backend) for block in model.blocks)
+            self.fn = CompiledRegions(model, blocks, torch.compile(model.head, dynamic=True, backend=backend))
+        else:  # scope model, or a registry model without compiled regions
+            self.fn = torch.compile(module, dynamic=True, backend=backend)
         self.warm_up_seconds = 0.0
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, reduction: str = "none") -> torch.Tensor:
-        return self.fn(x, y, reduction=reduction)
+        # One block code serves several variants (adapted or not, with and without grad, with or without a parallel
+        # lane): more than dynamo's default 8 graphs per code object, past which it would run the rest eagerly.
+        with torch._dynamo.config.patch(recompile_limit=BLOCK_GRAPHS_LIMIT):
+            return self.fn(x, y, reduction=reduction)
+
+
+BLOCK_GRAPHS_LIMIT = 64
+"""Graphs dynamo may build for one code object (the block's forward) while TTT runs compiled."""
 
 
 def _forwards(
@@ -321,7 +340,7 @@ def _forwards(
     if s.compile is None:
         return lora.model, model
     t0 = time.perf_counter()
-    forward, base = _Compiled(lora.model, s.compile), _Compiled(model, s.compile)
+    forward, base = _Compiled(lora.model, s.compile, s.compile_scope), _Compiled(model, s.compile, s.compile_scope)
     rows = lora.slots  # a full batch; a last, smaller one is another size of the same dynamic graph
     gen = torch.Generator().manual_seed(0)
     for width in sorted({row_width(c, seq_len) for c in [s.chunk_size, *(c for _, c in steps)]} | {seq_len}):
