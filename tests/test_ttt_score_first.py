@@ -231,3 +231,49 @@ def test_compiled_ttt_scores_like_eager_with_its_warm_up_off_the_clock(scope):
     )
     for x, y in zip(a.chunks, b.chunks):
         assert (x.doc, x.chunk, x.tokens) == (y.doc, y.chunk, y.tokens) and y.nats == pytest.approx(x.nats, rel=1e-4)
+
+
+def test_frozen_linears_cast_once_score_exactly_as_autocast_casting_every_call():
+    """Under bf16 autocast, TTT keeps the frozen copy's linears in bf16 (cast once, not at every forward): the scores,
+    the unadapted scores and every global phase are bit for bit those of casting at every call, and the model
+    passed in keeps its float weights."""
+    import dataclasses
+
+    tokens = docs_stream(LENGTHS, seed=5)
+    settings = dataclasses.replace(CONFIGS["warm"], score_base=True)
+    m = model()
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    results = []
+    for cast_weights in (True, False):
+        s = dataclasses.replace(settings, cast_weights=cast_weights)
+        res = ttt_evaluate(
+            m, tokens, luts(), s, bos_id=BOS, seq_len=TINY.seq_len, autocast_dtype=torch.bfloat16, record_chunks=True
+        )
+        assert res.complete and res.phases_done == 2
+        results.append(res)
+    once, every = results
+    assert [c.nats for c in once.chunks] == [c.nats for c in every.chunks]
+    assert (once.val_loss, once.base_val_loss) == (every.val_loss, every.base_val_loss)
+    assert all(torch.equal(v, before[k]) and v.dtype == before[k].dtype for k, v in m.state_dict().items())
+
+
+def test_a_cast_lora_copy_trains_its_float_masters_in_the_global_phases():
+    """cast_linear_weights leaves plain linears in bf16 and names their float masters; LoRAModel.bare hands global
+    TTT the float weights (the model exactly as never cast), and after it the fine-tuned floats, cast again."""
+    m = model()
+    lora = LoRAModel(m, ("q", "v"), rank=2, slots=1, seed=0, cast_dtype=torch.bfloat16)
+    linears = [mod for mod in lora.model.modules() if type(mod) is torch.nn.Linear]
+    assert linears and all(mod.weight.dtype == torch.bfloat16 for mod in linears)
+    first = linears[0].weight
+    with lora.bare() as bare:
+        assert first.dtype == torch.float32 and torch.equal(first, dict(m.named_parameters())[_name(bare, first)])
+        with torch.no_grad():
+            first.add_(1.0)  # what an SGD step does to the float master
+        trained = first.detach().clone()
+    assert first.dtype == torch.bfloat16 and torch.equal(first, trained.to(torch.bfloat16))
+    with lora.bare():
+        assert torch.equal(first, trained)  # the master kept its float value, not the bf16 round trip
+
+
+def _name(module, param):
+    return next(name.replace(".module.", ".") for name, p in module.named_parameters() if p is param)

@@ -82,18 +82,45 @@ def _features(module: nn.Module) -> tuple[int, int]:
     return first.in_features, first.in_features
 
 
+def cast_linear_weights(model: nn.Module, dtype: torch.dtype) -> list[tuple[nn.Parameter, torch.Tensor]]:
+    """Store every plain nn.Linear's weight and bias in ``dtype``: the dtype autocast casts them to at every call.
+    For a frozen model that cast then happens once instead of at every forward (autocast caches casts only of
+    tensors that require grad; in eager TTT on a GPU those casts were a quarter of the kernel time), and what the
+    matmuls compute is unchanged, bit for bit. Only for a model run under autocast to ``dtype``: outside it, an
+    fp32 input would meet a ``dtype`` weight. Subclasses (fp8 linears) keep their own handling. Returns each
+    parameter cast, with its float master."""
+    masters = []
+    for module in model.modules():
+        if type(module) is nn.Linear:
+            for p in (module.weight, module.bias):
+                if p is not None and p.dtype != dtype:
+                    masters.append((p, p.data))
+                    p.data = p.data.to(dtype)
+    return masters
+
+
 class LoRAModel:
     """A deep copy of the model, frozen, with adapters on ``targets`` (see the module doc); ``slots`` documents side
-    by side. ``scale`` = alpha / rank (1 without alpha)."""
+    by side. ``scale`` = alpha / rank (1 without alpha). ``cast_dtype``: the autocast dtype TTT runs under; the
+    copy's linears are kept in it (cast_linear_weights), their float masters only for the global phases (bare)."""
 
     def __init__(
-        self, model: nn.Module, targets: tuple[str, ...], rank: int, slots: int, seed: int, scale: float = 1.0
+        self,
+        model: nn.Module,
+        targets: tuple[str, ...],
+        rank: int,
+        slots: int,
+        seed: int,
+        scale: float = 1.0,
+        cast_dtype: torch.dtype | None = None,
     ):
         # a model of the registry's contract (model/protocol.py): its blocks and their linears are looked up by name
         self.model: Any = cast(Any, copy.deepcopy(model))
         self.model.eval()  # our GPT has no dropout; eval() also keeps fp8 linears on their bf16 path
         for p in self.model.parameters():
             p.requires_grad_(False)
+        self.cast_dtype = cast_dtype
+        self._masters = cast_linear_weights(self.model, cast_dtype) if cast_dtype is not None else []
         if "head" in targets and not hasattr(self.model, "head_adapter"):
             raise ValueError(
                 f"ttt.targets has head, but {type(model).__name__} has no head_adapter hook (speedrun.model.gpt.GPT."
@@ -160,6 +187,8 @@ class LoRAModel:
         if self.head is not None:
             self.model.head_adapter = None
         params = self.base_parameters()
+        for p, master in self._masters:  # global TTT trains the float weights, as on a model never cast
+            p.data = master
         for p in params:
             p.requires_grad_(True)
         try:
@@ -168,6 +197,10 @@ class LoRAModel:
             for p in params:
                 p.requires_grad_(False)
                 p.grad = None
+            if self.cast_dtype is not None:  # the fine-tuned float weights become the masters, cast again
+                self._masters = [(p, p.data) for p, _ in self._masters]
+                for p, master in self._masters:
+                    p.data = master.to(self.cast_dtype)
             for w in self.wrapped:
                 w.active = True
             if self.head is not None:

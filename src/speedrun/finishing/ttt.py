@@ -42,6 +42,7 @@ rank's model stays the same (ttt_global's module doc).
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Callable
@@ -53,7 +54,7 @@ from torch import nn
 
 from speedrun.config.specs import parse_short_chunks, parse_targets
 from speedrun.data.bpb import ByteLUTs, token_bytes
-from speedrun.finishing.lora import LoRAModel
+from speedrun.finishing.lora import LoRAModel, cast_linear_weights
 from speedrun.finishing.ttt_docs import chunk_size_for, document_batches, split_documents
 from speedrun.finishing.ttt_global import GlobalSettings, finetune, phase_schedule, row_width
 from speedrun.kernels.compile import CompiledRegions, graphs_compiled
@@ -142,6 +143,10 @@ class LoRASettings:
     """Keep A from one batch to the next (B still starts at 0); A goes back to its draw after a global phase."""
     phased: GlobalSettings = GlobalSettings()
     """Phased global TTT (speedrun.finishing.ttt_global); off by default."""
+    cast_weights: bool = True
+    """Under a bf16/fp16 autocast, keep the frozen linears of the adapted copy (and of the unadapted one that scores
+    val_bpb_ttt_base) in that dtype, cast once (speedrun.finishing.lora.cast_linear_weights): the same numbers,
+    without a cast of every weight at every forward. False: the casts at every call (tests compare the two)."""
     compile: str | None = None
     """torch.compile backend of the adapted and unadapted forwards (inductor; tests use aot_eager), dynamic
     shapes, warmed up before the clock starts; None: eager."""
@@ -183,12 +188,19 @@ def ttt_evaluate(
     progress = Progress("ttt", log) if log is not None else None
 
     scale = 1.0 if s.alpha is None else s.alpha / s.rank
-    lora = LoRAModel(model, parse_targets(s.targets), s.rank, min(s.batch_size, len(docs)), s.seed, scale)
+    low = autocast_dtype if s.cast_weights and autocast_dtype in (torch.bfloat16, torch.float16) else None
+    lora = LoRAModel(model, parse_targets(s.targets), s.rank, min(s.batch_size, len(docs)), s.seed, scale, low)
+    base_model = model
+    if low is not None and s.score_base:  # the unadapted scorer: a copy, so the model passed in stays as it was
+        base_model = copy.deepcopy(model)
+        cast_linear_weights(base_model, low)
     luts = luts.to(device)
     tokens = val_tokens.to(device)
     if s.compile is not None and log is not None and rank == 0:  # minutes on a large model: say what is going on
         log("ttt: compiling the adapted and unadapted forwards (dynamic shapes), before TTT's clock starts")
-    forward, base_forward = _forwards(lora, model, s, seq_len, steps, device, autocast_dtype, int(tokens.max()) + 1)
+    forward, base_forward = _forwards(
+        lora, base_model, s, seq_len, steps, device, autocast_dtype, int(tokens.max()) + 1
+    )
     if isinstance(forward, _Compiled) and log is not None and rank == 0:
         log(f"ttt: compile warm-up done in {forward.warm_up_seconds:.1f} s")
     graphs0 = graphs_compiled()
