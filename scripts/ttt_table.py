@@ -3,6 +3,11 @@ val_bpb_ttt_base beside it, the gain, TTT seconds, tokens per second and the com
 
     python scripts/ttt_table.py outputs/runs/<date>/<time>_<name> ttt.max_seconds=600
     python scripts/ttt_table.py <run dir> --setting "rank 32=ttt.rank=32 ttt.alpha=48"
+    torchrun --standalone --nproc_per_node 4 scripts/ttt_table.py <run dir> --out <dir>   # TTT on 4 ranks
+
+Under torchrun every setting runs on all the ranks, the documents dealt over them and the sums all-reduced, as a
+run of dist.nproc=N does its TTT phase; rank 0 writes the table. So one trained model gives the 1-rank and the
+N-rank rows of the same settings (issue 25's equality and scaling check), whatever number of GPUs it trained on.
 
 The run's own config (``.hydra/config.yaml``) is rebuilt on this machine with the overrides given after the run dir
 (dotted keys, applied to every setting), then the records' TTT (conf/ttt/record.yaml) on top, then each setting's
@@ -99,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from speedrun.distributed import world as ranks
     from speedrun.finishing.finalize import Finish
     from speedrun.hardware import profiles as hardware
     from speedrun.plan import resolve
@@ -115,11 +121,20 @@ def main(argv: list[str] | None = None) -> int:
         if not all(0 <= i < len(settings) for i in rows_kept):
             parser.error(f"--rows {args.rows}: rows are 0 to {len(settings) - 1} here")
         settings = [settings[i] for i in rows_kept]
+    # under torchrun, this rank (its GPU bound before anything touches CUDA); else one process
+    world = ranks.current()
     device = hardware.detect()
-    # one process adapts the model: a run trained on several GPUs is read back with dist.* for this one
+    # the ranks are this table's, whatever the run trained on: its dist.* are read back as "what is here"
     base = ["dist.nproc=1", "dist.nodes=1", *record_ttt(), *args.overrides]
-    plans = [resolve(load_config(run_dir, [*base, *extra]), device, cwd=Path.cwd()) for _, extra in settings]
+    plans = [
+        resolve(load_config(run_dir, [*base, *extra]), device, cwd=Path.cwd(), world=world.info)
+        for _, extra in settings
+    ]
     first = plans[0]
+    world.init(first)  # the process group, on several ranks: TTT shards the documents and all-reduces the sums
+    world.quiet()
+    if world.rank > 0:
+        logging.getLogger("ttt_table").setLevel(logging.WARNING)
     data = build_data(first, log)
     model, _, eval_forward, _ = build_model(first, build_attention(first), data.bos_id)
     weights, source = exported_weights(run_dir, first, log)
@@ -129,24 +144,30 @@ def main(argv: list[str] | None = None) -> int:
         model.set_loop(True)  # the run ended with its loop on: adapt the model as it was exported
     # a subset of rows writes apart by default, so two GPUs running two subsets never overwrite each other's table
     out = args.out or run_dir / ("ttt_table" if not args.rows else f"ttt_table_rows{args.rows.replace(',', '_')}")
-    out.mkdir(parents=True, exist_ok=True)
+    if world.rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
     rows = []
     for i, (label, _), plan in zip(rows_kept, settings, plans):
         model.load_state_dict(state)
         model.eval()
         where = out / str(i)
-        where.mkdir(exist_ok=True)
-        finish = Finish(plan, model, eval_forward, data, where, log)
-        if args.profile:
+        if world.rank == 0:
+            where.mkdir(exist_ok=True)
+        finish = Finish(plan, model, eval_forward, data, where, log, world=None if world.single else world)
+        if args.profile and world.rank == 0:
             profile_ttt(finish, where / "profile.txt", log)
         else:
             finish.test_time_train()
-        rows.append({"setting": label, **finish.out})
+        rows.append({"setting": label, "world_size": world.world_size, **finish.out})
+        if world.rank > 0:
+            continue
         # after every row, so a run cut short (a time limit, a crash in a later row) keeps the rows it finished
-        table = markdown(rows, source, torch.__version__, first.device_name)
+        table = markdown(rows, source, torch.__version__, first.device_name, world.world_size)
         write_atomic(out / "table.md", table)
         write_atomic(out / "rows.json", json.dumps(rows, indent=1, default=str) + "\n")
-    print(table)
+    world.shutdown(clean=True)
+    if world.rank == 0:
+        print(table)
     return 0
 
 
@@ -186,10 +207,11 @@ def write_atomic(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def markdown(rows: list[dict[str, Any]], source: str, torch_version: str, device: str) -> str:
+def markdown(rows: list[dict[str, Any]], source: str, torch_version: str, device: str, world_size: int = 1) -> str:
     head = ["setting", "val_bpb_ttt", "val_bpb_ttt_base", "gain", "phases", "scored", "TTT s", "tokens/s", "compile s"]
+    where = device if world_size == 1 else f"{world_size} ranks of {device} (tokens/s: all ranks together)"
     lines = [
-        f"TTT of {source}; {device}, torch {torch_version}; gain = val_bpb_ttt_base - val_bpb_ttt (what adaptation "
+        f"TTT of {source}; {where}, torch {torch_version}; gain = val_bpb_ttt_base - val_bpb_ttt (what adaptation "
         f"and the phases bought on the same chunks); scored: the fraction of validation tokens TTT reached",
         "",
         "| " + " | ".join(head) + " |",

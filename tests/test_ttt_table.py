@@ -85,3 +85,26 @@ def test_ttt_table_reads_a_multi_gpu_run_on_one_process_and_profiles_it(default_
     profile = (run / "ttt_table" / "0" / "profile.txt").read_text()
     assert profile.startswith("TTT ") and f"tokens scored {row['ttt_tokens_scored']}" in profile
     assert "Self CPU" in profile  # the operator table
+
+
+def test_ttt_table_on_two_ranks_scores_what_one_process_scores(default_smoke_run, tmp_path):
+    """Under torchrun (2 gloo ranks) each setting's TTT deals the documents over the ranks and all-reduces the sums:
+    with fresh adapters per batch and no global phase, the same val_bpb_ttt as one process on the same model."""
+    assert default_smoke_run.proc.returncode == 0, default_smoke_run.proc.stderr[-2000:]
+    run = tmp_path / "run"
+    shutil.copytree(default_smoke_run.run_dir, run)
+    small = ["ttt.rank=4", "ttt.alpha=6", "ttt.batch_size=2", "ttt.chunk_size=64", "ttt.phased.phases=0"]
+    small += ["ttt.warm_start_a=false", "eval.tokens=12288", "ttt.max_seconds=null"]
+    table = [str(REPO / "scripts/ttt_table.py"), str(run), *small, "--setting", "cold=ttt.rank=4"]
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    rows = {}
+    for label, argv in (("one", [sys.executable, *table]), ("two", [*launch, *table])):
+        out = tmp_path / label
+        proc = subprocess.run([*argv, "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=REPO)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        (rows[label],) = json.loads((out / "rows.json").read_text())
+    one, two = rows["one"], rows["two"]
+    assert (one["world_size"], two["world_size"]) == (1, 2)
+    assert two["ttt_tokens_scored"] == one["ttt_tokens_scored"] > 0 and two["ttt_complete"]
+    assert two["val_bpb_ttt"] == pytest.approx(one["val_bpb_ttt"], abs=1e-6)
+    assert "2 ranks of" in (tmp_path / "two" / "table.md").read_text()
