@@ -89,11 +89,11 @@ def cast_linear_weights(model: nn.Module, dtype: torch.dtype) -> list[tuple[nn.P
     matmuls compute is unchanged, bit for bit. Only for a model run under autocast to ``dtype``: outside it, an
     fp32 input would meet a ``dtype`` weight. Subclasses (fp8 linears) keep their own handling. Returns each
     parameter cast, with its float master."""
-    masters = []
+    masters: list[tuple[nn.Parameter, torch.Tensor]] = []
     for module in model.modules():
         if type(module) is nn.Linear:
-            for p in (module.weight, module.bias):
-                if p is not None and p.dtype != dtype:
+            for p in (module.weight, cast(Any, module.bias)):
+                if isinstance(p, nn.Parameter) and p.dtype != dtype:
                     masters.append((p, p.data))
                     p.data = p.data.to(dtype)
     return masters
