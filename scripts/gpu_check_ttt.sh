@@ -8,7 +8,9 @@
 #      PREFIX_DOCS (default 128) documents scored: eager on GPU 0 and compiled (ttt.compile=true, per block) on GPU 1
 #      side by side, then eager on all NGPU ranks (torchrun);
 #   3. the comparison: val_bpb_ttt of NGPU ranks against one (the bar: within 1e-3) and their tokens/s ratio (the
-#      bar: >= 3.5x on 4), and the compiled row's warm-up and rate against eager.
+#      bar: >= 3.5x on 4), and the compiled row's warm-up and rate against eager;
+#   4. with LADDER=1, issue 25's table: ttt_table.py's ladder (the records' TTT, phases 1 and 0, each LoRA option
+#      off, compiled) on the same model, its rows dealt over the NGPU GPUs (one process each), in $work/ladder_<gpu>.
 #   . scripts/device_env.sh && bash scripts/gpu_check_ttt.sh
 # The model and the tables stay under WORK (default outputs/ttt_check); a second call on the warm machine reuses
 # the model. The tables go to $OUT (one tarball) when it is set. A CPU try-out of the plumbing (gloo ranks, a
@@ -82,6 +84,16 @@ else:
 sys.exit(0 if ok else 1)
 PY
 rc=$?
+if [ "${LADDER:-0}" = 1 ]; then
+  rows=$("$py" -c "import sys; sys.path.insert(0, 'scripts'); from ttt_table import LADDER; print(len(LADDER))")
+  for ((gpu = 0; gpu < ngpu; gpu++)); do
+    mine=$(seq -s, "$gpu" "$ngpu" $((rows - 1)))
+    [ -n "$mine" ] || continue
+    CUDA_VISIBLE_DEVICES=$gpu table --rows "$mine" --out "$work/ladder_$gpu" >"$work/ladder_$gpu.log" 2>&1 &
+  done
+  wait
+  cat "$work"/ladder_*/table.md 2>/dev/null || echo "no ladder table: see $work/ladder_*.log"
+fi
 echo "gpu_check_ttt.sh: exit $rc in $((SECONDS - t0)) s"
 if [ -n "${OUT:-}" ]; then
   tar czf "$OUT/ttt_check.tgz" --exclude='*.bin' --exclude='model.*' --exclude=checkpoints "$work" 2>/dev/null
