@@ -3,19 +3,21 @@
 #   1. experiment=pgolf_record trained TRAIN_SECONDS (default 30) on GPU 0, on the embedded corpus cut into short
 #      documents (scripts/prepare_data.py --max-doc-chars 2500: 273 val documents), exported as the record does
 #      (int6 GPTQ), no TTT of its own;
-#   2. TTT of that artifact with scripts/ttt_table.py, the records' settings with BATCH documents a batch (default
-#      16: 18 batches, so 4 ranks get 5, 5, 4 and 4 and can scale up to 3.6x) and the global phases over the first
-#      PREFIX_DOCS (default 128) documents scored: eager on GPU 0 and compiled (ttt.compile=true, per block) on GPU 1
-#      side by side, then eager on all NGPU ranks (torchrun);
+#   2. TTT of that artifact with scripts/ttt_table.py, the records' settings (conf/ttt/record.yaml) with the global
+#      phases over the first PREFIX_DOCS (default 128) documents scored, as jobs that every GPU pulls from a queue:
+#      - with LADDER=1, issue 25's table: ttt_table.py's ladder (the records' TTT, phases 1 and 0, each LoRA option
+#        off, compiled per block) at LADDER_BATCH (default 64, the records') documents a batch, one row a job, the
+#        compiled row first; COMPILED=0 leaves that row out;
+#      - "one": eager on one GPU at BATCH (default 16: 18 batches, so 4 ranks get 5, 5, 4 and 4 and can scale up to
+#        3.6x) documents a batch;
+#      then "all": the same as "one" on all NGPU ranks (torchrun), once every GPU is free;
 #   3. the comparison: val_bpb_ttt of NGPU ranks against one (the bar: within 1e-3) and their tokens/s ratio (the
-#      bar: >= 3.5x on 4), and the compiled row's warm-up and rate against eager;
-#   4. with LADDER=1, issue 25's table: ttt_table.py's ladder (the records' TTT, phases 1 and 0, each LoRA option
-#      off, compiled) on the same model, its rows dealt over the NGPU GPUs (one process each), in $work/ladder_<gpu>.
+#      bar: >= 3.5x on 4); each ladder row's rate and compile warm-up; the ladder's table in $work/ladder.md.
 #   . scripts/device_env.sh && bash scripts/gpu_check_ttt.sh
 # The model and the tables stay under WORK (default outputs/ttt_check); a second call on the warm machine reuses
-# the model. The tables go to $OUT (one tarball) when it is set. A CPU try-out of the plumbing (gloo ranks, a
-# smoke-sized model, no compiled row):
-#   MODEL_ARGS="debug=smoke" COMPILED=0 NGPU=2 TTT_SECONDS=120 bash scripts/gpu_check_ttt.sh
+# the model and skips the rows already written (rows.json), so it goes on where a call's time limit cut the first.
+# The tables go to $OUT (one tarball) when it is set. A CPU try-out of the plumbing (gloo ranks, a smoke-sized model, the ladder without its compiled row):
+#   MODEL_ARGS="debug=smoke" LADDER=1 COMPILED=0 NGPU=2 TTT_SECONDS=120 bash scripts/gpu_check_ttt.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}
@@ -39,36 +41,60 @@ if [ ! -f "$run/result.json" ]; then
   }
   echo "model trained and exported at $((SECONDS - t0)) s"
 fi
-common=("ttt.phased.prefix_docs=${PREFIX_DOCS:-128}" "ttt.batch_size=${BATCH:-16}" "ttt.max_seconds=${TTT_SECONDS:-300}")
+common=("ttt.phased.prefix_docs=${PREFIX_DOCS:-128}" "ttt.max_seconds=${TTT_SECONDS:-300}")
 table() { "$py" scripts/ttt_table.py "$run" "${common[@]}" "$@"; }
-CUDA_VISIBLE_DEVICES=0 table --out "$work/one" --setting "1 GPU, eager=ttt.compile=false" >"$work/one.log" 2>&1 &
-one=$!
-if [ "${COMPILED:-1}" = 1 ]; then
-  CUDA_VISIBLE_DEVICES=1 table --out "$work/compiled" --setting "1 GPU, compiled per block=ttt.compile=true" \
-    >"$work/compiled.log" 2>&1 &
-  compiled=$!
+# The one-process rows are jobs in a queue that every GPU pulls from (a job is claimed by mkdir, atomic), so no GPU
+# waits on another's long row: the compiled ladder row first (its warm-up is the longest), then the 1-GPU eager row
+# of the equality check, then the ladder's eager rows. A row whose rows.json exists is done: a second call on the
+# warm machine goes on where a first one's time limit cut it.
+jobs=()
+ladder_rows=0
+if [ "${LADDER:-0}" = 1 ]; then
+  ladder_rows=$("$py" -c "import sys; sys.path.insert(0, 'scripts'); from ttt_table import LADDER; print(len(LADDER))")
+  compiled_row=$((ladder_rows - 1)) # LADDER's last row is the records' TTT compiled
+  [ "${COMPILED:-1}" = 1 ] && jobs+=("ladder_$compiled_row")
 fi
-wait "$one" || echo "the 1-GPU row failed: $work/one.log"
-echo "1-GPU eager row done at $((SECONDS - t0)) s"
-if [ "${COMPILED:-1}" = 1 ]; then
-  wait "$compiled" || echo "the compiled row failed: $work/compiled.log"
-  echo "compiled row done at $((SECONDS - t0)) s"
+jobs+=(one)
+for ((r = 0; r < ladder_rows; r++)); do [ "$r" = "${compiled_row:-}" ] || jobs+=("ladder_$r"); done
+run_job() { # GPU JOB
+  local gpu=$1 job=$2
+  case $job in
+  one) CUDA_VISIBLE_DEVICES=$gpu table "ttt.batch_size=${BATCH:-16}" --out "$work/one" \
+    --setting "1 GPU, eager=ttt.compile=false" ;;
+  ladder_*) CUDA_VISIBLE_DEVICES=$gpu table "ttt.batch_size=${LADDER_BATCH:-64}" --rows "${job#ladder_}" \
+    --out "$work/$job" ;;
+  esac >"$work/$job.log" 2>&1 || echo "row $job failed on GPU $gpu: $work/$job.log"
+  echo "row $job done on GPU $gpu at $((SECONDS - t0)) s"
+}
+worker() { # GPU: run the queue's unclaimed, unfinished jobs in order
+  local job
+  for job in "${jobs[@]}"; do
+    [ -f "$work/$job/rows.json" ] && continue
+    mkdir "$work/claims/$job" 2>/dev/null || continue
+    run_job "$1" "$job"
+  done
+}
+rm -rf "$work/claims" && mkdir -p "$work/claims"
+for ((gpu = 0; gpu < ngpu; gpu++)); do worker "$gpu" & done
+wait
+if [ ! -f "$work/all/rows.json" ]; then
+  "$py" -m torch.distributed.run --standalone --nproc_per_node "$ngpu" scripts/ttt_table.py "$run" "${common[@]}" \
+    "ttt.batch_size=${BATCH:-16}" --out "$work/all" --setting "$ngpu GPUs, eager=ttt.compile=false" \
+    >"$work/all.log" 2>&1 || echo "the $ngpu-rank row failed: $work/all.log"
+  echo "$ngpu-rank row done at $((SECONDS - t0)) s"
 fi
-"$py" -m torch.distributed.run --standalone --nproc_per_node "$ngpu" scripts/ttt_table.py "$run" "${common[@]}" \
-  --out "$work/all" --setting "$ngpu GPUs, eager=ttt.compile=false" >"$work/all.log" 2>&1 || echo "the $ngpu-rank row failed"
-echo "$ngpu-rank row done at $((SECONDS - t0)) s"
 "$py" - "$work" "$ngpu" <<'PY'
 import json, sys
 from pathlib import Path
 
 work, n = Path(sys.argv[1]), int(sys.argv[2])
 rows = {}
-for name in ("one", "compiled", "all"):
+for name in ("one", "all", *sorted(p.parent.name for p in work.glob("ladder_*/rows.json"))):
     path = work / name / "rows.json"
     rows[name] = json.loads(path.read_text())[0] if path.is_file() else None
 for name, r in rows.items():
     if r:
-        print(f"{name:>9}: val_bpb_ttt {r['val_bpb_ttt']} (unadapted {r['val_bpb_ttt_base']}), scored "
+        print(f"{name:>9} ({r['setting']}): val_bpb_ttt {r['val_bpb_ttt']} (unadapted {r['val_bpb_ttt_base']}), scored "
               f"{r['ttt_fraction']:.1%}, {r['ttt_seconds']} s, {r['ttt_tokens_per_s']} tokens/s, "
               f"compile {r['ttt_compile_seconds']} s, recompiles {r['ttt_recompiles']}")
 one, everyone = rows["one"], rows["all"]
@@ -84,15 +110,13 @@ else:
 sys.exit(0 if ok else 1)
 PY
 rc=$?
-if [ "${LADDER:-0}" = 1 ]; then
-  rows=$("$py" -c "import sys; sys.path.insert(0, 'scripts'); from ttt_table import LADDER; print(len(LADDER))")
-  for ((gpu = 0; gpu < ngpu; gpu++)); do
-    mine=$(seq -s, "$gpu" "$ngpu" $((rows - 1)))
-    [ -n "$mine" ] || continue
-    CUDA_VISIBLE_DEVICES=$gpu table --rows "$mine" --out "$work/ladder_$gpu" >"$work/ladder_$gpu.log" 2>&1 &
-  done
-  wait
-  cat "$work"/ladder_*/table.md 2>/dev/null || echo "no ladder table: see $work/ladder_*.log"
+if [ "$ladder_rows" -gt 0 ]; then # one table of the ladder: the first row's table (its heading) and every other row
+  first=1
+  for ((r = 0; r < ladder_rows; r++)); do
+    t=$work/ladder_$r/table.md
+    [ -f "$t" ] || { echo "ladder row $r: not run (see $work/ladder_$r.log)"; continue; }
+    if [ "$first" = 1 ]; then cat "$t"; first=0; else tail -n 1 "$t"; fi
+  done | tee "$work/ladder.md"
 fi
 echo "gpu_check_ttt.sh: exit $rc in $((SECONDS - t0)) s"
 if [ -n "${OUT:-}" ]; then

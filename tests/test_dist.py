@@ -72,6 +72,12 @@ def test_the_plan_splits_a_global_step_over_the_ranks(compose):
         (["dist.nodes=2", "dist.nproc=8"], WorldInfo(visible_gpus=8), "h100", "hydra/launcher=slurm"),
         (["dist.backend=nccl", "dist.nproc=2"], None, "cpu", "dist.backend=nccl needs CUDA"),
         (["dist.nproc=4"], WorldInfo("torchrun", 0, 8, 0, 8, 8), "h100", "dist.nproc=4, but torchrun started 8"),
+        (
+            ["ttt=record", "ttt.warm_start_chains=2", "dist.nproc=4"],
+            WorldInfo(visible_gpus=4),
+            "h100",
+            "leave 2 without TTT work; set ttt.warm_start_chains=4",
+        ),
     ],
 )
 def test_a_bad_dist_request_is_refused_at_resolve(compose, overrides, world, device, message):

@@ -4,6 +4,7 @@ one, for per-document LoRA, warm-started A and every phase of phased global TTT;
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 from speedrun.finishing import ttt as ttt_module
 from speedrun.finishing.lora import LoRAModel
 from speedrun.finishing.ttt import LoRASettings, split_documents, ttt_evaluate
+from speedrun.finishing.ttt_docs import batch_steps, deal_batches, document_batches
 from speedrun.finishing.ttt_global import GlobalSettings, chunks_of, document_rows, finetune, phase_schedule
 from speedrun.kernels.compile import CompiledRegions
 from speedrun.model.attention import get_backend
@@ -189,6 +191,28 @@ def test_alpha_scales_the_delta_and_warm_start_keeps_a():
     assert all(torch.equal(d.A, a + 1.0) and not d.B.any() for d, a in zip(plain.deltas, drawn))
     plain.reset(keep_a=False)  # after a phase: the seeded draw again
     assert all(torch.equal(d.A, a) for d, a in zip(plain.deltas, drawn))
+
+
+def test_warm_start_chains_carry_a_within_a_chain_only():
+    """4 batches: with as many chains as batches every batch starts from the seeded A, exactly as with warm_start_a
+    off; with fewer, a chain's first batch still does, and each later batch of a chain scores differently (it starts
+    from the A its chain's previous batch left)."""
+    m, tokens = model(), docs_stream(LENGTHS, seed=2)
+    warm = dataclasses.replace(CONFIGS["warm"], phased=GlobalSettings())
+    cold = scores(m, tokens, dataclasses.replace(warm, warm_start_a=False))[1]
+
+    def batch_nats(table, b):
+        return [c.nats for c in table.values() if c.batch == b]
+
+    for chains in (1, 2, 4):
+        table = scores(m, tokens, dataclasses.replace(warm, warm_start_chains=chains))[1]
+        docs = split_documents(tokens, BOS)
+        batches = document_batches(docs, CHUNK, [], 2, 0)
+        _, chain_of = deal_batches([batch_steps(docs, b, CHUNK) for b in batches], [], 1, chains)
+        assert len(set(chain_of)) == min(chains, len(batches))
+        for b in range(len(batches)):
+            first_of_chain = chain_of.index(chain_of[b]) == b
+            assert (batch_nats(table, b) == batch_nats(cold, b)) == first_of_chain, (chains, b)
 
 
 # ---- CUDA (device machine) -------------------------------------------------------------------------

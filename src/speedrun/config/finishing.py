@@ -160,8 +160,14 @@ class TTTConfig:
     starts from the unadapted model, and the optimizer starts afresh): A accumulates directions over the documents
     a rank adapts, and goes back to its seeded draw only after each ttt.phased phase, as the records'
     TTT_WARM_START_A=1. false: A is the same seeded draw for every document, and a document's score depends on
-    nothing but itself. With true, a score depends on the documents the same rank adapted before it, so a run on
-    N ranks differs from one on one."""
+    nothing but itself. With true, a score depends on the documents adapted before it in its chain
+    (ttt.warm_start_chains)."""
+    warm_start_chains: int = 8
+    """With ttt.warm_start_a: A is carried along this many chains of batches, not along whatever batches a rank
+    happens to get, so that val_bpb_ttt does not depend on the number of GPUs. Between two global phases the batches
+    are dealt into the chains by cost whatever the rank count, then whole chains onto the ranks. At least the rank
+    count (the default 8: the records' GPUs, each of whose ranks carried its own A). A rank keeps a copy of every
+    adapter's A per chain it runs (at the records' settings and width 512, about 0.7 GB a chain)."""
     chunk_size: int = 256
     """Tokens per chunk: each chunk is scored, then the adapters take one step on it."""
     short_chunks: str = ""
@@ -208,6 +214,10 @@ class TTTConfig:
             f"must be >= 1; use e.g. ttt.rank=8",
         )
         _require(self.lr > 0, f"ttt.lr={self.lr} must be > 0; use e.g. ttt.lr=0.01")
+        _require(
+            self.warm_start_chains >= 1,
+            f"ttt.warm_start_chains={self.warm_start_chains} must be >= 1; use e.g. 8 (a multiple of the GPU count)",
+        )
         _require(
             self.max_seconds is None or self.max_seconds > 0,
             f"ttt.max_seconds={self.max_seconds} must be > 0; use null for no limit",

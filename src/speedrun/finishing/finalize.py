@@ -472,6 +472,7 @@ def _ttt(
         eps=t.eps,
         momentum=t.momentum,
         warm_start_a=t.warm_start_a,
+        warm_start_chains=t.warm_start_chains,
         compile="inductor" if t.compile else None,
         compile_scope=t.compile_scope,
         phased=GlobalSettings(
@@ -537,6 +538,7 @@ def ttt_setting_keys(t: Any) -> dict[str, Any]:
     keys.update(
         ttt_optimizer=str(t.optimizer),
         ttt_warm_start_a=t.warm_start_a,
+        ttt_warm_start_chains=t.warm_start_chains,
         ttt_compile=t.compile,
         ttt_compile_scope=t.compile_scope,
         ttt_targets=t.targets,

@@ -178,6 +178,15 @@ class LoRAModel:
                 delta.A.copy_(a.to(delta.A.device).expand_as(delta.A))
             delta.B.zero_()
 
+    def a_state(self) -> list[torch.Tensor]:
+        """A copy of every adapter's A (speedrun.finishing.ttt carries one per chain of batches)."""
+        return [d.A.detach().clone() for d in self.deltas]
+
+    @torch.no_grad()
+    def load_a(self, state: list[torch.Tensor]) -> None:
+        for delta, a in zip(self.deltas, state, strict=True):
+            delta.A.copy_(a)
+
     @contextlib.contextmanager
     def bare(self) -> Iterator[Any]:
         """The copied model without its adapters (bit for bit the model alone) and with its own weights trainable:

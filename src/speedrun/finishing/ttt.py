@@ -33,10 +33,12 @@ Budget: ``ttt.max_seconds`` is checked before every chunk step and every global 
 there and reports what it scored (tokens_scored, fraction): an unbiased sample of documents, the batches running in
 a seeded random order.
 
-Ranks (``shard``, a speedrun.distributed.world.World): the shuffled batches are dealt round-robin, each rank adapts
-and scores its own, and the float64 sums are all-reduced; seconds is the slowest rank's. Without warm_start_a a
-batch's result does not depend on the others' (fresh adapters and optimizer per batch), so the sums equal one
-rank's. Global phases run on every rank at once, at the same batch boundary, with their gradients averaged, so every
+Ranks (``shard``, a speedrun.distributed.world.World): the shuffled batches are dealt by cost between global
+phases (speedrun.finishing.ttt_docs.deal_batches), each rank adapts and scores its own in the scoring order, and
+the float64 sums are all-reduced; seconds is the slowest rank's. A batch's result depends
+on no other batch (fresh adapters and optimizer per batch), except through warm_start_a's A, which is carried along
+chains of batches that do not depend on the rank count and that the dealing keeps on one rank each, so the sums
+equal one rank's. Global phases run on every rank at once, at the same batch boundary, with their gradients averaged, so every
 rank's model stays the same (ttt_global's module doc).
 """
 
@@ -55,7 +57,7 @@ from torch import nn
 from speedrun.config.specs import parse_short_chunks, parse_targets
 from speedrun.data.bpb import ByteLUTs, token_bytes
 from speedrun.finishing.lora import LoRAModel, cast_linear_weights
-from speedrun.finishing.ttt_docs import chunk_size_for, document_batches, split_documents
+from speedrun.finishing.ttt_docs import batch_steps, chunk_size_for, deal_batches, document_batches, split_documents
 from speedrun.finishing.ttt_global import GlobalSettings, finetune, phase_schedule, row_width
 from speedrun.kernels.compile import CompiledRegions, graphs_compiled
 from speedrun.progress import Progress
@@ -140,7 +142,12 @@ class LoRASettings:
     eps: float = 1e-8
     momentum: float | None = None
     warm_start_a: bool = False
-    """Keep A from one batch to the next (B still starts at 0); A goes back to its draw after a global phase."""
+    """Keep A from one batch to the next of its chain (B still starts at 0); A goes back to its draw after a
+    global phase."""
+    warm_start_chains: int = 8
+    """With warm_start_a: the batches between two global phases are dealt into this many chains, whatever the rank
+    count, each on one rank (ttt_docs.deal_batches); a batch continues the A of its chain's previous batch. At least
+    the rank count."""
     phased: GlobalSettings = GlobalSettings()
     """Phased global TTT (speedrun.finishing.ttt_global); off by default."""
     cast_weights: bool = True
@@ -179,12 +186,21 @@ def ttt_evaluate(
             raise ValueError(f"TTT chunk sizes must be in [1, seq_len={seq_len}], got {size}")
     if s.batch_size < 1:
         raise ValueError(f"ttt.batch_size must be >= 1, got {s.batch_size}")
+    rank, world = (shard.rank, shard.world_size) if shard is not None else (0, 1)
+    if s.warm_start_a and not 1 <= world <= s.warm_start_chains:
+        raise ValueError(f"ttt.warm_start_chains={s.warm_start_chains} chains cannot keep {world} ranks busy")
     docs = split_documents(val_tokens, bos_id)
     batches = document_batches(docs, s.chunk_size, steps, s.batch_size, s.seed)
     phases = phase_schedule([len(b) for b in batches], s.phased)
     last_phase = max(phases, default=-1)
-    rank, world = (shard.rank, shard.world_size) if shard is not None else (0, 1)
-    share = sum(docs[i][1] for b, batch in enumerate(batches) if b % world == rank for i in batch)
+    sizes = [chunk_size_for(docs[batch[0]][1], s.chunk_size, steps) for batch in batches]
+    owner, chain_of = deal_batches(
+        [batch_steps(docs, batch, c) for batch, c in zip(batches, sizes)],
+        list(phases),
+        world,
+        s.warm_start_chains if s.warm_start_a else 0,
+    )
+    share = sum(docs[i][1] for b, batch in enumerate(batches) if owner[b] == rank for i in batch)
     progress = Progress("ttt", log) if log is not None else None
 
     scale = 1.0 if s.alpha is None else s.alpha / s.rank
@@ -210,15 +226,17 @@ def ttt_evaluate(
     scored: list[ScoredChunk] | None = [] if record_chunks else None
     docs_done, stopped, changed = 0, False, False
     glob = _GlobalTotals()
+    chains = _ChainsOfA(lora, s.warm_start_a)
     for b, batch in enumerate(batches):
         if stopped and b > last_phase:  # no phase boundary left at which the other ranks wait for this one
             break
-        if b % world == rank and not stopped:
+        if owner[b] == rank and not stopped:
+            chains.enter(chain_of[b])
             stopped = _adapt_batch(
                 lora,
                 [docs[i] for i in batch],
                 batch,
-                chunk_size_for(docs[batch[0]][1], s.chunk_size, steps),
+                sizes[b],
                 tokens,
                 luts,
                 sums,
@@ -235,6 +253,7 @@ def ttt_evaluate(
                 share=share,
                 batch_index=b,
             )
+            chains.leave(chain_of[b])
             if not stopped:
                 docs_done += len(batch)
         if b in phases:
@@ -266,6 +285,7 @@ def ttt_evaluate(
                     stopped = True
                     break
             lora.reset(keep_a=False)  # warm_start_a: A drawn afresh for the fine-tuned model, as the records
+            chains.restart()
             if stopped:
                 break
     if shard is not None:
@@ -366,6 +386,32 @@ def _forwards(
         p.grad = None
     forward.warm_up_seconds = time.perf_counter() - t0
     return forward, base
+
+
+class _ChainsOfA:
+    """warm_start_a's chains (speedrun.finishing.ttt_docs.deal_batches): a batch starts from the A that the previous
+    batch of its chain left, or from the seeded draw for a chain's first batch and again after a global phase. The
+    rank keeps a copy of every adapter's A per chain it runs."""
+
+    def __init__(self, lora: LoRAModel, on: bool):
+        self.lora, self.on = lora, on
+        self.saved: dict[int, list[torch.Tensor]] = {}
+
+    def enter(self, chain: int) -> None:
+        if not self.on:
+            return
+        state = self.saved.get(chain)
+        if state is None:
+            self.lora.reset(keep_a=False)
+        else:
+            self.lora.load_a(state)
+
+    def leave(self, chain: int) -> None:
+        if self.on:
+            self.saved[chain] = self.lora.a_state()
+
+    def restart(self) -> None:
+        self.saved.clear()
 
 
 class _Sums:

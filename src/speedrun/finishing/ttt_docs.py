@@ -9,6 +9,9 @@ document of a batch, here per document (batches never mix chunk sizes).
 
 The seeded random order of the batches makes a run cut short by ttt.max_seconds score an unbiased sample of
 documents rather than the shortest or longest; it is also the scoring order the global phases count documents in.
+
+On several ranks, deal_batches gives each rank its batches (and, with warm_start_a, each batch its chain); a rank
+runs its own in the scoring order.
 """
 
 from __future__ import annotations
@@ -58,3 +61,64 @@ def document_batches(
             batches.append([i])
     random.Random(seed).shuffle(batches)
     return batches
+
+
+def batch_steps(docs: list[tuple[int, int]], batch: list[int], chunk: int) -> int:
+    """Chunk steps a batch takes: its longest document's chunks (every step runs all of the batch's rows)."""
+    return max(-(-docs[i][1] // chunk) for i in batch)
+
+
+def deal_batches(costs: list[int], phase_ends: list[int], world: int, chains: int = 0) -> tuple[list[int], list[int]]:
+    """(rank, chain) of each batch of the scoring order. Between two global phases (which every rank waits for) the
+    batches are dealt to balance their cost (chunk steps: eager TTT's time goes with its launches, not its tokens),
+    longest first onto the least loaded, so one long document's batch does not leave the other ranks idle.
+
+    chains > 0 (warm_start_a): each stretch's batches are first split into that many chains whatever the rank count
+    (halves of balanced cost, then halves of those, ...), then whole chains go onto the ranks, so that each chain,
+    along which A is carried, runs on one rank in its scoring order: the result does not depend on the rank count,
+    and 2, 4 or 8 ranks of 8 chains each get a balanced subtree of the halving. chains = 0: no chain (every batch
+    starts fresh), batches dealt onto the ranks directly. Chain numbers restart at each phase (A does)."""
+    rank, chain = [0] * len(costs), [0] * len(costs)
+    starts = [0] + [b + 1 for b in sorted(phase_ends) if b + 1 < len(costs)]
+    for lo, hi in zip(starts, starts[1:] + [len(costs)]):
+        stretch = list(range(lo, hi))
+        if not chains:
+            for b, r in zip(stretch, _longest_first([costs[b] for b in stretch], [1] * world)):
+                rank[b] = r
+            continue
+        into = _halve([costs[b] for b in stretch], chains)
+        loads = [sum(costs[b] for b, c in zip(stretch, into) if c == k) for k in range(chains)]
+        # whole chains onto ranks: the halving's subtrees (contiguous chains) or longest first, whichever is flatter
+        blocks = [k * world // chains for k in range(chains)]
+        greedy = _longest_first(loads, [1] * world)
+        onto = min(
+            (blocks, greedy), key=lambda m: max(sum(x for x, r in zip(loads, m) if r == j) for j in range(world))
+        )
+        for b, c in zip(stretch, into):
+            chain[b], rank[b] = c, onto[c]
+    return rank, chain
+
+
+def _halve(costs: list[int], parts: int) -> list[int]:
+    """Each item's part (0..parts-1): two groups of balanced cost, sized for parts // 2 and the rest, each halved
+    again. Deterministic."""
+    if parts == 1:
+        return [0] * len(costs)
+    left = parts // 2
+    side = _longest_first(costs, [left, parts - left])
+    out = [0] * len(costs)
+    for s, offset in ((0, 0), (1, left)):
+        members = [i for i, x in enumerate(side) if x == s]
+        for i, p in zip(members, _halve([costs[i] for i in members], left if s == 0 else parts - left)):
+            out[i] = offset + p
+    return out
+
+
+def _longest_first(costs: list[int], capacity: list[int]) -> list[int]:
+    """Each item's bin: items by decreasing cost (ties: earlier first), each onto the bin least loaded for its
+    capacity (ties: the lowest). Deterministic."""
+    loads, where = [0] * len(capacity), [0] * len(costs)
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        j = min(range(len(capacity)), key=lambda j: (loads[j] / capacity[j], j))
+        where[i], loads[j] = j, loads[j] + costs[i]
+    return where

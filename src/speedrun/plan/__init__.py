@@ -124,7 +124,7 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
         )
 
     eval_plan = _resolve_eval(cfg, profile, attn, model, micro_batch, search)
-    ttt = _resolve_ttt(cfg.ttt, model, eval_plan.batch_size)
+    ttt = _resolve_ttt(cfg.ttt, model, eval_plan.batch_size, dist.world_size)
     _check_code_rule(cfg.artifact, cfg.quant)
     # A card-independent budget (tokens, FLOPs) set without a time budget is not cut short by the profile's
     # default seconds: the point of it is the same training on any card.
@@ -325,9 +325,15 @@ def _resolve_eval(
     )
 
 
-def _resolve_ttt(ttt: TTTConfig, model: ModelShape, eval_batch: int) -> TTTConfig:
+def _resolve_ttt(ttt: TTTConfig, model: ModelShape, eval_batch: int, world_size: int) -> TTTConfig:
     if ttt.name == "off":
         return ttt
+    if ttt.warm_start_a and ttt.warm_start_chains < world_size:
+        raise PlanError(
+            f"ttt.warm_start_a carries A along ttt.warm_start_chains={ttt.warm_start_chains} chains of batches, each "
+            f"on one rank: {world_size} ranks would leave {world_size - ttt.warm_start_chains} without TTT work; set "
+            f"ttt.warm_start_chains={world_size} (or more), or ttt.warm_start_a=false"
+        )
     chunks = ttt.chunk_sizes()
     if any(c > model.seq_len for c in chunks):
         raise PlanError(

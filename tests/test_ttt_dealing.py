@@ -1,0 +1,56 @@
+"""How TTT's batches are dealt over ranks (speedrun.finishing.ttt_docs.deal_batches): by cost between global phases,
+and with warm_start_a into chains that do not depend on the rank count."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from speedrun.finishing.ttt_docs import batch_steps, deal_batches
+
+COSTS = [104, 3, 9, 40, 12, 7, 7, 30, 2, 18, 25, 5, 61, 8, 11, 4]  # one long document's batch, many short ones
+
+
+def loads(costs, rank, world):
+    return [sum(c for c, r in zip(costs, rank) if r == k) for k in range(world)]
+
+
+def test_batch_steps_are_the_longest_documents_chunks():
+    docs = [(0, 10), (11, 48), (60, 49), (110, 1)]
+    assert batch_steps(docs, [0, 1], 16) == 3 and batch_steps(docs, [2], 16) == 4 and batch_steps(docs, [3], 16) == 1
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_batches_are_dealt_longest_first_onto_the_least_loaded_rank(world):
+    rank, chain = deal_batches(COSTS, [], world)
+    assert chain == [0] * len(COSTS) and set(rank) == set(range(world))
+    # the long batch alone on its rank, the rest spread evenly: no rank carries more than the long batch or an even
+    # share plus one batch, where round-robin puts 104 + 12 + 2 + 61 on rank 0 of 4
+    bound = max(max(COSTS), sum(COSTS) / world + max(COSTS[1:]))
+    assert max(loads(COSTS, rank, world)) <= bound
+    assert max(loads(COSTS, rank, world)) < max(loads(COSTS, [b % world for b in range(len(COSTS))], world))
+
+
+def test_each_stretch_between_phases_is_balanced_on_its_own():
+    """Every rank waits at a phase: the batches before it are dealt among themselves, as are those after it."""
+    costs = [10, 10, 10, 10, 1, 1, 1, 1]
+    rank, _ = deal_batches(costs, [3], 4)
+    assert sorted(rank[:4]) == [0, 1, 2, 3] and sorted(rank[4:]) == [0, 1, 2, 3]
+    assert deal_batches(costs, [3], 4) == deal_batches(costs, [3], 4)  # deterministic
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_chains_do_not_depend_on_the_rank_count_and_stay_on_one_rank(seed):
+    rng = random.Random(seed)
+    costs = [rng.randint(1, 100) for _ in range(rng.randint(5, 40))]
+    phases = sorted(rng.sample(range(len(costs) - 1), 2))
+    chains = {world: deal_batches(costs, phases, world, chains=8) for world in (1, 2, 4, 8)}
+    assert len({tuple(c) for _, c in chains.values()}) == 1  # the same chain for every batch on 1, 2, 4 or 8 ranks
+    for world, (rank, chain) in chains.items():
+        stretches = [range(0, phases[0] + 1), range(phases[0] + 1, phases[1] + 1), range(phases[1] + 1, len(costs))]
+        for stretch in stretches:  # within a stretch, a chain's batches all run on one rank
+            owner = {}
+            for b in stretch:
+                assert owner.setdefault(chain[b], rank[b]) == rank[b], (world, b)
+        assert set(rank) <= set(range(world))
