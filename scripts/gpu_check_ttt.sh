@@ -16,7 +16,11 @@
 #   . scripts/device_env.sh && bash scripts/gpu_check_ttt.sh
 # The model and the tables stay under WORK (default outputs/ttt_check); a second call on the warm machine reuses
 # the model and skips the rows already written (rows.json), so it goes on where a call's time limit cut the first.
-# The tables go to $OUT (one tarball) when it is set. A CPU try-out of the plumbing (gloo ranks, a smoke-sized model, the ladder without its compiled row):
+# The tables go to $OUT (one tarball) when it is set. MAX_DOC_CHARS (default 2500) cuts the documents shorter, for
+# more of them; MODEL_ARGS go to the training run (e.g. hardware.compile=false: no compile, the model in ~2 minutes).
+# The 4-rank check as measured on 4 H100s (docs/benchmarks.md, eleventh session):
+#   WORK=outputs/ttt_check2 MAX_DOC_CHARS=1000 PREFIX_DOCS=32 MODEL_ARGS="hardware.compile=false" bash scripts/gpu_check_ttt.sh
+# A CPU try-out of the plumbing (gloo ranks, a smoke-sized model, the ladder without its compiled row):
 #   MODEL_ARGS="debug=smoke" LADDER=1 COMPILED=0 NGPU=2 TTT_SECONDS=120 bash scripts/gpu_check_ttt.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -191,7 +191,8 @@ class TTTConfig:
     """torch.compile the adapted model's forward (and the unadapted one's, for val_bpb_ttt_base) with dynamic
     shapes, as the records do, warmed up on random tokens before TTT's clock starts (ttt_compile_seconds; graphs
     built after the warm-up: ttt_recompiles; a last batch of a single document specializes one more graph). The
-    global phases run eagerly. Off by default: not yet measured on a GPU here."""
+    global phases run eagerly. Off by default for its warm-up: on one H100 at the records' settings, 2.39x eager's
+    tokens/s after a 271.6 s warm-up (docs/benchmarks.md)."""
     compile_scope: str = "blocks"
     """What ttt.compile compiles: ``blocks`` (each block and the head on their own, as kernel.compile_scope=blocks:
     one small graph reused by every block) or ``model`` (the whole adapted model as one graph). ``model`` did not
