@@ -35,11 +35,11 @@ a seeded random order.
 
 Ranks (``shard``, a speedrun.distributed.world.World): the shuffled batches are dealt by cost between global
 phases (speedrun.finishing.ttt_docs.deal_batches), each rank adapts and scores its own in the scoring order, and
-the float64 sums are all-reduced; seconds is the slowest rank's. A batch's result depends
-on no other batch (fresh adapters and optimizer per batch), except through warm_start_a's A, which is carried along
-chains of batches that do not depend on the rank count and that the dealing keeps on one rank each, so the sums
-equal one rank's. Global phases run on every rank at once, at the same batch boundary, with their gradients averaged, so every
-rank's model stays the same (ttt_global's module doc).
+the float64 sums are all-reduced; seconds is the slowest rank's. A batch's result depends on no other batch (fresh
+adapters and optimizer per batch), except through warm_start_a's A, which is carried along chains of batches that
+do not depend on the rank count and that the dealing keeps on one rank each, so the sums equal one rank's. Global
+phases run on every rank at once, at the same batch boundary, with their gradients averaged, so every rank's model
+stays the same (ttt_global's module doc).
 """
 
 from __future__ import annotations
