@@ -15,7 +15,7 @@ from speedrun.finishing.lora import LoRAModel
 from speedrun.finishing.ttt import LoRASettings, split_documents, ttt_evaluate
 from speedrun.finishing.ttt_docs import batch_steps, deal_batches, document_batches
 from speedrun.finishing.ttt_global import GlobalSettings, chunks_of, document_rows, finetune, phase_schedule
-from speedrun.kernels.compile import CompiledRegions
+from speedrun.kernels.compile import CompiledRegions, graphs_compiled
 from speedrun.model.attention import get_backend
 from speedrun.model.gpt import GPT
 from speedrun.model.shape import ModelShape
@@ -255,6 +255,26 @@ def test_compiled_ttt_scores_like_eager_with_its_warm_up_off_the_clock(scope):
     )
     for x, y in zip(a.chunks, b.chunks):
         assert (x.doc, x.chunk, x.tokens) == (y.doc, y.chunk, y.tokens) and y.nats == pytest.approx(x.nats, rel=1e-4)
+
+
+def test_compiled_ttt_warms_up_one_graph_set_whatever_the_widths():
+    """The warm-up's narrow window (64 tokens, as wide as the model) and its full window (128) share the graphs of
+    every variant: the width stays a symbol of its own (no duck shaping), so it is not specialized along with the
+    model's width, which would compile every variant again for the other width."""
+    shape = ModelShape(**{**TINY.__dict__, "d_model": 64, "seq_len": 128, "n_layer": 1})
+    counts = []
+    for chunk in (16, 128):  # windows of 64 and 128 tokens, then of 128 alone
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        m = GPT(shape, get_backend("sdpa", kernel="math"))
+        s = LoRASettings(
+            rank=2, lr=0.01, chunk_size=chunk, batch_size=2, targets="q,v", compile="aot_eager", score_base=False
+        )
+        lora = LoRAModel(m, ("q", "v"), s.rank, 2, 0)
+        before = graphs_compiled()
+        ttt_module._forwards(lora, m, s, shape.seq_len, [], "cpu", None, shape.vocab_size)
+        counts.append(graphs_compiled() - before)
+    assert counts[0] == counts[1] > 0, counts
 
 
 def test_frozen_linears_cast_once_score_exactly_as_autocast_casting_every_call():

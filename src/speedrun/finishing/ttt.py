@@ -53,6 +53,7 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import nn
+from torch.fx.experimental import _config as fx_config
 
 from speedrun.config.specs import parse_short_chunks, parse_targets
 from speedrun.data.bpb import ByteLUTs, token_bytes
@@ -347,7 +348,13 @@ class _Compiled:
     def __call__(self, x: torch.Tensor, y: torch.Tensor, reduction: str = "none") -> torch.Tensor:
         # One block code serves several variants (adapted or not, with and without grad, with or without a parallel
         # lane): more than dynamo's default 8 graphs per code object, past which it would run the rest eagerly.
-        with torch._dynamo.config.patch(recompile_limit=BLOCK_GRAPHS_LIMIT):
+        # No duck shaping: a window as wide as another dimension of the step (64 tokens = pgolf_record's head size)
+        # would share that dimension's symbol, be specialized with it, and make every other width compile every
+        # variant again (24 graphs of the smoke pgolf_record's block instead of 12; a test counts them).
+        with (
+            torch._dynamo.config.patch(recompile_limit=BLOCK_GRAPHS_LIMIT),
+            fx_config.patch(use_duck_shape=False),  # type: ignore[attr-defined]  # installed by torch at import
+        ):
             return self.fn(x, y, reduction=reduction)
 
 
