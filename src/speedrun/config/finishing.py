@@ -217,7 +217,7 @@ class TTTConfig:
         _require(self.lr > 0, f"ttt.lr={self.lr} must be > 0; use e.g. ttt.lr=0.01")
         _require(
             self.warm_start_chains >= 1,
-            f"ttt.warm_start_chains={self.warm_start_chains} must be >= 1; use e.g. 8 (a multiple of the GPU count)",
+            f"ttt.warm_start_chains={self.warm_start_chains} must be >= 1; use e.g. 8 (at least the GPU count)",
         )
         _require(
             self.max_seconds is None or self.max_seconds > 0,
