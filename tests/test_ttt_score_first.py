@@ -236,15 +236,30 @@ def test_cuda_bf16_record_ttt_with_phases_agrees_with_cpu():
 def test_compiled_ttt_scores_like_eager_with_its_warm_up_off_the_clock(scope):
     """ttt.compile: the adapted and unadapted forwards through torch.compile (dynamic shapes; aot_eager here, the
     same graph capture as inductor without a C++ toolchain) give eager's scores, after a warm-up on random tokens
-    that leaves the adapters as they were; the records' adapters, phases and base scores included. Either scope:
+    that leaves the adapters as they were; the records' adapters, phases and base scores included, at step widths
+    that are no power of two (compiled steps pad to multiples of 64, eager ones to powers of two). Either scope:
     each block and the head on their own (the default), or the whole model as one graph."""
     import dataclasses
 
     torch._dynamo.reset()
-    tokens = docs_stream(LENGTHS, seed=3)
-    eager = dataclasses.replace(CONFIGS["warm"], score_base=True)
+    # Windows up to 150 tokens at a context of 192: compiled steps run 64, 128 and 192 wide (multiples of 64 on
+    # the graphs warmed up at 64 and 192), eager ones 64, 128 and 192 (powers of two, capped at the context).
+    tokens = docs_stream([150, 37, 20, 51, 29, 44, 33, 120], seed=3)
+    wide = ModelShape(**{**TINY.__dict__, "seq_len": 192})
+
+    def run(settings):
+        torch.manual_seed(0)
+        m = GPT(wide, get_backend("sdpa", kernel="math"))
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        res = ttt_evaluate(m, tokens, luts(), settings, bos_id=BOS, seq_len=wide.seq_len, record_chunks=True)
+        assert res.complete
+        return res
+
+    eager = dataclasses.replace(CONFIGS["warm"], score_base=True, chunk_size=16)
     compiled = dataclasses.replace(eager, compile="aot_eager", compile_scope=scope)
-    a, b = scores(model(), tokens, eager)[0], scores(model(), tokens, compiled)[0]
+    a, b = run(eager), run(compiled)
     assert a.compile_seconds == 0.0 and b.compile_seconds > 0
     regional = isinstance(ttt_module._Compiled(model(), "aot_eager", scope).fn, CompiledRegions)
     assert regional == (scope == "blocks")
