@@ -73,8 +73,10 @@ def test_ttt_table_reads_a_multi_gpu_run_on_one_process_and_profiles_it(default_
     cfg = OmegaConf.load(config)
     cfg.dist.nproc, cfg.dist.nodes = 2, 2
     OmegaConf.save(cfg, config)
-    small = ["ttt.rank=4", "ttt.alpha=6", "ttt.batch_size=2", "ttt.chunk_size=64", "ttt.phased.phases=0"]
-    small += ["eval.tokens=12288", "ttt.max_seconds=null"]
+    # few profiler events: on CPU, building the profiler's event list costs ~55 us an event and TTT at chunk_size 64
+    # records ~40 a token (12,288 tokens took 40 s); 2 documents in 128-token chunks are still a real TTT phase
+    small = ["ttt.rank=4", "ttt.alpha=6", "ttt.batch_size=2", "ttt.chunk_size=128", "ttt.phased.phases=0"]
+    small += ["eval.tokens=2048", "ttt.max_seconds=null"]
     proc = subprocess.run(
         [sys.executable, str(REPO / "scripts/ttt_table.py"), str(run), *small, "--profile", "--setting", "p=ttt.rank=4"],
         capture_output=True, text=True, timeout=600, cwd=REPO,
