@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU ablation of experiment=pgolf_record (issue 23): one lever off at a time (conf/ablate/), each at the same
 # wall-clock budget and seeds, as one speedrun sweep; then speedrun.report ranks them against ablate=none with the
-# one-sided Welch t-test. Training only (quant=off ttt=off): the levers act on training; eval on EVAL_TOKENS.
+# two-sided Welch t-test (at a short budget a lever may help or hurt). Training only (quant=off ttt=off): the levers
+# act on training; eval on EVAL_TOKENS.
 #
 # On the offline GPU machine (device_env.sh installs the carried wheels and puts src/ on PYTHONPATH):
 #   . scripts/device_env.sh && ABLATE=none,xsa,loop SEEDS=0,1 bash scripts/gpu_ablate_record.sh
@@ -21,6 +22,6 @@ t0=$SECONDS
   data.cache_dir=/tmp/speedrun-cache "$@"
 echo "sweep exit $? in $((SECONDS - t0)) s"
 "$py" -m speedrun.report --db "$db" --name pgolf_record --group-by ablate --baseline ablate=none --no-plots \
-  --out "${OUT:-outputs}/ablate_report"
+  --alternative two-sided --out "${OUT:-outputs}/ablate_report"
 # The DB comes back with the call's files, to be carried into the next call (DB=...) or reported here.
 [ -n "${OUT:-}" ] && cp "$db" "$OUT/ablate_results.sqlite"

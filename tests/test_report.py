@@ -96,7 +96,17 @@ def test_welch_matches_scipy_and_the_fallback_matches_scipy():
         assert w is not None and math.isclose(w.t, ref.statistic, rel_tol=1e-9)
         assert math.isclose(w.p, ref.pvalue, rel_tol=1e-7, abs_tol=1e-12)
         assert math.isclose(stats._t_cdf(w.t, w.df), ref.pvalue, rel_tol=1e-7, abs_tol=1e-12)
+        for alternative in ("greater", "two-sided"):
+            w = stats.welch(a, b, alternative)
+            ref = sps.ttest_ind(a, b, equal_var=False, alternative=alternative)
+            assert w is not None and w.alternative == alternative and math.isclose(w.t, ref.statistic, rel_tol=1e-9)
+            assert math.isclose(w.p, ref.pvalue, rel_tol=1e-7, abs_tol=1e-12), alternative
     assert stats.welch_less([1.0], [1.0, 2.0]) is None  # n < 2: no test, not a fake p
+    # constant samples: certain when the means differ, no evidence when they do not
+    assert [stats.welch([2.0, 2.0], [1.0, 1.0], h).p for h in stats.ALTERNATIVES] == [1.0, 0.0, 0.0]
+    assert [stats.welch([1.0, 1.0], [1.0, 1.0], h).p for h in stats.ALTERNATIVES] == [0.5, 0.5, 1.0]
+    with pytest.raises(ValueError, match="alternative='bigger' is not one of less, greater, two-sided"):
+        stats.welch([1.0, 2.0], [1.0, 2.0], "bigger")
 
 
 def test_mean_std_and_pareto_front():
@@ -129,6 +139,29 @@ def test_leaderboard_and_baseline_t_test(tmp_path, capsys):
     assert "better (p<0.05)" in printed and "not significant" in printed
     for name in ("pareto.png", "loss_curves.png", "quant_vs_size.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+
+
+def test_an_ablation_tests_whether_taking_a_lever_out_makes_it_worse(tmp_path, capsys):
+    """--alternative greater: H1 "the group's mean is higher than the baseline's", as an ablation asks of a lever
+    taken out. Against flex (mean 1.280), sdpa (1.300) and math (1.302) are significantly worse; against sdpa, flex
+    is not worse and math (+0.002, noise 0.004) is not shown to be."""
+    db = make_db(tmp_path)
+    args = ["--db", str(db), "--sweep", "s1", "--no-plots", "--out", str(tmp_path / "r")]
+    assert report.main([*args, "--baseline", "attn=flex", "--alternative", "greater"]) == 0
+    printed = capsys.readouterr().out
+    assert "is higher than its baseline's (one-sided Welch t-test)" in printed
+    rows = {r["attn"]: r for r in read_csv(tmp_path / "r" / "leaderboard.csv")}
+    assert float(rows["sdpa"]["p"]) < 0.01 and float(rows["math"]["p"]) < 0.01
+    assert printed.count("worse (p<0.05)") >= 2 and "better (p<" not in printed
+    assert report.main([*args, "--baseline", "attn=sdpa", "--alternative", "greater"]) == 0
+    rows = {r["attn"]: r for r in read_csv(tmp_path / "r" / "leaderboard.csv")}
+    assert float(rows["flex"]["p"]) > 0.99 and float(rows["math"]["p"]) > 0.05
+    capsys.readouterr()
+    assert report.main([*args, "--baseline", "attn=sdpa", "--alternative", "two-sided"]) == 0
+    printed = capsys.readouterr().out
+    assert "differs from its baseline's (two-sided Welch t-test)" in printed and "differs (p<0.05)" in printed
+    rows = {r["attn"]: r for r in read_csv(tmp_path / "r" / "leaderboard.csv")}
+    assert float(rows["flex"]["p"]) < 0.05 and float(rows["math"]["p"]) > 0.05
 
 
 def test_filters_and_group_keys(tmp_path, capsys):

@@ -236,14 +236,14 @@ def test_cuda_bf16_record_ttt_with_phases_agrees_with_cpu():
 def test_compiled_ttt_scores_like_eager_with_its_warm_up_off_the_clock(scope):
     """ttt.compile: the adapted and unadapted forwards through torch.compile (dynamic shapes; aot_eager here, the
     same graph capture as inductor without a C++ toolchain) give eager's scores, after a warm-up on random tokens
-    that leaves the adapters as they were; the records' adapters, phases and base scores included, at step widths
-    that are no power of two (compiled steps pad to multiples of 64, eager ones to powers of two). Either scope:
+    that leaves the adapters as they were; the records' adapters, phases and base scores included, at a step width
+    the warm-up did not run. Either scope:
     each block and the head on their own (the default), or the whole model as one graph."""
     import dataclasses
 
     torch._dynamo.reset()
-    # Windows up to 150 tokens at a context of 192: compiled steps run 64, 128 and 192 wide (multiples of 64 on
-    # the graphs warmed up at 64 and 192), eager ones 64, 128 and 192 (powers of two, capped at the context).
+    # Windows up to 150 tokens at a context of 192: steps 64, 128 and 192 wide (powers of two, capped at the
+    # context), the compiled ones on the graphs warmed up at 64 and 192 alone.
     tokens = docs_stream([150, 37, 20, 51, 29, 44, 33, 120], seed=3)
     wide = ModelShape(**{**TINY.__dict__, "seq_len": 192})
 

@@ -34,19 +34,43 @@ def std(xs: Sequence[float]) -> float | None:
     return math.sqrt(math.fsum((x - m) ** 2 for x in xs) / (len(xs) - 1))
 
 
+ALTERNATIVES = ("less", "greater", "two-sided")
+"""H1 of the Welch test, as scipy names it: mean(a) < mean(b) (a beats b when lower is better), mean(a) > mean(b)
+(an ablation: taking a lever out makes it worse), or mean(a) != mean(b)."""
+
+
 @dataclass(frozen=True)
 class Welch:
-    """Welch's unequal-variance t-test of H1: mean(a) < mean(b) (a beats b when lower is better)."""
+    """Welch's unequal-variance t-test of H1 ``alternative`` (ALTERNATIVES; "less": a beats b when lower is better)."""
 
     t: float
     df: float
     p: float
     delta: float
     """mean(a) - mean(b)."""
+    alternative: str = "less"
 
 
 def welch_less(a: Sequence[float], b: Sequence[float]) -> Welch | None:
     """One-sided Welch t-test that ``a`` has a lower mean than ``b``. None when either side has < 2 values."""
+    return welch(a, b, "less")
+
+
+def welch(a: Sequence[float], b: Sequence[float], alternative: str = "less") -> Welch | None:
+    """Welch t-test of H1 ``alternative`` (ALTERNATIVES) for the means of ``a`` and ``b``. None when either side has
+    < 2 values."""
+    if alternative not in ALTERNATIVES:
+        raise ValueError(f"alternative={alternative!r} is not one of {', '.join(ALTERNATIVES)}")
+    w = _welch_less(a, b)
+    if w is None or alternative == "less":
+        return w
+    # P(T >= t) = P(T <= -t) by symmetry; two-sided: twice the smaller tail (capped at 1 for t = 0).
+    greater = 1.0 - w.p if math.isinf(w.t) else student_t_cdf(-w.t, w.df)
+    p = greater if alternative == "greater" else min(1.0, 2.0 * min(w.p, greater))
+    return Welch(t=w.t, df=w.df, p=p, delta=w.delta, alternative=alternative)
+
+
+def _welch_less(a: Sequence[float], b: Sequence[float]) -> Welch | None:
     a, b = finite(a), finite(b)
     if len(a) < 2 or len(b) < 2:
         return None

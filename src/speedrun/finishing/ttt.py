@@ -446,20 +446,6 @@ class _GlobalTotals:
         self.seconds += stats.seconds
 
 
-WIDTH_GRANULE = 64
-"""Compiled TTT pads a chunk step's rows to a multiple of this many tokens."""
-
-
-def _step_width(n: int, seq_len: int, *, compiled: bool) -> int:
-    """The padded width of a chunk step whose longest window is n tokens. Eager: a power of two (row_width), so
-    attention kernels that compile or plan per shape (eager flex, cuDNN) see a handful of shapes. Compiled: the
-    graphs have dynamic shapes, so any width runs on the warm-up's graphs, and rounding to a power of two would
-    only add padding (about 1.4x the tokens on average); a multiple of 64 keeps the rows aligned for the kernels."""
-    if not compiled:
-        return row_width(n, seq_len)
-    return min(seq_len, max(WIDTH_GRANULE, -(-n // WIDTH_GRANULE) * WIDTH_GRANULE))
-
-
 def _nats(
     model: Callable, x: torch.Tensor, y: torch.Tensor, device: str, autocast_dtype: torch.dtype | None
 ) -> torch.Tensor:
@@ -528,7 +514,7 @@ def _adapt_batch(
                 lo = max(0, hi - seq_len)
                 begin[i], length[i], first[i] = start + lo, hi - lo, k * chunk - lo
                 train[i] = 1.0 if k < nc - 1 else 0.0  # no update after a document's last chunk
-        width = _step_width(max(length), seq_len, compiled=isinstance(forward, _Compiled))
+        width = row_width(max(length), seq_len)
         cols = torch.arange(width, device=device)
         begin_t, length_t, first_t = _to_device(torch.tensor([begin, length, first]), device)
         idx = begin_t[:, None] + cols[None, :]

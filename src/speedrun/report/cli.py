@@ -4,6 +4,7 @@
     python -m speedrun.report --sweep latest --baseline attn=sdpa
     python -m speedrun.report --where model.n_layer=2 --group-by attn,precision --out outputs/report
     python -m speedrun.report --target val_loss=3.28 --baseline attn=sdpa   # time to target
+    python -m speedrun.report --group-by ablate --baseline ablate=none --alternative two-sided   # an ablation
 
 Runs are grouped by ``--group-by`` keys (default: the overrides that vary among the selected runs, seeds
 folded, plus ``hardware`` and ``device_name`` when they vary), so each group is one combination on one card and
@@ -11,7 +12,8 @@ its runs are repeats. A key is looked up as a results column first (what ran: ``
 ``precision`` are the resolved values), then in the composed config (``optim.matrix_lr``; a group such as
 ``model`` gives its ``name``), then in the Plan. ``--baseline KEY=VALUE`` compares every group with the group
 that has KEY=VALUE and the same other keys, by a one-sided Welch t-test of H1: the group's mean ``--metric``
-(val_bpb) is lower than the baseline's. Runs scored on different evaluation sets (``eval_fingerprint``) are
+(val_bpb) is lower than the baseline's (``--alternative greater`` for an ablation, where taking a lever out
+should make it higher; ``two-sided`` for either way). Runs scored on different evaluation sets (``eval_fingerprint``) are
 never ranked or tested against each other: group by ``eval_fingerprint`` or select one set with ``--where``.
 """
 
@@ -28,8 +30,15 @@ from speedrun.report.leaderboard import extra_columns, groups_csv, metrics_for, 
 from speedrun.report.page import render_html, runs_section
 from speedrun.report.plots import make_plots
 from speedrun.report.selection import load_runs, parse_pairs
+from speedrun.stats import ALTERNATIVES
 from speedrun.tables import csv_text, format_table
 
+H1 = {"less": "is lower than", "greater": "is higher than", "two-sided": "differs from"}
+TEST_NAME = {
+    "less": "one-sided Welch t-test",
+    "greater": "one-sided Welch t-test",
+    "two-sided": "two-sided Welch t-test",
+}
 LOWER_IS_BETTER = ("val_bpb", "val_bpb_quant", "val_bpb_ttt", "val_bpb_ttt_base", "val_loss")
 
 
@@ -60,10 +69,17 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="compare every group with the group where KEY=VALUE (one-sided Welch t-test)",
+        help="compare every group with the group where KEY=VALUE (Welch t-test, H1 from --alternative)",
     )
     p.add_argument("--metric", default="val_bpb", choices=LOWER_IS_BETTER, help="metric to rank and test")
     p.add_argument("--alpha", type=float, default=0.05, help="significance level for the verdict")
+    p.add_argument(
+        "--alternative",
+        default="less",
+        choices=ALTERNATIVES,
+        help="H1 of the t-test against the baseline: less (the group's mean is lower, i.e. better: the default), "
+        "greater (higher: an ablation that takes a lever out makes it worse), two-sided (either way)",
+    )
     p.add_argument(
         "--target",
         metavar="METRIC=VALUE",
@@ -123,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     groups = group_runs([r for r in runs if r.status != "running"], keys)
     sets = eval_sets(groups)
     if baseline:
-        compare(groups, baseline, args.metric)
+        compare(groups, baseline, args.metric, args.alternative)
         if not any(g.is_baseline for g in groups):
             print(f"--baseline {','.join(f'{k}={v}' for k, v in baseline.items())}: no group matches", file=sys.stderr)
             return 2
@@ -144,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n" + "\n".join(notes))
     print(f"\nleaderboard ({args.metric}, lower is better):\n" + format_table(*board))
     if ttest is not None:
-        print(f"\nagainst the baseline (one-sided Welch t-test on {args.metric}):\n" + format_table(*ttest))
+        print(f"\nagainst the baseline ({TEST_NAME[args.alternative]} on {args.metric}):\n" + format_table(*ttest))
     target_html = None
     if target is not None:
         from speedrun.report.target import target_table
@@ -167,7 +183,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for r in g.runs
         if r.status != "ok"
     ]
-    classes = ["baseline" if g.is_baseline else "better" if g.welch and g.welch.p < args.alpha else "" for g in groups]
+    classes = [
+        "baseline" if g.is_baseline else "better" if g.welch and g.welch.p < args.alpha and g.welch.delta < 0 else ""
+        for g in groups
+    ]
     links = [f'<a href="#runs-{i}">{len(g.runs)} run(s)</a>' for i, g in enumerate(groups)]
     page = render_html(
         "speedrun report",
@@ -203,6 +222,6 @@ def _meta(
     if baseline:
         meta.append(
             f"baseline: {', '.join(f'{k}={v}' for k, v in baseline.items())}; H1: the group's mean "
-            f"{args.metric} is lower than its baseline's (one-sided Welch t-test), alpha {args.alpha:g}"
+            f"{args.metric} {H1[args.alternative]} its baseline's ({TEST_NAME[args.alternative]}), alpha {args.alpha:g}"
         )
     return meta

@@ -1,6 +1,6 @@
 """Grouping and statistics, the one path for the report and the sweep summary: which keys make a group, the runs
-of each group (its repeats), their failures and metrics, the baseline each group is tested against (one-sided
-Welch t-test, speedrun.stats), which evaluation sets the runs were scored on, and the rank of each group.
+of each group (its repeats), their failures and metrics, the baseline each group is tested against (Welch
+t-test, speedrun.stats), which evaluation sets the runs were scored on, and the rank of each group.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from speedrun.report.runs import NOT_RUN, OK, Run, canon, is_failure, varying_keys
-from speedrun.stats import Welch, finite, mean, welch_less
+from speedrun.stats import Welch, finite, mean, welch
 from speedrun.tables import display
 
 DEVICE_KEYS = ("hardware", "device_name")
@@ -166,9 +166,10 @@ def eval_sets(groups: Sequence[Group]) -> EvalSets:
 # baselines and ranks
 
 
-def compare(groups: list[Group], baseline: dict[str, str], metric: str) -> None:
-    """Pair each group with its baseline (same other keys, baseline keys set) and run the Welch test, unless
-    the two were scored on different evaluation sets (then ``untested`` says so)."""
+def compare(groups: list[Group], baseline: dict[str, str], metric: str, alternative: str = "less") -> None:
+    """Pair each group with its baseline (same other keys, baseline keys set) and run the Welch test of H1
+    ``alternative`` (speedrun.stats.ALTERNATIVES: "less", the group's mean is lower), unless the two were scored on
+    different evaluation sets (then ``untested`` says so)."""
     index = {tuple(canon(v) for v in g.values.values()): g for g in groups}
     for g in groups:
         target = {k: (baseline[k] if k in baseline else v) for k, v in g.values.items()}
@@ -182,7 +183,7 @@ def compare(groups: list[Group], baseline: dict[str, str], metric: str) -> None:
         if len(set(g.fingerprints()) | set(base.fingerprints())) > 1:
             g.untested = "other eval set"
             continue
-        g.welch = welch_less(g.metric(metric), base.metric(metric))
+        g.welch = welch(g.metric(metric), base.metric(metric), alternative)
 
 
 def rank_groups(groups: Sequence[Group], metric: str, sets: EvalSets) -> list[Group]:

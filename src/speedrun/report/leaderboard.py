@@ -97,7 +97,15 @@ def verdict(g: Group, alpha: float) -> list[str]:
     if g.welch is None:
         return ["", "", "n < 2"]
     w = g.welch
-    return [f"{w.delta:+.4f}", fmt_p(w.p), f"better (p<{alpha:g})" if w.p < alpha else "not significant"]
+    return [
+        f"{w.delta:+.4f}",
+        fmt_p(w.p),
+        f"{FINDING[w.alternative]} (p<{alpha:g})" if w.p < alpha else "not significant",
+    ]
+
+
+FINDING = {"less": "better", "greater": "worse", "two-sided": "differs"}
+"""The verdict's word for a significant result, per H1 (speedrun.stats.ALTERNATIVES; lower is better)."""
 
 
 def table_rows(
@@ -162,7 +170,7 @@ def ttest_rows(groups: Sequence[Group], metric: str, alpha: float) -> tuple[list
 def groups_csv(groups: Sequence[Group], keys: Sequence[str], metrics: Sequence[str], extras: Sequence[str]) -> str:
     """The one CSV layout (leaderboard.csv and summary.csv), plain numbers: the keys (or "combination"), extras,
     rank, n (ok runs), failures, not_run, seeds, <metric>_mean and <metric>_std, then the baseline comparison
-    (baseline: "self" or the baseline group's label; delta, t, df, p of the one-sided Welch test)."""
+    (baseline: "self" or the baseline group's label; delta, t, df, p of the Welch test)."""
     cols = (list(keys) or ["combination"]) + list(extras) + ["rank", "n", "failures", "not_run", "seeds"]
     cols += [f"{m}_{s}" for m in metrics for s in ("mean", "std")] + COMPARISON
     rows = []

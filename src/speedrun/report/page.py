@@ -125,7 +125,7 @@ def render_html(
         parts.append('<div class="notes" id="notes">' + "<br>".join(html.escape(n) for n in notes) + "</div>")
     parts += ["<h2>Leaderboard</h2>", html_table("leaderboard", *board, row_classes=board_classes, links=board_links)]
     if ttest is not None:
-        parts += ["<h2>Against the baseline (one-sided Welch t-test)</h2>", html_table("ttest", *ttest)]
+        parts += ["<h2>Against the baseline (Welch t-test; H1 as stated above)</h2>", html_table("ttest", *ttest)]
     if target is not None:
         heading, target_notes, table = target
         parts += [
