@@ -42,6 +42,7 @@ def test_smoke_run_writes_every_record(tmp_path, data_cache):
     assert result["steps"] > 0 and result["tokens"] == result["steps"] * tokens_per_step
     assert 0 < result["val_bpb"] < 20 and result["val_bpb_quant"] > 0 and result["artifact_bytes"] > 0
     assert result["attn_kernel"] == "sdpa:flash" and result["hardware"] == "cpu" and result["emulated"] is False
+    assert "gpu_uuid" in result and result["gpu_uuid"] is None  # no card on CPU (which card, on a GPU)
     assert result["run_dir"] == str(run_dir.resolve())
     for name in (".hydra/config.yaml", "run.log", "metrics.jsonl", "env.json", "plan.json"):
         assert (run_dir / name).exists(), name

@@ -74,3 +74,24 @@ def test_pool_closes_the_row_of_a_job_that_died_without_a_record(tmp_path):
     _record_death(job, "failed", "exited with code -9")
     (row,) = ResultsDB(db_path).rows()
     assert (row["status"], row["error"]) == ("failed", "exited with code -9") and row["finished_at"]
+
+
+def test_gpu_identity_names_the_physical_card(monkeypatch):
+    """Runs record the UUID of their card as nvidia-smi prints it and the GPU index they were given, so runs of
+    one sweep on a slower card of the same model can be told apart; nothing on CPU."""
+    import torch
+
+    from speedrun.records import identity
+
+    class Props:
+        uuid = "7cda50be-474a-6647-a2ae-478b685765c6"
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: Props())
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2")
+    assert identity.gpu_identity("cuda") == {
+        "gpu_uuid": "GPU-7cda50be-474a-6647-a2ae-478b685765c6",
+        "cuda_visible_devices": "2",
+    }
+    assert identity.gpu_identity("cpu") == {"gpu_uuid": None, "cuda_visible_devices": "2"}

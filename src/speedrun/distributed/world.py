@@ -159,18 +159,23 @@ class World:
 
     def describe(self, device_name: str) -> dict[str, Any]:
         """What the record says about the ranks: world_size, nodes, and each rank's host and device (its own GPU,
-        cuda:LOCAL_RANK; ``device_name`` is what the resolver saw, device 0, and names a CPU)."""
+        cuda:LOCAL_RANK, by name and UUID; ``device_name`` is what the resolver saw, device 0, and names a CPU)."""
         if self.single:
             return {"world_size": 1, "nodes": 1}
         import torch
 
+        from speedrun.records.identity import gpu_uuid
+
+        uuid = None
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             device_name = torch.cuda.get_device_name(torch.cuda.current_device())
-        ranks = self.gather({"host": socket.gethostname(), "device": device_name})
+            uuid = gpu_uuid()
+        ranks = self.gather({"host": socket.gethostname(), "device": device_name, "uuid": uuid})
         return {
             "world_size": self.world_size,
             "nodes": len({r["host"] for r in ranks}),
             "gpu_names": [r["device"] for r in ranks],
+            "gpu_uuids": [r["uuid"] for r in ranks],
             "hosts": sorted({r["host"] for r in ranks}),
         }
 

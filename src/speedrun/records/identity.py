@@ -81,6 +81,30 @@ def _detected_device_name() -> str:
     return detect().name
 
 
+def gpu_identity(device: str) -> dict[str, Any]:
+    """Which physical card this process computes on: ``gpu_uuid`` (as nvidia-smi prints it, ``GPU-...``) and the
+    ``cuda_visible_devices`` it was given (the pool launcher's GPU index). Cards of one model differ in speed (clocks,
+    power, cooling), so runs of one sweep on a slower card can be told apart (``--group-by ablate,gpu_uuid``).
+    None on CPU, or where torch cannot say."""
+    return {
+        "gpu_uuid": gpu_uuid() if device == "cuda" else None,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+
+
+def gpu_uuid() -> str | None:
+    """The UUID of this process's current CUDA device, ``GPU-`` prefixed as nvidia-smi prints it; None without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    try:
+        uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+    except (AttributeError, RuntimeError):  # a torch without the field, or a device that cannot be queried
+        return None
+    return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+
+
 def code_fingerprint(root: Path) -> str:
     """16 hex digits hashing the path and contents of every source file under ``root``/src and ``root``/conf, as
     they are in the working tree (uncommitted edits count): the files git lists as tracked or untracked-but-not-

@@ -63,6 +63,7 @@ class Job(JobRecord):
         """Join the other ranks, record the environment and what the plan chose, configure torch, open the
         logger."""
         from speedrun.finishing.wrap import CodeSource
+        from speedrun.records.identity import gpu_identity
         from speedrun.records.store import capture_environment
         from speedrun.training.build import configure_torch
 
@@ -89,6 +90,7 @@ class Job(JobRecord):
             card=plan.card,
             memory_estimate_gb=plan.memory_estimate_gb,
         )
+        self.result.update(gpu_identity(plan.device))  # which physical card: cards of one model differ in speed
         self.result.update(self.world.describe(plan.device_name))  # world_size, nodes, each rank's GPU
         self.result.update(plan.kernel.result_keys())  # kernel_* settings that ran, so sweeps over kernel= group
         self.result.update(plan.optim_result_keys())  # the optimizer, schedule and EMA levers
