@@ -13,8 +13,9 @@ its runs are repeats. A key is looked up as a results column first (what ran: ``
 ``model`` gives its ``name``), then in the Plan. ``--baseline KEY=VALUE`` compares every group with the group
 that has KEY=VALUE and the same other keys, by a one-sided Welch t-test of H1: the group's mean ``--metric``
 (val_bpb) is lower than the baseline's (``--alternative greater`` for an ablation, where taking a lever out
-should make it higher; ``two-sided`` for either way). Runs scored on different evaluation sets (``eval_fingerprint``) are
-never ranked or tested against each other: group by ``eval_fingerprint`` or select one set with ``--where``.
+should make it higher; ``two-sided`` for either way). Runs scored on different evaluation sets
+(``eval_fingerprint``) are never ranked or tested against each other: group by ``eval_fingerprint`` or select one
+set with ``--where``.
 """
 
 from __future__ import annotations
