@@ -237,7 +237,8 @@ def test_compiled_ttt_scores_like_eager_with_its_warm_up_off_the_clock(scope):
     """ttt.compile: the adapted and unadapted forwards through torch.compile (dynamic shapes; aot_eager here, the
     same graph capture as inductor without a C++ toolchain) give eager's scores, after a warm-up on random tokens
     that leaves the adapters as they were; the records' adapters, phases and base scores included, at a step width
-    the warm-up did not run. Either scope:
+    the warm-up did not run, and with the rows of documents already done left out (eager runs them as padding).
+    Either scope:
     each block and the head on their own (the default), or the whole model as one graph."""
     import dataclasses
 
@@ -257,9 +258,21 @@ def test_compiled_ttt_scores_like_eager_with_its_warm_up_off_the_clock(scope):
         assert res.complete
         return res
 
-    eager = dataclasses.replace(CONFIGS["warm"], score_base=True, chunk_size=16)
+    eager = dataclasses.replace(CONFIGS["warm"], score_base=True, chunk_size=16, batch_size=4)
     compiled = dataclasses.replace(eager, compile="aot_eager", compile_scope=scope)
-    a, b = run(eager), run(compiled)
+    a = run(eager)
+    rows_run = []
+    call = ttt_module._Compiled.__call__
+
+    def spy(self, x, y, reduction="none"):
+        rows_run.append(x.size(0))
+        return call(self, x, y, reduction)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ttt_module._Compiled, "__call__", spy)
+        b = run(compiled)
+    # compiled steps run only the documents still going (at least 2): batches of 4 shrink to 3 and 2 rows
+    assert {2, 3, 4} <= set(rows_run) and min(rows_run) == 2
     assert a.compile_seconds == 0.0 and b.compile_seconds > 0
     regional = isinstance(ttt_module._Compiled(model(), "aot_eager", scope).fn, CompiledRegions)
     assert regional == (scope == "blocks")
