@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from speedrun.finishing.ttt_docs import batch_steps, deal_batches
+from speedrun.finishing.ttt_docs import STEP_COST_TOKENS, batch_cost, batch_steps, deal_batches
 
 COSTS = [104, 3, 9, 40, 12, 7, 7, 30, 2, 18, 25, 5, 61, 8, 11, 4]  # one long document's batch, many short ones
 
@@ -19,6 +19,35 @@ def loads(costs, rank, world):
 def test_batch_steps_are_the_longest_documents_chunks():
     docs = [(0, 10), (11, 48), (60, 49), (110, 1)]
     assert batch_steps(docs, [0, 1], 16) == 3 and batch_steps(docs, [2], 16) == 4 and batch_steps(docs, [3], 16) == 1
+
+
+def test_batch_cost_counts_each_step_and_its_padded_tokens():
+    """A step costs 1 plus its rows x padded width / STEP_COST_TOKENS. Eager steps run every document of the batch;
+    compiled ones only those still going, at least 2."""
+    docs = [(0, 100), (101, 40), (142, 30), (173, 10)]  # chunks of 32: 4, 2, 1 and 1 steps
+    per = 1 / STEP_COST_TOKENS
+    # widths: windows of 32, 64, 96, 100 tokens -> 64, 64, 128, 128 (powers of two, at least 64)
+    eager = 4 + 4 * (64 + 64 + 128 + 128) * per
+    compact = 4 + (4 * 64 + 2 * 64 + 2 * 128 + 2 * 128) * per  # 4 going, then 2, then 1 (run as 2), 1 (as 2)
+    assert batch_cost(docs, [0, 1, 2, 3], 32, 2048, compact=False) == pytest.approx(eager)
+    assert batch_cost(docs, [0, 1, 2, 3], 32, 2048, compact=True) == pytest.approx(compact)
+    # windows stop growing at the context: a 5,000-token document's late steps are 2048 wide
+    long = [(0, 5000)]
+    assert batch_cost(long, [0], 1000, 2048, compact=False) == pytest.approx(5 + (1024 + 2048 * 4) * per)
+
+
+def test_a_long_documents_batch_costs_its_padded_rows():
+    """One 4,000-token document beside 15 short ones: eager, every step runs 16 rows of up to 2048 tokens, so the
+    batch costs about 44 times one of 16 documents of 150 tokens, where its steps alone (84 against 4) say 21."""
+    docs = [(0, 4000)] + [(4001 + 50 * i, 40) for i in range(15)] + [(5000 + 200 * i, 150) for i in range(16)]
+    tail, even = list(range(16)), list(range(16, 32))
+    steps_ratio = batch_steps(docs, tail, 48) / batch_steps(docs, even, 48)  # 84 / 4
+    cost_ratio = batch_cost(docs, tail, 48, 2048, compact=False) / batch_cost(docs, even, 48, 2048, compact=False)
+    assert steps_ratio == 21 and cost_ratio > 1.5 * steps_ratio  # about 44: its steps run 16 rows up to 2048 wide
+    # compiled, 2 rows instead of 16 once the short ones are done: the padded tokens' part of the cost falls 8x
+    steps = batch_steps(docs, tail, 48)
+    tokens_part = [batch_cost(docs, tail, 48, 2048, compact=c) - steps for c in (False, True)]
+    assert tokens_part[1] * 7 < tokens_part[0] < tokens_part[1] * 9
 
 
 @pytest.mark.parametrize("world", [2, 4])

@@ -13,7 +13,7 @@ import torch
 from speedrun.finishing import ttt as ttt_module
 from speedrun.finishing.lora import LoRAModel
 from speedrun.finishing.ttt import LoRASettings, split_documents, ttt_evaluate
-from speedrun.finishing.ttt_docs import batch_steps, deal_batches, document_batches
+from speedrun.finishing.ttt_docs import batch_cost, deal_batches, document_batches
 from speedrun.finishing.ttt_global import GlobalSettings, chunks_of, document_rows, finetune, phase_schedule
 from speedrun.kernels.compile import CompiledRegions, graphs_compiled
 from speedrun.model.attention import get_backend
@@ -208,7 +208,7 @@ def test_warm_start_chains_carry_a_within_a_chain_only():
         table = scores(m, tokens, dataclasses.replace(warm, warm_start_chains=chains))[1]
         docs = split_documents(tokens, BOS)
         batches = document_batches(docs, CHUNK, [], 2, 0)
-        _, chain_of = deal_batches([batch_steps(docs, b, CHUNK) for b in batches], [], 1, chains)
+        _, chain_of = deal_batches([batch_cost(docs, b, CHUNK, TINY.seq_len, False) for b in batches], [], 1, chains)
         assert len(set(chain_of)) == min(chains, len(batches))
         for b in range(len(batches)):
             first_of_chain = chain_of.index(chain_of[b]) == b

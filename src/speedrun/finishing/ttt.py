@@ -58,7 +58,7 @@ from torch.fx.experimental import _config as fx_config
 from speedrun.config.specs import parse_short_chunks, parse_targets
 from speedrun.data.bpb import ByteLUTs, token_bytes
 from speedrun.finishing.lora import LoRAModel, cast_linear_weights
-from speedrun.finishing.ttt_docs import batch_steps, chunk_size_for, deal_batches, document_batches, split_documents
+from speedrun.finishing.ttt_docs import batch_cost, chunk_size_for, deal_batches, document_batches, split_documents
 from speedrun.finishing.ttt_global import GlobalSettings, finetune, phase_schedule, row_width
 from speedrun.kernels.compile import CompiledRegions, graphs_compiled
 from speedrun.progress import Progress
@@ -196,7 +196,7 @@ def ttt_evaluate(
     last_phase = max(phases, default=-1)
     sizes = [chunk_size_for(docs[batch[0]][1], s.chunk_size, steps) for batch in batches]
     owner, chain_of = deal_batches(
-        [batch_steps(docs, batch, c) for batch, c in zip(batches, sizes)],
+        [batch_cost(docs, batch, c, seq_len, compact=s.compile is not None) for batch, c in zip(batches, sizes)],
         list(phases),
         world,
         s.warm_start_chains if s.warm_start_a else 0,

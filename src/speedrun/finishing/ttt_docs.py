@@ -68,10 +68,33 @@ def batch_steps(docs: list[tuple[int, int]], batch: list[int], chunk: int) -> in
     return max(-(-docs[i][1] // chunk) for i in batch)
 
 
-def deal_batches(costs: list[int], phase_ends: list[int], world: int, chains: int = 0) -> tuple[list[int], list[int]]:
+STEP_COST_TOKENS = 20_000
+"""A chunk step's fixed cost (its launches, the optimizer, the host's work) counted in padded tokens of compute.
+Fitted to one measurement: the eleventh session's eager TTT on 4 H100s against one (687 documents, 16 a batch)
+scaled 2.70x; this cost model predicts 2.66x for that dealing, where counting steps alone predicted 3.62x and
+padded tokens alone 1.60x. A model to refine with more measurements."""
+
+
+def batch_cost(docs: list[tuple[int, int]], batch: list[int], chunk: int, seq_len: int, compact: bool) -> float:
+    """A batch's TTT time in steps' fixed costs: per chunk step, 1 plus its padded tokens / STEP_COST_TOKENS. A
+    step's rows are padded to the power-of-two width of its longest window (at most seq_len tokens); ``compact``
+    (compiled TTT) runs only the documents still going, at least 2, eager TTT every document of the batch
+    (speedrun.finishing.ttt._adapt_batch)."""
+    from speedrun.finishing.ttt_global import row_width  # ttt_global is heavier (torch.nn); imported where needed
+
+    lengths = sorted((docs[i][1] for i in batch), reverse=True)
+    total = 0.0
+    for k in range(-(-lengths[0] // chunk)):
+        going = [min((k + 1) * chunk, n) for n in lengths if k * chunk < n]
+        rows = max(len(going), min(2, len(lengths))) if compact else len(lengths)
+        total += 1.0 + rows * row_width(min(going[0], seq_len), seq_len) / STEP_COST_TOKENS
+    return total
+
+
+def deal_batches(costs: list[float], phase_ends: list[int], world: int, chains: int = 0) -> tuple[list[int], list[int]]:
     """(rank, chain) of each batch of the scoring order. Between two global phases (which every rank waits for) the
-    batches are dealt to balance their cost (chunk steps: eager TTT's time goes with its launches, not its tokens),
-    longest first onto the least loaded, so one long document's batch does not leave the other ranks idle.
+    batches are dealt to balance their cost (batch_cost: chunk steps, weighted by their padded tokens), longest
+    first onto the least loaded, so one long document's batch does not leave the other ranks idle.
 
     chains > 0 (warm_start_a): each stretch's batches are first split into that many chains whatever the rank count
     (halves of balanced cost, then halves of those, ...), then whole chains go onto the ranks, so that each chain,
@@ -99,7 +122,7 @@ def deal_batches(costs: list[int], phase_ends: list[int], world: int, chains: in
     return rank, chain
 
 
-def _halve(costs: list[int], parts: int) -> list[int]:
+def _halve(costs: list[float], parts: int) -> list[int]:
     """Each item's part (0..parts-1): two groups of balanced cost, sized for parts // 2 and the rest, each halved
     again. Deterministic."""
     if parts == 1:
@@ -114,10 +137,10 @@ def _halve(costs: list[int], parts: int) -> list[int]:
     return out
 
 
-def _longest_first(costs: list[int], capacity: list[int]) -> list[int]:
+def _longest_first(costs: list[float], capacity: list[int]) -> list[int]:
     """Each item's bin: items by decreasing cost (ties: earlier first), each onto the bin least loaded for its
     capacity (ties: the lowest). Deterministic."""
-    loads, where = [0] * len(capacity), [0] * len(costs)
+    loads, where = [0.0] * len(capacity), [0] * len(costs)
     for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
         j = min(range(len(capacity)), key=lambda j: (loads[j] / capacity[j], j))
         where[i], loads[j] = j, loads[j] + costs[i]
