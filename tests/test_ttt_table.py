@@ -95,7 +95,8 @@ def test_ttt_table_on_two_ranks_scores_what_one_process_scores(default_smoke_run
     assert default_smoke_run.proc.returncode == 0, default_smoke_run.proc.stderr[-2000:]
     run = tmp_path / "run"
     shutil.copytree(default_smoke_run.run_dir, run)
-    small = ["ttt.rank=4", "ttt.alpha=6", "ttt.batch_size=2", "ttt.chunk_size=64", "ttt.phased.phases=0"]
+    # 4 documents, 2 a rank, in 128-token chunks (64 took twice the steps and checked nothing more)
+    small = ["ttt.rank=4", "ttt.alpha=6", "ttt.batch_size=2", "ttt.chunk_size=128", "ttt.phased.phases=0"]
     small += ["ttt.warm_start_a=false", "eval.tokens=12288", "ttt.max_seconds=null"]
     table = [str(REPO / "scripts/ttt_table.py"), str(run), *small, "--setting", "cold=ttt.rank=4"]
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
