@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from speedrun.finishing.ttt_docs import STEP_COST_TOKENS, batch_cost, batch_steps, deal_batches
+from speedrun.finishing.ttt_docs import STEP_COST_TOKENS, batch_cost, deal_batches
 
 COSTS = [104, 3, 9, 40, 12, 7, 7, 30, 2, 18, 25, 5, 61, 8, 11, 4]  # one long document's batch, many short ones
 
@@ -16,9 +16,15 @@ def loads(costs, rank, world):
     return [sum(c for c, r in zip(costs, rank) if r == k) for k in range(world)]
 
 
-def test_batch_steps_are_the_longest_documents_chunks():
+def batch_steps(docs, batch, chunk):
+    """Chunk steps a batch takes: its longest document's chunks."""
+    return max(-(-docs[i][1] // chunk) for i in batch)
+
+
+def test_a_batch_costs_its_longest_documents_steps_at_the_least():
     docs = [(0, 10), (11, 48), (60, 49), (110, 1)]
-    assert batch_steps(docs, [0, 1], 16) == 3 and batch_steps(docs, [2], 16) == 4 and batch_steps(docs, [3], 16) == 1
+    for batch, steps in (([0, 1], 3), ([2], 4), ([3], 1)):
+        assert steps < batch_cost(docs, batch, 16, 2048, compact=False) < steps + 1
 
 
 def test_batch_cost_counts_each_step_and_its_padded_tokens():

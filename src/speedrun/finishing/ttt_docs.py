@@ -63,11 +63,6 @@ def document_batches(
     return batches
 
 
-def batch_steps(docs: list[tuple[int, int]], batch: list[int], chunk: int) -> int:
-    """Chunk steps a batch takes: its longest document's chunks (every step runs all of the batch's rows)."""
-    return max(-(-docs[i][1] // chunk) for i in batch)
-
-
 STEP_COST_TOKENS = 20_000
 """A chunk step's fixed cost (its launches, the optimizer, the host's work) counted in padded tokens of compute.
 Fitted to one measurement: the eleventh session's eager TTT on 4 H100s against one (687 documents, 16 a batch)
