@@ -202,12 +202,14 @@ def test_a_pickled_object_is_refused_on_load(tmp_path):
 
 @pytest.mark.slow
 def test_sigterm_from_outside_writes_a_checkpoint_and_resume_finishes_the_row(tmp_path, data_cache):
+    steps = 120  # the first part stops near step 13 (its first progress line); the resume trains the rest
     # one thread: on a shared machine, spinning OpenMP threads make each step many times slower
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    # many short steps (one micro-batch each) and early progress lines: still training when the signal comes
+    # many short steps (one micro-batch each, ~60 a second here) and early progress lines: still training when the
+    # signal comes
     args = [
         "debug=smoke",
-        "budget.max_steps=300",
+        f"budget.max_steps={steps}",
         "budget.train_seconds=600",
         "budget.tokens_per_step=256",
         "logger.log_every_seconds=0.2",
@@ -256,7 +258,7 @@ def test_sigterm_from_outside_writes_a_checkpoint_and_resume_finishes_the_row(tm
     )
     elapsed = time.time() - t0
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert con.execute("SELECT run_id, status, steps FROM runs").fetchall() == [(str(run_dir.resolve()), "ok", 300)]
+    assert con.execute("SELECT run_id, status, steps FROM runs").fetchall() == [(str(run_dir.resolve()), "ok", steps)]
     (wall,) = con.execute("SELECT wall_seconds FROM runs").fetchone()
     assert 1000.0 < wall < 1000.0 + elapsed  # both parts: the report's overhead_s (wall - train) stays >= 0
     assert json.loads((run_dir / "result.json").read_text())["wall_seconds"] == wall
