@@ -25,12 +25,13 @@ def test_record_ttt_is_the_ttt_record_group_as_dotted_keys():
 
 
 def test_ttt_table_runs_each_setting_on_the_runs_artifact(default_smoke_run, tmp_path):
-    """On a copy of the shared smoke run (int8 artifact): two settings, small enough for a CPU; each row is a real
-    TTT phase (tokens scored, phases as asked) of the artifact's dequantized weights, and the table says so."""
+    """On a copy of the shared smoke run (int8 artifact): two settings, small enough for a CPU (128-token chunks: half
+    the steps of 64); each row is a real TTT phase (tokens scored, phases as asked) of the artifact's dequantized
+    weights, and the table says so."""
     assert default_smoke_run.proc.returncode == 0, default_smoke_run.proc.stderr[-2000:]
     run = tmp_path / "run"
     shutil.copytree(default_smoke_run.run_dir, run)
-    small = ["ttt.rank=4", "ttt.alpha=6", "ttt.batch_size=2", "ttt.chunk_size=64", "ttt.phased.prefix_docs=2"]
+    small = ["ttt.rank=4", "ttt.alpha=6", "ttt.batch_size=2", "ttt.chunk_size=128", "ttt.phased.prefix_docs=2"]
     small += ["ttt.phased.chunk_tokens=512", "ttt.phased.batch_seqs=8", "eval.tokens=12288", "ttt.max_seconds=null"]
     proc = subprocess.run(
         [sys.executable, str(REPO / "scripts/ttt_table.py"), str(run), *small,
