@@ -139,6 +139,25 @@ def fake_device(profile_name: str, name: str | None = None):
     return DetectedDevice("cuda", name or DEVICE_NAMES[profile_name], p.capability, p.memory_gb, p)
 
 
+RANK_PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "speedrun.run.runner", "speedrun.training.build"]
+"""What the ranks of start_ranks find already imported: torch (~1.3 s of CPU), dynamo (~1.2 s; torch.optim imports
+it when an optimizer is built) and speedrun's run and training code."""
+
+
+def start_ranks(fn, args: tuple, nprocs: int = 2) -> None:
+    """fn(rank, *args) on ``nprocs`` processes, waited for; an exception in a rank fails the call (torch's
+    start_processes). Each rank is a fresh process, forked from multiprocessing's fork server, which imported
+    RANK_PRELOAD once for this xdist worker: a spawned interpreter would import them again for every rank. The server
+    starts at the first call, from this process as it is then; a rank gets its sys.path and working dir from the
+    caller (as a spawned one does) and sets its own rendezvous variables (MASTER_PORT, RANK, ...)."""
+    import multiprocessing
+
+    import torch.multiprocessing
+
+    multiprocessing.set_forkserver_preload(RANK_PRELOAD)  # read when the server starts: the first call
+    torch.multiprocessing.start_processes(fn, args=args, nprocs=nprocs, start_method="forkserver")
+
+
 def run_cli(args, cwd, timeout=300, env_extra=None):
     """Run `python -m run ...` in a subprocess (the real entry point) and return the CompletedProcess."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import fake_device
+from conftest import fake_device, start_ranks
 from speedrun.config import to_config
 from speedrun.plan import WorldInfo, resolve
 from test_dist import TINY_RUN, _free_port, plan_for
@@ -179,9 +179,7 @@ def test_two_ranks_stop_together_checkpoint_and_resume_on_two_or_one(compose, tm
     full1 = _loop(one, shard, SINGLE, tmp_path / "full1")
     cut1 = _loop(one, shard, SINGLE, tmp_path / "cut1", signal_at=STOP_AT)
     assert cut1["steps"] == STOP_AT and "checkpoint" in cut1["stopped"]
-    torch.multiprocessing.start_processes(
-        _rank_main, args=(_free_port(), two, str(shard), str(tmp_path)), nprocs=2, start_method="spawn"
-    )
+    start_ranks(_rank_main, (_free_port(), two, str(shard), str(tmp_path)))
     r0, r1 = (torch.load(tmp_path / f"r{r}.pt", weights_only=False) for r in (0, 1))
 
     full = r0["full"]["losses"]
@@ -280,9 +278,7 @@ def test_micro_batch_auto_on_two_ranks_runs_the_smallest_choice_of_any_rank(comp
     only 4); both run 4, with the accumulation that keeps the global step (2 ranks x 4 x 32 x 4 = 1024 tokens)."""
     plan = plan_for(compose, *AUTO, world=TWO)
     assert plan.micro_batch_search and plan.eval.batch_search and plan.world_size == 2
-    torch.multiprocessing.start_processes(
-        _search_rank, args=(_free_port(), plan, str(tmp_path)), nprocs=2, start_method="spawn"
-    )
+    start_ranks(_search_rank, (_free_port(), plan, str(tmp_path)))
     s0, s1 = (torch.load(tmp_path / f"s{r}.pt", weights_only=False) for r in (0, 1))
     assert (s0["found"], s1["found"]) == ([8, 2, 8], [4, 4, 4])  # without agreement rank 0 would run out on rank 1
     assert s0["agreed"] == s1["agreed"] == [4, 4, 4] and s0["stages"] == [(32, 4)]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from conftest import start_ranks
 from test_dist import _free_port
 
 STOP_AT = 3
@@ -79,9 +80,7 @@ def _job_rank(rank: int, port: int, overrides: list[str], run_dir: str, signal_r
 
 
 def _two_ranks(overrides: list[str], run_dir: Path, signal_rank: int | None = None) -> None:
-    torch.multiprocessing.start_processes(
-        _job_rank, args=(_free_port(), overrides, str(run_dir), signal_rank), nprocs=2, start_method="spawn"
-    )
+    start_ranks(_job_rank, (_free_port(), overrides, str(run_dir), signal_rank))
 
 
 def _train_records(run_dir: Path) -> list[tuple[int, float]]:

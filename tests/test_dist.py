@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import fake_device
+from conftest import fake_device, start_ranks
 from speedrun.config import to_config
 from speedrun.errors import PlanError
 from speedrun.plan import WorldInfo, resolve
@@ -347,9 +347,7 @@ def test_two_ranks_train_and_score_like_one_process(compose, tmp_path):
     one = plan_for(compose, *TINY_RUN)
     two = plan_for(compose, *TINY_RUN, world=WorldInfo("torchrun", 0, 2, 0, 2, 0))
     assert (one.grad_accum, two.grad_accum) == (4, 2)
-    torch.multiprocessing.start_processes(
-        _rank_main, args=(_free_port(), two, str(shard), str(tmp_path / "r0.pt")), nprocs=2, start_method="spawn"
-    )
+    start_ranks(_rank_main, (_free_port(), two, str(shard), str(tmp_path / "r0.pt")))
     ranks = torch.load(tmp_path / "r0.pt", weights_only=False)
     torch.set_num_threads(1)
     single = _run(one, shard, SINGLE)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from conftest import fake_device
+from conftest import fake_device, start_ranks
 from speedrun.config import to_config
 from speedrun.plan import WorldInfo, resolve
 from test_dist import TINY_RUN, _free_port, _luts, _val_tokens, plan_for
@@ -94,9 +94,7 @@ def test_two_ranks_validate_periodically_like_one_process(compose, tmp_path):
     one = plan_for(compose, *PERIODIC)
     two = plan_for(compose, *PERIODIC, world=WorldInfo("torchrun", 0, 2, 0, 2, 0))
     assert (one.grad_accum, two.grad_accum, two.eval.every_steps) == (4, 2, 2)
-    torch.multiprocessing.start_processes(
-        _rank_main, args=(_free_port(), two, str(shard), str(tmp_path)), nprocs=2, start_method="spawn"
-    )
+    start_ranks(_rank_main, (_free_port(), two, str(shard), str(tmp_path)))
     r0, r1 = (torch.load(tmp_path / f"r{r}.pt", weights_only=False) for r in (0, 1))
     torch.set_num_threads(1)
     single = _train_with_periodic_eval(one, shard, SINGLE)

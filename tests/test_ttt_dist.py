@@ -9,6 +9,7 @@ import socket
 
 import torch
 
+from conftest import start_ranks
 from speedrun.finishing.ttt import LoRASettings
 from speedrun.finishing.ttt_global import GlobalSettings
 
@@ -83,9 +84,7 @@ def test_two_ranks_evaluate_and_test_time_train_like_one_process(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    torch.multiprocessing.start_processes(
-        _rank_main, args=(port, str(tmp_path / "r0.pt")), nprocs=2, start_method="spawn"
-    )
+    start_ranks(_rank_main, (port, str(tmp_path / "r0.pt")))
     two = torch.load(tmp_path / "r0.pt", weights_only=False)
     one = _score(None)
     assert two["standard"] == one["standard"] and two["sliding"] == one["sliding"]
