@@ -93,7 +93,10 @@ def test_an_offline_sweep_leaves_config_and_summary_in_each_run_dir(tmp_path, da
     from speedrun.paths import CACHE_DIR
 
     cache = CACHE_DIR.expanduser()
-    cache.mkdir(parents=True, exist_ok=True)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError:  # a HOME without a writable cache: the link dangles, minify skips its cache (as it would there)
+        pass
     (tmp_path / "home" / ".cache").mkdir(parents=True)
     (tmp_path / "home" / ".cache" / "speedrun").symlink_to(cache, target_is_directory=True)
     proc = subprocess.run(
