@@ -196,6 +196,9 @@ class LoRAModel:
         if self.head is not None:
             self.model.head_adapter = None
         params = self.base_parameters()
+        for p in self.parameters():  # not the adapters: an optimizer over the model's trainables must not see them
+            p.requires_grad_(False)
+        casts = [p.data for p, _ in self._masters]
         for p, master in self._masters:  # global TTT trains the float weights, as on a model never cast
             p.data = master
         for p in params:
@@ -206,10 +209,14 @@ class LoRAModel:
             for p in params:
                 p.requires_grad_(False)
                 p.grad = None
-            if self.cast_dtype is not None:  # the fine-tuned float weights become the masters, cast again
-                self._masters = [(p, p.data) for p, _ in self._masters]
-                for p, master in self._masters:
-                    p.data = master.to(self.cast_dtype)
+            # the fine-tuned float weights become the masters, cast back into the same storage: a CUDA graph of
+            # TTT's step (speedrun.finishing.ttt_graphs) reads the weights where it found them at capture
+            self._masters = [(p, p.data) for p, _ in self._masters]
+            for (p, master), low in zip(self._masters, casts):
+                low.copy_(master)
+                p.data = low
+            for p in self.parameters():
+                p.requires_grad_(True)
             for w in self.wrapped:
                 w.active = True
             if self.head is not None:

@@ -47,7 +47,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -56,10 +56,11 @@ from torch import nn
 from torch.fx.experimental import _config as fx_config
 
 from speedrun.config.specs import parse_short_chunks, parse_targets
-from speedrun.data.bpb import ByteLUTs, token_bytes
+from speedrun.data.bpb import ByteLUTs
 from speedrun.finishing.lora import LoRAModel, cast_linear_weights
 from speedrun.finishing.ttt_docs import batch_cost, chunk_size_for, deal_batches, document_batches, split_documents
 from speedrun.finishing.ttt_global import GlobalSettings, finetune, phase_schedule, row_width
+from speedrun.finishing.ttt_graphs import GraphedChunkSteps, StepKey, StepOut, chunk_step, pad_rows
 from speedrun.kernels.compile import CompiledRegions, graphs_compiled
 from speedrun.progress import Progress
 
@@ -104,6 +105,10 @@ class TTTResult:
     """The compile warm-up before the clock started (settings.compile; 0 when eager), not part of ``seconds``."""
     recompiles: int = 0
     """Graphs torch.compile built after the warm-up, during TTT itself (0 is the aim)."""
+    cuda_graphs: int = 0
+    """Step shapes captured as CUDA graphs (settings.cuda_graphs; the most of any rank)."""
+    cuda_graphs_late: int = 0
+    """Of those, the ones captured while TTT's clock ran (0 is the aim)."""
 
     @property
     def fraction(self) -> float:
@@ -161,6 +166,9 @@ class LoRASettings:
     compile_scope: str = "blocks"
     """blocks: each block and the head compiled on their own (one small graph that every block reuses, through
     the model's compiled_regions); model: the whole forward as one graph."""
+    cuda_graphs: bool = False
+    """Replay each step from a CUDA graph, one per step shape, all captured before the clock starts
+    (speedrun.finishing.ttt_graphs); CUDA only."""
 
 
 def ttt_evaluate(
@@ -220,6 +228,33 @@ def ttt_evaluate(
     )
     if isinstance(forward, _Compiled) and log is not None and rank == 0:
         log(f"ttt: compile warm-up done in {forward.warm_up_seconds:.1f} s")
+    warm_up_seconds = forward.warm_up_seconds if isinstance(forward, _Compiled) else 0.0
+    stepper = _Stepper(
+        forward,
+        base_forward if s.score_base else None,
+        tokens,
+        luts,
+        device,
+        autocast_dtype,
+        mode="graphs" if s.cuda_graphs else "compact" if s.compile is not None else "eager",
+        slots=lora.slots,
+    )
+    if s.cuda_graphs:
+        t_capture = time.perf_counter()
+        stepper.graphs = GraphedChunkSteps(stepper.run, lora.parameters(), device)
+        mine = [b for b in range(len(batches)) if owner[b] == rank]
+        stepper.capture(
+            [[docs[i] for i in batches[b]] for b in mine],
+            [sizes[b] for b in mine],
+            [any(p < b for p in phases) for b in mine],
+            seq_len,
+        )
+        warm_up_seconds += time.perf_counter() - t_capture
+        if log is not None and rank == 0:
+            log(
+                f"ttt: {len(stepper.graphs.graphs)} step shapes captured as CUDA graphs in "
+                f"{time.perf_counter() - t_capture:.1f} s"
+            )
     graphs0 = graphs_compiled()
     t0 = time.perf_counter()  # TTT's clock (and ttt.max_seconds) starts after the compile warm-up
     deadline = None if s.max_seconds is None else t0 + s.max_seconds
@@ -238,17 +273,12 @@ def ttt_evaluate(
                 [docs[i] for i in batch],
                 batch,
                 sizes[b],
-                tokens,
-                luts,
                 sums,
+                stepper,
                 settings=s,
                 seq_len=seq_len,
-                device=device,
-                autocast_dtype=autocast_dtype,
                 deadline=deadline,
                 chunk_log=scored,
-                forward=forward,
-                base=base_forward if s.score_base else None,
                 base_is_adapted_start=not changed,
                 progress=progress,
                 share=share,
@@ -295,11 +325,14 @@ def ttt_evaluate(
         sums.tokens, docs_done = (int(v) for v in counts.tolist())
         stopped = bool(shard.max(1.0 if stopped else 0.0))
     seconds = time.perf_counter() - t0
-    compile_seconds = forward.warm_up_seconds if isinstance(forward, _Compiled) else 0.0
+    compile_seconds = warm_up_seconds
     recompiles = graphs_compiled() - graphs0
+    captured = len(stepper.graphs.graphs) if stepper.graphs is not None else 0
+    late = stepper.graphs.late if stepper.graphs is not None else 0
     if shard is not None:  # the slowest rank's, as every count of time here
         seconds, glob.seconds = float(shard.max(seconds) or 0.0), float(shard.max(glob.seconds) or 0.0)
         compile_seconds, recompiles = float(shard.max(compile_seconds) or 0.0), int(shard.max(recompiles) or 0)
+        captured, late = int(shard.max(captured) or 0), int(shard.max(late) or 0)
     nats, n_bytes, n_tokens = sums.totals()
     base_nats = float(sums.base_nats.item()) if s.score_base else None
     total = val_tokens.numel() - 1
@@ -326,6 +359,8 @@ def ttt_evaluate(
         global_seconds=glob.seconds,
         compile_seconds=compile_seconds,
         recompiles=recompiles,
+        cuda_graphs=captured,
+        cuda_graphs_late=late,
     )
 
 
@@ -464,10 +499,109 @@ def _to_device(t: torch.Tensor, device: str) -> torch.Tensor:
     return t.pin_memory().to(device, non_blocking=True)
 
 
+def _pinned(t: torch.Tensor, device: str) -> torch.Tensor:
+    """A host tensor in pinned memory (on a CUDA run), so that copying it to the device does not wait for the
+    kernels queued before it (_to_device)."""
+    return t.pin_memory() if torch.device(device).type == "cuda" else t
+
+
 def _optimizer(params: list[nn.Parameter], s: LoRASettings) -> torch.optim.Optimizer:
+    # On CUDA the fused kernels: the adapters are about a hundred (slots, rank, in) tensors of fp32, gigabytes at
+    # the records' 64-128 slots and rank 96, and the fused step reads and writes each of them once (as the records'
+    # AdamW(fused=True)); elsewhere the default (foreach) implementation.
+    fused = bool(params) and params[0].is_cuda
     if s.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=s.lr, momentum=s.momentum or 0.0, weight_decay=s.weight_decay)
-    return torch.optim.AdamW(params, lr=s.lr, betas=(s.beta1, s.beta2), eps=s.eps, weight_decay=s.weight_decay)
+        return torch.optim.SGD(
+            params, lr=s.lr, momentum=s.momentum or 0.0, weight_decay=s.weight_decay, fused=fused or None
+        )
+    return torch.optim.AdamW(
+        params, lr=s.lr, betas=(s.beta1, s.beta2), eps=s.eps, weight_decay=s.weight_decay, fused=fused or None
+    )
+
+
+def _rows_for(going: int, n_docs: int, mode: str, slots: int) -> int:
+    """Rows a step runs: eager, one per document of the batch (eager flex compiles per shape); compiled, the
+    documents still going, at least 2 (dynamic shapes: a size-1 dimension would be specialized into graphs of its
+    own); graphed, that padded to a power of two (ttt_graphs.pad_rows: a few shapes to capture)."""
+    if mode == "graphs":
+        return pad_rows(going, slots)
+    return max(going, min(2, n_docs)) if mode == "compact" else n_docs
+
+
+def _steps(
+    docs: list[tuple[int, int]], chunk: int, seq_len: int, mode: str, slots: int
+) -> Iterator[tuple[int, list[list[int]], int, bool]]:
+    """A batch's steps, its documents sorted longest first (so the documents still going are the first rows):
+    (k, the (4, rows) row table of chunk_step, width, training) for every chunk index k."""
+    n_chunks = [math.ceil(n / chunk) for _, n in docs]
+    for k in range(max(n_chunks)):
+        going = sum(k < nc for nc in n_chunks)  # the first `going` rows: n_chunks is non-increasing
+        rows = _rows_for(going, len(docs), mode, slots)
+        # per row: inputs [lo, hi) of its document (relative to the document start), scored from offset `first`;
+        # rows past the documents still going (or past the batch, when padded) are all padding
+        table = [[0] * rows for _ in range(4)]
+        for i, ((start, n), nc) in enumerate(zip(docs[:rows], n_chunks)):
+            if k < nc:
+                hi = min((k + 1) * chunk, n)
+                lo = max(0, hi - seq_len)
+                table[0][i], table[1][i], table[2][i] = start + lo, hi - lo, k * chunk - lo
+                table[3][i] = 1 if k < nc - 1 else 0  # no update after a document's last chunk
+        yield k, table, row_width(max(table[1]), seq_len), any(table[3])
+
+
+def _longest_first(docs: list[tuple[int, int]], chunk: int) -> list[int]:
+    return sorted(range(len(docs)), key=lambda i: -math.ceil(docs[i][1] / chunk))  # stable: ties keep order
+
+
+def _base_mode(scorer: Callable | None, k: int, base_is_adapted_start: bool) -> str:
+    if scorer is None:
+        return "none"
+    return "reuse" if k == 0 and base_is_adapted_start else "run"
+
+
+@dataclass
+class _Stepper:
+    """How _adapt_batch runs a step (ttt_graphs.chunk_step): directly, or replayed from CUDA graphs."""
+
+    forward: Callable
+    base: Callable | None
+    tokens: torch.Tensor
+    luts: ByteLUTs
+    device: str
+    autocast_dtype: torch.dtype | None
+    mode: str
+    """eager (every row), compact (compiled: the rows still going) or graphs (ttt.cuda_graphs)."""
+    slots: int
+    graphs: GraphedChunkSteps | None = None
+
+    def nats_of(self, fn: Callable, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return _nats(fn, x, y, self.device, self.autocast_dtype)
+
+    def run(self, rows: torch.Tensor, key: StepKey, zero_grads: Callable[[], None] | None = None) -> StepOut:
+        _, width, training, base_mode = key
+        return chunk_step(
+            self.forward, self.base, self.tokens, self.luts, rows, width, training, base_mode, self.nats_of, zero_grads
+        )
+
+    def step(self, table: list[list[int]], key: StepKey) -> StepOut:
+        rows = torch.tensor(table, dtype=torch.int64)
+        if self.graphs is not None:
+            return self.graphs.step(_pinned(rows, self.device), key)
+        return self.run(_to_device(rows, self.device), key)
+
+    def capture(
+        self, batches: list[list[tuple[int, int]]], chunk_sizes: list[int], changed_before: list[bool], seq_len: int
+    ) -> None:
+        """Capture, before the clock starts, every step shape that these batches (this rank's, in order) will run."""
+        assert self.graphs is not None
+        keys = set()
+        for docs, chunk, changed in zip(batches, chunk_sizes, changed_before):
+            ordered = [docs[i] for i in _longest_first(docs, chunk)]
+            for k, table, width, training in _steps(ordered, chunk, seq_len, self.mode, self.slots):
+                keys.add((len(table[0]), width, training, _base_mode(self.base, k, not changed)))
+        self.graphs.prepare(
+            keys, lambda key: torch.tensor([[0] * key[0], [key[1]] * key[0], [0] * key[0], [1] * key[0]])
+        )
 
 
 def _adapt_batch(
@@ -475,18 +609,13 @@ def _adapt_batch(
     docs: list[tuple[int, int]],
     doc_ids: list[int],
     chunk: int,
-    tokens: torch.Tensor,
-    luts: ByteLUTs,
     sums: _Sums,
+    stepper: _Stepper,
     *,
     settings: LoRASettings,
     seq_len: int,
-    device: str,
-    autocast_dtype: torch.dtype | None,
     deadline: float | None,
     chunk_log: list[ScoredChunk] | None,
-    forward: Callable,
-    base: Callable | None = None,
     base_is_adapted_start: bool = True,
     progress: Progress | None = None,
     share: int = 0,
@@ -498,62 +627,31 @@ def _adapt_batch(
     rows. Eager, a step runs one row per document of the batch at one padded width (documents that are done are
     all padding: unscored, untrained), so the shapes stay few: the batch size (smaller only for a last, short
     batch) times a handful of widths. Compiled (dynamic shapes: any row count of at least 2 runs on the warm-up's
-    graphs), a step runs only the rows still going, at least 2 (a size-1 dimension would be specialized into graphs
-    of its own): a batch's long tail, one long document and many done, no longer costs a full batch of padding per
-    step (on the embedded corpus cut at 2,500 characters, 64 a batch, 1.7x fewer padded tokens). The documents that
+    graphs), a step runs only the rows still going, at least 2: a batch's long tail, one long document and many
+    done, no longer costs a full batch of padding per step (on the embedded corpus cut at 2,500 characters, 64 a
+    batch, 1.7x fewer padded tokens). With CUDA graphs, that row count padded to a power of two. The documents that
     are done would get zero gradients either way. ``base_is_adapted_start``: the adapted model with fresh adapters
     is the base model (no global phase has changed the copy), so a chunk 0's score is also its base score."""
     lora.reset(keep_a=settings.warm_start_a)
     opt = _optimizer(lora.parameters(), settings)
-    longest_first = sorted(range(len(docs)), key=lambda i: -math.ceil(docs[i][1] / chunk))  # stable: ties keep order
-    docs, doc_ids = [docs[i] for i in longest_first], [doc_ids[i] for i in longest_first]
-    n_chunks = [math.ceil(n / chunk) for _, n in docs]
-    compact = isinstance(forward, _Compiled)
-    last = tokens.numel() - 1
-    for k in range(max(n_chunks)):
+    order = _longest_first(docs, chunk)
+    docs, doc_ids = [docs[i] for i in order], [doc_ids[i] for i in order]
+    for k, table, width, training in _steps(docs, chunk, seq_len, stepper.mode, stepper.slots):
         if deadline is not None and time.perf_counter() > deadline:
             return True
-        going = sum(k < nc for nc in n_chunks)  # the first `going` rows: n_chunks is non-increasing
-        rows = max(going, min(2, len(docs))) if compact else len(docs)
-        # per slot: inputs [lo, hi) of its document (relative to the document start), scored from offset `first`
-        begin, length, first, train = [0] * rows, [0] * rows, [0] * rows, [0.0] * rows
-        for i, ((start, n), nc) in enumerate(zip(docs[:rows], n_chunks)):
-            if k < nc:
-                hi = min((k + 1) * chunk, n)
-                lo = max(0, hi - seq_len)
-                begin[i], length[i], first[i] = start + lo, hi - lo, k * chunk - lo
-                train[i] = 1.0 if k < nc - 1 else 0.0  # no update after a document's last chunk
-        width = row_width(max(length), seq_len)
-        cols = torch.arange(width, device=device)
-        begin_t, length_t, first_t = _to_device(torch.tensor([begin, length, first]), device)
-        idx = begin_t[:, None] + cols[None, :]
-        valid = cols[None, :] < length_t[:, None]
-        x = torch.where(valid, tokens[idx.clamp(max=last - 1)], 0)
-        y = torch.where(valid, tokens[(idx + 1).clamp(max=last)], 0)
-        scored = valid & (cols[None, :] >= first_t[:, None])
-        weights = _to_device(torch.tensor(train), device)
-        training = any(train)
-        with torch.set_grad_enabled(training):
-            nats = _nats(forward, x, y, device, autocast_dtype)
-        with torch.no_grad():  # the score: before this chunk's update
-            chunk_nats = torch.where(scored, nats.detach().double(), 0.0)
-            sums.nats += chunk_nats.sum()
-            if base is not None:  # fresh adapters (B = 0) add exactly nothing: a chunk 0 may be the base score
-                reuse = k == 0 and base_is_adapted_start
-                base_nats = nats.detach() if reuse else _nats(base, x, y, device, autocast_dtype)
-                sums.base_nats += torch.where(scored, base_nats.double(), 0.0).sum()
-            sums.bytes += torch.where(scored, token_bytes(x, y, luts), 0).sum()
-            counts = scored.sum(dim=1)
-            sums.tokens += sum(max(0, n - f) for n, f in zip(length, first))  # counted on the host: no sync
-            if progress is not None:  # after each chunk: one long document's batch can take minutes
-                progress.tick(sums.tokens, share)
-            if chunk_log is not None:
-                for i, (d_nats, d_count) in enumerate(zip(chunk_nats.sum(dim=1).tolist(), counts.tolist())):
-                    if d_count:
-                        chunk_log.append(ScoredChunk(batch_index, k, doc_ids[i], d_nats, d_count))
-        if training:  # then one step on the chunk just scored: it can only change later chunks' scores
-            per_doc = (nats * scored).sum(dim=1) / counts.clamp_min(1)
-            opt.zero_grad(set_to_none=True)
-            (per_doc * weights).sum().backward()
+        if training and stepper.graphs is None:
+            opt.zero_grad(set_to_none=True)  # a graphed step zeroes the gradients it accumulates into
+        out = stepper.step(table, (len(table[0]), width, training, _base_mode(stepper.base, k, base_is_adapted_start)))
+        sums.nats += out.row_nats.sum()
+        sums.base_nats += out.base_nats
+        sums.bytes += out.n_bytes
+        sums.tokens += sum(max(0, n - f) for n, f in zip(table[1], table[2]))  # counted on the host: no sync
+        if progress is not None:  # after each chunk: one long document's batch can take minutes
+            progress.tick(sums.tokens, share)
+        if chunk_log is not None:
+            for i, (d_nats, d_count) in enumerate(zip(out.row_nats.tolist(), out.counts.tolist())):
+                if d_count:
+                    chunk_log.append(ScoredChunk(batch_index, k, doc_ids[i], d_nats, d_count))
+        if training:  # the step on the chunk just scored: it can only change later chunks' scores
             opt.step()
     return False

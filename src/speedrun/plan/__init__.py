@@ -124,7 +124,7 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
         )
 
     eval_plan = _resolve_eval(cfg, profile, attn, model, micro_batch, search)
-    ttt = _resolve_ttt(cfg.ttt, model, eval_plan.batch_size, dist.world_size)
+    ttt = _resolve_ttt(cfg.ttt, model, eval_plan.batch_size, dist.world_size, on_cuda)
     _check_code_rule(cfg.artifact, cfg.quant)
     # A card-independent budget (tokens, FLOPs) set without a time budget is not cut short by the profile's
     # default seconds: the point of it is the same training on any card.
@@ -325,9 +325,14 @@ def _resolve_eval(
     )
 
 
-def _resolve_ttt(ttt: TTTConfig, model: ModelShape, eval_batch: int, world_size: int) -> TTTConfig:
+def _resolve_ttt(ttt: TTTConfig, model: ModelShape, eval_batch: int, world_size: int, on_cuda: bool) -> TTTConfig:
     if ttt.name == "off":
         return ttt
+    if ttt.cuda_graphs and not on_cuda:
+        raise PlanError(
+            "ttt.cuda_graphs=true replays TTT's steps from CUDA graphs and needs a CUDA GPU, which this machine "
+            "does not have; use ttt.cuda_graphs=false"
+        )
     if ttt.warm_start_a and ttt.warm_start_chains < world_size:
         raise PlanError(
             f"ttt.warm_start_a carries A along ttt.warm_start_chains={ttt.warm_start_chains} chains of batches, each "

@@ -1,0 +1,185 @@
+"""One step of score-first TTT as device work only, and that step replayed from CUDA graphs (ttt.cuda_graphs).
+
+A step (``chunk_step``) takes, per row of the batch, where its window starts in the token stream, how long it is,
+from which column its chunk is scored, and whether the adapters learn from it; it gathers the window's inputs and
+targets, scores the chunk (the adapted model, and the unadapted one for val_bpb_ttt_base), and backpropagates
+the chunk's mean loss per document into the adapters' ``.grad``. It reads nothing back to the host, so it can be
+captured in a CUDA graph. The optimizer step stays outside: its learning rate is a Python float.
+
+Why graphs: compiled TTT at the records' settings kept an H200 busy only 27% of the time (docs/benchmarks.md,
+thirteenth session): a step of 17 block calls forward and backward, each a compiled region with its guards and
+autograd bookkeeping, costs the host more than its kernels cost the GPU. A replay launches them all at once.
+
+How (torch.cuda.graphs, as speedrun.kernels.graphs does for training): one graph per step shape, the key
+(rows, width, training, base); rows are padded up to a power of two (at least 2, at most the adapter slots) and
+widths are already powers of two (ttt_global.row_width), so a run has a few dozen shapes, all captured before
+TTT's clock starts (``GraphedChunkSteps.prepare``) from the batches this rank will run. Each shape runs once
+eagerly on a side stream (cuBLAS and cuDNN initialise there, as capture requires), then is captured. Every graph
+draws from one shared memory pool: a replay's outputs are read (added to the sums, handed to the optimizer)
+before the next replay, so a graph may reuse what another one freed. Gradients accumulate into ``.grad`` tensors
+that exist before capture; the graph zeroes them first. Tensors a graph reads must keep their storage: the
+adapters are reset in place, and the frozen weights keep theirs across global phases (LoRAModel.bare).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+
+from speedrun.data.bpb import ByteLUTs, token_bytes
+
+BASE_MODES = ("none", "reuse", "run")
+"""How a step scores val_bpb_ttt_base: not at all, the adapted score itself (fresh adapters add nothing), or a
+forward of the unadapted model."""
+
+StepKey = tuple[int, int, bool, str]
+"""(rows, width, training, base mode): one graph each."""
+
+
+@dataclass
+class StepOut:
+    """What a step leaves on the device (static tensors when replayed: read them before the next replay)."""
+
+    row_nats: torch.Tensor
+    """(rows,) float64: each row's summed nats over its scored chunk."""
+    counts: torch.Tensor
+    """(rows,) int64: tokens scored per row."""
+    base_nats: torch.Tensor
+    """() float64: the unadapted model's nats over the same tokens (0 with base mode none)."""
+    n_bytes: torch.Tensor
+    """() int64: bytes of the scored tokens."""
+
+
+def pad_rows(going: int, slots: int) -> int:
+    """Rows a graphed step runs for ``going`` documents still going: the next power of two, at least 2 (a size-1
+    dimension would specialize a compiled graph of its own), at most ``slots``."""
+    return min(slots, max(2, 1 << max(0, going - 1).bit_length()))
+
+
+def chunk_step(
+    forward: Callable,
+    base: Callable | None,
+    tokens: torch.Tensor,
+    luts: ByteLUTs,
+    rows: torch.Tensor,
+    width: int,
+    training: bool,
+    base_mode: str,
+    nats_of: Callable,
+    zero_grads: Callable[[], None] | None = None,
+) -> StepOut:
+    """One TTT step: score each row's chunk, then (``training``) backpropagate its mean loss per document.
+
+    ``rows`` is (4, R) int64: per row the window's first input position in ``tokens``, its length, the first column
+    scored, and 1 if the adapters learn from this chunk (0 after a document's last chunk, or for padding rows).
+    ``nats_of(fn, x, y)`` runs a forward under the caller's autocast. ``zero_grads``: zeroes the ``.grad`` tensors
+    in place before the backward (a graph's accumulation target); None leaves ``.grad`` to the caller."""
+    begin, length, first, learn = rows[0], rows[1], rows[2], rows[3]
+    last = tokens.numel() - 1
+    cols = torch.arange(width, device=tokens.device)
+    idx = begin[:, None] + cols[None, :]
+    valid = cols[None, :] < length[:, None]
+    x = torch.where(valid, tokens[idx.clamp(max=last - 1)], 0)
+    y = torch.where(valid, tokens[(idx + 1).clamp(max=last)], 0)
+    scored = valid & (cols[None, :] >= first[:, None])
+    with torch.set_grad_enabled(training):
+        nats = nats_of(forward, x, y)
+    with torch.no_grad():  # the score: before this chunk's update
+        chunk_nats = torch.where(scored, nats.detach().double(), 0.0)
+        row_nats = chunk_nats.sum(dim=1)
+        if base_mode == "reuse":
+            base_nats = row_nats.sum()
+        elif base_mode == "run":
+            assert base is not None, "base mode run needs the unadapted forward"
+            base_nats = torch.where(scored, nats_of(base, x, y).double(), 0.0).sum()
+        else:
+            base_nats = torch.zeros((), dtype=torch.float64, device=tokens.device)
+        n_bytes = torch.where(scored, token_bytes(x, y, luts), 0).sum()
+        counts = scored.sum(dim=1)
+    if training:  # one step on the chunk just scored: it can only change later chunks' scores
+        if zero_grads is not None:
+            zero_grads()
+        per_doc = (nats * scored).sum(dim=1) / counts.clamp_min(1)
+        (per_doc * learn.to(per_doc.dtype)).sum().backward()
+    return StepOut(row_nats, counts, base_nats, n_bytes)
+
+
+class GraphedChunkSteps:
+    """chunk_step replayed from one CUDA graph per StepKey (see the module doc). ``step(rows, key)`` takes the
+    (4, R) int64 row table on the host and returns the step's static outputs."""
+
+    def __init__(
+        self,
+        run: Callable[[torch.Tensor, StepKey, Callable[[], None] | None], StepOut],
+        params: list[torch.nn.Parameter],
+        device: str,
+    ):
+        if torch.device(device).type != "cuda":
+            raise ValueError(f"ttt.cuda_graphs=true needs a CUDA device, not {device}; use ttt.cuda_graphs=false")
+        self.run, self.params, self.device = run, params, device
+        self.graphs: dict[StepKey, tuple[Any, torch.Tensor, StepOut]] = {}
+        self.grads: list[torch.Tensor] = []
+        """The adapters' .grad tensors the graphs accumulate into (held, so their memory stays theirs)."""
+        self.late = 0
+        """Shapes captured after prepare(), while TTT's clock ran (0 is the aim; each costs one capture)."""
+        self.pool: Any = None
+
+    def _zero_grads(self) -> None:
+        """Zero the adapters' .grad in place (made once: a graph accumulates into them, so they must outlive it).
+        (Autograd accumulates into an existing .grad in place when the backward does not build a graph of its own.)"""
+        if not self.grads:
+            for p in self.params:
+                p.grad = torch.zeros_like(p)
+            self.grads = [cast(torch.Tensor, p.grad) for p in self.params]
+        torch._foreach_zero_(self.grads)
+
+    def prepare(self, keys: Iterable[StepKey], dummy_rows: Callable[[StepKey], torch.Tensor]) -> None:
+        """Capture every key before the clock starts. ``dummy_rows(key)`` gives a row table of that shape to run
+        it with; nothing it computes is kept (the sums are not touched and the gradients are zeroed after)."""
+        for key in sorted(set(keys)):
+            if key not in self.graphs:
+                self._capture(key, dummy_rows(key))
+        for p in self.params:
+            if p.grad is not None:
+                p.grad.zero_()
+
+    def step(self, rows: torch.Tensor, key: StepKey) -> StepOut:
+        entry = self.graphs.get(key)
+        if entry is None:
+            self.late += 1
+            entry = self._capture(key, rows)
+            return entry[2]  # capture ran this very step (its side-stream run is not reused: replayed below)
+        graph, static_rows, out = entry
+        if key[2] and any(p.grad is not g for p, g in zip(self.params, self.grads)):
+            raise RuntimeError(
+                "a TTT adapter's .grad was replaced or cleared after its CUDA graph was captured (zero_grad with "
+                "set_to_none, or an optimizer over the adapters elsewhere): the graph would write gradients that the "
+                "optimizer never reads; keep the adapters' .grad tensors while ttt.cuda_graphs is on"
+            )
+        static_rows.copy_(rows, non_blocking=True)
+        graph.replay()
+        return out
+
+    def _capture(self, key: StepKey, rows: torch.Tensor) -> tuple[Any, torch.Tensor, StepOut]:
+        zero = self._zero_grads if key[2] else None
+        static_rows = rows.to(self.device).clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # lazy initialisations off the default stream, as capture requires
+            self.run(static_rows, key, zero)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = self.run(static_rows, key, zero)
+        graph.replay()  # capture records without running: this is the step's own run
+        self.graphs[key] = (graph, static_rows, out)
+        return self.graphs[key]
+
+
+__all__ = ["BASE_MODES", "GraphedChunkSteps", "StepKey", "StepOut", "chunk_step", "pad_rows"]

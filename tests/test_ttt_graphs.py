@@ -1,0 +1,112 @@
+"""ttt.cuda_graphs: TTT's steps as device work only (ttt_graphs.chunk_step), their shapes predicted before the clock
+starts, and (on a GPU) replayed from CUDA graphs with the scores of the steps run directly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from speedrun.config import to_config
+from speedrun.errors import ConfigError
+from speedrun.finishing import ttt as ttt_module
+from speedrun.finishing.ttt_graphs import StepKey, StepOut, pad_rows
+from speedrun.plan import resolve
+from test_ttt import docs_stream, fake_device, model, run
+
+
+def test_rows_are_padded_to_a_power_of_two_within_the_slots():
+    assert [pad_rows(n, 64) for n in (1, 2, 3, 5, 16, 17, 64)] == [2, 2, 4, 8, 16, 32, 64]
+    assert pad_rows(40, 48) == 48  # never more rows than adapter slots
+    assert pad_rows(1, 1) == 1
+
+
+class RecordingGraphs:
+    """Stands in for GraphedChunkSteps on a CPU: runs each step directly, as a replay would (gradients zeroed by the
+    step, not by the optimizer), and counts the shapes that prepare() did not announce."""
+
+    instances: list[RecordingGraphs] = []
+
+    def __init__(self, run_step, params, device):
+        self.run_step, self.params = run_step, params
+        self.graphs: dict[StepKey, None] = {}
+        self.grads: list[torch.Tensor] = []
+        self.late = 0
+        self.used: set[StepKey] = set()
+        RecordingGraphs.instances.append(self)
+
+    def prepare(self, keys, dummy_rows):
+        for key in keys:
+            rows = dummy_rows(key)
+            assert tuple(rows.shape) == (4, key[0])
+            self.graphs[key] = None
+
+    def step(self, rows: torch.Tensor, key: StepKey) -> StepOut:
+        self.used.add(key)
+        if key not in self.graphs:
+            self.late += 1
+            self.graphs[key] = None
+        if not self.grads:
+            self.grads = [torch.zeros_like(p) for p in self.params]
+            for p, g in zip(self.params, self.grads):
+                p.grad = g
+        # a graph writes the gradients where they were at capture: nothing may clear or swap them (a global phase's
+        # zero_grad did), and the step must accumulate into them in place
+        assert all(p.grad is g for p, g in zip(self.params, self.grads)), "a .grad was replaced after capture"
+        out = self.run_step(rows, key, self.zero_grads if key[2] else None)
+        assert all(p.grad is g for p, g in zip(self.params, self.grads)), "the step swapped a .grad tensor"
+        return out
+
+    def zero_grads(self):
+        torch._foreach_zero_(self.grads)
+
+
+@pytest.mark.parametrize("phases", [0, 2])
+def test_graphed_steps_score_as_the_direct_steps_and_every_shape_is_captured_before_the_clock(monkeypatch, phases):
+    """The graphed path's row padding and in-graph gradient zeroing change no score; every step shape it runs was
+    predicted (no capture while the clock runs), with and without global phases (which change the base mode)."""
+    monkeypatch.setattr(ttt_module, "GraphedChunkSteps", RecordingGraphs)
+    RecordingGraphs.instances.clear()
+    tokens = docs_stream([200, 90, 300, 40, 17, 120, 64, 9], seed=3)
+    kw = dict(batch_size=3, warm_start_a=True, short_chunks="64:4", optimizer="adam", beta1=0.0, weight_decay=0.5)
+    if phases:
+        kw.update(phased=ttt_module.GlobalSettings(phases=phases, prefix_docs=4, lr=1e-3, chunk_tokens=64))
+    direct = run(model(), tokens, **kw)
+    graphed = run(model(), tokens, cuda_graphs=True, **kw)
+    (graphs,) = RecordingGraphs.instances
+    assert graphed.cuda_graphs == len(graphs.graphs) > 0 and graphed.cuda_graphs_late == graphs.late == 0
+    assert graphs.used == set(graphs.graphs)  # and nothing captured that no step runs
+    assert {key[0] for key in graphs.used} <= {2, 3}  # rows: going padded to a power of two, within 3 slots
+    assert graphed.tokens_scored == direct.tokens_scored and graphed.bytes == direct.bytes
+    assert graphed.val_loss == pytest.approx(direct.val_loss, rel=1e-6)
+    assert graphed.base_val_loss == pytest.approx(direct.base_val_loss, rel=1e-6)
+    assert graphed.phases_done == phases
+    by_doc = {(c.batch, c.chunk, c.doc): c.nats for c in direct.chunks}
+    assert len(graphed.chunks) == len(direct.chunks)
+    for c in graphed.chunks:
+        assert c.nats == pytest.approx(by_doc[(c.batch, c.chunk, c.doc)], rel=1e-5, abs=1e-6)
+
+
+def test_cuda_graphs_need_a_gpu(compose):
+    with pytest.raises(ConfigError, match="ttt.cuda_graphs=false"):
+        resolve(to_config(compose(["ttt=lora", "ttt.cuda_graphs=true"])), fake_device("cpu"))
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        run(model(), docs_stream([40, 30]), cuda_graphs=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("autocast", [None, torch.bfloat16])
+def test_cuda_graphed_ttt_scores_as_direct_ttt(autocast):
+    """On a GPU: replayed steps give the scores of steps run directly, also after global phases have fine-tuned
+    the weights that the graphs read (they must keep their storage), with nothing captured late."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    tokens = docs_stream([200, 90, 300, 40, 17, 120, 64, 9], seed=3)
+    kw = dict(batch_size=3, device="cuda", autocast_dtype=autocast, warm_start_a=True, short_chunks="64:4")
+    kw.update(phased=ttt_module.GlobalSettings(phases=2, prefix_docs=4, lr=1e-2, chunk_tokens=64))
+    direct = run(model().cuda(), tokens, **kw)
+    graphed = run(model().cuda(), tokens, cuda_graphs=True, **kw)
+    assert graphed.cuda_graphs > 0 and graphed.cuda_graphs_late == 0 and graphed.phases_done == 2
+    assert graphed.tokens_scored == direct.tokens_scored and graphed.bytes == direct.bytes
+    tol = 1e-5 if autocast is None else 2e-3
+    assert graphed.val_loss == pytest.approx(direct.val_loss, rel=tol)
+    assert graphed.base_val_loss == pytest.approx(direct.base_val_loss, rel=tol)
