@@ -86,9 +86,17 @@ def test_graphed_steps_score_as_the_direct_steps_and_every_shape_is_captured_bef
         assert c.nats == pytest.approx(by_doc[(c.batch, c.chunk, c.doc)], rel=1e-5, abs=1e-6)
 
 
-def test_cuda_graphs_need_a_gpu(compose):
+def test_cuda_graphs_need_a_gpu_and_come_with_compiled_ttt_on_one(compose):
     with pytest.raises(ConfigError, match="ttt.cuda_graphs=false"):
         resolve(to_config(compose(["ttt=lora", "ttt.cuda_graphs=true"])), fake_device("cpu"))
+
+    def graphs(device, *overrides):
+        return resolve(to_config(compose(["ttt=lora", *overrides])), fake_device(device)).ttt.cuda_graphs
+
+    assert graphs("h100", "ttt.compile=true") is True
+    assert graphs("h100") is False and graphs("cpu", "ttt.compile=true") is False
+    assert graphs("h100", "ttt.compile=true", "ttt.cuda_graphs=false") is False
+    assert graphs("h100", "ttt.cuda_graphs=true") is True  # eager steps replayed: allowed, if asked for
     with pytest.raises(ValueError, match="needs a CUDA device"):
         run(model(), docs_stream([40, 30]), cuda_graphs=True)
 

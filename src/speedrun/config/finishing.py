@@ -197,11 +197,13 @@ class TTTConfig:
     """What ttt.compile compiles: ``blocks`` (each block and the head on their own, as kernel.compile_scope=blocks:
     one small graph reused by every block) or ``model`` (the whole adapted model as one graph). ``model`` did not
     finish its warm-up in 465 s on one H200 at the pgolf_record shape (docs/benchmarks.md)."""
-    cuda_graphs: bool = False
+    cuda_graphs: bool | None = None
     """Replay every TTT step from a CUDA graph, one per step shape (rows padded to a power of two, the window's
     width), all captured before TTT's clock starts (speedrun.finishing.ttt_graphs; the capture counts in
-    ttt_compile_seconds, ttt_cuda_graphs says how many shapes): compiled TTT spends most of its time launching
-    kernels, not running them. CUDA only; the optimizer step stays outside the graph."""
+    ttt_compile_seconds, ttt_cuda_graphs_captured says how many shapes): compiled TTT spends most of its time
+    launching kernels, not running them (2.08x the tokens/s on one H100, docs/benchmarks.md). CUDA only; the
+    optimizer step stays outside the graph. None: on with ttt.compile on a CUDA GPU, else off (plan.json says which);
+    true on a machine without CUDA is refused."""
     phased: PhasedTTTConfig = field(default_factory=PhasedTTTConfig)
     """Phased global TTT (ttt.phased.phases, .prefix_docs, .lr, ...): the model's own weights fine-tuned with SGD
     on documents already scored; off by default (phases 0)."""

@@ -475,7 +475,7 @@ def _ttt(
         warm_start_chains=t.warm_start_chains,
         compile="inductor" if t.compile else None,
         compile_scope=t.compile_scope,
-        cuda_graphs=t.cuda_graphs,
+        cuda_graphs=bool(t.cuda_graphs),
         phased=GlobalSettings(
             phases=g.phases,
             prefix_docs=g.prefix_docs,

@@ -331,8 +331,10 @@ def _resolve_ttt(ttt: TTTConfig, model: ModelShape, eval_batch: int, world_size:
     if ttt.cuda_graphs and not on_cuda:
         raise PlanError(
             "ttt.cuda_graphs=true replays TTT's steps from CUDA graphs and needs a CUDA GPU, which this machine "
-            "does not have; use ttt.cuda_graphs=false"
+            "does not have; use ttt.cuda_graphs=false (or leave it null: on with ttt.compile on a GPU)"
         )
+    if ttt.cuda_graphs is None:  # compiled TTT on a GPU is launch-bound: replay its steps
+        ttt = dataclasses.replace(ttt, cuda_graphs=on_cuda and ttt.compile)
     if ttt.warm_start_a and ttt.warm_start_chains < world_size:
         raise PlanError(
             f"ttt.warm_start_a carries A along ttt.warm_start_chains={ttt.warm_start_chains} chains of batches, each "
