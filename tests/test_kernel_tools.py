@@ -173,6 +173,38 @@ def test_profile_steps_on_cpu_writes_a_trace_and_undoes_its_steps(compose, tmp_p
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
+def _calls(table: str, op: str) -> int:
+    rows = [line.split("|") for line in table.splitlines() if line.startswith("|")]
+    return next(int(cells[2]) for cells in rows if cells[1].strip() == op)
+
+
+@pytest.mark.parametrize("enable_at", [0.5, 0.0])
+def test_profile_steps_profiles_the_layer_loop_states_that_training_runs(compose, tmp_path, data_cache, enable_at):
+    """A loop switched on mid-run: both states, each labelled (the looped step runs more layer passes); a loop on
+    from the first step: that state alone (profiling the other one would time its compile). The loop is left off."""
+    from speedrun.kernels.profile import profile_steps
+    from speedrun.training.build import build_attention, build_data, build_model
+    from speedrun.training.loop import Stepper, loop_states
+
+    loop = ["model.n_layer=2", "model.loop.start=0", "model.loop.end=0", "model.loop.num=2"]
+    overrides = [*SMALL, *loop, f"model.loop.enable_at={enable_at}", f"data.cache_dir={data_cache}"]
+    plan = resolve(to_config(compose(overrides)), fake_device("cpu"))
+    data = build_data(plan, lambda m: None)
+    model, forward, _, opts = build_model(plan, build_attention(plan), data.bos_id)
+    logged: list[str] = []
+    states = loop_states(plan)
+    keys = profile_steps(Stepper(model, forward, opts, plan), data.train_batches, tmp_path, logged.append, 1, states)
+    assert not model.loop_active
+    if enable_at > 0:
+        assert states == [False, True] and len(logged) == 2
+        assert "(layer loop off)" in logged[0] and "(layer loop on)" in logged[1]
+        assert keys["profile_step_ms_looped"] > 0 and (tmp_path / "trace_looped.json").stat().st_size > 0
+        assert _calls(logged[1], "aten::mm") > _calls(logged[0], "aten::mm")  # 4 layer passes, not 2
+    else:
+        assert states == [True] and len(logged) == 1 and "(layer loop on)" in logged[0]
+        assert "profile_step_ms_looped" not in keys and keys["profile_step_ms"] > 0
+
+
 @pytest.mark.parametrize(
     "targets,per_block",
     [

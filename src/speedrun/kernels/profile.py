@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,9 +49,9 @@ def kernel_rows(events: Iterable[Any], cuda: bool) -> list[KernelRow]:
     return rows
 
 
-def top_kernels_table(rows: list[KernelRow], step_ms: float, steps: int, top: int = 15) -> str:
+def top_kernels_table(rows: list[KernelRow], step_ms: float, steps: int, top: int = 15, label: str = "") -> str:
     """The table run.log gets: name, calls, total ms, ms per step, % of step, the top ``top`` by total time, and a
-    line for the rest."""
+    line for the rest. ``label`` follows "profile" in its first line (e.g. " (layer loop on)")."""
     from speedrun.tables import format_table
 
     rows = sorted(rows, key=lambda r: r.total_ms, reverse=True)
@@ -74,7 +74,7 @@ def top_kernels_table(rows: list[KernelRow], step_ms: float, steps: int, top: in
         )
     busy = sum(r.total_ms for r in rows)
     head = (
-        f"profile: {steps} step(s), {step_ms:.1f} ms per step (wall), kernels busy {busy / steps:.1f} ms per "
+        f"profile{label}: {steps} step(s), {step_ms:.1f} ms per step (wall), kernels busy {busy / steps:.1f} ms per "
         f"step ({100.0 * busy / step_total if step_total > 0 else 0.0:.0f}%)"
     )
     return head + "\n" + format_table(["kernel", "calls", "total ms", "ms/step", "% of step"], body)
@@ -85,38 +85,54 @@ def _short(name: str, width: int = 90) -> str:
 
 
 def profile_steps(
-    stepper: Any, make_batches: Callable[..., Any], run_dir: Path, log: Callable[[str], None], steps: int
+    stepper: Any,
+    make_batches: Callable[..., Any],
+    run_dir: Path,
+    log: Callable[[str], None],
+    steps: int,
+    loop_states: Sequence[bool] = (False,),
 ) -> dict[str, Any]:
-    """Profile ``steps`` optimizer steps at the longest context length, then restore model, optimizers and
-    scaler (as warm-up does), so training starts from the same state. Returns result keys (profile_trace,
-    profile_step_ms)."""
+    """Profile ``steps`` optimizer steps at the longest context length in each model.loop state training will run
+    (``loop_states``, speedrun.training.loop.loop_states: off, then on; or on alone when the loop is on from the first
+    step), then restore model, optimizers and scaler (as warm-up does), so training starts from the same state; the
+    loop is left off, as warm-up leaves it. Returns result keys: profile_trace and profile_step_ms for the state
+    training starts in, profile_trace_looped and profile_step_ms_looped for the loop switched on mid-run."""
     from torch.profiler import ProfilerActivity, profile
 
     plan = stepper.plan
     cuda = plan.device == "cuda"
+    looping = plan.model.loop.on
     saved_model = copy.deepcopy(stepper.model.state_dict())
     saved_opts = [copy.deepcopy(opt.state_dict()) for opt in stepper.optimizers]
     saved_scaler = copy.deepcopy(stepper.scaler.state_dict()) if stepper.scaler else None
     stage = plan.stages[-1]
     batches = make_batches(stage.seq_len, stage.micro_batch)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
-        _sync(cuda)
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            stepper(batches)
-        _sync(cuda)
-        step_ms = (time.perf_counter() - t0) * 1000.0 / steps
-    trace = Path(run_dir) / "trace.json"
-    prof.export_chrome_trace(str(trace))
-    table = top_kernels_table(kernel_rows(prof.key_averages(), cuda), step_ms, steps)
-    log(table)
+    keys: dict[str, Any] = {}
+    for i, looped in enumerate(loop_states if looping else [False]):
+        if looping:  # warm-up compiled exactly these states: profiling another would time its compile
+            stepper.model.set_loop(looped)
+        with profile(activities=activities) as prof:
+            _sync(cuda)
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                stepper(batches)
+            _sync(cuda)
+            step_ms = (time.perf_counter() - t0) * 1000.0 / steps
+        suffix = "_looped" if i > 0 else ""
+        trace = Path(run_dir) / f"trace{suffix}.json"
+        prof.export_chrome_trace(str(trace))
+        label = f" (layer loop {'on' if looped else 'off'})" if looping else ""
+        log(top_kernels_table(kernel_rows(prof.key_averages(), cuda), step_ms, steps, label=label))
+        keys.update({f"profile_trace{suffix}": str(trace), f"profile_step_ms{suffix}": round(step_ms, 3)})
+    if looping:
+        stepper.model.set_loop(False)  # train() switches it when the budget says
     stepper.model.load_state_dict(saved_model)
     for opt, state in zip(stepper.optimizers, saved_opts):
         opt.load_state_dict(state)
     if stepper.scaler and saved_scaler:
         stepper.scaler.load_state_dict(saved_scaler)
-    return {"profile_trace": str(trace), "profile_step_ms": round(step_ms, 3)}
+    return keys
 
 
 def _sync(cuda: bool) -> None:

@@ -118,7 +118,7 @@ class Job(JobRecord):
         """Warm up (compile, untimed), restore a resumed run's checkpoint, train to the budget, record it."""
         from speedrun.kernels.compile import keeps_grads  # true exactly when training replays CUDA graphs
         from speedrun.records.store import MetricsLog
-        from speedrun.training.loop import Stepper, TrainState, train, warm_up
+        from speedrun.training.loop import Stepper, TrainState, loop_states, train, warm_up
         from speedrun.training.peak_memory import PeakMemory
 
         self.state = state = TrainState()
@@ -136,7 +136,11 @@ class Job(JobRecord):
         if plan.kernel.profile:  # untimed and undone, like warm-up: trace.json + top-kernels table in run.log
             from speedrun.kernels.profile import profile_steps
 
-            self.result.update(profile_steps(stepper, batches, self.ctx.run_dir, log.info, plan.kernel.profile_steps))
+            self.result.update(
+                profile_steps(
+                    stepper, batches, self.ctx.run_dir, log.info, plan.kernel.profile_steps, loop_states(plan)
+                )
+            )
         if self._resuming():
             extras.restore(state)
             if self.resume is not None:

@@ -188,7 +188,7 @@ def _set_loop(model: Any, on: bool) -> None:
     model.set_loop(on)  # GPT.set_loop: model.loop on or off (a no-op for a model without one)
 
 
-def _loop_states(plan: Plan) -> list[bool]:
+def loop_states(plan: Plan) -> list[bool]:
     """The model.loop states training will run (warm-up compiles each): off, then on from loop.enable_at; on only
     when it is on from the first step; [False] for a model without a loop."""
     loop = plan.model.loop
@@ -234,14 +234,14 @@ def warm_up(stepper: Stepper, make_batches: MakeBatches, state: TrainState, log:
     saved_opts = [copy.deepcopy(opt.state_dict()) for opt in stepper.optimizers]
     saved_scaler = copy.deepcopy(stepper.scaler.state_dict()) if stepper.scaler else None
     stages = stepper.plan.stages
-    loop_states = _loop_states(stepper.plan)
+    states = loop_states(stepper.plan)
     looping = stepper.plan.model.loop.on
-    states = f" x {len(loop_states)} layer-loop state(s)" if looping else ""
-    log(f"warm-up: {steps} step(s) x {len(stages)} context length(s){states} to compile and autotune (not timed)")
+    described = f" x {len(states)} layer-loop state(s)" if looping else ""
+    log(f"warm-up: {steps} step(s) x {len(stages)} context length(s){described} to compile and autotune (not timed)")
     t0 = time.perf_counter()
     for stage in stages:
         batches = make_batches(stage.seq_len, stage.micro_batch)
-        for looped in loop_states:
+        for looped in states:
             if looping:
                 _set_loop(stepper.model, looped)
             for _ in range(steps):
