@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 
+import pytest
 import torch
 
 from conftest import start_ranks
@@ -106,3 +107,6 @@ def test_two_ranks_evaluate_and_test_time_train_like_one_process(tmp_path):
         b.global_steps,
     )
     assert a.complete and abs(a.val_bpb - b.val_bpb) <= 1e-6 * b.val_bpb
+    # each rank's own time and the cost the dealing predicted for it: together, the one process's
+    assert len(a.rank_seconds) == 2 and min(a.rank_seconds) > 0 and len(b.rank_seconds) == 1
+    assert min(a.rank_cost) > 0 and sum(a.rank_cost) == pytest.approx(b.rank_cost[0], abs=0.2)

@@ -515,6 +515,8 @@ def _ttt(
         ttt_recompiles=res.recompiles,
         ttt_cuda_graphs_captured=res.cuda_graphs,
         ttt_cuda_graphs_late=res.cuda_graphs_late,
+        ttt_rank_seconds=res.rank_seconds,
+        ttt_rank_cost=res.rank_cost,
         **ttt_setting_keys(t),
         ttt_phases_done=res.phases_done,
         ttt_phased_steps=res.global_steps,

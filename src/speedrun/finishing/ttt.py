@@ -109,6 +109,12 @@ class TTTResult:
     """Step shapes captured as CUDA graphs (settings.cuda_graphs; the most of any rank)."""
     cuda_graphs_late: int = 0
     """Of those, the ones captured while TTT's clock ran (0 is the aim)."""
+    rank_seconds: list[float] = field(default_factory=list)
+    """Per rank, the seconds it spent adapting its own batches (global phases and waits apart): how evenly the
+    dealing spread the work."""
+    rank_cost: list[float] = field(default_factory=list)
+    """Per rank, the cost the dealing predicted for its batches (ttt_docs.batch_cost): with rank_seconds, what a
+    better cost model is fitted to."""
 
     @property
     def fraction(self) -> float:
@@ -203,12 +209,8 @@ def ttt_evaluate(
     phases = phase_schedule([len(b) for b in batches], s.phased)
     last_phase = max(phases, default=-1)
     sizes = [chunk_size_for(docs[batch[0]][1], s.chunk_size, steps) for batch in batches]
-    owner, chain_of = deal_batches(
-        [batch_cost(docs, batch, c, seq_len, compact=s.compile is not None) for batch, c in zip(batches, sizes)],
-        list(phases),
-        world,
-        s.warm_start_chains if s.warm_start_a else 0,
-    )
+    costs = [batch_cost(docs, batch, c, seq_len, compact=s.compile is not None) for batch, c in zip(batches, sizes)]
+    owner, chain_of = deal_batches(costs, list(phases), world, s.warm_start_chains if s.warm_start_a else 0)
     share = sum(docs[i][1] for b, batch in enumerate(batches) if owner[b] == rank for i in batch)
     progress = Progress("ttt", log) if log is not None else None
 
@@ -261,12 +263,14 @@ def ttt_evaluate(
     sums = _Sums(device)
     scored: list[ScoredChunk] | None = [] if record_chunks else None
     docs_done, stopped, changed = 0, False, False
+    busy = 0.0  # this rank's seconds inside its own batches
     glob = _GlobalTotals()
     chains = _ChainsOfA(lora, s.warm_start_a)
     for b, batch in enumerate(batches):
         if stopped and b > last_phase:  # no phase boundary left at which the other ranks wait for this one
             break
         if owner[b] == rank and not stopped:
+            t_batch = time.perf_counter()
             chains.enter(chain_of[b])
             stopped = _adapt_batch(
                 lora,
@@ -285,6 +289,8 @@ def ttt_evaluate(
                 batch_index=b,
             )
             chains.leave(chain_of[b])
+            _sync(device)  # the batch's kernels are done: its time is this rank's own
+            busy += time.perf_counter() - t_batch
             if not stopped:
                 docs_done += len(batch)
         if b in phases:
@@ -319,7 +325,11 @@ def ttt_evaluate(
             chains.restart()
             if stopped:
                 break
+    per_rank = torch.zeros(2, world, dtype=torch.float64, device=device)
+    per_rank[0, rank] = busy
+    per_rank[1, rank] = sum(c for b, c in enumerate(costs) if owner[b] == rank)
     if shard is not None:
+        shard.sum_(per_rank)
         counts = torch.tensor([sums.tokens, docs_done], dtype=torch.int64, device=device)
         shard.sum_(sums.nats), shard.sum_(sums.bytes), shard.sum_(sums.base_nats), shard.sum_(counts)
         sums.tokens, docs_done = (int(v) for v in counts.tolist())
@@ -361,6 +371,8 @@ def ttt_evaluate(
         recompiles=recompiles,
         cuda_graphs=captured,
         cuda_graphs_late=late,
+        rank_seconds=[round(x, 3) for x in per_rank[0].tolist()],
+        rank_cost=[round(x, 1) for x in per_rank[1].tolist()],
     )
 
 
@@ -497,6 +509,11 @@ def _to_device(t: torch.Tensor, device: str) -> torch.Tensor:
     if torch.device(device).type != "cuda":
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
+
+
+def _sync(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
 
 
 def _pinned(t: torch.Tensor, device: str) -> torch.Tensor:
