@@ -124,8 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     # under torchrun, this rank (its GPU bound before anything touches CUDA); else one process
     world = ranks.current()
     device = hardware.detect()
-    # the ranks are this table's, whatever the run trained on: its dist.* are read back as "what is here"
-    base = ["dist.nproc=1", "dist.nodes=1", *record_ttt(), *args.overrides]
+    # the ranks are this table's, whatever the run trained on: its dist.* are read back as "what is here"; TTT eager
+    # unless a setting or an override compiles it (a run of experiment=pgolf_record compiled its own)
+    base = ["dist.nproc=1", "dist.nodes=1", "ttt.compile=false", *record_ttt(), *args.overrides]
     plans = [
         resolve(load_config(run_dir, [*base, *extra]), device, cwd=Path.cwd(), world=world.info)
         for _, extra in settings
