@@ -20,6 +20,8 @@
 # more of them; MODEL_ARGS go to the training run (e.g. hardware.compile=false: no compile, the model in ~2 minutes).
 # The 4-rank check as measured on 4 H100s (docs/benchmarks.md, eleventh session):
 #   WORK=outputs/ttt_check2 MAX_DOC_CHARS=1000 PREFIX_DOCS=32 MODEL_ARGS="hardware.compile=false" bash scripts/gpu_check_ttt.sh
+# The same check on the compiled, CUDA-graphed path (SCALING=compiled; its own WORK, as its rows differ):
+#   WORK=outputs/ttt_check3 SCALING=compiled BATCH=64 MAX_DOC_CHARS=1000 PREFIX_DOCS=32 MODEL_ARGS="hardware.compile=false" bash scripts/gpu_check_ttt.sh
 # A CPU try-out of the plumbing (gloo ranks, a smoke-sized model, the ladder without its compiled row):
 #   MODEL_ARGS="debug=smoke" LADDER=1 COMPILED=0 NGPU=2 TTT_SECONDS=120 bash scripts/gpu_check_ttt.sh
 set -uo pipefail
@@ -46,6 +48,13 @@ if [ ! -f "$run/result.json" ]; then
   echo "model trained and exported at $((SECONDS - t0)) s"
 fi
 common=("ttt.phased.prefix_docs=${PREFIX_DOCS:-128}" "ttt.max_seconds=${TTT_SECONDS:-300}")
+# The 1-GPU and all-GPU rows of the equality and scaling check: eager, or with SCALING=compiled compiled per block
+# and replayed from CUDA graphs (ttt.cuda_graphs follows ttt.compile on a GPU), the path a pgolf_record run takes
+if [ "${SCALING:-eager}" = compiled ]; then
+  mode_name="compiled + CUDA graphs" mode_args="ttt.compile=true"
+else
+  mode_name="eager" mode_args="ttt.compile=false"
+fi
 table() { "$py" scripts/ttt_table.py "$run" "${common[@]}" "$@"; }
 # The one-process rows are jobs in a queue that every GPU pulls from (a job is claimed by mkdir, atomic), so no GPU
 # waits on another's long row: the compiled ladder row first (its warm-up is the longest), then the 1-GPU eager row
@@ -64,7 +73,7 @@ run_job() { # GPU JOB
   local gpu=$1 job=$2
   case $job in
   one) CUDA_VISIBLE_DEVICES=$gpu table "ttt.batch_size=${BATCH:-16}" --out "$work/one" \
-    --setting "1 GPU, eager=ttt.compile=false" ;;
+    --setting "1 GPU, $mode_name=$mode_args" ;;
   ladder_*) CUDA_VISIBLE_DEVICES=$gpu table "ttt.batch_size=${LADDER_BATCH:-64}" --rows "${job#ladder_}" \
     --out "$work/$job" ;;
   esac >"$work/$job.log" 2>&1 || echo "row $job failed on GPU $gpu: $work/$job.log"
@@ -83,7 +92,7 @@ for ((gpu = 0; gpu < ngpu; gpu++)); do worker "$gpu" & done
 wait
 if [ ! -f "$work/all/rows.json" ]; then
   "$py" -m torch.distributed.run --standalone --nproc_per_node "$ngpu" scripts/ttt_table.py "$run" "${common[@]}" \
-    "ttt.batch_size=${BATCH:-16}" --out "$work/all" --setting "$ngpu GPUs, eager=ttt.compile=false" \
+    "ttt.batch_size=${BATCH:-16}" --out "$work/all" --setting "$ngpu GPUs, $mode_name=$mode_args" \
     >"$work/all.log" 2>&1 || echo "the $ngpu-rank row failed: $work/all.log"
   echo "$ngpu-rank row done at $((SECONDS - t0)) s"
 fi
