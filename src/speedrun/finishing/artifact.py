@@ -74,6 +74,7 @@ CODE_FILES: tuple[str, ...] = (
     "speedrun/finishing/ttt.py",
     "speedrun/finishing/ttt_docs.py",
     "speedrun/finishing/ttt_global.py",
+    "speedrun/finishing/ttt_graphs.py",
     "speedrun/finishing/wrap.py",
     "speedrun/hardware/__init__.py",
     "speedrun/hardware/cards.py",
