@@ -9,9 +9,11 @@ import torch
 from speedrun.config import to_config
 from speedrun.errors import ConfigError
 from speedrun.finishing import ttt as ttt_module
+from speedrun.finishing.ttt_base import base_chunk_nats, base_windows
+from speedrun.finishing.ttt_docs import split_documents
 from speedrun.finishing.ttt_graphs import StepKey, StepOut, pad_rows
 from speedrun.plan import resolve
-from test_ttt import docs_stream, fake_device, model, run
+from test_ttt import BOS, TINY, docs_stream, fake_device, model, run
 
 
 def test_rows_are_padded_to_a_power_of_two_within_the_slots():
@@ -63,7 +65,7 @@ class RecordingGraphs:
 @pytest.mark.parametrize("phases", [0, 2])
 def test_graphed_steps_score_as_the_direct_steps_and_every_shape_is_captured_before_the_clock(monkeypatch, phases):
     """The graphed path's row padding and in-graph gradient zeroing change no score; every step shape it runs was
-    predicted (no capture while the clock runs), with and without global phases (which change the base mode)."""
+    predicted (no capture while the clock runs), with and without global phases."""
     monkeypatch.setattr(ttt_module, "GraphedChunkSteps", RecordingGraphs)
     RecordingGraphs.instances.clear()
     tokens = docs_stream([200, 90, 300, 40, 17, 120, 64, 9], seed=3)
@@ -84,6 +86,31 @@ def test_graphed_steps_score_as_the_direct_steps_and_every_shape_is_captured_bef
     assert len(graphed.chunks) == len(direct.chunks)
     for c in graphed.chunks:
         assert c.nats == pytest.approx(by_doc[(c.batch, c.chunk, c.doc)], rel=1e-5, abs=1e-6)
+
+
+def test_base_scores_come_from_the_windows_ttt_scores_from():
+    """ttt_base: one window over a document's start for every chunk whose TTT window starts there (causal attention:
+    the later tokens change nothing), its own window for a chunk of a longer document; each chunk's nats as the
+    unadapted model scores it from TTT's own window (seq_len 24, documents of up to 61 tokens, chunks of 8)."""
+    m = model()
+    tokens = docs_stream([61, 20, 33, 9, 24, 25], seed=5)
+    docs = split_documents(tokens, BOS)
+    seq, chunk = TINY.seq_len, 8
+    windows = base_windows(docs, chunk, seq)
+    assert sum(len(w[3]) for w in windows) == sum(-(-n // chunk) for _, n in docs)  # every chunk exactly once
+    assert sum(1 for w in windows if w[1] == docs[0][0]) == 1  # the long document: one window from its start...
+    assert all(w[2] == seq for w in windows if w[0] == 0 and w[1] != docs[0][0])  # ...the rest each seq_len wide
+    nats_of = lambda fn, x, y: fn(x, y, reduction="none")  # noqa: E731
+    with torch.no_grad():
+        table = base_chunk_nats(m, nats_of, tokens, docs, chunk, seq, max_tokens=3 * 32)
+        for d, (start, n) in enumerate(docs):
+            for k in range(-(-n // chunk)):
+                hi = min((k + 1) * chunk, n)
+                lo = max(0, hi - seq)
+                x, y = tokens[start + lo : start + hi][None], tokens[start + lo + 1 : start + hi + 1][None]
+                want = m(x, y, reduction="none")[0, k * chunk - lo :].double().sum()
+                assert float(table[d, k]) == pytest.approx(float(want), rel=1e-5), (d, k)
+            assert not table[d, -(-n // chunk) :].any()  # no chunk there: nothing counted
 
 
 def test_cuda_graphs_need_a_gpu_and_come_with_compiled_ttt_on_one(compose):

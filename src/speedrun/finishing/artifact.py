@@ -72,6 +72,7 @@ CODE_FILES: tuple[str, ...] = (
     "speedrun/finishing/quant_report.py",
     "speedrun/finishing/quantize.py",
     "speedrun/finishing/ttt.py",
+    "speedrun/finishing/ttt_base.py",
     "speedrun/finishing/ttt_docs.py",
     "speedrun/finishing/ttt_global.py",
     "speedrun/finishing/ttt_graphs.py",

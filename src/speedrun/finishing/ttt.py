@@ -23,11 +23,11 @@ Adapters (speedrun.finishing.lora): rank-r LoRA on what ``ttt.targets`` names, s
 document of a batch; Adam (AdamW) or SGD. Documents of a batch have independent adapters: the loss is a sum of
 per-document terms and both optimizers are elementwise, so a document's adapter sees only its own gradients.
 
-Baseline: every chunk is also scored by the model passed in, with no adaptation and no global phase, in the same
-pass and from the same window (``val_bpb_ttt_base``), so ``val_bpb_ttt_base - val_bpb_ttt`` is what adaptation
-bought, apart from what the document-local windows alone change against the plain eval. Before any global phase a
-chunk 0 costs nothing extra (its adapters add exactly nothing, B = 0); every other chunk costs one more forward
-without grad.
+Baseline: every chunk TTT scores is also scored by the model passed in, with no adaptation and no global phase,
+from the same window (``val_bpb_ttt_base``), so ``val_bpb_ttt_base - val_bpb_ttt`` is what adaptation bought, apart
+from what the document-local windows alone change against the plain eval. That model never changes, so a batch's
+base scores are computed before its first step, a document's chunks together (speedrun.finishing.ttt_base: about
+one forward per document, not one per chunk), and each is counted when its chunk is scored: the same tokens.
 
 Budget: ``ttt.max_seconds`` is checked before every chunk step and every global step; when it is spent TTT stops
 there and reports what it scored (tokens_scored, fraction): an unbiased sample of documents, the batches running in
@@ -58,6 +58,7 @@ from torch.fx.experimental import _config as fx_config
 from speedrun.config.specs import parse_short_chunks, parse_targets
 from speedrun.data.bpb import ByteLUTs
 from speedrun.finishing.lora import LoRAModel, cast_linear_weights
+from speedrun.finishing.ttt_base import base_chunk_nats
 from speedrun.finishing.ttt_docs import batch_cost, chunk_size_for, deal_batches, document_batches, split_documents
 from speedrun.finishing.ttt_global import GlobalSettings, finetune, phase_schedule, row_width
 from speedrun.finishing.ttt_graphs import GraphedChunkSteps, StepKey, StepOut, chunk_step, pad_rows
@@ -234,6 +235,7 @@ def ttt_evaluate(
     stepper = _Stepper(
         forward,
         base_forward if s.score_base else None,
+        min(s.batch_size, len(docs)) * seq_len,
         tokens,
         luts,
         device,
@@ -245,12 +247,7 @@ def ttt_evaluate(
         t_capture = time.perf_counter()
         stepper.graphs = GraphedChunkSteps(stepper.run, lora.parameters(), device)
         mine = [b for b in range(len(batches)) if owner[b] == rank]
-        stepper.capture(
-            [[docs[i] for i in batches[b]] for b in mine],
-            [sizes[b] for b in mine],
-            [any(p < b for p in phases) for b in mine],
-            seq_len,
-        )
+        stepper.capture([[docs[i] for i in batches[b]] for b in mine], [sizes[b] for b in mine], seq_len)
         warm_up_seconds += time.perf_counter() - t_capture
         if log is not None and rank == 0:
             log(
@@ -262,7 +259,7 @@ def ttt_evaluate(
     deadline = None if s.max_seconds is None else t0 + s.max_seconds
     sums = _Sums(device)
     scored: list[ScoredChunk] | None = [] if record_chunks else None
-    docs_done, stopped, changed = 0, False, False
+    docs_done, stopped = 0, False
     busy = 0.0  # this rank's seconds inside its own batches
     glob = _GlobalTotals()
     chains = _ChainsOfA(lora, s.warm_start_a)
@@ -283,7 +280,6 @@ def ttt_evaluate(
                 seq_len=seq_len,
                 deadline=deadline,
                 chunk_log=scored,
-                base_is_adapted_start=not changed,
                 progress=progress,
                 share=share,
                 batch_index=b,
@@ -317,7 +313,6 @@ def ttt_evaluate(
                         deadline=deadline,
                     )
                 glob.add(stats)
-                changed = True
                 if stats.stopped:
                     stopped = True
                     break
@@ -570,18 +565,15 @@ def _longest_first(docs: list[tuple[int, int]], chunk: int) -> list[int]:
     return sorted(range(len(docs)), key=lambda i: -math.ceil(docs[i][1] / chunk))  # stable: ties keep order
 
 
-def _base_mode(scorer: Callable | None, k: int, base_is_adapted_start: bool) -> str:
-    if scorer is None:
-        return "none"
-    return "reuse" if k == 0 and base_is_adapted_start else "run"
-
-
 @dataclass
 class _Stepper:
     """How _adapt_batch runs a step (ttt_graphs.chunk_step): directly, or replayed from CUDA graphs."""
 
     forward: Callable
     base: Callable | None
+    """The unadapted scorer of val_bpb_ttt_base (None: not asked for), run outside the steps (ttt_base)."""
+    base_tokens: int
+    """Padded tokens per pass of the base scorer: a full batch of full windows, a training step's size at most."""
     tokens: torch.Tensor
     luts: ByteLUTs
     device: str
@@ -595,10 +587,14 @@ class _Stepper:
         return _nats(fn, x, y, self.device, self.autocast_dtype)
 
     def run(self, rows: torch.Tensor, key: StepKey, zero_grads: Callable[[], None] | None = None) -> StepOut:
-        _, width, training, base_mode = key
-        return chunk_step(
-            self.forward, self.base, self.tokens, self.luts, rows, width, training, base_mode, self.nats_of, zero_grads
-        )
+        _, width, training = key
+        return chunk_step(self.forward, self.tokens, self.luts, rows, width, training, self.nats_of, zero_grads)
+
+    def base_table(self, docs: list[tuple[int, int]], chunk: int, seq_len: int) -> torch.Tensor | None:
+        """The unadapted model's nats of each document's chunks (ttt_base), or None without a base scorer."""
+        if self.base is None:
+            return None
+        return base_chunk_nats(self.base, self.nats_of, self.tokens, docs, chunk, seq_len, self.base_tokens)
 
     def step(self, table: list[list[int]], key: StepKey) -> StepOut:
         rows = torch.tensor(table, dtype=torch.int64)
@@ -606,16 +602,14 @@ class _Stepper:
             return self.graphs.step(_pinned(rows, self.device), key)
         return self.run(_to_device(rows, self.device), key)
 
-    def capture(
-        self, batches: list[list[tuple[int, int]]], chunk_sizes: list[int], changed_before: list[bool], seq_len: int
-    ) -> None:
-        """Capture, before the clock starts, every step shape that these batches (this rank's, in order) will run."""
+    def capture(self, batches: list[list[tuple[int, int]]], chunk_sizes: list[int], seq_len: int) -> None:
+        """Capture, before the clock starts, every step shape that these batches (this rank's) will run."""
         assert self.graphs is not None
         keys = set()
-        for docs, chunk, changed in zip(batches, chunk_sizes, changed_before):
+        for docs, chunk in zip(batches, chunk_sizes):
             ordered = [docs[i] for i in _longest_first(docs, chunk)]
-            for k, table, width, training in _steps(ordered, chunk, seq_len, self.mode, self.slots):
-                keys.add((len(table[0]), width, training, _base_mode(self.base, k, not changed)))
+            for _, table, width, training in _steps(ordered, chunk, seq_len, self.mode, self.slots):
+                keys.add((len(table[0]), width, training))
         self.graphs.prepare(
             keys, lambda key: torch.tensor([[0] * key[0], [key[1]] * key[0], [0] * key[0], [1] * key[0]])
         )
@@ -633,7 +627,6 @@ def _adapt_batch(
     seq_len: int,
     deadline: float | None,
     chunk_log: list[ScoredChunk] | None,
-    base_is_adapted_start: bool = True,
     progress: Progress | None = None,
     share: int = 0,
     batch_index: int = 0,
@@ -647,20 +640,22 @@ def _adapt_batch(
     graphs), a step runs only the rows still going, at least 2: a batch's long tail, one long document and many
     done, no longer costs a full batch of padding per step (on the embedded corpus cut at 2,500 characters, 64 a
     batch, 1.7x fewer padded tokens). With CUDA graphs, that row count padded to a power of two. The documents that
-    are done would get zero gradients either way. ``base_is_adapted_start``: the adapted model with fresh adapters
-    is the base model (no global phase has changed the copy), so a chunk 0's score is also its base score."""
+    are done would get zero gradients either way. The unadapted scores of the batch's chunks (val_bpb_ttt_base) are
+    computed first, in a few passes (speedrun.finishing.ttt_base), and each is counted when its chunk is scored."""
     lora.reset(keep_a=settings.warm_start_a)
     opt = _optimizer(lora.parameters(), settings)
     order = _longest_first(docs, chunk)
     docs, doc_ids = [docs[i] for i in order], [doc_ids[i] for i in order]
+    base = stepper.base_table(docs, chunk, seq_len)
     for k, table, width, training in _steps(docs, chunk, seq_len, stepper.mode, stepper.slots):
         if deadline is not None and time.perf_counter() > deadline:
             return True
         if training and stepper.graphs is None:
             opt.zero_grad(set_to_none=True)  # a graphed step zeroes the gradients it accumulates into
-        out = stepper.step(table, (len(table[0]), width, training, _base_mode(stepper.base, k, base_is_adapted_start)))
+        out = stepper.step(table, (len(table[0]), width, training))
         sums.nats += out.row_nats.sum()
-        sums.base_nats += out.base_nats
+        if base is not None:  # the chunks scored now: the documents still going, the first rows
+            sums.base_nats += base[: sum(1 for n in table[1] if n), k].sum()
         sums.bytes += out.n_bytes
         sums.tokens += sum(max(0, n - f) for n, f in zip(table[1], table[2]))  # counted on the host: no sync
         if progress is not None:  # after each chunk: one long document's batch can take minutes

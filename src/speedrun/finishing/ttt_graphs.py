@@ -2,8 +2,8 @@
 
 A step (``chunk_step``) takes, per row of the batch, where its window starts in the token stream, how long it is,
 from which column its chunk is scored, and whether the adapters learn from it; it gathers the window's inputs and
-targets, scores the chunk (the adapted model, and the unadapted one for val_bpb_ttt_base), and backpropagates
-the chunk's mean loss per document into the adapters' ``.grad``. It reads nothing back to the host, so it can be
+targets, scores the chunk, and backpropagates the chunk's mean loss per document into the adapters' ``.grad``
+(the unadapted model's score, val_bpb_ttt_base, comes from speedrun.finishing.ttt_base, outside the steps). It reads nothing back to the host, so it can be
 captured in a CUDA graph. The optimizer step stays outside: its learning rate is a Python float.
 
 Why graphs: compiled TTT at the records' settings kept an H200 busy only 27% of the time (docs/benchmarks.md,
@@ -11,7 +11,7 @@ thirteenth session): a step of 17 block calls forward and backward, each a compi
 autograd bookkeeping, costs the host more than its kernels cost the GPU. A replay launches them all at once.
 
 How (torch.cuda.graphs, as speedrun.kernels.graphs does for training): one graph per step shape, the key
-(rows, width, training, base); rows are padded up to a power of two (at least 2, at most the adapter slots) and
+(rows, width, training); rows are padded up to a power of two (at least 2, at most the adapter slots) and
 widths are already powers of two (ttt_global.row_width), so a run has a few dozen shapes, all captured before
 TTT's clock starts (``GraphedChunkSteps.prepare``) from the batches this rank will run. Each shape runs once
 eagerly on a side stream (cuBLAS and cuDNN initialise there, as capture requires), then is captured. Every graph
@@ -31,12 +31,8 @@ import torch
 
 from speedrun.data.bpb import ByteLUTs, token_bytes
 
-BASE_MODES = ("none", "reuse", "run")
-"""How a step scores val_bpb_ttt_base: not at all, the adapted score itself (fresh adapters add nothing), or a
-forward of the unadapted model."""
-
-StepKey = tuple[int, int, bool, str]
-"""(rows, width, training, base mode): one graph each."""
+StepKey = tuple[int, int, bool]
+"""(rows, width, training): one graph each."""
 
 
 @dataclass
@@ -47,8 +43,6 @@ class StepOut:
     """(rows,) float64: each row's summed nats over its scored chunk."""
     counts: torch.Tensor
     """(rows,) int64: tokens scored per row."""
-    base_nats: torch.Tensor
-    """() float64: the unadapted model's nats over the same tokens (0 with base mode none)."""
     n_bytes: torch.Tensor
     """() int64: bytes of the scored tokens."""
 
@@ -61,13 +55,11 @@ def pad_rows(going: int, slots: int) -> int:
 
 def chunk_step(
     forward: Callable,
-    base: Callable | None,
     tokens: torch.Tensor,
     luts: ByteLUTs,
     rows: torch.Tensor,
     width: int,
     training: bool,
-    base_mode: str,
     nats_of: Callable,
     zero_grads: Callable[[], None] | None = None,
 ) -> StepOut:
@@ -90,13 +82,6 @@ def chunk_step(
     with torch.no_grad():  # the score: before this chunk's update
         chunk_nats = torch.where(scored, nats.detach().double(), 0.0)
         row_nats = chunk_nats.sum(dim=1)
-        if base_mode == "reuse":
-            base_nats = row_nats.sum()
-        elif base_mode == "run":
-            assert base is not None, "base mode run needs the unadapted forward"
-            base_nats = torch.where(scored, nats_of(base, x, y).double(), 0.0).sum()
-        else:
-            base_nats = torch.zeros((), dtype=torch.float64, device=tokens.device)
         n_bytes = torch.where(scored, token_bytes(x, y, luts), 0).sum()
         counts = scored.sum(dim=1)
     if training:  # one step on the chunk just scored: it can only change later chunks' scores
@@ -104,7 +89,7 @@ def chunk_step(
             zero_grads()
         per_doc = (nats * scored).sum(dim=1) / counts.clamp_min(1)
         (per_doc * learn.to(per_doc.dtype)).sum().backward()
-    return StepOut(row_nats, counts, base_nats, n_bytes)
+    return StepOut(row_nats, counts, n_bytes)
 
 
 class GraphedChunkSteps:
@@ -182,4 +167,4 @@ class GraphedChunkSteps:
         return self.graphs[key]
 
 
-__all__ = ["BASE_MODES", "GraphedChunkSteps", "StepKey", "StepOut", "chunk_step", "pad_rows"]
+__all__ = ["GraphedChunkSteps", "StepKey", "StepOut", "chunk_step", "pad_rows"]
