@@ -9,7 +9,7 @@ import torch
 from speedrun.config import to_config
 from speedrun.errors import ConfigError
 from speedrun.finishing import ttt as ttt_module
-from speedrun.finishing.ttt_base import base_chunk_nats, base_windows
+from speedrun.finishing.ttt_base import BaseScores, base_windows
 from speedrun.finishing.ttt_docs import split_documents
 from speedrun.finishing.ttt_graphs import StepKey, StepOut, pad_rows
 from speedrun.plan import resolve
@@ -96,13 +96,19 @@ def test_base_scores_come_from_the_windows_ttt_scores_from():
     tokens = docs_stream([61, 20, 33, 9, 24, 25], seed=5)
     docs = split_documents(tokens, BOS)
     seq, chunk = TINY.seq_len, 8
-    windows = base_windows(docs, chunk, seq)
+    at_start, later = base_windows(docs, chunk, seq)
+    windows = at_start + [w for ws in later.values() for w in ws]
     assert sum(len(w[3]) for w in windows) == sum(-(-n // chunk) for _, n in docs)  # every chunk exactly once
-    assert sum(1 for w in windows if w[1] == docs[0][0]) == 1  # the long document: one window from its start...
-    assert all(w[2] == seq for w in windows if w[0] == 0 and w[1] != docs[0][0])  # ...the rest each seq_len wide
+    assert len(at_start) == len(docs) and all(w[1] == start for w, (start, _) in zip(at_start, docs))
+    assert all(
+        docs[w[0]][1] > seq and w[2] == seq and [c[0] for c in w[3]] == [k] for k, ws in later.items() for w in ws
+    )
     nats_of = lambda fn, x, y: fn(x, y, reduction="none")  # noqa: E731
     with torch.no_grad():
-        table = base_chunk_nats(m, nats_of, tokens, docs, chunk, seq, max_tokens=3 * 32)
+        scores = BaseScores(m, nats_of, tokens, docs, chunk, seq, max_tokens=3 * 32)
+        assert not scores.table[0, 3:].any()  # the long document's later chunks: not scored until asked for
+        table = torch.stack([scores.chunk(k) for k in range(scores.most)], dim=1)
+        assert not scores.later
         for d, (start, n) in enumerate(docs):
             for k in range(-(-n // chunk)):
                 hi = min((k + 1) * chunk, n)

@@ -25,9 +25,9 @@ per-document terms and both optimizers are elementwise, so a document's adapter 
 
 Baseline: every chunk TTT scores is also scored by the model passed in, with no adaptation and no global phase,
 from the same window (``val_bpb_ttt_base``), so ``val_bpb_ttt_base - val_bpb_ttt`` is what adaptation bought, apart
-from what the document-local windows alone change against the plain eval. That model never changes, so a batch's
-base scores are computed before its first step, a document's chunks together (speedrun.finishing.ttt_base: about
-one forward per document, not one per chunk), and each is counted when its chunk is scored: the same tokens.
+from what the document-local windows alone change against the plain eval. That model never changes, so a
+document's chunks are base-scored together where their windows allow (speedrun.finishing.ttt_base: about one
+forward per document, not one per chunk), and each is counted when its chunk is scored: the same tokens.
 
 Budget: ``ttt.max_seconds`` is checked before every chunk step and every global step; when it is spent TTT stops
 there and reports what it scored (tokens_scored, fraction): an unbiased sample of documents, the batches running in
@@ -58,7 +58,7 @@ from torch.fx.experimental import _config as fx_config
 from speedrun.config.specs import parse_short_chunks, parse_targets
 from speedrun.data.bpb import ByteLUTs
 from speedrun.finishing.lora import LoRAModel, cast_linear_weights
-from speedrun.finishing.ttt_base import base_chunk_nats
+from speedrun.finishing.ttt_base import BaseScores
 from speedrun.finishing.ttt_docs import batch_cost, chunk_size_for, deal_batches, document_batches, split_documents
 from speedrun.finishing.ttt_global import GlobalSettings, finetune, phase_schedule, row_width
 from speedrun.finishing.ttt_graphs import GraphedChunkSteps, StepKey, StepOut, chunk_step, pad_rows
@@ -590,11 +590,11 @@ class _Stepper:
         _, width, training = key
         return chunk_step(self.forward, self.tokens, self.luts, rows, width, training, self.nats_of, zero_grads)
 
-    def base_table(self, docs: list[tuple[int, int]], chunk: int, seq_len: int) -> torch.Tensor | None:
+    def base_scores(self, docs: list[tuple[int, int]], chunk: int, seq_len: int) -> BaseScores | None:
         """The unadapted model's nats of each document's chunks (ttt_base), or None without a base scorer."""
         if self.base is None:
             return None
-        return base_chunk_nats(self.base, self.nats_of, self.tokens, docs, chunk, seq_len, self.base_tokens)
+        return BaseScores(self.base, self.nats_of, self.tokens, docs, chunk, seq_len, self.base_tokens)
 
     def step(self, table: list[list[int]], key: StepKey) -> StepOut:
         rows = torch.tensor(table, dtype=torch.int64)
@@ -640,22 +640,25 @@ def _adapt_batch(
     graphs), a step runs only the rows still going, at least 2: a batch's long tail, one long document and many
     done, no longer costs a full batch of padding per step (on the embedded corpus cut at 2,500 characters, 64 a
     batch, 1.7x fewer padded tokens). With CUDA graphs, that row count padded to a power of two. The documents that
-    are done would get zero gradients either way. The unadapted scores of the batch's chunks (val_bpb_ttt_base) are
-    computed first, in a few passes (speedrun.finishing.ttt_base), and each is counted when its chunk is scored."""
+    are done would get zero gradients either way. The unadapted scores of the batch's chunks (val_bpb_ttt_base) come
+    from speedrun.finishing.ttt_base, each counted when its chunk is scored. The time budget is checked before every
+    step but the first: a batch begun scores at least its chunks 0."""
+    if deadline is not None and time.perf_counter() > deadline:
+        return True
     lora.reset(keep_a=settings.warm_start_a)
     opt = _optimizer(lora.parameters(), settings)
     order = _longest_first(docs, chunk)
     docs, doc_ids = [docs[i] for i in order], [doc_ids[i] for i in order]
-    base = stepper.base_table(docs, chunk, seq_len)
+    base = stepper.base_scores(docs, chunk, seq_len)
     for k, table, width, training in _steps(docs, chunk, seq_len, stepper.mode, stepper.slots):
-        if deadline is not None and time.perf_counter() > deadline:
+        if k > 0 and deadline is not None and time.perf_counter() > deadline:  # a batch begun scores its chunk 0
             return True
         if training and stepper.graphs is None:
             opt.zero_grad(set_to_none=True)  # a graphed step zeroes the gradients it accumulates into
         out = stepper.step(table, (len(table[0]), width, training))
         sums.nats += out.row_nats.sum()
         if base is not None:  # the chunks scored now: the documents still going, the first rows
-            sums.base_nats += base[: sum(1 for n in table[1] if n), k].sum()
+            sums.base_nats += base.chunk(k)[: sum(1 for n in table[1] if n)].sum()
         sums.bytes += out.n_bytes
         sums.tokens += sum(max(0, n - f) for n, f in zip(table[1], table[2]))  # counted on the host: no sync
         if progress is not None:  # after each chunk: one long document's batch can take minutes
