@@ -199,10 +199,12 @@ def test_profile_steps_profiles_the_layer_loop_states_that_training_runs(compose
         assert states == [False, True] and len(logged) == 2
         assert "(layer loop off)" in logged[0] and "(layer loop on)" in logged[1]
         assert keys["profile_step_ms_looped"] > 0 and (tmp_path / "trace_looped.json").stat().st_size > 0
+        assert keys["profile_layer_loop"] == "off"
         assert _calls(logged[1], "aten::mm") > _calls(logged[0], "aten::mm")  # 4 layer passes, not 2
     else:
         assert states == [True] and len(logged) == 1 and "(layer loop on)" in logged[0]
         assert "profile_step_ms_looped" not in keys and keys["profile_step_ms"] > 0
+        assert keys["profile_layer_loop"] == "on"
 
 
 @pytest.mark.parametrize(

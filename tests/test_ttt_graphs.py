@@ -3,6 +3,8 @@ starts, and (on a GPU) replayed from CUDA graphs with the scores of the steps ru
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -12,6 +14,8 @@ from speedrun.finishing import ttt as ttt_module
 from speedrun.finishing.ttt_base import BaseScores, base_windows
 from speedrun.finishing.ttt_docs import split_documents
 from speedrun.finishing.ttt_graphs import StepKey, StepOut, pad_rows
+from speedrun.model.attention import get_backend
+from speedrun.model.gpt import GPT
 from speedrun.plan import resolve
 from test_ttt import BOS, TINY, docs_stream, fake_device, model, run
 
@@ -88,14 +92,24 @@ def test_graphed_steps_score_as_the_direct_steps_and_every_shape_is_captured_bef
         assert c.nats == pytest.approx(by_doc[(c.batch, c.chunk, c.doc)], rel=1e-5, abs=1e-6)
 
 
-def test_base_scores_come_from_the_windows_ttt_scores_from():
+@pytest.mark.parametrize(
+    "seq,chunk,lengths,rows",
+    [
+        (24, 8, [61, 20, 33, 9, 24, 25], "slots"),  # one width (24): eager's rows, every slot each pass
+        (256, 32, [600, 20, 300, 2, 257, 255, 64, 65, 129], "pow2"),  # widths 64 to 256, rows a power of two
+    ],
+)
+def test_base_scores_come_from_the_windows_ttt_scores_from(seq, chunk, lengths, rows):
     """ttt_base: one window over a document's start for every chunk whose TTT window starts there (causal attention:
-    the later tokens change nothing), its own window for a chunk of a longer document; each chunk's nats as the
-    unadapted model scores it from TTT's own window (seq_len 24, documents of up to 61 tokens, chunks of 8)."""
-    m = model()
-    tokens = docs_stream([61, 20, 33, 9, 24, 25], seed=5)
+    the later tokens change nothing), its own window for a later chunk of a longer document, scored only when that
+    chunk is asked for; each chunk's nats as the unadapted model scores it from TTT's own window."""
+    torch.manual_seed(0)
+    m = GPT(dataclasses.replace(TINY, seq_len=seq), get_backend("sdpa", kernel="math"))
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    tokens = docs_stream(lengths, seed=5)
     docs = split_documents(tokens, BOS)
-    seq, chunk = TINY.seq_len, 8
     at_start, later = base_windows(docs, chunk, seq)
     windows = at_start + [w for ws in later.values() for w in ws]
     assert sum(len(w[3]) for w in windows) == sum(-(-n // chunk) for _, n in docs)  # every chunk exactly once
@@ -104,11 +118,20 @@ def test_base_scores_come_from_the_windows_ttt_scores_from():
         docs[w[0]][1] > seq and w[2] == seq and [c[0] for c in w[3]] == [k] for k, ws in later.items() for w in ws
     )
     nats_of = lambda fn, x, y: fn(x, y, reduction="none")  # noqa: E731
+    passes: list[tuple[int, int]] = []
+
+    def counted(fn, x, y):
+        passes.append(tuple(x.shape))
+        return nats_of(fn, x, y)
+
+    slots = 3
+    rows_for = (lambda n: slots) if rows == "slots" else (lambda n: pad_rows(n, slots))
     with torch.no_grad():
-        scores = BaseScores(m, nats_of, tokens, docs, chunk, seq, max_tokens=3 * 32)
-        assert not scores.table[0, 3:].any()  # the long document's later chunks: not scored until asked for
+        scores = BaseScores(m, counted, tokens, docs, chunk, seq, slots, rows_for)
+        assert later and not scores.table[:, min(later) :].any()  # later windows: not scored until asked for
         table = torch.stack([scores.chunk(k) for k in range(scores.most)], dim=1)
         assert not scores.later
+        assert all(r == slots for r, _ in passes) if rows == "slots" else all(r in (2, 3) for r, _ in passes)
         for d, (start, n) in enumerate(docs):
             for k in range(-(-n // chunk)):
                 hi = min((k + 1) * chunk, n)

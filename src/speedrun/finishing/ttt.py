@@ -235,7 +235,6 @@ def ttt_evaluate(
     stepper = _Stepper(
         forward,
         base_forward if s.score_base else None,
-        min(s.batch_size, len(docs)) * seq_len,
         tokens,
         luts,
         device,
@@ -572,8 +571,6 @@ class _Stepper:
     forward: Callable
     base: Callable | None
     """The unadapted scorer of val_bpb_ttt_base (None: not asked for), run outside the steps (ttt_base)."""
-    base_tokens: int
-    """Padded tokens per pass of the base scorer: a full batch of full windows, a training step's size at most."""
     tokens: torch.Tensor
     luts: ByteLUTs
     device: str
@@ -594,7 +591,17 @@ class _Stepper:
         """The unadapted model's nats of each document's chunks (ttt_base), or None without a base scorer."""
         if self.base is None:
             return None
-        return BaseScores(self.base, self.nats_of, self.tokens, docs, chunk, seq_len, self.base_tokens)
+        return BaseScores(
+            self.base,
+            self.nats_of,
+            self.tokens,
+            docs,
+            chunk,
+            seq_len,
+            self.slots,
+            lambda n: _rows_for(n, self.slots, self.mode, self.slots) if self.mode != "eager" else self.slots,
+            pinned=torch.device(self.device).type == "cuda",
+        )
 
     def step(self, table: list[list[int]], key: StepKey) -> StepOut:
         rows = torch.tensor(table, dtype=torch.int64)

@@ -49,7 +49,10 @@ class BaseScores:
     tokens' device, 0 where a document has no chunk k), for one batch. The windows over the documents' starts are
     scored when it is made, which costs about one forward of the batch; a later chunk's own window when the step
     that scores that chunk asks for it (``chunk(k)``), so a TTT cut short by its time budget pays only for what it
-    scored. ``nats_of(scorer, x, y)`` runs a forward under the caller's autocast."""
+    scored. ``nats_of(scorer, x, y)`` runs a forward under the caller's autocast; ``rows_for(n)`` is how many rows a
+    pass of n windows runs, the same policy as TTT's steps (all the slots eager, since eager flex and cuDNN plan
+    per shape; a power of two compiled or graphed), at most ``slots`` windows a pass. ``pinned`` copies the
+    passes' row tables from pinned memory, so the host does not wait for the kernels queued before them."""
 
     def __init__(
         self,
@@ -59,15 +62,13 @@ class BaseScores:
         docs: list[tuple[int, int]],
         chunk: int,
         seq_len: int,
-        max_tokens: int,
+        slots: int,
+        rows_for: Callable[[int], int],
+        pinned: bool = False,
     ):
-        self.scorer, self.nats_of, self.tokens, self.seq_len, self.max_tokens = (
-            scorer,
-            nats_of,
-            tokens,
-            seq_len,
-            max_tokens,
-        )
+        self.scorer, self.nats_of, self.tokens = scorer, nats_of, tokens
+        self.chunk_size, self.seq_len, self.slots, self.rows_for = chunk, seq_len, slots, rows_for
+        self.pinned = pinned
         self.most = max(math.ceil(n / chunk) for _, n in docs)
         self.n_docs = len(docs)
         self.flat = torch.zeros(self.n_docs * self.most + 1, dtype=torch.float64, device=tokens.device)
@@ -85,33 +86,35 @@ class BaseScores:
 
     def _score(self, windows: list[Window]) -> None:
         """Add each window's chunks' nats into the table: windows longest first, in passes of one width (a power of
-        two, as TTT's steps), of at most max_tokens padded tokens and at least 2 rows (a compiled scorer specializes
-        a dimension of size 1). Columns no chunk scores (context, padding) go to the last, dropped slot."""
+        two, as TTT's steps). A window's columns c0 <= c < c1 belong to its chunks k0, k0 + 1, ... (chunk wide each);
+        the others (context, padding) go to the table's last, dropped slot."""
         device, dump, last = self.tokens.device, self.n_docs * self.most, self.tokens.numel() - 1
         order = sorted(windows, key=lambda w: -w[2])
         i = 0
         while i < len(order):
             width = row_width(order[i][2], self.seq_len)
-            group = [
-                w for w in order[i : i + max(1, self.max_tokens // width)] if row_width(w[2], self.seq_len) == width
-            ]
+            group = [w for w in order[i : i + self.slots] if row_width(w[2], self.seq_len) == width]
             i += len(group)
-            rows = max(2, len(group))
-            slot = torch.full((rows, width), dump, dtype=torch.int64)
-            begin, length = [0] * rows, [0] * rows
+            rows = max(len(group), self.rows_for(len(group)))
+            # per row: first input position, length, the table slot of its first chunk, its scored columns [c0, c1)
+            spec = [[0] * rows, [0] * rows, [dump] * rows, [0] * rows, [0] * rows]
             for r, (d, b, n, chunks) in enumerate(group):
-                begin[r], length[r] = b, n
-                for k, c0, c1 in chunks:
-                    slot[r, c0:c1] = d * self.most + k
+                spec[0][r], spec[1][r], spec[2][r] = b, n, d * self.most + chunks[0][0]
+                spec[3][r], spec[4][r] = chunks[0][1], chunks[-1][2]
+            host = torch.tensor(spec, dtype=torch.int64)
+            begin, length, first_slot, c0, c1 = (host.pin_memory() if self.pinned else host).to(
+                device, non_blocking=True
+            )
             cols = torch.arange(width, device=device)
-            begin_t, length_t = torch.tensor([begin, length]).to(device)
-            idx = begin_t[:, None] + cols[None, :]
-            valid = cols[None, :] < length_t[:, None]
+            idx = begin[:, None] + cols[None, :]
+            valid = cols[None, :] < length[:, None]
             x = torch.where(valid, self.tokens[idx.clamp(max=last - 1)], 0)
             y = torch.where(valid, self.tokens[(idx + 1).clamp(max=last)], 0)
+            inside = (cols[None, :] >= c0[:, None]) & (cols[None, :] < c1[:, None])
+            slot = torch.where(inside, first_slot[:, None] + (cols[None, :] - c0[:, None]) // self.chunk_size, dump)
             with torch.no_grad():
                 nats = self.nats_of(self.scorer, x, y).double()
-            self.flat.index_add_(0, slot.to(device).flatten(), nats.flatten())
+            self.flat.index_add_(0, slot.flatten(), nats.flatten())
 
 
 __all__ = ["BaseScores", "base_windows"]

@@ -136,7 +136,7 @@ class GraphedChunkSteps:
         if entry is None:
             self.late += 1
             entry = self._capture(key, rows)
-            return entry[2]  # capture ran this very step (its side-stream run is not reused: replayed below)
+            return entry[2]  # _capture replayed the new graph once: that replay was this very step
         graph, static_rows, out = entry
         if key[2] and any(p.grad is not g for p, g in zip(self.params, self.grads)):
             raise RuntimeError(

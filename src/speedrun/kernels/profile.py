@@ -96,7 +96,8 @@ def profile_steps(
     (``loop_states``, speedrun.training.loop.loop_states: off, then on; or on alone when the loop is on from the first
     step), then restore model, optimizers and scaler (as warm-up does), so training starts from the same state; the
     loop is left off, as warm-up leaves it. Returns result keys: profile_trace and profile_step_ms for the state
-    training starts in, profile_trace_looped and profile_step_ms_looped for the loop switched on mid-run."""
+    training starts in (profile_layer_loop says whether the loop was on in it), profile_trace_looped and
+    profile_step_ms_looped for the loop switched on mid-run."""
     from torch.profiler import ProfilerActivity, profile
 
     plan = stepper.plan
@@ -125,6 +126,8 @@ def profile_steps(
         label = f" (layer loop {'on' if looped else 'off'})" if looping else ""
         log(top_kernels_table(kernel_rows(prof.key_averages(), cuda), step_ms, steps, label=label))
         keys.update({f"profile_trace{suffix}": str(trace), f"profile_step_ms{suffix}": round(step_ms, 3)})
+        if looping and i == 0:  # which state profile_step_ms is: off for a loop switched on mid-run, else on
+            keys["profile_layer_loop"] = "on" if looped else "off"
     if looping:
         stepper.model.set_loop(False)  # train() switches it when the budget says
     stepper.model.load_state_dict(saved_model)
