@@ -18,6 +18,10 @@
 # the model and skips the rows already written (rows.json), so it goes on where a call's time limit cut the first.
 # The tables go to $OUT (one tarball) when it is set. MAX_DOC_CHARS (default 2500) cuts the documents shorter, for
 # more of them; MODEL_ARGS go to the training run (e.g. hardware.compile=false: no compile, the model in ~2 minutes).
+# CUT_ARGS, when set, replace "--max-doc-chars $MAX_DOC_CHARS" in the prepare_data.py call, e.g.
+# CUT_ARGS="--doc-chars-lognormal 1650 1.0" for FineWeb-like heavy-tailed lengths (val median ~560, mean ~940 tokens);
+# VAL_EVERY, when set, is its --val-every (default 20; 5 gives ~4x the val documents). Each cut has its own dataset
+# directory ($WORK/short_docs_<cut>[_val<N>]), but the model in $WORK/model is trained once: give a new cut a new WORK.
 # The 4-rank check as measured on 4 H100s (docs/benchmarks.md, eleventh session):
 #   WORK=outputs/ttt_check2 MAX_DOC_CHARS=1000 PREFIX_DOCS=32 MODEL_ARGS="hardware.compile=false" bash scripts/gpu_check_ttt.sh
 # The same check on the compiled, CUDA-graphed path (SCALING=compiled; its own WORK, as its rows differ):
@@ -32,10 +36,24 @@ ngpu=${NGPU:-4}
 mkdir -p "$work"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
 t0=$SECONDS
-short=$work/short_docs_${MAX_DOC_CHARS:-2500}
+# the dataset's directory names its cut, so that different cuts never reuse each other's data
+if [ -n "${CUT_ARGS:-}" ]; then
+  read -ra cut_args <<<"$CUT_ARGS"
+  cut_tag=$(printf '%s' "$CUT_ARGS" | tr -cs 'A-Za-z0-9.' '_')
+  cut_tag=${cut_tag#_}
+else
+  cut_args=(--max-doc-chars "${MAX_DOC_CHARS:-2500}")
+  cut_tag=${MAX_DOC_CHARS:-2500}
+fi
+split_args=()
+if [ -n "${VAL_EVERY:-}" ]; then
+  split_args=(--val-every "$VAL_EVERY")
+  cut_tag+=_val$VAL_EVERY
+fi
+short=$work/short_docs_$cut_tag
 if [ ! -f "$short/dataset.json" ]; then
   "$py" scripts/prepare_data.py --input src/speedrun/data/assets/pydoc311.jsonl.xz --out "$short" \
-    --max-doc-chars "${MAX_DOC_CHARS:-2500}" --overwrite | tail -n 3 || exit 1
+    "${cut_args[@]}" ${split_args[@]+"${split_args[@]}"} --overwrite | tail -n 3 || exit 1
 fi
 run=$work/model
 if [ ! -f "$run/result.json" ]; then

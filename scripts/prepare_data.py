@@ -10,6 +10,8 @@ DIR/fineweb_val_%06d.bin and DIR/dataset.json; train on it with
 
 --max-doc-chars N cuts each document (after the split) into runs of whole paragraphs of at most N characters: a
 corpus of long documents made into FineWeb-like ones, e.g. for measuring test-time training, which works per document.
+--doc-chars-lognormal MEDIAN SIGMA cuts the same way but draws each piece's cap from a lognormal distribution (seeded
+by --seed), for a web corpus's heavy-tailed spread of lengths rather than all near one cap.
 
 With --tokenizer gpt2 (or a local *.tiktoken vocabulary) nothing is trained: the documents are tokenized with
 GPT-2's byte-level BPE (tiktoken; pip install 'speedrun[gpt2]'), each prefixed by <|endoftext|> (50256), as in
@@ -20,6 +22,8 @@ modded-nanogpt's FineWeb shards; train on them with
 from __future__ import annotations
 
 import argparse
+import math
+import random
 import sys
 from pathlib import Path
 
@@ -28,7 +32,7 @@ try:
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from speedrun.data.corpus import cut_at_paragraphs, iter_documents, split_train_val
+from speedrun.data.corpus import cut_at_paragraphs, iter_documents, lognormal_caps, split_train_val
 from speedrun.data.prepare import prepare_dataset, prepare_tiktoken_dataset, read_dataset_info
 from speedrun.data.tiktoken_bpe import is_tiktoken
 
@@ -63,17 +67,38 @@ def build_parser() -> argparse.ArgumentParser:
         default=20,
         help="every N-th document (starting with the first) goes to val (default 20)",
     )
-    parser.add_argument(
+    cut = parser.add_mutually_exclusive_group()
+    cut.add_argument(
         "--max-doc-chars",
         type=int,
         metavar="N",
         help="cut each document, after the train/val split, into runs of whole paragraphs of at most N characters "
         "(e.g. 2500 for FineWeb-like lengths; a longer paragraph stays whole): more, shorter documents",
     )
+    cut.add_argument(
+        "--doc-chars-lognormal",
+        type=float,
+        nargs=2,
+        metavar=("MEDIAN", "SIGMA"),
+        help="cut like --max-doc-chars, but each piece's cap in characters drawn in turn from a lognormal "
+        "distribution of median MEDIAN and log-space standard deviation SIGMA (seeded by --seed): a web corpus's "
+        "heavy-tailed document lengths. FineWeb's validation documents are about median 567 and mean 944 tokens "
+        "under parameter-golf's sp8192 tokenizer, i.e. SIGMA about 1.0 (mean/median = exp(SIGMA**2/2)); convert "
+        "tokens to characters with your tokenizer's characters per token; pieces end at paragraph breaks, so they "
+        "come out somewhat shorter than their caps (e.g. 1650 1.0 on the embedded corpus with a 1024-token "
+        "tokenizer, ~2.6 characters a token: val documents of median ~560 and mean ~940 tokens)",
+    )
     parser.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per shard (default 100M)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for the tokenizer's training-text sample")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed for the tokenizer's training-text sample and --doc-chars-lognormal"
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     return parser
+
+
+def _cut_lognormal(docs: list[str], median: float, sigma: float, seed: str) -> list[str]:
+    caps = lognormal_caps(median, sigma, random.Random(seed))
+    return [piece for doc in docs for piece in cut_at_paragraphs(doc, caps)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,6 +117,18 @@ def main(argv: list[str] | None = None) -> int:
         train = [piece for doc in train for piece in cut_at_paragraphs(doc, args.max_doc_chars)]
         val = [piece for doc in val for piece in cut_at_paragraphs(doc, args.max_doc_chars)]
         inputs["max_doc_chars"] = args.max_doc_chars
+    if args.doc_chars_lognormal is not None:  # the same, each piece's cap drawn from a lognormal distribution
+        median, sigma = args.doc_chars_lognormal
+        if not 0 < median < math.inf:  # also refuses nan
+            parser.error(f"--doc-chars-lognormal {median:g} {sigma:g}: MEDIAN must be > 0 characters (e.g. 1400)")
+        if not 0 <= sigma < math.inf:
+            parser.error(
+                f"--doc-chars-lognormal {median:g} {sigma:g}: SIGMA must be >= 0 (0: every cap MEDIAN; ~1.0: web-like)"
+            )
+        # one generator a split, so that val's cut does not depend on the train documents
+        train = _cut_lognormal(train, median, sigma, f"{args.seed}/train")
+        val = _cut_lognormal(val, median, sigma, f"{args.seed}/val")
+        inputs["doc_chars_lognormal"] = {"median": median, "sigma": sigma, "seed": args.seed}
     if is_tiktoken(args.tokenizer):
         paths = prepare_tiktoken_dataset(
             train, val, args.out, args.tokenizer, args.shard_tokens, overwrite=args.overwrite, info=inputs

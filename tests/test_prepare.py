@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,13 @@ import sentencepiece as spm
 import torch
 
 from speedrun.data import prepare as prepare_mod
-from speedrun.data.corpus import cut_at_paragraphs, iter_documents, load_embedded_documents, split_train_val
+from speedrun.data.corpus import (
+    cut_at_paragraphs,
+    iter_documents,
+    load_embedded_documents,
+    lognormal_caps,
+    split_train_val,
+)
 from speedrun.data.loader import TokenStream, load_val_tokens
 from speedrun.data.prepare import (
     DataNotFoundError,
@@ -305,6 +312,66 @@ def test_cut_at_paragraphs_gives_the_document_back_in_whole_paragraphs():
         cut_at_paragraphs(doc, 0)
 
 
+def test_cut_at_paragraphs_with_a_cap_drawn_per_piece():
+    """A callable cap: drawn once as each piece is started, and that piece keeps within it (unless it is one
+    over-long paragraph); the pieces still give the document back."""
+    rng = random.Random(1)
+    paras = ["p" * rng.randint(1, 60) for _ in range(300)]
+    doc = "\n\n" + "\n\n".join(paras) + "\r\n \r\ntail"
+    caps: list[int] = []
+
+    def next_cap() -> int:
+        caps.append(rng.choice([1, 5, 40, 90, 200, 700]))
+        return caps[-1]
+
+    pieces = cut_at_paragraphs(doc, next_cap)
+    assert "".join(pieces) == doc and len(pieces) == len(caps) > 20
+    for piece, cap in zip(pieces, caps):
+        assert len(piece) <= cap or len(piece.strip().split("\n\n")) == 1  # a single paragraph over its cap
+    assert pieces[0].startswith("\n\np")  # leading blank lines join what follows
+    # a cap drawn for a piece holds for it alone: 10 then 100 gives 2 pieces, the second with 3 paragraphs
+    draws = iter([10, 100])
+    assert cut_at_paragraphs("aaaa\n\nbbbbbbbb\n\ncc\n\nd", lambda: next(draws)) == [
+        "aaaa\n\n",
+        "bbbbbbbb\n\ncc\n\nd",
+    ]
+    assert cut_at_paragraphs("", lambda: 0) == []  # no piece, no draw
+    with pytest.raises(ValueError, match="int >= 1"):
+        cut_at_paragraphs("a\n\nb", lambda: 0)
+
+
+def _many_short_paragraphs() -> str:
+    rng = random.Random(0)
+    return "\n\n".join("".join(rng.choice("abcdefgh ") for _ in range(rng.randint(20, 80))) for _ in range(20_000))
+
+
+def test_doc_chars_lognormal_gives_heavy_tailed_lengths():
+    """--doc-chars-lognormal MEDIAN SIGMA: pieces of median about MEDIAN; SIGMA 1.0 a heavy tail (mean/median about
+    exp(0.5) = 1.65, FineWeb's is ~944/567 = 1.66), SIGMA 0 all near MEDIAN."""
+    cli = _load_cli()
+    doc = _many_short_paragraphs()
+    for sigma, low, high in ((1.0, 1.4, 2.0), (0.0, 0.95, 1.05)):
+        pieces = cli._cut_lognormal([doc], 1000, sigma, "0/val")
+        lengths = np.array([len(p) for p in pieces])
+        assert "".join(pieces) == doc
+        assert abs(np.median(lengths) / 1000 - 1) < 0.15, (sigma, np.median(lengths))
+        assert low < lengths.mean() / np.median(lengths) < high, (sigma, lengths.mean() / np.median(lengths))
+    with pytest.raises(ValueError, match="median"):
+        lognormal_caps(0, 1.0, random.Random(0))
+    with pytest.raises(ValueError, match="sigma"):
+        lognormal_caps(1000, -0.1, random.Random(0))
+    assert {lognormal_caps(0.2, 0.0, random.Random(0))() for _ in range(3)} == {1}  # rounded, at least 1
+
+
+def test_doc_chars_lognormal_is_seeded():
+    cli = _load_cli()
+    docs = [_many_short_paragraphs()[:50_000]] * 2
+    same = cli._cut_lognormal(docs, 800, 1.0, "0/train")
+    assert cli._cut_lognormal(docs, 800, 1.0, "0/train") == same
+    assert cli._cut_lognormal(docs, 800, 1.0, "1/train") != same
+    assert cli._cut_lognormal(docs, 800, 1.0, "0/val") != same
+
+
 def test_prepare_data_cuts_documents_after_the_split(docs, tmp_path):
     """--max-doc-chars: the val split is the same documents' text (split first, then cut), in more, shorter pieces."""
     cli = _load_cli()
@@ -320,6 +387,16 @@ def test_prepare_data_cuts_documents_after_the_split(docs, tmp_path):
     assert cut["train"]["documents"] > whole["train"]["documents"] == 4
     with pytest.raises(SystemExit):
         cli.main([*args, "--out", str(tmp_path / "bad"), "--max-doc-chars", "0"])
+    # --doc-chars-lognormal: the same val text in pieces of lengths drawn from a lognormal, recorded in dataset.json
+    assert cli.main([*args, "--out", str(tmp_path / "ln"), "--doc-chars-lognormal", "300", "1.0", "--seed", "3"]) == 0
+    ln = read_dataset_info(tmp_path / "ln")
+    assert ln["val"]["bytes"] == whole["val"]["bytes"] and ln["val"]["documents"] > whole["val"]["documents"]
+    assert ln["doc_chars_lognormal"] == {"median": 300.0, "sigma": 1.0, "seed": 3} and "max_doc_chars" not in ln
+    for bad in (["--max-doc-chars", "200", "--doc-chars-lognormal", "300", "1"], ["--doc-chars-lognormal", "0", "1"]):
+        with pytest.raises(SystemExit):
+            cli.main([*args, "--out", str(tmp_path / "bad"), *bad])
+    with pytest.raises(SystemExit):
+        cli.main([*args, "--out", str(tmp_path / "bad"), "--doc-chars-lognormal", "300", "-1"])
 
 
 def _load_cli():

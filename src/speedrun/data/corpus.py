@@ -5,6 +5,8 @@ from __future__ import annotations
 import gzip
 import json
 import lzma
+import math
+import random
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -83,28 +85,62 @@ def split_train_val(docs: list[str], val_every: int = 20) -> tuple[list[str], li
     return train, val
 
 
-def cut_at_paragraphs(doc: str, max_chars: int) -> list[str]:
+def cut_at_paragraphs(doc: str, max_chars: int | Callable[[], int]) -> list[str]:
     """One document as pieces of at most ``max_chars`` characters, each a run of whole paragraphs (a paragraph ends
     with its blank lines, which stay with it; \\n or \\r\\n, blank lines may hold spaces); a paragraph longer than
     ``max_chars`` is a piece of its own. The pieces joined give the document back exactly.
 
+    ``max_chars`` is one cap for every piece, or a callable of no arguments giving the next cap (an int >= 1), called
+    once as each piece is started: that cap holds for that piece (e.g. :func:`lognormal_caps`, for pieces of a
+    heavy-tailed length distribution rather than all near one cap).
+
     What it is for: a corpus of long documents (the embedded one's validation split is 24 documents of about 10,500
     tokens) cut into documents the length of FineWeb's, so that test-time training, which adapts per document, is
-    measured on the shape it meets in parameter-golf (scripts/prepare_data.py --max-doc-chars)."""
-    if max_chars < 1:
+    measured on the shape it meets in parameter-golf (scripts/prepare_data.py --max-doc-chars,
+    --doc-chars-lognormal)."""
+    if callable(max_chars):
+        draw = max_chars
+    elif max_chars < 1:
         raise ValueError(f"max_chars must be >= 1 (got {max_chars})")
+    else:
+        fixed = max_chars
+
+        def draw() -> int:
+            return fixed
+
+    def start_cap() -> int:
+        cap = draw()
+        if not isinstance(cap, int) or cap < 1:
+            raise ValueError(f"max_chars() must give an int >= 1 (got {cap!r})")
+        return cap
+
     # a break: a line end followed by one or more blank lines (spaces or tabs allowed, \n or \r\n); it ends right
     # after its last line end, so the next paragraph keeps its indentation
     ends = [m.end() for m in _PARAGRAPH_BREAK.finditer(doc)]
     paragraphs = [doc[a:b] for a, b in zip([0, *ends], [*ends, len(doc)]) if b > a]
     pieces: list[str] = []
+    cap = 0  # the cap of the piece being filled, drawn when it was started
     for para in paragraphs:
         # blank lines leading the document join what follows them rather than become a document of their own
-        if pieces and (len(pieces[-1]) + len(para) <= max_chars or not pieces[-1].strip()):
+        if pieces and (len(pieces[-1]) + len(para) <= cap or not pieces[-1].strip()):
             pieces[-1] += para
         else:
             pieces.append(para)
+            cap = start_cap()
     return pieces
+
+
+def lognormal_caps(median: float, sigma: float, rng: random.Random) -> Callable[[], int]:
+    """Caps for :func:`cut_at_paragraphs` drawn one after another from a lognormal distribution of median ``median``
+    characters and shape ``sigma`` (the standard deviation of the log), rounded and at least 1; ``sigma`` 0 gives
+    ``median`` every time. Its mean is ``median * exp(sigma**2 / 2)``: sigma 1.0 is a web corpus's heavy tail (FineWeb's
+    validation documents: median ~567, mean ~944 tokens)."""
+    if not median > 0:
+        raise ValueError(f"median must be > 0 (got {median})")
+    if not sigma >= 0:
+        raise ValueError(f"sigma must be >= 0 (got {sigma})")
+    mu = math.log(median)
+    return lambda: max(1, round(rng.lognormvariate(mu, sigma)))
 
 
 _PARAGRAPH_BREAK = re.compile(r"\r?\n(?:[ \t]*\r?\n)+")
