@@ -13,6 +13,7 @@ from speedrun.errors import ConfigError
 from speedrun.finishing import ttt as ttt_module
 from speedrun.finishing.ttt_base import BaseScores, base_windows
 from speedrun.finishing.ttt_docs import split_documents
+from speedrun.finishing.ttt_global import row_width
 from speedrun.finishing.ttt_graphs import StepKey, StepOut, pad_rows
 from speedrun.model.attention import get_backend
 from speedrun.model.gpt import GPT
@@ -24,6 +25,16 @@ def test_rows_are_padded_to_a_power_of_two_within_the_slots():
     assert [pad_rows(n, 64) for n in (1, 2, 3, 5, 16, 17, 64)] == [2, 2, 4, 8, 16, 32, 64]
     assert pad_rows(40, 48) == 48  # never more rows than adapter slots
     assert pad_rows(1, 1) == 1
+
+
+def test_half_octave_widths_add_three_quarters_of_each_power_of_two():
+    widths = [row_width(n, 2048, half_octaves=True) for n in (1, 64, 65, 96, 97, 128, 129, 192, 193, 1536, 1537, 3000)]
+    assert widths == [64, 64, 96, 96, 128, 128, 192, 192, 256, 1536, 2048, 2048]
+    assert [row_width(n, 2048) for n in (65, 129, 1537)] == [128, 256, 2048]  # the default: powers of two
+    assert row_width(700, 1000, half_octaves=True) == 768 and row_width(900, 1000, half_octaves=True) == 1000
+    for n in range(1, 2049):  # never narrower than the row, never more than 1.5x its padding to 64
+        w = row_width(n, 2048, half_octaves=True)
+        assert n <= w <= 2048 and w <= max(64, 2 * n) and w in {64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048}
 
 
 class RecordingGraphs:
@@ -97,6 +108,7 @@ def test_graphed_steps_score_as_the_direct_steps_and_every_shape_is_captured_bef
     [
         (24, 8, [61, 20, 33, 9, 24, 25], "slots"),  # one width (24): eager's rows, every slot each pass
         (256, 32, [600, 20, 300, 2, 257, 255, 64, 65, 129], "pow2"),  # widths 64 to 256, rows a power of two
+        (256, 32, [600, 20, 300, 2, 257, 255, 64, 65, 129], "half_octave"),  # and 96, 192
     ],
 )
 def test_base_scores_come_from_the_windows_ttt_scores_from(seq, chunk, lengths, rows):
@@ -126,12 +138,14 @@ def test_base_scores_come_from_the_windows_ttt_scores_from(seq, chunk, lengths, 
 
     slots = 3
     rows_for = (lambda n: slots) if rows == "slots" else (lambda n: pad_rows(n, slots))
+    half = rows == "half_octave"
     with torch.no_grad():
-        scores = BaseScores(m, counted, tokens, docs, chunk, seq, slots, rows_for)
+        scores = BaseScores(m, counted, tokens, docs, chunk, seq, slots, rows_for, half_octaves=half)
         assert later and not scores.table[:, min(later) :].any()  # later windows: not scored until asked for
         table = torch.stack([scores.chunk(k) for k in range(scores.most)], dim=1)
         assert not scores.later
         assert all(r == slots for r, _ in passes) if rows == "slots" else all(r in (2, 3) for r, _ in passes)
+        assert any(w in (96, 192) for _, w in passes) == half
         for d, (start, n) in enumerate(docs):
             for k in range(-(-n // chunk)):
                 hi = min((k + 1) * chunk, n)
@@ -140,6 +154,32 @@ def test_base_scores_come_from_the_windows_ttt_scores_from(seq, chunk, lengths, 
                 want = m(x, y, reduction="none")[0, k * chunk - lo :].double().sum()
                 assert float(table[d, k]) == pytest.approx(float(want), rel=1e-5), (d, k)
             assert not table[d, -(-n // chunk) :].any()  # no chunk there: nothing counted
+
+
+def test_half_octave_widths_change_no_score(monkeypatch):
+    """ttt.row_widths=half_octave pads the steps and the base passes less (96, 192, ...), with the scores of the
+    power-of-two widths: padding sits after a row's real tokens and attention is causal."""
+    monkeypatch.setattr(ttt_module, "GraphedChunkSteps", RecordingGraphs)
+    torch.manual_seed(0)
+    m = GPT(dataclasses.replace(TINY, seq_len=256), get_backend("sdpa", kernel="math"))
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    tokens = docs_stream([300, 90, 180, 40, 17, 150], seed=4)
+    kw = dict(seq_len=256, chunk_size=32, batch_size=3, optimizer="adam", beta1=0.0)
+    runs = {}
+    for widths in ("pow2", "half_octave"):
+        RecordingGraphs.instances.clear()
+        runs[widths] = run(m, tokens, cuda_graphs=True, row_widths=widths, **kw)
+        (graphs,) = RecordingGraphs.instances
+        used = {key[1] for key in graphs.used}
+        assert bool(used & {96, 192}) == (widths == "half_octave"), used
+    pow2, half = runs["pow2"], runs["half_octave"]
+    assert half.tokens_scored == pow2.tokens_scored and half.cuda_graphs_late == 0
+    assert half.val_loss == pytest.approx(pow2.val_loss, rel=1e-5)
+    assert half.base_val_loss == pytest.approx(pow2.base_val_loss, rel=1e-5)
+    with pytest.raises(ValueError, match="ttt.row_widths must be pow2 or half_octave"):
+        run(m, tokens, row_widths="pow3", **kw)
 
 
 def test_cuda_graphs_need_a_gpu_and_come_with_compiled_ttt_on_one(compose):

@@ -12,6 +12,7 @@ from speedrun.config.quant import QuantConfig
 from speedrun.config.specs import parse_count, parse_short_chunks, parse_targets
 
 TTT_COMPILE_SCOPES = ("blocks", "model")
+TTT_ROW_WIDTHS = ("pow2", "half_octave")
 """What ttt.compile_scope may name (TTTConfig.compile_scope)."""
 
 __all__ = ["EvalConfig", "LoggerConfig", "QuantConfig", "TTTConfig"]  # QuantConfig lives in config/quant.py
@@ -204,6 +205,10 @@ class TTTConfig:
     launching kernels, not running them (2.08x the tokens/s on one H100, docs/benchmarks.md). CUDA only; the
     optimizer step stays outside the graph. None: on with ttt.compile on a CUDA GPU, else off (plan.json says which);
     true on a machine without CUDA is refused."""
+    row_widths: str = "pow2"
+    """The widths a TTT step's rows are padded to: ``pow2`` (64, 128, 256, ... up to the window) or ``half_octave``
+    (64, 96, 128, 192, 256, 384, ...): less padding for twice the shapes to compile and capture. On documents of
+    FineWeb's lengths, 1.12x fewer padded tokens (counted; docs/benchmarks.md has the measured rate)."""
     phased: PhasedTTTConfig = field(default_factory=PhasedTTTConfig)
     """Phased global TTT (ttt.phased.phases, .prefix_docs, .lr, ...): the model's own weights fine-tuned with SGD
     on documents already scored; off by default (phases 0)."""
@@ -215,6 +220,10 @@ class TTTConfig:
             self.compile_scope in TTT_COMPILE_SCOPES,
             f"ttt.compile_scope={self.compile_scope!r} is not one of {', '.join(TTT_COMPILE_SCOPES)}; "
             f"use ttt.compile_scope=blocks",
+        )
+        _require(
+            self.row_widths in TTT_ROW_WIDTHS,
+            f"ttt.row_widths={self.row_widths!r} is not one of {', '.join(TTT_ROW_WIDTHS)}; use ttt.row_widths=pow2",
         )
         _require(
             self.rank >= 1 and self.chunk_size >= 1 and (self.batch_size is None or self.batch_size >= 1),

@@ -476,6 +476,7 @@ def _ttt(
         compile="inductor" if t.compile else None,
         compile_scope=t.compile_scope,
         cuda_graphs=bool(t.cuda_graphs),
+        row_widths=t.row_widths,
         phased=GlobalSettings(
             phases=g.phases,
             prefix_docs=g.prefix_docs,
@@ -547,6 +548,7 @@ def ttt_setting_keys(t: Any) -> dict[str, Any]:
         ttt_compile=t.compile,
         ttt_compile_scope=t.compile_scope,
         ttt_cuda_graphs=t.cuda_graphs,
+        ttt_row_widths=t.row_widths,
         ttt_targets=t.targets,
         ttt_chunk_size=t.chunk_size,
         ttt_short_chunks=t.short_chunks,

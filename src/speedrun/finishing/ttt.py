@@ -176,6 +176,9 @@ class LoRASettings:
     cuda_graphs: bool = False
     """Replay each step from a CUDA graph, one per step shape, all captured before the clock starts
     (speedrun.finishing.ttt_graphs); CUDA only."""
+    row_widths: str = "pow2"
+    """The widths a step's rows are padded to (ttt_global.row_width): pow2 (64, 128, 256, ...) or half_octave
+    (64, 96, 128, 192, ...: less padding, twice the shapes to compile and capture)."""
 
 
 def ttt_evaluate(
@@ -210,7 +213,11 @@ def ttt_evaluate(
     phases = phase_schedule([len(b) for b in batches], s.phased)
     last_phase = max(phases, default=-1)
     sizes = [chunk_size_for(docs[batch[0]][1], s.chunk_size, steps) for batch in batches]
-    costs = [batch_cost(docs, batch, c, seq_len, compact=s.compile is not None) for batch, c in zip(batches, sizes)]
+    half = _half_octaves(s)
+    costs = [
+        batch_cost(docs, batch, c, seq_len, compact=s.compile is not None, half_octaves=half)
+        for batch, c in zip(batches, sizes)
+    ]
     owner, chain_of = deal_batches(costs, list(phases), world, s.warm_start_chains if s.warm_start_a else 0)
     share = sum(docs[i][1] for b, batch in enumerate(batches) if owner[b] == rank for i in batch)
     progress = Progress("ttt", log) if log is not None else None
@@ -241,6 +248,7 @@ def ttt_evaluate(
         autocast_dtype,
         mode="graphs" if s.cuda_graphs else "compact" if s.compile is not None else "eager",
         slots=lora.slots,
+        half_octaves=half,
     )
     if s.cuda_graphs:
         t_capture = time.perf_counter()
@@ -423,7 +431,8 @@ def _forwards(
     forward, base = _Compiled(lora.model, s.compile, s.compile_scope), _Compiled(model, s.compile, s.compile_scope)
     rows = lora.slots  # a full batch; a last, smaller one is another size of the same dynamic graph
     gen = torch.Generator().manual_seed(0)
-    for width in sorted({row_width(c, seq_len) for c in [s.chunk_size, *(c for _, c in steps)]} | {seq_len}):
+    chunks = [s.chunk_size, *(c for _, c in steps)]
+    for width in sorted({row_width(c, seq_len, _half_octaves(s)) for c in chunks} | {seq_len}):
         x, y = (torch.randint(0, vocab, (rows, width), generator=gen).to(device) for _ in range(2))
         _nats(forward, x, y, device, autocast_dtype).float().mean().backward()
         with torch.no_grad():
@@ -539,8 +548,14 @@ def _rows_for(going: int, n_docs: int, mode: str, slots: int) -> int:
     return max(going, min(2, n_docs)) if mode == "compact" else n_docs
 
 
+def _half_octaves(s: LoRASettings) -> bool:
+    if s.row_widths not in ("pow2", "half_octave"):
+        raise ValueError(f"ttt.row_widths must be pow2 or half_octave, got {s.row_widths!r}")
+    return s.row_widths == "half_octave"
+
+
 def _steps(
-    docs: list[tuple[int, int]], chunk: int, seq_len: int, mode: str, slots: int
+    docs: list[tuple[int, int]], chunk: int, seq_len: int, mode: str, slots: int, half_octaves: bool = False
 ) -> Iterator[tuple[int, list[list[int]], int, bool]]:
     """A batch's steps, its documents sorted longest first (so the documents still going are the first rows):
     (k, the (4, rows) row table of chunk_step, width, training) for every chunk index k."""
@@ -557,7 +572,7 @@ def _steps(
                 lo = max(0, hi - seq_len)
                 table[0][i], table[1][i], table[2][i] = start + lo, hi - lo, k * chunk - lo
                 table[3][i] = 1 if k < nc - 1 else 0  # no update after a document's last chunk
-        yield k, table, row_width(max(table[1]), seq_len), any(table[3])
+        yield k, table, row_width(max(table[1]), seq_len, half_octaves), any(table[3])
 
 
 def _longest_first(docs: list[tuple[int, int]], chunk: int) -> list[int]:
@@ -578,6 +593,8 @@ class _Stepper:
     mode: str
     """eager (every row), compact (compiled: the rows still going) or graphs (ttt.cuda_graphs)."""
     slots: int
+    half_octaves: bool = False
+    """ttt.row_widths=half_octave: steps and base passes padded to the half-octave widths too."""
     graphs: GraphedChunkSteps | None = None
 
     def nats_of(self, fn: Callable, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -601,6 +618,7 @@ class _Stepper:
             self.slots,
             lambda n: _rows_for(n, self.slots, self.mode, self.slots) if self.mode != "eager" else self.slots,
             pinned=torch.device(self.device).type == "cuda",
+            half_octaves=self.half_octaves,
         )
 
     def step(self, table: list[list[int]], key: StepKey) -> StepOut:
@@ -615,7 +633,7 @@ class _Stepper:
         keys = set()
         for docs, chunk in zip(batches, chunk_sizes):
             ordered = [docs[i] for i in _longest_first(docs, chunk)]
-            for _, table, width, training in _steps(ordered, chunk, seq_len, self.mode, self.slots):
+            for _, table, width, training in _steps(ordered, chunk, seq_len, self.mode, self.slots, self.half_octaves):
                 keys.add((len(table[0]), width, training))
         self.graphs.prepare(
             keys, lambda key: torch.tensor([[0] * key[0], [key[1]] * key[0], [0] * key[0], [1] * key[0]])
@@ -657,7 +675,7 @@ def _adapt_batch(
     order = _longest_first(docs, chunk)
     docs, doc_ids = [docs[i] for i in order], [doc_ids[i] for i in order]
     base = stepper.base_scores(docs, chunk, seq_len)
-    for k, table, width, training in _steps(docs, chunk, seq_len, stepper.mode, stepper.slots):
+    for k, table, width, training in _steps(docs, chunk, seq_len, stepper.mode, stepper.slots, stepper.half_octaves):
         if k > 0 and deadline is not None and time.perf_counter() > deadline:  # a batch begun scores its chunk 0
             return True
         if training and stepper.graphs is None:

@@ -65,10 +65,11 @@ class BaseScores:
         slots: int,
         rows_for: Callable[[int], int],
         pinned: bool = False,
+        half_octaves: bool = False,
     ):
         self.scorer, self.nats_of, self.tokens = scorer, nats_of, tokens
         self.chunk_size, self.seq_len, self.slots, self.rows_for = chunk, seq_len, slots, rows_for
-        self.pinned = pinned
+        self.pinned, self.half_octaves = pinned, half_octaves
         self.most = max(math.ceil(n / chunk) for _, n in docs)
         self.n_docs = len(docs)
         self.flat = torch.zeros(self.n_docs * self.most + 1, dtype=torch.float64, device=tokens.device)
@@ -85,15 +86,15 @@ class BaseScores:
         return self.table[:, k]
 
     def _score(self, windows: list[Window]) -> None:
-        """Add each window's chunks' nats into the table: windows longest first, in passes of one width (a power of
-        two, as TTT's steps). A window's columns c0 <= c < c1 belong to its chunks k0, k0 + 1, ... (chunk wide each);
+        """Add each window's chunks' nats into the table: windows longest first, in passes of one width (TTT's steps'
+        widths). A window's columns c0 <= c < c1 belong to its chunks k0, k0 + 1, ... (chunk wide each);
         the others (context, padding) go to the table's last, dropped slot."""
         device, dump, last = self.tokens.device, self.n_docs * self.most, self.tokens.numel() - 1
         order = sorted(windows, key=lambda w: -w[2])
         i = 0
         while i < len(order):
-            width = row_width(order[i][2], self.seq_len)
-            group = [w for w in order[i : i + self.slots] if row_width(w[2], self.seq_len) == width]
+            width = row_width(order[i][2], self.seq_len, self.half_octaves)
+            group = [w for w in order[i : i + self.slots] if row_width(w[2], self.seq_len, self.half_octaves) == width]
             i += len(group)
             rows = max(len(group), self.rows_for(len(group)))
             # per row: first input position, length, the table slot of its first chunk, its scored columns [c0, c1)

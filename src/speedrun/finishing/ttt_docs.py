@@ -70,9 +70,11 @@ scaled 2.70x; this cost model predicts 2.66x for that dealing, where counting st
 padded tokens alone 1.60x. A model to refine with more measurements."""
 
 
-def batch_cost(docs: list[tuple[int, int]], batch: list[int], chunk: int, seq_len: int, compact: bool) -> float:
+def batch_cost(
+    docs: list[tuple[int, int]], batch: list[int], chunk: int, seq_len: int, compact: bool, half_octaves: bool = False
+) -> float:
     """A batch's TTT time in steps' fixed costs: per chunk step, 1 plus its padded tokens / STEP_COST_TOKENS. A
-    step's rows are padded to the power-of-two width of its longest window (at most seq_len tokens); ``compact``
+    step's rows are padded to the width of its longest window (ttt_global.row_width; at most seq_len tokens); ``compact``
     (compiled TTT) runs only the documents still going, at least 2, eager TTT every document of the batch
     (speedrun.finishing.ttt._adapt_batch)."""
     from speedrun.finishing.ttt_global import row_width  # ttt_global is heavier (torch.nn); imported where needed
@@ -82,7 +84,7 @@ def batch_cost(docs: list[tuple[int, int]], batch: list[int], chunk: int, seq_le
     for k in range(-(-lengths[0] // chunk)):
         going = [min((k + 1) * chunk, n) for n in lengths if k * chunk < n]
         rows = max(len(going), min(2, len(lengths))) if compact else len(lengths)
-        total += 1.0 + rows * row_width(min(going[0], seq_len), seq_len) / STEP_COST_TOKENS
+        total += 1.0 + rows * row_width(min(going[0], seq_len), seq_len, half_octaves) / STEP_COST_TOKENS
     return total
 
 
