@@ -261,8 +261,12 @@ def ttt_evaluate(
                 f"ttt: {len(stepper.graphs.graphs)} step shapes captured as CUDA graphs in "
                 f"{time.perf_counter() - t_capture:.1f} s"
             )
+    if shard is not None:
+        # the ranks' warm-ups differ (on 4 H200s: 95 s on one, 165 s on another); without this, a rank that finished
+        # first would count the slowest one's compile in its TTT seconds, waiting for it at the first phase
+        shard.barrier()
     graphs0 = graphs_compiled()
-    t0 = time.perf_counter()  # TTT's clock (and ttt.max_seconds) starts after the compile warm-up
+    t0 = time.perf_counter()  # TTT's clock (and ttt.max_seconds) starts after every rank's compile warm-up
     deadline = None if s.max_seconds is None else t0 + s.max_seconds
     sums = _Sums(device)
     scored: list[ScoredChunk] | None = [] if record_chunks else None
