@@ -200,6 +200,7 @@ def plan_for(compose, *overrides):
         (["ttt=lora", "ttt.max_seconds=0"], "ttt.max_seconds"),
         (["ttt=lora", "ttt.compile_scope=layers"], "ttt.compile_scope=blocks"),
         (["ttt=lora", "ttt.row_widths=pow3"], "ttt.row_widths=pow2"),
+        (["ttt=lora", "ttt.max_batch_share=0"], "max_batch_share=0.0 must be in (0, 1]"),
         (["ttt=lora", "ttt.warm_start_chains=0"], "ttt.warm_start_chains=0 must be >= 1"),
     ],
 )

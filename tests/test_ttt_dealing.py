@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from speedrun.finishing.ttt_docs import STEP_COST_TOKENS, batch_cost, deal_batches
+from speedrun.finishing.ttt_docs import BASE_TOKEN_COST, STEP_COST_TOKENS, batch_cost, deal_batches, split_heavy_batches
 
 COSTS = [104, 3, 9, 40, 12, 7, 7, 30, 2, 18, 25, 5, 61, 8, 11, 4]  # one long document's batch, many short ones
 
@@ -24,22 +24,23 @@ def batch_steps(docs, batch, chunk):
 def test_a_batch_costs_its_longest_documents_steps_at_the_least():
     docs = [(0, 10), (11, 48), (60, 49), (110, 1)]
     for batch, steps in (([0, 1], 3), ([2], 4), ([3], 1)):
-        assert steps < batch_cost(docs, batch, 16, 2048, compact=False) < steps + 1
+        assert steps < batch_cost(docs, batch, 16, 2048, mode="eager") < steps + 1
 
 
 def test_batch_cost_counts_each_step_and_its_padded_tokens():
     """A step costs 1 plus its rows x padded width / STEP_COST_TOKENS. Eager steps run every document of the batch;
     compiled ones only those still going, at least 2."""
     docs = [(0, 100), (101, 40), (142, 30), (173, 10)]  # chunks of 32: 4, 2, 1 and 1 steps
-    per = 1 / STEP_COST_TOKENS
+    per = 1 / STEP_COST_TOKENS["eager"]
     # widths: windows of 32, 64, 96, 100 tokens -> 64, 64, 128, 128 (powers of two, at least 64)
     eager = 4 + 4 * (64 + 64 + 128 + 128) * per
-    compact = 4 + (4 * 64 + 2 * 64 + 2 * 128 + 2 * 128) * per  # 4 going, then 2, then 1 (run as 2), 1 (as 2)
-    assert batch_cost(docs, [0, 1, 2, 3], 32, 2048, compact=False) == pytest.approx(eager)
-    assert batch_cost(docs, [0, 1, 2, 3], 32, 2048, compact=True) == pytest.approx(compact)
+    # 4 going, then 2, then 1 (run as 2), 1 (as 2)
+    compact = 4 + (4 * 64 + 2 * 64 + 2 * 128 + 2 * 128) / STEP_COST_TOKENS["compact"]
+    assert batch_cost(docs, [0, 1, 2, 3], 32, 2048, mode="eager") == pytest.approx(eager)
+    assert batch_cost(docs, [0, 1, 2, 3], 32, 2048, mode="compact") == pytest.approx(compact)
     # windows stop growing at the context: a 5,000-token document's late steps are 2048 wide
     long = [(0, 5000)]
-    assert batch_cost(long, [0], 1000, 2048, compact=False) == pytest.approx(5 + (1024 + 2048 * 4) * per)
+    assert batch_cost(long, [0], 1000, 2048, mode="eager") == pytest.approx(5 + (1024 + 2048 * 4) * per)
 
 
 def test_a_long_documents_batch_costs_its_padded_rows():
@@ -48,12 +49,40 @@ def test_a_long_documents_batch_costs_its_padded_rows():
     docs = [(0, 4000)] + [(4001 + 50 * i, 40) for i in range(15)] + [(5000 + 200 * i, 150) for i in range(16)]
     tail, even = list(range(16)), list(range(16, 32))
     steps_ratio = batch_steps(docs, tail, 48) / batch_steps(docs, even, 48)  # 84 / 4
-    cost_ratio = batch_cost(docs, tail, 48, 2048, compact=False) / batch_cost(docs, even, 48, 2048, compact=False)
+    cost_ratio = batch_cost(docs, tail, 48, 2048, mode="eager") / batch_cost(docs, even, 48, 2048, mode="eager")
     assert steps_ratio == 21 and cost_ratio > 1.5 * steps_ratio  # about 44: its steps run 16 rows up to 2048 wide
     # compiled, 2 rows instead of 16 once the short ones are done: the padded tokens' part of the cost falls 8x
     steps = batch_steps(docs, tail, 48)
-    tokens_part = [batch_cost(docs, tail, 48, 2048, compact=c) - steps for c in (False, True)]
+    tokens_part = [
+        (batch_cost(docs, tail, 48, 2048, mode=m) - steps) * STEP_COST_TOKENS[m] for m in ("eager", "compact")
+    ]
     assert tokens_part[1] * 7 < tokens_part[0] < tokens_part[1] * 9
+
+
+def test_graphed_steps_cost_their_rows_padded_to_a_power_of_two_and_the_base_its_passes():
+    docs = [(0, 100), (101, 40), (142, 30), (173, 10), (184, 20)]  # chunks of 32: 4, 2, 1, 1 and 1 steps
+    per = 1 / STEP_COST_TOKENS["graphs"]
+    # 5 going (run as 8 of 8 slots), then 2, then 1 (as 2), 1 (as 2); widths 64, 64, 128, 128
+    graphs = 4 + (8 * 64 + 2 * 64 + 2 * 128 + 2 * 128) * per
+    assert batch_cost(docs, [0, 1, 2, 3, 4], 32, 2048, mode="graphs", slots=8) == pytest.approx(graphs)
+    # the base: one window over each document's start (widths 128, 64, 64, 64, 64), in passes of one width whose
+    # rows are padded as a step's: 1 document as 2 rows at 128, then 4 at 64
+    base = BASE_TOKEN_COST * (2 * 128 + 4 * 64) * per
+    with_base = batch_cost(docs, [0, 1, 2, 3, 4], 32, 2048, mode="graphs", slots=8, score_base=True)
+    assert with_base == pytest.approx(graphs + base)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        batch_cost(docs, [0], 32, 2048, mode="fast")
+
+
+def test_heavy_batches_are_halved_until_none_is_more_than_its_share():
+    """One batch of the longest documents is most of the work: halved (first documents, then the rest) until no
+    batch costs more than the share, or it is one document; the others untouched, the order kept."""
+    cost = {0: 50, 1: 30, 2: 10, 3: 10, 4: 2, 5: 2, 6: 1, 7: 1, 8: 1}
+    batches = [[4, 5], [0, 1, 2, 3], [6, 7, 8]]
+    out = split_heavy_batches(batches, lambda b: sum(cost[i] for i in b), share=0.25)  # limit: 27
+    assert out == [[4, 5], [0], [1], [2, 3], [6, 7, 8]]  # [0] (50) is one document: it stays
+    assert split_heavy_batches(batches, lambda b: sum(cost[i] for i in b), share=1.0) == batches
+    assert sorted(i for b in out for i in b) == sorted(i for b in batches for i in b)
 
 
 @pytest.mark.parametrize("world", [2, 4])

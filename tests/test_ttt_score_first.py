@@ -208,7 +208,10 @@ def test_warm_start_chains_carry_a_within_a_chain_only():
         table = scores(m, tokens, dataclasses.replace(warm, warm_start_chains=chains))[1]
         docs = split_documents(tokens, BOS)
         batches = document_batches(docs, CHUNK, [], 2, 0)
-        _, chain_of = deal_batches([batch_cost(docs, b, CHUNK, TINY.seq_len, False) for b in batches], [], 1, chains)
+        costs = [
+            batch_cost(docs, b, CHUNK, TINY.seq_len, "eager", slots=2, score_base=warm.score_base) for b in batches
+        ]
+        _, chain_of = deal_batches(costs, [], 1, chains)
         assert len(set(chain_of)) == min(chains, len(batches))
         for b in range(len(batches)):
             first_of_chain = chain_of.index(chain_of[b]) == b

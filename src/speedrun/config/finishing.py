@@ -205,6 +205,12 @@ class TTTConfig:
     launching kernels, not running them (2.08x the tokens/s on one H100, docs/benchmarks.md). CUDA only; the
     optimizer step stays outside the graph. None: on with ttt.compile on a CUDA GPU, else off (plan.json says which);
     true on a machine without CUDA is refused."""
+    max_batch_share: float | None = 0.125
+    """Halve a batch of documents (its first half, then the rest) while its predicted cost (speedrun.finishing.ttt_docs.
+    batch_cost) is more than this share of the whole TTT's: on a small validation set, one batch of its longest
+    documents can be a third of the work, which one rank runs while the others wait (on 4 H200s, 2.5x one rank at
+    best). The same batches on any rank count, so val_bpb_ttt does not depend on it. At parameter-golf's 50,000
+    documents no batch comes near 1/8; null: never split."""
     row_widths: str = "pow2"
     """The widths a TTT step's rows are padded to: ``pow2`` (64, 128, 256, ... up to the window) or ``half_octave``
     (64, 96, 128, 192, 256, 384, ...): less padding for twice the shapes to compile and capture. On documents of
@@ -220,6 +226,10 @@ class TTTConfig:
             self.compile_scope in TTT_COMPILE_SCOPES,
             f"ttt.compile_scope={self.compile_scope!r} is not one of {', '.join(TTT_COMPILE_SCOPES)}; "
             f"use ttt.compile_scope=blocks",
+        )
+        _require(
+            self.max_batch_share is None or 0 < self.max_batch_share <= 1,
+            f"ttt.max_batch_share={self.max_batch_share} must be in (0, 1]; use e.g. 0.125, or null to never split",
         )
         _require(
             self.row_widths in TTT_ROW_WIDTHS,

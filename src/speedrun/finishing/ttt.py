@@ -59,7 +59,14 @@ from speedrun.config.specs import parse_short_chunks, parse_targets
 from speedrun.data.bpb import ByteLUTs
 from speedrun.finishing.lora import LoRAModel, cast_linear_weights
 from speedrun.finishing.ttt_base import BaseScores
-from speedrun.finishing.ttt_docs import batch_cost, chunk_size_for, deal_batches, document_batches, split_documents
+from speedrun.finishing.ttt_docs import (
+    batch_cost,
+    chunk_size_for,
+    deal_batches,
+    document_batches,
+    split_documents,
+    split_heavy_batches,
+)
 from speedrun.finishing.ttt_global import GlobalSettings, finetune, phase_schedule, row_width
 from speedrun.finishing.ttt_graphs import GraphedChunkSteps, StepKey, StepOut, chunk_step, pad_rows
 from speedrun.kernels.compile import CompiledRegions, graphs_compiled
@@ -176,6 +183,9 @@ class LoRASettings:
     cuda_graphs: bool = False
     """Replay each step from a CUDA graph, one per step shape, all captured before the clock starts
     (speedrun.finishing.ttt_graphs); CUDA only."""
+    max_batch_share: float | None = None
+    """Halve a batch (by documents) while its cost is more than this share of all batches' (ttt_docs.
+    split_heavy_batches): a batch of long documents that one rank would work on while the others wait. None: never."""
     row_widths: str = "pow2"
     """The widths a step's rows are padded to (ttt_global.row_width): pow2 (64, 128, 256, ...) or half_octave
     (64, 96, 128, 192, ...: less padding, twice the shapes to compile and capture)."""
@@ -209,15 +219,21 @@ def ttt_evaluate(
     if s.warm_start_a and not 1 <= world <= s.warm_start_chains:
         raise ValueError(f"ttt.warm_start_chains={s.warm_start_chains} chains cannot keep {world} ranks busy")
     docs = split_documents(val_tokens, bos_id)
+    half = _half_octaves(s)
+    mode = "graphs" if s.cuda_graphs else "compact" if s.compile is not None else "eager"
+    slots = min(s.batch_size, len(docs))
+
+    def cost(batch: list[int], mode: str = mode, base: bool = s.score_base, half: bool = half) -> float:
+        chunk = chunk_size_for(docs[batch[0]][1], s.chunk_size, steps)
+        return batch_cost(docs, batch, chunk, seq_len, mode, half, slots, base)
+
     batches = document_batches(docs, s.chunk_size, steps, s.batch_size, s.seed)
+    if s.max_batch_share is not None:  # one cost model whatever the settings: every way of running TTT splits alike
+        batches = split_heavy_batches(batches, lambda b: cost(b, "graphs", False, False), s.max_batch_share)
     phases = phase_schedule([len(b) for b in batches], s.phased)
     last_phase = max(phases, default=-1)
     sizes = [chunk_size_for(docs[batch[0]][1], s.chunk_size, steps) for batch in batches]
-    half = _half_octaves(s)
-    costs = [
-        batch_cost(docs, batch, c, seq_len, compact=s.compile is not None, half_octaves=half)
-        for batch, c in zip(batches, sizes)
-    ]
+    costs = [cost(batch) for batch in batches]
     owner, chain_of = deal_batches(costs, list(phases), world, s.warm_start_chains if s.warm_start_a else 0)
     share = sum(docs[i][1] for b, batch in enumerate(batches) if owner[b] == rank for i in batch)
     progress = Progress("ttt", log) if log is not None else None
@@ -246,7 +262,7 @@ def ttt_evaluate(
         luts,
         device,
         autocast_dtype,
-        mode="graphs" if s.cuda_graphs else "compact" if s.compile is not None else "eager",
+        mode=mode,
         slots=lora.slots,
         half_octaves=half,
     )

@@ -17,6 +17,7 @@ runs its own in the scoring order.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import torch
 
@@ -63,29 +64,76 @@ def document_batches(
     return batches
 
 
-STEP_COST_TOKENS = 20_000
-"""A chunk step's fixed cost (its launches, the optimizer, the host's work) counted in padded tokens of compute.
-Fitted to one measurement: the eleventh session's eager TTT on 4 H100s against one (687 documents, 16 a batch)
-scaled 2.70x; this cost model predicts 2.66x for that dealing, where counting steps alone predicted 3.62x and
-padded tokens alone 1.60x. A model to refine with more measurements."""
+STEP_COST_TOKENS = {"eager": 20_000, "compact": 36_000, "graphs": 6_600}
+"""A chunk step's fixed cost (its launches, the optimizer, the host's work) in padded tokens of compute, per way of
+running the steps (ttt._rows_for). eager: fitted to the eleventh session's eager TTT on 4 H100s against one (it
+predicts 2.66x for the dealing that scaled 2.70x). graphs and compact: fitted on one H200 (fourteenth session,
+documents of FineWeb's lengths, 64 a batch): a graphed step took 9.0 ms plus 1.37 s per million padded tokens (the
+four ranks' seconds and three one-GPU rows, within 0.6 s each); a compiled step without graphs about 50 ms (one
+row). Refit from a run's ttt_rank_seconds against ttt_rank_cost."""
+
+BASE_TOKEN_COST = 0.39
+"""A padded token of the unadapted model's base passes (ttt_base, a forward only) against one of a step (forward
+and backward): 0.527 against 1.368 s per million on the H200 fit above."""
 
 
 def batch_cost(
-    docs: list[tuple[int, int]], batch: list[int], chunk: int, seq_len: int, compact: bool, half_octaves: bool = False
+    docs: list[tuple[int, int]],
+    batch: list[int],
+    chunk: int,
+    seq_len: int,
+    mode: str,
+    half_octaves: bool = False,
+    slots: int | None = None,
+    score_base: bool = False,
 ) -> float:
-    """A batch's TTT time in steps' fixed costs: per chunk step, 1 plus its padded tokens / STEP_COST_TOKENS. A
-    step's rows are padded to the width of its longest window (ttt_global.row_width; at most seq_len tokens); ``compact``
-    (compiled TTT) runs only the documents still going, at least 2, eager TTT every document of the batch
-    (speedrun.finishing.ttt._adapt_batch)."""
-    from speedrun.finishing.ttt_global import row_width  # ttt_global is heavier (torch.nn); imported where needed
+    """A batch's TTT time in steps' fixed costs: per chunk step, 1 plus its padded tokens / STEP_COST_TOKENS[mode].
+    A step's rows are padded to the width of its longest window (ttt_global.row_width; at most seq_len tokens).
+    ``mode`` says which rows a step runs (speedrun.finishing.ttt._rows_for): eager every document of the batch,
+    compact (compiled) the documents still going, at least 2, graphs that padded to a power of two within ``slots``
+    (default: the batch). ``score_base`` adds the base passes' padded tokens (ttt_base), at BASE_TOKEN_COST."""
+    from speedrun.finishing.ttt_base import base_windows  # ttt_base and ttt_global are heavier; imported where needed
+    from speedrun.finishing.ttt_global import row_width
+    from speedrun.finishing.ttt_graphs import pad_rows
 
+    if mode not in STEP_COST_TOKENS:
+        raise ValueError(f"mode must be one of {', '.join(STEP_COST_TOKENS)}, got {mode!r}")
+    slots = slots or len(batch)
     lengths = sorted((docs[i][1] for i in batch), reverse=True)
-    total = 0.0
-    for k in range(-(-lengths[0] // chunk)):
+    padded = 0.0
+    steps = -(-lengths[0] // chunk)
+    for k in range(steps):
         going = [min((k + 1) * chunk, n) for n in lengths if k * chunk < n]
-        rows = max(len(going), min(2, len(lengths))) if compact else len(lengths)
-        total += 1.0 + rows * row_width(min(going[0], seq_len), seq_len, half_octaves) / STEP_COST_TOKENS
-    return total
+        rows = {"eager": len(lengths), "compact": max(len(going), min(2, len(lengths)))}.get(mode)
+        rows = pad_rows(len(going), slots) if rows is None else rows
+        padded += rows * row_width(min(going[0], seq_len), seq_len, half_octaves)
+    if score_base:  # the windows' widths, each pass's rows as its steps' (every slot eager)
+        at_start, later = base_windows([docs[i] for i in batch], chunk, seq_len)
+        for windows in [at_start, *later.values()]:
+            widths = sorted((row_width(w[2], seq_len, half_octaves) for w in windows), reverse=True)
+            for w in set(widths):
+                n = widths.count(w)
+                full, rest = divmod(n, slots)
+                per_pass = {"eager": slots, "compact": max(rest, 2)}.get(mode, pad_rows(rest, slots)) if rest else 0
+                padded += BASE_TOKEN_COST * w * (full * slots + per_pass)
+    return steps + padded / STEP_COST_TOKENS[mode]
+
+
+def split_heavy_batches(batches: list[list[int]], cost: Callable[[list[int]], float], share: float) -> list[list[int]]:
+    """The batches, in order, each halved (its first documents, then the rest) while its cost is more than ``share``
+    of all of them together and it holds more than one document. On a small validation set one batch of its longest
+    documents can be a third of TTT's work, which no number of ranks can share (4 H200s: 2.5x one). The split
+    depends on the costs alone, not on the rank count, so 1 and 8 ranks score the same batches."""
+    limit = share * sum(cost(b) for b in batches)
+    out: list[list[int]] = []
+    todo = list(batches)
+    while todo:
+        b = todo.pop(0)
+        if len(b) > 1 and cost(b) > limit:
+            todo[:0] = [b[: len(b) // 2], b[len(b) // 2 :]]
+        else:
+            out.append(b)
+    return out
 
 
 def deal_batches(costs: list[float], phase_ends: list[int], world: int, chains: int = 0) -> tuple[list[int], list[int]]:
