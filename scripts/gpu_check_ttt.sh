@@ -26,6 +26,9 @@
 #   WORK=outputs/ttt_check2 MAX_DOC_CHARS=1000 PREFIX_DOCS=32 MODEL_ARGS="hardware.compile=false" bash scripts/gpu_check_ttt.sh
 # The same check on the compiled, CUDA-graphed path (SCALING=compiled; its own WORK, as its rows differ):
 #   WORK=outputs/ttt_check3 SCALING=compiled BATCH=64 MAX_DOC_CHARS=1000 PREFIX_DOCS=32 MODEL_ARGS="hardware.compile=false" bash scripts/gpu_check_ttt.sh
+# The check as it met the 3.5x bar on 4 H200s (docs/benchmarks.md, fourteenth session): documents of FineWeb's
+# lengths, the records' 64 a batch, the eager steps replayed from CUDA graphs (SCALING=graphs: no compile warm-up):
+#   WORK=outputs/ttt_check4 SCALING=graphs BATCH=64 CUT_ARGS="--doc-chars-lognormal 1650 1.0" VAL_EVERY=3 PREFIX_DOCS=64 TTT_SECONDS=400 MODEL_ARGS="hardware.compile=false" bash scripts/gpu_check_ttt.sh
 # A CPU try-out of the plumbing (gloo ranks, a smoke-sized model, the ladder without its compiled row):
 #   MODEL_ARGS="debug=smoke" LADDER=1 COMPILED=0 NGPU=2 TTT_SECONDS=120 bash scripts/gpu_check_ttt.sh
 set -uo pipefail
@@ -66,10 +69,13 @@ if [ ! -f "$run/result.json" ]; then
   echo "model trained and exported at $((SECONDS - t0)) s"
 fi
 common=("ttt.phased.prefix_docs=${PREFIX_DOCS:-128}" "ttt.max_seconds=${TTT_SECONDS:-300}")
-# The 1-GPU and all-GPU rows of the equality and scaling check: eager, or with SCALING=compiled compiled per block
-# and replayed from CUDA graphs (ttt.cuda_graphs follows ttt.compile on a GPU), the path a pgolf_record run takes
+# The 1-GPU and all-GPU rows of the equality and scaling check: eager; with SCALING=compiled compiled per block
+# and replayed from CUDA graphs (ttt.cuda_graphs follows ttt.compile on a GPU), the path a pgolf_record run takes;
+# with SCALING=graphs the eager steps replayed from CUDA graphs (no compile warm-up, slower steps)
 if [ "${SCALING:-eager}" = compiled ]; then
   mode_name="compiled + CUDA graphs" mode_args="ttt.compile=true"
+elif [ "${SCALING:-eager}" = graphs ]; then
+  mode_name="eager + CUDA graphs" mode_args="ttt.compile=false ttt.cuda_graphs=true"
 else
   mode_name="eager" mode_args="ttt.compile=false"
 fi
