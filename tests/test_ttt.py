@@ -283,13 +283,14 @@ def test_cuda_bf16_ttt_completes_and_agrees_with_cpu():
 
 
 def test_the_record_recipe_runs_the_records_ttt(compose):
-    """experiment=pgolf_record sets the same TTT as ttt=record (only its time budget differs, and it compiles TTT,
-    which on a GPU brings CUDA graphs; debug=smoke does not compile), and ttt=record resolves with the record
-    model's context."""
+    """experiment=pgolf_record sets the same TTT as ttt=record (only its time budget differs, it compiles TTT,
+    which on a GPU brings CUDA graphs, and pads its rows to half-octave widths; debug=smoke does not compile), and
+    ttt=record resolves with the record model's context."""
     recipe = to_config(compose(["experiment=pgolf_record"])).ttt
     option = to_config(compose(["ttt=record"])).ttt
     assert recipe.compile and not option.compile
-    assert dataclasses.replace(recipe, max_seconds=None, compile=False) == option
+    assert (recipe.row_widths, option.row_widths) == ("half_octave", "pow2")
+    assert dataclasses.replace(recipe, max_seconds=None, compile=False, row_widths="pow2") == option
     assert not to_config(compose(["experiment=pgolf_record", "debug=smoke"])).ttt.compile
     assert (option.rank, option.alpha, option.targets, option.phased.phases, option.warm_start_a) == (
         96,
