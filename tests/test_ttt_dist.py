@@ -19,9 +19,10 @@ SEQ = 24
 PHASED = LoRASettings(
     rank=4, lr=0.05, chunk_size=8, batch_size=2, targets="q,v,head,mlp_bypass", alpha=8.0, beta1=0.0, beta2=0.999,
     weight_decay=0.5, phased=GlobalSettings(phases=2, prefix_docs=6, lr=0.05, chunk_tokens=64, batch_seqs=3),
-    warm_start_a=True, warm_start_chains=2,
+    warm_start_a=True, warm_start_chains=2, max_batch_share=0.2,
 )  # fmt: skip
-"""A carried from batch to batch along 2 chains: one per rank on two ranks, both on the one process."""
+"""A carried from batch to batch along 2 chains: one per rank on two ranks, both on the one process; the heavier
+of the 5 batches of 2 halved (max_batch_share), the same on both."""
 SLOW_WARM_UP = 4.0
 """Seconds rank 1's TTT warm-up is held up by: TTT's clock starts when every rank is ready, so it is not counted."""
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections import Counter
 
 import pytest
 import torch
@@ -235,14 +236,16 @@ def test_cuda_bf16_record_ttt_with_phases_agrees_with_cpu():
     assert abs(gpu.val_loss - cpu.val_loss) < 0.1, (gpu.val_loss, cpu.val_loss)
 
 
-@pytest.mark.parametrize("scope", ["blocks", "model"])
-def test_compiled_ttt_scores_like_eager_with_its_warm_up_off_the_clock(scope):
+@pytest.mark.parametrize("scope,split", [("blocks", None), ("model", None), ("blocks", 0.3)])
+def test_compiled_ttt_scores_like_eager_with_its_warm_up_off_the_clock(scope, split):
     """ttt.compile: the adapted and unadapted forwards through torch.compile (dynamic shapes; aot_eager here, the
     same graph capture as inductor without a C++ toolchain) give eager's scores, after a warm-up on random tokens
     that leaves the adapters as they were; the records' adapters, phases and base scores included, at a step width
     the warm-up did not run, and with the rows of documents already done left out (eager runs them as padding).
     Either scope:
-    each block and the head on their own (the default), or the whole model as one graph."""
+    each block and the head on their own (the default), or the whole model as one graph. With ttt.max_batch_share
+    (split): the heavy batches halved alike in both, down to batches of one document, which compiled TTT still runs
+    as two rows (a size-1 dimension would compile graphs of its own while the clock runs)."""
     import dataclasses
 
     torch._dynamo.reset()
@@ -261,7 +264,7 @@ def test_compiled_ttt_scores_like_eager_with_its_warm_up_off_the_clock(scope):
         assert res.complete
         return res
 
-    eager = dataclasses.replace(CONFIGS["warm"], score_base=True, chunk_size=16, batch_size=4)
+    eager = dataclasses.replace(CONFIGS["warm"], score_base=True, chunk_size=16, batch_size=4, max_batch_share=split)
     compiled = dataclasses.replace(eager, compile="aot_eager", compile_scope=scope)
     a = run(eager)
     rows_run = []
@@ -275,7 +278,7 @@ def test_compiled_ttt_scores_like_eager_with_its_warm_up_off_the_clock(scope):
         mp.setattr(ttt_module._Compiled, "__call__", spy)
         b = run(compiled)
     # compiled steps run only the documents still going (at least 2): batches of 4 shrink to 3 and 2 rows
-    assert {2, 3, 4} <= set(rows_run) and min(rows_run) == 2
+    assert min(rows_run) == 2 and (split is not None or {2, 3, 4} <= set(rows_run))  # split: batches of 1 run 2
     assert a.compile_seconds == 0.0 and b.compile_seconds > 0
     regional = isinstance(ttt_module._Compiled(model(), "aot_eager", scope).fn, CompiledRegions)
     assert regional == (scope == "blocks")
@@ -285,7 +288,10 @@ def test_compiled_ttt_scores_like_eager_with_its_warm_up_off_the_clock(scope):
         a.base_val_loss, rel=1e-5
     )
     for x, y in zip(a.chunks, b.chunks):
-        assert (x.doc, x.chunk, x.tokens) == (y.doc, y.chunk, y.tokens) and y.nats == pytest.approx(x.nats, rel=1e-4)
+        assert (x.batch, x.doc, x.chunk, x.tokens) == (y.batch, y.doc, y.chunk, y.tokens)
+        assert y.nats == pytest.approx(x.nats, rel=1e-4)
+    batch_sizes = Counter(c.batch for c in a.chunks if c.chunk == 0)  # documents per batch
+    assert (max(batch_sizes) + 1, min(batch_sizes.values())) == ((2, 4) if split is None else (5, 1))
 
 
 def test_compiled_ttt_warms_up_one_graph_set_whatever_the_widths():

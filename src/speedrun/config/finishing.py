@@ -12,8 +12,9 @@ from speedrun.config.quant import QuantConfig
 from speedrun.config.specs import parse_count, parse_short_chunks, parse_targets
 
 TTT_COMPILE_SCOPES = ("blocks", "model")
-TTT_ROW_WIDTHS = ("pow2", "half_octave")
 """What ttt.compile_scope may name (TTTConfig.compile_scope)."""
+TTT_ROW_WIDTHS = ("pow2", "half_octave")
+"""What ttt.row_widths may name (TTTConfig.row_widths)."""
 
 __all__ = ["EvalConfig", "LoggerConfig", "QuantConfig", "TTTConfig"]  # QuantConfig lives in config/quant.py
 
@@ -191,7 +192,8 @@ class TTTConfig:
     compile: bool = False
     """torch.compile the adapted model's forward (and the unadapted one's, for val_bpb_ttt_base) with dynamic
     shapes, as the records do, warmed up on random tokens before TTT's clock starts (ttt_compile_seconds; graphs
-    built after the warm-up: ttt_recompiles; a last batch of a single document specializes one more graph). The
+    built after the warm-up: ttt_recompiles; a batch of a single document runs two rows, one of them padding, so
+    that no size-1 dimension specializes a graph of its own). The
     global phases run eagerly. Off by default for its warm-up: on one H100 at the records' settings, 2.39x eager's
     tokens/s after a 271.6 s warm-up (docs/benchmarks.md)."""
     compile_scope: str = "blocks"
@@ -209,8 +211,10 @@ class TTTConfig:
     """Halve a batch of documents (its first half, then the rest) while its predicted cost (speedrun.finishing.ttt_docs.
     batch_cost) is more than this share of the whole TTT's: on a small validation set, one batch of its longest
     documents can be a third of the work, which one rank runs while the others wait (on 4 H200s, 2.5x one rank at
-    best). The same batches on any rank count, so val_bpb_ttt does not depend on it. At parameter-golf's 50,000
-    documents no batch comes near 1/8; null: never split."""
+    best). The split depends on the documents alone (a frozen cost model), not on the rank count or on how TTT runs,
+    so 1 and 8 ranks score the same batches. It does change the scores against no split: under ttt.warm_start_a
+    a batch starts from its chain's previous A, and the phases fall at batch ends (-0.0054 val_bpb_ttt on one small
+    set). At parameter-golf's 50,000 documents no batch comes near 1/8; null: never split."""
     row_widths: str = "pow2"
     """The widths a TTT step's rows are padded to: ``pow2`` (64, 128, 256, ... up to the window) or ``half_octave``
     (64, 96, 128, 192, 256, 384, ...): less padding for twice the shapes to compile and capture. On documents of

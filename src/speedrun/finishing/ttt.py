@@ -60,6 +60,7 @@ from speedrun.data.bpb import ByteLUTs
 from speedrun.finishing.lora import LoRAModel, cast_linear_weights
 from speedrun.finishing.ttt_base import BaseScores
 from speedrun.finishing.ttt_docs import (
+    SPLIT_STEP_COST_TOKENS,
     batch_cost,
     chunk_size_for,
     deal_batches,
@@ -183,7 +184,7 @@ class LoRASettings:
     cuda_graphs: bool = False
     """Replay each step from a CUDA graph, one per step shape, all captured before the clock starts
     (speedrun.finishing.ttt_graphs); CUDA only."""
-    max_batch_share: float | None = None
+    max_batch_share: float | None = None  # None here: unit tests batch exactly as asked; the config's default is 1/8
     """Halve a batch (by documents) while its cost is more than this share of all batches' (ttt_docs.
     split_heavy_batches): a batch of long documents that one rank would work on while the others wait. None: never."""
     row_widths: str = "pow2"
@@ -223,13 +224,16 @@ def ttt_evaluate(
     mode = "graphs" if s.cuda_graphs else "compact" if s.compile is not None else "eager"
     slots = min(s.batch_size, len(docs))
 
-    def cost(batch: list[int], mode: str = mode, base: bool = s.score_base, half: bool = half) -> float:
+    def cost(
+        batch: list[int], mode: str = mode, base: bool = s.score_base, half: bool = half, step: float | None = None
+    ) -> float:
         chunk = chunk_size_for(docs[batch[0]][1], s.chunk_size, steps)
-        return batch_cost(docs, batch, chunk, seq_len, mode, half, slots, base)
+        return batch_cost(docs, batch, chunk, seq_len, mode, half, slots, base, step)
 
     batches = document_batches(docs, s.chunk_size, steps, s.batch_size, s.seed)
     if s.max_batch_share is not None:  # one cost model whatever the settings: every way of running TTT splits alike
-        batches = split_heavy_batches(batches, lambda b: cost(b, "graphs", False, False), s.max_batch_share)
+        frozen = lambda b: cost(b, "graphs", False, False, SPLIT_STEP_COST_TOKENS)  # noqa: E731
+        batches = split_heavy_batches(batches, frozen, s.max_batch_share)
     phases = phase_schedule([len(b) for b in batches], s.phased)
     last_phase = max(phases, default=-1)
     sizes = [chunk_size_for(docs[batch[0]][1], s.chunk_size, steps) for batch in batches]
@@ -565,7 +569,7 @@ def _rows_for(going: int, n_docs: int, mode: str, slots: int) -> int:
     own); graphed, that padded to a power of two (ttt_graphs.pad_rows: a few shapes to capture)."""
     if mode == "graphs":
         return pad_rows(going, slots)
-    return max(going, min(2, n_docs)) if mode == "compact" else n_docs
+    return max(going, min(2, slots)) if mode == "compact" else n_docs
 
 
 def _half_octaves(s: LoRASettings) -> bool:

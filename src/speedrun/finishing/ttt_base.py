@@ -51,7 +51,7 @@ class BaseScores:
     that scores that chunk asks for it (``chunk(k)``), so a TTT cut short by its time budget pays only for what it
     scored. ``nats_of(scorer, x, y)`` runs a forward under the caller's autocast; ``rows_for(n)`` is how many rows a
     pass of n windows runs, the same policy as TTT's steps (all the slots eager, since eager flex and cuDNN plan
-    per shape; a power of two compiled or graphed), at most ``slots`` windows a pass. ``pinned`` copies the
+    per shape; at least 2 compiled, a power of two graphed), at most ``slots`` windows a pass. ``pinned`` copies the
     passes' row tables from pinned memory, so the host does not wait for the kernels queued before them."""
 
     def __init__(

@@ -72,6 +72,10 @@ documents of FineWeb's lengths, 64 a batch): a graphed step took 9.0 ms plus 1.3
 four ranks' seconds and three one-GPU rows, within 0.6 s each); a compiled step without graphs about 50 ms (one
 row). Refit from a run's ttt_rank_seconds against ttt_rank_cost."""
 
+SPLIT_STEP_COST_TOKENS = 6_600
+"""The graphed step's fixed cost that ttt.max_batch_share's split counts with, frozen: refitting STEP_COST_TOKENS
+changes how batches are dealt, never which batches exist (and so never a score)."""
+
 BASE_TOKEN_COST = 0.39
 """A padded token of the unadapted model's base passes (ttt_base, a forward only) against one of a step (forward
 and backward): 0.527 against 1.368 s per million on the H200 fit above."""
@@ -86,12 +90,14 @@ def batch_cost(
     half_octaves: bool = False,
     slots: int | None = None,
     score_base: bool = False,
+    step_tokens: float | None = None,
 ) -> float:
     """A batch's TTT time in steps' fixed costs: per chunk step, 1 plus its padded tokens / STEP_COST_TOKENS[mode].
     A step's rows are padded to the width of its longest window (ttt_global.row_width; at most seq_len tokens).
     ``mode`` says which rows a step runs (speedrun.finishing.ttt._rows_for): eager every document of the batch,
     compact (compiled) the documents still going, at least 2, graphs that padded to a power of two within ``slots``
-    (default: the batch). ``score_base`` adds the base passes' padded tokens (ttt_base), at BASE_TOKEN_COST."""
+    (default: the batch). ``score_base`` adds the base passes' padded tokens (ttt_base), at BASE_TOKEN_COST.
+    ``step_tokens`` replaces the mode's STEP_COST_TOKENS."""
     from speedrun.finishing.ttt_base import base_windows  # ttt_base and ttt_global are heavier; imported where needed
     from speedrun.finishing.ttt_global import row_width
     from speedrun.finishing.ttt_graphs import pad_rows
@@ -104,7 +110,7 @@ def batch_cost(
     steps = -(-lengths[0] // chunk)
     for k in range(steps):
         going = [min((k + 1) * chunk, n) for n in lengths if k * chunk < n]
-        rows = {"eager": len(lengths), "compact": max(len(going), min(2, len(lengths)))}.get(mode)
+        rows = {"eager": len(lengths), "compact": max(len(going), min(2, slots))}.get(mode)
         rows = pad_rows(len(going), slots) if rows is None else rows
         padded += rows * row_width(min(going[0], seq_len), seq_len, half_octaves)
     if score_base:  # the windows' widths, each pass's rows as its steps' (every slot eager)
@@ -116,7 +122,7 @@ def batch_cost(
                 full, rest = divmod(n, slots)
                 per_pass = {"eager": slots, "compact": max(rest, 2)}.get(mode, pad_rows(rest, slots)) if rest else 0
                 padded += BASE_TOKEN_COST * w * (full * slots + per_pass)
-    return steps + padded / STEP_COST_TOKENS[mode]
+    return steps + padded / (step_tokens or STEP_COST_TOKENS[mode])
 
 
 def split_heavy_batches(batches: list[list[int]], cost: Callable[[list[int]], float], share: float) -> list[list[int]]:

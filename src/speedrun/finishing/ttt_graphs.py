@@ -12,7 +12,7 @@ autograd bookkeeping, costs the host more than its kernels cost the GPU. A repla
 
 How (torch.cuda.graphs, as speedrun.kernels.graphs does for training): one graph per step shape, the key
 (rows, width, training); rows are padded up to a power of two (at least 2, at most the adapter slots) and
-widths are already powers of two (ttt_global.row_width), so a run has a few dozen shapes, all captured before
+widths are already few (ttt_global.row_width, ttt.row_widths), so a run has a few dozen shapes, all captured before
 TTT's clock starts (``GraphedChunkSteps.prepare``) from the batches this rank will run. Each shape runs once
 eagerly on a side stream (cuBLAS and cuDNN initialise there, as capture requires), then is captured. Every graph
 draws from one shared memory pool: a replay's outputs are read (added to the sums, handed to the optimizer)
