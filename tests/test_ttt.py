@@ -199,7 +199,9 @@ def plan_for(compose, *overrides):
         (["ttt=lora", "ttt.rank=0"], "ttt.rank"),
         (["ttt=lora", "ttt.max_seconds=0"], "ttt.max_seconds"),
         (["ttt=lora", "ttt.compile_scope=layers"], "ttt.compile_scope=blocks"),
-        (["ttt=lora", "ttt.row_widths=pow3"], "ttt.row_widths=pow2"),
+        (["ttt=lora", "ttt.row_widths=pow3"], "use ttt.row_widths=pow2, half_octave or e.g. 128"),
+        (["ttt=lora", "ttt.row_widths=8"], "a multiple of at least 16 tokens"),
+        (["ttt=lora", "ttt.graph_rows=pow3"], "ttt.graph_rows=pow2"),
         (["ttt=lora", "ttt.max_batch_share=0"], "max_batch_share=0.0 must be in (0, 1]"),
         (["ttt=lora", "ttt.warm_start_chains=0"], "ttt.warm_start_chains=0 must be >= 1"),
     ],
@@ -290,6 +292,8 @@ def test_the_record_recipe_runs_the_records_ttt(compose):
     option = to_config(compose(["ttt=record"])).ttt
     assert recipe.compile and not option.compile
     assert (recipe.row_widths, option.row_widths) == ("half_octave", "pow2")
+    padded = to_config(compose(["ttt=record", "ttt.row_widths=128", "ttt.graph_rows=half_octave"])).ttt
+    assert (padded.row_widths, padded.graph_rows) == ("128", "half_octave")  # a number on the command line
     assert dataclasses.replace(recipe, max_seconds=None, compile=False, row_widths="pow2") == option
     assert not to_config(compose(["experiment=pgolf_record", "debug=smoke"])).ttt.compile
     assert (option.rank, option.alpha, option.targets, option.phased.phases, option.warm_start_a) == (

@@ -118,3 +118,41 @@ def test_chains_do_not_depend_on_the_rank_count_and_stay_on_one_rank(seed):
             for b in stretch:
                 assert owner.setdefault(chain[b], rank[b]) == rank[b], (world, b)
         assert set(rank) <= set(range(world))
+
+
+@pytest.mark.parametrize("mode", ["eager", "compact", "graphs"])
+@pytest.mark.parametrize("widths,half_rows", [("pow2", False), ("half_octave", True), ("128", False)])
+def test_batch_cost_counts_the_rows_and_widths_ttt_runs(mode, widths, half_rows):
+    """batch_cost's padded tokens are those of the steps TTT runs (ttt._steps) and of the base passes it scores
+    (ttt_base.BaseScores, through a scorer that only counts), for every mode and padding, on random batches."""
+    import torch
+
+    from speedrun.finishing.ttt import _longest_first, _rows_for, _steps
+    from speedrun.finishing.ttt_base import BaseScores
+
+    rng = random.Random(0)
+    seq, chunk, slots = 512, 32, 6
+    for _ in range(20):
+        lengths = [rng.choice([rng.randint(1, 100), rng.randint(100, 1500)]) for _ in range(rng.randint(1, slots))]
+        starts = [sum(lengths[:i]) + i for i in range(len(lengths))]
+        docs = list(zip(starts, lengths))
+        ordered = [docs[i] for i in _longest_first(docs, chunk)]
+        steps = list(_steps(ordered, chunk, seq, mode, slots, widths, half_rows))
+        step_tokens = sum(len(table[0]) * width for _, table, width, _ in steps)
+        passes: list[int] = []
+
+        def count(_, x, y, passes=passes):
+            passes.append(x.numel())
+            return torch.zeros(x.shape)
+
+        rows_for = (lambda n: slots) if mode == "eager" else (lambda n: _rows_for(n, slots, mode, slots, half_rows))
+        tokens = torch.zeros(starts[-1] + lengths[-1] + 1, dtype=torch.long)
+        base = BaseScores(None, count, tokens, ordered, chunk, seq, slots, rows_for, widths=widths)
+        for k in range(base.most):
+            base.chunk(k)
+        per = STEP_COST_TOKENS[mode]
+        kw = dict(mode=mode, widths=widths, slots=slots, half_rows=half_rows)
+        plain = batch_cost(docs, list(range(len(docs))), chunk, seq, **kw)
+        assert plain == pytest.approx(len(steps) + step_tokens / per)
+        with_base = batch_cost(docs, list(range(len(docs))), chunk, seq, score_base=True, **kw)
+        assert with_base - plain == pytest.approx(BASE_TOKEN_COST * sum(passes) / per)

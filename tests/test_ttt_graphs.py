@@ -25,16 +25,23 @@ def test_rows_are_padded_to_a_power_of_two_within_the_slots():
     assert [pad_rows(n, 64) for n in (1, 2, 3, 5, 16, 17, 64)] == [2, 2, 4, 8, 16, 32, 64]
     assert pad_rows(40, 48) == 48  # never more rows than adapter slots
     assert pad_rows(1, 1) == 1
+    # half octaves (ttt.graph_rows): 3/4 of each power of two as well, never fewer rows than going
+    half = [pad_rows(n, 64, half_octaves=True) for n in (1, 2, 3, 4, 5, 6, 7, 12, 13, 17, 24, 25, 48, 49, 64)]
+    assert half == [2, 2, 3, 4, 6, 6, 8, 12, 16, 24, 24, 32, 48, 64, 64]
+    assert all(n <= pad_rows(n, 64, half_octaves=True) <= pad_rows(n, 64) for n in range(1, 65))
 
 
 def test_half_octave_widths_add_three_quarters_of_each_power_of_two():
-    widths = [row_width(n, 2048, half_octaves=True) for n in (1, 64, 65, 96, 97, 128, 129, 192, 193, 1536, 1537, 3000)]
+    widths = [row_width(n, 2048, "half_octave") for n in (1, 64, 65, 96, 97, 128, 129, 192, 193, 1536, 1537, 3000)]
     assert widths == [64, 64, 96, 96, 128, 128, 192, 192, 256, 1536, 2048, 2048]
     assert [row_width(n, 2048) for n in (65, 129, 1537)] == [128, 256, 2048]  # the default: powers of two
-    assert row_width(700, 1000, half_octaves=True) == 768 and row_width(900, 1000, half_octaves=True) == 1000
+    assert row_width(700, 1000, "half_octave") == 768 and row_width(900, 1000, "half_octave") == 1000
     for n in range(1, 2049):  # never narrower than the row, never more than 1.5x its padding to 64
-        w = row_width(n, 2048, half_octaves=True)
+        w = row_width(n, 2048, "half_octave")
         assert n <= w <= 2048 and w <= max(64, 2 * n) and w in {64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048}
+    # a number: multiples of it, at least one, at most the window
+    assert [row_width(n, 2048, "128") for n in (1, 128, 129, 1921, 2047, 3000)] == [128, 128, 256, 2048, 2048, 2048]
+    assert row_width(900, 1000, "128") == 1000
 
 
 class RecordingGraphs:
@@ -140,7 +147,9 @@ def test_base_scores_come_from_the_windows_ttt_scores_from(seq, chunk, lengths, 
     rows_for = (lambda n: slots) if rows == "slots" else (lambda n: pad_rows(n, slots))
     half = rows == "half_octave"
     with torch.no_grad():
-        scores = BaseScores(m, counted, tokens, docs, chunk, seq, slots, rows_for, half_octaves=half)
+        scores = BaseScores(
+            m, counted, tokens, docs, chunk, seq, slots, rows_for, widths="half_octave" if half else "pow2"
+        )
         assert later and not scores.table[:, min(later) :].any()  # later windows: not scored until asked for
         table = torch.stack([scores.chunk(k) for k in range(scores.most)], dim=1)
         assert not scores.later
@@ -156,30 +165,40 @@ def test_base_scores_come_from_the_windows_ttt_scores_from(seq, chunk, lengths, 
             assert not table[d, -(-n // chunk) :].any()  # no chunk there: nothing counted
 
 
-def test_half_octave_widths_change_no_score(monkeypatch):
-    """ttt.row_widths=half_octave pads the steps and the base passes less (96, 192, ...), with the scores of the
-    power-of-two widths: padding sits after a row's real tokens and attention is causal."""
+def test_other_paddings_change_no_score(monkeypatch):
+    """ttt.row_widths=half_octave or 128 pads the steps and the base passes less (96, 192, 384, ...), and
+    ttt.graph_rows=half_octave the graphed rows (3, 6, ...), with the scores of the powers of two: padding sits
+    after a row's real tokens (attention is causal) or in rows of no document (no loss, no gradient)."""
     monkeypatch.setattr(ttt_module, "GraphedChunkSteps", RecordingGraphs)
     torch.manual_seed(0)
     m = GPT(dataclasses.replace(TINY, seq_len=256), get_backend("sdpa", kernel="math"))
     with torch.no_grad():
         for p in m.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    tokens = docs_stream([300, 90, 180, 40, 17, 150], seed=4)
-    kw = dict(seq_len=256, chunk_size=32, batch_size=3, optimizer="adam", beta1=0.0)
-    runs = {}
-    for widths in ("pow2", "half_octave"):
+    # two batches of 8: the short documents with a 90 and a 100; then five of 100-300 tokens (4-10 chunks of 32),
+    # 5 going (rows 8, or 6 in half octaves), then 3 (rows 4, or 3)
+    tokens = docs_stream([300, 100, 100, 100, 20, 20, 20, 20, 20, 150, 180, 90, 17], seed=4)
+    kw = dict(seq_len=256, chunk_size=32, batch_size=8, optimizer="adam", beta1=0.0)
+    runs, used = {}, {}
+    for padding in (("pow2", "pow2"), ("half_octave", "pow2"), ("128", "pow2"), ("pow2", "half_octave")):
         RecordingGraphs.instances.clear()
-        runs[widths] = run(m, tokens, cuda_graphs=True, row_widths=widths, **kw)
+        runs[padding] = run(m, tokens, cuda_graphs=True, row_widths=padding[0], graph_rows=padding[1], **kw)
         (graphs,) = RecordingGraphs.instances
-        used = {key[1] for key in graphs.used}
-        assert bool(used & {96, 192}) == (widths == "half_octave"), used
-    pow2, half = runs["pow2"], runs["half_octave"]
-    assert half.tokens_scored == pow2.tokens_scored and half.cuda_graphs_late == 0
-    assert half.val_loss == pytest.approx(pow2.val_loss, rel=1e-5)
-    assert half.base_val_loss == pytest.approx(pow2.base_val_loss, rel=1e-5)
-    with pytest.raises(ValueError, match="ttt.row_widths must be pow2 or half_octave"):
+        used[padding] = graphs.used
+        assert runs[padding].cuda_graphs_late == 0
+    widths, rows = ({k: {key[i] for key in u} for k, u in used.items()} for i in (1, 0))
+    assert widths[("pow2", "pow2")] == widths[("pow2", "half_octave")] == {64, 128, 256}
+    assert {96, 192} <= widths[("half_octave", "pow2")] and widths[("128", "pow2")] == {128, 256}
+    assert rows[("pow2", "pow2")] == {2, 4, 8} and rows[("pow2", "half_octave")] == {2, 3, 6, 8}
+    base = runs[("pow2", "pow2")]
+    for other in runs.values():
+        assert other.tokens_scored == base.tokens_scored
+        assert other.val_loss == pytest.approx(base.val_loss, rel=1e-5)
+        assert other.base_val_loss == pytest.approx(base.base_val_loss, rel=1e-5)
+    with pytest.raises(ValueError, match="ttt.row_widths must be pow2, half_octave or a multiple"):
         run(m, tokens, row_widths="pow3", **kw)
+    with pytest.raises(ValueError, match="ttt.graph_rows must be pow2 or half_octave"):
+        run(m, tokens, graph_rows="3", **kw)
 
 
 def test_cuda_graphs_need_a_gpu_and_come_with_compiled_ttt_on_one(compose):

@@ -14,7 +14,7 @@ from speedrun.config.specs import parse_count, parse_short_chunks, parse_targets
 TTT_COMPILE_SCOPES = ("blocks", "model")
 """What ttt.compile_scope may name (TTTConfig.compile_scope)."""
 TTT_ROW_WIDTHS = ("pow2", "half_octave")
-"""What ttt.row_widths may name (TTTConfig.row_widths)."""
+"""What ttt.row_widths may name besides a number (TTTConfig.row_widths), and ttt.graph_rows."""
 
 __all__ = ["EvalConfig", "LoggerConfig", "QuantConfig", "TTTConfig"]  # QuantConfig lives in config/quant.py
 
@@ -216,9 +216,13 @@ class TTTConfig:
     a batch starts from its chain's previous A, and the phases fall at batch ends (-0.0054 val_bpb_ttt on one small
     set). At parameter-golf's 50,000 documents no batch comes near 1/8; null: never split."""
     row_widths: str = "pow2"
-    """The widths a TTT step's rows are padded to: ``pow2`` (64, 128, 256, ... up to the window) or ``half_octave``
-    (64, 96, 128, 192, 256, 384, ...): less padding for twice the shapes to compile and capture. On documents of
-    FineWeb's lengths, 1.12x fewer padded tokens (counted; docs/benchmarks.md has the measured rate)."""
+    """The widths a TTT step's rows are padded to: ``pow2`` (64, 128, 256, ... up to the window), ``half_octave``
+    (64, 96, 128, 192, 256, 384, ...): less padding for twice the shapes to compile and capture, or a number N such
+    as 128 (multiples of N: less padding still, more shapes). On documents of FineWeb's lengths half_octave ran
+    1.09x pow2 on an H200 (docs/benchmarks.md); multiples of 128 are counted, not timed."""
+    graph_rows: str = "pow2"
+    """The row counts a CUDA-graphed TTT step (and its base passes) is padded to: ``pow2`` (2, 4, 8, ... up to the
+    batch) or ``half_octave`` (3, 6, 12, 24, 48 as well): less padding, more graphs to capture. Counted, not timed."""
     phased: PhasedTTTConfig = field(default_factory=PhasedTTTConfig)
     """Phased global TTT (ttt.phased.phases, .prefix_docs, .lr, ...): the model's own weights fine-tuned with SGD
     on documents already scored; off by default (phases 0)."""
@@ -236,8 +240,13 @@ class TTTConfig:
             f"ttt.max_batch_share={self.max_batch_share} must be in (0, 1]; use e.g. 0.125, or null to never split",
         )
         _require(
-            self.row_widths in TTT_ROW_WIDTHS,
-            f"ttt.row_widths={self.row_widths!r} is not one of {', '.join(TTT_ROW_WIDTHS)}; use ttt.row_widths=pow2",
+            self.row_widths in TTT_ROW_WIDTHS or (str(self.row_widths).isdigit() and int(self.row_widths) >= 16),
+            f"ttt.row_widths={self.row_widths!r} is not one of {', '.join(TTT_ROW_WIDTHS)} or a multiple of at "
+            f"least 16 tokens; use ttt.row_widths=pow2, half_octave or e.g. 128",
+        )
+        _require(
+            self.graph_rows in TTT_ROW_WIDTHS,
+            f"ttt.graph_rows={self.graph_rows!r} is not one of {', '.join(TTT_ROW_WIDTHS)}; use ttt.graph_rows=pow2",
         )
         _require(
             self.rank >= 1 and self.chunk_size >= 1 and (self.batch_size is None or self.batch_size >= 1),

@@ -477,6 +477,7 @@ def _ttt(
         compile_scope=t.compile_scope,
         cuda_graphs=bool(t.cuda_graphs),
         row_widths=t.row_widths,
+        graph_rows=t.graph_rows,
         max_batch_share=t.max_batch_share,
         phased=GlobalSettings(
             phases=g.phases,
@@ -550,6 +551,7 @@ def ttt_setting_keys(t: Any) -> dict[str, Any]:
         ttt_compile_scope=t.compile_scope,
         ttt_cuda_graphs=t.cuda_graphs,
         ttt_row_widths=t.row_widths,
+        ttt_graph_rows=t.graph_rows,
         ttt_max_batch_share=t.max_batch_share,
         ttt_targets=t.targets,
         ttt_chunk_size=t.chunk_size,

@@ -188,8 +188,10 @@ class LoRASettings:
     """Halve a batch (by documents) while its cost is more than this share of all batches' (ttt_docs.
     split_heavy_batches): a batch of long documents that one rank would work on while the others wait. None: never."""
     row_widths: str = "pow2"
-    """The widths a step's rows are padded to (ttt_global.row_width): pow2 (64, 128, 256, ...) or half_octave
-    (64, 96, 128, 192, ...: less padding, twice the shapes to compile and capture)."""
+    """The widths a step's rows are padded to (ttt_global.row_width): pow2 (64, 128, 256, ...), half_octave
+    (64, 96, 128, 192, ...: less padding, twice the shapes to compile and capture) or a number N (multiples of N)."""
+    graph_rows: str = "pow2"
+    """The row counts a graphed step is padded to (ttt_graphs.pad_rows): pow2 or half_octave (3, 6, 12, 24, ...)."""
 
 
 def ttt_evaluate(
@@ -220,19 +222,24 @@ def ttt_evaluate(
     if s.warm_start_a and not 1 <= world <= s.warm_start_chains:
         raise ValueError(f"ttt.warm_start_chains={s.warm_start_chains} chains cannot keep {world} ranks busy")
     docs = split_documents(val_tokens, bos_id)
-    half = _half_octaves(s)
+    widths, half_rows = _padding(s)
     mode = "graphs" if s.cuda_graphs else "compact" if s.compile is not None else "eager"
     slots = min(s.batch_size, len(docs))
 
     def cost(
-        batch: list[int], mode: str = mode, base: bool = s.score_base, half: bool = half, step: float | None = None
+        batch: list[int],
+        mode: str = mode,
+        base: bool = s.score_base,
+        widths: str = widths,
+        half_rows: bool = half_rows,
+        step: float | None = None,
     ) -> float:
         chunk = chunk_size_for(docs[batch[0]][1], s.chunk_size, steps)
-        return batch_cost(docs, batch, chunk, seq_len, mode, half, slots, base, step)
+        return batch_cost(docs, batch, chunk, seq_len, mode, widths, slots, base, step, half_rows)
 
     batches = document_batches(docs, s.chunk_size, steps, s.batch_size, s.seed)
     if s.max_batch_share is not None:  # one cost model whatever the settings: every way of running TTT splits alike
-        frozen = lambda b: cost(b, "graphs", False, False, SPLIT_STEP_COST_TOKENS)  # noqa: E731
+        frozen = lambda b: cost(b, "graphs", False, "pow2", False, SPLIT_STEP_COST_TOKENS)  # noqa: E731
         batches = split_heavy_batches(batches, frozen, s.max_batch_share)
     phases = phase_schedule([len(b) for b in batches], s.phased)
     last_phase = max(phases, default=-1)
@@ -268,7 +275,8 @@ def ttt_evaluate(
         autocast_dtype,
         mode=mode,
         slots=lora.slots,
-        half_octaves=half,
+        widths=widths,
+        half_rows=half_rows,
     )
     if s.cuda_graphs:
         t_capture = time.perf_counter()
@@ -456,7 +464,7 @@ def _forwards(
     rows = lora.slots  # a full batch; a last, smaller one is another size of the same dynamic graph
     gen = torch.Generator().manual_seed(0)
     chunks = [s.chunk_size, *(c for _, c in steps)]
-    for width in sorted({row_width(c, seq_len, _half_octaves(s)) for c in chunks} | {seq_len}):
+    for width in sorted({row_width(c, seq_len, _padding(s)[0]) for c in chunks} | {seq_len}):
         x, y = (torch.randint(0, vocab, (rows, width), generator=gen).to(device) for _ in range(2))
         _nats(forward, x, y, device, autocast_dtype).float().mean().backward()
         with torch.no_grad():
@@ -563,30 +571,40 @@ def _optimizer(params: list[nn.Parameter], s: LoRASettings) -> torch.optim.Optim
     )
 
 
-def _rows_for(going: int, n_docs: int, mode: str, slots: int) -> int:
+def _rows_for(going: int, n_docs: int, mode: str, slots: int, half_rows: bool = False) -> int:
     """Rows a step runs: eager, one per document of the batch (eager flex compiles per shape); compiled, the
     documents still going, at least 2 (dynamic shapes: a size-1 dimension would be specialized into graphs of its
-    own); graphed, that padded to a power of two (ttt_graphs.pad_rows: a few shapes to capture)."""
+    own); graphed, that padded to a power of two, or with ``half_rows`` a half octave (ttt_graphs.pad_rows: a few
+    shapes to capture)."""
     if mode == "graphs":
-        return pad_rows(going, slots)
+        return pad_rows(going, slots, half_rows)
     return max(going, min(2, slots)) if mode == "compact" else n_docs
 
 
-def _half_octaves(s: LoRASettings) -> bool:
-    if s.row_widths not in ("pow2", "half_octave"):
-        raise ValueError(f"ttt.row_widths must be pow2 or half_octave, got {s.row_widths!r}")
-    return s.row_widths == "half_octave"
+def _padding(s: LoRASettings) -> tuple[str, bool]:
+    """(ttt.row_widths, whether ttt.graph_rows pads graphed steps' rows to half octaves), checked."""
+    if not (s.row_widths in ("pow2", "half_octave") or (s.row_widths.isdigit() and int(s.row_widths) >= 16)):
+        raise ValueError(f"ttt.row_widths must be pow2, half_octave or a multiple like 128, got {s.row_widths!r}")
+    if s.graph_rows not in ("pow2", "half_octave"):
+        raise ValueError(f"ttt.graph_rows must be pow2 or half_octave, got {s.graph_rows!r}")
+    return s.row_widths, s.graph_rows == "half_octave"
 
 
 def _steps(
-    docs: list[tuple[int, int]], chunk: int, seq_len: int, mode: str, slots: int, half_octaves: bool = False
+    docs: list[tuple[int, int]],
+    chunk: int,
+    seq_len: int,
+    mode: str,
+    slots: int,
+    widths: str = "pow2",
+    half_rows: bool = False,
 ) -> Iterator[tuple[int, list[list[int]], int, bool]]:
     """A batch's steps, its documents sorted longest first (so the documents still going are the first rows):
     (k, the (4, rows) row table of chunk_step, width, training) for every chunk index k."""
     n_chunks = [math.ceil(n / chunk) for _, n in docs]
     for k in range(max(n_chunks)):
         going = sum(k < nc for nc in n_chunks)  # the first `going` rows: n_chunks is non-increasing
-        rows = _rows_for(going, len(docs), mode, slots)
+        rows = _rows_for(going, len(docs), mode, slots, half_rows)
         # per row: inputs [lo, hi) of its document (relative to the document start), scored from offset `first`;
         # rows past the documents still going (or past the batch, when padded) are all padding
         table = [[0] * rows for _ in range(4)]
@@ -596,7 +614,7 @@ def _steps(
                 lo = max(0, hi - seq_len)
                 table[0][i], table[1][i], table[2][i] = start + lo, hi - lo, k * chunk - lo
                 table[3][i] = 1 if k < nc - 1 else 0  # no update after a document's last chunk
-        yield k, table, row_width(max(table[1]), seq_len, half_octaves), any(table[3])
+        yield k, table, row_width(max(table[1]), seq_len, widths), any(table[3])
 
 
 def _longest_first(docs: list[tuple[int, int]], chunk: int) -> list[int]:
@@ -617,8 +635,10 @@ class _Stepper:
     mode: str
     """eager (every row), compact (compiled: the rows still going) or graphs (ttt.cuda_graphs)."""
     slots: int
-    half_octaves: bool = False
-    """ttt.row_widths=half_octave: steps and base passes padded to the half-octave widths too."""
+    widths: str = "pow2"
+    """ttt.row_widths: the widths the steps and the base passes are padded to."""
+    half_rows: bool = False
+    """ttt.graph_rows=half_octave: graphed steps' and base passes' rows padded to half octaves too."""
     graphs: GraphedChunkSteps | None = None
 
     def nats_of(self, fn: Callable, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -640,9 +660,11 @@ class _Stepper:
             chunk,
             seq_len,
             self.slots,
-            lambda n: _rows_for(n, self.slots, self.mode, self.slots) if self.mode != "eager" else self.slots,
+            lambda n: (
+                _rows_for(n, self.slots, self.mode, self.slots, self.half_rows) if self.mode != "eager" else self.slots
+            ),
             pinned=torch.device(self.device).type == "cuda",
-            half_octaves=self.half_octaves,
+            widths=self.widths,
         )
 
     def step(self, table: list[list[int]], key: StepKey) -> StepOut:
@@ -657,7 +679,9 @@ class _Stepper:
         keys = set()
         for docs, chunk in zip(batches, chunk_sizes):
             ordered = [docs[i] for i in _longest_first(docs, chunk)]
-            for _, table, width, training in _steps(ordered, chunk, seq_len, self.mode, self.slots, self.half_octaves):
+            for _, table, width, training in _steps(
+                ordered, chunk, seq_len, self.mode, self.slots, self.widths, self.half_rows
+            ):
                 keys.add((len(table[0]), width, training))
         self.graphs.prepare(
             keys, lambda key: torch.tensor([[0] * key[0], [key[1]] * key[0], [0] * key[0], [1] * key[0]])
@@ -699,7 +723,9 @@ def _adapt_batch(
     order = _longest_first(docs, chunk)
     docs, doc_ids = [docs[i] for i in order], [doc_ids[i] for i in order]
     base = stepper.base_scores(docs, chunk, seq_len)
-    for k, table, width, training in _steps(docs, chunk, seq_len, stepper.mode, stepper.slots, stepper.half_octaves):
+    for k, table, width, training in _steps(
+        docs, chunk, seq_len, stepper.mode, stepper.slots, stepper.widths, stepper.half_rows
+    ):
         if k > 0 and deadline is not None and time.perf_counter() > deadline:  # a batch begun scores its chunk 0
             return True
         if training and stepper.graphs is None:

@@ -65,11 +65,11 @@ class BaseScores:
         slots: int,
         rows_for: Callable[[int], int],
         pinned: bool = False,
-        half_octaves: bool = False,
+        widths: str = "pow2",
     ):
         self.scorer, self.nats_of, self.tokens = scorer, nats_of, tokens
         self.chunk_size, self.seq_len, self.slots, self.rows_for = chunk, seq_len, slots, rows_for
-        self.pinned, self.half_octaves = pinned, half_octaves
+        self.pinned, self.widths = pinned, widths
         self.most = max(math.ceil(n / chunk) for _, n in docs)
         self.n_docs = len(docs)
         self.flat = torch.zeros(self.n_docs * self.most + 1, dtype=torch.float64, device=tokens.device)
@@ -93,8 +93,8 @@ class BaseScores:
         order = sorted(windows, key=lambda w: -w[2])
         i = 0
         while i < len(order):
-            width = row_width(order[i][2], self.seq_len, self.half_octaves)
-            group = [w for w in order[i : i + self.slots] if row_width(w[2], self.seq_len, self.half_octaves) == width]
+            width = row_width(order[i][2], self.seq_len, self.widths)
+            group = [w for w in order[i : i + self.slots] if row_width(w[2], self.seq_len, self.widths) == width]
             i += len(group)
             rows = max(len(group), self.rows_for(len(group)))
             # per row: first input position, length, the table slot of its first chunk, its scored columns [c0, c1)

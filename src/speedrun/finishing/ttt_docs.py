@@ -87,17 +87,19 @@ def batch_cost(
     chunk: int,
     seq_len: int,
     mode: str,
-    half_octaves: bool = False,
+    widths: str = "pow2",
     slots: int | None = None,
     score_base: bool = False,
     step_tokens: float | None = None,
+    half_rows: bool = False,
 ) -> float:
     """A batch's TTT time in steps' fixed costs: per chunk step, 1 plus its padded tokens / STEP_COST_TOKENS[mode].
     A step's rows are padded to the width of its longest window (ttt_global.row_width; at most seq_len tokens).
     ``mode`` says which rows a step runs (speedrun.finishing.ttt._rows_for): eager every document of the batch,
     compact (compiled) the documents still going, at least 2, graphs that padded to a power of two within ``slots``
     (default: the batch). ``score_base`` adds the base passes' padded tokens (ttt_base), at BASE_TOKEN_COST.
-    ``step_tokens`` replaces the mode's STEP_COST_TOKENS."""
+    ``step_tokens`` replaces the mode's STEP_COST_TOKENS; ``widths`` and ``half_rows`` are ttt.row_widths and
+    ttt.graph_rows=half_octave."""
     from speedrun.finishing.ttt_base import base_windows  # ttt_base and ttt_global are heavier; imported where needed
     from speedrun.finishing.ttt_global import row_width
     from speedrun.finishing.ttt_graphs import pad_rows
@@ -111,16 +113,18 @@ def batch_cost(
     for k in range(steps):
         going = [min((k + 1) * chunk, n) for n in lengths if k * chunk < n]
         rows = {"eager": len(lengths), "compact": max(len(going), min(2, slots))}.get(mode)
-        rows = pad_rows(len(going), slots) if rows is None else rows
-        padded += rows * row_width(min(going[0], seq_len), seq_len, half_octaves)
+        rows = pad_rows(len(going), slots, half_rows) if rows is None else rows
+        padded += rows * row_width(min(going[0], seq_len), seq_len, widths)
     if score_base:  # the windows' widths, each pass's rows as its steps' (every slot eager)
         at_start, later = base_windows([docs[i] for i in batch], chunk, seq_len)
         for windows in [at_start, *later.values()]:
-            widths = sorted((row_width(w[2], seq_len, half_octaves) for w in windows), reverse=True)
-            for w in set(widths):
-                n = widths.count(w)
+            sizes = sorted((row_width(w[2], seq_len, widths) for w in windows), reverse=True)
+            for w in set(sizes):
+                n = sizes.count(w)
                 full, rest = divmod(n, slots)
-                per_pass = {"eager": slots, "compact": max(rest, 2)}.get(mode, pad_rows(rest, slots)) if rest else 0
+                per_pass = (
+                    {"eager": slots, "compact": max(rest, 2)}.get(mode, pad_rows(rest, slots, half_rows)) if rest else 0
+                )
                 padded += BASE_TOKEN_COST * w * (full * slots + per_pass)
     return steps + padded / (step_tokens or STEP_COST_TOKENS[mode])
 

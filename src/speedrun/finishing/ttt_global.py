@@ -80,13 +80,16 @@ def phase_schedule(batch_docs: list[int], settings: GlobalSettings) -> dict[int,
     return out
 
 
-def row_width(n: int, seq_len: int, half_octaves: bool = False) -> int:
-    """Pad a batch of rows of at most n tokens to a power of two (>= 64, at most seq_len): a handful of shapes for
-    the whole run, so kernels that compile or plan per shape (flex, cuDNN) do so a few times, not once per batch.
-    ``half_octaves`` adds the widths halfway up each octave (96, 192, 384, ...: 3/4 of the next power of two), for
-    twice the shapes and less padding (ttt.row_widths=half_octave)."""
+def row_width(n: int, seq_len: int, widths: str = "pow2") -> int:
+    """Pad a batch of rows of at most n tokens to one of a few widths (at most seq_len), so kernels that compile or
+    plan per shape (flex, cuDNN) do so a few times, not once per batch (ttt.row_widths): ``pow2``, a power of two
+    of at least 64; ``half_octave``, those and the widths halfway up each octave (96, 192, 384, ...: 3/4 of the
+    next power of two), twice the shapes for less padding; a number N (e.g. "128"), a multiple of N."""
+    if widths.isdigit():
+        step = int(widths)
+        return min(seq_len, max(step, -(-n // step) * step))
     width = max(64, 1 << max(0, n - 1).bit_length())
-    if half_octaves and width > 64 and n <= width * 3 // 4:
+    if widths == "half_octave" and width > 64 and n <= width * 3 // 4:
         width = width * 3 // 4
     return min(seq_len, width)
 

@@ -47,10 +47,14 @@ class StepOut:
     """() int64: bytes of the scored tokens."""
 
 
-def pad_rows(going: int, slots: int) -> int:
+def pad_rows(going: int, slots: int, half_octaves: bool = False) -> int:
     """Rows a graphed step runs for ``going`` documents still going: the next power of two, at least 2 (a size-1
-    dimension would specialize a compiled graph of its own), at most ``slots``."""
-    return min(slots, max(2, 1 << max(0, going - 1).bit_length()))
+    dimension would specialize a compiled graph of its own), at most ``slots``. ``half_octaves`` (ttt.graph_rows)
+    adds 3/4 of each power of two (3, 6, 12, 24, 48, ...): less padding for more shapes to capture."""
+    rows = max(2, 1 << max(0, going - 1).bit_length())
+    if half_octaves and rows > 2 and going <= rows * 3 // 4:
+        rows = rows * 3 // 4
+    return min(slots, rows)
 
 
 def chunk_step(
