@@ -141,9 +141,9 @@ def test_batch_cost_counts_the_rows_and_widths_ttt_runs(mode, widths, half_rows)
         step_tokens = sum(len(table[0]) * width for _, table, width, _ in steps)
         passes: list[int] = []
 
-        def count(_, x, y, passes=passes):
-            passes.append(x.numel())
-            return torch.zeros(x.shape)
+        def count(_, x, y, pick, passes=passes):
+            passes.append(x.numel())  # the blocks run every column; the head, only pick's (not counted)
+            return torch.zeros(x.shape if pick is None else pick.shape)
 
         rows_for = (lambda n: slots) if mode == "eager" else (lambda n: _rows_for(n, slots, mode, slots, half_rows))
         tokens = torch.zeros(starts[-1] + lengths[-1] + 1, dtype=torch.long)
@@ -156,3 +156,49 @@ def test_batch_cost_counts_the_rows_and_widths_ttt_runs(mode, widths, half_rows)
         assert plain == pytest.approx(len(steps) + step_tokens / per)
         with_base = batch_cost(docs, list(range(len(docs))), chunk, seq, score_base=True, **kw)
         assert with_base - plain == pytest.approx(BASE_TOKEN_COST * sum(passes) / per)
+
+
+def test_chain_costs_alone_cut_the_chains_and_costs_place_them():
+    """Which batches share a chain of A changes the scores, so deal_batches cuts the chains by chain_costs alone;
+    costs (the run's own, which the mode, the widths and the base score change) only place whole chains on ranks."""
+    rng = random.Random(3)
+    frozen = [rng.randint(1, 100) for _ in range(30)]
+    runs = [[c * rng.uniform(0.5, 2.0) for c in frozen] for _ in range(4)]  # four settings' own costs
+    chains = {tuple(deal_batches(costs, [9], 4, chains=8, chain_costs=frozen)[1]) for costs in runs}
+    assert chains == {tuple(deal_batches(frozen, [9], 4, chains=8)[1])}
+    assert len({tuple(deal_batches(costs, [9], 4, chains=8)[1]) for costs in runs}) > 1  # cut by their own: not
+
+
+def test_ttt_cuts_its_chains_by_one_cost_whatever_the_speed_settings(monkeypatch):
+    """ttt_evaluate hands deal_batches the same chain costs whether the base is scored, how rows are padded and
+    whether the steps run eager or from (stand-in) graphs, while its own costs differ: the chains of A, and so
+    val_bpb_ttt, do not depend on what only changes speed."""
+    import dataclasses
+
+    from speedrun.finishing import ttt as ttt_module
+    from speedrun.model.attention import get_backend
+    from speedrun.model.gpt import GPT
+    from test_ttt import TINY, docs_stream, run
+    from test_ttt_graphs import RecordingGraphs
+
+    monkeypatch.setattr(ttt_module, "GraphedChunkSteps", RecordingGraphs)
+    seen = []
+    real = ttt_module.deal_batches
+
+    def spy(costs, phase_ends, world, chains=0, chain_costs=None):
+        seen.append((costs, chain_costs))
+        return real(costs, phase_ends, world, chains, chain_costs)
+
+    monkeypatch.setattr(ttt_module, "deal_batches", spy)
+    m = GPT(dataclasses.replace(TINY, seq_len=256), get_backend("sdpa", kernel="math"))
+    tokens = docs_stream([300, 100, 100, 20, 20, 150, 180, 90, 17, 60, 250, 40], seed=4)
+    kw = dict(seq_len=256, chunk_size=32, batch_size=2, warm_start_a=True, warm_start_chains=4)
+    for settings in (
+        dict(score_base=True),
+        dict(score_base=False),
+        dict(score_base=True, row_widths="128"),
+        dict(score_base=True, cuda_graphs=True, graph_rows="half_octave"),
+    ):
+        run(m, tokens, **kw, **settings)
+    assert len({tuple(c) for _, c in seen}) == 1 and seen[0][1] is not None
+    assert len({tuple(c) for c, _ in seen}) == len(seen)  # the runs' own costs all differ

@@ -136,12 +136,14 @@ def test_base_scores_come_from_the_windows_ttt_scores_from(seq, chunk, lengths, 
     assert all(
         docs[w[0]][1] > seq and w[2] == seq and [c[0] for c in w[3]] == [k] for k, ws in later.items() for w in ws
     )
-    nats_of = lambda fn, x, y: fn(x, y, reduction="none")  # noqa: E731
     passes: list[tuple[int, int]] = []
+    picked: list[int] = []
 
-    def counted(fn, x, y):
+    def counted(fn, x, y, pick):
         passes.append(tuple(x.shape))
-        return nats_of(fn, x, y)
+        if pick is not None:  # a later window: its one chunk's columns
+            picked.append(pick.size(1))
+        return ttt_module._Scorer(fn)(x, y, pick=pick)
 
     slots = 3
     rows_for = (lambda n: slots) if rows == "slots" else (lambda n: pad_rows(n, slots))
@@ -155,6 +157,7 @@ def test_base_scores_come_from_the_windows_ttt_scores_from(seq, chunk, lengths, 
         assert not scores.later
         assert all(r == slots for r, _ in passes) if rows == "slots" else all(r in (2, 3) for r, _ in passes)
         assert any(w in (96, 192) for _, w in passes) == half
+        assert set(picked) == {chunk}  # the later windows' head ran at their chunk's columns only
         for d, (start, n) in enumerate(docs):
             for k in range(-(-n // chunk)):
                 hi = min((k + 1) * chunk, n)
@@ -233,3 +236,47 @@ def test_cuda_graphed_ttt_scores_as_direct_ttt(autocast):
     tol = 1e-5 if autocast is None else 2e-3
     assert graphed.val_loss == pytest.approx(direct.val_loss, rel=tol)
     assert graphed.base_val_loss == pytest.approx(direct.base_val_loss, rel=tol)
+
+
+@pytest.mark.parametrize("targets", [("q", "v"), ("q", "v", "head")])
+def test_a_steps_head_at_its_chunk_scores_and_learns_as_the_head_at_every_column(targets):
+    """chunk_step's pick_width: the head (final norm, logits, loss) runs at each row's chunk only, not at the window
+    of context before it. The scores, the bytes and the adapters' gradients are those of the head at every column
+    (what the window's other columns would add is never read, and their gradient is zero), for windows at a
+    document's start and later ones, a last chunk shorter than the others and a padding row."""
+    from speedrun.finishing.lora import LoRAModel
+    from speedrun.finishing.ttt import _longest_first, _Scorer, _steps
+    from speedrun.finishing.ttt_graphs import chunk_step
+    from test_ttt import luts
+
+    torch.manual_seed(0)
+    seq, chunk = 48, 8
+    m = GPT(dataclasses.replace(TINY, seq_len=seq), get_backend("sdpa", kernel="math"))
+    with torch.no_grad():  # the output projections start at zero: nothing would flow back to q and v
+        for p in m.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    tokens = docs_stream([70, 30, 9], seed=3)  # 70: later windows past the 48-token window; 9: a chunk of 1
+    docs = split_documents(tokens, BOS)
+    docs = [docs[i] for i in _longest_first(docs, chunk)]
+    lora = LoRAModel(m, targets, 4, 4, 0)  # 4 slots: the 4th row is padding
+    with torch.no_grad():
+        for p in lora.parameters():
+            p.add_(0.1 * torch.randn_like(p))  # B = 0 would make the adapters' own terms vanish
+    scorer = _Scorer(lora.model)
+    nats_of = lambda fn, x, y, pick: fn(x, y, pick=pick)  # noqa: E731
+    checked = 0
+    for _, table, width, training in _steps(docs, chunk, seq, "graphs", 4):
+        rows = torch.tensor(table)
+        outs, grads = [], []
+        for pick_width in (None, chunk):
+            for p in lora.parameters():
+                p.grad = None
+            outs.append(chunk_step(scorer, tokens, luts(), rows, width, training, nats_of, None, pick_width))
+            grads.append([None if p.grad is None else p.grad.clone() for p in lora.parameters()])
+        full, picked = outs
+        assert torch.equal(full.counts, picked.counts) and int(full.n_bytes) == int(picked.n_bytes)
+        assert torch.allclose(full.row_nats, picked.row_nats, rtol=1e-5, atol=1e-6)
+        for a, b in zip(*grads):
+            assert (a is None) == (b is None) and (a is None or torch.allclose(a, b, rtol=1e-4, atol=1e-7))
+        checked += training and any(g is not None and g.abs().sum() > 0 for g in grads[1])
+    assert checked >= 5

@@ -16,7 +16,7 @@ from speedrun.finishing.lora import LoRAModel
 from speedrun.finishing.ttt import LoRASettings, split_documents, ttt_evaluate
 from speedrun.finishing.ttt_docs import batch_cost, deal_batches, document_batches
 from speedrun.finishing.ttt_global import GlobalSettings, chunks_of, document_rows, finetune, phase_schedule
-from speedrun.kernels.compile import CompiledRegions, graphs_compiled
+from speedrun.kernels.compile import graphs_compiled
 from speedrun.model.attention import get_backend
 from speedrun.model.gpt import GPT
 from speedrun.model.shape import ModelShape
@@ -270,9 +270,9 @@ def test_compiled_ttt_scores_like_eager_with_its_warm_up_off_the_clock(scope, sp
     rows_run = []
     call = ttt_module._Compiled.__call__
 
-    def spy(self, x, y, reduction="none"):
+    def spy(self, x, y, reduction="none", pick=None):
         rows_run.append(x.size(0))
-        return call(self, x, y, reduction)
+        return call(self, x, y, reduction, pick)
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ttt_module._Compiled, "__call__", spy)
@@ -280,7 +280,7 @@ def test_compiled_ttt_scores_like_eager_with_its_warm_up_off_the_clock(scope, sp
     # compiled steps run only the documents still going (at least 2): batches of 4 shrink to 3 and 2 rows
     assert min(rows_run) == 2 and (split is not None or {2, 3, 4} <= set(rows_run))  # split: batches of 1 run 2
     assert a.compile_seconds == 0.0 and b.compile_seconds > 0
-    regional = isinstance(ttt_module._Compiled(model(), "aot_eager", scope).fn, CompiledRegions)
+    regional = ttt_module._Compiled(model(), "aot_eager", scope).regions is not None
     assert regional == (scope == "blocks")
     assert b.recompiles == 0  # the warm-up's dynamic graphs cover every width, batch and phase of the run
     assert (b.tokens_scored, b.bytes, b.phases_done) == (a.tokens_scored, a.bytes, a.phases_done)

@@ -70,7 +70,7 @@ from speedrun.finishing.ttt_docs import (
 )
 from speedrun.finishing.ttt_global import GlobalSettings, finetune, phase_schedule, row_width
 from speedrun.finishing.ttt_graphs import GraphedChunkSteps, StepKey, StepOut, chunk_step, pad_rows
-from speedrun.kernels.compile import CompiledRegions, graphs_compiled
+from speedrun.kernels.compile import graphs_compiled
 from speedrun.progress import Progress
 
 
@@ -237,15 +237,19 @@ def ttt_evaluate(
         chunk = chunk_size_for(docs[batch[0]][1], s.chunk_size, steps)
         return batch_cost(docs, batch, chunk, seq_len, mode, widths, slots, base, step, half_rows)
 
+    # one cost model whatever the settings, for what changes the scores (the batches, the chains of A): every way of
+    # running TTT splits and chains alike
+    frozen = lambda b: cost(b, "graphs", False, "pow2", False, SPLIT_STEP_COST_TOKENS)  # noqa: E731
     batches = document_batches(docs, s.chunk_size, steps, s.batch_size, s.seed)
-    if s.max_batch_share is not None:  # one cost model whatever the settings: every way of running TTT splits alike
-        frozen = lambda b: cost(b, "graphs", False, "pow2", False, SPLIT_STEP_COST_TOKENS)  # noqa: E731
+    if s.max_batch_share is not None:
         batches = split_heavy_batches(batches, frozen, s.max_batch_share)
     phases = phase_schedule([len(b) for b in batches], s.phased)
     last_phase = max(phases, default=-1)
     sizes = [chunk_size_for(docs[batch[0]][1], s.chunk_size, steps) for batch in batches]
     costs = [cost(batch) for batch in batches]
-    owner, chain_of = deal_batches(costs, list(phases), world, s.warm_start_chains if s.warm_start_a else 0)
+    owner, chain_of = deal_batches(
+        costs, list(phases), world, s.warm_start_chains if s.warm_start_a else 0, [frozen(b) for b in batches]
+    )
     share = sum(docs[i][1] for b, batch in enumerate(batches) if owner[b] == rank for i in batch)
     progress = Progress("ttt", log) if log is not None else None
 
@@ -277,6 +281,7 @@ def ttt_evaluate(
         slots=lora.slots,
         widths=widths,
         half_rows=half_rows,
+        pick_width=max([s.chunk_size, *(c for _, c in steps)]),
     )
     if s.cuda_graphs:
         t_capture = time.perf_counter()
@@ -410,23 +415,69 @@ def ttt_evaluate(
     )
 
 
-class _Compiled:
-    """A module's forward through torch.compile (dynamic shapes), and how long its warm-up took. ``scope`` blocks
-    compiles each block and the head apart (CompiledRegions, as kernel.compile_scope=blocks does for training):
-    the blocks share their code, so one small graph serves them all, where the whole model with its repeated
-    layers, adapters and both loop passes is one very large graph to trace and lower."""
+class _PickedHead:
+    """A model's head run at some columns of each row only: the final hidden states and the targets at ``pick``
+    ((rows, G) column indices) are gathered first, so a step whose window is 2,048 tokens wide but scores a chunk
+    of 48 pays the final norm, the logits, the softcap and the loss (forward and backward) for 48 columns, not
+    2,048. Every other column's loss is never read, and its gradient is zero anyway."""
 
-    def __init__(self, module: nn.Module, backend: str, scope: str = "blocks"):
-        self.fn: Callable
-        if scope == "blocks" and hasattr(module, "compiled_regions"):
-            model: Any = module
-            blocks = tuple(torch.compile(block, dynamic=True, backend=backend) for block in model.blocks)
-            self.fn = CompiledRegions(model, blocks, torch.compile(model.head, dynamic=True, backend=backend))
-        else:  # scope model, or a registry model without compiled regions
-            self.fn = torch.compile(module, dynamic=True, backend=backend)
+    def __init__(self, head: Callable, pick: torch.Tensor):
+        self.head, self.pick = head, pick
+
+    def __call__(self, x: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        x = x.gather(1, self.pick[..., None].expand(-1, -1, x.size(-1)))
+        return self.head(x, targets.gather(1, self.pick), reduction)
+
+
+class _Scorer:
+    """A model's per-token nats for TTT: ``scorer(x, y)`` -> (rows, width), or with ``pick`` (rows, G) column
+    indices the (rows, G) nats of those columns. Through the model's regions (the protocol's blocks, head and
+    compiled_regions: speedrun.model.protocol) the head runs at the picked columns only (_PickedHead); without
+    them the whole forward runs and the columns are taken after. This one runs the module's own blocks and head
+    (eager); _Compiled runs compiled copies."""
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+        model: Any = module
+        self.regions: tuple[tuple, Callable] | None = (
+            (tuple(model.blocks), model.head) if hasattr(module, "compiled_regions") else None
+        )
+        self.whole: Callable = module
+        """The forward that runs when there are no regions."""
         self.warm_up_seconds = 0.0
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, reduction: str = "none") -> torch.Tensor:
+    def __call__(
+        self, x: torch.Tensor, y: torch.Tensor, reduction: str = "none", pick: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if self.regions is None:
+            nats = self.whole(x, y, reduction=reduction)
+            return nats if pick is None else nats.gather(1, pick)
+        model: Any = self.module
+        blocks, head = self.regions
+        with model.compiled_regions(blocks, head if pick is None else _PickedHead(head, pick)):
+            return model(x, y, reduction=reduction)
+
+
+class _Compiled(_Scorer):
+    """A module's forward through torch.compile (dynamic shapes), and how long its warm-up took. ``scope`` blocks
+    compiles each block and the head apart (as kernel.compile_scope=blocks does for training): the blocks share
+    their code, so one small graph serves them all, where the whole model with its repeated layers, adapters and
+    both loop passes is one very large graph to trace and lower. ``scope`` model (or a registry model without
+    regions) compiles the whole forward, whose head then runs at every column."""
+
+    def __init__(self, module: nn.Module, backend: str, scope: str = "blocks"):
+        super().__init__(module)
+        if scope == "blocks" and self.regions is not None:
+            model: Any = module
+            blocks = tuple(torch.compile(block, dynamic=True, backend=backend) for block in model.blocks)
+            self.regions = (blocks, torch.compile(model.head, dynamic=True, backend=backend))
+        else:
+            self.regions = None
+            self.whole = torch.compile(module, dynamic=True, backend=backend)
+
+    def __call__(
+        self, x: torch.Tensor, y: torch.Tensor, reduction: str = "none", pick: torch.Tensor | None = None
+    ) -> torch.Tensor:
         # One block code serves several variants (adapted or not, with and without grad, with or without a parallel
         # lane): more than dynamo's default 8 graphs per code object, past which it would run the rest eagerly.
         # No duck shaping: a window as wide as another dimension of the step (64 tokens = pgolf_record's head size)
@@ -436,7 +487,7 @@ class _Compiled:
             torch._dynamo.config.patch(recompile_limit=BLOCK_GRAPHS_LIMIT),
             fx_config.patch(use_duck_shape=False),  # type: ignore[attr-defined]  # installed by torch at import
         ):
-            return self.fn(x, y, reduction=reduction)
+            return super().__call__(x, y, reduction, pick)
 
 
 BLOCK_GRAPHS_LIMIT = 64
@@ -452,13 +503,14 @@ def _forwards(
     device: str,
     autocast_dtype: torch.dtype | None,
     vocab: int,
-) -> tuple[Callable, Callable]:
-    """The adapted and the unadapted forward: the modules themselves, or (settings.compile) compiled and warmed up
+) -> tuple[_Scorer, _Scorer]:
+    """The adapted and the unadapted scorers: the modules themselves, or (settings.compile) compiled and warmed up
     on random tokens (never validation data) at every chunk size and the full window, with and without gradients,
-    so the graphs exist before TTT's clock starts. The warm-up takes no optimizer step: the adapters stay as
-    they were (their gradients are dropped)."""
+    as the steps and the base passes call them (the head at a chunk's columns, or at every column), so the graphs
+    exist before TTT's clock starts. The warm-up takes no optimizer step: the adapters stay as they were (their
+    gradients are dropped)."""
     if s.compile is None:
-        return lora.model, model
+        return _Scorer(lora.model), _Scorer(model)
     t0 = time.perf_counter()
     forward, base = _Compiled(lora.model, s.compile, s.compile_scope), _Compiled(model, s.compile, s.compile_scope)
     rows = lora.slots  # a full batch; a last, smaller one is another size of the same dynamic graph
@@ -466,11 +518,13 @@ def _forwards(
     chunks = [s.chunk_size, *(c for _, c in steps)]
     for width in sorted({row_width(c, seq_len, _padding(s)[0]) for c in chunks} | {seq_len}):
         x, y = (torch.randint(0, vocab, (rows, width), generator=gen).to(device) for _ in range(2))
-        _nats(forward, x, y, device, autocast_dtype).float().mean().backward()
+        pick = torch.arange(min(max(chunks), width), device=device).expand(rows, -1)
+        _nats(forward, x, y, device, autocast_dtype, pick).float().mean().backward()
         with torch.no_grad():
-            _nats(forward, x, y, device, autocast_dtype)
-            if s.score_base:
+            _nats(forward, x, y, device, autocast_dtype, pick)
+            if s.score_base:  # windows over documents' starts score every column; a later window one chunk
                 _nats(base, x, y, device, autocast_dtype)
+                _nats(base, x, y, device, autocast_dtype, pick)
     for p in lora.parameters():
         p.grad = None
     forward.warm_up_seconds = time.perf_counter() - t0
@@ -529,12 +583,18 @@ class _GlobalTotals:
 
 
 def _nats(
-    model: Callable, x: torch.Tensor, y: torch.Tensor, device: str, autocast_dtype: torch.dtype | None
+    model: Callable,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    device: str,
+    autocast_dtype: torch.dtype | None,
+    pick: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    """A scorer's (_Scorer) nats under the autocast: (rows, width), or at ``pick``'s columns (rows, G)."""
     if autocast_dtype is None:
-        return model(x, y, reduction="none")
+        return model(x, y, reduction="none", pick=pick)
     with torch.autocast(device, dtype=autocast_dtype):
-        return model(x, y, reduction="none")
+        return model(x, y, reduction="none", pick=pick)
 
 
 def _to_device(t: torch.Tensor, device: str) -> torch.Tensor:
@@ -639,14 +699,18 @@ class _Stepper:
     """ttt.row_widths: the widths the steps and the base passes are padded to."""
     half_rows: bool = False
     """ttt.graph_rows=half_octave: graphed steps' and base passes' rows padded to half octaves too."""
+    pick_width: int | None = None
+    """The columns of a window whose loss a step computes (chunk_step): the run's largest chunk size."""
     graphs: GraphedChunkSteps | None = None
 
-    def nats_of(self, fn: Callable, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return _nats(fn, x, y, self.device, self.autocast_dtype)
+    def nats_of(self, fn: Callable, x: torch.Tensor, y: torch.Tensor, pick: torch.Tensor | None = None) -> torch.Tensor:
+        return _nats(fn, x, y, self.device, self.autocast_dtype, pick)
 
     def run(self, rows: torch.Tensor, key: StepKey, zero_grads: Callable[[], None] | None = None) -> StepOut:
         _, width, training = key
-        return chunk_step(self.forward, self.tokens, self.luts, rows, width, training, self.nats_of, zero_grads)
+        return chunk_step(
+            self.forward, self.tokens, self.luts, rows, width, training, self.nats_of, zero_grads, self.pick_width
+        )
 
     def base_scores(self, docs: list[tuple[int, int]], chunk: int, seq_len: int) -> BaseScores | None:
         """The unadapted model's nats of each document's chunks (ttt_base), or None without a base scorer."""

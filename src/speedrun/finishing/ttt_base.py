@@ -49,7 +49,8 @@ class BaseScores:
     tokens' device, 0 where a document has no chunk k), for one batch. The windows over the documents' starts are
     scored when it is made, which costs about one forward of the batch; a later chunk's own window when the step
     that scores that chunk asks for it (``chunk(k)``), so a TTT cut short by its time budget pays only for what it
-    scored. ``nats_of(scorer, x, y)`` runs a forward under the caller's autocast; ``rows_for(n)`` is how many rows a
+    scored. ``nats_of(scorer, x, y, pick)`` runs a forward under the caller's autocast, its nats at ``pick``'s
+    columns (None: every column); ``rows_for(n)`` is how many rows a
     pass of n windows runs, the same policy as TTT's steps (all the slots eager, since eager flex and cuDNN plan
     per shape; at least 2 compiled, a power of two graphed), at most ``slots`` windows a pass. ``pinned`` copies the
     passes' row tables from pinned memory, so the host does not wait for the kernels queued before them."""
@@ -82,13 +83,15 @@ class BaseScores:
 
     def chunk(self, k: int) -> torch.Tensor:
         """Column k of the table, the later windows of chunk k scored first."""
-        self._score(self.later.pop(k, []))
+        self._score(self.later.pop(k, []), one_chunk=True)
         return self.table[:, k]
 
-    def _score(self, windows: list[Window]) -> None:
+    def _score(self, windows: list[Window], one_chunk: bool = False) -> None:
         """Add each window's chunks' nats into the table: windows longest first, in passes of one width (TTT's steps'
         widths). A window's columns c0 <= c < c1 belong to its chunks k0, k0 + 1, ... (chunk wide each);
-        the others (context, padding) go to the table's last, dropped slot."""
+        the others (context, padding) go to the table's last, dropped slot. ``one_chunk``: each window scores one
+        chunk (a later window), so the head runs at that chunk's columns only (``nats_of``'s pick), not at the
+        context before it."""
         device, dump, last = self.tokens.device, self.n_docs * self.most, self.tokens.numel() - 1
         order = sorted(windows, key=lambda w: -w[2])
         i = 0
@@ -111,10 +114,15 @@ class BaseScores:
             valid = cols[None, :] < length[:, None]
             x = torch.where(valid, self.tokens[idx.clamp(max=last - 1)], 0)
             y = torch.where(valid, self.tokens[(idx + 1).clamp(max=last)], 0)
-            inside = (cols[None, :] >= c0[:, None]) & (cols[None, :] < c1[:, None])
-            slot = torch.where(inside, first_slot[:, None] + (cols[None, :] - c0[:, None]) // self.chunk_size, dump)
+            pick = None
+            at = cols[None, :].expand(rows, -1)  # the columns whose nats come back
+            if one_chunk:
+                at = c0[:, None] + cols[None, : min(width, self.chunk_size)]
+                pick = at.clamp(max=width - 1)
+            inside = (at >= c0[:, None]) & (at < c1[:, None])
+            slot = torch.where(inside, first_slot[:, None] + (at - c0[:, None]) // self.chunk_size, dump)
             with torch.no_grad():
-                nats = self.nats_of(self.scorer, x, y).double()
+                nats = self.nats_of(self.scorer, x, y, pick).double()
             self.flat.index_add_(0, slot.flatten(), nats.flatten())
 
 

@@ -73,8 +73,9 @@ four ranks' seconds and three one-GPU rows, within 0.6 s each); a compiled step 
 row). Refit from a run's ttt_rank_seconds against ttt_rank_cost."""
 
 SPLIT_STEP_COST_TOKENS = 6_600
-"""The graphed step's fixed cost that ttt.max_batch_share's split counts with, frozen: refitting STEP_COST_TOKENS
-changes how batches are dealt, never which batches exist (and so never a score)."""
+"""The graphed step's fixed cost that ttt.max_batch_share's split and the chains of warm_start_a (deal_batches'
+chain_costs) count with, frozen: refitting STEP_COST_TOKENS changes how batches are dealt onto ranks, never which
+batches exist or which share a chain (and so never a score)."""
 
 BASE_TOKEN_COST = 0.39
 """A padded token of the unadapted model's base passes (ttt_base, a forward only) against one of a step (forward
@@ -146,7 +147,9 @@ def split_heavy_batches(batches: list[list[int]], cost: Callable[[list[int]], fl
     return out
 
 
-def deal_batches(costs: list[float], phase_ends: list[int], world: int, chains: int = 0) -> tuple[list[int], list[int]]:
+def deal_batches(
+    costs: list[float], phase_ends: list[int], world: int, chains: int = 0, chain_costs: list[float] | None = None
+) -> tuple[list[int], list[int]]:
     """(rank, chain) of each batch of the scoring order. Between two global phases (which every rank waits for) the
     batches are dealt to balance their cost (batch_cost: chunk steps, weighted by their padded tokens), longest
     first onto the least loaded, so one long document's batch does not leave the other ranks idle.
@@ -155,7 +158,13 @@ def deal_batches(costs: list[float], phase_ends: list[int], world: int, chains: 
     (halves of balanced cost, then halves of those, ...), then whole chains go onto the ranks, so that each chain,
     along which A is carried, runs on one rank in its scoring order: the result does not depend on the rank count,
     and 2, 4 or 8 ranks of 8 chains each get a balanced subtree of the halving. chains = 0: no chain (every batch
-    starts fresh), batches dealt onto the ranks directly. Chain numbers restart at each phase (A does)."""
+    starts fresh), batches dealt onto the ranks directly. Chain numbers restart at each phase (A does).
+
+    ``chain_costs`` (default: ``costs``) are the costs the chains are cut by. Which batches share a chain changes
+    the scores, so TTT cuts them by one frozen cost model whatever the settings (mode, widths, base score): with
+    each run's own costs, scoring the base or padding the rows otherwise moved val_bpb_ttt (by 0.008 on one H100,
+    FineWeb's lengths). ``costs`` still place the chains onto the ranks, which changes no score."""
+    cut_by = costs if chain_costs is None else chain_costs
     rank, chain = [0] * len(costs), [0] * len(costs)
     starts = [0] + [b + 1 for b in sorted(phase_ends) if b + 1 < len(costs)]
     for lo, hi in zip(starts, starts[1:] + [len(costs)]):
@@ -164,7 +173,7 @@ def deal_batches(costs: list[float], phase_ends: list[int], world: int, chains: 
             for b, r in zip(stretch, _longest_first([costs[b] for b in stretch], [1] * world)):
                 rank[b] = r
             continue
-        into = _halve([costs[b] for b in stretch], chains)
+        into = _halve([cut_by[b] for b in stretch], chains)
         loads = [sum(costs[b] for b, c in zip(stretch, into) if c == k) for k in range(chains)]
         # whole chains onto ranks: the halving's subtrees (contiguous chains) or longest first, whichever is flatter
         blocks = [k * world // chains for k in range(chains)]

@@ -66,13 +66,17 @@ def chunk_step(
     training: bool,
     nats_of: Callable,
     zero_grads: Callable[[], None] | None = None,
+    pick_width: int | None = None,
 ) -> StepOut:
     """One TTT step: score each row's chunk, then (``training``) backpropagate its mean loss per document.
 
     ``rows`` is (4, R) int64: per row the window's first input position in ``tokens``, its length, the first column
     scored, and 1 if the adapters learn from this chunk (0 after a document's last chunk, or for padding rows).
-    ``nats_of(fn, x, y)`` runs a forward under the caller's autocast. ``zero_grads``: zeroes the ``.grad`` tensors
-    in place before the backward (a graph's accumulation target); None leaves ``.grad`` to the caller."""
+    ``nats_of(fn, x, y, pick)`` runs a forward under the caller's autocast, its loss taken at ``pick``'s columns
+    only: the ``pick_width`` columns from each row's first scored one (the run's largest chunk; None: the window's
+    width), so the head pays for the chunk, not for the window of context before it. ``zero_grads``: zeroes the
+    ``.grad`` tensors in place before the backward (a graph's accumulation target); None leaves ``.grad`` to the
+    caller."""
     begin, length, first, learn = rows[0], rows[1], rows[2], rows[3]
     last = tokens.numel() - 1
     cols = torch.arange(width, device=tokens.device)
@@ -80,13 +84,21 @@ def chunk_step(
     valid = cols[None, :] < length[:, None]
     x = torch.where(valid, tokens[idx.clamp(max=last - 1)], 0)
     y = torch.where(valid, tokens[(idx + 1).clamp(max=last)], 0)
-    scored = valid & (cols[None, :] >= first[:, None])
+    pick = None  # every column
+    at = cols[None, :]  # the columns whose nats come back
+    if pick_width is not None:  # a row's chunk, then what follows it up to pick_width columns
+        at = first[:, None] + cols[None, : min(width, pick_width)]
+        pick = at.clamp(max=width - 1)
+        x_at, y_at = x.gather(1, pick), y.gather(1, pick)
+    else:
+        x_at, y_at = x, y
+    scored = (at >= first[:, None]) & (at < length[:, None])  # the chunk: from `first` to the window's end
     with torch.set_grad_enabled(training):
-        nats = nats_of(forward, x, y)
+        nats = nats_of(forward, x, y, pick)
     with torch.no_grad():  # the score: before this chunk's update
         chunk_nats = torch.where(scored, nats.detach().double(), 0.0)
         row_nats = chunk_nats.sum(dim=1)
-        n_bytes = torch.where(scored, token_bytes(x, y, luts), 0).sum()
+        n_bytes = torch.where(scored, token_bytes(x_at, y_at, luts), 0).sum()
         counts = scored.sum(dim=1)
     if training:  # one step on the chunk just scored: it can only change later chunks' scores
         if zero_grads is not None:
@@ -127,8 +139,11 @@ class GraphedChunkSteps:
 
     def prepare(self, keys: Iterable[StepKey], dummy_rows: Callable[[StepKey], torch.Tensor]) -> None:
         """Capture every key before the clock starts. ``dummy_rows(key)`` gives a row table of that shape to run
-        it with; nothing it computes is kept (the sums are not touched and the gradients are zeroed after)."""
-        for key in sorted(set(keys)):
+        it with; nothing it computes is kept (the sums are not touched and the gradients are zeroed after).
+        Largest first: a smaller graph then carves its memory out of blocks a larger one freed in the shared pool,
+        where smallest first made each larger shape add blocks of its own (on one H100, 89 shapes of multiples of
+        128 ran out of its 80 GB with 55 GB in the graphs' pool)."""
+        for key in sorted(set(keys), key=lambda k: (-k[0] * k[1], not k[2], k)):
             if key not in self.graphs:
                 self._capture(key, dummy_rows(key))
         for p in self.params:
