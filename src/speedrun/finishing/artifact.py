@@ -76,6 +76,7 @@ CODE_FILES: tuple[str, ...] = (
     "speedrun/finishing/ttt_docs.py",
     "speedrun/finishing/ttt_global.py",
     "speedrun/finishing/ttt_graphs.py",
+    "speedrun/finishing/ttt_optim.py",
     "speedrun/finishing/wrap.py",
     "speedrun/hardware/__init__.py",
     "speedrun/hardware/cards.py",

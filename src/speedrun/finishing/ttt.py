@@ -70,6 +70,7 @@ from speedrun.finishing.ttt_docs import (
 )
 from speedrun.finishing.ttt_global import GlobalSettings, finetune, phase_schedule, row_width
 from speedrun.finishing.ttt_graphs import GraphedChunkSteps, StepKey, StepOut, chunk_step, pad_rows
+from speedrun.finishing.ttt_optim import AdapterOptimizer, adapter_optimizer
 from speedrun.kernels.compile import graphs_compiled
 from speedrun.progress import Progress
 
@@ -617,20 +618,6 @@ def _pinned(t: torch.Tensor, device: str) -> torch.Tensor:
     return t.pin_memory() if torch.device(device).type == "cuda" else t
 
 
-def _optimizer(params: list[nn.Parameter], s: LoRASettings) -> torch.optim.Optimizer:
-    # On CUDA the fused kernels: the adapters are about a hundred (slots, rank, in) tensors of fp32, gigabytes at
-    # the records' 64-128 slots and rank 96, and the fused step reads and writes each of them once (as the records'
-    # AdamW(fused=True)); elsewhere the default (foreach) implementation.
-    fused = bool(params) and params[0].is_cuda
-    if s.optimizer == "sgd":
-        return torch.optim.SGD(
-            params, lr=s.lr, momentum=s.momentum or 0.0, weight_decay=s.weight_decay, fused=fused or None
-        )
-    return torch.optim.AdamW(
-        params, lr=s.lr, betas=(s.beta1, s.beta2), eps=s.eps, weight_decay=s.weight_decay, fused=fused or None
-    )
-
-
 def _rows_for(going: int, n_docs: int, mode: str, slots: int, half_rows: bool = False) -> int:
     """Rows a step runs: eager, one per document of the batch (eager flex compiles per shape); compiled, the
     documents still going, at least 2 (dynamic shapes: a size-1 dimension would be specialized into graphs of its
@@ -777,13 +764,38 @@ def _adapt_batch(
     graphs), a step runs only the rows still going, at least 2: a batch's long tail, one long document and many
     done, no longer costs a full batch of padding per step (on the embedded corpus cut at 2,500 characters, 64 a
     batch, 1.7x fewer padded tokens). With CUDA graphs, that row count padded to a power of two. The documents that
-    are done would get zero gradients either way. The unadapted scores of the batch's chunks (val_bpb_ttt_base) come
+    are done would get zero gradients either way; the optimizer (speedrun.finishing.ttt_optim) steps the rows' slots
+    only where that leaves the adapters as a step of every slot would (Adam with beta1 = 0). The unadapted scores of the batch's chunks (val_bpb_ttt_base) come
     from speedrun.finishing.ttt_base, each counted when its chunk is scored. The time budget is checked before every
     step but the first: a batch begun scores at least its chunks 0."""
     if deadline is not None and time.perf_counter() > deadline:
         return True
     lora.reset(keep_a=settings.warm_start_a)
-    opt = _optimizer(lora.parameters(), settings)
+    opt = adapter_optimizer(lora.parameters(), settings)
+    try:
+        return _chunk_steps(
+            lora, docs, doc_ids, chunk, sums, stepper, opt, seq_len, deadline, chunk_log, progress, share, batch_index
+        )
+    finally:
+        opt.finish()  # the adapters as every step left them (warm_start_a carries A on)
+
+
+def _chunk_steps(
+    lora: LoRAModel,
+    docs: list[tuple[int, int]],
+    doc_ids: list[int],
+    chunk: int,
+    sums: _Sums,
+    stepper: _Stepper,
+    opt: AdapterOptimizer,
+    seq_len: int,
+    deadline: float | None,
+    chunk_log: list[ScoredChunk] | None,
+    progress: Progress | None,
+    share: int,
+    batch_index: int,
+) -> bool:
+    """_adapt_batch's steps: True if the deadline hit."""
     order = _longest_first(docs, chunk)
     docs, doc_ids = [docs[i] for i in order], [doc_ids[i] for i in order]
     base = stepper.base_scores(docs, chunk, seq_len)
@@ -793,7 +805,7 @@ def _adapt_batch(
         if k > 0 and deadline is not None and time.perf_counter() > deadline:  # a batch begun scores its chunk 0
             return True
         if training and stepper.graphs is None:
-            opt.zero_grad(set_to_none=True)  # a graphed step zeroes the gradients it accumulates into
+            opt.zero_grad()  # a graphed step zeroes the gradients it accumulates into
         out = stepper.step(table, (len(table[0]), width, training))
         sums.nats += out.row_nats.sum()
         if base is not None:  # the chunks scored now: the documents still going, the first rows
@@ -807,5 +819,5 @@ def _adapt_batch(
                 if d_count:
                     chunk_log.append(ScoredChunk(batch_index, k, doc_ids[i], d_nats, d_count))
         if training:  # the step on the chunk just scored: it can only change later chunks' scores
-            opt.step()
+            opt.step(len(table[0]))
     return False

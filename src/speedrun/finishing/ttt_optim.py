@@ -1,0 +1,127 @@
+"""The adapters' optimizer in score-first TTT: the one ``ttt.optimizer`` names, stepping every adapter slot, or, for
+Adam with beta1 = 0 (the records' setting), stepping only the slots of the step's rows.
+
+Why: the adapters are (slots, ...) fp32 tensors, 1.3 GB at the records' 64 slots and rank 96 on pgolf_record, and a
+fused AdamW step reads and writes them, their gradients and both moments: about 9 GB of memory traffic, 3.7 ms a
+step on one H100 (a profile of the fourteenth session), paid at every step of a batch even when one long document of
+its 64 is still going. Counted on documents of FineWeb's lengths, a step's rows average 46% of the slots (not timed:
+see docs/benchmarks.md).
+
+Why the rows' slots are enough: a step's rows are the slots [0, rows) (speedrun.finishing.ttt sorts a batch's
+documents longest first, so the documents still going are a prefix, and the rows never grow within a batch); every
+other slot's gradient is exactly zero. With beta1 = 0, Adam's update from a zero gradient is zero (its first moment
+is the gradient itself), which leaves the decoupled weight decay, p *= 1 - lr * weight_decay, and v *= beta2. That v
+is never read again: a slot that leaves the rows does not come back within the batch, and each batch starts a new
+optimizer. So each left-out slot's decay is applied once, when the batch ends (``finish``), as
+(1 - lr * weight_decay) ** (the steps it missed): what warm_start_a carries on is A after every step's decay, as
+with a step over every slot, up to float rounding (one power against repeated multiplication). The steps over the
+rows' slots run the kernel of torch's AdamW(fused=True) on views of the same tensors. With beta1 > 0 the first moment keeps
+moving a slot after its document is done, so every other setting steps every slot.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, cast
+
+import torch
+from torch import nn
+
+
+class AdapterOptimizer(Protocol):
+    def zero_grad(self) -> None: ...
+
+    def step(self, rows: int) -> None:
+        """One step after a chunk step that ran the slots [0, rows)."""
+
+    def finish(self) -> None:
+        """The batch is over: settle what the steps left pending."""
+
+
+def adapter_optimizer(params: list[nn.Parameter], s: Any) -> AdapterOptimizer:
+    """The optimizer of a batch's adapters, from LoRASettings ``s`` (optimizer, lr, beta1, beta2, eps, momentum,
+    weight_decay)."""
+    if s.optimizer == "adam" and s.beta1 == 0 and params:
+        return RowSlotsAdam(params, lr=s.lr, beta2=s.beta2, eps=s.eps, weight_decay=s.weight_decay)
+    # On CUDA the fused kernels: the adapters are about a hundred (slots, rank, in) tensors of fp32, gigabytes at
+    # the records' 64-128 slots and rank 96, and the fused step reads and writes each of them once (as the records'
+    # AdamW(fused=True)); elsewhere the default (foreach) implementation.
+    fused = bool(params) and params[0].is_cuda
+    if s.optimizer == "sgd":
+        opt: torch.optim.Optimizer = torch.optim.SGD(
+            params, lr=s.lr, momentum=s.momentum or 0.0, weight_decay=s.weight_decay, fused=fused or None
+        )
+    else:
+        opt = torch.optim.AdamW(
+            params, lr=s.lr, betas=(s.beta1, s.beta2), eps=s.eps, weight_decay=s.weight_decay, fused=fused or None
+        )
+    return EverySlot(opt)
+
+
+class EverySlot:
+    """A torch optimizer over the whole adapter tensors: every slot at every step."""
+
+    def __init__(self, opt: torch.optim.Optimizer):
+        self.opt = opt
+
+    def zero_grad(self) -> None:
+        self.opt.zero_grad(set_to_none=True)
+
+    def step(self, rows: int) -> None:
+        self.opt.step()
+
+    def finish(self) -> None:
+        pass
+
+
+class RowSlotsAdam:
+    """AdamW with beta1 = 0 over the slots [0, rows) of each step, the other slots' weight decay settled by
+    ``finish`` (see the module doc)."""
+
+    def __init__(self, params: list[nn.Parameter], *, lr: float, beta2: float, eps: float, weight_decay: float):
+        self.params, self.lr, self.beta2, self.eps, self.weight_decay = params, lr, beta2, eps, weight_decay
+        self.exp_avg = [torch.zeros_like(p) for p in params]
+        self.exp_avg_sq = [torch.zeros_like(p) for p in params]
+        self.counts = [torch.zeros((), dtype=torch.float32, device=p.device) for p in params]
+        """Per parameter, the steps taken (on its device, as torch's fused Adam keeps them)."""
+        self.missed = [torch.zeros(p.size(0), dtype=torch.int64) for p in params]
+        """Per parameter and slot, the steps that left the slot out (host-side)."""
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self, rows: int) -> None:
+        live = [i for i, p in enumerate(self.params) if p.grad is not None]  # as torch: no gradient, no step
+        counts = [self.counts[i] for i in live]
+        torch._foreach_add_(counts, 1)
+        # torch.optim.AdamW(fused=True)'s kernel, on views of the rows' slots (contiguous: the slot is dimension 0)
+        torch._fused_adamw_(
+            [self.params[i][:rows] for i in live],
+            [cast(torch.Tensor, self.params[i].grad)[:rows] for i in live],
+            [self.exp_avg[i][:rows] for i in live],
+            [self.exp_avg_sq[i][:rows] for i in live],
+            [],
+            counts,
+            lr=self.lr,
+            beta1=0.0,
+            beta2=self.beta2,
+            weight_decay=self.weight_decay,
+            eps=self.eps,
+            amsgrad=False,
+            maximize=False,
+        )
+        for i in live:
+            self.missed[i][rows:] += 1
+
+    @torch.no_grad()
+    def finish(self) -> None:
+        keep = 1.0 - self.lr * self.weight_decay
+        for p, missed in zip(self.params, self.missed):
+            if keep != 1.0 and bool(missed.any()):
+                factor = torch.pow(torch.tensor(keep, dtype=torch.float64), missed.double()).to(p.dtype)
+                p.mul_(factor.to(p.device).view(-1, *([1] * (p.dim() - 1))))
+            missed.zero_()
+
+
+__all__ = ["AdapterOptimizer", "EverySlot", "RowSlotsAdam", "adapter_optimizer"]
