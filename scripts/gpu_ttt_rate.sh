@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Issue 25's one-GPU TTT rate (bar: 24,000 validation tokens/s per H100), in one device call:
+#   1. the embedded corpus cut into documents of FineWeb's lengths (scripts/prepare_data.py --doc-chars-lognormal
+#      1650 1.0 --val-every 3: 1,526 val documents, median ~585 and mean ~963 tokens at vocabulary 1024) with a
+#      tokenizer of VOCAB pieces (default 1024; 8192 is pgolf_record's own, as data=fineweb_sp8192 gives it);
+#   2. experiment=pgolf_record trained TRAIN_SECONDS (default 30, eager: ~2 minutes in all), exported as the record
+#      does, no TTT of its own;
+#   3. scripts/ttt_table.py on that model, the records' TTT (conf/ttt/record.yaml, 64 documents a batch, phases over
+#      the first 64 documents), compiled and replayed from CUDA graphs, rows padded to multiples of 128 with
+#      half-octave row counts: one row with the base score (val_bpb_ttt_base), one without (the records' TTT
+#      computes none), and with BASELINE_SRC (the src/ of another tree) the base-scored row again on that code, for
+#      a ratio measured on the same card in the same call.
+#   . scripts/device_env.sh && bash scripts/gpu_ttt_rate.sh
+#   VOCAB=8192 BASELINE_SRC=/path/to/other/src bash scripts/gpu_ttt_rate.sh
+# Each row's line (val_bpb_ttt, TTT seconds, tokens/s, warm-up, shapes captured) goes to $WORK/rates.txt (WORK
+# default outputs/ttt_rate_v<VOCAB>); a second call skips the rows already written. TTT_ARGS replace the compiled and
+# graphed settings; a CPU try-out of the plumbing:
+#   VOCAB=1024 MODEL_ARGS="debug=smoke" TTT_ARGS="ttt.compile=false ttt.cuda_graphs=false ttt.max_seconds=20" bash scripts/gpu_ttt_rate.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+py=${PYTHON:-python3}
+vocab=${VOCAB:-1024}
+work=${WORK:-outputs/ttt_rate_v$vocab}
+data=$work/data
+mkdir -p "$work"
+if [ ! -f "$data/dataset.json" ]; then
+  "$py" scripts/prepare_data.py --input src/speedrun/data/assets/pydoc311.jsonl.xz --out "$data" \
+    --doc-chars-lognormal 1650 1.0 --val-every 3 --vocab-size "$vocab" --overwrite | tail -n 3 || exit 1
+fi
+if [ ! -f "$work/model/.hydra/config.yaml" ] || ! grep -q '"status": "ok"' "$work/model/result.json" 2>/dev/null; then
+  # shellcheck disable=SC2086  # MODEL_ARGS are several overrides
+  "$py" -m run experiment=pgolf_record ttt=off budget.train_seconds="${TRAIN_SECONDS:-30}" data.path="$data" \
+    data.tokenizer="$data/tokenizer.model" data.vocab_size="$vocab" results_db="$work/results.sqlite" \
+    hydra.run.dir="$work/model" data.cache_dir=/tmp/speedrun-cache hardware.compile=false ${MODEL_ARGS:-} \
+    > "$work/model.log" 2>&1 || { echo "training failed: $work/model.log"; tail -n 20 "$work/model.log"; exit 1; }
+fi
+read -ra ttt_args <<<"${TTT_ARGS:-ttt.compile=true ttt.cuda_graphs=true ttt.max_seconds=400}"
+row() { # NAME LABEL OVERRIDES [PYTHONPATH]
+  if [ -f "$work/$1/rows.json" ]; then return; fi
+  PYTHONPATH=${4:-${PYTHONPATH:-src}} "$py" scripts/ttt_table.py "$work/model" ttt.phased.prefix_docs=64 \
+    ttt.batch_size=64 ttt.row_widths=128 ttt.graph_rows=half_octave "${ttt_args[@]}" --out "$work/$1" \
+    --setting "$2=$3" > "$work/$1.log" 2>&1
+  echo "$1 rc $?: $(tail -n 1 "$work/$1/table.md" 2>/dev/null)" \
+    "$(grep -o '"ttt_cuda_graphs_captured": [0-9]*' "$work/$1/rows.json" 2>/dev/null)" | tee -a "$work/rates.txt"
+}
+row base "records' TTT, base scored" "ttt.score_base=true"
+row nobase "records' TTT, no base score" "ttt.score_base=false"
+if [ -n "${BASELINE_SRC:-}" ]; then
+  row baseline "records' TTT, base scored, on $BASELINE_SRC" "ttt.score_base=true" "$BASELINE_SRC:${PYTHONPATH:-}"
+fi
+if [ -n "${OUT:-}" ]; then
+  find "$work" -type f -size -8M -not -name '*.bin' -not -path "$data/*" -not -name 'model.*' \
+    | tar czf "$OUT/ttt_rate_v$vocab.tgz" -T -
+fi
