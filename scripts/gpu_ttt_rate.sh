@@ -13,7 +13,8 @@
 #   . scripts/device_env.sh && bash scripts/gpu_ttt_rate.sh
 #   VOCAB=8192 BASELINE_SRC=/path/to/other/src bash scripts/gpu_ttt_rate.sh
 # Each row's line (val_bpb_ttt, TTT seconds, tokens/s, warm-up, shapes captured) goes to $WORK/rates.txt (WORK
-# default outputs/ttt_rate_v<VOCAB>); a second call skips the rows already written. TTT_ARGS replace the compiled and
+# default outputs/ttt_rate_v<VOCAB>); a second call skips the rows already written. The BASELINE_SRC row runs this
+# tree's scripts/ttt_table.py and conf/ against that src/: it fails if their TTT configs differ. TTT_ARGS replace the compiled and
 # graphed settings; a CPU try-out of the plumbing:
 #   VOCAB=1024 MODEL_ARGS="debug=smoke" TTT_ARGS="ttt.compile=false ttt.cuda_graphs=false ttt.max_seconds=20" bash scripts/gpu_ttt_rate.sh
 set -uo pipefail

@@ -268,15 +268,16 @@ def test_a_steps_head_at_its_chunk_scores_and_learns_as_the_head_at_every_column
     for _, table, width, training in _steps(docs, chunk, seq, "graphs", 4):
         rows = torch.tensor(table)
         outs, grads = [], []
-        for pick_width in (None, chunk):
+        for pick_width in (None, chunk, 3 * chunk):  # 3x: the run's largest chunk, for a batch of short_chunks
             for p in lora.parameters():
                 p.grad = None
             outs.append(chunk_step(scorer, tokens, luts(), rows, width, training, nats_of, None, pick_width))
             grads.append([None if p.grad is None else p.grad.clone() for p in lora.parameters()])
-        full, picked = outs
-        assert torch.equal(full.counts, picked.counts) and int(full.n_bytes) == int(picked.n_bytes)
-        assert torch.allclose(full.row_nats, picked.row_nats, rtol=1e-5, atol=1e-6)
-        for a, b in zip(*grads):
-            assert (a is None) == (b is None) and (a is None or torch.allclose(a, b, rtol=1e-4, atol=1e-7))
+        full = outs[0]
+        for picked, picked_grads in zip(outs[1:], grads[1:]):
+            assert torch.equal(full.counts, picked.counts) and int(full.n_bytes) == int(picked.n_bytes)
+            assert torch.allclose(full.row_nats, picked.row_nats, rtol=1e-5, atol=1e-6)
+            for a, b in zip(grads[0], picked_grads):
+                assert (a is None) == (b is None) and (a is None or torch.allclose(a, b, rtol=1e-4, atol=1e-7))
         checked += training and any(g is not None and g.abs().sum() > 0 for g in grads[1])
     assert checked >= 5

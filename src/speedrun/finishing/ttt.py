@@ -763,11 +763,11 @@ def _adapt_batch(
     batch) times a handful of widths. Compiled (dynamic shapes: any row count of at least 2 runs on the warm-up's
     graphs), a step runs only the rows still going, at least 2: a batch's long tail, one long document and many
     done, no longer costs a full batch of padding per step (on the embedded corpus cut at 2,500 characters, 64 a
-    batch, 1.7x fewer padded tokens). With CUDA graphs, that row count padded to a power of two. The documents that
-    are done would get zero gradients either way; the optimizer (speedrun.finishing.ttt_optim) steps the rows' slots
-    only where that leaves the adapters as a step of every slot would (Adam with beta1 = 0). The unadapted scores of the batch's chunks (val_bpb_ttt_base) come
-    from speedrun.finishing.ttt_base, each counted when its chunk is scored. The time budget is checked before every
-    step but the first: a batch begun scores at least its chunks 0."""
+    batch, 1.7x fewer padded tokens). With CUDA graphs, that row count padded to a power of two. The documents that are
+    done would get zero gradients either way; the optimizer (speedrun.finishing.ttt_optim) steps the rows' slots
+    only where that leaves the adapters as a step of every slot would (Adam with beta1 = 0). The unadapted scores of
+    the batch's chunks (val_bpb_ttt_base) come from speedrun.finishing.ttt_base, each counted when its chunk is
+    scored. The time budget is checked before every step but the first: a batch begun scores at least its chunks 0."""
     if deadline is not None and time.perf_counter() > deadline:
         return True
     lora.reset(keep_a=settings.warm_start_a)

@@ -15,8 +15,8 @@ is never read again: a slot that leaves the rows does not come back within the b
 optimizer. So each left-out slot's decay is applied once, when the batch ends (``finish``), as
 (1 - lr * weight_decay) ** (the steps it missed): what warm_start_a carries on is A after every step's decay, as
 with a step over every slot, up to float rounding (one power against repeated multiplication). The steps over the
-rows' slots run the kernel of torch's AdamW(fused=True) on views of the same tensors. With beta1 > 0 the first moment keeps
-moving a slot after its document is done, so every other setting steps every slot.
+rows' slots run the kernel of torch's AdamW(fused=True) on views of the same tensors. With beta1 > 0 the first
+moment keeps moving a slot after its document is done, so every other setting steps every slot.
 """
 
 from __future__ import annotations
@@ -83,8 +83,11 @@ class RowSlotsAdam:
         self.exp_avg_sq = [torch.zeros_like(p) for p in params]
         self.counts = [torch.zeros((), dtype=torch.float32, device=p.device) for p in params]
         """Per parameter, the steps taken (on its device, as torch's fused Adam keeps them)."""
-        self.missed = [torch.zeros(p.size(0), dtype=torch.int64) for p in params]
-        """Per parameter and slot, the steps that left the slot out (host-side)."""
+        self.taken: list[tuple[int, tuple[int, ...]]] = []
+        """Per step: its rows and the parameters it stepped (those with a gradient)."""
+        self.views: dict[tuple[int, tuple[int, ...]], tuple[list[torch.Tensor], ...]] = {}
+        """(rows, parameters) -> the views a step of that shape updates, made once: about a hundred adapters make
+        each step's slicing a host cost of its own."""
 
     def zero_grad(self) -> None:
         for p in self.params:
@@ -92,15 +95,25 @@ class RowSlotsAdam:
 
     @torch.no_grad()
     def step(self, rows: int) -> None:
-        live = [i for i, p in enumerate(self.params) if p.grad is not None]  # as torch: no gradient, no step
-        counts = [self.counts[i] for i in live]
+        if self.taken and rows > self.taken[-1][0]:
+            raise RuntimeError(
+                f"a TTT step ran {rows} rows after one of {self.taken[-1][0]}: the rows' slots optimizer needs a "
+                "batch's rows never to grow (its documents longest first)"
+            )
+        live = tuple(i for i, p in enumerate(self.params) if p.grad is not None)  # as torch: no gradient, no step
+        key = (rows, live)
+        if key not in self.views:
+            self.views[key] = tuple(
+                [t[i][:rows] for i in live] for t in (self.params, self.exp_avg, self.exp_avg_sq)
+            ) + ([self.counts[i] for i in live],)
+        params, exp_avg, exp_avg_sq, counts = self.views[key]
         torch._foreach_add_(counts, 1)
         # torch.optim.AdamW(fused=True)'s kernel, on views of the rows' slots (contiguous: the slot is dimension 0)
         torch._fused_adamw_(
-            [self.params[i][:rows] for i in live],
+            params,
             [cast(torch.Tensor, self.params[i].grad)[:rows] for i in live],
-            [self.exp_avg[i][:rows] for i in live],
-            [self.exp_avg_sq[i][:rows] for i in live],
+            exp_avg,
+            exp_avg_sq,
             [],
             counts,
             lr=self.lr,
@@ -111,17 +124,22 @@ class RowSlotsAdam:
             amsgrad=False,
             maximize=False,
         )
-        for i in live:
-            self.missed[i][rows:] += 1
+        self.taken.append(key)
+
+    def missed(self, i: int) -> torch.Tensor:
+        """Per slot of parameter i, the steps that stepped parameter i but left the slot out (host-side int64)."""
+        rows = torch.tensor([r for r, live in self.taken if i in live], dtype=torch.int64)
+        return (rows[None, :] <= torch.arange(self.params[i].size(0))[:, None]).sum(dim=1)
 
     @torch.no_grad()
     def finish(self) -> None:
         keep = 1.0 - self.lr * self.weight_decay
-        for p, missed in zip(self.params, self.missed):
+        for i, p in enumerate(self.params):
+            missed = self.missed(i)
             if keep != 1.0 and bool(missed.any()):
                 factor = torch.pow(torch.tensor(keep, dtype=torch.float64), missed.double()).to(p.dtype)
                 p.mul_(factor.to(p.device).view(-1, *([1] * (p.dim() - 1))))
-            missed.zero_()
+        self.taken.clear()
 
 
 __all__ = ["AdapterOptimizer", "EverySlot", "RowSlotsAdam", "adapter_optimizer"]

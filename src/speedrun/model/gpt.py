@@ -252,8 +252,9 @@ class GPT(nn.Module):
 
     @contextlib.contextmanager
     def compiled_regions(self, blocks: tuple, head: object) -> Iterator[None]:
-        """Run forward with these callables (compiled copies of the blocks and of head) in place of the modules'
-        own calls. Only the callers that ask get the compiled regions: GPTQ's hooks and TTT call the model itself."""
+        """Run forward with these callables (compiled copies of the blocks and of head, or TTT's head at a chunk's
+        columns) in place of the modules' own calls. Only the callers that ask get them: GPTQ's hooks call the
+        model itself."""
         self._region_calls = (blocks, head)
         try:
             yield

@@ -11,7 +11,9 @@ Who uses what:
   takes the 2-D block matrices ("matrix"), Adam the rest (an empty group is fine, an unknown key is refused);
 - ``kernel.compile_scope=blocks``: ``blocks`` (an nn.ModuleList compiled one by one) and ``head(x, targets,
   reduction)`` (final norm, logits, loss), with ``compiled_regions(blocks, head)`` a context manager under which
-  ``forward`` calls the compiled copies;
+  ``forward`` calls the compiled copies; TTT also passes a head of its own that runs the model's head at a
+  chunk's columns only, so ``forward`` must return what the given head returns, and ``head`` must work position
+  by position (its input is some columns of each row, not the whole sequence);
 - GPTQ, fp8 and TTT address the linears inside ``blocks`` by name (``<i>.attn.c_q``, ``<i>.attn.c_k``,
   ``<i>.attn.c_v``, ``<i>.attn.proj``, ``<i>.mlp.fc``, ``<i>.mlp.proj``; GPTQ takes any 2-D weight it finds): a model whose blocks name them otherwise
   trains and evaluates, and those features refuse it by name; TTT's bypass adapters wrap ``<i>.attn`` and
