@@ -70,7 +70,7 @@ from speedrun.finishing.ttt_docs import (
 )
 from speedrun.finishing.ttt_global import GlobalSettings, finetune, phase_schedule, row_width
 from speedrun.finishing.ttt_graphs import GraphedChunkSteps, StepKey, StepOut, chunk_step, pad_rows
-from speedrun.finishing.ttt_optim import AdapterOptimizer, adapter_optimizer
+from speedrun.finishing.ttt_optim import adapter_optimizer
 from speedrun.kernels.compile import graphs_compiled
 from speedrun.progress import Progress
 
@@ -773,51 +773,30 @@ def _adapt_batch(
     lora.reset(keep_a=settings.warm_start_a)
     opt = adapter_optimizer(lora.parameters(), settings)
     try:
-        return _chunk_steps(
-            lora, docs, doc_ids, chunk, sums, stepper, opt, seq_len, deadline, chunk_log, progress, share, batch_index
-        )
+        order = _longest_first(docs, chunk)
+        docs, doc_ids = [docs[i] for i in order], [doc_ids[i] for i in order]
+        base = stepper.base_scores(docs, chunk, seq_len)
+        for k, table, width, training in _steps(
+            docs, chunk, seq_len, stepper.mode, stepper.slots, stepper.widths, stepper.half_rows
+        ):
+            if k > 0 and deadline is not None and time.perf_counter() > deadline:  # a batch begun scores its chunk 0
+                return True
+            if training and stepper.graphs is None:
+                opt.zero_grad()  # a graphed step zeroes the gradients it accumulates into
+            out = stepper.step(table, (len(table[0]), width, training))
+            sums.nats += out.row_nats.sum()
+            if base is not None:  # the chunks scored now: the documents still going, the first rows
+                sums.base_nats += base.chunk(k)[: sum(1 for n in table[1] if n)].sum()
+            sums.bytes += out.n_bytes
+            sums.tokens += sum(max(0, n - f) for n, f in zip(table[1], table[2]))  # counted on the host: no sync
+            if progress is not None:  # after each chunk: one long document's batch can take minutes
+                progress.tick(sums.tokens, share)
+            if chunk_log is not None:
+                for i, (d_nats, d_count) in enumerate(zip(out.row_nats.tolist(), out.counts.tolist())):
+                    if d_count:
+                        chunk_log.append(ScoredChunk(batch_index, k, doc_ids[i], d_nats, d_count))
+            if training:  # the step on the chunk just scored: it can only change later chunks' scores
+                opt.step(len(table[0]))
     finally:
         opt.finish()  # the adapters as every step left them (warm_start_a carries A on)
-
-
-def _chunk_steps(
-    lora: LoRAModel,
-    docs: list[tuple[int, int]],
-    doc_ids: list[int],
-    chunk: int,
-    sums: _Sums,
-    stepper: _Stepper,
-    opt: AdapterOptimizer,
-    seq_len: int,
-    deadline: float | None,
-    chunk_log: list[ScoredChunk] | None,
-    progress: Progress | None,
-    share: int,
-    batch_index: int,
-) -> bool:
-    """_adapt_batch's steps: True if the deadline hit."""
-    order = _longest_first(docs, chunk)
-    docs, doc_ids = [docs[i] for i in order], [doc_ids[i] for i in order]
-    base = stepper.base_scores(docs, chunk, seq_len)
-    for k, table, width, training in _steps(
-        docs, chunk, seq_len, stepper.mode, stepper.slots, stepper.widths, stepper.half_rows
-    ):
-        if k > 0 and deadline is not None and time.perf_counter() > deadline:  # a batch begun scores its chunk 0
-            return True
-        if training and stepper.graphs is None:
-            opt.zero_grad()  # a graphed step zeroes the gradients it accumulates into
-        out = stepper.step(table, (len(table[0]), width, training))
-        sums.nats += out.row_nats.sum()
-        if base is not None:  # the chunks scored now: the documents still going, the first rows
-            sums.base_nats += base.chunk(k)[: sum(1 for n in table[1] if n)].sum()
-        sums.bytes += out.n_bytes
-        sums.tokens += sum(max(0, n - f) for n, f in zip(table[1], table[2]))  # counted on the host: no sync
-        if progress is not None:  # after each chunk: one long document's batch can take minutes
-            progress.tick(sums.tokens, share)
-        if chunk_log is not None:
-            for i, (d_nats, d_count) in enumerate(zip(out.row_nats.tolist(), out.counts.tolist())):
-                if d_count:
-                    chunk_log.append(ScoredChunk(batch_index, k, doc_ids[i], d_nats, d_count))
-        if training:  # the step on the chunk just scored: it can only change later chunks' scores
-            opt.step(len(table[0]))
     return False
