@@ -281,3 +281,31 @@ def test_a_steps_head_at_its_chunk_scores_and_learns_as_the_head_at_every_column
                 assert (a is None) == (b is None) and (a is None or torch.allclose(a, b, rtol=1e-4, atol=1e-7))
         checked += training and any(g is not None and g.abs().sum() > 0 for g in grads[1])
     assert checked >= 5
+
+
+def test_a_capture_that_runs_out_of_memory_says_what_to_change():
+    """Capturing is before TTT's clock: a shape that does not fit raises an OutOfMemoryError (so the run records an
+    out-of-memory failure) that names the shape, how many were captured, and the settings that need fewer shapes.
+    Shapes are captured largest first (a smaller one reuses what a larger one freed in the shared pool)."""
+    from speedrun.finishing.ttt_graphs import GraphedChunkSteps
+    from speedrun.run.oom import find_oom
+
+    graphs = object.__new__(GraphedChunkSteps)  # no CUDA here: the capture itself is stood in for
+    graphs.graphs, graphs.params, graphs.grads, graphs.late, graphs.pool = {}, [], [], 0, None
+    tried = []
+
+    def capture(key, rows):
+        tried.append(key)
+        if len(tried) == 3:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 90.00 MiB.\nIncluding non-PyTorch")
+        graphs.graphs[key] = None
+
+    graphs._capture = capture
+    keys = [(2, 128, True), (8, 256, True), (8, 256, False), (4, 2048, True), (2, 128, False)]
+    with pytest.raises(torch.cuda.OutOfMemoryError) as info:
+        graphs.prepare(keys, lambda key: torch.zeros(4, key[0], dtype=torch.int64))
+    assert tried == [(4, 2048, True), (8, 256, True), (8, 256, False)]  # largest first, learning before not
+    message = str(info.value)
+    assert "shape 3 of 5 (rows 8, width 256, 2 captured)" in message and "ttt.row_widths=pow2" in message
+    assert "Tried to allocate 90.00 MiB." in message and "non-PyTorch" not in message
+    assert find_oom(info.value) is info.value

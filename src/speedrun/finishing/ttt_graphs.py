@@ -143,9 +143,17 @@ class GraphedChunkSteps:
         Largest first: a smaller graph then carves its memory out of blocks a larger one freed in the shared pool,
         where smallest first made each larger shape add blocks of its own (on one H100, 89 shapes of multiples of
         128 ran out of its 80 GB with 55 GB in the graphs' pool)."""
-        for key in sorted(set(keys), key=lambda k: (-k[0] * k[1], not k[2], k)):
-            if key not in self.graphs:
+        todo = [k for k in sorted(set(keys), key=lambda k: (-k[0] * k[1], not k[2], k)) if k not in self.graphs]
+        for n, key in enumerate(todo):
+            try:
                 self._capture(key, dummy_rows(key))
+            except torch.cuda.OutOfMemoryError as e:  # before TTT's clock: say what to change, not just where
+                raise torch.cuda.OutOfMemoryError(
+                    f"capturing TTT's CUDA graphs ran out of GPU memory at shape {n + 1} of {len(todo)} (rows "
+                    f"{key[0]}, width {key[1]}, {len(self.graphs)} captured). Fewer or smaller shapes need less: "
+                    "ttt.row_widths=pow2 and ttt.graph_rows=pow2 (fewest shapes), a smaller ttt.batch_size, or "
+                    f"ttt.cuda_graphs=false (slower steps). The allocator said: {str(e).splitlines()[0]}"
+                ) from e
         for p in self.params:
             if p.grad is not None:
                 p.grad.zero_()
