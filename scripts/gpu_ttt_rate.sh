@@ -12,6 +12,9 @@
 #      a ratio measured on the same card in the same call.
 #   . scripts/device_env.sh && bash scripts/gpu_ttt_rate.sh
 #   VOCAB=8192 BASELINE_SRC=/path/to/other/src bash scripts/gpu_ttt_rate.sh
+# ROW_ARGS (default "ttt.row_widths=128 ttt.graph_rows=half_octave") pad every row; a tree from before the
+# largest-first capture (39a9c49 and older) runs out of an H100's memory capturing those 101 shapes, so compare
+# with it at ROW_ARGS="ttt.row_widths=half_octave ttt.graph_rows=pow2" (60 shapes).
 # Each row's line (val_bpb_ttt, TTT seconds, tokens/s, warm-up, shapes captured) goes to $WORK/rates.txt (WORK
 # default outputs/ttt_rate_v<VOCAB>); a second call skips the rows already written. The BASELINE_SRC row runs this
 # tree's scripts/ttt_table.py and conf/ against that src/: it fails if their TTT configs differ. TTT_ARGS replace the compiled and
@@ -36,10 +39,11 @@ if [ ! -f "$work/model/.hydra/config.yaml" ] || ! grep -q '"status": "ok"' "$wor
     > "$work/model.log" 2>&1 || { echo "training failed: $work/model.log"; tail -n 20 "$work/model.log"; exit 1; }
 fi
 read -ra ttt_args <<<"${TTT_ARGS:-ttt.compile=true ttt.cuda_graphs=true ttt.max_seconds=400}"
+read -ra row_args <<<"${ROW_ARGS:-ttt.row_widths=128 ttt.graph_rows=half_octave}"
 row() { # NAME LABEL OVERRIDES [PYTHONPATH]
   if [ -f "$work/$1/rows.json" ]; then return; fi
   PYTHONPATH=${4:-${PYTHONPATH:-src}} "$py" scripts/ttt_table.py "$work/model" ttt.phased.prefix_docs=64 \
-    ttt.batch_size=64 ttt.row_widths=128 ttt.graph_rows=half_octave "${ttt_args[@]}" --out "$work/$1" \
+    ttt.batch_size=64 "${row_args[@]}" "${ttt_args[@]}" --out "$work/$1" \
     --setting "$2=$3" > "$work/$1.log" 2>&1
   echo "$1 rc $?: $(tail -n 1 "$work/$1/table.md" 2>/dev/null)" \
     "$(grep -o '"ttt_cuda_graphs_captured": [0-9]*' "$work/$1/rows.json" 2>/dev/null)" | tee -a "$work/rates.txt"
