@@ -16,7 +16,8 @@
 # largest-first capture (39a9c49 and older) runs out of an H100's memory capturing those 101 shapes, so compare
 # with it at ROW_ARGS="ttt.row_widths=half_octave ttt.graph_rows=pow2" (60 shapes).
 # Each row's line (val_bpb_ttt, TTT seconds, tokens/s, warm-up, shapes captured) goes to $WORK/rates.txt (WORK
-# default outputs/ttt_rate_v<VOCAB>); a second call skips the rows already written. The BASELINE_SRC row runs this
+# default outputs/ttt_rate_v<VOCAB>); a second call skips the rows already written, and another ROW_ARGS adds rows
+# of its own on the same model. The BASELINE_SRC row runs this
 # tree's scripts/ttt_table.py and conf/ against that src/: it fails if their TTT configs differ. TTT_ARGS replace the compiled and
 # graphed settings; a CPU try-out of the plumbing:
 #   VOCAB=1024 MODEL_ARGS="debug=smoke" TTT_ARGS="ttt.compile=false ttt.cuda_graphs=false ttt.max_seconds=20" bash scripts/gpu_ttt_rate.sh
@@ -40,7 +41,10 @@ if [ ! -f "$work/model/.hydra/config.yaml" ] || ! grep -q '"status": "ok"' "$wor
 fi
 read -ra ttt_args <<<"${TTT_ARGS:-ttt.compile=true ttt.cuda_graphs=true ttt.max_seconds=400}"
 read -ra row_args <<<"${ROW_ARGS:-ttt.row_widths=128 ttt.graph_rows=half_octave}"
+# each row's name carries its padding: one model, several paddings
+pad=$(printf '%s' "${row_args[*]}" | sed 's/ttt\.//g' | tr -cs 'A-Za-z0-9' '_')
 row() { # NAME LABEL OVERRIDES [PYTHONPATH]
+  set -- "$1-$pad" "${@:2}"
   if [ -f "$work/$1/rows.json" ]; then return; fi
   PYTHONPATH=${4:-${PYTHONPATH:-src}} "$py" scripts/ttt_table.py "$work/model" ttt.phased.prefix_docs=64 \
     ttt.batch_size=64 "${row_args[@]}" "${ttt_args[@]}" --out "$work/$1" \
