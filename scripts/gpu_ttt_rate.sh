@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Issue 25's one-GPU TTT rate (bar: 24,000 validation tokens/s per H100), in one device call:
-#   1. the embedded corpus cut into documents of FineWeb's lengths (scripts/prepare_data.py --doc-chars-lognormal
-#      1650 1.0 --val-every 3: 1,526 val documents, median ~585 and mean ~963 tokens at vocabulary 1024) with a
-#      tokenizer of VOCAB pieces (default 1024; 8192 is pgolf_record's own, as data=fineweb_sp8192 gives it);
+#   1. the embedded corpus cut into documents of FineWeb's lengths in tokens (FineWeb's validation documents at
+#      sp8192: mean 944, median 567) with a tokenizer of VOCAB pieces (default 1024; 8192 is pgolf_record's own, as
+#      data=fineweb_sp8192 gives it): scripts/prepare_data.py --doc-chars-lognormal DOC_CHARS 1.0 --val-every 3, a
+#      median of DOC_CHARS characters, by default 1650 at vocabulary 1024 (1,526 val documents, mean 963 and median
+#      585 tokens) and 2500 at 8192 (1,052 documents, mean 925, median 556: a larger vocabulary packs more
+#      characters into a token, so the same cut would make documents a third shorter in tokens);
 #   2. experiment=pgolf_record trained TRAIN_SECONDS (default 30, eager: ~2 minutes in all), exported as the record
 #      does, no TTT of its own;
 #   3. scripts/ttt_table.py on that model, the records' TTT (conf/ttt/record.yaml, 64 documents a batch, phases over
@@ -17,20 +20,21 @@
 # with it at ROW_ARGS="ttt.row_widths=half_octave ttt.graph_rows=pow2" (60 shapes).
 # Each row's line (val_bpb_ttt, TTT seconds, tokens/s, warm-up, shapes captured) goes to $WORK/rates.txt (WORK
 # default outputs/ttt_rate_v<VOCAB>); a second call skips the rows already written, and another ROW_ARGS adds rows
-# of its own on the same model. The BASELINE_SRC row runs this
-# tree's scripts/ttt_table.py and conf/ against that src/: it fails if their TTT configs differ. TTT_ARGS replace the compiled and
-# graphed settings; a CPU try-out of the plumbing:
+# of its own on the same model. The BASELINE_SRC row runs this tree's scripts/ttt_table.py and conf/ against that
+# src/: it fails if their TTT configs differ. TTT_ARGS replace the compiled and graphed settings; a CPU try-out of
+# the plumbing:
 #   VOCAB=1024 MODEL_ARGS="debug=smoke" TTT_ARGS="ttt.compile=false ttt.cuda_graphs=false ttt.max_seconds=20" bash scripts/gpu_ttt_rate.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}
 vocab=${VOCAB:-1024}
+if [ "$vocab" -ge 8192 ]; then doc_chars=${DOC_CHARS:-2500}; else doc_chars=${DOC_CHARS:-1650}; fi
 work=${WORK:-outputs/ttt_rate_v$vocab}
 data=$work/data
 mkdir -p "$work"
 if [ ! -f "$data/dataset.json" ]; then
   "$py" scripts/prepare_data.py --input src/speedrun/data/assets/pydoc311.jsonl.xz --out "$data" \
-    --doc-chars-lognormal 1650 1.0 --val-every 3 --vocab-size "$vocab" --overwrite | tail -n 3 || exit 1
+    --doc-chars-lognormal "$doc_chars" 1.0 --val-every 3 --vocab-size "$vocab" --overwrite | tail -n 3 || exit 1
 fi
 if [ ! -f "$work/model/.hydra/config.yaml" ] || ! grep -q '"status": "ok"' "$work/model/result.json" 2>/dev/null; then
   # shellcheck disable=SC2086  # MODEL_ARGS are several overrides
