@@ -53,6 +53,21 @@ def test_stepping_the_rows_slots_leaves_the_adapters_as_adamw_over_every_slot():
     assert torch.equal(rows_only[2], adapters()[2])  # never a gradient: untouched, as by torch
 
 
+@pytest.mark.gpu
+def test_on_cuda_the_rows_slots_steps_match_adamw_over_every_slot():
+    """On a GPU: torch's fused AdamW kernel on views of the rows' slots (device step counts), then the settled
+    decay, leaves the adapters as AdamW(fused=True) over every slot, to float rounding."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    full = [torch.nn.Parameter(p.detach().cuda()) for p in adapters()]
+    rows_only = [torch.nn.Parameter(p.detach().cuda()) for p in adapters()]
+    opt = torch.optim.AdamW(full, lr=LR, betas=(0.0, BETA2), eps=EPS, weight_decay=WD, fused=True)
+    steps(full, EverySlot(opt), ROWS)
+    steps(rows_only, RowSlotsAdam(rows_only, lr=LR, beta2=BETA2, eps=EPS, weight_decay=WD), ROWS)
+    for a, b in zip(full, rows_only):
+        torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7)
+
+
 def test_rows_that_grow_within_a_batch_are_refused():
     """A slot that came back after being left out would take its pending decay late and read a stale moment."""
     params = adapters()
