@@ -10,8 +10,8 @@
 #      does, no TTT of its own;
 #   3. scripts/ttt_table.py on that model, the records' TTT (conf/ttt/record.yaml, 64 documents a batch, phases over
 #      the first 64 documents), compiled and replayed from CUDA graphs, rows padded to multiples of 128 with
-#      half-octave row counts: one row with the base score (val_bpb_ttt_base), one without (the records' TTT
-#      computes none), and with BASELINE_SRC (the src/ of another tree) the base-scored row again on that code, for
+#      half-octave row counts: ROWS (default "nobase base") one row without the base score (the records' TTT
+#      computes none), one with it (val_bpb_ttt_base), and with BASELINE_SRC (the src/ of another tree) the base-scored row again on that code, for
 #      a ratio measured on the same card in the same call.
 #   . scripts/device_env.sh && bash scripts/gpu_ttt_rate.sh
 #   VOCAB=8192 BASELINE_SRC=/path/to/other/src bash scripts/gpu_ttt_rate.sh
@@ -56,8 +56,14 @@ row() { # NAME LABEL OVERRIDES [PYTHONPATH]
   echo "$1 rc $?: $(tail -n 1 "$work/$1/table.md" 2>/dev/null)" \
     "$(grep -o '"ttt_cuda_graphs_captured": [0-9]*' "$work/$1/rows.json" 2>/dev/null)" | tee -a "$work/rates.txt"
 }
-row base "records' TTT, base scored" "ttt.score_base=true"
-row nobase "records' TTT, no base score" "ttt.score_base=false"
+# the bar's row first (the records' TTT computes no base score), so that a call cut short still has it
+for name in ${ROWS:-nobase base}; do
+  case $name in
+    nobase) row nobase "records' TTT, no base score" "ttt.score_base=false" ;;
+    base) row base "records' TTT, base scored" "ttt.score_base=true" ;;
+    *) echo "ROWS: unknown row $name (nobase, base)"; exit 1 ;;
+  esac
+done
 if [ -n "${BASELINE_SRC:-}" ]; then
   row baseline "records' TTT, base scored, on $BASELINE_SRC" "ttt.score_base=true" "$BASELINE_SRC:${PYTHONPATH:-}"
 fi
