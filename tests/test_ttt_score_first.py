@@ -170,7 +170,9 @@ def test_every_target_adapts_and_fresh_adapters_add_nothing(tied):
         assert res.val_loss < res.base_val_loss - 0.02, (target, res.val_loss, res.base_val_loss)  # q, k: 0.04+
         frozen = ttt_evaluate(m, tokens, luts(), LoRASettings(rank=4, lr=0.0, chunk_size=CHUNK, targets=target),
                               bos_id=BOS, seq_len=24)  # fmt: skip
-        assert frozen.val_loss == frozen.base_val_loss, target
+        # the steps' last layer runs at the chunk's columns (GPT.forward's pick, another attention kernel), the
+        # base passes' at every column: equal up to float rounding, where any adapter's term would show at 1e-3
+        assert frozen.val_loss == pytest.approx(frozen.base_val_loss, rel=1e-7, abs=0), target
 
 
 def test_alpha_scales_the_delta_and_warm_start_keeps_a():

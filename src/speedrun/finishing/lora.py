@@ -60,18 +60,20 @@ class LoRADelta(nn.Module):
 
 class Adapted(nn.Module):
     """A frozen module (a linear, or a whole attention or MLP) plus a delta from its first input:
-    module(x, *rest) + delta(x). ``active`` False gives the module alone, bit for bit (global TTT trains that)."""
+    module(x, *rest) + delta(x). ``active`` False gives the module alone, bit for bit (global TTT trains that).
+    ``at`` (an attention asked for some columns only, speedrun.model.gpt.Columns) passes on to the module, and
+    the delta reads x at those columns."""
 
     def __init__(self, module: nn.Module, delta: LoRADelta):
         super().__init__()
         self.module, self.delta = module, delta
         self.active = True
 
-    def forward(self, x: torch.Tensor, *rest: Any) -> torch.Tensor:
-        y = self.module(x, *rest)
+    def forward(self, x: torch.Tensor, *rest: Any, at: Any = None) -> torch.Tensor:
+        y = self.module(x, *rest) if at is None else self.module(x, *rest, at=at)
         if not self.active:
             return y
-        return y + self.delta(x).to(y.dtype)
+        return y + self.delta(x if at is None else at.gather(x)).to(y.dtype)
 
 
 def _features(module: nn.Module) -> tuple[int, int]:

@@ -433,8 +433,10 @@ class _PickedHead:
 class _Scorer:
     """A model's per-token nats for TTT: ``scorer(x, y)`` -> (rows, width), or with ``pick`` (rows, G) column
     indices the (rows, G) nats of those columns. Through the model's regions (the protocol's blocks, head and
-    compiled_regions: speedrun.model.protocol) the head runs at the picked columns only (_PickedHead); without
-    them the whole forward runs and the columns are taken after. This one runs the module's own blocks and head
+    compiled_regions: speedrun.model.protocol) the head runs at the picked columns only (_PickedHead), or, for a
+    model whose forward takes ``pick`` (supports_pick), the model is asked for those columns (the built-in GPT
+    then runs its last layer call there only too); without regions or pick the whole forward runs and the columns
+    are taken after. This one runs the module's own blocks and head
     (eager); _Compiled runs compiled copies."""
 
     def __init__(self, module: nn.Module):
@@ -445,15 +447,22 @@ class _Scorer:
         )
         self.whole: Callable = module
         """The forward that runs when there are no regions."""
+        self.picks = bool(getattr(module, "supports_pick", False))
+        """The model's forward takes ``pick`` (the built-in GPT then runs its last layer at those columns only)."""
         self.warm_up_seconds = 0.0
 
     def __call__(
         self, x: torch.Tensor, y: torch.Tensor, reduction: str = "none", pick: torch.Tensor | None = None
     ) -> torch.Tensor:
+        model: Any = self.module
+        if pick is not None and self.picks:  # the model skips what the picked columns do not need
+            if self.regions is None:
+                return self.whole(x, y, reduction=reduction, pick=pick)
+            with model.compiled_regions(*self.regions):
+                return model(x, y, reduction=reduction, pick=pick)
         if self.regions is None:
             nats = self.whole(x, y, reduction=reduction)
             return nats if pick is None else nats.gather(1, pick)
-        model: Any = self.module
         blocks, head = self.regions
         with model.compiled_regions(blocks, head if pick is None else _PickedHead(head, pick)):
             return model(x, y, reduction=reduction)
@@ -519,7 +528,8 @@ def _forwards(
     chunks = [s.chunk_size, *(c for _, c in steps)]
     for width in sorted({row_width(c, seq_len, _padding(s)[0]) for c in chunks} | {seq_len}):
         x, y = (torch.randint(0, vocab, (rows, width), generator=gen).to(device) for _ in range(2))
-        pick = torch.arange(min(max(chunks), width), device=device).expand(rows, -1)
+        # contiguous, as a step's picks are: an expanded one (stride 0) would be another graph to dynamo
+        pick = torch.arange(min(max(chunks), width), device=device).repeat(rows, 1)
         _nats(forward, x, y, device, autocast_dtype, pick).float().mean().backward()
         with torch.no_grad():
             _nats(forward, x, y, device, autocast_dtype, pick)

@@ -29,13 +29,13 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from speedrun.model.attention.base import AttentionBackend
+from speedrun.model.attention.base import AttentionBackend, document_ids
 from speedrun.model.layers import apply_partial_rope, apply_rope, rms_norm, rope_tables, xsa
 from speedrun.model.shape import ModelShape
 
@@ -79,7 +79,11 @@ class CausalSelfAttention(nn.Module):
                 nn.init.normal_(w, mean=0.0, std=gate.init_std)
             self.attn_gate_w = nn.Parameter(w)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: object) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: object, at: Columns | None = None
+    ) -> torch.Tensor:
+        if at is not None:
+            return self._forward_at(x, cos, sin, at)
         B, T, C = x.shape
         if self.fused_qkv and self.training:
             # the concatenated weight is rebuilt every call (0.5-1 MB here): no second copy of the weights to keep
@@ -114,6 +118,53 @@ class CausalSelfAttention(nn.Module):
             y = y * g.transpose(1, 2).unsqueeze(-1).to(y.dtype)
         y = y.transpose(1, 2).reshape(B, T, C)
         return self.proj(y)
+
+    def _forward_at(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, at: Columns) -> torch.Tensor:
+        """The output at ``at``'s columns only, (B, G, C): keys and values from every position of x (B, T, C),
+        queries, the output gate and the projection at the picked ones. The same arithmetic as forward followed
+        by a gather, with the causal (and window, document) mask as at.mask instead of the backend's kernel."""
+        B, T, C = x.shape
+        G = at.cols.size(1)
+        xp = at.gather(x)
+        q = self.c_q(xp).view(B, G, self.n_head, self.head_dim).transpose(1, 2)
+        k = self.c_k(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        v = self.c_v(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        dtype = v.dtype
+        q, k = q.float(), k.float()
+        if self.qk_norm:
+            q = F.rms_norm(q, (self.head_dim,))
+            k = F.rms_norm(k, (self.head_dim,))
+        # each picked query at its own position: the tables' rows gathered, (B, 1, G, rd // 2) against q's heads
+        cos_q, sin_q = cos[at.cols].unsqueeze(1), sin[at.cols].unsqueeze(1)
+        if self.rope_dims == self.head_dim:
+            q, k = apply_rope(q, cos_q, sin_q), apply_rope(k, cos, sin)
+        else:
+            q = apply_partial_rope(q, cos_q, sin_q, self.rope_dims)
+            k = apply_partial_rope(k, cos, sin, self.rope_dims)
+        if self.qk_norm:
+            q = q * self.q_gain[None, :, None, None]
+        group = self.n_head // self.n_kv_head
+        kx, vx = (t.repeat_interleave(group, dim=1) if group > 1 else t for t in (k.to(dtype), v))
+        y = F.scaled_dot_product_attention(q.to(dtype), kx, vx, attn_mask=at.mask)
+        if self.use_xsa:  # each query's own value vector: v at the picked columns
+            y = xsa(y, v.gather(2, at.cols[:, None, :, None].expand(-1, self.n_kv_head, -1, self.head_dim)))
+        if self.gate_window:
+            g = torch.sigmoid(self.gate_scale * F.linear(xp[..., : self.gate_window], self.attn_gate_w))
+            y = y * g.transpose(1, 2).unsqueeze(-1).to(y.dtype)
+        return self.proj(y.transpose(1, 2).reshape(B, G, C))
+
+
+class Columns(NamedTuple):
+    """Some columns of each row (GPT.forward's ``pick``): ``cols`` (B, G) their indices, ``mask`` (B, 1, G, T)
+    True where the query at that column may attend a key (causal; within the backend's window and the document
+    when it masks them)."""
+
+    cols: torch.Tensor
+    mask: torch.Tensor
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, T, C) at the columns: (B, G, C)."""
+        return x.gather(1, self.cols[..., None].expand(-1, -1, x.size(-1)))
 
 
 class MLP(nn.Module):
@@ -157,10 +208,13 @@ class Block(nn.Module):
             return rms_norm(x)
         return (F.rms_norm(x.float(), (x.size(-1),)) * self.ln_scale).to(x.dtype)
 
-    def forward(self, x, x0, cos, sin, ctx, lane1=None):
+    def forward(self, x, x0, cos, sin, ctx, lane1=None, at: Columns | None = None):
         """One block on the residual stream x. With ``lane1`` (parallel residual lanes, x being lane 0) attention
         reads lane 0 mixed with x0 and the MLP reads lane 1, side by side, and it returns both lanes (the record's
-        GPT._parallel_block)."""
+        GPT._parallel_block). With ``at`` it returns the stream (and lanes) at those columns only (GPT.forward's
+        pick, for its last layer call)."""
+        if at is not None:
+            return self._forward_at(x, x0, cos, sin, at, lane1)
         dt = x.dtype
         mix = self.resid_mix.to(dt)
         if lane1 is not None:
@@ -172,6 +226,22 @@ class Block(nn.Module):
         x = x + self.attn_scale.to(dt) * self.attn(self.norm(x), cos, sin, ctx).to(dt)
         x = x + self.mlp_scale.to(dt) * self.mlp(self.norm(x)).to(dt)
         return x
+
+    def _forward_at(self, x, x0, cos, sin, at: Columns, lane1=None):
+        """forward at ``at``'s columns: attention's keys and values read every position, everything after it (the
+        output projection, the residual, the MLP) runs at the columns only."""
+        dt = x.dtype
+        mix = self.resid_mix.to(dt)
+        h = mix[0] * x + mix[1] * x0
+        attn = self.attn_scale.to(dt) * self.attn(self.norm(h), cos, sin, None, at=at).to(dt)
+        if lane1 is not None:
+            lane1 = at.gather(lane1)
+            mlp = self.mlp_scale.to(dt) * self.mlp(self.norm(lane1)).to(dt)
+            r, p = self.lane_resid.to(dt), self.lane_post.to(dt)
+            x = at.gather(x)
+            return r[0] * x + p[0, 0] * attn + p[1, 0] * mlp, r[1] * lane1 + p[0, 1] * attn + p[1, 1] * mlp
+        h = at.gather(h) + attn
+        return h + self.mlp_scale.to(dt) * self.mlp(self.norm(h)).to(dt)
 
 
 def _residual_dtype(device_type: str) -> torch.dtype:
@@ -297,9 +367,22 @@ class GPT(nn.Module):
             return x + scaled
         return torch.lerp(scaled, x, torch.sigmoid(self.skip_gates[i].to(x.dtype)))
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, reduction: str = "mean"):
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        reduction: str = "mean",
+        pick: torch.Tensor | None = None,
+    ):
         """idx (B, T) token ids. Returns the mean cross-entropy (fp32 scalar) when targets are given and
-        reduction == "mean", the per-token loss (B, T) fp32 for reduction == "none", else logits (B, T, V)."""
+        reduction == "mean", the per-token loss (B, T) fp32 for reduction == "none", else logits (B, T, V).
+
+        ``pick`` (B, G) column indices: all of that at those columns only ((B, G) losses, (B, G, V) logits; the
+        mean over them), the same numbers as the whole forward's columns (up to the attention kernel's rounding).
+        The last layer call then runs its queries, output projection and MLP at the columns only: nothing after
+        its keys and values reaches another column's output. TTT scores a chunk of 48 tokens with a window of up
+        to 2,048 of context (speedrun.finishing.ttt); with the loop on, the last of 17 layer calls is about a
+        twentieth of the step."""
         B, T = idx.shape
         if T > self.shape.seq_len:
             raise ValueError(f"sequence length {T} exceeds model.seq_len {self.shape.seq_len}")
@@ -319,19 +402,39 @@ class GPT(nn.Module):
             x = blocks[i](x, x0, cos, sin, ctx)
             skips.append(x)
         lane1 = None
+        at = None if pick is None else self._columns(idx, pick)
         for j, i in enumerate(decoder):
             if lane1 is None and i >= parallel:
                 lane1 = x  # the lanes split before this call's skip, which goes into lane 0 only (the record's)
             if skips:
                 x = self.skip(x, skips.pop(), j)
+            last = at if j == len(decoder) - 1 else None  # the columns from the last call on
             if lane1 is None:
-                x = blocks[i](x, x0, cos, sin, ctx)
+                x = blocks[i](x, x0, cos, sin, ctx, at=last)
             else:
-                x, lane1 = blocks[i](x, x0, cos, sin, ctx, lane1)
+                x, lane1 = blocks[i](x, x0, cos, sin, ctx, lane1, at=last)
         if lane1 is not None:
             lane = self.shape.parallel_final_lane
             x = lane1 if lane == "mlp" else x if lane == "attn" else 0.5 * (x + lane1)
+        if pick is not None and targets is not None:
+            targets = targets.gather(1, pick)
         return head(x, targets, reduction)
+
+    supports_pick = True
+    """forward takes ``pick`` (speedrun.model.protocol: an optional part of the contract)."""
+
+    def _columns(self, idx: torch.Tensor, pick: torch.Tensor) -> Columns:
+        """The picked columns with the mask their queries attend with: the backend's (causal, its window, the
+        document when bos_id masks documents), for queries at those columns."""
+        pos = torch.arange(idx.size(1), device=idx.device)
+        query = pick[:, :, None]
+        allowed = pos[None, None, :] <= query
+        if self.attention.window is not None:
+            allowed = allowed & (query - pos[None, None, :] < self.attention.window)
+        if self.bos_id is not None:
+            doc = document_ids(idx, self.bos_id)
+            allowed = allowed & (doc[:, None, :] == doc.gather(1, pick)[:, :, None])
+        return Columns(pick, allowed[:, None])
 
     def head(self, x: torch.Tensor, targets: torch.Tensor | None, reduction: str = "mean"):
         """Final norm, logits, softcap and loss of the residual stream x (B, T, C): forward's return value."""
