@@ -11,10 +11,10 @@
 #   3. scripts/ttt_table.py on that model, the records' TTT (conf/ttt/record.yaml, 64 documents a batch, phases over
 #      the first 64 documents), compiled and replayed from CUDA graphs, rows padded to multiples of 128 with
 #      half-octave row counts: ROWS (default "nobase base") one row without the base score (the records' TTT
-#      computes none), one with it (val_bpb_ttt_base), and with BASELINE_SRC (the src/ of another tree) the base-scored row again on that code, for
-#      a ratio measured on the same card in the same call.
+#      computes none), one with it (val_bpb_ttt_base); with BASELINE_SRC (the src/ of another tree) the rows of
+#      BASELINE_ROWS (default "base") again on that code, for a ratio measured on the same card in the same call.
 #   . scripts/device_env.sh && bash scripts/gpu_ttt_rate.sh
-#   VOCAB=8192 BASELINE_SRC=/path/to/other/src bash scripts/gpu_ttt_rate.sh
+#   VOCAB=8192 BASELINE_SRC=/path/to/other/src BASELINE_ROWS=nobase bash scripts/gpu_ttt_rate.sh
 # ROW_ARGS (default "ttt.row_widths=128 ttt.graph_rows=half_octave") pad every row; a tree from before the
 # largest-first capture (39a9c49 and older) runs out of an H100's memory capturing those 101 shapes, so compare
 # with it at ROW_ARGS="ttt.row_widths=half_octave ttt.graph_rows=pow2" (60 shapes).
@@ -29,6 +29,9 @@ cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}
 vocab=${VOCAB:-1024}
 if [ "$vocab" -ge 8192 ]; then doc_chars=${DOC_CHARS:-2500}; else doc_chars=${DOC_CHARS:-1650}; fi
+# eager training (no compile) holds fp32 logits of the whole micro-batch: at 8192 the default 48 rows of 2048 ran
+# out of an H100's memory in the warm-up (sixteenth session), so 16 rows, the tokens per step kept by accumulation
+if [ "$vocab" -ge 8192 ]; then model_args=${MODEL_ARGS-hardware.micro_batch=16}; else model_args=${MODEL_ARGS-}; fi
 work=${WORK:-outputs/ttt_rate_v$vocab}
 data=$work/data
 mkdir -p "$work"
@@ -40,7 +43,7 @@ if [ ! -f "$work/model/.hydra/config.yaml" ] || ! grep -q '"status": "ok"' "$wor
   # shellcheck disable=SC2086  # MODEL_ARGS are several overrides
   "$py" -m run experiment=pgolf_record ttt=off budget.train_seconds="${TRAIN_SECONDS:-30}" data.path="$data" \
     data.tokenizer="$data/tokenizer.model" data.vocab_size="$vocab" results_db="$work/results.sqlite" \
-    hydra.run.dir="$work/model" data.cache_dir=/tmp/speedrun-cache hardware.compile=false ${MODEL_ARGS:-} \
+    hydra.run.dir="$work/model" data.cache_dir=/tmp/speedrun-cache hardware.compile=false $model_args \
     > "$work/model.log" 2>&1 || { echo "training failed: $work/model.log"; tail -n 20 "$work/model.log"; exit 1; }
 fi
 read -ra ttt_args <<<"${TTT_ARGS:-ttt.compile=true ttt.cuda_graphs=true ttt.max_seconds=400}"
@@ -64,8 +67,16 @@ for name in ${ROWS:-nobase base}; do
     *) echo "ROWS: unknown row $name (nobase, base)"; exit 1 ;;
   esac
 done
-if [ -n "${BASELINE_SRC:-}" ]; then
-  row baseline "records' TTT, base scored, on $BASELINE_SRC" "ttt.score_base=true" "$BASELINE_SRC:${PYTHONPATH:-}"
+if [ -n "${BASELINE_SRC:-}" ]; then  # BASELINE_ROWS (default base): which of the rows run again on that code
+  for name in ${BASELINE_ROWS:-base}; do
+    case $name in
+      nobase) row baseline-nobase "records' TTT, no base score, on $BASELINE_SRC" "ttt.score_base=false" \
+        "$BASELINE_SRC:${PYTHONPATH:-}" ;;
+      base) row baseline "records' TTT, base scored, on $BASELINE_SRC" "ttt.score_base=true" \
+        "$BASELINE_SRC:${PYTHONPATH:-}" ;;
+      *) echo "BASELINE_ROWS: unknown row $name (nobase, base)"; exit 1 ;;
+    esac
+  done
 fi
 if [ -n "${OUT:-}" ]; then
   find "$work" -type f -size -8M -not -name '*.bin' -not -path "$data/*" -not -name 'model.*' \
