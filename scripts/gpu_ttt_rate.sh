@@ -60,7 +60,7 @@ row() { # NAME LABEL OVERRIDES [PYTHONPATH]
     "$(grep -o '"ttt_cuda_graphs_captured": [0-9]*' "$work/$1/rows.json" 2>/dev/null)" | tee -a "$work/rates.txt"
 }
 # the bar's row first (the records' TTT computes no base score), so that a call cut short still has it
-for name in ${ROWS:-nobase base}; do
+for name in ${ROWS-nobase base}; do  # ROWS= (empty): the model only
   case $name in
     nobase) row nobase "records' TTT, no base score" "ttt.score_base=false" ;;
     base) row base "records' TTT, base scored" "ttt.score_base=true" ;;

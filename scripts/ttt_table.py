@@ -196,7 +196,7 @@ def profile_ttt(finish: Any, path: Path, log: Any) -> None:
     )
     parts = [head, ""]
     if cuda:
-        parts += [events.table(sort_by="self_device_time_total", row_limit=25), ""]
+        parts += [events.table(sort_by="self_device_time_total", row_limit=45), ""]
     parts.append(events.table(sort_by="self_cpu_time_total", row_limit=25))
     write_atomic(path, "\n".join(parts) + "\n")
     log(head)
