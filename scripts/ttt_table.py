@@ -181,8 +181,25 @@ def profile_ttt(finish: Any, path: Path, log: Any) -> None:
 
     cuda = torch.cuda.is_available()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
+    # from TTT's clock on: the compile warm-up under the profiler took minutes of tracing events to count (an H100
+    # call ran out of device time counting them), and is not what a step costs
+    prof = profile(activities=activities)
+    started: list[bool] = []
+
+    def start() -> None:
+        prof.start()
+        started.append(True)
+
+    finish.on_ttt_clock = start
+    try:
         finish.test_time_train()
+    finally:
+        finish.on_ttt_clock = None
+        if started:
+            prof.stop()
+    if not started:
+        write_atomic(path, "TTT's clock never started: nothing profiled\n")
+        return
     events = prof.key_averages()
     wall = finish.out.get("ttt_seconds") or 0.0
     # kernels only: an operator's self device time repeats its kernels' time, so summing every event counts it twice

@@ -147,6 +147,8 @@ class Finish:
         self._artifact: Future | None = None
         """The artifact's compression (rank 0, Finish.quantize), running beside the round-trip score."""
         self._artifact_keys: dict[str, Any] | None = None
+        self.on_ttt_clock: Callable[[], None] | None = None
+        """Called when TTT's clock starts, after its compile warm-up (scripts/ttt_table.py --profile)."""
 
     def score(self, label: str, suffix: str = "") -> tuple[EvalResult, dict[str, Any]]:
         """The model as it is now, over the eval slice with the eval group's windows (split over the ranks), within
@@ -344,7 +346,9 @@ class Finish:
     def test_time_train(self) -> None:
         """Score-first LoRA TTT on the model as it is now (the dequantized artifact when quant is on)."""
         self.report("ttt")
-        self.done("ttt", **_ttt(self.plan, self.model, self.data, self.amp_dtype, self.log, self.world))
+        self.done(
+            "ttt", **_ttt(self.plan, self.model, self.data, self.amp_dtype, self.log, self.world, self.on_ttt_clock)
+        )
 
 
 COMPRESS_WORKERS = max(1, (os.cpu_count() or 2) - 1)
@@ -447,7 +451,13 @@ def check_round_trip(
 
 
 def _ttt(
-    plan: Plan, model: torch.nn.Module, data: Any, autocast_dtype: Any, log: Callable[[str], None], world: Any = None
+    plan: Plan,
+    model: torch.nn.Module,
+    data: Any,
+    autocast_dtype: Any,
+    log: Callable[[str], None],
+    world: Any = None,
+    on_clock: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     from speedrun.finishing.ttt import LoRASettings, ttt_evaluate
     from speedrun.finishing.ttt_global import GlobalSettings
@@ -502,6 +512,7 @@ def _ttt(
         autocast_dtype=autocast_dtype,
         log=log,
         shard=world,
+        on_clock=on_clock,
     )
     out = dict(
         val_bpb_ttt=None if res.val_bpb is None else round(res.val_bpb, 6),

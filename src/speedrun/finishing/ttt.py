@@ -208,10 +208,12 @@ def ttt_evaluate(
     log: Callable[[str], None] | None = None,
     shard: Any | None = None,
     record_chunks: bool = False,
+    on_clock: Callable[[], None] | None = None,
 ) -> TTTResult:
     """Score val_tokens with score-first LoRA TTT (see the module doc), learning as ``settings`` say. ``model`` is
     not modified. ``log`` also gets a progress line at most every 30 s (this rank's tokens scored of its share);
-    ``shard`` (a World) splits the documents over the ranks."""
+    ``shard`` (a World) splits the documents over the ranks. ``on_clock`` is called when TTT's clock starts, after
+    the compile warm-up (scripts/ttt_table.py --profile starts its profiler there)."""
     s = settings
     steps = parse_short_chunks(s.short_chunks)
     for size in [s.chunk_size] + [c for _, c in steps]:
@@ -300,6 +302,8 @@ def ttt_evaluate(
         # first would count the slowest one's compile in its TTT seconds, waiting for it at the first phase
         shard.barrier()
     graphs0 = graphs_compiled()
+    if on_clock is not None:
+        on_clock()
     t0 = time.perf_counter()  # TTT's clock (and ttt.max_seconds) starts after every rank's compile warm-up
     deadline = None if s.max_seconds is None else t0 + s.max_seconds
     sums = _Sums(device)
