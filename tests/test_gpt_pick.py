@@ -93,18 +93,24 @@ def test_the_last_layer_call_runs_at_the_columns_only():
     assert [t for _, t in seen] == [24] * (len(seen) - 1) + [5]
 
 
-@pytest.mark.parametrize("name", ["every lever", "tiny"])
-def test_adapters_learn_the_same_from_the_picked_columns(name):
+@pytest.mark.parametrize("name,masked", [("every lever", False), ("tiny", False), ("every lever", True)])
+def test_adapters_learn_the_same_from_the_picked_columns(name, masked):
     """TTT's LoRA (the records' targets: q, k, v, the bypasses beside attention and the MLP, the head): the gradients
-    of a loss at the picked columns are those of the whole forward's columns."""
+    of a loss at the picked columns are those of the whole forward's columns; ``masked``: over math attention with
+    document masks and a window of 6."""
     from speedrun.finishing.lora import LoRAModel
 
     shape = SHAPES[name]
-    lora = LoRAModel(_model(shape), ("q", "k", "v", "attn_bypass", "mlp_bypass", "head"), 4, 3, 0)
+    if masked:
+        shape = replace(shape, smear_gate=replace(shape.smear_gate, window=0))
+        model = _model(shape, get_backend("math", window=6), bos_id=BOS)
+    else:
+        model = _model(shape)
+    lora = LoRAModel(model, ("q", "k", "v", "attn_bypass", "mlp_bypass", "head"), 4, 3, 0)
     with torch.no_grad():
         for p in lora.parameters():
             p.add_(0.1 * torch.randn_like(p))  # B = 0 would make the adapters' own terms vanish
-    idx, tgt, pick = _inputs(shape)
+    idx, tgt, pick = _inputs(shape, with_bos=masked)
     grads = []
     for picked in (False, True):
         for p in lora.parameters():
@@ -115,6 +121,36 @@ def test_adapters_learn_the_same_from_the_picked_columns(name):
     assert any(g.abs().sum() > 0 for g in grads[0])
     for a, b in zip(*grads):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-7)
+
+
+def test_ttt_asks_the_model_for_its_chunks_columns(monkeypatch):
+    """TTT hands the picked columns to the model itself (so its last layer call runs there; compiled, in either scope,
+    test_ttt_score_first's compiled test checks the same); over a backend that does not declare its attention plain
+    softmax it takes the columns after the whole forward instead, with the same scores."""
+    from speedrun.finishing.ttt import LoRASettings, ttt_evaluate
+    from test_ttt import docs_stream, luts
+
+    widths: list[int] = []
+    columns = GPT._columns
+    monkeypatch.setattr(
+        GPT, "_columns", lambda self, idx, pick: widths.append(pick.size(1)) or columns(self, idx, pick)
+    )
+    shape = replace(ALL_ON, seq_len=48)
+    settings = LoRASettings(rank=2, lr=0.01, chunk_size=8, batch_size=2, targets="record")
+    tokens = docs_stream([60, 21, 13], seed=2)
+    res = ttt_evaluate(_model(shape), tokens, luts(), settings, bos_id=BOS, seq_len=48)
+    assert res.complete and widths and set(widths) == {8}
+
+    class Other(type(get_backend("sdpa", kernel="math"))):
+        plain_softmax = False  # e.g. a backend with attention sinks: the explicit mask would not rebuild it
+
+    other = _model(shape, Other(kernel="math"))
+    assert not other.supports_pick
+    with pytest.raises(ValueError, match="plain_softmax"):
+        other(*_inputs(shape)[::2], pick=_inputs(shape)[2])
+    widths.clear()
+    fallback = ttt_evaluate(other, tokens, luts(), settings, bos_id=BOS, seq_len=48)
+    assert not widths and fallback.val_loss == pytest.approx(res.val_loss, rel=1e-6)
 
 
 @pytest.mark.gpu

@@ -170,8 +170,9 @@ def test_every_target_adapts_and_fresh_adapters_add_nothing(tied):
         assert res.val_loss < res.base_val_loss - 0.02, (target, res.val_loss, res.base_val_loss)  # q, k: 0.04+
         frozen = ttt_evaluate(m, tokens, luts(), LoRASettings(rank=4, lr=0.0, chunk_size=CHUNK, targets=target),
                               bos_id=BOS, seq_len=24)  # fmt: skip
-        # the steps' last layer runs at the chunk's columns (GPT.forward's pick, another attention kernel), the
-        # base passes' at every column: equal up to float rounding, where any adapter's term would show at 1e-3
+        # the steps' last layer call runs at the chunk's columns (GPT.forward's pick: another attention kernel),
+        # the base passes over documents' starts at every column: equal up to float rounding, where any adapter's
+        # term would show at 1e-3
         assert frozen.val_loss == pytest.approx(frozen.base_val_loss, rel=1e-7, abs=0), target
 
 
@@ -276,9 +277,16 @@ def test_compiled_ttt_scores_like_eager_with_its_warm_up_off_the_clock(scope, sp
         rows_run.append(x.size(0))
         return call(self, x, y, reduction, pick)
 
+    # the model is asked for a chunk's columns (GPT.forward's pick): seen from outside the compiled blocks; under
+    # scope=model the spy would be traced into the graph (a Python side effect that dynamo guards on)
+    picked: list[bool] = []
+    columns = GPT._columns
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ttt_module._Compiled, "__call__", spy)
+        if scope == "blocks":
+            mp.setattr(GPT, "_columns", lambda self, idx, pick: picked.append(True) or columns(self, idx, pick))
         b = run(compiled)
+    assert bool(picked) == (scope == "blocks") and ttt_module._Compiled(model(), "aot_eager", scope).picks
     # compiled steps run only the documents still going (at least 2): batches of 4 shrink to 3 and 2 rows
     assert min(rows_run) == 2 and (split is not None or {2, 3, 4} <= set(rows_run))  # split: batches of 1 run 2
     assert a.compile_seconds == 0.0 and b.compile_seconds > 0

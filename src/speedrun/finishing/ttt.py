@@ -440,8 +440,7 @@ class _Scorer:
     compiled_regions: speedrun.model.protocol) the head runs at the picked columns only (_PickedHead), or, for a
     model whose forward takes ``pick`` (supports_pick), the model is asked for those columns (the built-in GPT
     then runs its last layer call there only too); without regions or pick the whole forward runs and the columns
-    are taken after. This one runs the module's own blocks and head
-    (eager); _Compiled runs compiled copies."""
+    are taken after. This one runs the module's own blocks and head (eager); _Compiled runs compiled copies."""
 
     def __init__(self, module: nn.Module):
         self.module = module
@@ -477,7 +476,7 @@ class _Compiled(_Scorer):
     compiles each block and the head apart (as kernel.compile_scope=blocks does for training): the blocks share
     their code, so one small graph serves them all, where the whole model with its repeated layers, adapters and
     both loop passes is one very large graph to trace and lower. ``scope`` model (or a registry model without
-    regions) compiles the whole forward, whose head then runs at every column."""
+    regions) compiles the whole forward, whose head then runs at every column unless the model takes ``pick``."""
 
     def __init__(self, module: nn.Module, backend: str, scope: str = "blocks"):
         super().__init__(module)
@@ -540,6 +539,8 @@ def _forwards(
             if s.score_base:  # windows over documents' starts score every column; a later window one chunk
                 _nats(base, x, y, device, autocast_dtype)
                 _nats(base, x, y, device, autocast_dtype, pick)
+                if min(chunks) == 1:  # a chunk of one column: a size-1 dimension is a graph of its own
+                    _nats(base, x, y, device, autocast_dtype, pick[:, :1].contiguous())
     for p in lora.parameters():
         p.grad = None
     forward.warm_up_seconds = time.perf_counter() - t0

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from speedrun.model.attention.base import AttentionBackend, document_ids
+from speedrun.model.attention.base import AttentionBackend, allowed_keys, document_ids
 from speedrun.model.layers import apply_partial_rope, apply_rope, rms_norm, rope_tables, xsa
 from speedrun.model.shape import ModelShape
 
@@ -143,9 +143,13 @@ class CausalSelfAttention(nn.Module):
             k = apply_partial_rope(k, cos, sin, self.rope_dims)
         if self.qk_norm:
             q = q * self.q_gain[None, :, None, None]
+        # each KV head's query heads side by side along the query axis, (B, Hkv, group * G, D) with the mask
+        # repeated to match: GQA without a copy of K and V per query head (query head h reads KV head h // group)
         group = self.n_head // self.n_kv_head
-        kx, vx = (t.repeat_interleave(group, dim=1) if group > 1 else t for t in (k.to(dtype), v))
-        y = F.scaled_dot_product_attention(q.to(dtype), kx, vx, attn_mask=at.mask)
+        mask = at.mask.repeat(1, 1, group, 1) if group > 1 else at.mask
+        qg = q.to(dtype).reshape(B, self.n_kv_head, group * G, self.head_dim)
+        y = F.scaled_dot_product_attention(qg, k.to(dtype), v, attn_mask=mask)
+        y = y.view(B, self.n_head, G, self.head_dim)
         if self.use_xsa:  # each query's own value vector: v at the picked columns
             y = xsa(y, v.gather(2, at.cols[:, None, :, None].expand(-1, self.n_kv_head, -1, self.head_dim)))
         if self.gate_window:
@@ -420,20 +424,27 @@ class GPT(nn.Module):
             targets = targets.gather(1, pick)
         return head(x, targets, reduction)
 
-    supports_pick = True
-    """forward takes ``pick`` (speedrun.model.protocol: an optional part of the contract)."""
+    @property
+    def supports_pick(self) -> bool:
+        """forward takes ``pick`` (speedrun.model.protocol, an optional part of the contract): over a backend whose
+        attention an explicit mask rebuilds exactly (AttentionBackend.plain_softmax; the built-in ones)."""
+        return bool(getattr(self.attention, "plain_softmax", False))
 
     def _columns(self, idx: torch.Tensor, pick: torch.Tensor) -> Columns:
-        """The picked columns with the mask their queries attend with: the backend's (causal, its window, the
-        document when bos_id masks documents), for queries at those columns."""
+        """The picked columns with the mask their queries attend with: the backend's rule (allowed_keys: causal,
+        its window, the document when bos_id masks documents), for queries at those columns."""
+        if not self.supports_pick:
+            raise ValueError(
+                f"GPT.forward(pick=...) rebuilds attention with an explicit mask, which attention backend "
+                f"{self.attention.kernel!r} does not declare exact (AttentionBackend.plain_softmax); call forward "
+                "without pick and take the columns after"
+            )
         pos = torch.arange(idx.size(1), device=idx.device)
-        query = pick[:, :, None]
-        allowed = pos[None, None, :] <= query
-        if self.attention.window is not None:
-            allowed = allowed & (query - pos[None, None, :] < self.attention.window)
+        q_docs = k_docs = None
         if self.bos_id is not None:
             doc = document_ids(idx, self.bos_id)
-            allowed = allowed & (doc[:, None, :] == doc.gather(1, pick)[:, :, None])
+            q_docs, k_docs = doc.gather(1, pick)[:, :, None], doc[:, None, :]
+        allowed = allowed_keys(pick[:, :, None], pos[None, None, :], self.attention.window, q_docs, k_docs)
         return Columns(pick, allowed[:, None])
 
     def head(self, x: torch.Tensor, targets: torch.Tensor | None, reduction: str = "mean"):

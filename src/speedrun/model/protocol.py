@@ -14,10 +14,12 @@ Who uses what:
   ``forward`` calls the compiled copies; TTT also passes a head of its own that runs the model's head at a
   chunk's columns only, so ``forward`` must return what the given head returns, and ``head`` must work position
   by position (its input is some columns of each row, not the whole sequence);
-- optional: a class attribute ``supports_pick = True`` says that ``forward(idx, targets, reduction, pick=cols)``
-  returns the losses at the (B, G) columns ``cols`` only, equal to the whole forward's there; TTT then asks for
-  the chunk's columns itself, so the model may skip what no picked column needs (the built-in GPT runs its last
-  layer call's queries, output projection and MLP there only);
+- optional: ``supports_pick`` True (a class attribute, or a property: the built-in GPT's depends on its attention
+  backend's ``plain_softmax``) says that ``forward(idx, targets, reduction, pick=cols)`` returns what the whole
+  forward returns at the (B, G) columns ``cols`` only, in their order: (B, G) losses, their mean with
+  reduction="mean", (B, G, V) logits without targets. Columns may repeat, and G may exceed T (TTT clamps a
+  chunk's columns to the window). TTT then asks for the chunk's columns itself, so the model may skip what no
+  picked column needs (the built-in GPT runs its last layer call's queries, output projection and MLP there only);
 - GPTQ, fp8 and TTT address the linears inside ``blocks`` by name (``<i>.attn.c_q``, ``<i>.attn.c_k``,
   ``<i>.attn.c_v``, ``<i>.attn.proj``, ``<i>.mlp.fc``, ``<i>.mlp.proj``; GPTQ takes any 2-D weight it finds): a model whose blocks name them otherwise
   trains and evaluates, and those features refuse it by name; TTT's bypass adapters wrap ``<i>.attn`` and

@@ -98,6 +98,12 @@ class AttentionBackend(ABC):
     capabilities: ClassVar[Capabilities] = Capabilities()
     window: int | None = None
     """Sliding-window length in tokens (a query sees at most this many keys, itself included); None: full."""
+    plain_softmax: ClassVar[bool] = False
+    """True when what ``__call__`` computes is softmax(q k^T / sqrt(D)) v over exactly the keys ``allowed_keys``
+    lets a query see (causal, the window, the document when prepare() was given bos_id), and nothing else: no
+    sinks, ALiBi, softcap or other scale. A forward at some columns only (speedrun.model.gpt.GPT.forward's pick)
+    rebuilds that attention with an explicit mask, so the built-in GPT offers pick only over such a backend. The
+    built-in backends set it; one registered from elsewhere is left out until it says so."""
 
     @property
     def supports_doc_mask(self) -> bool:
@@ -154,6 +160,24 @@ def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
     if q.size(0) != k.size(0) or q.size(2) != k.size(2) or q.size(3) != k.size(3):
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} disagree on B, T or D")
     return hq // hkv
+
+
+def allowed_keys(
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    window: int | None,
+    q_docs: torch.Tensor | None = None,
+    k_docs: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Whether a query at q_pos may attend a key at k_pos (broadcast against each other): causal (k <= q), within
+    ``window`` tokens (q - k < window; the query itself included), and in the same document when the documents'
+    ids are given. The one rule every mask here is built from (math's, flex's mask_mod, GPT.forward's pick)."""
+    allowed = k_pos <= q_pos
+    if window is not None:
+        allowed = allowed & (q_pos - k_pos < window)
+    if q_docs is not None and k_docs is not None:
+        allowed = allowed & (q_docs == k_docs)
+    return allowed
 
 
 def document_ids(idx: torch.Tensor, bos_id: int) -> torch.Tensor:

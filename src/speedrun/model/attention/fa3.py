@@ -84,6 +84,7 @@ class FA3Attention(AttentionBackend):
         max_head_dim=256,
         why="FA3 builds exist for sm80 and sm90, bf16 only",
     )
+    plain_softmax = True
 
     @classmethod
     def plan_options(cls, request, profile, precision, model):

@@ -24,7 +24,14 @@ from typing import Any
 
 import torch
 
-from speedrun.model.attention.base import AttentionBackend, Capabilities, check_shapes, check_window, document_ids
+from speedrun.model.attention.base import (
+    AttentionBackend,
+    Capabilities,
+    allowed_keys,
+    check_shapes,
+    check_window,
+    document_ids,
+)
 
 KERNEL_OPTION_KEYS = (
     "BLOCK_M",
@@ -65,12 +72,9 @@ def block_mask(
     from torch.nn.attention.flex_attention import create_block_mask
 
     def mask_mod(b, h, q_idx, kv_idx):
-        allowed = q_idx >= kv_idx
-        if window is not None:
-            allowed = allowed & (q_idx - kv_idx < window)
-        if docs is not None:
-            allowed = allowed & (docs[b, q_idx] == docs[b, kv_idx])
-        return allowed
+        if docs is None:
+            return allowed_keys(q_idx, kv_idx, window)
+        return allowed_keys(q_idx, kv_idx, window, docs[b, q_idx], docs[b, kv_idx])
 
     return create_block_mask(
         mask_mod, B if docs is not None else None, None, T, T, device=device, BLOCK_SIZE=block_size
@@ -96,6 +100,7 @@ class FlexAttention(AttentionBackend):
     capabilities = Capabilities(
         devices=("cuda",), document_mask=True, window=True, min_head_dim=16, why="flex compiles Triton kernels for CUDA"
     )
+    plain_softmax = True
 
     @classmethod
     def plan_options(cls, request, profile, precision, model):

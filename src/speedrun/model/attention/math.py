@@ -13,6 +13,7 @@ import torch
 from speedrun.model.attention.base import (
     AttentionBackend,
     Capabilities,
+    allowed_keys,
     check_shapes,
     check_window,
     document_ids,
@@ -24,6 +25,7 @@ class MathAttention(AttentionBackend):
     name = "math"
     kernel = "math"
     capabilities = Capabilities(devices=("cpu", "cuda"), document_mask=True, window=True)
+    plain_softmax = True
 
     @classmethod
     def plan_options(cls, request, profile, precision, model):
@@ -38,16 +40,11 @@ class MathAttention(AttentionBackend):
 
     def prepare(self, idx: torch.Tensor, bos_id: int | None) -> torch.Tensor:
         """Boolean mask (B or 1, 1, T, T); True where a query may attend a key."""
-        T = idx.size(1)
-        pos = torch.arange(T, device=idx.device)
-        allowed = pos[:, None] >= pos[None, :]  # (T, T) causal
-        if self.window is not None:
-            allowed = allowed & (pos[:, None] - pos[None, :] < self.window)
-        allowed = allowed[None, None]
-        if bos_id is not None:
-            doc = document_ids(idx, bos_id)
-            allowed = allowed & (doc[:, None, :, None] == doc[:, None, None, :])
-        return allowed
+        pos = torch.arange(idx.size(1), device=idx.device)
+        if bos_id is None:
+            return allowed_keys(pos[:, None], pos[None, :], self.window)[None, None]
+        doc = document_ids(idx, bos_id)
+        return allowed_keys(pos[:, None], pos[None, :], self.window, doc[:, None, :, None], doc[:, None, None, :])
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: torch.Tensor | None) -> torch.Tensor:
         group = check_shapes(q, k, v)

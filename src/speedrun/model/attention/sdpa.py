@@ -36,6 +36,7 @@ def _sdp_backend(kernel: str):
 class SDPAAttention(AttentionBackend):
     name = "sdpa"
     capabilities = Capabilities(devices=("cpu", "cuda"))
+    plain_softmax = True
 
     @classmethod
     def plan_options(cls, request, profile, precision, model):
