@@ -132,8 +132,10 @@ def test_unadapted_baseline_scores_the_same_chunks_and_windows_without_adaptatio
     adapted = run(m, tokens, lr=0.05, batch_size=2)
     frozen = run(m, tokens, lr=0.0, batch_size=2)
     assert adapted.complete and adapted.base_val_loss is not None
-    assert abs(adapted.base_val_loss - frozen.val_loss) < 1e-9 * frozen.val_loss
-    assert abs(adapted.base_val_bpb - frozen.val_bpb) < 1e-9 * frozen.val_bpb
+    # equal up to fp32 rounding: a step runs its last layer at the chunk's columns (GPT.forward's pick), another
+    # attention kernel than the base pass's whole window (1.2e-9 apart on one CPU, under 1e-9 on another)
+    assert abs(adapted.base_val_loss - frozen.val_loss) < 1e-7 * frozen.val_loss
+    assert abs(adapted.base_val_bpb - frozen.val_bpb) < 1e-7 * frozen.val_bpb
     assert adapted.val_loss < adapted.base_val_loss  # the repeated motif is learnt: a real, measured gain
     assert run(m, tokens, score_base=False).base_val_bpb is None
 

@@ -14,7 +14,7 @@ from speedrun.finishing import ttt as ttt_module
 from speedrun.finishing.ttt_base import BaseScores, base_windows
 from speedrun.finishing.ttt_docs import split_documents
 from speedrun.finishing.ttt_global import row_width
-from speedrun.finishing.ttt_graphs import StepKey, StepOut, pad_rows
+from speedrun.finishing.ttt_graphs import StepKey, StepOut, pad_rows, store_rows_grads
 from speedrun.model.attention import get_backend
 from speedrun.model.gpt import GPT
 from speedrun.plan import resolve
@@ -45,13 +45,14 @@ def test_half_octave_widths_add_three_quarters_of_each_power_of_two():
 
 
 class RecordingGraphs:
-    """Stands in for GraphedChunkSteps on a CPU: runs each step directly, as a replay would (gradients zeroed by the
-    step, not by the optimizer), and counts the shapes that prepare() did not announce."""
+    """Stands in for GraphedChunkSteps on a CPU: runs each step directly, as a replay would (the step writes the
+    gradients of its rows' slots into .grad, no optimizer zeroes them), and counts the shapes that prepare() did not
+    announce."""
 
     instances: list[RecordingGraphs] = []
 
-    def __init__(self, run_step, params, device):
-        self.run_step, self.params = run_step, params
+    def __init__(self, run_step, params, device, rows_only=False):
+        self.run_step, self.params, self.rows_only = run_step, params, rows_only
         self.graphs: dict[StepKey, None] = {}
         self.grads: list[torch.Tensor] = []
         self.late = 0
@@ -74,14 +75,14 @@ class RecordingGraphs:
             for p, g in zip(self.params, self.grads):
                 p.grad = g
         # a graph writes the gradients where they were at capture: nothing may clear or swap them (a global phase's
-        # zero_grad did), and the step must accumulate into them in place
+        # zero_grad did), and the step must write into them in place
         assert all(p.grad is g for p, g in zip(self.params, self.grads)), "a .grad was replaced after capture"
-        out = self.run_step(rows, key, self.zero_grads if key[2] else None)
+        out = self.run_step(rows, key, self.store_grads if key[2] else None)
         assert all(p.grad is g for p, g in zip(self.params, self.grads)), "the step swapped a .grad tensor"
         return out
 
-    def zero_grads(self):
-        torch._foreach_zero_(self.grads)
+    def store_grads(self, rows, grads):
+        store_rows_grads(self.grads, rows, grads, self.rows_only)
 
 
 @pytest.mark.parametrize("phases", [0, 2])
@@ -280,6 +281,62 @@ def test_a_steps_head_at_its_chunk_scores_and_learns_as_the_head_at_every_column
             for a, b in zip(grads[0], picked_grads):
                 assert (a is None) == (b is None) and (a is None or torch.allclose(a, b, rtol=1e-4, atol=1e-7))
         checked += training and any(g is not None and g.abs().sum() > 0 for g in grads[1])
+    assert checked >= 5
+
+
+@pytest.mark.parametrize("rows_only", [False, True])
+def test_a_steps_gradients_of_its_rows_slots_are_the_backwards_gradients(rows_only):
+    """The graphed path's backward (chunk_step with bind and store_grads): autograd's gradients of the adapters' views
+    at the step's rows, written into .grad, are what a backward into the whole parameters gives at those slots, for
+    every adapter and the head's, with a looped layer's adapter called twice. Past the rows: zeros, or (rows_only,
+    the rows' slots optimizer) left as they were, never read. Nothing stays bound after the step."""
+    from speedrun.finishing.lora import LoRAModel
+    from speedrun.finishing.ttt import _longest_first, _Scorer, _steps
+    from speedrun.finishing.ttt_graphs import chunk_step
+    from speedrun.model.shape import LayerLoop
+    from test_ttt import luts
+
+    torch.manual_seed(0)
+    seq, chunk, slots = 48, 8, 6
+    cfg = dataclasses.replace(TINY, seq_len=seq, loop=LayerLoop(start=0, end=0, num=1, enable_at=0.5))
+    m = GPT(cfg, get_backend("sdpa", kernel="math"))
+    m.set_loop(True)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    tokens = docs_stream([70, 30, 9], seed=3)
+    docs = split_documents(tokens, BOS)
+    docs = [docs[i] for i in _longest_first(docs, chunk)]
+    lora = LoRAModel(m, ("q", "v", "mlp_bypass", "head"), 4, slots, 0)
+    with torch.no_grad():
+        for p in lora.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    scorer = _Scorer(lora.model)
+    nats_of = lambda fn, x, y, pick: fn(x, y, pick=pick)  # noqa: E731
+    checked = 0
+    for _, table, width, training in _steps(docs, chunk, seq, "graphs", slots):
+        if not training:
+            continue
+        rows = torch.tensor(table)
+        for p in lora.parameters():
+            p.grad = None
+        direct = chunk_step(scorer, tokens, luts(), rows, width, training, nats_of, None, chunk)
+        want = [p.grad.clone() for p in lora.parameters()]
+        bufs = [torch.full_like(p, 7.0) for p in lora.parameters()]  # what an earlier step left there
+
+        def store(n, grads):
+            store_rows_grads(bufs, n, grads, rows_only)
+
+        viewed = chunk_step(scorer, tokens, luts(), rows, width, training, nats_of, store, chunk, lora.bind_rows)
+        assert all(d.rows is None for d in lora.deltas)
+        assert torch.equal(direct.row_nats, viewed.row_nats)
+        n = rows.size(1)
+        assert n < slots  # the step's rows: 2 of the 6 slots, padded
+        for w, b in zip(want, bufs):
+            assert torch.allclose(b[:n], w[:n], rtol=1e-5, atol=1e-8)
+            assert torch.equal(b[n:], torch.full_like(b[n:], 7.0) if rows_only else torch.zeros_like(b[n:]))
+            assert not w[n:].any()  # the backward into the parameters gives zeros there: nothing is lost
+        checked += 1
     assert checked >= 5
 
 

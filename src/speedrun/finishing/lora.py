@@ -51,9 +51,12 @@ class LoRADelta(nn.Module):
         self.A = nn.Parameter(torch.zeros(slots, rank, d_in, device=device))
         self.B = nn.Parameter(torch.zeros(slots, d_out, rank, device=device))
         self.scale = scale
+        self.rows: tuple[torch.Tensor, torch.Tensor] | None = None
+        """A and B at the slots of a step's rows, bound by LoRAModel.bind_rows: the forward uses these very tensors
+        (None: it slices its batch's rows itself)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        A, B = self.A[: x.size(0)], self.B[: x.size(0)]
+        A, B = self.rows if self.rows is not None else (self.A[: x.size(0)], self.B[: x.size(0)])
         delta = torch.bmm(torch.bmm(x, A.transpose(1, 2).to(x.dtype)), B.transpose(1, 2).to(x.dtype))
         return delta if self.scale == 1.0 else delta * self.scale
 
@@ -166,6 +169,19 @@ class LoRAModel:
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for d in self.deltas for p in (d.A, d.B)]
+
+    def bind_rows(self, rows: int | None) -> list[torch.Tensor]:
+        """Bind every adapter's slots [0, rows) as the A and B its forwards use until the next call, and return them
+        in parameters()' order; None unbinds. Why: a step can then ask autograd for the gradients of these views
+        alone (speedrun.finishing.ttt_graphs.chunk_step), rows-sized. A backward into the parameters themselves
+        makes each gradient a whole (slots, ...) tensor, zeros past the rows included, and adds it into .grad: at
+        the records' 64 slots that is gigabytes of memory traffic a step, on a step whose rows average under half
+        the slots."""
+        views: list[torch.Tensor] = []
+        for d in self.deltas:
+            d.rows = None if rows is None else (d.A[:rows], d.B[:rows])
+            views.extend(d.rows or ())
+        return views
 
     def base_parameters(self) -> list[nn.Parameter]:
         """The copied model's own weights (what global TTT trains), in the model's order."""

@@ -69,8 +69,8 @@ from speedrun.finishing.ttt_docs import (
     split_heavy_batches,
 )
 from speedrun.finishing.ttt_global import GlobalSettings, finetune, phase_schedule, row_width
-from speedrun.finishing.ttt_graphs import GraphedChunkSteps, StepKey, StepOut, chunk_step, pad_rows
-from speedrun.finishing.ttt_optim import adapter_optimizer
+from speedrun.finishing.ttt_graphs import GradSink, GraphedChunkSteps, StepKey, StepOut, chunk_step, pad_rows
+from speedrun.finishing.ttt_optim import adapter_optimizer, steps_rows_only
 from speedrun.kernels.compile import graphs_compiled
 from speedrun.progress import Progress
 
@@ -285,10 +285,11 @@ def ttt_evaluate(
         widths=widths,
         half_rows=half_rows,
         pick_width=max([s.chunk_size, *(c for _, c in steps)]),
+        bind=lora.bind_rows,
     )
     if s.cuda_graphs:
         t_capture = time.perf_counter()
-        stepper.graphs = GraphedChunkSteps(stepper.run, lora.parameters(), device)
+        stepper.graphs = GraphedChunkSteps(stepper.run, lora.parameters(), device, steps_rows_only(s))
         mine = [b for b in range(len(batches)) if owner[b] == rank]
         stepper.capture([[docs[i] for i in batches[b]] for b in mine], [sizes[b] for b in mine], seq_len)
         warm_up_seconds += time.perf_counter() - t_capture
@@ -533,9 +534,13 @@ def _forwards(
         x, y = (torch.randint(0, vocab, (rows, width), generator=gen).to(device) for _ in range(2))
         # contiguous, as a step's picks are: an expanded one (stride 0) would be another graph to dynamo
         pick = torch.arange(min(max(chunks), width), device=device).repeat(rows, 1)
+        # the adapters' slots bound as the steps bind them (chunk_step): another way would be another graph
+        lora.bind_rows(rows)
         _nats(forward, x, y, device, autocast_dtype, pick).float().mean().backward()
         with torch.no_grad():
+            lora.bind_rows(rows)
             _nats(forward, x, y, device, autocast_dtype, pick)
+            lora.bind_rows(None)
             if s.score_base:  # windows over documents' starts score every column; a later window one chunk
                 _nats(base, x, y, device, autocast_dtype)
                 _nats(base, x, y, device, autocast_dtype, pick)
@@ -703,15 +708,26 @@ class _Stepper:
     """ttt.graph_rows=half_octave: graphed steps' and base passes' rows padded to half octaves too."""
     pick_width: int | None = None
     """The columns of a window whose loss a step computes (chunk_step): the run's largest chunk size."""
+    bind: Callable[[int | None], list[torch.Tensor]] | None = None
+    """Binds the adapters' slots of a step's rows (LoRAModel.bind_rows)."""
     graphs: GraphedChunkSteps | None = None
 
     def nats_of(self, fn: Callable, x: torch.Tensor, y: torch.Tensor, pick: torch.Tensor | None = None) -> torch.Tensor:
         return _nats(fn, x, y, self.device, self.autocast_dtype, pick)
 
-    def run(self, rows: torch.Tensor, key: StepKey, zero_grads: Callable[[], None] | None = None) -> StepOut:
+    def run(self, rows: torch.Tensor, key: StepKey, store_grads: GradSink | None = None) -> StepOut:
         _, width, training = key
         return chunk_step(
-            self.forward, self.tokens, self.luts, rows, width, training, self.nats_of, zero_grads, self.pick_width
+            self.forward,
+            self.tokens,
+            self.luts,
+            rows,
+            width,
+            training,
+            self.nats_of,
+            store_grads,
+            self.pick_width,
+            self.bind,
         )
 
     def base_scores(self, docs: list[tuple[int, int]], chunk: int, seq_len: int) -> BaseScores | None:

@@ -16,14 +16,15 @@ widths are already few (ttt_global.row_width, ttt.row_widths), so a run has a fe
 TTT's clock starts (``GraphedChunkSteps.prepare``) from the batches this rank will run. Each shape runs once
 eagerly on a side stream (cuBLAS and cuDNN initialise there, as capture requires), then is captured. Every graph
 draws from one shared memory pool: a replay's outputs are read (added to the sums, handed to the optimizer)
-before the next replay, so a graph may reuse what another one freed. Gradients accumulate into ``.grad`` tensors
-that exist before capture; the graph zeroes them first. Tensors a graph reads must keep their storage: the
-adapters are reset in place, and the frozen weights keep theirs across global phases (LoRAModel.bare).
+before the next replay, so a graph may reuse what another one freed. A step's gradients are those of the adapters'
+slots at its rows only (chunk_step's views), written into ``.grad`` tensors that exist before capture. Tensors a
+graph reads must keep their storage: the adapters are reset in place, and the frozen weights keep theirs across
+global phases (LoRAModel.bare).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -57,6 +58,10 @@ def pad_rows(going: int, slots: int, half_octaves: bool = False) -> int:
     return min(slots, rows)
 
 
+GradSink = Callable[[int, Sequence["torch.Tensor | None"]], None]
+"""Takes a step's row count and the gradients of the adapters' views at those rows (None: no gradient reached it)."""
+
+
 def chunk_step(
     forward: Callable,
     tokens: torch.Tensor,
@@ -65,8 +70,9 @@ def chunk_step(
     width: int,
     training: bool,
     nats_of: Callable,
-    zero_grads: Callable[[], None] | None = None,
+    store_grads: GradSink | None = None,
     pick_width: int | None = None,
+    bind: Callable[[int | None], list[torch.Tensor]] | None = None,
 ) -> StepOut:
     """One TTT step: score each row's chunk, then (``training``) backpropagate its mean loss per document.
 
@@ -74,9 +80,11 @@ def chunk_step(
     scored, and 1 if the adapters learn from this chunk (0 after a document's last chunk, or for padding rows).
     ``nats_of(fn, x, y, pick)`` runs a forward under the caller's autocast, its loss taken at ``pick``'s columns
     only: the ``pick_width`` columns from each row's first scored one (the run's largest chunk; None: the window's
-    width), so the head pays for the chunk, not for the window of context before it. ``zero_grads``: zeroes the
-    ``.grad`` tensors in place before the backward (a graph's accumulation target); None leaves ``.grad`` to the
-    caller."""
+    width), so the head pays for the chunk, not for the window of context before it. ``bind(rows)``
+    (LoRAModel.bind_rows) binds the adapters' slots of the step's rows as the views the forward uses and returns
+    them; ``bind(None)`` unbinds after. The backward: with ``store_grads``, the gradients of those views alone
+    (rows-sized) go to it (a graph writes them into ``.grad``: GraphedChunkSteps); without, ``backward()``
+    accumulates into the parameters' ``.grad`` (zeroing them is the caller's)."""
     begin, length, first, learn = rows[0], rows[1], rows[2], rows[3]
     last = tokens.numel() - 1
     cols = torch.arange(width, device=tokens.device)
@@ -93,19 +101,45 @@ def chunk_step(
     else:
         x_at, y_at = x, y
     scored = (at >= first[:, None]) & (at < length[:, None])  # the chunk: from `first` to the window's end
-    with torch.set_grad_enabled(training):
-        nats = nats_of(forward, x, y, pick)
-    with torch.no_grad():  # the score: before this chunk's update
-        chunk_nats = torch.where(scored, nats.detach().double(), 0.0)
-        row_nats = chunk_nats.sum(dim=1)
-        n_bytes = torch.where(scored, token_bytes(x_at, y_at, luts), 0).sum()
-        counts = scored.sum(dim=1)
-    if training:  # one step on the chunk just scored: it can only change later chunks' scores
-        if zero_grads is not None:
-            zero_grads()
-        per_doc = (nats * scored).sum(dim=1) / counts.clamp_min(1)
-        (per_doc * learn.to(per_doc.dtype)).sum().backward()
+    if store_grads is not None and bind is None:
+        raise ValueError("chunk_step: store_grads takes the gradients of the views that bind makes; pass bind too")
+    try:
+        with torch.set_grad_enabled(training):
+            views = bind(rows.size(1)) if bind is not None else []
+            nats = nats_of(forward, x, y, pick)
+        with torch.no_grad():  # the score: before this chunk's update
+            chunk_nats = torch.where(scored, nats.detach().double(), 0.0)
+            row_nats = chunk_nats.sum(dim=1)
+            n_bytes = torch.where(scored, token_bytes(x_at, y_at, luts), 0).sum()
+            counts = scored.sum(dim=1)
+        if training:  # one step on the chunk just scored: it can only change later chunks' scores
+            per_doc = (nats * scored).sum(dim=1) / counts.clamp_min(1)
+            loss = (per_doc * learn.to(per_doc.dtype)).sum()
+            if store_grads is not None:
+                store_grads(rows.size(1), torch.autograd.grad(loss, views, allow_unused=True))
+            else:
+                loss.backward()
+    finally:
+        if bind is not None:
+            bind(None)
     return StepOut(row_nats, counts, n_bytes)
+
+
+def store_rows_grads(
+    bufs: list[torch.Tensor], rows: int, grads: Sequence[torch.Tensor | None], rows_only: bool
+) -> None:
+    """Write a step's gradients at the slots [0, rows) into the .grad tensors ``bufs`` (a graph's: in place, where
+    they were at capture); no gradient is a zero. Past the rows, zeros too, unless ``rows_only`` (the optimizer
+    reads only the rows' slots, ttt_optim.RowSlotsAdam): an optimizer over every slot must find the slots of the
+    documents already done at zero."""
+    live = [(buf[:rows], g) for buf, g in zip(bufs, grads, strict=True) if g is not None]
+    if live:
+        torch._foreach_copy_([b for b, _ in live], [g for _, g in live])
+    zeros = [buf[:rows] for buf, g in zip(bufs, grads) if g is None]
+    if not rows_only:
+        zeros += [buf[rows:] for buf in bufs if buf.size(0) > rows]
+    if zeros:
+        torch._foreach_zero_(zeros)
 
 
 class GraphedChunkSteps:
@@ -114,28 +148,29 @@ class GraphedChunkSteps:
 
     def __init__(
         self,
-        run: Callable[[torch.Tensor, StepKey, Callable[[], None] | None], StepOut],
+        run: Callable[[torch.Tensor, StepKey, GradSink | None], StepOut],
         params: list[torch.nn.Parameter],
         device: str,
+        rows_only: bool = False,
     ):
         if torch.device(device).type != "cuda":
             raise ValueError(f"ttt.cuda_graphs=true needs a CUDA device, not {device}; use ttt.cuda_graphs=false")
-        self.run, self.params, self.device = run, params, device
+        self.run, self.params, self.device, self.rows_only = run, params, device, rows_only
         self.graphs: dict[StepKey, tuple[Any, torch.Tensor, StepOut]] = {}
         self.grads: list[torch.Tensor] = []
-        """The adapters' .grad tensors the graphs accumulate into (held, so their memory stays theirs)."""
+        """The adapters' .grad tensors the graphs write (held, so their memory stays theirs)."""
         self.late = 0
         """Shapes captured after prepare(), while TTT's clock ran (0 is the aim; each costs one capture)."""
         self.pool: Any = None
 
-    def _zero_grads(self) -> None:
-        """Zero the adapters' .grad in place (made once: a graph accumulates into them, so they must outlive it).
-        (Autograd accumulates into an existing .grad in place when the backward does not build a graph of its own.)"""
+    def _store_grads(self, rows: int, grads: Sequence[torch.Tensor | None]) -> None:
+        """A step's gradients into the adapters' .grad (store_rows_grads), tensors made once: a graph writes them in
+        place, so they must outlive it."""
         if not self.grads:
             for p in self.params:
                 p.grad = torch.zeros_like(p)
             self.grads = [cast(torch.Tensor, p.grad) for p in self.params]
-        torch._foreach_zero_(self.grads)
+        store_rows_grads(self.grads, rows, grads, self.rows_only)
 
     def prepare(self, keys: Iterable[StepKey], dummy_rows: Callable[[StepKey], torch.Tensor]) -> None:
         """Capture every key before the clock starts. ``dummy_rows(key)`` gives a row table of that shape to run
@@ -176,19 +211,19 @@ class GraphedChunkSteps:
         return out
 
     def _capture(self, key: StepKey, rows: torch.Tensor) -> tuple[Any, torch.Tensor, StepOut]:
-        zero = self._zero_grads if key[2] else None
+        sink = self._store_grads if key[2] else None
         static_rows = rows.to(self.device).clone()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # lazy initialisations off the default stream, as capture requires
-            self.run(static_rows, key, zero)
+            self.run(static_rows, key, sink)
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            out = self.run(static_rows, key, zero)
+            out = self.run(static_rows, key, sink)
         graph.replay()  # capture records without running: this is the step's own run
         self.graphs[key] = (graph, static_rows, out)
         return self.graphs[key]

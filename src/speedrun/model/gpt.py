@@ -149,7 +149,7 @@ class CausalSelfAttention(nn.Module):
         mask = at.mask.repeat(1, 1, group, 1) if group > 1 else at.mask
         qg = q.to(dtype).reshape(B, self.n_kv_head, group * G, self.head_dim)
         y = F.scaled_dot_product_attention(qg, k.to(dtype), v, attn_mask=mask)
-        y = y.view(B, self.n_head, G, self.head_dim)
+        y = y.reshape(B, self.n_head, G, self.head_dim)  # not view: a GPU kernel's output may be strided
         if self.use_xsa:  # each query's own value vector: v at the picked columns
             y = xsa(y, v.gather(2, at.cols[:, None, :, None].expand(-1, self.n_kv_head, -1, self.head_dim)))
         if self.gate_window:
