@@ -45,14 +45,14 @@ def test_half_octave_widths_add_three_quarters_of_each_power_of_two():
 
 
 class RecordingGraphs:
-    """Stands in for GraphedChunkSteps on a CPU: runs each step directly, as a replay would (the step writes the
-    gradients of its rows' slots into .grad, no optimizer zeroes them), and counts the shapes that prepare() did not
-    announce."""
+    """Stands in for GraphedChunkSteps on a CPU: runs each step directly, as a replay would (the step steps the rows'
+    slots optimizer itself, or writes the gradients of its rows' slots into .grad, which no optimizer zeroes), and
+    counts the shapes that prepare() did not announce."""
 
     instances: list[RecordingGraphs] = []
 
-    def __init__(self, run_step, params, device, rows_only=False):
-        self.run_step, self.params, self.rows_only = run_step, params, rows_only
+    def __init__(self, run_step, params, device, update=None):
+        self.run_step, self.params, self.update = run_step, params, update
         self.graphs: dict[StepKey, None] = {}
         self.grads: list[torch.Tensor] = []
         self.late = 0
@@ -70,6 +70,10 @@ class RecordingGraphs:
         if key not in self.graphs:
             self.late += 1
             self.graphs[key] = None
+        if self.update is not None:  # the optimizer's update is part of the step: no gradient is left in .grad
+            out = self.run_step(rows, key, self.update.apply if key[2] else None)
+            assert all(p.grad is None for p in self.params) and (out.updated is not None) == key[2]
+            return out
         if not self.grads:
             self.grads = [torch.zeros_like(p) for p in self.params]
             for p, g in zip(self.params, self.grads):
@@ -79,25 +83,33 @@ class RecordingGraphs:
         assert all(p.grad is g for p, g in zip(self.params, self.grads)), "a .grad was replaced after capture"
         out = self.run_step(rows, key, self.store_grads if key[2] else None)
         assert all(p.grad is g for p, g in zip(self.params, self.grads)), "the step swapped a .grad tensor"
+        assert out.updated is None
         return out
 
     def store_grads(self, rows, grads):
-        store_rows_grads(self.grads, rows, grads, self.rows_only)
+        store_rows_grads(self.grads, rows, grads)
 
 
-@pytest.mark.parametrize("phases", [0, 2])
-def test_graphed_steps_score_as_the_direct_steps_and_every_shape_is_captured_before_the_clock(monkeypatch, phases):
-    """The graphed path's row padding and in-graph gradient zeroing change no score; every step shape it runs was
-    predicted (no capture while the clock runs), with and without global phases."""
+@pytest.mark.parametrize(
+    "phases,beta1",
+    [(0, 0.0), (2, 0.0), (2, 0.9)],  # beta1 0: the rows' slots optimizer steps inside the step; 0.9: every slot after
+)
+def test_graphed_steps_score_as_the_direct_steps_and_every_shape_is_captured_before_the_clock(
+    monkeypatch, phases, beta1
+):
+    """The graphed path's row padding, its gradients of the rows' slots and its in-step optimizer update change no
+    score; every step shape it runs was predicted (no capture while the clock runs), with and without global
+    phases."""
     monkeypatch.setattr(ttt_module, "GraphedChunkSteps", RecordingGraphs)
     RecordingGraphs.instances.clear()
     tokens = docs_stream([200, 90, 300, 40, 17, 120, 64, 9], seed=3)
-    kw = dict(batch_size=3, warm_start_a=True, short_chunks="64:4", optimizer="adam", beta1=0.0, weight_decay=0.5)
+    kw = dict(batch_size=3, warm_start_a=True, short_chunks="64:4", optimizer="adam", beta1=beta1, weight_decay=0.5)
     if phases:
         kw.update(phased=ttt_module.GlobalSettings(phases=phases, prefix_docs=4, lr=1e-3, chunk_tokens=64))
     direct = run(model(), tokens, **kw)
     graphed = run(model(), tokens, cuda_graphs=True, **kw)
     (graphs,) = RecordingGraphs.instances
+    assert (graphs.update is not None) == (beta1 == 0.0)
     assert graphed.cuda_graphs == len(graphs.graphs) > 0 and graphed.cuda_graphs_late == graphs.late == 0
     assert graphs.used == set(graphs.graphs)  # and nothing captured that no step runs
     assert {key[0] for key in graphs.used} <= {2, 3}  # rows: going padded to a power of two, within 3 slots
@@ -222,13 +234,16 @@ def test_cuda_graphs_need_a_gpu_and_come_with_compiled_ttt_on_one(compose):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("autocast", [None, torch.bfloat16])
-def test_cuda_graphed_ttt_scores_as_direct_ttt(autocast):
+@pytest.mark.parametrize("beta1", [0.9, 0.0])  # 0: the rows' slots optimizer, stepped inside the graphs
+def test_cuda_graphed_ttt_scores_as_direct_ttt(autocast, beta1):
     """On a GPU: replayed steps give the scores of steps run directly, also after global phases have fine-tuned
-    the weights that the graphs read (they must keep their storage), with nothing captured late."""
+    the weights that the graphs read (they must keep their storage), with nothing captured late; with the
+    optimizer's update inside the graphs, the captures' own runs leave no update behind."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     tokens = docs_stream([200, 90, 300, 40, 17, 120, 64, 9], seed=3)
     kw = dict(batch_size=3, device="cuda", autocast_dtype=autocast, warm_start_a=True, short_chunks="64:4")
+    kw.update(beta1=beta1)
     kw.update(phased=ttt_module.GlobalSettings(phases=2, prefix_docs=4, lr=1e-2, chunk_tokens=64))
     direct = run(model().cuda(), tokens, **kw)
     graphed = run(model().cuda(), tokens, cuda_graphs=True, **kw)
@@ -284,12 +299,11 @@ def test_a_steps_head_at_its_chunk_scores_and_learns_as_the_head_at_every_column
     assert checked >= 5
 
 
-@pytest.mark.parametrize("rows_only", [False, True])
-def test_a_steps_gradients_of_its_rows_slots_are_the_backwards_gradients(rows_only):
+def test_a_steps_gradients_of_its_rows_slots_are_the_backwards_gradients():
     """The graphed path's backward (chunk_step with bind and store_grads): autograd's gradients of the adapters' views
     at the step's rows, written into .grad, are what a backward into the whole parameters gives at those slots, for
-    every adapter and the head's, with a looped layer's adapter called twice. Past the rows: zeros, or (rows_only,
-    the rows' slots optimizer) left as they were, never read. Nothing stays bound after the step."""
+    every adapter and the head's, with a looped layer's adapter called twice; past the rows, zeros. Nothing stays
+    bound after the step."""
     from speedrun.finishing.lora import LoRAModel
     from speedrun.finishing.ttt import _longest_first, _Scorer, _steps
     from speedrun.finishing.ttt_graphs import chunk_step
@@ -324,8 +338,8 @@ def test_a_steps_gradients_of_its_rows_slots_are_the_backwards_gradients(rows_on
         want = [p.grad.clone() for p in lora.parameters()]
         bufs = [torch.full_like(p, 7.0) for p in lora.parameters()]  # what an earlier step left there
 
-        def store(n, grads):
-            store_rows_grads(bufs, n, grads, rows_only)
+        def store(n, grads, bufs=bufs):
+            store_rows_grads(bufs, n, grads)
 
         viewed = chunk_step(scorer, tokens, luts(), rows, width, training, nats_of, store, chunk, lora.bind_rows)
         assert all(d.rows is None for d in lora.deltas)
@@ -334,10 +348,35 @@ def test_a_steps_gradients_of_its_rows_slots_are_the_backwards_gradients(rows_on
         assert n < slots  # the step's rows: 2 of the 6 slots, padded
         for w, b in zip(want, bufs):
             assert torch.allclose(b[:n], w[:n], rtol=1e-5, atol=1e-8)
-            assert torch.equal(b[n:], torch.full_like(b[n:], 7.0) if rows_only else torch.zeros_like(b[n:]))
+            assert not b[n:].any()
             assert not w[n:].any()  # the backward into the parameters gives zeros there: nothing is lost
         checked += 1
     assert checked >= 5
+
+
+def test_capturing_leaves_the_adapters_and_the_optimizer_as_it_found_them():
+    """A capture runs its step (and, with the update in the graph, the optimizer's step) on dummy rows: prepare puts
+    the adapters and the optimizer's moments and counts back as they were, whatever the captures changed."""
+    from speedrun.finishing.ttt_graphs import GraphedChunkSteps
+    from speedrun.finishing.ttt_optim import RowSlotsAdam
+
+    params = [torch.nn.Parameter(torch.randn(4, 3, 5)), torch.nn.Parameter(torch.randn(4, 7, 3))]
+    opt = RowSlotsAdam(params, lr=0.1, beta2=0.999, eps=1e-8, weight_decay=0.5)
+    before = [t.clone() for t in opt.state_tensors()]
+    graphs = object.__new__(GraphedChunkSteps)  # no CUDA here: the capture itself is stood in for
+    graphs.graphs, graphs.params, graphs.grads, graphs.late, graphs.pool, graphs.update = {}, params, [], 0, None, opt
+    undo = []
+
+    def capture(key, rows, undo_warm_up=True):  # what a capture's run and replay do: a real update on dummy rows
+        undo.append(undo_warm_up)
+        opt.apply(key[0], [torch.ones_like(p[: key[0]]) for p in params])
+        graphs.graphs[key] = None
+
+    graphs._capture = capture
+    graphs.prepare([(2, 128, True), (4, 128, True)], lambda key: torch.zeros(4, key[0], dtype=torch.int64))
+    assert undo == [False, False]  # prepare puts everything back once, after all its captures
+    assert all(torch.equal(t, b) for t, b in zip(opt.state_tensors(), before))
+    assert graphs.graphs.keys() == {(2, 128, True), (4, 128, True)}
 
 
 def test_a_capture_that_runs_out_of_memory_says_what_to_change():
@@ -348,10 +387,10 @@ def test_a_capture_that_runs_out_of_memory_says_what_to_change():
     from speedrun.run.oom import find_oom
 
     graphs = object.__new__(GraphedChunkSteps)  # no CUDA here: the capture itself is stood in for
-    graphs.graphs, graphs.params, graphs.grads, graphs.late, graphs.pool = {}, [], [], 0, None
+    graphs.graphs, graphs.params, graphs.grads, graphs.late, graphs.pool, graphs.update = {}, [], [], 0, None, None
     tried = []
 
-    def capture(key, rows):
+    def capture(key, rows, undo_warm_up=True):
         tried.append(key)
         if len(tried) == 3:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 90.00 MiB.\nIncluding non-PyTorch")

@@ -49,7 +49,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch import nn
@@ -69,8 +69,16 @@ from speedrun.finishing.ttt_docs import (
     split_heavy_batches,
 )
 from speedrun.finishing.ttt_global import GlobalSettings, finetune, phase_schedule, row_width
-from speedrun.finishing.ttt_graphs import GradSink, GraphedChunkSteps, StepKey, StepOut, chunk_step, pad_rows
-from speedrun.finishing.ttt_optim import adapter_optimizer, steps_rows_only
+from speedrun.finishing.ttt_graphs import (
+    GradSink,
+    GraphedChunkSteps,
+    InGraphUpdate,
+    StepKey,
+    StepOut,
+    chunk_step,
+    pad_rows,
+)
+from speedrun.finishing.ttt_optim import AdapterOptimizer, RowSlotsAdam, adapter_optimizer
 from speedrun.kernels.compile import graphs_compiled
 from speedrun.progress import Progress
 
@@ -287,9 +295,12 @@ def ttt_evaluate(
         pick_width=max([s.chunk_size, *(c for _, c in steps)]),
         bind=lora.bind_rows,
     )
+    opt = adapter_optimizer(lora.parameters(), s)  # one for the run, begun anew at every batch
     if s.cuda_graphs:
         t_capture = time.perf_counter()
-        stepper.graphs = GraphedChunkSteps(stepper.run, lora.parameters(), device, steps_rows_only(s))
+        # the rows' slots optimizer steps inside the graphs, on the step's own gradients (ttt_optim)
+        update = cast(InGraphUpdate, opt) if isinstance(opt, RowSlotsAdam) else None
+        stepper.graphs = GraphedChunkSteps(stepper.run, lora.parameters(), device, update)
         mine = [b for b in range(len(batches)) if owner[b] == rank]
         stepper.capture([[docs[i] for i in batches[b]] for b in mine], [sizes[b] for b in mine], seq_len)
         warm_up_seconds += time.perf_counter() - t_capture
@@ -321,6 +332,7 @@ def ttt_evaluate(
             chains.enter(chain_of[b])
             stopped = _adapt_batch(
                 lora,
+                opt,
                 [docs[i] for i in batch],
                 batch,
                 sizes[b],
@@ -772,6 +784,7 @@ class _Stepper:
 
 def _adapt_batch(
     lora: LoRAModel,
+    opt: AdapterOptimizer,
     docs: list[tuple[int, int]],
     doc_ids: list[int],
     chunk: int,
@@ -802,7 +815,7 @@ def _adapt_batch(
     if deadline is not None and time.perf_counter() > deadline:
         return True
     lora.reset(keep_a=settings.warm_start_a)
-    opt = adapter_optimizer(lora.parameters(), settings)
+    opt.begin()
     try:
         order = _longest_first(docs, chunk)
         docs, doc_ids = [docs[i] for i in order], [doc_ids[i] for i in order]
@@ -813,7 +826,7 @@ def _adapt_batch(
             if k > 0 and deadline is not None and time.perf_counter() > deadline:  # a batch begun scores its chunk 0
                 return True
             if training and stepper.graphs is None:
-                opt.zero_grad()  # a graphed step zeroes the gradients it accumulates into
+                opt.zero_grad()  # a graphed step writes its gradients (or steps) itself
             out = stepper.step(table, (len(table[0]), width, training))
             sums.nats += out.row_nats.sum()
             if base is not None:  # the chunks scored now: the documents still going, the first rows
@@ -826,7 +839,9 @@ def _adapt_batch(
                 for i, (d_nats, d_count) in enumerate(zip(out.row_nats.tolist(), out.counts.tolist())):
                     if d_count:
                         chunk_log.append(ScoredChunk(batch_index, k, doc_ids[i], d_nats, d_count))
-            if training:  # the step on the chunk just scored: it can only change later chunks' scores
+            if training and out.updated is not None:  # the step took its update itself (in its CUDA graph)
+                opt.stepped(len(table[0]), out.updated)
+            elif training:  # the step on the chunk just scored: it can only change later chunks' scores
                 opt.step(len(table[0]))
     finally:
         opt.finish()  # the adapters as every step left them (warm_start_a carries A on)

@@ -2,9 +2,11 @@
 
 A step (``chunk_step``) takes, per row of the batch, where its window starts in the token stream, how long it is,
 from which column its chunk is scored, and whether the adapters learn from it; it gathers the window's inputs and
-targets, scores the chunk, and backpropagates the chunk's mean loss per document into the adapters' ``.grad``
-(the unadapted model's score, val_bpb_ttt_base, comes from speedrun.finishing.ttt_base, outside the steps). It reads nothing back to the host, so it can be
-captured in a CUDA graph. The optimizer step stays outside: its learning rate is a Python float.
+targets, scores the chunk, and backpropagates the chunk's mean loss per document into the adapters (the unadapted
+model's score, val_bpb_ttt_base, comes from speedrun.finishing.ttt_base, outside the steps). It reads nothing back
+to the host, so it can be captured in a CUDA graph. The gradients it takes are those of the adapters' slots at its
+rows only; replayed, it hands them to the rows' slots optimizer inside the graph (its learning rate a constant of
+the capture), or, for an optimizer over every slot, writes them into ``.grad`` for that optimizer to step after.
 
 Why graphs: compiled TTT at the records' settings kept an H200 busy only 27% of the time (docs/benchmarks.md,
 thirteenth session): a step of 17 block calls forward and backward, each a compiled region with its guards and
@@ -16,17 +18,16 @@ widths are already few (ttt_global.row_width, ttt.row_widths), so a run has a fe
 TTT's clock starts (``GraphedChunkSteps.prepare``) from the batches this rank will run. Each shape runs once
 eagerly on a side stream (cuBLAS and cuDNN initialise there, as capture requires), then is captured. Every graph
 draws from one shared memory pool: a replay's outputs are read (added to the sums, handed to the optimizer)
-before the next replay, so a graph may reuse what another one freed. A step's gradients are those of the adapters'
-slots at its rows only (chunk_step's views), written into ``.grad`` tensors that exist before capture. Tensors a
-graph reads must keep their storage: the adapters are reset in place, and the frozen weights keep theirs across
-global phases (LoRAModel.bare).
+before the next replay, so a graph may reuse what another one freed. Gradients written to ``.grad`` go to tensors
+that exist before capture. Tensors a graph reads must keep their storage: the adapters and the optimizer's state
+are reset in place, and the frozen weights keep theirs across global phases (LoRAModel.bare).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import torch
 
@@ -46,6 +47,9 @@ class StepOut:
     """(rows,) int64: tokens scored per row."""
     n_bytes: torch.Tensor
     """() int64: bytes of the scored tokens."""
+    updated: tuple[int, ...] | None = None
+    """The adapters the optimizer stepped inside the step (InGraphUpdate.apply), by index; None when the step left
+    the gradients in .grad for the optimizer to step after."""
 
 
 def pad_rows(going: int, slots: int, half_octaves: bool = False) -> int:
@@ -58,8 +62,18 @@ def pad_rows(going: int, slots: int, half_octaves: bool = False) -> int:
     return min(slots, rows)
 
 
-GradSink = Callable[[int, Sequence["torch.Tensor | None"]], None]
-"""Takes a step's row count and the gradients of the adapters' views at those rows (None: no gradient reached it)."""
+GradSink = Callable[[int, Sequence["torch.Tensor | None"]], "tuple[int, ...] | None"]
+"""Takes a step's row count and the gradients of the adapters' views at those rows (None: no gradient reached it);
+returns the adapters it stepped (StepOut.updated), or None when it only stored the gradients."""
+
+
+class InGraphUpdate(Protocol):
+    """An optimizer whose step a CUDA graph of the chunk step can hold (speedrun.finishing.ttt_optim.RowSlotsAdam)."""
+
+    def apply(self, rows: int, grads: Sequence[torch.Tensor | None]) -> tuple[int, ...]: ...
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """Every tensor apply() changes."""
 
 
 def chunk_step(
@@ -101,6 +115,7 @@ def chunk_step(
     else:
         x_at, y_at = x, y
     scored = (at >= first[:, None]) & (at < length[:, None])  # the chunk: from `first` to the window's end
+    updated = None
     if store_grads is not None and bind is None:
         raise ValueError("chunk_step: store_grads takes the gradients of the views that bind makes; pass bind too")
     try:
@@ -116,28 +131,24 @@ def chunk_step(
             per_doc = (nats * scored).sum(dim=1) / counts.clamp_min(1)
             loss = (per_doc * learn.to(per_doc.dtype)).sum()
             if store_grads is not None:
-                store_grads(rows.size(1), torch.autograd.grad(loss, views, allow_unused=True))
+                updated = store_grads(rows.size(1), torch.autograd.grad(loss, views, allow_unused=True))
             else:
                 loss.backward()
     finally:
         if bind is not None:
             bind(None)
-    return StepOut(row_nats, counts, n_bytes)
+    return StepOut(row_nats, counts, n_bytes, updated)
 
 
-def store_rows_grads(
-    bufs: list[torch.Tensor], rows: int, grads: Sequence[torch.Tensor | None], rows_only: bool
-) -> None:
+def store_rows_grads(bufs: list[torch.Tensor], rows: int, grads: Sequence[torch.Tensor | None]) -> None:
     """Write a step's gradients at the slots [0, rows) into the .grad tensors ``bufs`` (a graph's: in place, where
-    they were at capture); no gradient is a zero. Past the rows, zeros too, unless ``rows_only`` (the optimizer
-    reads only the rows' slots, ttt_optim.RowSlotsAdam): an optimizer over every slot must find the slots of the
-    documents already done at zero."""
+    they were at capture); no gradient is a zero, and so is every slot past the rows (an optimizer over every slot
+    reads them: the documents already done)."""
     live = [(buf[:rows], g) for buf, g in zip(bufs, grads, strict=True) if g is not None]
     if live:
         torch._foreach_copy_([b for b, _ in live], [g for _, g in live])
     zeros = [buf[:rows] for buf, g in zip(bufs, grads) if g is None]
-    if not rows_only:
-        zeros += [buf[rows:] for buf in bufs if buf.size(0) > rows]
+    zeros += [buf[rows:] for buf in bufs if buf.size(0) > rows]
     if zeros:
         torch._foreach_zero_(zeros)
 
@@ -151,11 +162,11 @@ class GraphedChunkSteps:
         run: Callable[[torch.Tensor, StepKey, GradSink | None], StepOut],
         params: list[torch.nn.Parameter],
         device: str,
-        rows_only: bool = False,
+        update: InGraphUpdate | None = None,
     ):
         if torch.device(device).type != "cuda":
             raise ValueError(f"ttt.cuda_graphs=true needs a CUDA device, not {device}; use ttt.cuda_graphs=false")
-        self.run, self.params, self.device, self.rows_only = run, params, device, rows_only
+        self.run, self.params, self.device, self.update = run, params, device, update
         self.graphs: dict[StepKey, tuple[Any, torch.Tensor, StepOut]] = {}
         self.grads: list[torch.Tensor] = []
         """The adapters' .grad tensors the graphs write (held, so their memory stays theirs)."""
@@ -170,18 +181,26 @@ class GraphedChunkSteps:
             for p in self.params:
                 p.grad = torch.zeros_like(p)
             self.grads = [cast(torch.Tensor, p.grad) for p in self.params]
-        store_rows_grads(self.grads, rows, grads, self.rows_only)
+        store_rows_grads(self.grads, rows, grads)
+
+    def _sink(self, training: bool) -> GradSink | None:
+        """A training step's gradients: stepped by the in-graph update, or stored for the optimizer after."""
+        if not training:
+            return None
+        return self.update.apply if self.update is not None else self._store_grads
 
     def prepare(self, keys: Iterable[StepKey], dummy_rows: Callable[[StepKey], torch.Tensor]) -> None:
         """Capture every key before the clock starts. ``dummy_rows(key)`` gives a row table of that shape to run
-        it with; nothing it computes is kept (the sums are not touched and the gradients are zeroed after).
+        it with; nothing it computes is kept (the sums are not touched, the gradients are zeroed after, and what an
+        in-graph update changed is put back).
         Largest first: a smaller graph then carves its memory out of blocks a larger one freed in the shared pool,
         where smallest first made each larger shape add blocks of its own (on one H100, 89 shapes of multiples of
         128 ran out of its 80 GB with 55 GB in the graphs' pool)."""
         todo = [k for k in sorted(set(keys), key=lambda k: (-k[0] * k[1], not k[2], k)) if k not in self.graphs]
+        kept = self._keep()
         for n, key in enumerate(todo):
             try:
-                self._capture(key, dummy_rows(key))
+                self._capture(key, dummy_rows(key), undo_warm_up=False)
             except torch.cuda.OutOfMemoryError as e:  # before TTT's clock: say what to change, not just where
                 raise torch.cuda.OutOfMemoryError(
                     f"capturing TTT's CUDA graphs ran out of GPU memory at shape {n + 1} of {len(todo)} (rows "
@@ -189,9 +208,22 @@ class GraphedChunkSteps:
                     "ttt.row_widths=pow2 and ttt.graph_rows=pow2 (fewest shapes), a smaller ttt.batch_size, or "
                     f"ttt.cuda_graphs=false (slower steps). The allocator said: {str(e).splitlines()[0]}"
                 ) from e
+        self._put_back(kept)
         for p in self.params:
             if p.grad is not None:
                 p.grad.zero_()
+
+    def _keep(self) -> list[torch.Tensor] | None:
+        """A host copy of what the in-graph update changes (none without one): a capture runs its step twice."""
+        if self.update is None:
+            return None
+        return [t.detach().to("cpu", copy=True) for t in self.update.state_tensors()]
+
+    def _put_back(self, kept: list[torch.Tensor] | None) -> None:
+        if self.update is not None and kept is not None:
+            with torch.no_grad():
+                for t, k in zip(self.update.state_tensors(), kept, strict=True):
+                    t.copy_(k)
 
     def step(self, rows: torch.Tensor, key: StepKey) -> StepOut:
         entry = self.graphs.get(key)
@@ -200,7 +232,7 @@ class GraphedChunkSteps:
             entry = self._capture(key, rows)
             return entry[2]  # _capture replayed the new graph once: that replay was this very step
         graph, static_rows, out = entry
-        if key[2] and any(p.grad is not g for p, g in zip(self.params, self.grads)):
+        if key[2] and self.update is None and any(p.grad is not g for p, g in zip(self.params, self.grads)):
             raise RuntimeError(
                 "a TTT adapter's .grad was replaced or cleared after its CUDA graph was captured (zero_grad with "
                 "set_to_none, or an optimizer over the adapters elsewhere): the graph would write gradients that the "
@@ -210,15 +242,22 @@ class GraphedChunkSteps:
         graph.replay()
         return out
 
-    def _capture(self, key: StepKey, rows: torch.Tensor) -> tuple[Any, torch.Tensor, StepOut]:
-        sink = self._store_grads if key[2] else None
+    def _capture(
+        self, key: StepKey, rows: torch.Tensor, undo_warm_up: bool = True
+    ) -> tuple[Any, torch.Tensor, StepOut]:
+        """Run the step once eagerly, capture it, and replay the capture once. With an in-graph update the eager run
+        updates too: ``undo_warm_up`` puts back what it changed, so that the replay is the step's one update (prepare
+        puts everything back once, after all its captures)."""
+        sink = self._sink(key[2])
         static_rows = rows.to(self.device).clone()
+        kept = self._keep() if undo_warm_up and key[2] else None
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # lazy initialisations off the default stream, as capture requires
             self.run(static_rows, key, sink)
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
+        self._put_back(kept)
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
@@ -229,4 +268,4 @@ class GraphedChunkSteps:
         return self.graphs[key]
 
 
-__all__ = ["GraphedChunkSteps", "StepKey", "StepOut", "chunk_step", "pad_rows"]
+__all__ = ["GradSink", "GraphedChunkSteps", "InGraphUpdate", "StepKey", "StepOut", "chunk_step", "pad_rows"]

@@ -11,16 +11,21 @@ Why the rows' slots are enough: a step's rows are the slots [0, rows) (speedrun.
 documents longest first, so the documents still going are a prefix, and the rows never grow within a batch); every
 other slot's gradient is exactly zero. With beta1 = 0, Adam's update from a zero gradient is zero (its first moment
 is the gradient itself), which leaves the decoupled weight decay, p *= 1 - lr * weight_decay, and v *= beta2. That v
-is never read again: a slot that leaves the rows does not come back within the batch, and each batch starts a new
-optimizer. So each left-out slot's decay is applied once, when the batch ends (``finish``), as
+is never read again: a slot that leaves the rows does not come back within the batch, and each batch begins the
+optimizer anew (``begin``). So each left-out slot's decay is applied once, when the batch ends (``finish``), as
 (1 - lr * weight_decay) ** (the steps it missed): what warm_start_a carries on is A after every step's decay, as
 with a step over every slot, up to float rounding (one power against repeated multiplication). The steps over the
 rows' slots run the kernel of torch's AdamW(fused=True) on views of the same tensors. With beta1 > 0 the first
 moment keeps moving a slot after its document is done, so every other setting steps every slot.
+
+Where the step runs: a CUDA graph of TTT's chunk step holds the rows' slots update itself (``apply``, device work on
+the step's own rows-sized gradients, which are then never written to .grad); the host only counts it
+(``stepped``). Otherwise ``step`` reads .grad after the chunk step.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol, cast
 
 import torch
@@ -28,18 +33,25 @@ from torch import nn
 
 
 class AdapterOptimizer(Protocol):
+    def begin(self) -> None:
+        """A batch starts: the optimizer's state as new (one optimizer serves every batch of a run)."""
+
     def zero_grad(self) -> None: ...
 
     def step(self, rows: int) -> None:
         """One step after a chunk step that ran the slots [0, rows)."""
+
+    def stepped(self, rows: int, live: tuple[int, ...]) -> None:
+        """The chunk step itself took this step (RowSlotsAdam.apply inside a CUDA graph of the step, on the
+        parameters ``live``): only the host's account of it is left."""
 
     def finish(self) -> None:
         """The batch is over: settle what the steps left pending."""
 
 
 def adapter_optimizer(params: list[nn.Parameter], s: Any) -> AdapterOptimizer:
-    """The optimizer of a batch's adapters, from LoRASettings ``s`` (optimizer, lr, beta1, beta2, eps, momentum,
-    weight_decay)."""
+    """The adapters' optimizer, from LoRASettings ``s`` (optimizer, lr, beta1, beta2, eps, momentum, weight_decay):
+    one for the run, begun anew at every batch."""
     if steps_rows_only(s) and params:
         return RowSlotsAdam(params, lr=s.lr, beta2=s.beta2, eps=s.eps, weight_decay=s.weight_decay)
     # On CUDA the fused kernels: the adapters are about a hundred (slots, rank, in) tensors of fp32, gigabytes at
@@ -69,11 +81,17 @@ class EverySlot:
     def __init__(self, opt: torch.optim.Optimizer):
         self.opt = opt
 
+    def begin(self) -> None:
+        self.opt.state.clear()  # moments and step counts are made afresh at the first step, as by a new optimizer
+
     def zero_grad(self) -> None:
         self.opt.zero_grad(set_to_none=True)
 
     def step(self, rows: int) -> None:
         self.opt.step()
+
+    def stepped(self, rows: int, live: tuple[int, ...]) -> None:
+        raise RuntimeError("EverySlot steps outside the chunk steps: a step that took it itself is a bug")
 
     def finish(self) -> None:
         pass
@@ -95,18 +113,43 @@ class RowSlotsAdam:
         """(rows, parameters) -> the views a step of that shape updates, made once: about a hundred adapters make
         each step's slicing a host cost of its own."""
 
+    @torch.no_grad()
+    def begin(self) -> None:
+        """In place (a CUDA graph holding apply() reads and writes these very tensors)."""
+        torch._foreach_zero_(self.exp_avg + self.exp_avg_sq + self.counts)
+        self.taken.clear()
+
     def zero_grad(self) -> None:
         for p in self.params:
             p.grad = None
 
+    def state_tensors(self) -> list[torch.Tensor]:
+        """What apply() changes: the parameters, both moments and the step counts."""
+        return [*self.params, *self.exp_avg, *self.exp_avg_sq, *self.counts]
+
     @torch.no_grad()
     def step(self, rows: int) -> None:
+        self._check(rows)
+        self.taken.append((rows, self.apply(rows, [None if p.grad is None else p.grad[:rows] for p in self.params])))
+
+    def stepped(self, rows: int, live: tuple[int, ...]) -> None:
+        self._check(rows)
+        self.taken.append((rows, live))
+
+    def _check(self, rows: int) -> None:
         if self.taken and rows > self.taken[-1][0]:
             raise RuntimeError(
                 f"a TTT step ran {rows} rows after one of {self.taken[-1][0]}: the rows' slots optimizer needs a "
                 "batch's rows never to grow (its documents longest first)"
             )
-        live = tuple(i for i, p in enumerate(self.params) if p.grad is not None)  # as torch: no gradient, no step
+
+    @torch.no_grad()
+    def apply(self, rows: int, grads: Sequence[torch.Tensor | None]) -> tuple[int, ...]:
+        """The update of one step at the slots [0, rows) from the gradients of those slots (rows-sized; None: no
+        gradient, no step, as torch), as device work only: a CUDA graph of the chunk step can hold it
+        (speedrun.finishing.ttt_graphs), which then never writes the gradients to .grad. Returns the parameters
+        stepped, for stepped()."""
+        live = tuple(i for i, g in enumerate(grads) if g is not None)
         key = (rows, live)
         if key not in self.views:
             self.views[key] = tuple(
@@ -117,7 +160,8 @@ class RowSlotsAdam:
         # torch.optim.AdamW(fused=True)'s kernel, on views of the rows' slots (contiguous: the slot is dimension 0)
         torch._fused_adamw_(
             params,
-            [cast(torch.Tensor, self.params[i].grad)[:rows] for i in live],
+            # in the parameters' layout, as .grad would be (a gradient through a transpose comes out strided)
+            [cast(torch.Tensor, grads[i]).contiguous() for i in live],
             exp_avg,
             exp_avg_sq,
             [],
@@ -130,7 +174,7 @@ class RowSlotsAdam:
             amsgrad=False,
             maximize=False,
         )
-        self.taken.append(key)
+        return live
 
     def missed(self, i: int) -> torch.Tensor:
         """Per slot of parameter i, the steps that stepped parameter i but left the slot out (host-side int64)."""
