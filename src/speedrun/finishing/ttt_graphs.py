@@ -97,8 +97,8 @@ def chunk_step(
     width), so the head pays for the chunk, not for the window of context before it. ``bind(rows)``
     (LoRAModel.bind_rows) binds the adapters' slots of the step's rows as the views the forward uses and returns
     them; ``bind(None)`` unbinds after. The backward: with ``store_grads``, the gradients of those views alone
-    (rows-sized) go to it (a graph writes them into ``.grad``: GraphedChunkSteps); without, ``backward()``
-    accumulates into the parameters' ``.grad`` (zeroing them is the caller's)."""
+    (rows-sized) go to it, which steps the optimizer with them or writes them into ``.grad`` (GraphedChunkSteps);
+    without, ``backward()`` accumulates into the parameters' ``.grad`` (zeroing them is the caller's)."""
     begin, length, first, learn = rows[0], rows[1], rows[2], rows[3]
     last = tokens.numel() - 1
     cols = torch.arange(width, device=tokens.device)
