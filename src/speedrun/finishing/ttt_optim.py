@@ -52,7 +52,7 @@ class AdapterOptimizer(Protocol):
 def adapter_optimizer(params: list[nn.Parameter], s: Any) -> AdapterOptimizer:
     """The adapters' optimizer, from LoRASettings ``s`` (optimizer, lr, beta1, beta2, eps, momentum, weight_decay):
     one for the run, begun anew at every batch."""
-    if steps_rows_only(s) and params:
+    if s.optimizer == "adam" and s.beta1 == 0 and params:
         return RowSlotsAdam(params, lr=s.lr, beta2=s.beta2, eps=s.eps, weight_decay=s.weight_decay)
     # On CUDA the fused kernels: the adapters are about a hundred (slots, rank, in) tensors of fp32, gigabytes at
     # the records' 64-128 slots and rank 96, and the fused step reads and writes each of them once (as the records'
@@ -67,12 +67,6 @@ def adapter_optimizer(params: list[nn.Parameter], s: Any) -> AdapterOptimizer:
             params, lr=s.lr, betas=(s.beta1, s.beta2), eps=s.eps, weight_decay=s.weight_decay, fused=fused or None
         )
     return EverySlot(opt)
-
-
-def steps_rows_only(s: Any) -> bool:
-    """Whether adapter_optimizer's optimizer for LoRASettings ``s`` reads and steps only the slots of a step's rows
-    (RowSlotsAdam): then the other slots' gradients need not be zero (speedrun.finishing.ttt_graphs)."""
-    return bool(s.optimizer == "adam" and s.beta1 == 0)
 
 
 class EverySlot:
@@ -192,4 +186,4 @@ class RowSlotsAdam:
         self.taken.clear()
 
 
-__all__ = ["AdapterOptimizer", "EverySlot", "RowSlotsAdam", "adapter_optimizer", "steps_rows_only"]
+__all__ = ["AdapterOptimizer", "EverySlot", "RowSlotsAdam", "adapter_optimizer"]
