@@ -204,9 +204,9 @@ class TTTConfig:
     """Replay every TTT step from a CUDA graph, one per step shape (rows padded to a power of two, the window's
     width), all captured before TTT's clock starts (speedrun.finishing.ttt_graphs; the capture counts in
     ttt_compile_seconds, ttt_cuda_graphs_captured says how many shapes): compiled TTT spends most of its time
-    launching kernels, not running them (2.08x the tokens/s on one H100, docs/benchmarks.md). CUDA only; the
-    optimizer step stays outside the graph. None: on with ttt.compile on a CUDA GPU, else off (plan.json says which);
-    true on a machine without CUDA is refused."""
+    launching kernels, not running them (2.08x the tokens/s on one H100, docs/benchmarks.md). CUDA only. With
+    ttt.beta1=0 the optimizer's step is inside the graph; otherwise it runs after. None: on with ttt.compile on a
+    CUDA GPU, else off (plan.json says which); true on a machine without CUDA is refused."""
     max_batch_share: float | None = 0.125
     """Halve a batch of documents (its first half, then the rest) while its predicted cost (speedrun.finishing.ttt_docs.
     batch_cost) is more than this share of the whole TTT's: on a small validation set, one batch of its longest
