@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from speedrun.finishing import ttt as ttt_module
+from speedrun.finishing import ttt_global
 from speedrun.finishing.lora import LoRAModel
 from speedrun.finishing.ttt import LoRASettings, split_documents, ttt_evaluate
 from speedrun.finishing.ttt_docs import batch_cost, deal_batches, document_batches
@@ -152,6 +153,50 @@ def test_global_finetune_learns_the_documents_and_leaves_the_model_passed_in_alo
     assert res.phases_done == 2 and all(torch.equal(state[k], v) for k, v in m.state_dict().items())
 
 
+class _Shapes:
+    """Records the (rows, width) of every forward of a module (a forward pre-hook on it)."""
+
+    def __init__(self, module):
+        self.seen: list[tuple[int, int]] = []
+        module.register_forward_pre_hook(lambda _, args: self.seen.append(tuple(args[0].shape)))
+
+
+@pytest.mark.parametrize("rank,world,micro", [(0, 1, None), (1, 2, None), (0, 1, 2)])
+def test_phase_shapes_are_the_shapes_finetune_runs_and_the_warm_up_runs_them_without_a_step(rank, world, micro):
+    """The phases' warm-up (ttt_global.warm_up, before TTT's clock) runs exactly the (rows, width) forwards that
+    finetune then runs, on any rank and with micro-batches, and leaves the weights as they were, bit for bit."""
+    lengths = [37, 20, 90, 9, 44, 33, 26, 48, 5, 70]
+    tokens = docs_stream(lengths)
+    docs = split_documents(tokens, BOS)
+    settings = GlobalSettings(phases=1, lr=0.05, chunk_tokens=120, batch_seqs=5, epochs=2, micro_rows=micro)
+    shapes = ttt_global.phase_shapes(docs, settings, 24, rank, world)
+    lora = LoRAModel(model(), ("q",), rank=2, slots=1, seed=0)
+    recorder = _Shapes(lora.model)
+    with lora.bare() as bare:
+        before = {k: v.clone() for k, v in bare.state_dict().items()}
+        ttt_global.warm_up(bare, shapes, vocab=64, device="cpu", autocast_dtype=None)
+        assert all(torch.equal(before[k], v) for k, v in bare.state_dict().items())  # no step
+        assert all(p.grad is None for p in bare.parameters())
+        assert sorted(recorder.seen) == sorted(shapes)  # one forward a shape
+        recorder.seen.clear()
+
+        class Ranked:  # finetune's view of a World: this rank of `world`, the gradients kept as they are
+            def __init__(self):
+                self.rank, self.world_size = rank, world
+
+            def sync_grads(self, params):
+                pass
+
+            def agree(self, value):
+                return value
+
+        stats = finetune(bare, tokens, docs, settings, seq_len=24, device="cpu", autocast_dtype=None,
+                         shard=Ranked() if world > 1 else None)  # fmt: skip
+    assert stats.steps > 2 and set(recorder.seen) == shapes and len(shapes) > 1
+    if micro is not None:
+        assert max(rows for rows, _ in shapes) == micro
+
+
 @pytest.mark.parametrize("tied", [True, False])
 def test_every_target_adapts_and_fresh_adapters_add_nothing(tied):
     """Each target alone (the head, tied or untied, and the bypasses included) lowers the loss of a repetitive
@@ -281,8 +326,24 @@ def test_compiled_ttt_scores_like_eager_with_its_warm_up_off_the_clock(scope, sp
     # scope=model the spy would be traced into the graph (a Python side effect that dynamo guards on)
     picked: list[bool] = []
     columns = GPT._columns
+    # the global phases' forwards (run eagerly): each at a shape warmed up before the clock
+    warmed: set[tuple[int, int]] = set()
+    phase_forwards: list[tuple[int, int]] = []
+    warm_up, gather = ttt_module.warm_up_phases, ttt_global._gather
+
+    def gather_spy(tokens, rows, seq_len, last, device):
+        x, y, valid = gather(tokens, rows, seq_len, last, device)
+        phase_forwards.append(tuple(x.shape))
+        return x, y, valid
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ttt_module._Compiled, "__call__", spy)
+        mp.setattr(
+            ttt_module,
+            "warm_up_phases",
+            lambda model, shapes, **kw: warmed.update(shapes) or warm_up(model, shapes, **kw),
+        )
+        mp.setattr(ttt_global, "_gather", gather_spy)
         if scope == "blocks":
             mp.setattr(GPT, "_columns", lambda self, idx, pick: picked.append(True) or columns(self, idx, pick))
         b = run(compiled)
@@ -293,6 +354,7 @@ def test_compiled_ttt_scores_like_eager_with_its_warm_up_off_the_clock(scope, sp
     regional = ttt_module._Compiled(model(), "aot_eager", scope).regions is not None
     assert regional == (scope == "blocks")
     assert b.recompiles == 0  # the warm-up's dynamic graphs cover every width, batch and phase of the run
+    assert b.phases_done == 2 and phase_forwards and set(phase_forwards) == warmed
     assert (b.tokens_scored, b.bytes, b.phases_done) == (a.tokens_scored, a.bytes, a.phases_done)
     assert b.val_loss == pytest.approx(a.val_loss, rel=1e-5) and b.base_val_loss == pytest.approx(
         a.base_val_loss, rel=1e-5

@@ -68,7 +68,8 @@ from speedrun.finishing.ttt_docs import (
     split_documents,
     split_heavy_batches,
 )
-from speedrun.finishing.ttt_global import GlobalSettings, finetune, phase_schedule, row_width
+from speedrun.finishing.ttt_global import GlobalSettings, finetune, phase_schedule, phase_shapes, row_width
+from speedrun.finishing.ttt_global import warm_up as warm_up_phases
 from speedrun.finishing.ttt_graphs import (
     GradSink,
     GraphedChunkSteps,
@@ -309,6 +310,16 @@ def ttt_evaluate(
                 f"ttt: {len(stepper.graphs.graphs)} step shapes captured as CUDA graphs in "
                 f"{time.perf_counter() - t_capture:.1f} s"
             )
+    if (
+        s.compile is not None and phases
+    ):  # the phases' shapes too, as the steps': compiled TTT warms up before its clock
+        t_phases = time.perf_counter()
+        shapes = _phase_shapes(docs, batches, phases, s.phased, seq_len, rank, world)
+        with lora.bare() as bare:
+            warm_up_phases(bare, shapes, vocab=int(tokens.max()) + 1, device=device, autocast_dtype=autocast_dtype)
+        warm_up_seconds += time.perf_counter() - t_phases
+        if log is not None and rank == 0:
+            log(f"ttt: the global phases' {len(shapes)} shapes warmed up in {time.perf_counter() - t_phases:.1f} s")
     if shard is not None:
         # the ranks' warm-ups differ (on 4 H200s: 95 s on one, 165 s on another); without this, a rank that finished
         # first would count the slowest one's compile in its TTT seconds, waiting for it at the first phase
@@ -356,7 +367,7 @@ def ttt_evaluate(
                 stopped = bool(shard.max(1.0 if stopped else 0.0))
             if stopped:
                 break
-            order = [docs[i] for done in batches[: b + 1] for i in done]  # the documents scored so far, in order
+            order = _scored(docs, batches, b)
             for boundary in phases[b]:
                 if log is not None and rank == 0:
                     log(
@@ -613,6 +624,29 @@ class _GlobalTotals:
         self.steps += stats.steps
         self.tokens += stats.tokens
         self.seconds += stats.seconds
+
+
+def _scored(docs: list[tuple[int, int]], batches: list[list[int]], b: int) -> list[tuple[int, int]]:
+    """The documents scored up to batch b included, in scoring order: what a phase after batch b trains on."""
+    return [docs[i] for done in batches[: b + 1] for i in done]
+
+
+def _phase_shapes(
+    docs: list[tuple[int, int]],
+    batches: list[list[int]],
+    phases: dict[int, list[int]],
+    settings: GlobalSettings,
+    seq_len: int,
+    rank: int,
+    world: int,
+) -> set[tuple[int, int]]:
+    """(rows, width) of every forward this rank's global phases will run (ttt_global.phase_shapes)."""
+    return {
+        shape
+        for b, boundaries in phases.items()
+        for boundary in boundaries
+        for shape in phase_shapes(_scored(docs, batches, b)[:boundary], settings, seq_len, rank, world)
+    }
 
 
 def _nats(

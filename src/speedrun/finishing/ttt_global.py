@@ -27,7 +27,7 @@ import bisect
 import itertools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,6 +113,69 @@ def chunks_of(docs: list[tuple[int, int]], chunk_tokens: int) -> list[list[tuple
     return [c for c in chunks if c]
 
 
+@dataclass(frozen=True)
+class PhaseStep:
+    """One SGD step of a phase, as this rank runs it."""
+
+    chunk: int
+    """Its chunk's index in the phase (the learning rate's cosine runs over the chunks)."""
+    chunks: int
+    forwards: list[list[tuple[int, int]]]
+    """This rank's rows (start, n_targets), per forward (settings.micro_rows each; their gradients add up)."""
+    tokens: int
+    """The step's targets over every rank: its loss is their mean."""
+
+
+def phase_steps(
+    docs: list[tuple[int, int]], settings: GlobalSettings, seq_len: int, rank: int = 0, world: int = 1
+) -> Iterator[PhaseStep]:
+    """The steps ``finetune`` takes on ``docs`` (the module doc's chunks, rows and ranks), in order. What a step
+    computes depends on the weights; which rows it runs, and so its shapes (``phase_shapes``), does not."""
+    chunks = chunks_of(docs, settings.chunk_tokens)
+    for c, chunk in enumerate(chunks):
+        rows = sorted(document_rows(chunk, seq_len), key=lambda r: -r[1])  # stable: ties keep scoring order
+        for _ in range(settings.epochs):
+            for first in range(0, len(rows), settings.batch_seqs):
+                step_rows = rows[first : first + settings.batch_seqs]
+                mine = step_rows[rank::world]
+                micro = settings.micro_rows or max(1, len(mine))
+                forwards = [mine[m : m + micro] for m in range(0, len(mine), micro)]
+                yield PhaseStep(c, len(chunks), forwards, sum(n for _, n in step_rows))
+
+
+def phase_shapes(
+    docs: list[tuple[int, int]], settings: GlobalSettings, seq_len: int, rank: int = 0, world: int = 1
+) -> set[tuple[int, int]]:
+    """(rows, width) of every forward ``finetune`` runs on ``docs`` on this rank."""
+    return {
+        (len(rows), _width(rows, seq_len))
+        for step in phase_steps(docs, settings, seq_len, rank, world)
+        for rows in step.forwards
+    }
+
+
+def warm_up(
+    model: nn.Module,
+    shapes: set[tuple[int, int]],
+    *,
+    vocab: int,
+    device: str,
+    autocast_dtype: torch.dtype | None,
+) -> None:
+    """A forward and backward of ``model`` at each (rows, width) of ``shapes``, on random tokens (never validation
+    data), as ``finetune`` runs them, without a step: the gradients are dropped and the weights stay as they were.
+    Why: the first call at a shape pays for its plans (cuDNN's attention graphs, cuBLAS's heuristics) and every
+    phase's rows are a new shape; TTT runs this before its clock (speedrun.finishing.ttt), as it captures its steps.
+    On one H100, three phases over 64 short documents took 1.6-1.8 s, about 4% of TTT's time, for 22,000 tokens."""
+    gen = torch.Generator().manual_seed(0)
+    for rows, width in sorted(shapes, reverse=True):
+        x, y = (torch.randint(0, vocab, (rows, width), generator=gen).to(device) for _ in range(2))
+        nats = _nats(model, x, y, device, autocast_dtype)
+        torch.where(torch.ones_like(x, dtype=torch.bool), nats, 0.0).sum().backward()
+    for p in model.parameters():
+        p.grad = None
+
+
 def finetune(
     model: nn.Module,
     tokens: torch.Tensor,
@@ -132,7 +195,6 @@ def finetune(
     rank, world = (shard.rank, shard.world_size) if shard is not None else (0, 1)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=settings.lr, momentum=settings.momentum)
-    chunks = chunks_of(docs, settings.chunk_tokens)
     last = tokens.numel() - 1
 
     def out_of_time() -> bool:
@@ -141,33 +203,26 @@ def finetune(
         late = 1.0 if time.perf_counter() > deadline else 0.0
         return bool(shard.agree(late) if shard is not None else late)
 
-    for c, chunk in enumerate(chunks):
+    for step in phase_steps(docs, settings, seq_len, rank, world):
         for group in opt.param_groups:
-            group["lr"] = settings.lr * 0.5 * (1.0 + math.cos(math.pi * c / len(chunks)))
-        rows = sorted(document_rows(chunk, seq_len), key=lambda r: -r[1])  # stable: ties keep scoring order
-        for _ in range(settings.epochs):
-            for first in range(0, len(rows), settings.batch_seqs):
-                if out_of_time():
-                    stats.stopped = True
-                    stats.seconds = time.perf_counter() - t0
-                    return stats
-                step_rows = rows[first : first + settings.batch_seqs]
-                step_tokens = sum(n for _, n in step_rows)
-                mine = step_rows[rank::world]
-                micro = settings.micro_rows or max(1, len(mine))
-                opt.zero_grad(set_to_none=True)
-                for m in range(0, len(mine), micro):
-                    x, y, valid = _gather(tokens, mine[m : m + micro], seq_len, last, device)
-                    nats = _nats(model, x, y, device, autocast_dtype)
-                    # x world: the gradient average over the ranks divides it out again
-                    (torch.where(valid, nats, 0.0).sum() * (world / step_tokens)).backward()
-                if shard is not None:
-                    shard.sync_grads(params)
-                if settings.grad_clip > 0:
-                    torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
-                opt.step()
-                stats.steps += 1
-                stats.tokens += step_tokens
+            group["lr"] = settings.lr * 0.5 * (1.0 + math.cos(math.pi * step.chunk / step.chunks))
+        if out_of_time():
+            stats.stopped = True
+            stats.seconds = time.perf_counter() - t0
+            return stats
+        opt.zero_grad(set_to_none=True)
+        for rows in step.forwards:
+            x, y, valid = _gather(tokens, rows, seq_len, last, device)
+            nats = _nats(model, x, y, device, autocast_dtype)
+            # x world: the gradient average over the ranks divides it out again
+            (torch.where(valid, nats, 0.0).sum() * (world / step.tokens)).backward()
+        if shard is not None:
+            shard.sync_grads(params)
+        if settings.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
+        opt.step()
+        stats.steps += 1
+        stats.tokens += step.tokens
     opt.zero_grad(set_to_none=True)
     stats.seconds = time.perf_counter() - t0
     return stats
@@ -177,13 +232,18 @@ def _gather(
     tokens: torch.Tensor, rows: list[tuple[int, int]], seq_len: int, last: int, device: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Inputs, targets and the mask of real positions of ``rows``, padded at the end to one width."""
-    width = row_width(max(n for _, n in rows), seq_len)
+    width = _width(rows, seq_len)
     cols = torch.arange(width, device=device)
     idx = torch.tensor([s for s, _ in rows], device=device)[:, None] + cols[None, :]
     valid = cols[None, :] < torch.tensor([n for _, n in rows], device=device)[:, None]
     x = torch.where(valid, tokens[idx.clamp(max=last - 1)], 0)
     y = torch.where(valid, tokens[(idx + 1).clamp(max=last)], 0)
     return x, y, valid
+
+
+def _width(rows: list[tuple[int, int]], seq_len: int) -> int:
+    """The width a forward's rows are padded to: a power of two (row_width), so the phases run few shapes."""
+    return row_width(max(n for _, n in rows), seq_len)
 
 
 def _nats(
