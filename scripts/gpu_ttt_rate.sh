@@ -9,13 +9,13 @@
 #   2. experiment=pgolf_record trained TRAIN_SECONDS (default 30, eager: ~2 minutes in all), exported as the record
 #      does, no TTT of its own;
 #   3. scripts/ttt_table.py on that model, the records' TTT (conf/ttt/record.yaml, 64 documents a batch, phases over
-#      the first 64 documents), compiled and replayed from CUDA graphs, rows padded to multiples of 128 with
+#      the first 64 documents), compiled and replayed from CUDA graphs, rows padded to multiples of 48 (the chunk) with
 #      half-octave row counts: ROWS (default "nobase base") one row without the base score (the records' TTT
 #      computes none), one with it (val_bpb_ttt_base); with BASELINE_SRC (the src/ of another tree) the rows of
 #      BASELINE_ROWS (default "base") again on that code, for a ratio measured on the same card in the same call.
 #   . scripts/device_env.sh && bash scripts/gpu_ttt_rate.sh
 #   VOCAB=8192 BASELINE_SRC=/path/to/other/src BASELINE_ROWS=nobase bash scripts/gpu_ttt_rate.sh
-# ROW_ARGS (default "ttt.row_widths=128 ttt.graph_rows=half_octave") pad every row; a tree from before the
+# ROW_ARGS (default "ttt.row_widths=48 ttt.graph_rows=half_octave", as pgolf_record) pad every row; a tree from before the
 # largest-first capture (39a9c49 and older) runs out of an H100's memory capturing those 101 shapes, so compare
 # with it at ROW_ARGS="ttt.row_widths=half_octave ttt.graph_rows=pow2" (60 shapes).
 # Each row's line (val_bpb_ttt, TTT seconds, tokens/s, warm-up, shapes captured) goes to $WORK/rates.txt (WORK
@@ -47,7 +47,7 @@ if [ ! -f "$work/model/.hydra/config.yaml" ] || ! grep -q '"status": "ok"' "$wor
     > "$work/model.log" 2>&1 || { echo "training failed: $work/model.log"; tail -n 20 "$work/model.log"; exit 1; }
 fi
 read -ra ttt_args <<<"${TTT_ARGS:-ttt.compile=true ttt.cuda_graphs=true ttt.max_seconds=400}"
-read -ra row_args <<<"${ROW_ARGS:-ttt.row_widths=128 ttt.graph_rows=half_octave}"
+read -ra row_args <<<"${ROW_ARGS:-ttt.row_widths=48 ttt.graph_rows=half_octave}"
 # each row's name carries its padding: one model, several paddings
 pad=$(printf '%s' "${row_args[*]}" | sed 's/ttt\.//g' | tr -cs 'A-Za-z0-9' '_')
 row() { # NAME LABEL OVERRIDES [PYTHONPATH]

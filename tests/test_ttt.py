@@ -288,15 +288,17 @@ def test_cuda_bf16_ttt_completes_and_agrees_with_cpu():
 
 def test_the_record_recipe_runs_the_records_ttt(compose):
     """experiment=pgolf_record sets the same TTT as ttt=record (only its time budget differs, it compiles TTT,
-    which on a GPU brings CUDA graphs, and pads its rows to half-octave widths; debug=smoke does not compile), and
+    which on a GPU brings CUDA graphs, and pads its rows to multiples of its chunk, the graphed steps' row counts to
+    half octaves; debug=smoke does not compile), and
     ttt=record resolves with the record model's context."""
     recipe = to_config(compose(["experiment=pgolf_record"])).ttt
     option = to_config(compose(["ttt=record"])).ttt
     assert recipe.compile and not option.compile
-    assert (recipe.row_widths, option.row_widths) == ("half_octave", "pow2")
+    assert (recipe.row_widths, option.row_widths) == (str(recipe.chunk_size), "pow2") == ("48", "pow2")
+    assert (recipe.graph_rows, option.graph_rows) == ("half_octave", "pow2")
     padded = to_config(compose(["ttt=record", "ttt.row_widths=128", "ttt.graph_rows=half_octave"])).ttt
     assert (padded.row_widths, padded.graph_rows) == ("128", "half_octave")  # a number on the command line
-    assert dataclasses.replace(recipe, max_seconds=None, compile=False, row_widths="pow2") == option
+    assert dataclasses.replace(recipe, max_seconds=None, compile=False, row_widths="pow2", graph_rows="pow2") == option
     assert not to_config(compose(["experiment=pgolf_record", "debug=smoke"])).ttt.compile
     assert (option.rank, option.alpha, option.targets, option.phased.phases, option.warm_start_a) == (
         96,
