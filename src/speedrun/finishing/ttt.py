@@ -310,15 +310,13 @@ def ttt_evaluate(
                 f"ttt: {len(stepper.graphs.graphs)} step shapes captured as CUDA graphs in "
                 f"{time.perf_counter() - t_capture:.1f} s"
             )
-    if s.compile is not None and phases:
-        # the global phases' shapes too, through the compiled regions they run on: the bare model's graphs compile
-        # here, and the first call at a shape (cuDNN's plans) is paid here, not in the phases on TTT's clock
+    if (
+        s.compile is not None and phases
+    ):  # the phases' shapes too, as the steps': compiled TTT warms up before its clock
         t_phases = time.perf_counter()
         shapes = _phase_shapes(docs, batches, phases, s.phased, seq_len, rank, world)
         with lora.bare() as bare:
-            warm_up_phases(
-                bare, shapes, vocab=int(tokens.max()) + 1, device=device, autocast_dtype=autocast_dtype, forward=forward
-            )
+            warm_up_phases(bare, shapes, vocab=int(tokens.max()) + 1, device=device, autocast_dtype=autocast_dtype)
         warm_up_seconds += time.perf_counter() - t_phases
         if log is not None and rank == 0:
             log(f"ttt: the global phases' {len(shapes)} shapes warmed up in {time.perf_counter() - t_phases:.1f} s")
@@ -386,8 +384,6 @@ def ttt_evaluate(
                         autocast_dtype=autocast_dtype,
                         shard=shard,
                         deadline=deadline,
-                        # compiled TTT's regions run the bare model too: an eager step of the phases cost ~0.3 s
-                        forward=forward if s.compile is not None else None,
                     )
                 glob.add(stats)
                 if stats.stopped:

@@ -161,9 +161,8 @@ def warm_up(
     vocab: int,
     device: str,
     autocast_dtype: torch.dtype | None,
-    forward: Callable[..., torch.Tensor] | None = None,
 ) -> None:
-    """A forward and backward of ``model`` (through ``forward``, as finetune's) at each (rows, width) of ``shapes``, on random tokens (never validation
+    """A forward and backward of ``model`` at each (rows, width) of ``shapes``, on random tokens (never validation
     data), as ``finetune`` runs them, without a step: the gradients are dropped and the weights stay as they were.
     Why: the first call at a shape pays for its plans (cuDNN's attention graphs, cuBLAS's heuristics) and every
     phase's rows are a new shape; TTT runs this before its clock (speedrun.finishing.ttt), as it captures its steps.
@@ -171,7 +170,7 @@ def warm_up(
     gen = torch.Generator().manual_seed(0)
     for rows, width in sorted(shapes, reverse=True):
         x, y = (torch.randint(0, vocab, (rows, width), generator=gen).to(device) for _ in range(2))
-        nats = _nats(forward or model, x, y, device, autocast_dtype)
+        nats = _nats(model, x, y, device, autocast_dtype)
         torch.where(torch.ones_like(x, dtype=torch.bool), nats, 0.0).sum().backward()
     for p in model.parameters():
         p.grad = None
@@ -188,12 +187,9 @@ def finetune(
     autocast_dtype: torch.dtype | None,
     shard: Any = None,
     deadline: float | None = None,
-    forward: Callable[..., torch.Tensor] | None = None,
 ) -> FinetuneStats:
     """Fine-tune every trainable parameter of ``model`` in place on ``docs`` (start, n_targets) of the 1-D stream
-    ``tokens`` (on ``device``), as the module doc says. ``shard``: a World whose ranks all call this together.
-    ``forward(x, y, reduction="none")`` runs the model (default: the module itself, eagerly); compiled TTT passes
-    its compiled scorer of the same module (speedrun.finishing.ttt._Compiled)."""
+    ``tokens`` (on ``device``), as the module doc says. ``shard``: a World whose ranks all call this together."""
     t0 = time.perf_counter()
     stats = FinetuneStats()
     rank, world = (shard.rank, shard.world_size) if shard is not None else (0, 1)
@@ -217,7 +213,7 @@ def finetune(
         opt.zero_grad(set_to_none=True)
         for rows in step.forwards:
             x, y, valid = _gather(tokens, rows, seq_len, last, device)
-            nats = _nats(forward or model, x, y, device, autocast_dtype)
+            nats = _nats(model, x, y, device, autocast_dtype)
             # x world: the gradient average over the ranks divides it out again
             (torch.where(valid, nats, 0.0).sum() * (world / step.tokens)).backward()
         if shard is not None:
