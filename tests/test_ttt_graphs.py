@@ -405,3 +405,54 @@ def test_a_capture_that_runs_out_of_memory_says_what_to_change():
     assert "shape 3 of 5 (rows 8, width 256, 2 captured)" in message and "ttt.row_widths=pow2" in message
     assert "Tried to allocate 90.00 MiB." in message and "non-PyTorch" not in message
     assert find_oom(info.value) is info.value
+
+
+@pytest.mark.parametrize("graphed", [False, True])
+def test_one_a_product_for_the_attentions_input_scores_as_an_a_product_each(monkeypatch, graphed):
+    """ttt.shared_attn_a: the adapters on q, k, v and beside the attention share one A product with its input (the
+    attention's adapter hook) and score, learn and step as the same adapters wrapped one by one do: directly and on
+    the graphed path (the rows' slots optimizer inside the step), with the head at the chunk's columns (the last
+    layer at the picked columns), warm-started A and global phases (which run the model without the hook)."""
+    from speedrun.finishing.lora import Adapted, InputAdapters
+
+    monkeypatch.setattr(ttt_module, "GraphedChunkSteps", RecordingGraphs)
+    tokens = docs_stream([200, 90, 300, 40, 17, 120, 64, 9], seed=3)
+    kw = dict(batch_size=3, warm_start_a=True, short_chunks="64:4", optimizer="adam", beta1=0.0, weight_decay=0.5,
+              targets="record", alpha=8.0, cuda_graphs=graphed, lr=1e-2,
+              phased=ttt_module.GlobalSettings(phases=2, prefix_docs=4, lr=1e-2, chunk_tokens=64))  # fmt: skip
+    built = []
+    lora_class = ttt_module.LoRAModel
+    monkeypatch.setattr(ttt_module, "LoRAModel", lambda *a, **k: built.append(lora_class(*a, **k)) or built[-1])
+    each = run(model(), tokens, **kw)
+    shared = run(model(), tokens, shared_attn_a=True, **kw)
+    frozen = run(model(), tokens, shared_attn_a=True, **{**kw, "lr": 0.0})
+    separate, hooked = built[:2]
+    wrapped = {type(m.module).__name__ for m in separate.model.modules() if isinstance(m, Adapted)}
+    assert wrapped == {"Linear", "CausalSelfAttention", "MLP"} and not separate.hooked
+    # shared: the attention's input adapters are hooked in, the MLP's bypass still wraps the MLP
+    assert {type(m.module).__name__ for m in hooked.model.modules() if isinstance(m, Adapted)} == {"MLP"}
+    assert len(hooked.hooked) == TINY.n_layer and all(isinstance(h, InputAdapters) for _, h in hooked.hooked)
+    assert all(attn.adapter is h for attn, h in hooked.hooked)  # back in place after the phases
+    assert shared.phases_done == each.phases_done == 2 and shared.tokens_scored == each.tokens_scored
+    # at this learning rate the adapters move the score by 1e-3, the two ways agree to 1e-8; at the tests' usual 0.05
+    # Adam's steps on this tiny model turn float rounding into 1e-2
+    assert abs(shared.val_loss - frozen.val_loss) > 5e-4
+    assert shared.val_loss == pytest.approx(each.val_loss, rel=1e-7)
+    by_doc = {(c.batch, c.chunk, c.doc): c.nats for c in each.chunks}
+    assert len(shared.chunks) == len(each.chunks)
+    for c in shared.chunks:
+        assert c.nats == pytest.approx(by_doc[(c.batch, c.chunk, c.doc)], rel=1e-5, abs=1e-6)
+    # the adapters learnt the same: every A and B, slot for slot
+    for a, b in zip(separate.parameters(), hooked.parameters(), strict=True):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+    assert any(float(p.abs().sum()) > 0 for d in hooked.deltas for p in (d.B,))
+
+
+def test_a_model_without_the_attention_hook_is_refused_for_shared_attn_a():
+    from speedrun.finishing.lora import LoRAModel
+
+    m = model()
+    for block in m.blocks:
+        del block.attn.adapter
+    with pytest.raises(ValueError, match="ttt.shared_attn_a=false"):
+        LoRAModel(m, ("q", "v"), 2, 2, 0, shared_attn_a=True)

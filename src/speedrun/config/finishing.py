@@ -223,6 +223,10 @@ class TTTConfig:
     graph_rows: str = "pow2"
     """The row counts a CUDA-graphed TTT step (and its base passes) is padded to: ``pow2`` (2, 4, 8, ... up to the
     batch) or ``half_octave`` (3, 6, 12, 24, 48 as well): less padding, more graphs to capture. Counted, not timed."""
+    shared_attn_a: bool = False
+    """One LoRA-A product for the adapters that read the attention's input (q, k, v, attn_bypass) instead of one
+    each: the same arithmetic, the input read once and the backward's input gradient one product. Needs the built-in
+    GPT's attention adapter hook (a registry model without one is refused). Not yet measured on a GPU."""
     phased: PhasedTTTConfig = field(default_factory=PhasedTTTConfig)
     """Phased global TTT (ttt.phased.phases, .prefix_docs, .lr, ...): the model's own weights fine-tuned with SGD
     on documents already scored; off by default (phases 0)."""

@@ -488,6 +488,7 @@ def _ttt(
         cuda_graphs=bool(t.cuda_graphs),
         row_widths=t.row_widths,
         graph_rows=t.graph_rows,
+        shared_attn_a=t.shared_attn_a,
         max_batch_share=t.max_batch_share,
         phased=GlobalSettings(
             phases=g.phases,
@@ -563,6 +564,7 @@ def ttt_setting_keys(t: Any) -> dict[str, Any]:
         ttt_cuda_graphs=t.cuda_graphs,
         ttt_row_widths=t.row_widths,
         ttt_graph_rows=t.graph_rows,
+        ttt_shared_attn_a=t.shared_attn_a,
         ttt_max_batch_share=t.max_batch_share,
         ttt_targets=t.targets,
         ttt_chunk_size=t.chunk_size,

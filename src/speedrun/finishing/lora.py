@@ -41,6 +41,8 @@ TARGETS = {
 """Adapter target -> (submodule of a block, attribute): blocks.N.attn.c_q etc."""
 BYPASS = {"attn_bypass": "attn", "mlp_bypass": "mlp"}
 """Adapter target -> the block's sublayer it runs beside."""
+SHARED_INPUT = ("q", "k", "v", "attn_bypass")
+"""The targets that read the attention's input, in the order of the attention's adapter hook's deltas."""
 
 
 class LoRADelta(nn.Module):
@@ -55,10 +57,43 @@ class LoRADelta(nn.Module):
         """A and B at the slots of a step's rows, bound by LoRAModel.bind_rows: the forward uses these very tensors
         (None: it slices its batch's rows itself)."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        A, B = self.rows if self.rows is not None else (self.A[: x.size(0)], self.B[: x.size(0)])
-        delta = torch.bmm(torch.bmm(x, A.transpose(1, 2).to(x.dtype)), B.transpose(1, 2).to(x.dtype))
+    def bound(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A and B at a batch's slots: the views bind_rows bound, or the first ``batch`` slots."""
+        return self.rows if self.rows is not None else (self.A[:batch], self.B[:batch])
+
+    def up(self, h: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+        """scale h B^T: the delta from the low-rank h = x A^T."""
+        delta = torch.bmm(h, B.transpose(1, 2).to(h.dtype))
         return delta if self.scale == 1.0 else delta * self.scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        A, B = self.bound(x.size(0))
+        return self.up(torch.bmm(x, A.transpose(1, 2).to(x.dtype)), B)
+
+
+class InputAdapters(nn.Module):
+    """The adapters that read an attention's input (q, k, v and the attention bypass: ``SHARED_INPUT``), hooked
+    into the attention (speedrun.model.gpt.CausalSelfAttention.adapter) instead of wrapped around its linears and
+    itself: their A products with the input are one, x [A_q; A_k; A_v; A_bypass]^T, split into each adapter's h.
+    The same arithmetic; x (rows x width x d_model) is read once instead of four times, and the backward's input
+    gradient is one product instead of four and their sum. ``ttt.shared_attn_a``."""
+
+    def __init__(self, deltas: dict[str, LoRADelta]):
+        super().__init__()
+        self.names = tuple(t for t in SHARED_INPUT if t in deltas)
+        self.deltas = nn.ModuleDict({t: deltas[t] for t in self.names})
+
+    def forward(self, x: torch.Tensor, at: Any = None) -> tuple[torch.Tensor | None, ...]:
+        deltas = [cast(LoRADelta, self.deltas[t]) for t in self.names]
+        bound = [d.bound(x.size(0)) for d in deltas]
+        A = torch.cat([a.to(x.dtype) for a, _ in bound], dim=1)  # cast each first: each A's gradient its own tensor
+        hs = torch.bmm(x, A.transpose(1, 2)).split([a.size(1) for a, _ in bound], dim=-1)
+        out: dict[str, torch.Tensor] = {}
+        for t, d, (_, B), h in zip(self.names, deltas, bound, hs):
+            if at is not None and t in ("q", "attn_bypass"):  # q and the output at the picked columns only
+                h = at.gather(h)
+            out[t] = d.up(h, B)
+        return tuple(out.get(t) for t in SHARED_INPUT)
 
 
 class Adapted(nn.Module):
@@ -118,6 +153,7 @@ class LoRAModel:
         seed: int,
         scale: float = 1.0,
         cast_dtype: torch.dtype | None = None,
+        shared_attn_a: bool = False,
     ):
         # a model of the registry's contract (model/protocol.py): its blocks and their linears are looked up by name
         self.model: Any = cast(Any, copy.deepcopy(model))
@@ -135,23 +171,40 @@ class LoRAModel:
         self.slots = slots
         self.wrapped: list[Adapted] = []
         self.deltas: list[LoRADelta] = []
+        self.hooked: list[tuple[Any, InputAdapters]] = []
+        """(attention, its InputAdapters) per block, with shared_attn_a."""
 
-        def adapt(parent: nn.Module, attr: str) -> None:
+        def adapt(parent: nn.Module, attr: str, shared: dict[str, LoRADelta] | None, target: str) -> None:
             inner = getattr(parent, attr)
             d_in, d_out = _features(inner)
-            wrapper = Adapted(inner, LoRADelta(d_in, d_out, slots, rank, scale, device))
+            delta = LoRADelta(d_in, d_out, slots, rank, scale, device)
+            self.deltas.append(delta)  # the same order either way: the A draws below follow it
+            if shared is not None and target in SHARED_INPUT:
+                shared[target] = delta
+                return
+            wrapper = Adapted(inner, delta)
             setattr(parent, attr, wrapper)
             self.wrapped.append(wrapper)
-            self.deltas.append(wrapper.delta)
 
         for block in self.model.blocks:
+            attn = block.attn
+            if shared_attn_a and not hasattr(attn, "adapter"):
+                raise ValueError(
+                    f"ttt.shared_attn_a is on, but {type(attn).__name__} has no adapter hook (speedrun.model.gpt."
+                    "CausalSelfAttention.adapter); set ttt.shared_attn_a=false"
+                )
+            shared: dict[str, LoRADelta] | None = {} if shared_attn_a else None
             for t in targets:  # the linears first: a bypass wraps the sublayer that holds them
                 if t in TARGETS:
                     parent_name, attr = TARGETS[t]
-                    adapt(getattr(block, parent_name), attr)
+                    adapt(getattr(block, parent_name), attr, shared, t)
             for t in targets:
                 if t in BYPASS:
-                    adapt(block, BYPASS[t])
+                    adapt(block, BYPASS[t], shared, t)
+            if shared:
+                hook = InputAdapters(shared)
+                attn.adapter = hook
+                self.hooked.append((attn, hook))
         self.head: LoRADelta | None = None
         if "head" in targets:
             lm_head = getattr(self.model, "lm_head", None)  # the GPT's: None when tied to the embedding
@@ -211,6 +264,8 @@ class LoRAModel:
         what global TTT fine-tunes. Adapters and freezing come back after."""
         for w in self.wrapped:
             w.active = False
+        for attn, _ in self.hooked:
+            attn.adapter = None
         if self.head is not None:
             self.model.head_adapter = None
         params = self.base_parameters()
@@ -237,5 +292,7 @@ class LoRAModel:
                 p.requires_grad_(True)
             for w in self.wrapped:
                 w.active = True
+            for attn, hook in self.hooked:
+                attn.adapter = hook
             if self.head is not None:
                 self.model.head_adapter = self.head

@@ -202,6 +202,9 @@ class LoRASettings:
     (64, 96, 128, 192, ...: less padding, twice the shapes to compile and capture) or a number N (multiples of N)."""
     graph_rows: str = "pow2"
     """The row counts a graphed step is padded to (ttt_graphs.pad_rows): pow2 or half_octave (3, 6, 12, 24, ...)."""
+    shared_attn_a: bool = False
+    """One A product for the adapters that read the attention's input (q, k, v, attn_bypass), through the
+    attention's adapter hook (speedrun.finishing.lora.InputAdapters): the same arithmetic, x read once."""
 
 
 def ttt_evaluate(
@@ -267,7 +270,9 @@ def ttt_evaluate(
 
     scale = 1.0 if s.alpha is None else s.alpha / s.rank
     low = autocast_dtype if s.cast_weights and autocast_dtype in (torch.bfloat16, torch.float16) else None
-    lora = LoRAModel(model, parse_targets(s.targets), s.rank, min(s.batch_size, len(docs)), s.seed, scale, low)
+    lora = LoRAModel(
+        model, parse_targets(s.targets), s.rank, min(s.batch_size, len(docs)), s.seed, scale, low, s.shared_attn_a
+    )
     base_model = model
     if low is not None and s.score_base:  # the unadapted scorer: a copy, so the model passed in stays as it was
         base_model = copy.deepcopy(model)

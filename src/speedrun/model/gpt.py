@@ -78,6 +78,20 @@ class CausalSelfAttention(nn.Module):
             if gate.init_std > 0:
                 nn.init.normal_(w, mean=0.0, std=gate.init_std)
             self.attn_gate_w = nn.Parameter(w)
+        self.adapter: nn.Module | None = None
+        """Low-rank deltas from this attention's input, set only on TTT's own copy of the model (speedrun.finishing.
+        lora.InputAdapters, ttt.shared_attn_a): ``adapter(x, at)`` -> the deltas of q, k, v and of the output
+        (None where there is no adapter), q's and the output's at ``at``'s columns. Its adapters share one
+        product with the input, where adapters wrapped around c_q, c_k, c_v and the whole attention each take
+        their own."""
+
+    def _adapted(self, x: torch.Tensor, at: Columns | None, q, k, v):
+        """q, k, v plus the adapter's deltas, and the output's delta (None without an adapter)."""
+        if self.adapter is None:
+            return q, k, v, None
+        dq, dk, dv, out = self.adapter(x, at)
+        q, k, v = (y if d is None else y + d.to(y.dtype) for y, d in ((q, dq), (k, dk), (v, dv)))
+        return q, k, v, out
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: object, at: Columns | None = None
@@ -92,6 +106,7 @@ class CausalSelfAttention(nn.Module):
             q, k, v = F.linear(x, weight).split(self.split, dim=-1)
         else:
             q, k, v = self.c_q(x), self.c_k(x), self.c_v(x)
+        q, k, v, delta_out = self._adapted(x, None, q, k, v)
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
@@ -116,8 +131,8 @@ class CausalSelfAttention(nn.Module):
             # y_h *= sigmoid(scale * W_h . x[:window]) per position (the record's sparse_attn_gate)
             g = torch.sigmoid(self.gate_scale * F.linear(x[..., : self.gate_window], self.attn_gate_w))
             y = y * g.transpose(1, 2).unsqueeze(-1).to(y.dtype)
-        y = y.transpose(1, 2).reshape(B, T, C)
-        return self.proj(y)
+        y = self.proj(y.transpose(1, 2).reshape(B, T, C))
+        return y if delta_out is None else y + delta_out.to(y.dtype)
 
     def _forward_at(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, at: Columns) -> torch.Tensor:
         """The output at ``at``'s columns only, (B, G, C): keys and values from every position of x (B, T, C),
@@ -126,9 +141,10 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape
         G = at.cols.size(1)
         xp = at.gather(x)
-        q = self.c_q(xp).view(B, G, self.n_head, self.head_dim).transpose(1, 2)
-        k = self.c_k(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-        v = self.c_v(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        q, k, v, delta_out = self._adapted(x, at, self.c_q(xp), self.c_k(x), self.c_v(x))
+        q = q.view(B, G, self.n_head, self.head_dim).transpose(1, 2)
+        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         dtype = v.dtype
         q, k = q.float(), k.float()
         if self.qk_norm:
@@ -155,7 +171,8 @@ class CausalSelfAttention(nn.Module):
         if self.gate_window:
             g = torch.sigmoid(self.gate_scale * F.linear(xp[..., : self.gate_window], self.attn_gate_w))
             y = y * g.transpose(1, 2).unsqueeze(-1).to(y.dtype)
-        return self.proj(y.transpose(1, 2).reshape(B, G, C))
+        y = self.proj(y.transpose(1, 2).reshape(B, G, C))
+        return y if delta_out is None else y + delta_out.to(y.dtype)
 
 
 class Columns(NamedTuple):
