@@ -11,8 +11,9 @@
 #   3. scripts/ttt_table.py on that model, the records' TTT (conf/ttt/record.yaml, 64 documents a batch, phases over
 #      the first 64 documents), compiled and replayed from CUDA graphs, rows padded to multiples of 48 (the chunk) with
 #      half-octave row counts: ROWS (default "nobase base") one row without the base score (the records' TTT
-#      computes none), one with it (val_bpb_ttt_base); with BASELINE_SRC (the src/ of another tree) the rows of
-#      BASELINE_ROWS (default "base") again on that code, for a ratio measured on the same card in the same call.
+#      computes none), one with it (val_bpb_ttt_base), and on request "shared" (no base score,
+#      ttt.shared_attn_a=true); with BASELINE_SRC (the src/ of another tree) the rows of BASELINE_ROWS (default
+#      "base") again on that code, for a ratio measured on the same card in the same call.
 #   . scripts/device_env.sh && bash scripts/gpu_ttt_rate.sh
 #   VOCAB=8192 BASELINE_SRC=/path/to/other/src BASELINE_ROWS=nobase bash scripts/gpu_ttt_rate.sh
 # ROW_ARGS (default "ttt.row_widths=48 ttt.graph_rows=half_octave", as pgolf_record) pad every row; a tree from before the
@@ -64,7 +65,9 @@ for name in ${ROWS-nobase base}; do  # ROWS= (empty): the model only
   case $name in
     nobase) row nobase "records' TTT, no base score" "ttt.score_base=false" ;;
     base) row base "records' TTT, base scored" "ttt.score_base=true" ;;
-    *) echo "ROWS: unknown row $name (nobase, base)"; exit 1 ;;
+    shared) row shared "records' TTT, no base score, one A product for the attention's input" \
+      "ttt.score_base=false ttt.shared_attn_a=true" ;;
+    *) echo "ROWS: unknown row $name (nobase, base, shared)"; exit 1 ;;
   esac
 done
 if [ -n "${BASELINE_SRC:-}" ]; then  # BASELINE_ROWS (default base): which of the rows run again on that code

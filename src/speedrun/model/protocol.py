@@ -24,7 +24,8 @@ Who uses what:
   ``<i>.attn.c_v``, ``<i>.attn.proj``, ``<i>.mlp.fc``, ``<i>.mlp.proj``; GPTQ takes any 2-D weight it finds): a model whose blocks name them otherwise
   trains and evaluates, and those features refuse it by name; TTT's bypass adapters wrap ``<i>.attn`` and
   ``<i>.mlp``, and its ``head`` target sets a ``head_adapter`` attribute that ``head`` must add to the logits
-  (speedrun.model.gpt.GPT.head; a model without the attribute is refused ttt.targets=head);
+  (speedrun.model.gpt.GPT.head; a model without the attribute is refused ttt.targets=head); ttt.shared_attn_a
+  sets an ``adapter`` attribute on ``<i>.attn`` (speedrun.model.gpt.CausalSelfAttention.adapter), refused without;
 - the record: ``num_params()``; MFU: the FLOPs per token of the shape (speedrun.model.shape.ModelShape), unless the
   class defines ``flops_per_token(shape, seq_len)`` for a different arithmetic.
 
