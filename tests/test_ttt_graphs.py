@@ -448,6 +448,23 @@ def test_one_a_product_for_the_attentions_input_scores_as_an_a_product_each(monk
     assert any(float(p.abs().sum()) > 0 for d in hooked.deltas for p in (d.B,))
 
 
+@pytest.mark.gpu
+def test_cuda_graphed_ttt_with_one_a_product_scores_as_separate_adapters():
+    """On a GPU, bf16, replayed from CUDA graphs with the optimizer inside them: ttt.shared_attn_a scores as the
+    adapters wrapped one by one do, within bf16's rounding."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    tokens = docs_stream([200, 90, 300, 40, 17, 120, 64, 9], seed=3)
+    kw = dict(batch_size=3, device="cuda", autocast_dtype=torch.bfloat16, warm_start_a=True, short_chunks="64:4",
+              beta1=0.0, targets="record", alpha=8.0, lr=1e-2, cuda_graphs=True,
+              phased=ttt_module.GlobalSettings(phases=2, prefix_docs=4, lr=1e-2, chunk_tokens=64))  # fmt: skip
+    each = run(model().cuda(), tokens, **kw)
+    shared = run(model().cuda(), tokens, shared_attn_a=True, **kw)
+    assert shared.cuda_graphs > 0 and shared.cuda_graphs_late == 0 and shared.phases_done == 2
+    assert shared.tokens_scored == each.tokens_scored and shared.bytes == each.bytes
+    assert shared.val_loss == pytest.approx(each.val_loss, rel=2e-3)
+
+
 def test_a_model_without_the_attention_hook_is_refused_for_shared_attn_a():
     from speedrun.finishing.lora import LoRAModel
 

@@ -312,7 +312,11 @@ def test_compiled_ttt_scores_like_eager_with_its_warm_up_off_the_clock(scope, sp
         assert res.complete
         return res
 
-    eager = dataclasses.replace(CONFIGS["warm"], score_base=True, chunk_size=16, batch_size=4, max_batch_share=split)
+    # with the split, the attention's input adapters share one A product (ttt.shared_attn_a): the hook compiles too
+    eager = dataclasses.replace(
+        CONFIGS["warm"], score_base=True, chunk_size=16, batch_size=4, max_batch_share=split,
+        shared_attn_a=split is not None,
+    )  # fmt: skip
     compiled = dataclasses.replace(eager, compile="aot_eager", compile_scope=scope)
     a = run(eager)
     rows_run = []
