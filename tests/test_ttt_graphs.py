@@ -445,7 +445,7 @@ def test_one_a_product_for_the_attentions_input_scores_as_an_a_product_each(monk
     # the adapters learnt the same: every A and B, slot for slot
     for a, b in zip(separate.parameters(), hooked.parameters(), strict=True):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
-    assert any(float(p.abs().sum()) > 0 for d in hooked.deltas for p in (d.B,))
+    assert all(bool(d.B.detach().any()) for d in hooked.deltas)  # every adapter learnt something
 
 
 @pytest.mark.gpu
