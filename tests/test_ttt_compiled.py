@@ -1,0 +1,127 @@
+"""Compiled TTT (ttt.compile) against eager: the same scores, its warm-up off the clock and covering every shape
+the run takes, the global phases' shapes included. Apart from tests/test_ttt_score_first.py, whose fixtures it
+uses, so that the two files' slowest tests can run on different workers."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from speedrun.finishing import ttt as ttt_module
+from speedrun.finishing import ttt_global
+from speedrun.finishing.lora import LoRAModel
+from speedrun.finishing.ttt import LoRASettings, ttt_evaluate
+from speedrun.kernels.compile import graphs_compiled
+from speedrun.model.attention import get_backend
+from speedrun.model.gpt import GPT
+from speedrun.model.shape import ModelShape
+from test_ttt import BOS, TINY, docs_stream, luts
+from test_ttt_score_first import CONFIGS, model
+
+
+@pytest.mark.parametrize("scope,split", [("blocks", None), ("model", None), ("blocks", 0.3)])
+def test_compiled_ttt_scores_like_eager_with_its_warm_up_off_the_clock(scope, split):
+    """ttt.compile: the adapted and unadapted forwards through torch.compile (dynamic shapes; aot_eager here, the
+    same graph capture as inductor without a C++ toolchain) give eager's scores, after a warm-up on random tokens
+    that leaves the adapters as they were; the records' adapters, phases and base scores included, at a step width
+    the warm-up did not run, and with the rows of documents already done left out (eager runs them as padding).
+    Either scope:
+    each block and the head on their own (the default), or the whole model as one graph. With ttt.max_batch_share
+    (split): the heavy batches halved alike in both, down to batches of one document, which compiled TTT still runs
+    as two rows (a size-1 dimension would compile graphs of its own while the clock runs)."""
+    import dataclasses
+
+    torch._dynamo.reset()
+    # Windows up to 150 tokens at a context of 192: steps 64, 128 and 192 wide (powers of two, capped at the
+    # context), the compiled ones on the graphs warmed up at 64 and 192 alone.
+    tokens = docs_stream([150, 37, 20, 51, 29, 44, 33, 120], seed=3)
+    wide = ModelShape(**{**TINY.__dict__, "seq_len": 192})
+
+    def run(settings):
+        torch.manual_seed(0)
+        m = GPT(wide, get_backend("sdpa", kernel="math"))
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        res = ttt_evaluate(m, tokens, luts(), settings, bos_id=BOS, seq_len=wide.seq_len, record_chunks=True)
+        assert res.complete
+        return res
+
+    # with the split, the attention's input adapters share one A product (ttt.shared_attn_a): the hook compiles too
+    eager = dataclasses.replace(
+        CONFIGS["warm"], score_base=True, chunk_size=16, batch_size=4, max_batch_share=split,
+        shared_attn_a=split is not None,
+    )  # fmt: skip
+    compiled = dataclasses.replace(eager, compile="aot_eager", compile_scope=scope)
+    a = run(eager)
+    rows_run = []
+    call = ttt_module._Compiled.__call__
+
+    def spy(self, x, y, reduction="none", pick=None):
+        rows_run.append(x.size(0))
+        return call(self, x, y, reduction, pick)
+
+    # the model is asked for a chunk's columns (GPT.forward's pick): seen from outside the compiled blocks; under
+    # scope=model the spy would be traced into the graph (a Python side effect that dynamo guards on)
+    picked: list[bool] = []
+    columns = GPT._columns
+    # the global phases' forwards (run eagerly): each at a shape warmed up before the clock
+    warmed: set[tuple[int, int]] = set()
+    phase_forwards: list[tuple[int, int]] = []
+    warm_up, gather = ttt_module.warm_up_phases, ttt_global._gather
+
+    def gather_spy(tokens, rows, seq_len, last, device):
+        x, y, valid = gather(tokens, rows, seq_len, last, device)
+        phase_forwards.append(tuple(x.shape))
+        return x, y, valid
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ttt_module._Compiled, "__call__", spy)
+        mp.setattr(
+            ttt_module,
+            "warm_up_phases",
+            lambda model, shapes, **kw: warmed.update(shapes) or warm_up(model, shapes, **kw),
+        )
+        mp.setattr(ttt_global, "_gather", gather_spy)
+        if scope == "blocks":
+            mp.setattr(GPT, "_columns", lambda self, idx, pick: picked.append(True) or columns(self, idx, pick))
+        b = run(compiled)
+    assert bool(picked) == (scope == "blocks") and ttt_module._Compiled(model(), "aot_eager", scope).picks
+    # compiled steps run only the documents still going (at least 2): batches of 4 shrink to 3 and 2 rows
+    assert min(rows_run) == 2 and (split is not None or {2, 3, 4} <= set(rows_run))  # split: batches of 1 run 2
+    assert a.compile_seconds == 0.0 and b.compile_seconds > 0
+    regional = ttt_module._Compiled(model(), "aot_eager", scope).regions is not None
+    assert regional == (scope == "blocks")
+    assert b.recompiles == 0  # the warm-up's dynamic graphs cover every width, batch and phase of the run
+    assert b.phases_done == 2 and phase_forwards and set(phase_forwards) == warmed
+    assert (b.tokens_scored, b.bytes, b.phases_done) == (a.tokens_scored, a.bytes, a.phases_done)
+    assert b.val_loss == pytest.approx(a.val_loss, rel=1e-5) and b.base_val_loss == pytest.approx(
+        a.base_val_loss, rel=1e-5
+    )
+    for x, y in zip(a.chunks, b.chunks):
+        assert (x.batch, x.doc, x.chunk, x.tokens) == (y.batch, y.doc, y.chunk, y.tokens)
+        assert y.nats == pytest.approx(x.nats, rel=1e-4)
+    batch_sizes = Counter(c.batch for c in a.chunks if c.chunk == 0)  # documents per batch
+    assert (max(batch_sizes) + 1, min(batch_sizes.values())) == ((2, 4) if split is None else (5, 1))
+
+
+def test_compiled_ttt_warms_up_one_graph_set_whatever_the_widths():
+    """The warm-up's narrow window (64 tokens, as wide as the model) and its full window (128) share the graphs of
+    every variant: the width stays a symbol of its own (no duck shaping), so it is not specialized along with the
+    model's width, which would compile every variant again for the other width."""
+    shape = ModelShape(**{**TINY.__dict__, "d_model": 64, "seq_len": 128, "n_layer": 1})
+    counts = []
+    for chunk in (16, 128):  # windows of 64 and 128 tokens, then of 128 alone
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        m = GPT(shape, get_backend("sdpa", kernel="math"))
+        s = LoRASettings(
+            rank=2, lr=0.01, chunk_size=chunk, batch_size=2, targets="q,v", compile="aot_eager", score_base=False
+        )
+        lora = LoRAModel(m, ("q", "v"), s.rank, 2, 0)
+        before = graphs_compiled()
+        ttt_module._forwards(lora, m, s, shape.seq_len, [], "cpu", None, shape.vocab_size)
+        counts.append(graphs_compiled() - before)
+    assert counts[0] == counts[1] > 0, counts
