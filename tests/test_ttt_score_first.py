@@ -190,8 +190,25 @@ def test_phase_shapes_are_the_shapes_finetune_runs_and_the_warm_up_runs_them_wit
         stats = finetune(bare, tokens, docs, settings, seq_len=24, device="cpu", autocast_dtype=None,
                          shard=Ranked() if world > 1 else None)  # fmt: skip
     assert stats.steps > 2 and set(recorder.seen) == shapes and len(shapes) > 1
-    if micro is not None:
-        assert max(rows for rows, _ in shapes) == micro
+    if micro is not None:  # a forward's padded tokens within micro rows of seq_len (every width is 24 here)
+        assert max(rows * width for rows, width in shapes) == micro * 24
+
+
+def test_phase_forwards_fill_their_token_budget_and_add_up_to_the_step():
+    """A step's rows (longest first) go to forwards that each hold as many rows as fit in the budget of padded
+    tokens (rows x the width of the first): never over it, and a forward is closed only when its next row would not
+    fit; together the forwards hold the step's rows in order, so the step's summed gradient is the same."""
+    rows = [(0, 2000), (10, 900), (20, 700), (30, 300), (40, 250), (50, 120), (60, 64), (70, 60), (80, 10), (90, 3)]
+    budget = 2 * 2048
+    forwards = ttt_global._forwards(rows, 2048, budget)
+    assert [r for f in forwards for r in f] == rows
+    widths = [ttt_global._width(f, 2048) for f in forwards]
+    assert all(len(f) * w <= budget for f, w in zip(forwards, widths))
+    assert all((len(f) + 1) * w > budget for f, w in zip(forwards[:-1], widths[:-1]))
+    # 2 rows at width 2048; 700 opens a forward at width 1024 with room for 4; 64 opens one at width 64 (room for 64)
+    assert [len(f) for f in forwards] == [2, 4, 4] and widths == [2048, 1024, 64]
+    assert ttt_global._forwards(rows, 2048, None) == [rows]
+    assert ttt_global._forwards([], 2048, budget) == []
 
 
 @pytest.mark.parametrize("tied", [True, False])
