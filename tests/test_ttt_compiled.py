@@ -21,7 +21,10 @@ from test_ttt import BOS, TINY, docs_stream, luts
 from test_ttt_score_first import CONFIGS, model
 
 
-@pytest.mark.parametrize("scope,split", [("blocks", None), ("model", None), ("blocks", 0.3)])
+# Two cases cover both scopes, the split and the shared A product, each compiled once (~40-60 s a case on a CI
+# core): the default path (blocks, no split, an A product per adapter), and the whole model as one graph with
+# the split and ttt.shared_attn_a (both scopes trace the attention's hook and the model's pick alike).
+@pytest.mark.parametrize("scope,split", [("blocks", None), ("model", 0.3)])
 def test_compiled_ttt_scores_like_eager_with_its_warm_up_off_the_clock(scope, split):
     """ttt.compile: the adapted and unadapted forwards through torch.compile (dynamic shapes; aot_eager here, the
     same graph capture as inductor without a C++ toolchain) give eager's scores, after a warm-up on random tokens
@@ -110,18 +113,30 @@ def test_compiled_ttt_scores_like_eager_with_its_warm_up_off_the_clock(scope, sp
 def test_compiled_ttt_warms_up_one_graph_set_whatever_the_widths():
     """The warm-up's narrow window (64 tokens, as wide as the model) and its full window (128) share the graphs of
     every variant: the width stays a symbol of its own (no duck shaping), so it is not specialized along with the
-    model's width, which would compile every variant again for the other width."""
+    model's width, which would compile every variant again for the other width. One warm-up runs both windows,
+    the narrow one first: every graph is built at 64 (dynamo's graph count, over the warm-up's calls at each
+    width), and the full window, with every variant the narrow one ran, builds none."""
     shape = ModelShape(**{**TINY.__dict__, "d_model": 64, "seq_len": 128, "n_layer": 1})
-    counts = []
-    for chunk in (16, 128):  # windows of 64 and 128 tokens, then of 128 alone
-        torch._dynamo.reset()
-        torch.manual_seed(0)
-        m = GPT(shape, get_backend("sdpa", kernel="math"))
-        s = LoRASettings(
-            rank=2, lr=0.01, chunk_size=chunk, batch_size=2, targets="q,v", compile="aot_eager", score_base=False
-        )
-        lora = LoRAModel(m, ("q", "v"), s.rank, 2, 0)
-        before = graphs_compiled()
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = GPT(shape, get_backend("sdpa", kernel="math"))
+    s = LoRASettings(rank=2, lr=0.01, chunk_size=16, batch_size=2, targets="q,v", compile="aot_eager", score_base=False)
+    lora = LoRAModel(m, ("q", "v"), s.rank, 2, 0)
+    calls: list[tuple[int, int]] = []  # (window width, graphs built before the call), in the warm-up's order
+    nats = ttt_module._nats
+
+    def spy(model, x, y, *args, **kw):
+        calls.append((x.size(1), graphs_compiled()))
+        return nats(model, x, y, *args, **kw)
+
+    before = graphs_compiled()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ttt_module, "_nats", spy)
         ttt_module._forwards(lora, m, s, shape.seq_len, [], "cpu", None, shape.vocab_size)
-        counts.append(graphs_compiled() - before)
-    assert counts[0] == counts[1] > 0, counts
+    after = graphs_compiled()
+    widths = [w for w, _ in calls]
+    assert widths == sorted(widths) and set(widths) == {64, 128}, widths
+    narrow = [n for w, n in calls if w == 128][0] - before  # built by the calls at 64
+    # the same calls (variants) at either width
+    assert Counter(widths)[64] == Counter(widths)[128]
+    assert narrow > 0 and after - before == narrow, (narrow, after - before)
