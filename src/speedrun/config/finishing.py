@@ -226,7 +226,8 @@ class TTTConfig:
     shared_attn_a: bool = False
     """One LoRA-A product for the adapters that read the attention's input (q, k, v, attn_bypass) instead of one
     each: the same arithmetic, the input read once and the backward's input gradient one product. Needs the built-in
-    GPT's attention adapter hook (a registry model without one is refused). Not yet measured on a GPU."""
+    GPT's attention adapter hook (a registry model without one is refused). On one H100 at pgolf_record's TTT it
+    ran 0.989x the separate adapters (docs/benchmarks.md), so it stays off."""
     phased: PhasedTTTConfig = field(default_factory=PhasedTTTConfig)
     """Phased global TTT (ttt.phased.phases, .prefix_docs, .lr, ...): the model's own weights fine-tuned with SGD
     on documents already scored; off by default (phases 0)."""
