@@ -11,8 +11,7 @@ import torch
 
 from speedrun.finishing import ttt as ttt_module
 from speedrun.finishing import ttt_global
-from speedrun.finishing.lora import LoRAModel
-from speedrun.finishing.ttt import LoRASettings, ttt_evaluate
+from speedrun.finishing.ttt import ttt_evaluate
 from speedrun.kernels.compile import graphs_compiled
 from speedrun.model.attention import get_backend
 from speedrun.model.gpt import GPT
@@ -33,14 +32,20 @@ def test_compiled_ttt_scores_like_eager_with_its_warm_up_off_the_clock(scope, sp
     Either scope:
     each block and the head on their own (the default), or the whole model as one graph. With ttt.max_batch_share
     (split): the heavy batches halved alike in both, down to batches of one document, which compiled TTT still runs
-    as two rows (a size-1 dimension would compile graphs of its own while the clock runs)."""
+    as two rows (a size-1 dimension would compile graphs of its own while the clock runs).
+    The warm-up's narrow window (64 tokens, as wide as the model) and its full window (192) share the graphs of
+    every variant: the width stays a symbol of its own (no duck shaping), so it is not specialized along with the
+    model's width, which would compile every variant again for the other width. The narrow window runs first and
+    builds every graph (dynamo's graph count over the warm-up's calls at each width); the full window, with every
+    variant the narrow one ran, builds none."""
     import dataclasses
 
     torch._dynamo.reset()
     # Windows up to 150 tokens at a context of 192: steps 64, 128 and 192 wide (powers of two, capped at the
     # context), the compiled ones on the graphs warmed up at 64 and 192 alone.
     tokens = docs_stream([150, 37, 20, 51, 29, 44, 33, 120], seed=3)
-    wide = ModelShape(**{**TINY.__dict__, "seq_len": 192})
+    # d_model 64: the narrow window is as wide as the model (a block's input is rows x 64 x 64)
+    wide = ModelShape(**{**TINY.__dict__, "seq_len": 192, "d_model": 64})
 
     def run(settings):
         torch.manual_seed(0)
@@ -80,8 +85,26 @@ def test_compiled_ttt_scores_like_eager_with_its_warm_up_off_the_clock(scope, sp
         phase_forwards.append(tuple(x.shape))
         return x, y, valid
 
+    # the warm-up's scorer calls: (window width, graphs built before the call), in its order
+    warm_calls: list[tuple[int, int]] = []
+    warming: list[int] = []  # the graph count when the warm-up (ttt._forwards) began and when it ended
+    forwards, nats = ttt_module._forwards, ttt_module._nats
+
+    def forwards_spy(*args, **kw):
+        warming.append(graphs_compiled())
+        out = forwards(*args, **kw)
+        warming.append(graphs_compiled())
+        return out
+
+    def nats_spy(model, x, y, *args, **kw):
+        if len(warming) == 1:
+            warm_calls.append((x.size(1), graphs_compiled()))
+        return nats(model, x, y, *args, **kw)
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ttt_module._Compiled, "__call__", spy)
+        mp.setattr(ttt_module, "_forwards", forwards_spy)
+        mp.setattr(ttt_module, "_nats", nats_spy)
         mp.setattr(
             ttt_module,
             "warm_up_phases",
@@ -98,6 +121,11 @@ def test_compiled_ttt_scores_like_eager_with_its_warm_up_off_the_clock(scope, sp
     regional = ttt_module._Compiled(model(), "aot_eager", scope).regions is not None
     assert regional == (scope == "blocks")
     assert b.recompiles == 0  # the warm-up's dynamic graphs cover every width, batch and phase of the run
+    widths = [w for w, _ in warm_calls]
+    assert widths == sorted(widths) and set(widths) == {64, 192}, widths
+    assert Counter(widths)[64] == Counter(widths)[192]  # the same variants at either width
+    narrow = next(n for w, n in warm_calls if w == 192) - warming[0]  # built by the calls at 64
+    assert narrow > 0 and warming[1] - warming[0] == narrow, (narrow, warming)
     assert b.phases_done == 2 and phase_forwards and set(phase_forwards) == warmed
     assert (b.tokens_scored, b.bytes, b.phases_done) == (a.tokens_scored, a.bytes, a.phases_done)
     assert b.val_loss == pytest.approx(a.val_loss, rel=1e-5) and b.base_val_loss == pytest.approx(
@@ -108,35 +136,3 @@ def test_compiled_ttt_scores_like_eager_with_its_warm_up_off_the_clock(scope, sp
         assert y.nats == pytest.approx(x.nats, rel=1e-4)
     batch_sizes = Counter(c.batch for c in a.chunks if c.chunk == 0)  # documents per batch
     assert (max(batch_sizes) + 1, min(batch_sizes.values())) == ((2, 4) if split is None else (5, 1))
-
-
-def test_compiled_ttt_warms_up_one_graph_set_whatever_the_widths():
-    """The warm-up's narrow window (64 tokens, as wide as the model) and its full window (128) share the graphs of
-    every variant: the width stays a symbol of its own (no duck shaping), so it is not specialized along with the
-    model's width, which would compile every variant again for the other width. One warm-up runs both windows,
-    the narrow one first: every graph is built at 64 (dynamo's graph count, over the warm-up's calls at each
-    width), and the full window, with every variant the narrow one ran, builds none."""
-    shape = ModelShape(**{**TINY.__dict__, "d_model": 64, "seq_len": 128, "n_layer": 1})
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    m = GPT(shape, get_backend("sdpa", kernel="math"))
-    s = LoRASettings(rank=2, lr=0.01, chunk_size=16, batch_size=2, targets="q,v", compile="aot_eager", score_base=False)
-    lora = LoRAModel(m, ("q", "v"), s.rank, 2, 0)
-    calls: list[tuple[int, int]] = []  # (window width, graphs built before the call), in the warm-up's order
-    nats = ttt_module._nats
-
-    def spy(model, x, y, *args, **kw):
-        calls.append((x.size(1), graphs_compiled()))
-        return nats(model, x, y, *args, **kw)
-
-    before = graphs_compiled()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ttt_module, "_nats", spy)
-        ttt_module._forwards(lora, m, s, shape.seq_len, [], "cpu", None, shape.vocab_size)
-    after = graphs_compiled()
-    widths = [w for w, _ in calls]
-    assert widths == sorted(widths) and set(widths) == {64, 128}, widths
-    narrow = [n for w, n in calls if w == 128][0] - before  # built by the calls at 64
-    # the same calls (variants) at either width
-    assert Counter(widths)[64] == Counter(widths)[128]
-    assert narrow > 0 and after - before == narrow, (narrow, after - before)
