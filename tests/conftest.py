@@ -114,8 +114,9 @@ def shared_cli_run(tmp_path_factory, name: str, args: list[str], timeout: int = 
 @pytest.fixture(scope="session")
 def default_smoke_run(tmp_path_factory, data_cache) -> SharedRun:
     """The default job as a CPU smoke run (`python -m run debug=smoke`, data from data_cache), run once for the whole
-    session: tests/test_experiments.py checks what it recorded and tests/test_dist_cli.py compares a two-rank run
-    with it. Read its run dir and database; never write to them (its database must keep its one row)."""
+    session: tests/test_experiments.py and tests/test_cli.py check what it recorded, tests/test_dist_cli.py compares
+    a two-rank run with it and tests/test_ttt_table.py test-time trains copies of it. Read its run dir and database;
+    never write to them (its database must keep its one row)."""
     return shared_cli_run(tmp_path_factory, "smoke", ["debug=smoke", f"data.cache_dir={data_cache}"])
 
 

@@ -61,16 +61,22 @@ def test_hydra_compose_errors_print_hydras_message_and_exit_nonzero(tmp_path, ov
 
 
 @pytest.mark.parametrize(
-    "overrides,needle",
+    "overrides,needles",
     [
-        (["precision=fp16"], "precision=fp16 needs a CUDA GPU"),  # impossible combination (resolver)
-        (["eval.tokens=-5"], "eval.tokens=-5 must be >= 0"),  # a value the schema refuses
-        (["data=fineweb_sp1024", "data.path=nowhere/fineweb10B_sp1024"], "dataset directory not found"),
+        (["precision=fp16"], ["precision=fp16 needs a CUDA GPU"]),  # impossible combination (resolver)
+        (["eval.tokens=-5"], ["eval.tokens=-5 must be >= 0"]),  # a value the schema refuses
+        # a data path that does not exist: the run fails fast, before any work, naming the path (on the console
+        # and in its row); this case is also tests/test_cli.py's bad data path, which it ran as a run of its own
+        (
+            ["data=fineweb_sp1024", "data.path=nowhere/fineweb10B_sp1024"],
+            ["dataset directory not found", "nowhere/fineweb10B_sp1024"],
+        ),
     ],
 )
-def test_config_and_plan_errors_are_one_message_and_a_failed_row(tmp_path, overrides, needle):
+def test_config_and_plan_errors_are_one_message_and_a_failed_row(tmp_path, overrides, needles):
     proc = run_cli([*SMOKE, "hardware=cpu", *overrides], cwd=tmp_path)
-    assert_user_error(proc, tmp_path, needle)
+    for needle in needles:  # each on the console and in the row's error
+        assert_user_error(proc, tmp_path, needle)
 
 
 @pytest.fixture
