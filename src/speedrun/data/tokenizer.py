@@ -15,6 +15,8 @@ Settings and why:
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import io
 import os
 import random
@@ -23,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import sentencepiece as spm
+
+from speedrun.data.tiktoken_bpe import is_tiktoken, load_encoding
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 
@@ -170,3 +174,28 @@ def load_tokenizer(path: Path) -> spm.SentencePieceProcessor:
     except (OSError, RuntimeError) as e:
         raise ValueError(f"{path}: not a valid SentencePiece model ({e})") from None
     return sp
+
+
+def tokenizer_sha256(spec: str | Path) -> str:
+    """The tokenizer's identity, 64 hex digits: sha256 of a SentencePiece .model file's bytes; for a tiktoken
+    tokenizer (``gpt2`` or a .tiktoken file), of what each id decodes to (ranks in .tiktoken lines, then the
+    special tokens), so ``gpt2`` and a .tiktoken file of the same ranks are one tokenizer. Two tokenizers of one
+    vocab size give the same ids different bytes, so a val_bpb means something only beside this."""
+    if is_tiktoken(spec):
+        return hashlib.sha256(_tiktoken_text(load_encoding(spec))).hexdigest()
+    return hashlib.sha256(Path(spec).read_bytes()).hexdigest()
+
+
+def _tiktoken_text(enc: Any) -> bytes:
+    special = {int(enc.encode_single_token(name)): name for name in enc.special_tokens_set}
+    lines = []
+    for i in range(int(enc.n_vocab)):
+        if i in special:
+            continue
+        try:
+            piece = enc.decode_single_token_bytes(i)
+        except KeyError:  # an unused rank
+            continue
+        lines.append(f"{base64.b64encode(piece).decode()} {i}\n")
+    lines += [f"{name} {i}\n" for i, name in sorted(special.items())]
+    return "".join(lines).encode()

@@ -27,9 +27,10 @@ Throughput: eval_tokens_per_s (and _quant), ttt_tokens_per_s. eval_recompiles co
 since finishing began (the compiled eval forward meeting a new shape or the document mask), as training's
 recompiles does for the timed loop.
 
-``eval_fingerprint`` names the exact scored tokens: 16 hex digits of blake2b over the int32 ids of the validation
-tokens the windows cover (targets 1..eval_tokens and the context token 0). Runs with the same fingerprint scored
-the same tokens; the report and sweep summary compare only those.
+``eval_fingerprint`` names the exact scored tokens and how their bytes were counted: 16 hex digits of blake2b over
+the tokenizer's sha256 (``tokenizer_sha256``, recorded too) and the int32 ids of the validation tokens the windows
+cover (targets 1..eval_tokens and the context token 0). Runs with the same fingerprint scored the same tokens with
+the same byte accounting; the report and sweep summary compare only those.
 
 On several ranks (``world``): every score is split over the ranks and all-reduced (speedrun.finishing.evaluate), so it
 equals a one-rank score of the same weights; the export (Hessians, GPTQ, compression) runs on rank 0 alone, with
@@ -51,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from speedrun.data.tokenizer import tokenizer_sha256
 from speedrun.finishing.artifact import write_manifest
 from speedrun.finishing.evaluate import EvalResult, document_mask, run_eval
 from speedrun.finishing.quant_report import REPORT, tensor_report
@@ -78,8 +80,14 @@ PhaseCallback = Callable[..., None]
 """on_phase(name) when a phase starts; on_phase(name, keys) when it ends."""
 
 
-def eval_fingerprint(tokens: torch.Tensor) -> str:
-    return hashlib.blake2b(tokens.to(torch.int32).cpu().numpy().tobytes(), digest_size=8).hexdigest()
+def eval_fingerprint(tokens: torch.Tensor, tokenizer: str | None = None) -> str:
+    """16 hex digits of blake2b over the tokenizer's sha256 (when known) and the scored int32 ids: the same ids
+    under another tokenizer of one vocab size count other bytes, so their val_bpb is of another set."""
+    h = hashlib.blake2b(digest_size=8)
+    if tokenizer is not None:
+        h.update(tokenizer.encode())
+    h.update(tokens.to(torch.int32).cpu().numpy().tobytes())
+    return h.hexdigest()
 
 
 def evaluate_and_export(
@@ -200,6 +208,9 @@ class Finish:
                 f"eval: scoring the weights' moving average (ema.decay {plan.ema.decay:g}), as export and TTT will"
             )
         res, keys = self.score("eval")
+        # build_data's bundle names the tokenizer file; callers that pass val tokens and LUTs alone have none
+        paths = getattr(self.data, "paths", None)
+        tokenizer = tokenizer_sha256(paths.tokenizer) if paths is not None else None
         # both window layouts score targets 1..res.tokens of the stream (a cut-short pass too: a prefix of them):
         # tokens 0..res.tokens are what was read
         self.done(
@@ -210,7 +221,8 @@ class Finish:
             eval_tokens=res.tokens,
             eval_bytes=res.bytes,
             eval_split="val",
-            eval_fingerprint=eval_fingerprint(self.data.val_tokens[: res.tokens + 1]),
+            eval_fingerprint=eval_fingerprint(self.data.val_tokens[: res.tokens + 1], tokenizer),
+            tokenizer_sha256=tokenizer[:16] if tokenizer else None,
             val_tokens_total=res.tokens_total,
             **keys,
         )
