@@ -30,6 +30,7 @@ from speedrun.report.groups import compare, default_group_keys, eval_sets, group
 from speedrun.report.leaderboard import extra_columns, groups_csv, metrics_for, shared_note, table_rows, ttest_rows
 from speedrun.report.page import render_html, runs_section
 from speedrun.report.plots import make_plots
+from speedrun.report.runs import UnreadableDatabase
 from speedrun.report.selection import load_runs, parse_pairs
 from speedrun.stats import ALTERNATIVES
 from speedrun.tables import csv_text, format_table
@@ -123,9 +124,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     where = parse_pairs(args.where, "--where")
     baseline = parse_pairs(args.baseline, "--baseline")
-    runs = load_runs(
-        args.db, args.sweep + ([args.wandb_dashboard] if args.wandb_dashboard else []), args.name, args.hardware, where
-    )
+    try:
+        runs = load_runs(
+            args.db,
+            args.sweep + ([args.wandb_dashboard] if args.wandb_dashboard else []),
+            args.name,
+            args.hardware,
+            where,
+        )
+    except UnreadableDatabase as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     if not runs:
         print(f"no runs match in {args.db}", file=sys.stderr)
         return 2

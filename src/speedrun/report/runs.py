@@ -1,13 +1,17 @@
 """One run as the report and the sweep summary see it: its result row, config, Plan and overrides, and how a key
-is looked up in them; plus the override helpers both use to find what a set of runs varies.
+is looked up in them; the override helpers both use to find what a set of runs varies; and the rows of
+results.sqlite read so that one bad row costs that row, not the report.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import shlex
+import sqlite3
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeGuard
 
 from speedrun.tables import display
@@ -24,6 +28,80 @@ def is_failure(status: Any) -> bool:
     """The one definition of a failure, for the report and the sweep summary: a run that started and did not end
     ok. ``diverged`` counts (its metrics are not a result to average), although a sweep's exit status forgives it."""
     return status not in (OK, NOT_RUN)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# reading results.sqlite
+
+
+class UnreadableDatabase(Exception):
+    """A results database that cannot be read at all (not a SQLite file, no ``runs`` table, a damaged file): the
+    message names the path and the fix, for one line on the console."""
+
+
+class _NotText(bytes):
+    """A TEXT value whose bytes are not UTF-8, kept as bytes so that its row can be named and skipped."""
+
+    reason = ""
+
+
+def _text(raw: bytes) -> str | bytes:
+    # sqlite3's own decoding raises in the middle of fetching, which ends the whole query: decoding here lets
+    # every other row through
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        value = _NotText(raw)
+        value.reason = f"0x{raw[e.start]:02x} at byte {e.start}"
+        return value
+
+
+def read_rows(path: Path, where: str = "1=1", params: tuple = ()) -> tuple[list[dict[str, Any]], list[str]]:
+    """The rows of ``runs`` in the database at ``path`` that match ``where``, and one line per row that could not
+    be read (a TEXT value that is not UTF-8), which is left out. Raises UnreadableDatabase when the file is not a
+    SQLite database or has no ``runs`` table."""
+    path = Path(path)
+    if not path.exists():  # sqlite3.connect would create an empty file there
+        raise UnreadableDatabase(f"no results database at {path}: run something first (python -m run)")
+    con = sqlite3.connect(path, timeout=60.0)
+    con.text_factory = _text
+    try:
+        try:
+            cur = con.execute(f"SELECT rowid, * FROM runs WHERE {where}", params)
+            names = [d[0] for d in cur.description][1:]
+            fetched = cur.fetchall()
+        except sqlite3.OperationalError as e:
+            if "no such table" not in str(e):
+                raise
+            raise UnreadableDatabase(
+                f"{path} has no runs table: it is not a speedrun results database; point --db at one "
+                f"(outputs/results.sqlite by default)"
+            ) from None
+    except sqlite3.DatabaseError as e:
+        if isinstance(e, sqlite3.OperationalError) and "locked" in str(e):
+            raise UnreadableDatabase(
+                f"{path} stayed locked by another process for 60 s ({e}); run the report again once the writer is done"
+            ) from None
+        raise UnreadableDatabase(
+            f"{path} cannot be read as a SQLite database ({e}); point --db at a speedrun results database "
+            f"(outputs/results.sqlite by default), or move this file aside and restore it from a backup"
+        ) from None
+    finally:
+        con.close()
+    rows, skipped = [], []
+    for rowid, *values in fetched:
+        bad = [(k, v) for k, v in zip(names, values) if isinstance(v, _NotText)]
+        if not bad:
+            rows.append(dict(zip(names, values)))
+            continue
+        run_id = dict(zip(names, values)).get("run_id")
+        which = f"run {run_id}" if isinstance(run_id, str) else f"the row with rowid {rowid}"
+        delete = shlex.quote(f"DELETE FROM runs WHERE rowid = {rowid}")
+        skipped.append(
+            f"warning: skipped {which} of {path}: its {bad[0][0]} is not UTF-8 text ({bad[0][1].reason}); fix "
+            f"that value or delete the row: sqlite3 {shlex.quote(str(path))} {delete}"
+        )
+    return rows, skipped
 
 
 # ---------------------------------------------------------------------------------------------------------

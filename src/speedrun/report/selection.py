@@ -4,10 +4,11 @@ earlier runs a resumed sweep reused), name, hardware profile and ``--where KEY=V
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from speedrun.report.runs import Run, canon
+from speedrun.report.runs import Run, canon, read_rows
 
 
 def parse_pairs(items: Sequence[str], what: str) -> dict[str, str]:
@@ -29,12 +30,15 @@ def load_runs(
     hardware: str | None = None,
     where: dict[str, str] | None = None,
 ) -> list[Run]:
-    """The selected runs, oldest first. A ``where`` value may be a comma list; values compare as canon strings."""
-    from speedrun.records.store import ResultsDB
-
+    """The selected runs, oldest first. A ``where`` value may be a comma list; values compare as canon strings.
+    A row that cannot be read is left out with one warning line on stderr; a file that is no results database
+    raises UnreadableDatabase."""
     if not db.exists():
         raise SystemExit(f"no results database at {db}: run something first (python -m run)")
-    runs = [Run.from_row(r) for r in ResultsDB(db).rows()]
+    rows, skipped = read_rows(db)
+    for line in skipped:
+        print(line, file=sys.stderr)
+    runs = [Run.from_row(r) for r in rows]
     if sweeps:
         runs = _select_sweeps(runs, sweeps, db.resolve().parent / "multirun")
     wanted = dict(where or {})

@@ -31,7 +31,7 @@ from speedrun.paths import results_db_path
 from speedrun.records.identity import SWEEP_REUSE_IGNORED, config_identity
 from speedrun.report.groups import Group, default_group_keys, eval_sets, group_runs
 from speedrun.report.leaderboard import extra_columns, groups_csv, metrics_for, shared_note, table_rows
-from speedrun.report.runs import FOLDED_KEYS, Run, is_failure, override_dict
+from speedrun.report.runs import FOLDED_KEYS, Run, UnreadableDatabase, is_failure, override_dict, read_rows
 from speedrun.tables import first_line, format_table
 
 log = logging.getLogger(__name__)
@@ -67,15 +67,19 @@ def completed_runs(
 ) -> Completed:
     """The ok runs in results.sqlite (of ``name`` only, if given) by config identity; with ``device_name`` and
     ``code`` only those on that card and of that code are reusable (see ``reuse_refusal``)."""
-    from speedrun.records.store import ResultsDB
-
     done = Completed({}, {})
+    if not Path(db_path).exists():
+        return done
     try:
-        db = ResultsDB(db_path)
-        rows = db.rows("status = 'ok'") if name is None else db.rows("status = 'ok' AND name = ?", (name,))
+        if name is None:
+            rows, skipped = read_rows(db_path, "status = 'ok'")
+        else:
+            rows, skipped = read_rows(db_path, "status = 'ok' AND name = ?", (name,))
     except Exception as e:  # noqa: BLE001 - an unreadable database means nothing to skip, said aloud
         log.warning("resume: cannot read %s (%s); every combination will run", db_path, e)
         return done
+    for line in skipped:  # a row that cannot be read cannot be reused: its combination runs again
+        log.warning("resume: %s", line.removeprefix("warning: "))
     for row in sorted(rows, key=lambda r: r.get("started_at") or 0.0):
         ident = config_identity(row.get("config"), SWEEP_REUSE_IGNORED)
         if ident is None:
@@ -174,10 +178,11 @@ def job_result(job: JobEntry, db_path: Path | None = None) -> dict[str, Any]:
                 return json.loads(path.read_text())
             except ValueError:
                 pass
-        if db_path is not None:
-            from speedrun.records.store import ResultsDB
-
-            rows = ResultsDB(db_path).rows("run_id = ?", (str(Path(job.run_dir).resolve()),))
+        if db_path is not None and Path(db_path).exists():
+            try:
+                rows, _ = read_rows(db_path, "run_id = ?", (str(Path(job.run_dir).resolve()),))
+            except UnreadableDatabase:
+                rows = []  # what the launcher saw stands in (below)
             if rows:
                 return rows[0]
     return {"status": job.status or "failed", "error": job.error or "no result.json: the job did not start"}
