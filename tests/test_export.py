@@ -8,6 +8,7 @@ submitted.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -176,8 +177,8 @@ CONFIG = {
 def fake_run(
     root: Path, seed: int, status: str = "ok", artifact_ok: bool = True, result_extra: dict | None = None, **config
 ) -> Path:
-    """A finished run dir as the export reads it: result.json (plus ``result_extra``), run.log and a (tiny)
-    train_gpt.py with its config (plus ``config``)."""
+    """A finished run dir as the export reads it: result.json (plus ``result_extra``; the code's bytes and sha256 as
+    the run recorded them), run.log and a (tiny) train_gpt.py with its config (plus ``config``)."""
     run = root / f"run{seed}"
     run.mkdir(parents=True)
     tree = {**CONFIG, "seed": seed, **config}
@@ -193,6 +194,8 @@ def fake_run(
         "val_bpb_quant": 1.5 + seed / 100,
         "val_loss_quant": 3.0 + seed / 100,
         "artifact_model_bytes": 1000,
+        "artifact_code_bytes": len(data),
+        "artifact_code_sha256": hashlib.sha256(data).hexdigest(),
         "artifact_bytes": 1000 + len(data),
         "artifact_ok": artifact_ok,
         "steps": 10,

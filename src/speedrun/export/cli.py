@@ -7,8 +7,11 @@
 The folder holds train_gpt.py (the runs' self-extracting file: `python train_gpt.py` or torchrun re-runs them),
 README.md, submission.json, requirements.txt and one log per seed (train_seed<seed>.log); several runs must be
 seeds of one config, and report their mean and std. A run that is not ok or whose artifact is over its cap is
-refused unless --force; so is an --out that exists and is not empty. The folder is built beside --out and renamed
-into place, so a failed export leaves nothing half written. docs/export.md has the whole workflow.
+refused unless --force; so is a train_gpt.py that is not the file the run wrote (the sha256 in its result.json), and
+an --out that exists and is not empty. submission.json claims the record track only for runs that meet its rules
+(8xH100, 600 s of training, 600 s of evaluation, 16,000,000 bytes), and says why not otherwise. The folder is built
+beside --out and renamed into place, so a failed export leaves nothing half written. docs/export.md has the whole
+workflow.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pathlib import Path
 
 from speedrun.export.folder import Submission, log_name
 from speedrun.export.runs import ExportError, Run, check_runs, expand, load_run
+from speedrun.export.track import RECORD, track_name
 from speedrun.finishing.artifact import WRAPPED_FILE
 from speedrun.records.store import write_json
 
@@ -39,14 +43,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--force",
         action="store_true",
-        help="export runs that are not ok or over their cap, and replace a non-empty --out",
+        help="export runs that are not ok or over their cap, ship a train_gpt.py that does not match the run's "
+        "record (flagged in submission.json), and replace a non-empty --out",
     )
     p.add_argument("--name", help="the submission's name (default: the runs' name)")
     p.add_argument("--author", default="", help="submission.json's author")
     p.add_argument("--github-id", default="", help="submission.json's github_id")
-    p.add_argument("--track", default="10min_16mb", help="parameter-golf track (default: 10min_16mb)")
+    p.add_argument(
+        "--track",
+        default=RECORD.name,
+        type=_track,
+        help=f"the parameter-golf track to claim (default: {RECORD.name}, claimed only when every run meets its "
+        "rules; else track_non_record_16mb, saying why)",
+    )
+    p.add_argument("--blurb", default="", help="submission.json's blurb (default: one line of the runs' numbers)")
     p.add_argument("--summary", default="", help="submission.json's technique_summary (default: the settings)")
     return p
+
+
+def _track(spelling: str) -> str:
+    try:
+        return track_name(spelling)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -75,13 +94,17 @@ def export(args: argparse.Namespace) -> str:
         github_id=args.github_id,
         track=args.track,
         summary=args.summary,
+        blurb=args.blurb,
     )
     write_folder(out, sub)
+    for problem in sub.code_problems():
+        print(f"warning: {problem}; shipped anyway (--force), as submission.json's code_check says", file=sys.stderr)
     meta = sub.submission_json()
     spread = f" ± {meta['val_bpb_std']:.6f}" if meta["val_bpb_std"] is not None else ""
     return (
         f"wrote {out}: {WRAPPED_FILE} ({meta['bytes_code']:,} bytes), README.md, submission.json, requirements.txt, "
-        f"{len(runs)} log(s); val_bpb {meta['val_bpb']:.6f}{spread} ({sub.bpb_key}), {meta['bytes_total']:,} bytes"
+        f"{len(runs)} log(s); val_bpb {meta['val_bpb']:.6f}{spread} ({sub.bpb_key}), {meta['bytes_total']:,} bytes; "
+        f"track {meta['track']}" + ("" if meta["record_track"] else " (not a record: submission.json's track_reason)")
     )
 
 
@@ -96,12 +119,14 @@ def wrapper_for(runs: list[Run], force: bool) -> bytes:
     from speedrun.records.identity import code_fingerprint
 
     recorded, here = first.result.get("code_fingerprint"), code_fingerprint(REPO_ROOT)
-    if recorded != here and not force:
-        raise ExportError(
-            f"{first.dir} counted its code raw and wrote no {WRAPPED_FILE}; the export would build one from the "
-            f"source here, which is not the source that ran (code_fingerprint {here}, the run's {recorded}): check "
-            f"out the run's commit {first.result.get('git_sha')}, or pass --force"
+    if recorded != here:
+        why = (
+            f"{first.dir} counted its code raw and wrote no {WRAPPED_FILE}; the export builds one from the source "
+            f"here, which is not the source that ran (code_fingerprint {here}, the run's {recorded})"
         )
+        if not force:
+            raise ExportError(f"{why}: check out the run's commit {first.result.get('git_sha')}, or pass --force")
+        first.code_problem = why
     env = first.env()
     versions = {"torch": str(first.result.get("torch_version")), "python": str(env.get("python"))}
     here_code = CodeSource.snapshot()

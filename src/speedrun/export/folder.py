@@ -5,12 +5,14 @@ seed and requirements.txt (what parameter-golf's image lacks).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from speedrun.export.runs import ExportError, Run
+from speedrun.export.track import RECORD, claim
 from speedrun.finishing.artifact import MANIFEST, WRAPPED_FILE
 from speedrun.stats import mean, std
 from speedrun.tables import format_table, mean_std_cell
@@ -41,8 +43,11 @@ class Submission:
     name: str
     author: str = ""
     github_id: str = ""
-    track: str = "10min_16mb"
+    track: str = RECORD.name
+    """The track asked for (speedrun.export.track.TRACKS); the record track is claimed only when the runs meet it."""
     summary: str = ""
+    blurb: str = ""
+    """submission.json's short description; default_blurb() when empty."""
 
     def __post_init__(self) -> None:
         self.bpb_key, self.loss_key = headline(self.runs[0].result)
@@ -76,6 +81,30 @@ class Submission:
             }
         return out
 
+    def track_claim(self) -> dict[str, Any]:
+        """track, record_track and track_reason (speedrun.export.track.claim)."""
+        runs = [(f"seed {run.seed}", run.result, self.total(run)) for run in self.runs]
+        return claim(runs, self.track, unverified=bool(self.code_problems()))
+
+    def code_problems(self) -> list[str]:
+        """Why the shipped train_gpt.py is not shown to be the runs' (each run --force exported anyway)."""
+        return [run.code_problem for run in self.runs if run.code_problem]
+
+    def default_blurb(self) -> str:
+        r = self.runs[0].result
+        bpb = self.values(self.bpb_key)
+        middle, spread = mean(bpb), std(bpb)
+        score = "?" if middle is None else f"{middle:.4f}"
+        if spread is not None:
+            score += f" ± {spread:.4f} over {len(bpb)} seeds"
+        ttt = ", with test-time training" if self.bpb_key == "val_bpb_ttt" else ""
+        quant = f"{r.get('quant')}+{r.get('compressor')}" if r.get("quant") else "unquantized"
+        return (
+            f"speedrun {r.get('model')} ({_n(r.get('params'))} parameters), trained {_seconds(r.get('train_seconds'))} "
+            f"on {self.hardware()}: val_bpb {score} ({self.bpb_key}{ttt}); {quant} artifact of "
+            f"{max(self.total(run) for run in self.runs):,} bytes"
+        )
+
     def submission_json(self) -> dict[str, Any]:
         first = self.runs[0].result
         bpb, loss = self.values(self.bpb_key), self.values(self.loss_key)
@@ -84,8 +113,9 @@ class Submission:
             "author": self.author,
             "github_id": self.github_id,
             "name": self.name,
+            "blurb": self.blurb or self.default_blurb(),
             "date": self.date,
-            "track": self.track,
+            **self.track_claim(),
             "val_bpb": _round(mean(bpb)),
             "val_bpb_std": _round(std(bpb)),
             "val_loss": _round(mean(loss)),
@@ -108,6 +138,12 @@ class Submission:
                 "eval_mode": first.get("eval_mode"),
                 "eval_fingerprint": first.get("eval_fingerprint"),
                 "run_dirs": [str(run.dir) for run in self.runs],
+                # the shipped file against the sha256 each run recorded; --force past a mismatch is said here
+                "code_check": {
+                    "sha256": hashlib.sha256(self.code).hexdigest(),
+                    "verified": not self.code_problems(),
+                    "forced": self.code_problems(),
+                },
             },
         }
 
@@ -174,12 +210,26 @@ class Submission:
         overrides = " ".join(self.runs[0].overrides())
         card = f" (card table: {r['card']})" if r.get("card") else ""
         raw = self.raw_code_bytes()
+        track = (
+            f"Track: `{sub['track']}` ({sub['track_reason']})."
+            if sub["record_track"]
+            else f"Track: `{sub['track']}`; {sub['track_reason']}."
+        )
+        unverified = [
+            f"**{WRAPPED_FILE} is not verified as the runs' own file** (exported with --force): {problem}."
+            for problem in self.code_problems()
+        ]
         lines = [
             f"# {self.name}",
             "",
             f"**val_bpb = {sub['val_bpb']:.6f}** ({spread}; `{self.bpb_key}`) | **{sub['bytes_total']:,} bytes** "
             f"(code {sub['bytes_code']:,} + model {sub['bytes_model']:,}) | {sub['hardware']}",
             "",
+            sub["blurb"],
+            "",
+            track,
+            "",
+            *[line for problem in unverified for line in (problem, "")],
             f"Exported by speedrun (`python -m speedrun.export`) on {self.date} from {n} run(s).",
             "",
             "## Results",
@@ -263,6 +313,10 @@ def log_name(run: Run) -> str:
 def _n(x: Any) -> str:
     """A count with thousands separators; what a record lacks as "?"."""
     return f"{x:,}" if isinstance(x, int) else "?" if x is None else str(x)
+
+
+def _seconds(x: Any) -> str:
+    return "? s" if x is None else f"{float(x):.0f} s"
 
 
 def _round(x: float | None) -> float | None:

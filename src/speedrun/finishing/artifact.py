@@ -19,6 +19,7 @@ resolved config instead).
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -183,14 +184,21 @@ def write_manifest(
 ) -> dict[str, Any]:
     """Count the code by ``rule`` (wrapped: write train_gpt.py into the run dir first; ``code`` is the source the
     job read when it started, or now when None), write artifact_code.json; returns the result keys
-    (artifact_model_bytes, artifact_code_bytes, artifact_bytes, artifact_ok, artifact_code_rule)."""
+    (artifact_model_bytes, artifact_code_bytes, artifact_code_sha256, artifact_bytes, artifact_ok,
+    artifact_code_rule)."""
     from speedrun.records.store import write_json
 
     wrapped = rule.code_rule == "wrapped"
-    counted, files, extra = _wrapped(run_dir, rule, code) if wrapped else (code_bytes(), code_manifest(), {})
+    if wrapped:
+        data, files, extra = _wrapped(run_dir, rule, code)
+        counted, sha256 = len(data), hashlib.sha256(data).hexdigest()
+    else:
+        counted, files, extra, sha256 = code_bytes(), code_manifest(), {}, None
     keys = {
         "artifact_model_bytes": model_bytes,
         "artifact_code_bytes": counted,
+        # the export checks the train_gpt.py it ships against this: a file edited after the run is not the run's
+        "artifact_code_sha256": sha256,
         "artifact_bytes": model_bytes + counted,
         "artifact_ok": model_bytes + counted <= cap_bytes,
         "artifact_code_rule": str(rule.code_rule),
@@ -214,7 +222,7 @@ def write_manifest(
     return keys
 
 
-def _wrapped(run_dir: Path, rule: ArtifactConfig, code: CodeSource | None) -> tuple[int, list, dict[str, Any]]:
+def _wrapped(run_dir: Path, rule: ArtifactConfig, code: CodeSource | None) -> tuple[bytes, list, dict[str, Any]]:
     """The self-extracting file in the run dir: built from ``code``, or, on a re-run of an exported file
     (artifact.code_file), that file itself. (its bytes, the files it packs, manifest keys)."""
     from speedrun.finishing.wrap import CodeSource, build_wrapper, read_wrapper
@@ -237,4 +245,4 @@ def _wrapped(run_dir: Path, rule: ArtifactConfig, code: CodeSource | None) -> tu
     tmp = run_dir / f".{WRAPPED_FILE}.{os.getpid()}.tmp"
     tmp.write_bytes(data)
     os.replace(tmp, run_dir / WRAPPED_FILE)
-    return len(data), files, extra
+    return data, files, extra

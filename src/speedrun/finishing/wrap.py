@@ -11,9 +11,11 @@ The file is a comment and three lines of Python:
 
 The payload, decompressed, is a Python program: ``F`` = {path in the repository: text} (packed_files: the Python
 minified, the few conf/ files the resolver reads as they are), ``M`` = the meta as JSON text (the resolved config,
-the torch and speedrun versions), then BOOT, which writes F into a private temporary directory laid out as the
-repository (removed at exit), puts its src/ first on sys.path and calls ``speedrun.rerun.main(M, __file__)``.
-Only the standard library runs before that. ``read_wrapper`` takes a file apart again without running it (the
+the torch and speedrun versions), ``R`` = {module: pip requirement} of what the re-run imports beyond the standard
+library (requirements), then BOOT, which exits with one `pip install ...` line naming every requirement whose
+module is missing, writes F into a private temporary directory laid out as the repository (removed at exit), puts
+its src/ first on sys.path and calls ``speedrun.rerun.main(M, __file__)``. Only the standard library runs before
+that. ``read_wrapper`` takes a file apart again without running it (the
 export and the tests use it).
 """
 
@@ -43,9 +45,13 @@ OUTER = (
 # hundred KB, so the outer line need not spell the encoder's settings out.
 FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME}]
 
-# Runs before anything of speedrun's is importable: written small by hand, since every byte is counted. A private
+# Runs before anything of speedrun's is importable: written small by hand, since every byte is counted. First the
+# packages (R), looked up without importing them, so a bare machine gets one pip line, not a traceback. A private
 # directory per process (mkdtemp is 0700), so torchrun's ranks never share or race on one.
 BOOT = """import atexit,os,shutil,sys,tempfile
+from importlib.util import find_spec
+m=[f"'{p}'"for k,p in R.items()if find_spec(k)is None]
+if m:sys.exit("error: this run needs packages this Python lacks: pip install "+" ".join(m))
 d=tempfile.mkdtemp(prefix="speedrun-");atexit.register(shutil.rmtree,d,True);s=os.path.join(d,"src")
 for p,t in F.items():
  q=os.path.join(d,p);os.makedirs(os.path.dirname(q),exist_ok=True)
@@ -88,13 +94,46 @@ class CodeSource:
         return cls(files, config, versions)
 
 
+REQUIRED = {"torch": "torch", "numpy": "numpy>=1.24", "sentencepiece": "sentencepiece>=0.2"}
+"""What every re-run imports beyond the standard library (pyproject.toml's dependencies, less python-minifier: a
+re-run counts the file that ran and minifies nothing), besides omegaconf and hydra-core (RUNTIME)."""
+RUNTIME = {"omegaconf": "omegaconf>=2.3", "hydra": "hydra-core>=1.3.2"}
+"""What the re-run imports that parameter-golf's image lacks (the export's requirements.txt lists these too)."""
+OPTIONAL = {"brotli": ("brotli", "brotli>=1.1"), "zstd": ("zstandard", "zstandard>=0.22")}
+"""quant.compressor (or quant.pergroup_codec) -> (module, pip requirement): the compress extra's packages."""
+TIKTOKEN = ("tiktoken", "tiktoken>=0.7")
+"""data.tokenizer=gpt2 or a .tiktoken file: the gpt2 extra's package."""
+
+
+def requirements(config: dict[str, Any] | None, torch_version: str | None = None) -> dict[str, str]:
+    """{module the re-run imports: its pip requirement}: REQUIRED and RUNTIME, torch held to the run's major
+    version, plus the compressor's and tokenizer's packages when ``config`` uses them."""
+    out = {**REQUIRED, **RUNTIME}
+    if torch_version:
+        major = int(torch_version.split(".")[0])
+        out["torch"] = f"torch>={major},<{major + 1}"
+    quant, data = (config or {}).get("quant") or {}, (config or {}).get("data") or {}
+    codec = quant.get("pergroup_codec") if quant.get("compressor") == "pergroup" else quant.get("compressor")
+    if quant.get("name") != "off" and codec in OPTIONAL:
+        module, spec = OPTIONAL[codec]
+        out[module] = spec
+    tokenizer = str(data.get("tokenizer") or "")
+    if tokenizer == "gpt2" or tokenizer.endswith(".tiktoken"):
+        out[TIKTOKEN[0]] = TIKTOKEN[1]
+    return out
+
+
 def build_wrapper(code: CodeSource) -> tuple[bytes, dict[str, str]]:
     """The self-extracting file's bytes, and the minified sources it carries ({path: minified source})."""
     from speedrun.finishing.minify import minify_files
 
     minified = minify_files(code.files)
     meta = {"format": FORMAT, "config": code.config, "versions": code.versions}
-    payload = f"F={minified!r}\nM={json.dumps(meta, sort_keys=True, separators=(',', ':'))!r}\n{BOOT}"
+    needs = requirements(code.config, code.versions.get("torch"))
+    payload = (
+        f"F={minified!r}\nM={json.dumps(meta, sort_keys=True, separators=(',', ':'))!r}\n"
+        f"R={json.dumps(needs, separators=(',', ':'))}\n{BOOT}"
+    )
     blob = lzma.compress(payload.encode("utf-8"), format=lzma.FORMAT_RAW, filters=FILTERS)
     text = HEADER + OUTER.format(payload=base64.b85encode(blob).decode("ascii"))
     data = text.encode("ascii")
