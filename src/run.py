@@ -27,6 +27,11 @@ if __name__ == "__main__":
     if wants_plan(sys.argv):  # `python -m run ... --plan`: print the resolved Plan and exit, writing nothing
         sys.exit(print_plan(sys.argv))
     from speedrun.distributed.launch import worker_argv
+    from speedrun.run.preflight import unwritable
+
+    problem = unwritable(sys.argv)  # before Hydra makes the run dir, which it reports as a traceback
+    if problem is not None:
+        sys.exit(f"error: {problem}")
 
     sys.argv = worker_argv(sys.argv)  # a rank > 0 under torchrun: no run dir of its own (speedrun.distributed.launch)
     main()

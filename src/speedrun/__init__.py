@@ -29,16 +29,24 @@ def main(cfg: Any, run_dir: str | Path | None = None) -> dict[str, Any]:
     import signal
     import sys
 
-    from speedrun.errors import ConfigError, RunOutOfMemory
-    from speedrun.run.runner import RunContext, run_job, standalone_logging
+    from speedrun.errors import ConfigError, RunOutOfMemory, storage_problem
+    from speedrun.run.runner import RecordNotWritten, RunContext, run_job, standalone_logging
 
     log = logging.getLogger("speedrun")
+    # a log file on a full disk must not print a traceback per line: the run's own error says what failed
+    logging.raiseExceptions = False
     ctx = None if run_dir is None else RunContext.standalone(Path(run_dir))
     with contextlib.nullcontext() if ctx is None else standalone_logging(ctx.run_dir):
         try:
             return run_job(cfg) if ctx is None else run_job(cfg, ctx)  # the Hydra path calls exactly as before
-        except (ConfigError, RunOutOfMemory) as e:
+        except (ConfigError, RunOutOfMemory, RecordNotWritten) as e:
             log.error("error: %s%s", e, _where_recorded(e))
+            sys.exit(1)
+        except Exception as e:  # noqa: BLE001 - anything else is re-raised with its traceback
+            problem = storage_problem(e)  # a full, read-only or foreign disk: the machine's state, not a bug
+            if problem is None:
+                raise
+            log.error("error: %s%s", problem, _where_recorded(e))
             sys.exit(1)
         except KeyboardInterrupt as e:
             signum = signal.SIGTERM if f"signal {int(signal.SIGTERM)}" in str(e) else signal.SIGINT

@@ -101,6 +101,10 @@ class Config:
     resume: str | None = None
     """A run dir to continue from its latest checkpoint, to its original budget, recorded in the same row:
     `python -m run resume=<run dir>`. The run's own config is used (speedrun.training.resume)."""
+    accept_code_change: bool = False
+    """With resume (or a requeued job's auto-resume): continue a checkpoint written by other code than this (another
+    code_fingerprint). Off: such a resume is refused, naming both fingerprints; on: the row records the change
+    (``resume_code_change``), and a sweep never reuses the run as this code's."""
 
     def __post_init__(self) -> None:
         # checks across groups (each group's own sit in its __post_init__, run before this one)

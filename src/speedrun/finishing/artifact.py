@@ -116,9 +116,11 @@ CODE_FILES: tuple[str, ...] = (
     "speedrun/progress.py",
     "speedrun/records/__init__.py",
     "speedrun/records/identity.py",
+    "speedrun/records/lock.py",
     "speedrun/records/result_block.py",
     "speedrun/records/store.py",
     "speedrun/run/__init__.py",
+    "speedrun/run/heartbeat.py",
     "speedrun/run/job.py",
     "speedrun/run/oom.py",
     "speedrun/run/record.py",
@@ -145,6 +147,8 @@ NOT_COUNTED: dict[str, str] = {
     "dequantization run the same without it",
     "speedrun/run/plan_only.py": "`python -m run ... --plan` alone: prints the resolved Plan and exits before any "
     "training, evaluation or dequantization",
+    "speedrun/run/preflight.py": "`python -m run`'s check that the run dir can be made, before Hydra makes it; "
+    "training, evaluation and dequantization never reach it",
 }
 
 ENTRY = "speedrun/rerun.py"

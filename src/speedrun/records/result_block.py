@@ -23,6 +23,7 @@ BLOCK_KEYS = (
     "peak_mem_mb",
     "steps",
     "tokens",
+    "epochs",
     "train_seconds",
     "reached",
     "time_to_target",

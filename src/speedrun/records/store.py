@@ -53,15 +53,56 @@ CONTRACT_TYPES: dict[str, str] = {
 }
 RESULT_KEYS = tuple(CONTRACT_TYPES)
 
+HEARTBEAT_SECONDS = 30.0
+"""How often a live run refreshes its row's ``heartbeat_at`` (and its run dir's lock file)."""
+
+LOST_AFTER_SECONDS = 600.0
+"""A ``running`` row whose heartbeat is older than this is ``lost``: its process died without a word (kill -9,
+power loss, a node gone). Generous, so that a long stall (a compile, a slow filesystem) is not taken for a death;
+on the row's own host a vanished pid tells sooner (effective_status)."""
+
+ENDED = ("ok", "failed", "diverged", "oom")
+"""Statuses of a run that is over: its dir is never written again (an interrupted or lost run may be resumed)."""
+
+
+def temp_name(path: Path) -> Path:
+    """The temporary name ``path`` is written under before its rename: hidden, and naming the writing process,
+    so that a later owner of the directory can tell it is an orphan (remove_orphan_temps)."""
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
 
 def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    tmp = temp_name(path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk must not leave a half-written file behind
+        raise
+
+
+def remove_orphan_temps(directory: Path) -> list[Path]:
+    """Delete the temporary files (temp_name) that killed writers left in ``directory``; the caller owns the
+    directory (speedrun.records.lock), so no live writer is using them. Returns what was removed."""
+    removed = []
+    for path in Path(directory).glob(".*.tmp"):
+        if path.is_file():
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
 
 
 def write_json(path: Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def recorded_status(run_dir: Path) -> str | None:
+    """The status the run dir's result.json records, or None where there is none (or it cannot be read)."""
+    try:
+        status = json.loads((Path(run_dir) / "result.json").read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return status if isinstance(status, str) else None
 
 
 def empty_result() -> dict[str, Any]:
@@ -166,6 +207,28 @@ class ResultsDB:
         finally:
             con.close()
 
+    def mark_lost(self) -> list[str]:
+        """Write ``lost`` into every ``running`` row whose process is gone (effective_status), with an error saying
+        so; returns their run ids. The next run on the database does this, so a dead run's row stops saying
+        running."""
+        now = time.time()
+        lost = [r for r in self.rows("status = 'running'") if effective_status(r, now) == "lost"]
+        con = self._connect()
+        try:
+            for r in lost:
+                beat = r.get("heartbeat_at")
+                when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(beat)) if beat else "unknown"
+                con.execute(
+                    "UPDATE runs SET status = 'lost', error = ? WHERE run_id = ? AND status = 'running'",
+                    (
+                        f"lost: pid {r.get('pid')} on {r.get('host')} ended without a word (last heartbeat {when})",
+                        r["run_id"],
+                    ),
+                )
+        finally:
+            con.close()
+        return [r["run_id"] for r in lost]
+
     def rows(self, where: str = "1=1", params: tuple = ()) -> list[dict[str, Any]]:
         if not self.path.exists():
             return []
@@ -179,6 +242,36 @@ class ResultsDB:
             raise
         finally:
             con.close()
+
+
+def owner_keys() -> dict[str, Any]:
+    """The row's keys that tell whether its process still lives: host, pid and a first heartbeat."""
+    return {"host": platform.node(), "pid": os.getpid(), "heartbeat_at": time.time()}
+
+
+def effective_status(row: dict[str, Any], now: float | None = None) -> str | None:
+    """The row's status, with ``lost`` for a ``running`` row whose process is gone: its pid no longer exists on
+    this host, or its heartbeat stopped more than LOST_AFTER_SECONDS ago. Rows from before heartbeats (no
+    heartbeat_at) keep what they say."""
+    status = row.get("status")
+    if status != "running":
+        return status
+    host, pid, beat = row.get("host"), row.get("pid"), row.get("heartbeat_at")
+    if host == platform.node() and isinstance(pid, int) and not pid_alive(pid):
+        return "lost"
+    if isinstance(beat, (int, float)) and (now if now is not None else time.time()) - beat > LOST_AFTER_SECONDS:
+        return "lost"
+    return status
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
 
 
 def _sql_value(value: Any) -> Any:

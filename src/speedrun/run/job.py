@@ -155,10 +155,10 @@ class Job(JobRecord):
             self.result.update(cache_stats())
         self.record_training()
         self.result["peak_mem_mb"] = self.world.max(self.result["peak_mem_mb"])  # the largest over the ranks
-        self.result["data_epochs"] = round(state.tokens / data.train_tokens, 3)
+        self.result["epochs"] = round(state.tokens / data.train_tokens, 3)
         self.on_phase("train")  # training's keys are in the record before evaluation starts
-        if self.result["data_epochs"] > 1 and self.world.rank == 0:  # once per run, not once per rank
-            _warn_repeated_data(plan, self.result["data_epochs"], data.train_tokens)
+        if self.result["epochs"] > 1 and self.world.rank == 0:  # once per run, not once per rank
+            _warn_repeated_data(plan, self.result["epochs"], data.train_tokens)
 
     def _resuming(self) -> bool:
         """Whether this job restores a checkpoint: rank 0's decision, on every rank. A rank > 0 runs in a directory
@@ -181,6 +181,7 @@ class Job(JobRecord):
             config_tree=self.config_tree,
             overrides=self.ctx.overrides,
             cwd=self.ctx.original_cwd,
+            code_fingerprint=self.result.get("code_fingerprint"),
             write_file=self.write_file,
             on_metrics=self.on_metrics,
         )

@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from speedrun.distributed import world as dist
+from speedrun.records.lock import RunDirLock
 from speedrun.records.result_block import format_result_block
 from speedrun.records.store import MetricsLog, ResultsDB, atomic_write_text, write_json
+from speedrun.run.heartbeat import Heartbeat
 from speedrun.run.loggers import RunLogger
 
 if TYPE_CHECKING:
@@ -49,6 +51,8 @@ class JobRecord:
         """True in a `python -m run dist.nproc=N` process that started the ranks: rank 0 records the run."""
         self.start_keys: dict[str, Any] = {}
         """Keys the row gets once, when the record opens (start time, overrides, config; or the resumption)."""
+        self.fresh_start_keys: dict[str, Any] = {}
+        """The keys a new row starts with (start time, overrides, config), for a resumed run with no row yet."""
         self.holding = resume is not None
         """A resume holds the original run's files and row until its checkpoint is restored (module docstring)."""
         self.prior_wall_seconds = _prior_wall_seconds(resume)
@@ -58,9 +62,16 @@ class JobRecord:
         self.logger: RunLogger | None = None
         self.plan: Plan | None = None
         self.state: TrainState | None = None
+        self.attempts_dirname = "resume_attempts"
+        """Where a job that holds (a resume refused before its restore, or a job refused a dir another run owns)
+        keeps its own record, inside the dir it was refused."""
+        self.heartbeat: Heartbeat | None = None
+        self.lock: RunDirLock | None = None
+        """This job's ownership of its run dir (speedrun.records.lock), released when the record is final."""
         self._held_files: dict[str, str] = {}
         self._attempt_dir: Path | None = None
         self._closing = threading.Lock()
+        self._db_warned = False
         self._finished = False
 
     def write_file(self, name: str, text: str) -> None:
@@ -76,15 +87,33 @@ class JobRecord:
         self.metrics = MetricsLog(self.ctx.run_dir / "metrics.jsonl", after_step=steps)
         for name, text in self._held_files.items():
             self.write_file(name, text)
+        # the step actually loaded: a corrupt newest checkpoint falls back to an older one
+        self.start_keys["resumed_from_step"] = steps
         if self.db is not None and self.run_id is not None:
+            if not self.db.rows("run_id = ?", (self.run_id,)):  # a run dir copied here: its row starts now
+                self.start_keys.update(self.fresh_start_keys)
             self.db.upsert(self.run_id, {**self.result, **self.start_keys})
+            self.start_heartbeat()
+
+    def start_heartbeat(self) -> None:
+        """Rank 0, once it writes the run's row: refresh the row's heartbeat and the lock file's until finish."""
+        db, run_id, lock = self.db, self.run_id, self.lock
+        if self.world.rank > 0 or db is None or run_id is None or self.heartbeat is not None:
+            return
+
+        def beat(now: float) -> None:
+            if lock is not None:
+                lock.touch()
+            db.upsert(run_id, {"heartbeat_at": now})
+
+        self.heartbeat = Heartbeat(beat).start()
 
     def error_dir(self) -> Path:
         """Where this job's error.txt and, for a resume refused before its restore, its record go."""
         if not self.holding:
             return self.ctx.run_dir
         if self._attempt_dir is None:
-            self._attempt_dir = self.ctx.run_dir / "resume_attempts" / time.strftime("%Y-%m-%d_%H-%M-%S")
+            self._attempt_dir = self.ctx.run_dir / self.attempts_dirname / time.strftime("%Y-%m-%d_%H-%M-%S")
         return self._attempt_dir
 
     def on_phase(self, phase: str, keys: dict[str, Any] | None = None) -> None:
@@ -99,7 +128,9 @@ class JobRecord:
             try:
                 self.db.upsert(self.run_id, self.result)
             except Exception as e:  # noqa: BLE001 - result.json has it; the final write tries the row again
-                log.warning("could not update the results database %s: %s", getattr(self.db, "path", None), e)
+                if not self._db_warned:  # once: the final write says it again if it still fails
+                    log.warning("could not update the results database %s: %s", getattr(self.db, "path", None), e)
+                    self._db_warned = True
 
     def on_metrics(self, record: dict[str, Any]) -> None:
         if self.metrics is None:  # a resume's batch search, before its restore: not part of the run's curve
@@ -128,14 +159,26 @@ class JobRecord:
                 return
             db.upsert(run_id, {"status": status, "error": error, "finished_at": time.time()})
             if tb:
-                (self.ctx.run_dir / "error.txt").write_text(tb)
+                write_error_file(self.ctx.run_dir, tb)
 
     def finish(self, db: ResultsDB | dist.NoRecords, started: float) -> None:
         """Write result.json and complete the database row, whatever happened."""
         with self._closing:
             self._finished = True
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+        try:
+            self._finish(db, started)
+        finally:
+            if self.lock is not None:
+                self.lock.release()
+
+    def _finish(self, db: ResultsDB | dist.NoRecords, started: float) -> None:
         if self.metrics:
-            self.metrics.close()
+            try:
+                self.metrics.close()
+            except OSError as e:  # its last line could not be flushed (a full disk): the row still gets written
+                log.warning("could not close %s: %s", self.metrics.path, e)
         from speedrun.distributed.launch import adopt_rank0_record
 
         assert self.run_id is not None
@@ -161,11 +204,19 @@ class JobRecord:
             self.result.update(run_dir=run_id, resume_of=self.run_id)
             self.start_keys = {"started_at": started, "overrides": " ".join(self.ctx.overrides)}
         self.record_id = run_id
-        write_json(out_dir / "result.json", self.result)
+        # result.json, then the row, each whatever the other did: a run dir that cannot hold its record (a full or
+        # read-only disk) fails the run, and the row says so
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            write_json(out_dir / "result.json", self.result)
+        except OSError as e:
+            log.error("could not write %s: %s", out_dir / "result.json", e)
+            if self.result["status"] in ("ok", "running"):
+                self.result.update(status="failed", error=f"result.json could not be written: {e}")
         row = {**self.result, "finished_at": finished, "plan": self.plan.to_dict() if self.plan else None}
         try:
             db.upsert(run_id, {**self.start_keys, **row} if self.holding else row)
-        except Exception as e:  # noqa: BLE001 - result.json already holds the record
+        except Exception as e:  # noqa: BLE001 - the run ends saying so (speedrun.run.runner)
             log.error("could not update the results database %s: %s", getattr(db, "path", None), e)
             self.record_id = None
         self.guard("log_result", self.result)
@@ -177,6 +228,11 @@ class JobRecord:
             log.info("result:\n%s", format_result_block(self.result))
         self.world.shutdown(clean=self.result["status"] in ("ok", "diverged"))
 
+    @property
+    def recorded(self) -> bool:
+        """Whether the run's row and result.json both hold its final record."""
+        return self.record_id is not None and self.result.get("status") != "running"
+
     def record_note(self) -> str:
         """Where the record of this run is, for the one line that ends a refused or stopped run."""
         if self.record_id is None:
@@ -187,6 +243,15 @@ class JobRecord:
         if self.result["status"] == "interrupted" and not self.holding and list_checkpoints(self.ctx.run_dir):
             note += f"; continue it with `python -m run resume={self.ctx.run_dir}`"
         return note
+
+
+def write_error_file(directory: Path, text: str) -> None:
+    """error.txt, the traceback of a failed run; a dir that cannot take it (a full disk) costs the file only."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(directory / "error.txt", text)
+    except OSError as e:
+        log.warning("could not write %s: %s", directory / "error.txt", e)
 
 
 def _prior_wall_seconds(resume: Any) -> float:

@@ -23,11 +23,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from speedrun.config import to_config
 from speedrun.distributed import world as dist
-from speedrun.errors import RunOutOfMemory
+from speedrun.errors import ConfigError, RunOutOfMemory
 from speedrun.paths import results_db_path
 from speedrun.records.identity import GPU_SHARED_ENV
-from speedrun.records.store import ResultsDB, empty_result
+from speedrun.records.lock import RunDirBusy, RunDirLock
+from speedrun.records.store import ENDED, ResultsDB, empty_result, owner_keys, recorded_status, remove_orphan_temps
 from speedrun.run.job import Job
+from speedrun.run.record import write_error_file
 from speedrun.run.signals import sigterm_as_interrupt, stop_signals_deferred
 
 log = logging.getLogger("speedrun")
@@ -91,17 +93,24 @@ def run_job(dict_cfg: DictConfig, ctx: RunContext | None = None) -> dict[str, An
         ctx = RunContext(Path(world.private_dir()), ctx.overrides, ctx.sweep, ctx.original_cwd)
         world.quiet()
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
+    # the results database is the one this command names, from where it was started (never the run dir's own)
+    db = _results_db(dict_cfg, ctx) if world.rank == 0 else dist.NoRecords()
     resume, refusal = _find_resume(dict_cfg, ctx)
     if resume is not None:  # the original job's config, dir and row (speedrun.training.resume)
-        dict_cfg = OmegaConf.create(resume.config)
+        dict_cfg = OmegaConf.create(resume.config)  # plain values: resume refused any interpolation in them
         # a rank > 0 keeps its private dir: rank 0 alone writes the run's files and row (and picks the checkpoint)
         run_dir = resume.run_dir if world.rank == 0 else ctx.run_dir
-        ctx = RunContext(run_dir, resume.overrides, ctx.sweep or dict_cfg.sweep, resume.cwd)
+        ctx = RunContext(run_dir, resume.overrides, ctx.sweep or dict_cfg.sweep, ctx.original_cwd)
     # The record opens from the composed config's top-level knobs (types already checked by Hydra), before the
     # schemas' own checks run, so a bad value still leaves a failed row.
     config_tree = OmegaConf.to_container(dict_cfg, resolve=True, enum_to_str=True)
-    db = _results_db(dict_cfg, ctx) if world.rank == 0 else dist.NoRecords()
     run_id = str(ctx.run_dir.resolve())
+    lock, held, attempts = None, False, "resume_attempts"
+    if world.rank == 0 and refusal is None:
+        lock, refusal = own_run_dir(ctx.run_dir, db, run_id, config_tree, resume)
+        held, attempts = isinstance(refusal, ConfigError), "refused_attempts"  # another run's dir
+    elif refusal is not None:  # a refused resume of the run in this dir (auto-resume, or a resume= the resolver
+        held = (ctx.run_dir / "result.json").exists()  # let through): recorded beside that run, never over it
     result = empty_result()
     result.update(
         status="running",
@@ -116,15 +125,21 @@ def run_job(dict_cfg: DictConfig, ctx: RunContext | None = None) -> dict[str, An
         # the pool launcher runs hydra.launcher.jobs_per_gpu > 1 jobs on one GPU at once: speed and
         # memory are then not the card's alone
         gpu_shared=os.environ.get(GPU_SHARED_ENV) == "1",
+        **owner_keys(),  # host, pid, heartbeat: a row whose process vanished reads lost (records.store)
     )
+    if resume is not None and resume.code_change:
+        result["resume_code_change"] = resume.code_change  # accepted with accept_code_change=true
     started = time.time()
-    start = {"started_at": started, "overrides": " ".join(ctx.overrides), "config": config_tree}
+    fresh = {"started_at": started, "overrides": " ".join(ctx.overrides), "config": config_tree}
     # a resumed run keeps its row's start, overrides and config, and counts its resumptions
-    start = {"resumed_at": started, "resumed_from_step": resume.steps} if resume else start
+    start = {"resumed_at": started, "resumed_from_step": resume.steps} if resume else fresh
     job = Job(ctx, result, config_tree, db, run_id, resume, world)
-    job.start_keys = start
-    if resume is None:  # a resume writes nothing into the original record until its checkpoint is restored
+    job.start_keys, job.fresh_start_keys, job.lock = start, fresh, lock
+    if held:  # refused another run's dir: recorded apart, inside it, leaving that run's files and row
+        job.holding, job.attempts_dirname = True, attempts
+    if resume is None and not held:  # a resume writes nothing into the original record until its restore
         _open_record(db, run_id, {**result, **start})
+        job.start_heartbeat()
     world.on_stop = functools.partial(job.close_early, db, run_id)
     try:
         with sigterm_as_interrupt():
@@ -139,8 +154,7 @@ def run_job(dict_cfg: DictConfig, ctx: RunContext | None = None) -> dict[str, An
         raise
     except BaseException as e:  # noqa: BLE001 - every failure is recorded, then re-raised
         if not job.delegated:  # a launching process keeps rank 0's error.txt
-            job.error_dir().mkdir(parents=True, exist_ok=True)
-            (job.error_dir() / "error.txt").write_text(traceback.format_exc())
+            write_error_file(job.error_dir(), traceback.format_exc())
         from speedrun.run.oom import find_oom, oom_result
 
         oom = find_oom(e)
@@ -159,7 +173,58 @@ def run_job(dict_cfg: DictConfig, ctx: RunContext | None = None) -> dict[str, An
         with stop_signals_deferred():
             job.finish(db, started)
         _note_where_recorded(sys.exc_info()[1])
+    if not job.recorded:  # the run itself went well, its record did not: that is a failed run
+        raise RecordNotWritten(f"the run ended but its record could not be written: {job.record_note()}")
     return result
+
+
+class RecordNotWritten(OSError):
+    """The results row or result.json of a run could not be written (speedrun.main: one line, exit status 1)."""
+
+
+def own_run_dir(
+    run_dir: Path, db: ResultsDB | dist.NoRecords, run_id: str, config_tree: Any, resume: Any
+) -> tuple[RunDirLock | None, Exception | None]:
+    """(the lock this job holds on its run dir, a refusal or None). Refused: a dir another live process owns,
+    and, for a job that does not resume it, a dir holding another run: a finished one, or one of another config
+    (the same job started again, e.g. requeued before its first checkpoint, starts afresh). Owned: the temporary
+    files killed writers left there are removed."""
+    from speedrun.training.checkpoint import checkpoint_dir
+
+    lock = RunDirLock(run_dir)
+    try:
+        warning = lock.acquire(parent=os.getppid())  # rank 0 shares its launching process's lock
+    except (RunDirBusy, OSError) as e:  # busy; or a read-only dir, where the run cannot keep its record
+        return None, e
+    if warning:
+        log.warning("%s", warning)
+    if resume is None:
+        refusal = _other_run_in(run_dir, db, run_id, config_tree)
+        if refusal is not None:
+            lock.release()
+            return None, refusal
+    for directory in (run_dir, checkpoint_dir(run_dir)):
+        for path in remove_orphan_temps(directory):
+            log.info("removed %s, left by a killed writer", path)
+    return lock, None
+
+
+def _other_run_in(run_dir: Path, db: ResultsDB | dist.NoRecords, run_id: str, config_tree: Any) -> Exception | None:
+    """A refusal when ``run_dir`` holds a run this fresh job would overwrite (own_run_dir), else None."""
+    from speedrun.errors import ConfigError
+    from speedrun.records.identity import AUTO_RESUME_IGNORED, config_identity
+
+    status = recorded_status(run_dir)
+    if status is None:
+        return None  # no record there yet
+    fix = f"give this run another dir (hydra.run.dir=...) or continue that one (resume={run_dir})"
+    if status in ENDED:
+        return ConfigError(f"{run_dir} holds a finished run (status {status}), which is never overwritten; {fix}")
+    rows = db.rows("run_id = ?", (run_id,))
+    stored = rows[0].get("config") if rows else None
+    if config_identity(stored, AUTO_RESUME_IGNORED) != config_identity(config_tree, AUTO_RESUME_IGNORED):
+        return ConfigError(f"{run_dir} holds another run (status {status}, another config); {fix}")
+    return None
 
 
 def _note_where_recorded(e: BaseException | None) -> None:
@@ -178,6 +243,8 @@ def _open_record(db: ResultsDB | dist.NoRecords, run_id: str, row: dict[str, Any
     import sqlite3
 
     try:
+        for lost in db.mark_lost():
+            log.warning("results row %s: its process ended without a word; marked lost", lost)
         db.upsert(run_id, row)
     except (sqlite3.Error, OSError) as e:
         from speedrun.errors import ConfigError

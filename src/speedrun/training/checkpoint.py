@@ -4,8 +4,10 @@
 ema.decay is set; None otherwise), the data position, the RNG states and the loop's progress (TrainState: steps,
 tokens, FLOPs, elapsed train seconds, stage index...);
 ``step_<steps>.json`` beside it holds what resume reads without loading tensors (the composed config, the
-overrides, the Plan, the progress). Both are written to a temporary name and renamed into place, the .pt first, so
-a checkpoint counts only once both exist; the oldest are deleted beyond ``checkpoint.keep``.
+overrides, the Plan, the progress, the code fingerprint of the run and the sha256 of the .pt). Both are written to a
+temporary name and renamed into place, the .pt first, so a checkpoint counts only once both exist; the oldest are
+deleted beyond ``checkpoint.keep``. A .pt whose bytes no longer match its sha256 (a bit flip, a file cut short) is
+skipped for the previous checkpoint, with one warning.
 
 Loading uses ``torch.load(weights_only=True)``: the payload is tensors, numbers, strings, lists and dicts, and
 nothing else is ever unpickled. torch is imported inside the functions that need it: the listing functions serve
@@ -32,6 +34,7 @@ batches, step for step (the gradient sums run in another order: equal to float r
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -39,6 +42,8 @@ import random
 import re
 from pathlib import Path
 from typing import Any
+
+from speedrun.records.store import temp_name
 
 log = logging.getLogger("speedrun")
 
@@ -72,23 +77,53 @@ def latest_meta(run_dir: Path) -> dict[str, Any] | None:
     return json.loads(paths[-1].with_suffix(".json").read_text()) if paths else None
 
 
-def _atomic(path: Path, write: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())  # a preempted node may lose power: the rename must not point at unwritten bytes
-    os.replace(tmp, path)
+def _atomic(path: Path, write: Any) -> str:
+    """Write ``path`` through a temporary file; returns the sha256 of the bytes written."""
+    tmp = temp_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            hashed = _Hashing(f)
+            write(hashed)
+            f.flush()
+            os.fsync(f.fileno())  # a preempted node may lose power: the rename must not point at unwritten bytes
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk must not leave a partial file behind
+        raise
+    return hashed.sha256.hexdigest()
+
+
+class _Hashing:
+    """A binary file that hashes what goes through it (torch.save writes sequentially: no second read)."""
+
+    def __init__(self, f: Any):
+        self.f, self.sha256 = f, hashlib.sha256()
+
+    def write(self, data: Any) -> int:
+        self.sha256.update(data)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def save_checkpoint(run_dir: Path, payload: dict[str, Any], meta: dict[str, Any], keep: int) -> Path:
-    """Write one checkpoint (payload -> .pt, meta -> .json) atomically and keep the newest ``keep``."""
+    """Write one checkpoint (payload -> .pt, meta and the .pt's sha256 -> .json) atomically and keep the newest
+    ``keep``."""
     import torch
 
     d = checkpoint_dir(run_dir)
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"step_{int(payload['progress']['steps']):08d}.pt"
-    _atomic(path, lambda f: torch.save(payload, f))
+    meta = {**meta, "sha256": _atomic(path, lambda f: torch.save(payload, f))}
     _atomic(path.with_suffix(".json"), lambda f: f.write((json.dumps(meta, indent=1, default=str) + "\n").encode()))
     for old in list_checkpoints(run_dir)[:-keep]:
         old.with_suffix(".json").unlink(missing_ok=True)
@@ -100,12 +135,25 @@ def load_checkpoint(run_dir: Path, map_location: Any = "cpu") -> dict[str, Any] 
     """The newest readable checkpoint's payload (an unreadable newest one is skipped with a warning), or None."""
     for path in reversed(list_checkpoints(run_dir)):
         try:
+            verify_checksum(path)
             return load_checkpoint_file(path, map_location)
         except CheckpointFormatError:
             raise
         except Exception as e:  # noqa: BLE001 - e.g. a file cut short on a full disk: fall back to the previous one
             log.warning("checkpoint %s unreadable (%s: %s); trying an older one", path, type(e).__name__, e)
     return None
+
+
+class ChecksumMismatch(ValueError):
+    """A checkpoint's .pt differs from the sha256 its .json recorded when it was written."""
+
+
+def verify_checksum(path: Path) -> None:
+    """Raise ChecksumMismatch unless ``path``'s bytes hash to the sha256 its .json recorded (checkpoints written
+    before checksums were kept have none to check)."""
+    expected = json.loads(path.with_suffix(".json").read_text()).get("sha256")
+    if expected is not None and (found := file_sha256(path)) != expected:
+        raise ChecksumMismatch(f"its bytes hash to {found[:16]}, written as {expected[:16]}")
 
 
 def load_checkpoint_file(path: Path | str, map_location: Any = "cpu") -> dict[str, Any]:

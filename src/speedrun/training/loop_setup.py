@@ -49,6 +49,8 @@ class LoopHooks:
     overrides: list[str]
     cwd: Path
     """Where the job started (relative paths in its config are taken from there)."""
+    code_fingerprint: str | None
+    """The code the run started with (records.identity): a resume onto other code is refused (training.resume)."""
     write_file: Callable[[str, str], None]
     """Writes a run-dir file (plan.json after a batch search); the job's record decides when and where."""
     on_metrics: Callable[[dict[str, Any]], None]
@@ -74,7 +76,7 @@ def prepare_loop(
         if plan.eval.periodic
         else None
     )
-    meta = checkpoint_meta(hooks.config_tree, hooks.overrides, plan, hooks.cwd)
+    meta = checkpoint_meta(hooks.config_tree, hooks.overrides, plan, hooks.cwd, hooks.code_fingerprint)
     extras = ResumableExtras(
         plan, hooks.run_dir, stepper=stepper, evaluator=evaluator, meta=meta, on_metrics=hooks.on_metrics
     )

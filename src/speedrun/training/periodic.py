@@ -239,7 +239,10 @@ class LoopExtras:
         training.checkpoint) and broadcasts its path, so no rank goes on before the file is in place."""
         t = time.perf_counter()
         if self.world.single:
-            path = self._write(state, None)
+            try:
+                path = self._write(state, None)
+            except Exception as e:  # the record names what failed; the cause (a full disk) stays chained
+                raise RuntimeError(f"the checkpoint of step {state.steps} could not be written: {e}") from e
         else:
             ranks = self.world.gather(rank_state(state))
             path = self._write_on_rank0(state, ranks)
@@ -256,15 +259,21 @@ class LoopExtras:
         """Rank 0 writes; every rank gets the path, or rank 0's error, so that all stop alike when it fails (a
         full disk) rather than wait on a rank that left."""
 
+        failed: list[Exception] = []
+
         def write() -> dict[str, str]:
             try:
                 return {"path": self._write(state, ranks)}
             except Exception as e:  # noqa: BLE001 - raised on every rank just below
+                failed.append(e)
                 return {"error": f"{type(e).__name__}: {e}"}
 
         outcome = self.world.from_rank0(write)
-        if "error" in outcome:
-            raise RuntimeError(f"the checkpoint of step {state.steps} could not be written: {outcome['error']}")
+        if "error" in outcome:  # rank 0 keeps the cause: a full disk is then told apart from a bug
+            cause = failed[0] if failed else None
+            raise RuntimeError(
+                f"the checkpoint of step {state.steps} could not be written: {outcome['error']}"
+            ) from cause
         return outcome["path"]
 
     def _write(self, state: Any, ranks: list[dict[str, Any]] | None) -> str:
@@ -282,12 +291,15 @@ class LoopExtras:
         return str(save_checkpoint(self.run_dir, payload, meta, self.plan.checkpoint.keep))
 
 
-def checkpoint_meta(config_tree: Any, overrides: list[str], plan: Any, cwd: Path) -> dict[str, Any]:
-    """What a checkpoint's .json keeps for resume: the composed config, the job's overrides, the directory relative
-    paths in them are taken from, and the Plan."""
+def checkpoint_meta(
+    config_tree: Any, overrides: list[str], plan: Any, cwd: Path, code: str | None = None
+) -> dict[str, Any]:
+    """What a checkpoint's .json keeps for resume: the composed config, the job's overrides, the directory the job
+    started in (for the record: a resume takes relative paths from its own), the Plan and the code fingerprint."""
     return {
         "config": config_tree,
         "overrides": list(overrides),
         "cwd": str(cwd),
+        "code_fingerprint": code,
         "plan": json.loads(json.dumps(plan.to_dict())),
     }

@@ -13,8 +13,16 @@ private directory. ``dist.nproc=N`` (and ``dist.nodes``) may be given beside ``r
 number of ranks: the checkpoint is one file and its data position is global (training.checkpoint), so any number
 that splits the step continues with the same global batches.
 
+A run dir is data: it may come from another machine or person. Nothing in it is imported, executed or resolved
+before it is checked against this command: its checkpoint's config must hold plain values (an interpolation such
+as ``${oc.env:...}`` is refused, never resolved), its ``model.arch`` must be the one this command composes (a
+model class is imported only from the user's own config), and the results database and the directory relative
+paths are taken from are this invocation's, never the ones the checkpoint recorded.
+
 A refusal is a ConfigError naming the problem: the dir does not exist, is not a speedrun run dir, holds no
-checkpoint, or the command line has overrides the run did not (other than dist.nproc / dist.nodes). The resolver makes every one of these checks
+checkpoint, another live process owns it, the code differs from the checkpoint's (``accept_code_change=true``
+continues anyway, and the row records both fingerprints), or the command line has overrides the run did not
+(other than dist.nproc / dist.nodes). The resolver makes every one of these checks
 before Hydra writes anything, and sends a refused resume to a new run dir, so the run it names is left byte for
 byte as it was (the refusal is that new dir's failed row). An accepted resume writes nothing into the original
 until its checkpoint is restored (speedrun.run.record).
@@ -22,12 +30,16 @@ until its checkpoint is restored (speedrun.run.record).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from speedrun.errors import ConfigError
-from speedrun.records.identity import AUTO_RESUME_IGNORED, config_identity
+from speedrun.paths import REPO_ROOT
+from speedrun.records.identity import AUTO_RESUME_IGNORED, code_fingerprint, config_identity
+from speedrun.records.lock import RunDirLock
+from speedrun.records.store import ENDED, recorded_status
 from speedrun.training.checkpoint import DIRNAME, latest_meta
 
 
@@ -37,12 +49,12 @@ class Resume:
     config: dict[str, Any]
     """The original job's composed config (with ``resume`` set to the run dir)."""
     overrides: list[str]
-    cwd: Path
-    """Where the original job started (relative paths in its config are taken from there)."""
     steps: int
     """Steps done at the checkpoint resumed from."""
     auto: bool
     """Found by auto-resume (no resume= given)."""
+    code_change: str | None = None
+    """``<checkpoint's code fingerprint> -> <this code's>`` when the code differs and accept_code_change=true."""
 
 
 def is_run_dir(path: Path) -> bool:
@@ -70,9 +82,13 @@ def run_dir_resolver(resume: str | None, overrides: Any, default: str) -> str:
 
 
 def hydra_subdir_resolver(run_dir: str, resume: str | None) -> str:
-    """Hydra's files for a resumed invocation go to .hydra/resume/, beside the original job's .hydra/."""
+    """Hydra's files for a resumed invocation go to .hydra/resume/, beside the original job's .hydra/; any other
+    invocation in a dir that already has them (a requeued job, or one refused a dir another run owns) writes its
+    own beside them, never over them."""
     if resume and Path(str(resume)).expanduser().resolve() == Path(run_dir).resolve():
         return ".hydra/resume"
+    if (Path(run_dir) / ".hydra" / "config.yaml").exists():
+        return f".hydra/{time.strftime('%Y-%m-%d_%H-%M-%S')}"
     return ".hydra"
 
 
@@ -98,12 +114,14 @@ def accepted_resume(asked: str, overrides: list[str], cwd: Path) -> tuple[Path, 
         ) from e
     if meta is None:
         raise ConfigError(
-            f"resume={asked}: {path} holds no checkpoint ({DIRNAME}/ is empty or missing): the run was "
-            f"not stopped by a signal during training and checkpoint.every_seconds/every_steps were "
-            f"off; run it again instead (with checkpoint.every_seconds=600 to keep one)"
+            f"resume={asked}: {path} holds no checkpoint ({DIRNAME}/ is empty or missing): {_why_none(path)}"
         )
+    check_plain(meta.get("config"), f"resume={asked}: {path / DIRNAME}")
+    owner = RunDirLock(path).owner()
+    if owner is not None:
+        raise ConfigError(f"resume={asked}: {path} is in use by {owner}; wait for that run to end")
     saved = list(meta.get("overrides") or [])
-    extra = [o for o in overrides if not o.startswith("resume=") and o not in saved and _key(o) not in RANK_KEYS]
+    extra = [o for o in overrides if not o.startswith("resume=") and o not in saved and _key(o) not in FREE_KEYS]
     if extra:
         raise ConfigError(
             f"resume={asked} continues the run as it was configured ({' '.join(saved) or 'defaults'}); "
@@ -112,10 +130,73 @@ def accepted_resume(asked: str, overrides: list[str], cwd: Path) -> tuple[Path, 
     return path, meta
 
 
+def _why_none(path: Path) -> str:
+    """Why a run dir has no checkpoint, from its own config (read as text, never resolved)."""
+    import yaml
+
+    try:
+        saved = yaml.safe_load((path / ".hydra" / "config.yaml").read_text()) or {}
+        keeping = saved.get("checkpoint") or {}
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        keeping = {}
+    if keeping.get("every_seconds") or keeping.get("every_steps"):
+        return "the run ended before its first checkpoint was written; run it again instead"
+    return (
+        "the run was not stopped by a signal during training and checkpoint.every_seconds/every_steps were off; "
+        "run it again instead (with checkpoint.every_seconds=600 to keep one)"
+    )
+
+
+def check_plain(tree: Any, where: str) -> None:
+    """Refuse a stored config holding an interpolation (``${...}``): resolving it would run what a run dir says
+    (read an environment variable into the record, call a resolver); a config saved by speedrun holds none."""
+    if isinstance(tree, dict):
+        for value in tree.values():
+            check_plain(value, where)
+    elif isinstance(tree, list):
+        for value in tree:
+            check_plain(value, where)
+    elif isinstance(tree, str) and "${" in tree:
+        raise ConfigError(
+            f"{where}: the stored config holds an interpolation ({tree[:60]!r}); a run dir's config is never "
+            f"resolved: resume a run dir written by speedrun, or start a new run"
+        )
+
+
+def check_code(meta: dict[str, Any], asked: str, accept: bool) -> str | None:
+    """None when this code is the checkpoint's; with ``accept``, the change (recorded by the row); else a refusal."""
+    saved, here = meta.get("code_fingerprint"), code_fingerprint(REPO_ROOT)
+    if saved == here:
+        return None
+    change = f"{saved or 'unrecorded'} -> {here}"
+    if not accept:
+        raise ConfigError(
+            f"resume={asked}: the code changed since the checkpoint (code_fingerprint {saved or 'not recorded'}, "
+            f"here {here}); restore that code, or add accept_code_change=true to continue with this code"
+        )
+    return change
+
+
+def check_arch(saved: dict[str, Any], asked: dict[str, Any], where: str) -> None:
+    """The model class comes from this command's config: a checkpoint naming another is refused before any
+    import (a run dir must not choose the code that runs)."""
+    mine = (asked.get("model") or {}).get("arch")
+    theirs = (saved.get("model") or {}).get("arch")
+    if mine != theirs:
+        raise ConfigError(
+            f"{where} names model.arch={theirs}, this command composes model.arch={mine}; give model.arch={theirs} "
+            f"beside resume= if you trust that code, or resume another run"
+        )
+
+
 RANK_KEYS = ("dist.nproc", "dist.nodes")
 """Overrides a resume may change: how many ranks continue the run. A checkpoint holds the whole state once (rank 0's,
 training.checkpoint) and its data position is global, so any number of ranks that splits the step continues it
 with the same global batches; the resolver refuses a number that does not split."""
+
+
+FREE_KEYS = (*RANK_KEYS, "accept_code_change")
+"""Overrides a resume may add: the ranks, and accepting changed code."""
 
 
 def _key(override: str) -> str:
@@ -139,27 +220,36 @@ def with_ranks(config: dict[str, Any], saved: list[str], given: list[str]) -> tu
 def find_resume(config: dict[str, Any], overrides: list[str], run_dir: Path, cwd: Path) -> Resume | None:
     """The resume this job asks for (``resume=``) or may do (auto_resume), or None; ConfigError when refused."""
     asked = config.get("resume")
+    accept = bool(config.get("accept_code_change"))
     if not asked:
         meta = latest_meta(run_dir) if (config.get("checkpoint") or {}).get("auto_resume", True) else None
+        if (
+            meta is not None and recorded_status(run_dir) in ENDED
+        ):  # a run that ended is never continued by being started again
+            return None
+        # the same config, this job's own: nothing of the run dir's is used that this command did not compose
         if meta is None or config_identity(meta.get("config"), AUTO_RESUME_IGNORED) != config_identity(
             config, AUTO_RESUME_IGNORED
         ):
             return None
+        change = check_code(meta, str(run_dir), accept)
         return Resume(
             run_dir.resolve(),
             {**meta["config"], "resume": str(run_dir.resolve())},
             list(meta.get("overrides") or []),
-            Path(meta.get("cwd") or cwd),
             int(meta["steps"]),
             auto=True,
+            code_change=change,
         )
     path, meta = accepted_resume(str(asked), overrides, cwd)
-    config, saved = with_ranks(meta["config"], list(meta.get("overrides") or []), overrides)
+    check_arch(meta["config"], config, f"resume={asked}: {path}")
+    change = check_code(meta, str(asked), accept)
+    saved_config, saved = with_ranks(meta["config"], list(meta.get("overrides") or []), overrides)
     return Resume(
         path,
-        {**config, "resume": str(path)},
+        {**saved_config, "resume": str(path), "accept_code_change": accept},
         saved,
-        Path(meta.get("cwd") or cwd),
         int(meta["steps"]),
         auto=False,
+        code_change=change,
     )
