@@ -427,6 +427,9 @@ class NoRecords:
     def rows(self, *args: Any) -> list:
         return []
 
+    def mark_lost(self) -> list[str]:
+        return []
+
 
 SINGLE = World(WorldInfo())
 """The world of a one-process run (and of tools and tests that call the pipeline's parts directly)."""
