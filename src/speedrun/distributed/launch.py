@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import signal
 import sys
@@ -27,6 +28,8 @@ from typing import Any
 
 from speedrun.distributed.world import LAUNCHED_ENV, RANK_DIR_ENV, set_process_env
 from speedrun.records.store import atomic_write_text, write_json
+
+log = logging.getLogger("speedrun")
 
 _DROPPED = (
     "hydra.run.",
@@ -220,11 +223,18 @@ def adopt_rank0_record(db: Any, run_id: str, run_dir: Path, result: dict[str, An
         return True  # rank 0's record as it wrote it
     if died is not None and died.exitcode < 0 and not str(rank0.get("error")).startswith(f"rank {died.rank}:"):
         rank0.update(status="failed", error=died.describe())
-        error_txt = run_dir / "error.txt"
-        before = error_txt.read_text() if error_txt.is_file() else ""
-        atomic_write_text(error_txt, died.describe() + (f"\nthen rank 0:\n{before}" if before else "\n"))
-    write_json(run_dir / "result.json", rank0)
-    db.upsert(run_id, {**rank0, **closed})
+    try:  # each whatever the other did, as the runner writes a record; the console block still shows it
+        if died is not None and rank0["error"] == died.describe():
+            error_txt = run_dir / "error.txt"
+            before = error_txt.read_text() if error_txt.is_file() else ""
+            atomic_write_text(error_txt, died.describe() + (f"\nthen rank 0:\n{before}" if before else "\n"))
+        write_json(run_dir / "result.json", rank0)
+    except OSError as e:
+        log.error("could not write %s: %s", run_dir / "result.json", e)
+    try:
+        db.upsert(run_id, {**rank0, **closed})
+    except Exception as e:  # noqa: BLE001 - result.json holds the record
+        log.error("could not update the results database %s: %s", getattr(db, "path", None), e)
     result.clear()
     result.update(rank0)
     return True
