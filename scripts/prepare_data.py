@@ -1,6 +1,7 @@
-"""Tokenize your own documents into speedrun/parameter-golf shards.
+"""Tokenize your own documents, or this machine's Python installation, into speedrun/parameter-golf shards.
 
     python scripts/prepare_data.py --input docs.jsonl more.jsonl.xz notes.txt --out data/mydocs --vocab-size 1024
+    python scripts/prepare_data.py --source python --out data/python_sp1024 --vocab 1024
 
 Inputs: .jsonl / .jsonl.xz / .jsonl.gz (one JSON object per line, document in "text") and .txt
 (the whole file is one document), read in the order given. Documents 0, N, 2N, ... (N =
@@ -17,6 +18,12 @@ With --tokenizer gpt2 (or a local *.tiktoken vocabulary) nothing is trained: the
 GPT-2's byte-level BPE (tiktoken; pip install 'speedrun[gpt2]'), each prefixed by <|endoftext|> (50256), as in
 modded-nanogpt's FineWeb shards; train on them with
     python -m run data=fineweb10B_gpt2 data.path=DIR
+
+--source python builds a corpus of hundreds of MB from text every machine has: the running Python's standard library
+and site-packages (.py, .rst, .md, .txt; --roots to name other directories), one document a file, deduplicated by
+content, about 1% of documents in val (chosen by content hash). dataset.json records a fingerprint of the files,
+split and tokenizer, the counts and the Python it came from. Train on it with
+    python -m run data=python_sp1024 [data.path=DIR]
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import argparse
 import math
 import random
 import sys
+import time
 from pathlib import Path
 
 try:
@@ -34,21 +42,56 @@ except ImportError:  # running from a checkout without `pip install -e .`
 
 from speedrun.data.corpus import cut_at_paragraphs, iter_documents, lognormal_caps, split_train_val
 from speedrun.data.prepare import prepare_dataset, prepare_tiktoken_dataset, read_dataset_info
+from speedrun.data.python_corpus import VAL_FRACTION, build_python_corpus
 from speedrun.data.tiktoken_bpe import is_tiktoken
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        description="Train a SentencePiece BPE tokenizer on your documents and write train/val token shards.",
-        epilog="Example: python scripts/prepare_data.py --input a.jsonl b.txt --out data/mine --vocab-size 1024",
+        description="Train a SentencePiece BPE tokenizer on your documents (or on this machine's Python sources "
+        "and docs) and write train/val token shards.",
+        epilog="Examples: python scripts/prepare_data.py --input a.jsonl b.txt --out data/mine --vocab-size 1024; "
+        "python scripts/prepare_data.py --source python --out data/python_sp1024",
+    )
+    parser.add_argument(
+        "--source",
+        choices=("files", "python"),
+        default="files",
+        help="files (default): the documents of --input; python: the running Python's stdlib and site-packages "
+        "sources and docs (.py, .rst, .md, .txt), one document a file, deduplicated",
     )
     parser.add_argument(
         "--input",
         nargs="+",
         type=Path,
-        required=True,
         metavar="FILE",
-        help="document files: .jsonl, .jsonl.xz, .jsonl.gz (field 'text') or .txt (one document)",
+        help="document files: .jsonl, .jsonl.xz, .jsonl.gz (field 'text') or .txt (one document); --source files",
+    )
+    parser.add_argument(
+        "--roots",
+        nargs="+",
+        type=Path,
+        metavar="DIR",
+        help="--source python: directories to walk (default: sysconfig's stdlib, platstdlib, purelib and platlib, "
+        "and <prefix>/share/doc/python<X.Y> if installed)",
+    )
+    parser.add_argument(
+        "--max-bytes",
+        type=int,
+        metavar="N",
+        help="--source python: stop the walk before the document that would take the corpus past N bytes",
+    )
+    parser.add_argument(
+        "--val-fraction",
+        type=float,
+        metavar="F",
+        help=f"--source python: the fraction of documents in val, chosen by content hash (default {VAL_FRACTION})",
+    )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        metavar="N",
+        help="--source python: tokenize in N worker processes (default: one a core this process may use)",
     )
     parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="output directory (must not exist)")
     parser.add_argument(
@@ -59,13 +102,17 @@ def build_parser() -> argparse.ArgumentParser:
         "encoding, modded-nanogpt's) or PATH.tiktoken (a local GPT-2 vocabulary, for offline machines)",
     )
     parser.add_argument(
-        "--vocab-size", type=int, default=1024, help="vocabulary of a trained sentencepiece tokenizer (default 1024)"
+        "--vocab-size",
+        "--vocab",
+        type=int,
+        default=1024,
+        help="vocabulary of a trained sentencepiece tokenizer (default 1024)",
     )
     parser.add_argument(
         "--val-every",
         type=int,
-        default=20,
-        help="every N-th document (starting with the first) goes to val (default 20)",
+        metavar="N",
+        help="--source files: every N-th document (starting with the first) goes to val (default 20)",
     )
     cut = parser.add_mutually_exclusive_group()
     cut.add_argument(
@@ -101,11 +148,87 @@ def _cut_lognormal(docs: list[str], median: float, sigma: float, seed: str) -> l
     return [piece for doc in docs for piece in cut_at_paragraphs(doc, caps)]
 
 
+_PYTHON_ONLY = ("roots", "max_bytes", "val_fraction", "processes")
+_FILES_ONLY = ("input", "val_every", "max_doc_chars", "doc_chars_lognormal")
+
+
+def _option(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _print_rows(rows: dict) -> None:
+    width = max(map(len, rows))
+    for key, value in rows.items():
+        print(f"{key.ljust(width)}: {value}")
+
+
+def _main_python(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    for dest in _FILES_ONLY:
+        if getattr(args, dest) is not None:
+            parser.error(f"{_option(dest)} is for --source files; --source python reads --roots (or this Python)")
+    if args.tokenizer != "sentencepiece":
+        parser.error(f"--source python trains its own sentencepiece tokenizer; drop --tokenizer {args.tokenizer}")
+    if args.val_fraction is not None and not 0 < args.val_fraction < 1:
+        parser.error(f"--val-fraction {args.val_fraction}: must be between 0 and 1 (e.g. {VAL_FRACTION})")
+    if args.max_bytes is not None and args.max_bytes < 1:
+        parser.error(f"--max-bytes {args.max_bytes}: must be >= 1 (e.g. 5000000)")
+    if args.processes is not None and args.processes < 1:
+        parser.error(f"--processes {args.processes}: must be >= 1")
+    t0 = time.perf_counter()
+    try:
+        paths = build_python_corpus(
+            args.out,
+            args.roots,
+            args.vocab_size,
+            max_bytes=args.max_bytes,
+            val_fraction=VAL_FRACTION if args.val_fraction is None else args.val_fraction,
+            shard_tokens=args.shard_tokens,
+            processes=args.processes,
+            seed=args.seed,
+            overwrite=args.overwrite,
+        )
+    except (FileExistsError, FileNotFoundError, ValueError) as e:  # a root, --out, a split or vocabulary to change
+        parser.error(str(e))
+    info = read_dataset_info(paths.directory)
+    source = info["source"]
+    _print_rows(
+        {
+            "out": paths.directory,
+            "tokenizer": paths.tokenizer,
+            "vocab_size": paths.vocab_size,
+            "python": f"{source['python_version']} ({source['python_prefix']})",
+            "files": source["files"],
+            "bytes": source["bytes"],
+            "documents": source["documents"],
+            "train_documents": info["train"]["documents"],
+            "train_tokens": info["train"]["tokens"],
+            "train_shards": len(paths.train),
+            "val_documents": info["val"]["documents"],
+            "val_tokens": info["val"]["tokens"],
+            "val_bytes": info["val"]["bytes"],
+            "unigram_val_bpb": f"{info['unigram_val_bpb']:.4f}",
+            "fingerprint": info["fingerprint"],
+            "seconds": f"{time.perf_counter() - t0:.1f}",
+            "train_on_it": f"python -m run data=python_sp1024 data.path={paths.directory}"
+            + ("" if paths.vocab_size == 1024 else f" data.vocab_size={paths.vocab_size}"),
+        }
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.tokenizer != "sentencepiece" and not is_tiktoken(args.tokenizer):
         parser.error(f"--tokenizer {args.tokenizer}: use sentencepiece, gpt2 or a path ending in .tiktoken")
+    if args.source == "python":
+        return _main_python(parser, args)
+    for dest in _PYTHON_ONLY:
+        if getattr(args, dest) is not None:
+            parser.error(f"{_option(dest)} is for --source python; --source files reads --input")
+    if not args.input:
+        parser.error("--input FILE... is required (or --source python, for this machine's Python sources and docs)")
+    args.val_every = 20 if args.val_every is None else args.val_every
     docs: list[str] = []
     for path in args.input:
         docs.extend(iter_documents(path))
@@ -159,9 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         "val_bytes": info["val"]["bytes"],
         "unigram_val_bpb": f"{info['unigram_val_bpb']:.4f}",
     }
-    width = max(map(len, rows))
-    for key, value in rows.items():
-        print(f"{key.ljust(width)}: {value}")
+    _print_rows(rows)
     return 0
 
 

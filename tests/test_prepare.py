@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -121,6 +122,33 @@ def test_builds_are_byte_identical(docs, tmp_path):
     assert [sp_a.id_to_piece(i) for i in range(VOCAB)] == [sp_c.id_to_piece(i) for i in range(VOCAB)]
 
 
+def test_worker_processes_write_the_same_shards(docs, tmp_path, monkeypatch):
+    """processes=2 (a large corpus's path): the same bytes as in-process encoding, the documents in order across
+    several pool tasks; a callable info sees the record; tokenizer_texts trains the tokenizer on other text."""
+    monkeypatch.setattr(prepare_mod, "POOL_TASK_CHARS", 5000)  # 11 documents of 3000 characters: 6 tasks
+    a = prepare_dataset(docs[1:], docs[:1], tmp_path / "a", VOCAB, shard_tokens=5000)
+    seen = []
+    b = prepare_dataset(
+        docs[1:],
+        docs[:1],
+        tmp_path / "b",
+        VOCAB,
+        shard_tokens=5000,
+        processes=2,
+        info=lambda record: seen.append(record) or {"extra": record["tokenizer_sha256"]},
+    )
+    files = sorted(p.name for p in a.directory.iterdir())
+    assert files == sorted(p.name for p in b.directory.iterdir()) and len(b.train) > 2
+    for name in files:
+        if name != "dataset.json":
+            assert (a.directory / name).read_bytes() == (b.directory / name).read_bytes(), name
+    info = read_dataset_info(b.directory)
+    assert info["extra"] == info["tokenizer_sha256"] == hashlib.sha256(b.tokenizer.read_bytes()).hexdigest()
+    assert seen[0]["train"]["tokens"] == info["train"]["tokens"]
+    c = prepare_dataset(docs[1:], docs[:1], tmp_path / "c", VOCAB, tokenizer_texts=docs[6:], tokenizer_chars=9000)
+    assert read_dataset_info(c.directory)["tokenizer_sha256"] != info["tokenizer_sha256"]
+
+
 # --- loader ----------------------------------------------------------------------------------
 
 
@@ -206,6 +234,14 @@ def test_open_dataset_missing_paths_explain_how_to_get_data(tmp_path, prepared):
     paths = prepared[0]
     with pytest.raises(DataNotFoundError, match="tokenizer not found"):
         open_dataset(paths.directory, tmp_path / "tok.model", VOCAB)
+    # a directory that keeps its tokenizer inside is scripts/prepare_data.py's: one line naming the command
+    with pytest.raises(DataNotFoundError) as err:
+        open_dataset(tmp_path / "mine", tmp_path / "mine" / "tokenizer.model", 1024)
+    assert str(err.value) == (
+        f"dataset directory not found: {tmp_path / 'mine'}; build it with: python scripts/prepare_data.py "
+        f"--source python --out {tmp_path / 'mine'} --vocab 1024 (this machine's Python sources and docs; or "
+        "--input FILE... in place of --source python, for your own text)"
+    )
 
 
 def test_open_dataset_checks_vocab_and_shards(prepared, tmp_path):

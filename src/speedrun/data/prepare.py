@@ -11,12 +11,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import multiprocessing
 import os
 import shutil
 import sys
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,18 +89,63 @@ class _ShardWriter:
             self.fill = 0
 
 
+def _with_bos(encoded: list[list[int]], bos: int) -> np.ndarray:
+    """One uint16 array: [BOS] + ids of each document, concatenated."""
+    out = np.empty(sum(len(ids) + 1 for ids in encoded), dtype=np.uint16)
+    pos = 0
+    for ids in encoded:
+        out[pos] = bos
+        out[pos + 1 : pos + 1 + len(ids)] = ids
+        pos += len(ids) + 1
+    return out
+
+
 def _encode_docs(sp, docs: list[str], num_threads: int) -> Iterator[np.ndarray]:
     """Per batch of documents, one uint16 array: [BOS] + ids of each document, concatenated."""
-    bos = sp.bos_id()
     for i in range(0, len(docs), ENCODE_BATCH_DOCS):
-        encoded = sp.encode(docs[i : i + ENCODE_BATCH_DOCS], out_type=int, num_threads=num_threads)
-        out = np.empty(sum(len(ids) + 1 for ids in encoded), dtype=np.uint16)
-        pos = 0
-        for ids in encoded:
-            out[pos] = bos
-            out[pos + 1 : pos + 1 + len(ids)] = ids
-            pos += len(ids) + 1
-        yield out
+        yield _with_bos(sp.encode(docs[i : i + ENCODE_BATCH_DOCS], out_type=int, num_threads=num_threads), sp.bos_id())
+
+
+#: Characters per task of the process pool: small enough to balance the workers, large enough that a task's
+#: pickling costs little next to its encoding (~6M characters a second a core).
+POOL_TASK_CHARS = 2_000_000
+_worker_sp = None  # each pool worker's tokenizer
+
+
+def _pool_init(model: bytes) -> None:
+    global _worker_sp
+    import sentencepiece as spm
+
+    _worker_sp = spm.SentencePieceProcessor(model_proto=model)
+
+
+def _pool_encode(docs: list[str]) -> np.ndarray:
+    assert _worker_sp is not None
+    return _with_bos(_worker_sp.encode(docs, out_type=int), _worker_sp.bos_id())
+
+
+def _pool_tasks(docs: list[str]) -> Iterator[list[str]]:
+    start, size = 0, 0
+    for i, doc in enumerate(docs):
+        size += len(doc)
+        if size >= POOL_TASK_CHARS:
+            yield docs[start : i + 1]
+            start, size = i + 1, 0
+    if start < len(docs):
+        yield docs[start:]
+
+
+def _encode_docs_pool(pool, docs: list[str]) -> Iterator[np.ndarray]:
+    """As _encode_docs, the batches encoded by ``pool``'s workers and yielded in document order. Worker processes
+    rather than the tokenizer's threads: turning ids into Python lists and arrays holds the GIL, which caps
+    threads at about twice one core's rate."""
+    yield from pool.imap(_pool_encode, _pool_tasks(docs))
+
+
+def _process_pool(model: Path, processes: int):
+    # fork where it is safe, so workers start at once without re-importing torch
+    method = "fork" if sys.platform == "linux" else None
+    return multiprocessing.get_context(method).Pool(processes, initializer=_pool_init, initargs=(model.read_bytes(),))
 
 
 def _decoded_bytes(sp, val_stream: np.ndarray) -> int:
@@ -122,15 +168,22 @@ def prepare_dataset(
     *,
     seed: int = 0,
     num_threads: int | None = None,
+    processes: int | None = None,
+    tokenizer_texts: Iterable[str] | None = None,
+    tokenizer_chars: int = 4_000_000,
     overwrite: bool = False,
-    info: dict | None = None,
+    info: dict | Callable[[dict], dict] | None = None,
 ) -> DatasetPaths:
     """Train a tokenizer on the train documents and write train/val shards into ``out_dir``.
 
     Each document becomes [BOS] + its ids; documents may span shard boundaries. Everything is
     written to a temporary sibling directory that is renamed to ``out_dir`` at the end.
-    ``info`` is merged into dataset.json. Raises FileExistsError if ``out_dir`` exists (unless
-    ``overwrite``).
+    The tokenizer is trained on a seeded sample of ``tokenizer_chars`` characters of
+    ``tokenizer_texts`` (default: the train documents; pass a subset for a large corpus, since the
+    whole of it is cut into chunks before sampling). ``processes`` > 1 encodes in that many worker
+    processes (the same ids; for corpora of hundreds of MB). ``info`` is merged into dataset.json;
+    a callable is given the record (``tokenizer_sha256`` included) and returns the keys to merge.
+    Raises FileExistsError if ``out_dir`` exists (unless ``overwrite``).
     """
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
@@ -146,19 +199,30 @@ def prepare_dataset(
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        n_chars = sum(len(d) for d in train_docs)
-        _log(f"training tokenizer (vocab {vocab_size}) on {len(train_docs)} documents, {n_chars:,} characters")
-        model = train_tokenizer(train_docs, tmp / Path(TOKENIZER_FILE).stem, vocab_size, seed)
+        texts = train_docs if tokenizer_texts is None else list(tokenizer_texts)
+        n_chars = sum(len(d) for d in texts)
+        _log(f"training tokenizer (vocab {vocab_size}) on {len(texts)} documents, {n_chars:,} characters")
+        model = train_tokenizer(texts, tmp / Path(TOKENIZER_FILE).stem, vocab_size, seed, max_chars=tokenizer_chars)
+        del texts
         sp = load_tokenizer(model)
-        _log(f"tokenizing {len(train_docs)} train + {len(val_docs)} val documents")
-        counts = np.zeros(vocab_size, dtype=np.int64)
-        train_writer = _ShardWriter(tmp, "train", shard_tokens)
-        for chunk in _encode_docs(sp, train_docs, threads):
-            counts += np.bincount(chunk, minlength=vocab_size)
-            train_writer.add(chunk)
-        train_writer.flush()
-        val_chunks = list(_encode_docs(sp, val_docs, threads))
-        val_stream = np.concatenate(val_chunks)
+        pool = _process_pool(model, processes) if processes and processes > 1 else None
+        where = f" in {processes} processes" if pool else ""
+        _log(f"tokenizing {len(train_docs)} train + {len(val_docs)} val documents{where}")
+        try:
+
+            def encode(docs: list[str]) -> Iterator[np.ndarray]:
+                return _encode_docs_pool(pool, docs) if pool else _encode_docs(sp, docs, threads)
+
+            counts = np.zeros(vocab_size, dtype=np.int64)
+            train_writer = _ShardWriter(tmp, "train", shard_tokens)
+            for chunk in encode(train_docs):
+                counts += np.bincount(chunk, minlength=vocab_size)
+                train_writer.add(chunk)
+            train_writer.flush()
+            val_stream = np.concatenate(list(encode(val_docs)))
+        finally:
+            if pool is not None:
+                pool.terminate()
         val_writer = _ShardWriter(tmp, "val", shard_tokens)
         val_writer.add(val_stream)
         val_writer.flush()
@@ -179,6 +243,7 @@ def prepare_dataset(
             "vocab_size": vocab_size,
             "tokenizer": TOKENIZER_FILE,
             "tokenizer_settings": {**TRAINER_SETTINGS, "seed": seed},
+            "tokenizer_sha256": _sha256(model),
             "shard_tokens": shard_tokens,
             "train": {"documents": len(train_docs), "tokens": train_writer.tokens, "shards": len(train_writer.paths)},
             "val": {
@@ -190,8 +255,8 @@ def prepare_dataset(
             },
             # -sum log2 p_train(y) / val bytes over val targets, add-one smoothed unigram of train.
             "unigram_val_bpb": unigram_bits_per_byte(counts, val_stream, luts),
-            **(info or {}),
         }
+        record.update(info(record) if callable(info) else info or {})
         (tmp / INFO_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         _install(tmp, out_dir, overwrite)
     except BaseException:
@@ -417,21 +482,34 @@ def parameter_golf_help(vocab_size: int) -> str:
     return "\n".join(lines)
 
 
+def prepared_help(path: Path, vocab_size: int) -> str:
+    """One line: how to build a dataset directory that keeps its tokenizer inside (scripts/prepare_data.py's)."""
+    return (
+        f"build it with: python scripts/prepare_data.py --source python --out {path} --vocab {vocab_size} "
+        "(this machine's Python sources and docs; or --input FILE... in place of --source python, for your own text)"
+    )
+
+
 def open_dataset(path: Path, tokenizer: Path | str, vocab_size: int) -> DatasetPaths:
     """An existing shard directory plus its tokenizer, checked: shards present with valid headers,
     tokenizer present with exactly ``vocab_size`` pieces."""
     if is_tiktoken(tokenizer):
         return _open_tiktoken_dataset(Path(path).expanduser(), str(tokenizer), vocab_size)
     path, tokenizer = Path(path).expanduser(), Path(tokenizer).expanduser()
-    help_text = parameter_golf_help(vocab_size)
+    if os.path.abspath(tokenizer.parent) == os.path.abspath(path):
+        # A directory that holds its own tokenizer is scripts/prepare_data.py's (parameter-golf keeps tokenizers
+        # apart from the shards): name the command that builds it, on the same line.
+        help_text = f"; {prepared_help(path, vocab_size)}"
+    else:
+        help_text = f"\n{parameter_golf_help(vocab_size)}"
     if not path.is_dir():
-        raise DataNotFoundError(f"dataset directory not found: {path}\n{help_text}")
+        raise DataNotFoundError(f"dataset directory not found: {path}{help_text}")
     try:
         train, val = list_shards(path, "train"), list_shards(path, "val")
     except FileNotFoundError as e:
-        raise DataNotFoundError(f"{e}\n{help_text}") from None
+        raise DataNotFoundError(f"{e}{help_text}") from None
     if not tokenizer.is_file():
-        raise DataNotFoundError(f"tokenizer not found: {tokenizer} (the SentencePiece .model of {path})\n{help_text}")
+        raise DataNotFoundError(f"tokenizer not found: {tokenizer} (the SentencePiece .model of {path}){help_text}")
     sp = load_tokenizer(tokenizer)
     n = int(sp.get_piece_size())
     if n != vocab_size:
