@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -432,3 +433,45 @@ def test_sigterm_to_the_sweep_stops_its_jobs_instead_of_orphaning_them(tmp_path)
     proc.terminate()
     out, _ = proc.communicate(timeout=30)
     assert "['JobFailed:interrupted', 'JobNotRun:not_run']" in out, out
+
+
+def test_a_second_ctrl_c_kills_a_job_that_will_not_stop_and_the_pool_records_it(tmp_path):
+    """The job ignores SIGTERM (and the terminal's SIGINT): after the first Ctrl-C the pool waits; the second kills
+    it at once, and the pool still returns a record of every job instead of raising."""
+    driver = tmp_path / "driver.py"
+    driver.write_text(
+        "import sys, time\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from pathlib import Path\n"
+        "from test_sweep import _fake_jobs, pl\n"
+        "scripts = ['import signal\\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); signal.signal(signal.SIGINT, signal.SIG_IGN)\\n"
+        'open(os.path.join(d, "started"), "w").close(); time.sleep(60); done("ok")\\n\', "done(\'ok\')\\n"]\n'
+        "t0 = time.time()\n"
+        "rets = pl._Pool([None], fail_fast=False, echo=False, stop_timeout_s=50)"
+        ".run(_fake_jobs(Path(sys.argv[1]), scripts))\n"
+        "print([type(r._return_value).__name__ + ':' + getattr(r._return_value, 'status', '') for r in rets])\n"
+        "print(rets[0]._return_value)\n"
+        "print(f'stopped in {time.time() - t0:.0f} s')\n"
+    )
+    # in tmp_path: the pool writes the killed job's row into outputs/results.sqlite of its working dir
+    proc = subprocess.Popen(
+        [sys.executable, str(driver), str(tmp_path / "jobs")],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.time() + 30
+    while not (tmp_path / "jobs" / "0" / "started").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(1.0)  # the pool is waiting for the job, which ignored its SIGTERM
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "Traceback" not in out, out
+    assert "['JobFailed:interrupted', 'JobNotRun:not_run']" in out, out
+    assert "interrupted: killed by a second Ctrl-C while it stopped" in out and "stopped in 50 s" not in out, out
+    row = db_rows(tmp_path)[0]
+    assert (row["status"], row["error"]) == ("interrupted", "killed by a second Ctrl-C while it stopped")

@@ -14,6 +14,12 @@ exception in a FAILED JobReturn; its BasicSweeper then raises the first one afte
 raising, so the sweep goes on and the summary is written. With ``fail_fast`` the pool starts no new job after
 the first failure and stops the running ones with SIGTERM (recorded as interrupted). Ctrl-C does the same.
 
+Ctrl-C twice. The terminal sends SIGINT to the whole foreground process group, the jobs included. After the first
+one (or a SIGTERM) the pool waits up to ``stop_timeout_s`` for the jobs to record themselves; a second one kills
+them at once (SIGKILL; the pool records them interrupted) and the sweep still ends as any other: sweep.json, the
+summary, and then one line and the shell's status for the first signal (130, 143: speedrun.report.sweep). A third
+leaves at once, without the summary.
+
 The child learns it belongs to the sweep through Hydra overrides that are not task overrides
 (``hydra.sweep.dir``, ``hydra.job.num``, ``hydra.run.dir``), so its recorded overrides are exactly the job's.
 """
@@ -21,12 +27,13 @@ The child learns it belongs to the sweep through Hydra overrides that are not ta
 import copy
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -89,6 +96,27 @@ class JobNotRun(Exception):
     status = "not_run"
 
 
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+_RECEIVED: list[int] = []
+"""The stop signals (SIGINT, SIGTERM) this process's sweep received once its pool began to stop, in order."""
+
+
+def stop_signals() -> list[int]:
+    """The stop signals the sweep in this process received, first first: none, or the one that interrupted it and
+    any that came after (the summary callback exits with the first one's status and, after a second, says one
+    line)."""
+    return list(_RECEIVED)
+
+
+def _set_stop_handlers(handler: Any) -> None:
+    for signum in _STOP_SIGNALS:
+        try:
+            signal.signal(signum, handler)
+        except ValueError:  # not the main thread: signals are the main thread's to handle
+            return
+
+
 def quote(value: str) -> str:
     """A value as one quoted Hydra override value (paths may hold characters the grammar reserves)."""
     if "'" in value or "\\" in value or "${" in value:
@@ -147,6 +175,8 @@ class _Job:
     pump: threading.Thread | None = None
     started: float = 0.0
     ret: JobReturn | None = None
+    killed: str | None = None
+    """Why the pool killed the job (SIGKILL), if it did: it could not record itself, so the pool records it."""
 
 
 class PoolLauncher(Launcher):
@@ -186,6 +216,8 @@ class PoolLauncher(Launcher):
             fail_fast=bool(p.get("fail_fast", False)),
             echo=echo,
             stop_timeout_s=float(p.get("stop_timeout_s", 60.0)),
+            signals=_RECEIVED,
+            hold_stops=True,
         )
         returns = pool.run(jobs)
         self.interrupted = self.interrupted or pool.interrupted
@@ -222,18 +254,67 @@ class PoolLauncher(Launcher):
 class _Pool:
     """Runs prepared jobs over the slots; the main thread polls, one thread per job copies its output."""
 
-    def __init__(self, slots: list[str | None], fail_fast: bool, echo: bool, stop_timeout_s: float):
+    def __init__(
+        self,
+        slots: list[str | None],
+        fail_fast: bool,
+        echo: bool,
+        stop_timeout_s: float,
+        signals: list[int] | None = None,
+        hold_stops: bool = False,
+    ):
+        """``signals``: where the stop signals received are noted (a list of its own by default). ``hold_stops``:
+        once interrupted, keep handling stop signals after ``run`` returns, until the process ends (the launcher:
+        the sweep is ending and still has its manifest and summary to write); else the handlers ``run`` found are
+        put back."""
         self.slots, self.fail_fast, self.echo, self.stop_timeout_s = slots, fail_fast, echo, stop_timeout_s
         self.interrupted = False
         self.stopping: str | None = None
+        self.signals = signals if signals is not None else []
+        self.hold_stops = hold_stops
+        self.forced = False
+        """A second stop signal came: the running jobs were killed."""
+        self._running: list[_Job] = []
 
     def run(self, jobs: list[_Job]) -> list[JobReturn]:
-        with sigterm_as_interrupt():
-            return self._run(jobs)
+        outer = {s: signal.getsignal(s) for s in _STOP_SIGNALS}
+        try:
+            with sigterm_as_interrupt():
+                return self._run(jobs)
+        finally:
+            if self.interrupted:  # _run put _stop_again in place; sigterm_as_interrupt has since reset SIGTERM
+                if self.hold_stops:
+                    _set_stop_handlers(self._stop_again)
+                else:
+                    for signum, handler in outer.items():
+                        if handler is not None:  # None: set outside Python, nothing to put back
+                            signal.signal(signum, handler)
+
+    def _stop_again(self, signum: int, frame: Any) -> None:
+        """A stop signal after the first: kill the running jobs now (the loop records them); after a third, leave at
+        once. Never raises, so the cleanup it lands in (the jobs' records, sweep.json, the summary) runs on."""
+        self.signals.append(signum)
+        if self.forced:
+            os.write(
+                2, b"interrupted three times: exiting now; sweep.json and the summary may not say how the jobs ended\n"
+            )
+            os._exit(128 + self.signals[0])
+        self.forced = True
+        for job in self._running:
+            if job.proc is not None and job.proc.poll() is None:
+                job.killed = f"killed by a second {_signal_name(signum)} while it stopped"
+                job.proc.kill()
+
+    def _echoing(self) -> bool:
+        # Once stopping, the console gets the pool's word on each job, not what the jobs print as they stop
+        # (console.log keeps it): a terminal's Ctrl-C reaches the jobs too, and a job hit by a second one while it
+        # exits prints a traceback of its own
+        return self.echo and not self.interrupted
 
     def _run(self, jobs: list[_Job]) -> list[JobReturn]:
         pending = deque(jobs)
         running: list[_Job] = []
+        self._running = running
         free = list(range(len(self.slots)))
         try:
             while pending or running:
@@ -264,10 +345,17 @@ class _Pool:
                         )
                         self._terminate(running)
                 time.sleep(0.05)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
+            # first thing: from here on a stop signal kills the running jobs (_stop_again) instead of raising
+            # into this cleanup, which would leave no record of how the sweep ended
+            _set_stop_handlers(self._stop_again)
+            self.signals.append(signal.SIGTERM if f"signal {int(signal.SIGTERM)}" in str(e) else signal.SIGINT)
             self.interrupted = True
             self.stopping = "interrupted"
-            log.error(f"interrupted: stopping {len(running)} running job(s), not starting {len(pending)}")
+            log.error(
+                f"interrupted: stopping {len(running)} running job(s) ({_signal_name(self.signals[0])} again kills "
+                f"them), not starting {len(pending)}"
+            )
             while pending:
                 self._not_run(pending.popleft())
             self._drain(running)
@@ -310,7 +398,7 @@ class _Pool:
         )
         prefix = f"[#{job.num}] " if len(self.slots) > 1 else ""
         job.pump = threading.Thread(
-            target=pump_output, args=(job.proc, job.job_dir / "console.log", self.echo, prefix), daemon=True
+            target=pump_output, args=(job.proc, job.job_dir / "console.log", self._echoing, prefix), daemon=True
         )
         job.pump.start()
         return job
@@ -324,7 +412,10 @@ class _Pool:
         result = read_json(job.job_dir / "result.json")
         status = result.get("status") if result else None
         ret = _job_return(job)
-        if rc == 0 and status not in ("failed", "interrupted", "running"):
+        # after a second Ctrl-C the console gets one line at the end; each job's outcome is in sweep.json
+        say: Callable[..., None] = log.debug if self.forced else log.info
+        # a job killed after it recorded ok (in its teardown) did finish ok
+        if (rc == 0 or (job.killed and status == "ok")) and status not in ("failed", "interrupted", "running"):
             ret.status = JobStatus.COMPLETED
             ret.return_value = result
             metrics = "  ".join(
@@ -332,15 +423,18 @@ class _Pool:
                 for k in ("val_bpb", "val_bpb_quant", "tokens_per_s")
                 if result and isinstance(result.get(k), (int, float))
             )
-            log.info(f"#{job.num} {status or 'done'} in {seconds:.1f}s  {metrics}  ({job.job_dir})")
+            say(f"#{job.num} {status or 'done'} in {seconds:.1f}s  {metrics}  ({job.job_dir})")
         else:
-            status = status if status not in (None, "running", "ok") else "failed"
-            why = (result or {}).get("error") or f"exited with code {rc}: see {job.job_dir / 'console.log'}"
+            if job.killed and status in (None, "running"):  # killed before it could record itself
+                status, why = "interrupted", job.killed
+            else:
+                status = status if status not in (None, "running", "ok") else "failed"
+                why = (result or {}).get("error") or f"exited with code {rc}: see {job.job_dir / 'console.log'}"
             if not result or result.get("status") == "running":
                 _record_death(job, status, why)
             ret.status = JobStatus.FAILED
             ret.return_value = JobFailed(f"job #{job.num} ({' '.join(job.overrides)}) {status}: {why}", status)
-            log.error(f"#{job.num} {status} in {seconds:.1f}s: {why}  ({job.job_dir})")
+            (log.debug if self.forced else log.error)(f"#{job.num} {status} in {seconds:.1f}s: {why}  ({job.job_dir})")
         job.ret = ret
 
     def _refuse(self, job: _Job) -> None:
@@ -366,25 +460,24 @@ class _Pool:
 
     def _drain(self, running: list[_Job]) -> None:
         """After Ctrl-C: SIGTERM the running jobs, give them stop_timeout_s to record themselves, then SIGKILL.
-        A second Ctrl-C kills them at once and propagates."""
+        A second Ctrl-C kills them at once (_stop_again); either way each gets its return and its record."""
         self._terminate(running)
         deadline = time.time() + self.stop_timeout_s
-        try:
-            while any(j.proc is not None and j.proc.poll() is None for j in running):
-                if time.time() > deadline:
-                    for j in running:
-                        if j.proc is not None and j.proc.poll() is None:
-                            j.proc.kill()
-                time.sleep(0.1)
-        except KeyboardInterrupt:
-            for j in running:
-                if j.proc is not None and j.proc.poll() is None:
-                    j.proc.kill()
-            raise
+        while any(j.proc is not None and j.proc.poll() is None for j in running):
+            if time.time() > deadline:
+                for j in running:
+                    if j.proc is not None and j.proc.poll() is None:
+                        j.killed = f"killed: still running {self.stop_timeout_s:g} s after SIGTERM"
+                        j.proc.kill()
+            time.sleep(0.1)
         for job in running:
             if job.proc is not None:
                 job.proc.wait()
                 self._finish(job)
+
+
+def _signal_name(signum: int) -> str:
+    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
 
 
 def _job_return(job: _Job) -> JobReturn:

@@ -11,7 +11,8 @@ plus what a long sweep needs, with any launcher (pool, submitit, basic):
   card (its ``device_name`` is speedrun.records.identity.current_device_name() here; ``$SPEEDRUN_DEVICE_NAME`` overrides
   it) and of the same code (its ``code_fingerprint`` is code_fingerprint(REPO_ROOT) here, unless
   ``resume_across_code``). A combination done only elsewhere runs again, and the summary says why.
-- ``sweep.json`` in the sweep dir: every combination and what became of it (launched, reused, not_run).
+- ``sweep.json`` in the sweep dir: every combination and what became of it (launched, reused, not_run), and why
+  the sweep stopped early, if it did (``stopped``: fail_fast, interrupted).
 """
 
 import copy
@@ -113,6 +114,7 @@ class SpeedrunSweeper(BasicSweeper):
             elif self.fail_fast and any(failed):
                 stop = "fail_fast"
             if stop:
+                manifest.stopped = stop
                 for j in todo:
                     if j.state == "pending":
                         j.state, j.status, j.error = "not_run", "not_run", f"not run: {stop}"

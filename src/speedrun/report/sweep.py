@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
 import time
 from collections import Counter
@@ -128,6 +129,8 @@ class Manifest:
     """The code the jobs run (speedrun.records.identity.code_fingerprint), which a reused run must have run."""
     resume_across_code: bool = False
     """Resume reused runs of other code too."""
+    stopped: str | None = None
+    """Why the sweep stopped before its last job: fail_fast, or interrupted (Ctrl-C, SIGTERM); None: it did not."""
     jobs: list[JobEntry] = field(default_factory=list)
 
     def save(self) -> None:
@@ -171,21 +174,33 @@ def job_result(job: JobEntry, db_path: Path | None = None) -> dict[str, Any]:
     """The record of one job: its result.json, else its database row, else what the launcher said."""
     if job.state == "not_run":
         return {"status": "not_run", "error": job.error}
-    if job.run_dir:
-        path = Path(job.run_dir) / "result.json"
-        if path.exists():
-            try:
-                return json.loads(path.read_text())
-            except ValueError:
-                pass
-        if db_path is not None and Path(db_path).exists():
-            try:
-                rows, _ = read_rows(db_path, "run_id = ?", (str(Path(job.run_dir).resolve()),))
-            except UnreadableDatabase:
-                rows = []  # what the launcher saw stands in (below)
-            if rows:
-                return rows[0]
-    return {"status": job.status or "failed", "error": job.error or "no result.json: the job did not start"}
+    record = _job_record(Path(job.run_dir), db_path) if job.run_dir else None
+    if record is None:
+        return {"status": job.status or "failed", "error": job.error or "no result.json: the job did not start"}
+    if record.get("status") == "running" and job.status not in (None, "running"):
+        # a job the launcher saw end whose record still says running was killed before it could record itself (a
+        # second Ctrl-C, SIGKILL): the launcher's word on how it ended is the true one
+        return {**record, "status": job.status, "error": job.error}
+    return record
+
+
+def _job_record(run_dir: Path, db_path: Path | None) -> dict[str, Any] | None:
+    path = run_dir / "result.json"
+    if path.exists():
+        try:
+            result = json.loads(path.read_text())
+        except ValueError:
+            result = None
+        if isinstance(result, dict):
+            return result
+    if db_path is not None and Path(db_path).exists():
+        try:
+            rows, _ = read_rows(db_path, "run_id = ?", (str(run_dir.resolve()),))
+        except UnreadableDatabase:
+            return None  # what the launcher saw stands in
+        if rows:
+            return rows[0]
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -322,7 +337,9 @@ class SweepSummary(Callback):
 
     With ``exit_nonzero_on_failure`` (the default) the process then exits with status 1 when any job failed, was
     interrupted or was not run, so scripts see it; the summary is written first. A diverged run is a result (it
-    shows under failures in the summary) and does not change the exit status.
+    shows under failures in the summary) and does not change the exit status. A sweep stopped by Ctrl-C or SIGTERM
+    exits with the shell's status for that signal (130, 143), as a single run does; after a second one the console
+    gets one line instead of the table.
     """
 
     def __init__(self, exit_nonzero_on_failure: bool = True) -> None:
@@ -334,9 +351,26 @@ class SweepSummary(Callback):
         if not db.is_absolute():
             db = Path(str(config.hydra.runtime.cwd)) / db
         s = write_summary(sweep_dir, db)
+        signals = _stop_signals()  # read after the summary is written: a second Ctrl-C may come while it is
+        manifest = Manifest.load(sweep_dir)
+        interrupted = bool(signals) or (manifest is not None and manifest.stopped == "interrupted")
+        exit_code = 128 + (signals[0] if signals else int(signal.SIGINT))
         if s is None:
             print(f"sweep {sweep_dir}: no jobs", flush=True)
+            if interrupted:
+                sys.exit(exit_code)
             return
+        if len(signals) > 1:  # asked twice to stop: one line, not the table
+            counts = Counter(r.status for g in s.groups for r in g.runs)
+            order = sorted(counts, key=lambda status: (status != "ok", status == "not_run"))  # ok first, not run last
+            outcome = ", ".join(f"{counts[status]} {status.replace('_', ' ')}" for status in order)
+            print(
+                f"sweep interrupted ({_signal_name(signals[0])} twice): {outcome}; what each job did: "
+                f"{sweep_dir / 'summary.md'}; the same command with hydra.sweeper.resume=true runs the rest",
+                file=sys.stderr,
+                flush=True,
+            )
+            sys.exit(exit_code)
         text = "\n".join([*resume_lines(s), *s.notes, summary_table(s)])
         print(f"\nsweep summary ({sweep_dir}):\n{text}", flush=True)
         for job, r in s.failures:
@@ -352,7 +386,23 @@ class SweepSummary(Callback):
             from speedrun.report.wandb_sweep import log_sweep_summary
 
             log_sweep_summary(sweep_dir, sweep_dir.name, config.logger, summary_csv(s), s.groups)
+        if interrupted:
+            sys.stdout.flush()
+            sys.exit(exit_code)
         crashed = [r for _, r in s.failures if r.get("status") != "diverged"]  # a divergence is a result
         if self.exit_nonzero_on_failure and (crashed or s.not_run):
             sys.stdout.flush()
             sys.exit(1)
+
+
+def _stop_signals() -> list[int]:
+    """The stop signals the pool launcher of this process received (none with another launcher)."""
+    try:
+        from hydra_plugins.speedrun_plugins.pool_launcher import stop_signals
+    except ImportError:
+        return []
+    return stop_signals()
+
+
+def _signal_name(signum: int) -> str:
+    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
