@@ -1,0 +1,63 @@
+"""Checks that run on a machine without a GPU: the quickstart's default job, and the runner end to end."""
+
+from __future__ import annotations
+
+from speedrun.bench.spec import Check, Ratio, RunArm, Value
+
+CPU_DEFAULT = Check(
+    name="cpu_default",
+    measures=(
+        "`python -m run` with no arguments on a CPU: the tiny model trained on the embedded corpus for 60 s, its "
+        "training tokens/s and the val_bpb it reaches."
+    ),
+    arms=(RunArm("default", ()),),
+    bars=(Value("default", "val_bpb", "<=", 3.35),),
+    metrics=("tokens_per_s", "steps", "train_seconds", "compile_seconds", "eval_seconds", "val_bpb"),
+    cards=("cpu",),
+    notes=(
+        "The bar is the embedded corpus's unigram baseline, 3.35 bits per byte: below it the model learned more "
+        "than token frequencies. Speed depends on the CPU's cores and on what else runs beside it; each run's "
+        "`seconds` in the result file is the whole job, start-up and evaluation included."
+    ),
+)
+
+CPU_SMOKE_ATTN = Check(
+    name="cpu_smoke_attn",
+    measures=(
+        "The smoke model's training tokens/s with SDPA attention against the math reference, alternated on one CPU: "
+        "the smallest two-arm check, which tests the runner end to end without a GPU."
+    ),
+    arms=(RunArm("sdpa", ("debug=smoke", "attn=sdpa")), RunArm("math", ("debug=smoke", "attn=math"))),
+    bars=(Ratio("tokens_per_s", "sdpa", "math", ">=", 0.9),),
+    metrics=("tokens_per_s", "steps", "val_bpb"),
+    cards=("cpu",),
+    repeats=2,
+    notes=(
+        "Four steps of a 2 x 64 model: the ratio says little about attention kernels, and the bar only asks that "
+        "SDPA not be clearly slower than the reference it is tested against."
+    ),
+)
+
+CPU_QUANT_SIGMA = Check(
+    name="cpu_quant_sigma",
+    measures=(
+        "The int6 export of one tiny model (150 steps, fp32, so both arms train the same weights) with the record's "
+        "sigma clip against the absmax clip search: the compressed model's bytes and the quantization gap."
+    ),
+    arms=(
+        RunArm("absmax", ("budget.max_steps=150", "budget.train_seconds=0", "quant=int6", "quant.clip=absmax_search")),
+        RunArm("sigma", ("budget.max_steps=150", "budget.train_seconds=0", "quant=int6", "quant.clip=sigma")),
+    ),
+    bars=(
+        Ratio("artifact_model_bytes", "sigma", "absmax", "<=", 0.7),
+        Value("sigma", "val_bpb_quant", "<=", 0.01, minus="val_bpb"),
+    ),
+    metrics=("artifact_model_bytes", "val_bpb", "val_bpb_quant", "steps"),
+    cards=("cpu",),
+    notes=(
+        "A model this small and this little trained shows each lever's direction, not the record's bytes: "
+        "sigma clipping is what makes pgolf_record's 36 M parameters fit 16 MB (record_export)."
+    ),
+)
+
+CHECKS = (CPU_DEFAULT, CPU_SMOKE_ATTN, CPU_QUANT_SIGMA)
