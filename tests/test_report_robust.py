@@ -68,3 +68,69 @@ def test_a_database_without_a_runs_table_is_one_line_and_exit_1(tmp_path, capsys
         err == f"error: {other} has no runs table: it is not a speedrun results database; point --db at one "
         "(outputs/results.sqlite by default)\n"
     )
+
+
+def test_quality_figures_of_runs_that_saw_their_data_more_than_once_are_marked(tmp_path, capsys):
+    runs = {
+        # `epochs` is read first, `data_epochs` (what earlier rows recorded) when a row has no `epochs`
+        "sdpa0": {"attn": "sdpa", "seed": 0, "data_epochs": 0.5, "val_bpb": 1.30},
+        "sdpa1": {"attn": "sdpa", "seed": 1, "epochs": 1.0, "data_epochs": 7.0, "val_bpb": 1.31},
+        "flex0": {"attn": "flex", "seed": 0, "epochs": 1.5, "val_bpb": 1.10},
+        "flex1": {"attn": "flex", "seed": 1, "data_epochs": 3.25, "val_bpb": 1.12},
+    }
+    for row in runs.values():
+        row.update(overrides=f"attn={row['attn']} seed={row['seed']}", val_bpb_quant=row["val_bpb"] + 0.01)
+    db = _db(tmp_path, runs)
+    out = tmp_path / "report"
+    assert _report(db, out) == 0
+    printed = capsys.readouterr().out
+    board = {
+        line.split("|")[2].strip(): line
+        for line in printed.splitlines()
+        if line.startswith("| 1 ") or line.startswith("| 2 ")
+    }
+    assert "1.1100 ± 0.0141 †" in board["flex"] and "1.1200 ± 0.0141 †" in board["flex"]  # val_bpb, val_bpb_quant
+    assert "†" not in board["sdpa"]
+    (note,) = [line for line in printed.splitlines() if line.startswith("† ")]
+    assert note.startswith("† 2 ok run(s) in 1 group(s) saw their training data more than once (column epochs")
+    assert "val_bpb measures memorising repeated text" in note
+    csv_rows = {r.split(",")[0]: r for r in (out / "leaderboard.csv").read_text().splitlines()}
+    assert csv_rows["attn"].split(",")[1] == "epochs" and csv_rows["flex"].split(",")[1] == "3.25"
+    assert csv_rows["sdpa"].split(",")[1] == "1.0"
+    page = (out / "report.html").read_text()
+    assert 'id="footnotes">† 2 ok run(s) in 1 group(s)' in page
+    assert "<td>1.1100 ± 0.0141 †</td>" in page  # the cell of the leaderboard, numeric (right-aligned)
+    assert "<td>1.1000 †</td>" in page and "<td>1.3000</td>" in page  # the runs table: each run as it ran
+
+
+def test_a_running_row_whose_process_is_gone_is_reported_lost(tmp_path, capsys):
+    import os
+    import platform
+    import subprocess
+    import sys
+    import time
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # its pid is free now: no process of this host has it
+    now = time.time()
+    runs = {
+        "ok": {"val_bpb": 1.3, "seed": 0},
+        # died on this host: its pid is gone, its heartbeat still recent
+        "dead-pid": {"status": "running", "seed": 1, "host": platform.node(), "pid": gone.pid, "heartbeat_at": now},
+        # on another host: known lost by its heartbeat, silent for two hours
+        "silent": {"status": "running", "seed": 2, "host": "elsewhere", "pid": 1, "heartbeat_at": now - 7200},
+        # alive: this process, beating now
+        "alive": {"status": "running", "seed": 3, "host": platform.node(), "pid": os.getpid(), "heartbeat_at": now},
+    }
+    for row in runs.values():
+        row["overrides"] = f"seed={row['seed']}"
+    db = _db(tmp_path, runs)
+    out = tmp_path / "report"
+    assert _report(db, out) == 0
+    printed = capsys.readouterr().out
+    assert "runs: 4 (1 still running, not in the tables; 2 lost: their process died without a word" in printed
+    assert "| 1 | t    | 1 | 2        | 1.3000" in printed  # the lost runs count as failures, the live one not yet
+    page = (out / "report.html").read_text()
+    # in the runs table and among the runs that did not end ok; the live run is in neither
+    assert page.count(">lost</td>") == 4 and ">running</td>" not in page
+    assert f"lost: pid {gone.pid} on {platform.node()} ended without a word (last heartbeat" in page

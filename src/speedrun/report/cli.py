@@ -27,10 +27,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from speedrun.report.groups import compare, default_group_keys, eval_sets, group_runs, rank_groups
-from speedrun.report.leaderboard import extra_columns, groups_csv, metrics_for, shared_note, table_rows, ttest_rows
+from speedrun.report.leaderboard import (
+    extra_columns,
+    groups_csv,
+    metrics_for,
+    repeated_note,
+    shared_note,
+    table_rows,
+    ttest_rows,
+)
 from speedrun.report.page import render_html, runs_section
 from speedrun.report.plots import make_plots
-from speedrun.report.runs import UnreadableDatabase
+from speedrun.report.runs import LOST, UnreadableDatabase
 from speedrun.report.selection import load_runs, parse_pairs
 from speedrun.stats import ALTERNATIVES
 from speedrun.tables import csv_text, format_table
@@ -168,7 +176,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\n".join(meta))
     if notes:
         print("\n" + "\n".join(notes))
+    footnotes = repeated_note(groups)
     print(f"\nleaderboard ({args.metric}, lower is better):\n" + format_table(*board))
+    if footnotes:
+        print("\n".join(footnotes))
     if ttest is not None:
         print(f"\nagainst the baseline ({TEST_NAME[args.alternative]} on {args.metric}):\n" + format_table(*ttest))
     target_html = None
@@ -188,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     (out / "leaderboard.csv").write_text(groups_csv(groups, keys, list(metrics), extras))
     plots = {} if args.no_plots else make_plots(groups, out, args.metric, curve_x=args.curve_x)
     failures = [
-        [r.status, g.label(), str(r.row.get("error") or "")[:300], str(r.row.get("run_dir") or "")]
+        [r.status, g.label(), r.error[:300], str(r.row.get("run_dir") or "")]
         for g in groups
         for r in g.runs
         if r.status != "ok"
@@ -210,6 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs_html=runs_section(groups, out),
         board_links=links,
         target=target_html,
+        board_notes=footnotes,
     )
     (out / "report.html").write_text(page)
     print(f"\nwrote {out / 'leaderboard.csv'}" + "".join(f", {p}" for p in plots.values()) + f", {out / 'report.html'}")
@@ -220,9 +232,11 @@ def _meta(
     args: argparse.Namespace, runs: Sequence, keys: Sequence[str], filters: list[str], baseline: dict[str, str]
 ) -> list[str]:
     running = sum(r.status == "running" for r in runs)
+    lost = sum(r.status == LOST for r in runs)
     meta = [
         f"database: {args.db.resolve()}",
-        f"runs: {len(runs)} ({running} still running or killed)",
+        f"runs: {len(runs)} ({running} still running, not in the tables; {lost} lost: their process died without "
+        f"a word, counted as failures)",
         f"grouped by: {', '.join(keys)}; cells: mean ± sample std over ok runs; failures: runs that did not end "
         f"ok; #: rank within an evaluation set",
         f"generated: {time.strftime('%Y-%m-%d %H:%M:%S')}",

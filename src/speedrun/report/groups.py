@@ -71,6 +71,17 @@ class Group:
         """How many ok runs have a true ``key`` (e.g. gpu_shared)."""
         return sum(bool(r.row.get(key)) for r in self.ok)
 
+    @property
+    def epochs(self) -> float | None:
+        """The most passes over its training data that an ok run of the group made (Run.epochs)."""
+        seen = [e for e in (r.epochs for r in self.ok) if e is not None]
+        return max(seen) if seen else None
+
+    @property
+    def repeated_data(self) -> bool:
+        """An ok run of the group saw its training data more than once: its quality figures are marked."""
+        return (self.epochs or 0.0) > 1.0
+
     def label(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.values.items())
 

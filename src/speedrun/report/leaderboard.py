@@ -36,6 +36,13 @@ is not that of the card alone."""
 
 COMPARISON = ["baseline", "delta", "t", "df", "p"]
 
+EPOCHS_KEY = "epochs"
+"""Column of groups whose ok runs saw their training data more than once: the most passes one of them made."""
+REPEATED_MARK = "†"
+"""Beside the quality figures of a group that an epochs > 1 run is part of (see repeated_note)."""
+QUALITY = ("val_bpb", "val_bpb_quant", "val_bpb_ttt", "val_bpb_ttt_base", "val_loss")
+"""The figures that measure how well held-out text is predicted: what repeated training data inflates."""
+
 
 def metrics_for(groups: Sequence[Group], first: str = "val_bpb") -> dict[str, str]:
     """METRICS with ``first`` leading, plus the TTT metrics that any ok run has."""
@@ -59,7 +66,23 @@ def extra_columns(groups: Sequence[Group], keys: Sequence[str], sets: EvalSets) 
         cols.append(SHARED_KEY)
     if any(r.row.get("reached") is not None for g in groups for r in g.ok):
         cols.extend(TARGET_KEYS)
+    if any(g.repeated_data for g in groups):
+        cols.append(EPOCHS_KEY)
     return cols
+
+
+def repeated_note(groups: Sequence[Group]) -> list[str]:
+    """The footnote of REPEATED_MARK, when a group carries it."""
+    marked = [g for g in groups if g.repeated_data]
+    if not marked:
+        return []
+    runs = sum((r.epochs or 0.0) > 1.0 for g in marked for r in g.ok)
+    return [
+        f"{REPEATED_MARK} {runs} ok run(s) in {len(marked)} group(s) saw their training data more than once "
+        f"(column {EPOCHS_KEY}: the most passes in the group): their val_bpb measures memorising repeated text as "
+        f"much as predicting new text, and does not compare with runs that saw it once; train on more data (e.g. "
+        f"data=fineweb_sp1024) or fewer tokens"
+    ]
 
 
 def shared_note(groups: Sequence[Group]) -> list[str]:
@@ -83,6 +106,8 @@ def _extra(g: Group, col: str) -> Any:
     if col == "time_to_target":
         times = g.metric("time_to_target")  # null where the run did not reach it: left out, counted in `reached`
         return mean_std_cell(mean(times), std(times), "{:.1f}")
+    if col == EPOCHS_KEY:
+        return g.epochs
     return g.count(col)
 
 
@@ -126,7 +151,7 @@ def table_rows(
     rows = []
     for g in groups:
         row = ([g.rank] if ranked else []) + ([g.values[k] for k in keys] if keys else ["(all)"])
-        row += [str(_extra(g, c)) for c in extras] + [str(len(g.ok)), str(g.failures)]
+        row += [fmt_number(_extra(g, c), "{}") for c in extras] + [str(len(g.ok)), str(g.failures)]
         row += ([str(g.not_run)] if show_not_run else []) + [_cell(g, first, metrics[first])]
         row += (verdict(g, alpha) if alpha is not None else []) + [_cell(g, m, metrics[m]) for m in others]
         rows.append(row)
@@ -135,7 +160,8 @@ def table_rows(
 
 def _cell(g: Group, metric: str, spec: str) -> str:
     xs = g.metric(metric)
-    return mean_std_cell(mean(xs), std(xs), spec)
+    cell = mean_std_cell(mean(xs), std(xs), spec)
+    return f"{cell} {REPEATED_MARK}" if cell and metric in QUALITY and g.repeated_data else cell
 
 
 def ttest_rows(groups: Sequence[Group], metric: str, alpha: float) -> tuple[list[str], list[list[str]]]:

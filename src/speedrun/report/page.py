@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from speedrun.report.leaderboard import REPEATED_MARK
+
 _CSS = """
 body { font-family: -apple-system, Segoe UI, Helvetica, Arial, sans-serif; margin: 2em auto; max-width: 1400px;
        color: #222; padding: 0 1em; }
@@ -19,6 +21,7 @@ th { background: #f3f3f3; } td.text { text-align: left; white-space: normal; }
 tr.baseline td { background: #eef5ff; } tr.better td { background: #eefbea; }
 .meta { color: #555; font-size: 0.9em; } img { max-width: 100%; border: 1px solid #ddd; margin: 0.5em 0; }
 .notes { background: #fff6e0; border: 1px solid #e8c870; padding: 0.5em 1em; font-size: 0.9em; }
+.footnotes { color: #555; font-size: 0.85em; margin: 0.2em 0 1em; }
 figure { margin: 1em 0; } figcaption { color: #555; font-size: 0.9em; }
 """
 
@@ -49,7 +52,7 @@ def html_table(
     return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 
-_NUMERIC = re.compile(r"^[+-]?[\d,.]+(e[+-]?\d+)?( ± [\d,.]+(e[+-]?\d+)?)?$")
+_NUMERIC = re.compile(r"^[+-]?[\d,.]+(e[+-]?\d+)?( ± [\d,.]+(e[+-]?\d+)?)?( †)?$")
 
 
 def _cell_class(value: Any) -> str:
@@ -87,11 +90,12 @@ def runs_section(groups: Sequence[Any], out: Path) -> str:
         for j, r in enumerate(g.runs):
             anchor = f' id="runs-{i}"' if j == 0 else ""
             value = r.row.get("val_bpb")
+            mark = f" {REPEATED_MARK}" if (r.epochs or 0.0) > 1.0 else ""
             cells = [
                 g.label() or "(all)",
                 str(r.row.get("seed")),
                 r.status,
-                f"{value:.4f}" if isinstance(value, (int, float)) else "",
+                f"{value:.4f}{mark}" if isinstance(value, (int, float)) else "",
                 str(r.row.get("budget_end") or ""),
             ]
             tds = "".join(f"<td{_cell_class(c)}>{html.escape(c)}</td>" for c in cells)
@@ -112,9 +116,11 @@ def render_html(
     runs_html: str = "",
     board_links: Sequence[str] | None = None,
     target: tuple[str, list[str], Table] | None = None,
+    board_notes: Sequence[str] = (),
 ) -> str:
-    """The page: meta lines, notes (evaluation-set and other warnings), the leaderboard, the t-tests, the time to
-    target table (``target``: heading, notes, table; --target), the plots and the runs that did not end ok."""
+    """The page: meta lines, notes (evaluation-set and other warnings), the leaderboard and its footnotes
+    (``board_notes``), the t-tests, the time to target table (``target``: heading, notes, table; --target), the
+    plots and the runs that did not end ok."""
     parts = [
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>',
         f"<style>{_CSS}</style></head><body>",
@@ -124,6 +130,8 @@ def render_html(
     if notes:
         parts.append('<div class="notes" id="notes">' + "<br>".join(html.escape(n) for n in notes) + "</div>")
     parts += ["<h2>Leaderboard</h2>", html_table("leaderboard", *board, row_classes=board_classes, links=board_links)]
+    if board_notes:
+        parts.append('<p class="footnotes" id="footnotes">' + "<br>".join(map(html.escape, board_notes)) + "</p>")
     if ttest is not None:
         parts += ["<h2>Against the baseline (Welch t-test; H1 as stated above)</h2>", html_table("ttest", *ttest)]
     if target is not None:

@@ -9,14 +9,20 @@ import json
 import math
 import shlex
 import sqlite3
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from speedrun.records.store import effective_status
 from speedrun.tables import display
 
 OK = "ok"
+LOST = "lost"
+"""A ``running`` row whose process is gone (its pid vanished on this host, or its heartbeat stopped): it will never
+finish, so it counts as a failure, not as a run still going."""
 NOT_RUN = "not_run"
 """A sweep job that never started (fail-fast, interrupted): neither a result nor a failure."""
 
@@ -188,9 +194,30 @@ class Run:
             return None
         return self.row.get(key)
 
-    @property
+    @cached_property
     def status(self) -> str:
-        return str(self.row.get("status"))
+        """The row's status, or ``lost`` for a ``running`` row whose process is gone (speedrun.records.store)."""
+        return str(effective_status(self.row))
+
+    @property
+    def error(self) -> str:
+        """The row's error; for a lost row that has none, what is known of its end."""
+        error = self.row.get("error")
+        if error or self.status != LOST:
+            return str(error or "")
+        beat = self.row.get("heartbeat_at")
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(beat)) if _number(beat) else "unknown"
+        return f"lost: pid {self.row.get('pid')} on {self.row.get('host')} ended without a word (last heartbeat {when})"
+
+    @property
+    def epochs(self) -> float | None:
+        """Training tokens seen / training tokens available: ``epochs``, or ``data_epochs`` as earlier rows call
+        it. Above 1 the run saw some of its training text again, and its val_bpb rewards memorising it."""
+        for key in ("epochs", "data_epochs"):
+            value = self.row.get(key)
+            if _number(value):
+                return float(value)
+        return None
 
 
 def _number(value: object) -> TypeGuard[int | float]:

@@ -31,7 +31,14 @@ from omegaconf import OmegaConf
 from speedrun.paths import results_db_path
 from speedrun.records.identity import SWEEP_REUSE_IGNORED, config_identity
 from speedrun.report.groups import Group, default_group_keys, eval_sets, group_runs
-from speedrun.report.leaderboard import extra_columns, groups_csv, metrics_for, shared_note, table_rows
+from speedrun.report.leaderboard import (
+    extra_columns,
+    groups_csv,
+    metrics_for,
+    repeated_note,
+    shared_note,
+    table_rows,
+)
 from speedrun.report.runs import FOLDED_KEYS, Run, UnreadableDatabase, is_failure, override_dict, read_rows
 from speedrun.tables import first_line, format_table
 
@@ -260,7 +267,8 @@ def _source(run_dir: str) -> str:
 
 
 def summary_table(s: Summary) -> str:
-    return format_table(*table_rows(s.groups, s.keys, s.metrics, s.extras))
+    """The table and its footnotes (speedrun.report.leaderboard.repeated_note)."""
+    return "\n".join([format_table(*table_rows(s.groups, s.keys, s.metrics, s.extras)), *repeated_note(s.groups)])
 
 
 def resume_lines(s: Summary) -> list[str]:
