@@ -16,6 +16,8 @@ import pytest
 import torch
 
 from speedrun.errors import ConfigError
+from speedrun.paths import REPO_ROOT
+from speedrun.records.identity import code_fingerprint
 
 # A tiny CPU run on a step budget (the time budget never governs), with a flush every 3 steps so that the
 # signal lands between flushes, and periodic validation so its records are checked too.
@@ -67,7 +69,8 @@ def test_sigterm_checkpoints_and_resume_matches_an_uninterrupted_run_exactly(
     assert [p.name for p in sorted((cut / "checkpoints").glob("*.pt"))] == ["step_00000005.pt"]
     assert json.loads((cut / "result.json").read_text())["status"] == "interrupted"
 
-    resumed = run(compose, tmp_path, "elsewhere", [f"resume={cut}"])
+    # the database is the resuming command's own (the run dir never names it): the same one, given again
+    resumed = run(compose, tmp_path, "elsewhere", [f"resume={cut}", f"results_db={tmp_path / 'r.sqlite'}"])
     assert resumed["run_dir"] == str(cut.resolve()) and not (tmp_path / "elsewhere" / "result.json").exists()
     for key in ("status", "steps", "tokens", "train_loss", "val_loss", "val_bpb", "budget_end"):
         assert resumed[key] == full[key], key
@@ -111,6 +114,8 @@ def test_the_equivalence_check_can_fail(compose, tmp_path, data_cache):
     for state in payload["optimizers"]:
         state["state"] = {}
     torch.save(payload, path)
+    meta_path = path.with_suffix(".json")  # re-hashed: an edit on purpose, not the bit flips a checksum catches
+    meta_path.write_text(json.dumps({**json.loads(meta_path.read_text()), "sha256": checkpoint.file_sha256(path)}))
     broken = run(compose, tmp_path, "again", [f"resume={twin}"])
     assert broken["steps"] == full["steps"] and broken["val_loss"] != full["val_loss"]
 
@@ -153,7 +158,7 @@ def test_resume_refuses_overrides_the_run_did_not_have(tmp_path):
     save_checkpoint(
         run_dir,
         {"format": 1, "progress": {"steps": 3}},
-        {"config": {"seed": 0}, "overrides": ["seed=0"], "steps": 3},
+        {"config": {"seed": 0}, "overrides": ["seed=0"], "steps": 3, "code_fingerprint": code_fingerprint(REPO_ROOT)},
         keep=2,
     )
     assert find_resume({"resume": str(run_dir)}, [f"resume={run_dir}", "seed=0"], tmp_path, tmp_path).steps == 3

@@ -21,7 +21,9 @@ import torch
 
 from conftest import fake_device, start_ranks
 from speedrun.config import to_config
+from speedrun.paths import REPO_ROOT
 from speedrun.plan import WorldInfo, resolve
+from speedrun.records.identity import code_fingerprint
 from test_dist import TINY_RUN, _free_port, plan_for
 
 STEPS = 6
@@ -306,7 +308,12 @@ def test_a_resume_may_change_the_number_of_ranks_and_nothing_else(tmp_path):
     run_dir.mkdir()
     (run_dir / "plan.json").write_text("{}")
     config = {"seed": 0, "dist": {"nproc": 2, "nodes": 1, "backend": "auto"}}
-    meta = {"config": config, "overrides": ["dist.nproc=2", "seed=0"], "steps": 3}
+    meta = {
+        "config": config,
+        "overrides": ["dist.nproc=2", "seed=0"],
+        "steps": 3,
+        "code_fingerprint": code_fingerprint(REPO_ROOT),
+    }
     save_checkpoint(run_dir, {"format": 1, "progress": {"steps": 3}}, meta, keep=2)
     asked = f"resume={run_dir}"
     same = find_resume({"resume": str(run_dir)}, [asked], tmp_path, tmp_path)

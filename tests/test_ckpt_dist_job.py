@@ -127,7 +127,7 @@ def test_a_two_rank_job_stopped_on_one_rank_resumes_on_two_or_one(tmp_path, data
     assert row.fetchone() == ("ok", 6, STOP_AT)
 
     # one process continues the two-rank checkpoint (dist.nproc=1 beside resume=): the same global batches
-    overrides = [f"resume={again}", "dist.nproc=1"]
+    overrides = [f"resume={again}", "dist.nproc=1", f"results_db={db}"]
     one = run_job(_compose(overrides), RunContext(tmp_path / "x", overrides, None, tmp_path))
     assert (one["status"], one["steps"], one["world_size"], one["run_dir"]) == ("ok", 6, 1, str(again.resolve()))
     row = con.execute("SELECT status, resumed_from_step FROM runs WHERE run_id = ?", (str(again.resolve()),))

@@ -29,6 +29,7 @@ def main(cfg: Any, run_dir: str | Path | None = None) -> dict[str, Any]:
     import signal
     import sys
 
+    from speedrun.distributed.launch import RanksFailed
     from speedrun.errors import ConfigError, RunOutOfMemory, storage_problem
     from speedrun.run.runner import RecordNotWritten, RunContext, run_job, standalone_logging
 
@@ -39,7 +40,7 @@ def main(cfg: Any, run_dir: str | Path | None = None) -> dict[str, Any]:
     with contextlib.nullcontext() if ctx is None else standalone_logging(ctx.run_dir):
         try:
             return run_job(cfg) if ctx is None else run_job(cfg, ctx)  # the Hydra path calls exactly as before
-        except (ConfigError, RunOutOfMemory, RecordNotWritten) as e:
+        except (ConfigError, RunOutOfMemory, RecordNotWritten, RanksFailed) as e:  # RanksFailed names the rank
             log.error("error: %s%s", e, _where_recorded(e))
             sys.exit(1)
         except Exception as e:  # noqa: BLE001 - anything else is re-raised with its traceback

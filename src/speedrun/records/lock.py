@@ -62,8 +62,9 @@ class RunDirLock:
         self._fd = fd
         return warning
 
-    def owner(self) -> str | None:
-        """Who owns the dir now, described (a live process on this host holding the lock), or None; takes nothing."""
+    def owner(self, allow: int | None = None) -> str | None:
+        """Who owns the dir now, described (a live process holding the lock), or None; takes nothing. ``allow``: a
+        pid whose ownership does not count (a rank's launching process, as in ``acquire``)."""
         try:
             fd = os.open(self.path, os.O_RDONLY)
         except OSError:
@@ -71,7 +72,9 @@ class RunDirLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return _describe(_read_owner(fd))
+            owner = _read_owner(fd)
+            mine = allow is not None and owner.get("pid") == allow and owner.get("host") == platform.node()
+            return None if mine else _describe(owner)
         finally:
             os.close(fd)  # closing drops a lock taken just now
         return None

@@ -247,7 +247,8 @@ def _warn_repeated_data(plan: Any, epochs: float, train_tokens: int) -> None:
     # the fix depends on the data: the embedded corpus has a bigger dataset to move to; shards of one's own need
     # more of them (or a smaller budget)
     fix = (
-        "use a larger dataset, e.g. data=fineweb_sp1024, for comparable numbers"
+        "use a larger dataset for comparable numbers: data=fineweb_sp1024, or data=python_sp1024 built from this "
+        "machine's Python installation (scripts/prepare_data.py --source python)"
         if plan.data.path is None
         else f"add train shards to {plan.data.path} (scripts/prepare_data.py) or train on fewer tokens"
     )

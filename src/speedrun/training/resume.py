@@ -30,6 +30,7 @@ until its checkpoint is restored (speedrun.run.record).
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,7 +118,8 @@ def accepted_resume(asked: str, overrides: list[str], cwd: Path) -> tuple[Path, 
             f"resume={asked}: {path} holds no checkpoint ({DIRNAME}/ is empty or missing): {_why_none(path)}"
         )
     check_plain(meta.get("config"), f"resume={asked}: {path / DIRNAME}")
-    owner = RunDirLock(path).owner()
+    # rank 0 (or a single process) decides; a run's own launching process holds the lock on its ranks' behalf
+    owner = RunDirLock(path).owner(allow=os.getppid()) if os.environ.get("RANK", "0") == "0" else None
     if owner is not None:
         raise ConfigError(f"resume={asked}: {path} is in use by {owner}; wait for that run to end")
     saved = list(meta.get("overrides") or [])
@@ -195,8 +197,8 @@ training.checkpoint) and its data position is global, so any number of ranks tha
 with the same global batches; the resolver refuses a number that does not split."""
 
 
-FREE_KEYS = (*RANK_KEYS, "accept_code_change")
-"""Overrides a resume may add: the ranks, and accepting changed code."""
+FREE_KEYS = (*RANK_KEYS, "accept_code_change", "results_db")
+"""Overrides a resume may add: the ranks, accepting changed code, and the database this command records in."""
 
 
 def _key(override: str) -> str:
