@@ -1,25 +1,13 @@
-"""scripts/resume_check.py: what issue 26's GPU check reports from an uninterrupted and a stopped-and-resumed run."""
+"""speedrun.bench.resume: what the dist_resume check reports from an uninterrupted and a stopped-and-resumed run."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def resume_check():
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import resume_check
-
-        yield resume_check
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
+from speedrun.bench import resume as resume_check
 
 
 def _run(path: Path, losses: dict[int, float], tokens_per_s: float, log: str) -> Path:
@@ -39,7 +27,7 @@ def _run(path: Path, losses: dict[int, float], tokens_per_s: float, log: str) ->
     return path
 
 
-def test_compare_reads_the_resume_step_the_saves_and_the_loss_gap(tmp_path, resume_check):
+def test_compare_reads_the_resume_step_the_saves_and_the_loss_gap(tmp_path):
     full = _run(tmp_path / "full", {1: 5.0, 2: 4.0, 3: 3.5, 4: 3.2}, 1000.0, "")
     log = (
         "[t] checkpoint at step 2: /r/checkpoints/step_00000002.pt (1.5s, not in train time)\n"
@@ -53,3 +41,9 @@ def test_compare_reads_the_resume_step_the_saves_and_the_loss_gap(tmp_path, resu
     assert out["max_train_loss_diff"] == pytest.approx(0.05)
     assert out["tokens_per_s_ratio"] == pytest.approx(0.99)
     assert out["checkpoints"] == 2 and out["checkpoint_write_s"] == {"mean": 2.0, "max": 2.5}
+    assert resume_check.resume_metrics(full, resumed) == {
+        "resumed_from_step": 2,
+        "max_train_loss_diff": pytest.approx(0.05),
+        "checkpoint_write_s": 2.5,
+    }
+    assert resume_check.resume_metrics(full, tmp_path / "missing")["max_train_loss_diff"] is None
