@@ -269,3 +269,72 @@ def test_every_result_file_is_the_runners(tmp_path):
         assert r["check"] == path.parent.name and r["check"] in CHECKS, path
         assert path.name == f"{r['date']}_{r['machine']['slug']}_{path.stem.split('_', 2)[2]}.json", path
         assert {"torch", "commit", "corpus", "arms", "bars", "passed", "command"} <= set(r), path
+
+
+def test_every_speedrun_arm_composes():
+    """Each speedrun arm's command line (its overrides, the corpus's, a seed) composes with the real conf/ tree and
+    passes the schemas' own checks, as a run checks it before any GPU time is spent: a misspelt key in a check
+    would otherwise surface only on the GPU machine."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from speedrun.config import CONF_DIR, register_configs, to_config
+
+    register_configs()
+    lines = {
+        (*arm.overrides, *check.corpus.overrides(), "seed=0")
+        for check in CHECKS.values()
+        for arm in check.arms
+        if isinstance(arm, RunArm)
+    }
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        for overrides in sorted(lines):
+            try:
+                cfg = compose("config", overrides=list(overrides))
+                to_config(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]))
+            except Exception as e:  # noqa: BLE001 - the message names the arm's overrides and the error
+                pytest.fail(f"{' '.join(overrides)}\n  {type(e).__name__}: {e}")
+
+
+FAKE_PEER = """\
+import os, sys
+import flash_attn_interface  # the stand-in module --fa3-shim puts on the path
+print("model_params:123")
+print("step:10/20000 train_loss:3.0000 train_time:2000ms step_avg:200.00ms")
+print("step:10/20000 val_loss:2.9000 val_bpb:1.7000 train_time:2000ms step_avg:200.00ms")
+print("final_int8_zlib_roundtrip_exact val_loss:2.91000000 val_bpb:1.71000000")
+open("seen.txt", "w").write(os.environ["DATA_PATH"] + "\\n" + os.environ["SEED"])
+"""
+
+
+def test_a_peer_arm_runs_its_script_with_the_env_and_its_log_parsed(tmp_path):
+    """A peer's script runs in its own run dir with the check's environment filled in (the corpus's path, the seed),
+    the FA3 stand-in's folder first on PYTHONPATH, its log parsed into speedrun's metric names, its sha256
+    recorded."""
+    if GPU_HERE:
+        pytest.skip("the check below is declared for a CPU machine")
+    script, shim = tmp_path / "train_gpt.py", tmp_path / "shim"
+    script.write_text(FAKE_PEER)
+    shim.mkdir()
+    (shim / "flash_attn_interface.py").write_text("")
+    peer = PeerArm(
+        "peer", peer="fake", source="a test", parser="pgolf_baseline", needs_fa3=True,
+        env={"DATA_PATH": "{data_path}", "SEED": "{seed}", "TRAIN_BATCH_TOKENS": "1000"},
+    )  # fmt: skip
+    check = Check(
+        "fake_peer", "A peer alone.", (peer,), (Ratio("tokens_per_s", "peer", "peer", ">=", 1.0),),
+        ("tokens_per_s", "val_bpb", "val_bpb_quant", "steps"), cards=("cpu",), seeds=(3,),
+    )  # fmt: skip
+    opts = Options(peers={"fake": script}, fa3_shim=shim, results=tmp_path / "results", work=tmp_path / "work")
+    status, path = run_check(check, opts, say=lambda line: None)
+    assert status == 0 and path is not None
+    r = json.loads(path.read_text())
+    (run,) = r["arms"]["peer"]["runs"]
+    assert run["status"] == "ok" and run["metrics"] == {
+        "tokens_per_s": 5000.0, "val_bpb": 1.7, "val_bpb_quant": 1.71, "steps": 10,
+    }  # fmt: skip
+    data_path, seed = (Path(run["run_dir"]) / "seen.txt").read_text().split("\n")
+    assert Path(data_path) == Path(r["corpus"]["path"]) and (Path(data_path) / "dataset.json").is_file()
+    assert seed == "3"
+    assert r["peers"]["fake"] == {"path": str(script), "sha256": hw.sha256_file(script)}
+    assert f"PYTHONPATH={shim}" in r["arms"]["peer"]["command"]

@@ -275,15 +275,23 @@ def _execute(steps: Sequence[Step], timeout_s: float) -> list[tuple[int | None, 
         )
         started.append((proc, f, time.monotonic()))
     out: list[tuple[int | None, float]] = []
-    for proc, f, t0 in started:
-        left = max(1.0, timeout_s - (time.monotonic() - t0))
-        try:
-            rc: int | None = proc.wait(timeout=left)
-        except subprocess.TimeoutExpired:
+    try:
+        for proc, f, t0 in started:
+            left = max(1.0, timeout_s - (time.monotonic() - t0))
+            try:
+                rc: int | None = proc.wait(timeout=left)
+            except subprocess.TimeoutExpired:
+                _stop(proc)
+                rc = None
+            f.close()
+            out.append((rc, time.monotonic() - t0))
+    except BaseException:
+        # Ctrl-C reaches this process only (each run has a session of its own): stop the runs before leaving, or
+        # they would train on with nobody to read them
+        for proc, f, _ in started:
             _stop(proc)
-            rc = None
-        f.close()
-        out.append((rc, time.monotonic() - t0))
+            f.close()
+        raise
     return out
 
 
@@ -301,19 +309,22 @@ def _execute_stopped(step: Step, timeout_s: float) -> tuple[int | None, float]:
             start_new_session=True,
         )  # fmt: skip
         warm = None
-        while proc.poll() is None and time.monotonic() - t0 < timeout_s:
-            if warm is None and "warm-up done" in step.log.read_text(errors="replace"):
-                warm = time.monotonic()
-            if warm is not None and time.monotonic() - warm >= step.arm.stop_after_s:
-                # the launcher only, as a scheduler's SIGTERM reaches a job: it passes the signal to its ranks
-                os.kill(proc.pid, signal.SIGTERM)
-                break
-            time.sleep(1.0)
         try:
+            while proc.poll() is None and time.monotonic() - t0 < timeout_s:
+                if warm is None and "warm-up done" in step.log.read_text(errors="replace"):
+                    warm = time.monotonic()
+                if warm is not None and time.monotonic() - warm >= step.arm.stop_after_s:
+                    # the launcher only, as a scheduler's SIGTERM reaches a job: it passes the signal to its ranks
+                    os.kill(proc.pid, signal.SIGTERM)
+                    break
+                time.sleep(1.0)
             proc.wait(timeout=max(1.0, timeout_s - (time.monotonic() - t0)))
         except subprocess.TimeoutExpired:
             _stop(proc)
             return None, time.monotonic() - t0
+        except BaseException:
+            _stop(proc)
+            raise
     with open(step.log, "a") as f:
         f.write(f"\n[speedrun.bench] stopped with SIGTERM; resuming: {step.shell(step.resume_argv)}\n")
         f.flush()
@@ -326,6 +337,9 @@ def _execute_stopped(step: Step, timeout_s: float) -> tuple[int | None, float]:
         except subprocess.TimeoutExpired:
             _stop(proc)
             rc = None
+        except BaseException:
+            _stop(proc)
+            raise
     return rc, time.monotonic() - t0
 
 
