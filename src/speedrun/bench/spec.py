@@ -122,7 +122,9 @@ class PeerArm:
     """Environment the script reads its settings from. Values may name {data_path}, {tokenizer}, {vocab_size},
     {seed} and {run_dir}, filled in by the runner."""
     gpus: int = 1
-    """GPUs: 1 runs ``python <script>``, more run ``torchrun --standalone --nproc_per_node=<gpus> <script>``."""
+    """GPUs: 1 runs ``python <script>`` (no process group, so a script that all-reduces its stop flag every step,
+    as parameter-golf's do, does not pay that sync on one GPU); more run ``torchrun --standalone
+    --nproc_per_node=<gpus> <script>``."""
     needs_fa3: bool = False
     """The script imports FlashAttention-3's ``flash_attn_interface``: on a machine without it, ``--fa3-shim DIR``
     puts a stand-in module's folder first on PYTHONPATH."""

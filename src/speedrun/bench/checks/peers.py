@@ -52,13 +52,15 @@ BASELINE_VS_PGOLF = Check(
 
 RECORD_SECONDS = 300
 """Training budget of each side of the record comparison (the record's own is 600 s on 8 GPUs)."""
-EMA_DECAY = "0.9965"
+EMA_DECAY = "0.95"
 MUON_MOMENTUM = "0.97"
 MUON_WARMUP_START = "0.92"
-MUON_WARMUP_STEPS = "1500"
-"""The record's EMA decay and Muon momentum warm-up, set explicitly on both sides so that neither follows a default
-of its own: at 300 s on one GPU both stop well inside the warm-up and with a large share of the initial weights in
-the average, equally."""
+MUON_WARMUP_STEPS = "90"
+"""The EMA decay and Muon momentum warm-up, set explicitly on both sides. The record's own (0.9965, a warm-up of
+1,500 steps) are fitted to its ~4,900 steps on 8 GPUs: an average over its last ~6% of steps, momentum rising over
+its first ~30%. One GPU makes about 300 steps in 300 s, so the same shares are a decay of 0.95 and a 90-step
+warm-up; with the record's values both sides would end inside the warm-up with a quarter of their initial weights
+in the average, and a speed difference would show up as an EMA difference."""
 
 RECORD_VS_PGOLF = Check(
     name="record_vs_pgolf",
@@ -136,9 +138,12 @@ RECORD_VS_PGOLF = Check(
     cards=("H100", "H200"),
     corpus=PYTHON_SP1024,
     parallel=True,
-    timeout_s=1200.0,
+    timeout_s=1800.0,
     notes=(
-        "The arms run at once, one GPU each, so both share the host's CPUs through their compiles. The record "
+        "The EMA decay (0.95) and the Muon momentum warm-up (90 steps) are the record's scaled to ~300 steps, the "
+        "same on both sides. The record script's cold compile takes 7-10 minutes on one GPU (its warm-up compiles "
+        "the whole model for four varlen bucket sizes, loop off and on), so the check takes about 17 minutes from "
+        "cold caches. The arms run at once, one GPU each, so both share the host's CPUs through their compiles. The record "
         "script needs FlashAttention-3 (`--fa3-shim DIR` on a machine without it: a stand-in on PyTorch's own "
         "attention, which then times that, not FA3). Its export compresses one byte-shuffled brotli stream where "
         "speedrun compresses per group. The quality bar allows speedrun 0.01 BPB over the record at equal time."
