@@ -288,7 +288,10 @@ class _Pool:
                 else:
                     for signum, handler in outer.items():
                         if handler is not None:  # None: set outside Python, nothing to put back
-                            signal.signal(signum, handler)
+                            try:
+                                signal.signal(signum, handler)
+                            except ValueError:  # not the main thread: _run could not take them either
+                                break
 
     def _stop_again(self, signum: int, frame: Any) -> None:
         """A stop signal after the first: kill the running jobs now (the loop records them); after a third, leave at
