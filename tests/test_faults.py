@@ -32,6 +32,8 @@ def smoke(data_cache):
 
     ensure_embedded_dataset(Path(data_cache), vocab_size=1024)
     return [*SMOKE, f"data.cache_dir={data_cache}"]
+
+
 DRIVER = str(Path(__file__).with_name("fault_driver.py"))
 
 
@@ -120,9 +122,7 @@ def test_a_killed_run_reads_lost_and_the_next_run_on_its_database_says_so(killed
     assert row["status"] == "lost" and f"pid {row['pid']}" in row["error"]
 
 
-def test_a_copied_tampered_run_dir_resumes_into_this_commands_database_from_the_step_that_loads(
-    killed, tmp_path
-):
+def test_a_copied_tampered_run_dir_resumes_into_this_commands_database_from_the_step_that_loads(killed, tmp_path):
     """The dir moves to another place and another working directory; its checkpoints name another machine's
     directory and other code; its newest checkpoint has bit flips; killed writers left temp files."""
     _, _, run_dir, _, _ = killed
@@ -239,3 +239,26 @@ def test_a_read_only_outputs_dir_is_one_line_before_anything_is_written(tmp_path
     assert "outputs" in line
     assert not (tmp_path / "outputs" / "runs").exists()
 
+
+def test_a_row_that_is_not_utf8_does_not_stop_the_next_run_from_marking_lost_rows(tmp_path):
+    from speedrun.records.store import ResultsDB
+
+    db = ResultsDB(tmp_path / "r.sqlite")
+    db.upsert("gone", {"status": "running", "host": "elsewhere", "pid": 1, "heartbeat_at": 0.0})
+    db.upsert("alive", {"status": "running", "host": "elsewhere", "pid": 1, "heartbeat_at": time.time()})
+    con = sqlite3.connect(db.path)
+    con.execute("UPDATE runs SET name = CAST(X'FF00' AS TEXT)")  # bytes another tool wrote
+    con.commit()
+    con.close()
+    assert db.mark_lost() == ["gone"]  # another host's row: lost only by its heartbeat
+    statuses = {r["run_id"]: (r["status"], r["error"]) for r in db.rows()}
+    assert statuses["alive"] == ("running", None)
+    assert statuses["gone"][0] == "lost" and "pid 1 on elsewhere" in statuses["gone"][1]
+
+
+def test_a_sweep_never_reuses_a_run_resumed_onto_other_code():
+    from speedrun.report.sweep import reuse_refusal
+
+    row = {"device_name": "cpu", "code_fingerprint": "new", "resume_code_change": "old -> new"}
+    assert "resumed onto other code" in reuse_refusal(row, "cpu", "new")
+    assert reuse_refusal({**row, "resume_code_change": None}, "cpu", "new") is None

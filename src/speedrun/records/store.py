@@ -217,7 +217,7 @@ class ResultsDB:
         try:
             for r in lost:
                 beat = r.get("heartbeat_at")
-                when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(beat)) if beat else "unknown"
+                when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(beat)) if beat is not None else "unknown"
                 con.execute(
                     "UPDATE runs SET status = 'lost', error = ? WHERE run_id = ? AND status = 'running'",
                     (
@@ -234,6 +234,8 @@ class ResultsDB:
             return []
         con = self._connect()
         con.row_factory = sqlite3.Row
+        # a value that is not UTF-8 (written by another tool) must not stop a run: it reads with U+FFFD in place
+        con.text_factory = lambda data: data.decode("utf-8", "replace")
         try:
             return [dict(r) for r in con.execute(f"SELECT * FROM runs WHERE {where}", params)]
         except sqlite3.OperationalError as e:

@@ -57,6 +57,8 @@ def reuse_refusal(row: dict[str, Any], device_name: str | None, code: str | None
     before runs kept their code_fingerprint is let through (its code cannot be checked; the sweeper says so)."""
     if device_name is not None and row.get("device_name") != device_name:
         return f"ran on another card ({row.get('device_name') or 'unknown'})"
+    if code is not None and row.get("resume_code_change"):  # part of it was trained by other code
+        return f"was resumed onto other code ({row['resume_code_change']})"
     if code is not None and row.get("code_fingerprint") not in (None, code):
         return f"ran other code (code_fingerprint {row.get('code_fingerprint')}, here {code})"
     return None
