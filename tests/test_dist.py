@@ -139,6 +139,40 @@ def test_submitit_job_environment_maps_to_torch_rendezvous(monkeypatch):
     assert dist.world_from_env({}, visible_gpus=2) == WorldInfo(visible_gpus=2)  # a plain run
 
 
+def test_dist_nvls_sets_nvlink_multicast_only_when_asked(compose, monkeypatch):
+    """dist.nvls: null leaves NCCL's default (and the user's own variable) alone, false and true set it off and on,
+    and a rank sets it before its process group is made, where NCCL reads it."""
+    from speedrun.distributed import world as dist
+
+    keys = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")
+    env: dict[str, str] = {}
+    dist.set_process_env(env)
+    assert not set(keys) & set(env) and env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
+    env = {"NCCL_NVLS_ENABLE": "0"}
+    dist.set_process_env(env, nvls=None)
+    assert env["NCCL_NVLS_ENABLE"] == "0"
+    dist.set_process_env(env, nvls=True)
+    assert [env[k] for k in keys] == ["1", "0"]
+    dist.set_process_env(env, nvls=False)
+    assert [env[k] for k in keys] == ["0", "1"]
+
+    assert plan_for(compose).dist.nvls is None
+    plan = plan_for(compose, "dist.nvls=false")
+    assert plan.dist.nvls is False
+    for key in keys:
+        monkeypatch.delenv(key, raising=False)
+    seen = {}
+
+    def init_process_group(*args, **kwargs):
+        seen.update({k: os.environ.get(k) for k in keys})
+        raise RuntimeError("stopped before the process group")
+
+    monkeypatch.setattr(torch.distributed, "init_process_group", init_process_group)
+    with pytest.raises(RuntimeError, match="stopped before"):
+        dist.World(WorldInfo("torchrun", 0, 2, 0, 2, 0)).init(plan)
+    assert seen == {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+
+
 def test_ranks_above_zero_get_no_run_dir_of_their_own():
     from speedrun.distributed.launch import worker_argv
 

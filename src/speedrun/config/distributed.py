@@ -29,6 +29,12 @@ class DistConfig:
     """Longest a collective may wait for the other ranks (process-group timeout). A rank that raises ends the
     others within seconds (they watch for it); this bounds the rest: a rank that hangs or dies silently. It must
     cover the slowest rank-0-only phase (GPTQ export) and compile-time skew between ranks."""
+    nvls: bool | None = None
+    """NVLink multicast (NCCL's NVLS algorithms and torch's symmetric-memory multicast). null leaves NCCL's and
+    torch's defaults (and any NCCL_NVLS_ENABLE you set); false sets NCCL_NVLS_ENABLE=0 and
+    TORCH_SYMM_MEM_DISABLE_MULTICAST=1 in every rank; true sets NCCL_NVLS_ENABLE=1 and
+    TORCH_SYMM_MEM_DISABLE_MULTICAST=0. Turn it off on machines whose NVLink multicast is unavailable or
+    unreliable."""
 
     def __post_init__(self) -> None:
         _require(self.nproc >= 1, f"dist.nproc={self.nproc} must be >= 1")

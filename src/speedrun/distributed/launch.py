@@ -161,7 +161,7 @@ def launch_ranks(plan: Any, run_dir: Path, log: Callable[[str], None]) -> None:
 
     n = plan.dist.nproc
     args = rank_args(run_dir)
-    set_process_env()  # inherited by the ranks
+    set_process_env(nvls=plan.dist.nvls)  # inherited by the ranks
     os.environ[LAUNCHED_ENV] = "1"
     # as torchrun does, but a share of the cores rather than 1: CPU ranks (gloo) still get their threads
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))

@@ -37,9 +37,12 @@ from speedrun.plan.distributed import WorldInfo
 
 log = logging.getLogger("speedrun")
 
-FORCED_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
-"""NVLink multicast (NVLS, symmetric-memory multicast) stays off in every process a run starts: the lent multi-GPU
-machines do not support it (their notes), and a run must not depend on it."""
+NVLS_ENV = {
+    False: {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"},
+    True: {"NCCL_NVLS_ENABLE": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "0"},
+}
+"""``dist.nvls``: NVLink multicast (NCCL's NVLS, torch's symmetric-memory multicast) off or on; null sets nothing,
+leaving NCCL's and torch's defaults."""
 
 DEFAULT_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
 """NCCL's watchdog tears the process down on a collective error or timeout (3, torch's default, spelt out): the
@@ -55,11 +58,16 @@ LAUNCHED_ENV = "SPEEDRUN_LAUNCHED"
 """Set by `python -m run dist.nproc=N` for the ranks it starts (their launcher is "elastic", not "torchrun")."""
 
 
-def set_process_env(environ: dict | None = None) -> None:
-    """Multicast off (forced) and NCCL's error handling on (unless set) in ``environ`` (default: this process's,
-    which the ranks it starts inherit)."""
+def nvls_env(nvls: bool | None) -> dict[str, str]:
+    """The variables ``dist.nvls`` sets (none when null)."""
+    return {} if nvls is None else dict(NVLS_ENV[bool(nvls)])
+
+
+def set_process_env(environ: dict | None = None, nvls: bool | None = None) -> None:
+    """NCCL's error handling on (unless set) and NVLink multicast as ``dist.nvls`` says (null: untouched) in
+    ``environ`` (default: this process's, which the ranks it starts inherit)."""
     env = os.environ if environ is None else environ
-    env.update(FORCED_ENV)
+    env.update(nvls_env(nvls))
     for key, value in DEFAULT_ENV.items():
         env.setdefault(key, value)
 
@@ -149,6 +157,8 @@ class World:
 
         from speedrun.distributed.guard import Guard
 
+        # before NCCL reads its environment (a rank started by torchrun or SLURM has not seen dist.nvls yet)
+        set_process_env(nvls=plan.dist.nvls)
         timeout = timedelta(seconds=plan.dist.timeout_s)
         device_id = torch.device("cuda", self.local_rank) if plan.dist.backend == "nccl" else None
         dist.init_process_group(plan.dist.backend, timeout=timeout, device_id=device_id)

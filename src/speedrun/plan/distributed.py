@@ -42,6 +42,8 @@ class DistPlan:
     """single (one process), self (this `python -m run` starts the ranks with torch's elastic launch), or who
     started this rank: elastic (such a `python -m run`), torchrun, submitit."""
     timeout_s: float = 600.0
+    nvls: bool | None = None
+    """NVLink multicast: null leaves NCCL's default, false/true set it off/on in every rank (world.nvls_env)."""
 
 
 def resolve_dist(cfg: DistConfig, world: WorldInfo | None, device_type: str) -> DistPlan:
@@ -88,6 +90,7 @@ def resolve_dist(cfg: DistConfig, world: WorldInfo | None, device_type: str) -> 
         backend=backend if world_size > 1 else "none",
         launch=launch,
         timeout_s=float(cfg.timeout_s),
+        nvls=cfg.nvls,
     )
 
 
