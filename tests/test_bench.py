@@ -338,3 +338,23 @@ def test_a_peer_arm_runs_its_script_with_the_env_and_its_log_parsed(tmp_path):
     assert seed == "3"
     assert r["peers"]["fake"] == {"path": str(script), "sha256": hw.sha256_file(script)}
     assert f"PYTHONPATH={shim}" in r["arms"]["peer"]["command"]
+
+
+def test_a_missing_corpus_is_built_by_its_prepare_command(tmp_path):
+    """A corpus dir without shards is built once by its prepare command, started with the runs' interpreter (its
+    leading `python` only: `--source python` is a word of the command)."""
+    from speedrun.bench.runner import prepare_corpus
+    from speedrun.bench.spec import Corpus
+
+    out = tmp_path / "ds"
+    make = (
+        "import pathlib, sys; d = pathlib.Path(sys.argv[1]); d.mkdir(); "
+        "[(d / f'fineweb_{s}_000000.bin').write_bytes(b'') for s in ('train', 'val')]; "
+        "(d / 'argv.txt').write_text(' '.join(sys.argv[2:]))"
+    )
+    corpus = Corpus(data="mine", path=str(out), tokenizer=str(out / "tok.model"), prepare=("python", "-c", make, str(out), "--source", "python"))  # fmt: skip
+    check = Check("c", "C.", (RunArm("a", ()),), (Value("a", "steps", ">=", 1),), ("steps",), corpus=corpus)
+    lines: list[str] = []
+    assert prepare_corpus(check, Options(work=tmp_path / "work"), lines.append) is None
+    assert (out / "argv.txt").read_text() == "--source python" and lines[0].startswith("preparing mine: ")
+    assert prepare_corpus(check, Options(work=tmp_path / "work"), lines.append) is None and len(lines) == 1

@@ -241,7 +241,9 @@ def prepare_corpus(check: Check, opts: Options, say: Callable[[str], None]) -> s
     corpus = check.corpus
     if corpus.path is None or _has_shards(hw.REPO / corpus.path):
         return None
-    argv = [opts.python if a == "python" else a for a in corpus.prepare]
+    argv = list(corpus.prepare)
+    if argv and argv[0] == "python":  # the interpreter the runs use (not `--source python`, a word of the command)
+        argv[0] = opts.python
     log = opts.work / check.name / "prepare.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     say(f"preparing {corpus.data}: {' '.join(shlex.quote(a) for a in argv)}")
