@@ -155,7 +155,7 @@ def test_the_list_shows_every_check_with_its_card_gpus_and_bar(capsys):
 
 def test_every_claim_has_a_check():
     wanted = {
-        "cpu_default", "cpu_smoke_attn", "baseline_vs_pgolf", "record_vs_pgolf", "kernel_tuned", "precision_fp8",
+        "cpu_default", "gpu_default", "cpu_smoke_attn", "baseline_vs_pgolf", "record_vs_pgolf", "kernel_tuned", "precision_fp8",
         "attn_backends", "dist_2gpu", "dist_4gpu", "ttt_rate", "eval_rate", "record_export", "mng_time_to_target",
     }  # fmt: skip
     assert wanted <= set(CHECKS)

@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
-from speedrun.bench.checks import cpu, kernels, multi_gpu, peers, record, target
+from speedrun.bench.checks import cpu, kernels, multi_gpu, peers, quickstart, record, target
 from speedrun.bench.spec import Check
 
 ALL: tuple[Check, ...] = (
+    *quickstart.CHECKS,
     *cpu.CHECKS,
     *peers.CHECKS,
     *kernels.CHECKS,
