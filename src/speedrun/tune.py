@@ -64,7 +64,7 @@ def candidate_overrides(plan: Any, quick: bool = False) -> list[list[str]]:
     fused = ["kernel.fused_qkv=true"]
     fp8 = plan.precision == "bf16" and _has_fp8(plan)
     # twice (and four times) the micro-batch, where the step still splits evenly: fewer, larger kernels per step
-    # (on an H200, 2x gave pgolf_baseline 1.046x; a size that runs out of memory is recorded as failed)
+    # (a size that runs out of memory is recorded as failed)
     bigger = [f"kernel.micro_batch={2 * plan.micro_batch}"] if plan.grad_accum % 2 == 0 else []
     biggest = [f"kernel.micro_batch={4 * plan.micro_batch}"] if plan.grad_accum % 4 == 0 else []
     if quick:  # each lever alone, and all of them together
@@ -76,7 +76,7 @@ def candidate_overrides(plan: Any, quick: bool = False) -> list[list[str]]:
         out += [bigger, bigger + graphs] + ([bigger + graphs + cdt] if plan.compile else [])
     if biggest:
         out += [biggest, biggest + graphs]
-    out.append(fused)  # alone: it lost on an H100, by default and on top of the tuned table (docs/benchmarks.md)
+    out.append(fused)  # alone: no faster on an H100, by default or on top of the tuned table (kernel_fused_qkv)
     if plan.compile:
         out += [
             ["kernel.compile_mode=max-autotune-no-cudagraphs"],

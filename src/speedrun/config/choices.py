@@ -1,5 +1,5 @@
 """Fixed value sets of the config schemas, as Enums (Hydra lists the valid values when one is misspelt), and the
-helper that raises a ConfigError beside a field."""
+function that raises a ConfigError beside a field."""
 
 from __future__ import annotations
 

@@ -193,41 +193,39 @@ class TTTConfig:
     """torch.compile the adapted model's forward (and the unadapted one's, for val_bpb_ttt_base) with dynamic
     shapes, as the records do, warmed up on random tokens before TTT's clock starts (ttt_compile_seconds; graphs
     built after the warm-up: ttt_recompiles; a batch of a single document runs two rows, one of them padding, so
-    that no size-1 dimension specializes a graph of its own). The
-    global phases run eagerly. Off by default for its warm-up: on one H100 at the records' settings, 2.39x eager's
-    tokens/s after a 271.6 s warm-up (docs/benchmarks.md)."""
+    that no size-1 dimension specializes a graph of its own). The global phases run eagerly. Off by default for its
+    warm-up, minutes from a cold cache; check ``ttt_rate`` measures compiled TTT at the records' settings."""
     compile_scope: str = "blocks"
     """What ttt.compile compiles: ``blocks`` (each block and the head on their own, as kernel.compile_scope=blocks:
-    one small graph reused by every block) or ``model`` (the whole adapted model as one graph). ``model`` did not
-    finish its warm-up in 465 s on one H200 at the pgolf_record shape (docs/benchmarks.md)."""
+    one small graph reused by every block) or ``model`` (the whole adapted model as one graph, several times longer
+    to trace and lower at the pgolf_record shape)."""
     cuda_graphs: bool | None = None
     """Replay every TTT step from a CUDA graph, one per step shape (rows padded to a power of two, the window's
     width), all captured before TTT's clock starts (speedrun.finishing.ttt_graphs; the capture counts in
     ttt_compile_seconds, ttt_cuda_graphs_captured says how many shapes): compiled TTT spends most of its time
-    launching kernels, not running them (2.08x the tokens/s on one H100, docs/benchmarks.md). CUDA only. With
+    launching kernels, not running them (check ``ttt_rate`` measures the graphed rate). CUDA only. With
     ttt.beta1=0 the optimizer's step is inside the graph; otherwise it runs after. None: on with ttt.compile on a
     CUDA GPU, else off (plan.json says which); true on a machine without CUDA is refused."""
     max_batch_share: float | None = 0.125
-    """Halve a batch of documents (its first half, then the rest) while its predicted cost (speedrun.finishing.ttt_docs.
-    batch_cost) is more than this share of the whole TTT's: on a small validation set, one batch of its longest
-    documents can be a third of the work, which one rank runs while the others wait (on 4 H200s, 2.5x one rank at
-    best). The split depends on the documents alone (a frozen cost model), not on the rank count or on how TTT runs,
-    so 1 and 8 ranks score the same batches. It does change the scores against no split: under ttt.warm_start_a
-    a batch starts from its chain's previous A, and the phases fall at batch ends (-0.0054 val_bpb_ttt on one small
-    set). At parameter-golf's 50,000 documents no batch comes near 1/8; null: never split."""
+    """Halve a batch of documents (its first half, then the rest) while its predicted cost
+    (speedrun.finishing.ttt_docs.batch_cost) is more than this share of the whole TTT's: on a small validation set,
+    one batch of its longest documents can be a third of the work, which one rank runs while the others wait. The
+    split depends on the documents alone (a frozen cost model), not on the rank count or on how TTT runs, so 1 and 8
+    ranks score the same batches. It does change the scores against no split: under ttt.warm_start_a a batch starts
+    from its chain's previous A, and the phases fall at batch ends. At parameter-golf's 50,000 documents no batch
+    comes near 1/8; null: never split."""
     row_widths: str = "pow2"
     """The widths a TTT step's rows are padded to: ``pow2`` (64, 128, 256, ... up to the window), ``half_octave``
     (64, 96, 128, 192, 256, 384, ...): less padding for twice the shapes to compile and capture, or a number N such
-    as 128 (multiples of N: less padding still, more shapes). On documents of FineWeb's lengths half_octave ran
-    1.09x pow2 on an H200 (docs/benchmarks.md); multiples of 128 are counted, not timed."""
+    as 128 (multiples of N: less padding still, more shapes; a multiple of ttt.chunk_size pads least)."""
     graph_rows: str = "pow2"
     """The row counts a CUDA-graphed TTT step (and its base passes) is padded to: ``pow2`` (2, 4, 8, ... up to the
-    batch) or ``half_octave`` (3, 6, 12, 24, 48 as well): less padding, more graphs to capture. Counted, not timed."""
+    batch) or ``half_octave`` (3, 6, 12, 24, 48 as well): less padding, more graphs to capture."""
     shared_attn_a: bool = False
     """One LoRA-A product for the adapters that read the attention's input (q, k, v, attn_bypass) instead of one
     each: the same arithmetic, the input read once and the backward's input gradient one product. Needs the built-in
-    GPT's attention adapter hook (a registry model without one is refused). On one H100 at pgolf_record's TTT it
-    ran 0.989x the separate adapters (docs/benchmarks.md), so it stays off."""
+    GPT's attention adapter hook (a registry model without one is refused). No faster than separate adapters on
+    an H100, so off by default."""
     phased: PhasedTTTConfig = field(default_factory=PhasedTTTConfig)
     """Phased global TTT (ttt.phased.phases, .prefix_docs, .lr, ...): the model's own weights fine-tuned with SGD
     on documents already scored; off by default (phases 0)."""

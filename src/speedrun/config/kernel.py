@@ -96,7 +96,7 @@ class KernelConfig:
     fused_qkv: bool | None = None
     """One matmul for each block's q, k and v projections in training (their weights concatenated per call)
     instead of three; the same parameters and the same math up to summation order. Not with fp8 on attn_qkv.
-    Slower on an H100 (0.986-0.993x). None: off."""
+    Slower on an H100 (check ``kernel_fused_qkv``). None: off."""
     fp8: list[str] | None = None
     """FP8 targets (any of mlp_down, mlp, attn_proj, attn_qkv, all; [] or [none]: no FP8), e.g.
     kernel.fp8='[mlp_down]'. sm89+, with precision=bf16 (or fp8). None: all under precision=fp8, else none."""

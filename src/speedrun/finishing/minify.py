@@ -1,6 +1,6 @@
 """Minified source for the self-extracting file (speedrun.finishing.wrap), cached on disk.
 
-python-minifier takes seconds for speedrun's ~90 files (docs/benchmarks.md has the figure). Its output depends only
+python-minifier takes seconds for speedrun's ~90 files. Its output depends only
 on the source, the minifier's version, the options below and the Python that parses it, so each file's output is
 kept under <cache>/minified/, named by a hash of all four: a later run (and the test suite) reads it back in
 milliseconds. A cache that cannot be written is skipped, never an error.

@@ -13,11 +13,10 @@ its kind and class (speedrun.finishing.classes):
 
 and each group is laid out for its coder: multi-byte values are split into byte planes (all first bytes, then all
 second bytes: the high bytes of fp16 scales, sign, exponent and top mantissa bits, take few values and compress
-apart from their noisy low bytes); int8 codes are stored column by column (each matrix transposed), which measured
-smaller with brotli-11 on matrices whose input columns differ in scale (docs/benchmarks.md, "Export levers on
-CPU"). Each group is cut into chunks of CHUNK_BYTES (brotli's default window is 4 MiB, so a chunk that size loses
-almost no context) and the chunks are compressed concurrently with quant.pergroup_codec at quant.level; brotli and
-lzma release the GIL, so threads use every core.
+apart from their noisy low bytes); int8 codes are stored column by column (each matrix transposed), which compresses
+smaller with brotli-11 on matrices whose input columns differ in scale. Each group is cut into chunks of CHUNK_BYTES
+(brotli's default window is 4 MiB, so a chunk that size loses almost no context) and the chunks are compressed
+concurrently with quant.pergroup_codec at quant.level; brotli and lzma release the GIL, so threads use every core.
 
 The blob carries its own header, so speedrun.finishing.quantize.load_artifact reads it without being told the codec:
 

@@ -317,8 +317,8 @@ def ttt_evaluate(
             )
     if s.compile is not None and phases:
         # the global phases' shapes too (they run eagerly): their first call at a shape (cuDNN's attention plans)
-        # is paid here, before the clock, as the steps' compile and capture are. On one H100: 1.68 -> 0.84 s of
-        # phases on TTT's clock (three over 64 documents); compiling the phases saved nothing more and took 62 s
+        # is paid here, before the clock, as the steps' compile and capture are (compiling the phases as well
+        # saved nothing more and took a minute)
         t_phases = time.perf_counter()
         shapes = _phase_shapes(docs, batches, phases, s.phased, seq_len, rank, world)
         with lora.bare() as bare:
@@ -327,8 +327,8 @@ def ttt_evaluate(
         if log is not None and rank == 0:
             log(f"ttt: the global phases' {len(shapes)} shapes warmed up in {time.perf_counter() - t_phases:.1f} s")
     if shard is not None:
-        # the ranks' warm-ups differ (on 4 H200s: 95 s on one, 165 s on another); without this, a rank that finished
-        # first would count the slowest one's compile in its TTT seconds, waiting for it at the first phase
+        # the ranks' warm-ups differ (by a minute or more); without this, a rank that finished first would count
+        # the slowest one's compile in its TTT seconds, waiting for it at the first phase
         shard.barrier()
     graphs0 = graphs_compiled()
     if on_clock is not None:
@@ -842,16 +842,16 @@ def _adapt_batch(
     """Score-first TTT of one batch of documents (all with chunk size ``chunk``). True if the deadline hit.
 
     The documents take the adapter slots longest first, so at every step the documents not yet done are the first
-    rows. Eager, a step runs one row per document of the batch at one padded width (documents that are done are
-    all padding: unscored, untrained), so the shapes stay few: the batch size (smaller only for a last, short
-    batch) times a handful of widths. Compiled (dynamic shapes: any row count of at least 2 runs on the warm-up's
-    graphs), a step runs only the rows still going, at least 2: a batch's long tail, one long document and many
-    done, no longer costs a full batch of padding per step (on the embedded corpus cut at 2,500 characters, 64 a
-    batch, 1.7x fewer padded tokens). With CUDA graphs, that row count padded to a power of two. The documents that are
-    done would get zero gradients either way; the optimizer (speedrun.finishing.ttt_optim) steps the rows' slots
-    only where that leaves the adapters as a step of every slot would (Adam with beta1 = 0). The unadapted scores of
-    the batch's chunks (val_bpb_ttt_base) come from speedrun.finishing.ttt_base, each counted when its chunk is
-    scored. The time budget is checked before every step but the first: a batch begun scores at least its chunks 0."""
+    rows. Eager, a step runs one row per document of the batch at one padded width (documents that are done are all
+    padding: unscored, untrained), so the shapes stay few: the batch size (smaller only for a last, short batch)
+    times a handful of widths. Compiled (dynamic shapes: any row count of at least 2 runs on the warm-up's graphs),
+    a step runs only the rows still going, at least 2: a batch's long tail, one long document and many done, no
+    longer costs a full batch of padding per step. With CUDA graphs, that row count padded to a power of two. The
+    documents that are done would get zero gradients either way; the optimizer (speedrun.finishing.ttt_optim) steps
+    the rows' slots only where that leaves the adapters as a step of every slot would (Adam with beta1 = 0). The
+    unadapted scores of the batch's chunks (val_bpb_ttt_base) come from speedrun.finishing.ttt_base, each counted
+    when its chunk is scored. The time budget is checked before every step but the first: a batch begun scores at
+    least its chunks 0."""
     if deadline is not None and time.perf_counter() > deadline:
         return True
     lora.reset(keep_a=settings.warm_start_a)

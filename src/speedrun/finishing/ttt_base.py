@@ -7,8 +7,8 @@ to the chunk's end (speedrun.finishing.ttt). For every chunk whose window starts
 window is a prefix of the document's first ``seq_len`` tokens, and attention is causal: a position's score does not
 depend on the tokens after it. So one window over the document's start scores all those chunks at once (the same
 numbers up to the kernels' rounding on another shape). Only a chunk of a longer document whose window starts past
-the document's start needs a window of its own, scored when its chunk is. On the embedded corpus cut at 1,000
-characters, at 64 documents a batch, that is 3.7x fewer padded tokens than a forward per chunk (counted).
+the document's start needs a window of its own, scored when its chunk is: several times fewer padded tokens than a
+forward per chunk.
 """
 
 from __future__ import annotations

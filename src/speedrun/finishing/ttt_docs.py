@@ -66,11 +66,10 @@ def document_batches(
 
 STEP_COST_TOKENS = {"eager": 20_000, "compact": 36_000, "graphs": 6_600}
 """A chunk step's fixed cost (its launches, the optimizer, the host's work) in padded tokens of compute, per way of
-running the steps (ttt._rows_for). eager: fitted to the eleventh session's eager TTT on 4 H100s against one (it
-predicts 2.66x for the dealing that scaled 2.70x). graphs and compact: fitted on one H200 (fourteenth session,
-documents of FineWeb's lengths, 64 a batch): a graphed step took 9.0 ms plus 1.37 s per million padded tokens (the
-four ranks' seconds and three one-GPU rows, within 0.6 s each); a compiled step without graphs about 50 ms (one
-row). Refit from a run's ttt_rank_seconds against ttt_rank_cost."""
+running the steps (ttt._rows_for). eager: fitted to eager TTT on H100s; graphs and compact: fitted on an H200
+(documents of FineWeb's lengths, 64 a batch), where a graphed step takes about 9.0 ms plus 1.37 s per million
+padded tokens and a compiled step without graphs about 50 ms. Refit from a run's ttt_rank_seconds against
+ttt_rank_cost."""
 
 SPLIT_STEP_COST_TOKENS = 6_600
 """The graphed step's fixed cost that ttt.max_batch_share's split and the chains of warm_start_a (deal_batches'
@@ -133,7 +132,7 @@ def batch_cost(
 def split_heavy_batches(batches: list[list[int]], cost: Callable[[list[int]], float], share: float) -> list[list[int]]:
     """The batches, in order, each halved (its first documents, then the rest) while its cost is more than ``share``
     of all of them together and it holds more than one document. On a small validation set one batch of its longest
-    documents can be a third of TTT's work, which no number of ranks can share (4 H200s: 2.5x one). The split
+    documents can be a third of TTT's work, which no number of ranks can share. The split
     depends on the costs alone, not on the rank count, so 1 and 8 ranks score the same batches."""
     limit = share * sum(cost(b) for b in batches)
     out: list[list[int]] = []
@@ -162,8 +161,8 @@ def deal_batches(
 
     ``chain_costs`` (default: ``costs``) are the costs the chains are cut by. Which batches share a chain changes
     the scores, so TTT cuts them by one frozen cost model whatever the settings (mode, widths, base score): with
-    each run's own costs, scoring the base or padding the rows otherwise moved val_bpb_ttt (by 0.008 on one H100,
-    FineWeb's lengths). ``costs`` still place the chains onto the ranks, which changes no score."""
+    each run's own costs, scoring the base or padding the rows otherwise would move val_bpb_ttt. ``costs`` still
+    place the chains onto the ranks, which changes no score."""
     cut_by = costs if chain_costs is None else chain_costs
     rank, chain = [0] * len(costs), [0] * len(costs)
     starts = [0] + [b + 1 for b in sorted(phase_ends) if b + 1 < len(costs)]

@@ -181,8 +181,7 @@ def warm_up(
     """A forward and backward of ``model`` at each (rows, width) of ``shapes``, on random tokens (never validation
     data), as ``finetune`` runs them, without a step: the gradients are dropped and the weights stay as they were.
     Why: the first call at a shape pays for its plans (cuDNN's attention graphs, cuBLAS's heuristics) and every
-    phase's rows are a new shape; TTT runs this before its clock (speedrun.finishing.ttt), as it captures its steps.
-    On one H100, three phases over 64 short documents took 1.6-1.8 s, about 4% of TTT's time, for 22,000 tokens."""
+    phase's rows are a new shape; TTT runs this before its clock (speedrun.finishing.ttt), as it captures its steps."""
     gen = torch.Generator().manual_seed(0)
     for rows, width in sorted(shapes, reverse=True):
         x, y = (torch.randint(0, vocab, (rows, width), generator=gen).to(device) for _ in range(2))

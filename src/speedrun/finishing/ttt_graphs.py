@@ -8,9 +8,9 @@ to the host, so it can be captured in a CUDA graph. The gradients it takes are t
 rows only; replayed, it hands them to the rows' slots optimizer inside the graph (its learning rate a constant of
 the capture), or, for an optimizer over every slot, writes them into ``.grad`` for that optimizer to step after.
 
-Why graphs: compiled TTT at the records' settings kept an H200 busy only 27% of the time (docs/benchmarks.md,
-thirteenth session): a step of 17 block calls forward and backward, each a compiled region with its guards and
-autograd bookkeeping, costs the host more than its kernels cost the GPU. A replay launches them all at once.
+Why graphs: compiled TTT at the records' settings is launch-bound. A step of 17 block calls forward and backward,
+each a compiled region with its guards and autograd bookkeeping, costs the host more than its kernels cost the GPU.
+A replay launches them all at once.
 
 How (torch.cuda.graphs, as speedrun.kernels.graphs does for training): one graph per step shape, the key
 (rows, width, training); rows are padded up to a power of two (at least 2, at most the adapter slots) and
@@ -194,8 +194,8 @@ class GraphedChunkSteps:
         it with; nothing it computes is kept (the sums are not touched, the gradients are zeroed after, and what an
         in-graph update changed is put back).
         Largest first: a smaller graph then carves its memory out of blocks a larger one freed in the shared pool,
-        where smallest first made each larger shape add blocks of its own (on one H100, 89 shapes of multiples of
-        128 ran out of its 80 GB with 55 GB in the graphs' pool)."""
+        where smallest first makes each larger shape add blocks of its own (a hundred shapes can then fill an 80 GB
+        card)."""
         todo = [k for k in sorted(set(keys), key=lambda k: (-k[0] * k[1], not k[2], k)) if k not in self.graphs]
         kept = self._keep()
         for n, key in enumerate(todo):

@@ -2,25 +2,22 @@
 Adam with beta1 = 0 (the records' setting), stepping only the slots of the step's rows.
 
 Why: the adapters are (slots, ...) fp32 tensors, 1.3 GB at the records' 64 slots and rank 96 on pgolf_record, and a
-fused AdamW step reads and writes them, their gradients and both moments: about 9 GB of memory traffic, 3.7 ms a
-step on one H100 (a profile of the fourteenth session), paid at every step of a batch even when one long document of
-its 64 is still going. Counted on documents of FineWeb's lengths, a step's rows average 46% of the slots (not timed:
-see docs/benchmarks.md).
+fused AdamW step over every slot moves about 9 GB of memory, at every step of a batch, even when one long document
+of its 64 is still going.
 
 Why the rows' slots are enough: a step's rows are the slots [0, rows) (speedrun.finishing.ttt sorts a batch's
 documents longest first, so the documents still going are a prefix, and the rows never grow within a batch); every
-other slot's gradient is exactly zero. With beta1 = 0, Adam's update from a zero gradient is zero (its first moment
-is the gradient itself), which leaves the decoupled weight decay, p *= 1 - lr * weight_decay, and v *= beta2. That v
-is never read again: a slot that leaves the rows does not come back within the batch, and each batch begins the
-optimizer anew (``begin``). So each left-out slot's decay is applied once, when the batch ends (``finish``), as
-(1 - lr * weight_decay) ** (the steps it missed): what warm_start_a carries on is A after every step's decay, as
-with a step over every slot, up to float rounding (one power against repeated multiplication). The steps over the
-rows' slots run the kernel of torch's AdamW(fused=True) on views of the same tensors. With beta1 > 0 the first
-moment keeps moving a slot after its document is done, so every other setting steps every slot.
+other slot's gradient is exactly zero. With beta1 = 0, Adam's update from a zero gradient is zero, which leaves the
+decoupled weight decay, p *= 1 - lr * weight_decay (and v *= beta2, never read again: a slot that leaves the rows
+does not come back within the batch, and each batch begins the optimizer anew, ``begin``). So each left-out slot's
+decay is applied once, when the batch ends (``finish``), as (1 - lr * weight_decay) ** (the steps it missed): the
+same A for warm_start_a as a step over every slot, up to float rounding. The rows' steps run the kernel of torch's
+AdamW(fused=True) on views of the same tensors. With beta1 > 0 the first moment keeps moving a slot after its
+document is done, so every other setting steps every slot.
 
-Where the step runs: a CUDA graph of TTT's chunk step holds the rows' slots update itself (``apply``, device work on
-the step's own rows-sized gradients, which are then never written to .grad); the host only counts it
-(``stepped``). Otherwise ``step`` reads .grad after the chunk step.
+Where the step runs: a CUDA graph of TTT's chunk step holds the rows' slots update itself (``apply``, on the step's
+own rows-sized gradients, never written to .grad); the host only counts it (``stepped``). Otherwise ``step`` reads
+.grad after the chunk step.
 """
 
 from __future__ import annotations

@@ -82,8 +82,8 @@ _GPU_DEFAULTS = _Recipe(
     tokens_per_step=524288,
     train_seconds=120.0,
 )
-# On sm90 SDPA's cuDNN kernel trained pgolf_baseline 11% faster than flash (1.97M vs 1.77M tok/s, H200, bf16,
-# scripts/bench_matrix.py); A100 and B200 keep flash until measured.
+# On sm90 SDPA's cuDNN kernel trains pgolf_baseline faster than flash (check attn_backends); A100 and B200 keep
+# flash until measured.
 _SM90_DEFAULTS: _Recipe = {**_GPU_DEFAULTS, "sdpa_kernel": "cudnn"}
 
 PROFILES: dict[str, HardwareProfile] = {

@@ -54,11 +54,11 @@ class CausalSelfAttention(nn.Module):
         kv_dim = shape.n_kv_head * shape.head_dim
         self.split = (shape.d_model, kv_dim, kv_dim)
         self.fused_qkv = fused_qkv
-        """In training mode, q, k and v come from one matmul over their concatenated weights (kernel.fused_qkv):
-        the input is read once, and the backward's input gradient is one GEMM instead of three plus two adds (yet
-        on an H100 it measured 0.99x, so it is off unless asked for). The three Linear modules stay (their names,
-        Muon's matrices, fp8, GPTQ's hooks and TTT's adapters see them); eval mode, which GPTQ, TTT and evaluation
-        use, always calls them one by one."""
+        """In training mode, q, k and v come from one matmul over their concatenated weights (kernel.fused_qkv): the
+        input is read once, and the backward's input gradient is one GEMM instead of three plus two adds (yet it is
+        no faster on an H100, check ``kernel_fused_qkv``, so it is off unless asked for). The three Linear modules
+        stay (their names, Muon's matrices, fp8, GPTQ's hooks and TTT's adapters see them); eval mode, which GPTQ,
+        TTT and evaluation use, always calls them one by one."""
         self.c_q = _linear(shape.d_model, shape.d_model)
         self.c_k = _linear(shape.d_model, kv_dim)
         self.c_v = _linear(shape.d_model, kv_dim)
@@ -267,8 +267,7 @@ class Block(nn.Module):
 
 def _residual_dtype(device_type: str) -> torch.dtype:
     """bf16 under bf16 autocast (as parameter-golf), else fp32. Reads autocast state, not tensor values, so it
-    is compile-safe. A bf16 stream halves the traffic of every elementwise kernel: pgolf_baseline trained
-    ~17% faster with it than with an fp32 stream (H200, compiled, sdpa flash)."""
+    is compile-safe. A bf16 stream halves the traffic of every elementwise kernel."""
     if torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == torch.bfloat16:
         return torch.bfloat16
     return torch.float32
@@ -402,8 +401,7 @@ class GPT(nn.Module):
         mean over them), the same numbers as the whole forward's columns (up to the attention kernel's rounding).
         The last layer call then runs its queries, output projection and MLP at the columns only: nothing after
         its keys and values reaches another column's output. TTT scores a chunk of 48 tokens with a window of up
-        to 2,048 of context (speedrun.finishing.ttt); with the loop on, the last of 17 layer calls run there only
-        made pgolf_record's TTT 1.039x faster on one H100."""
+        to 2,048 of context (speedrun.finishing.ttt), so that call runs at 48 columns instead of up to 2,048."""
         B, T = idx.shape
         if T > self.shape.seq_len:
             raise ValueError(f"sequence length {T} exceeds model.seq_len {self.shape.seq_len}")

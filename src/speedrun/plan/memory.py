@@ -12,7 +12,7 @@ micro-batch of B sequences of T tokens, L layers of width d and vocabulary V:
     attention scores               what the backend says it materialises (math: B H T^2 L x 6), else 0
 
 The micro-batch is taken at the longest context (tokens per micro-batch are constant across stages, so only the
-scores grow with T). Measured against pgolf_baseline on an H100 (11.9 GB peak, docs/benchmarks.md) it reads 9.4 GB.
+scores grow with T). For pgolf_baseline it reads 9.4 GB, against a peak of 11.9 GB on an H100.
 """
 
 from __future__ import annotations
