@@ -322,7 +322,8 @@ class World:
         An explicit all-reduce after the step's micro-batches rather than DDP: a compiled model's backward is one
         graph whose gradients all appear at its end, so DDP could overlap only the last micro-batch's backward
         (and only by splitting the graph per bucket); the one all-reduce per step costs well under 1% of a step
-        here (scripts/gpu_check_dist.sh measures it), and the compiled model and the Stepper stay as they are."""
+        (checks dist_2gpu and dist_4gpu measure the scaling), and the compiled model and the Stepper stay as they
+        are."""
         if self.single:
             return
         import torch
