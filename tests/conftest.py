@@ -63,16 +63,16 @@ def compose():
 
 def session_dir(tmp_path_factory) -> Path:
     """A directory of this pytest session that every xdist worker sees: pytest-N/, above each worker's own
-    pytest-N/popen-gwK/ (without xdist, the session's base temp dir)."""
+    pytest-N/popen-gwK/ (without xdist, the pytest session's base temp dir)."""
     base = tmp_path_factory.getbasetemp()
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 @pytest.fixture(scope="session")
 def data_cache(tmp_path_factory):
-    """data.cache_dir for CLI and in-process runs: the embedded dataset is built once per session (per vocabulary
-    size), by the first run that needs it, and shared by every test that asks for this fixture, on every xdist
-    worker (ensure_embedded_dataset serialises concurrent builders on a lock file)."""
+    """data.cache_dir for CLI and in-process runs: the embedded dataset is built once per pytest session (per
+    vocabulary size), by the first run that needs it, and shared by every test that asks for this fixture, on every
+    xdist worker (ensure_embedded_dataset serialises concurrent builders on a lock file)."""
     path = session_dir(tmp_path_factory) / "speedrun-data-cache"
     path.mkdir(exist_ok=True)
     return path
@@ -113,10 +113,10 @@ def shared_cli_run(tmp_path_factory, name: str, args: list[str], timeout: int = 
 
 @pytest.fixture(scope="session")
 def default_smoke_run(tmp_path_factory, data_cache) -> SharedRun:
-    """The default job as a CPU smoke run (`python -m run debug=smoke`, data from data_cache), run once for the whole
-    session: tests/test_experiments.py and tests/test_cli.py check what it recorded, tests/test_dist_cli.py compares
-    a two-rank run with it and tests/test_ttt_table.py test-time trains copies of it. Read its run dir and database;
-    never write to them (its database must keep its one row)."""
+    """The default job as a CPU smoke run (`python -m run debug=smoke`, data from data_cache), run once for the
+    whole pytest session: tests/test_experiments.py and tests/test_cli.py check what it recorded,
+    tests/test_dist_cli.py compares a two-rank run with it and tests/test_ttt_table.py test-time trains copies of
+    it. Read its run dir and database; never write to them (its database must keep its one row)."""
     return shared_cli_run(tmp_path_factory, "smoke", ["debug=smoke", f"data.cache_dir={data_cache}"])
 
 

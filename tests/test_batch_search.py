@@ -1,5 +1,5 @@
 """hardware.micro_batch=auto / eval.batch_size=auto: the search logic, with a fake device that runs out of memory
-above a threshold (the real search needs CUDA; scripts/gpu_check_loop.sh runs it on a GPU)."""
+above a threshold (the real search needs CUDA)."""
 
 from __future__ import annotations
 

@@ -116,7 +116,7 @@ def test_runner_records_mfu_against_the_card_and_mfu_profile_when_emulated(compo
 
 
 def test_progressive_schedule_charges_each_token_its_own_stage(compose):
-    """pgolf_progressive's stages as they ran on the H100 (docs/benchmarks.md): 1024 from step 0, 2048 from step
+    """pgolf_progressive's stages as they ran on an H100: 1024 from step 0, 2048 from step
     46, 3072 from step 293, 404 steps. Charging every token at 3072 overstates the FLOPs (and MFU)."""
     plan = plan_on(compose, "h100", "experiment=pgolf_progressive")
     stages = [

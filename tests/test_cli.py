@@ -31,10 +31,10 @@ def rows(cwd: Path):
 
 
 def test_smoke_run_writes_every_record(default_smoke_run):
-    """The session's default smoke run (conftest.default_smoke_run: `python -m run debug=smoke` with its data cache,
-    run dir and database; tests/test_experiments.py and tests/test_dist_cli.py read it too) left every record. It
-    was a run of its own here (with name=smoke and budget.train_seconds=4), whose checks are all checked on this one:
-    the row's name and overrides as this run set them."""
+    """The pytest session's default smoke run (conftest.default_smoke_run: `python -m run debug=smoke` with its data
+    cache, run dir and database; tests/test_experiments.py and tests/test_dist_cli.py read it too) left every record.
+    It was a run of its own here (with name=smoke and budget.train_seconds=4), whose checks are all checked on this
+    one: the row's name and overrides as this run set them."""
     proc, run_dir = default_smoke_run.proc, default_smoke_run.run_dir
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     result_path = run_dir / "result.json"

@@ -1,4 +1,4 @@
-"""Issue 21: a run whose loss blew up was recorded ok. The divergence verdict on lists of losses, the training
+"""A run whose loss blows up is recorded diverged, not ok. The divergence verdict on lists of losses, the training
 loop carrying it (every step judged, also when metrics.jsonl keeps one record per flush; kept across a
 checkpoint), and the throttled progress line of the long phases after training."""
 

@@ -161,7 +161,7 @@ def test_the_slug_rules():
     assert github_slug("Weights & Biases") == "weights--biases"
     assert github_slug("`hardware.micro_batch=auto`") == "hardwaremicro_batchauto"
     assert github_slug("Real FineWeb shards (parameter-golf's)") == "real-fineweb-shards-parameter-golfs"
-    assert github_slug("Measured 2026-11-26, fifth session (4 x H100)") == "measured-2026-11-26-fifth-session-4-x-h100"
+    assert github_slug("Measured 2026-11-26, second run (4 x H100)") == "measured-2026-11-26-second-run-4-x-h100"
 
 
 def test_every_docs_page_is_in_the_readme_index():

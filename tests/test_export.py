@@ -38,7 +38,7 @@ def bare_env(**extra: str) -> dict[str, str]:
 def test_an_exported_run_reruns_where_speedrun_is_not_installed(tmp_path, data_cache, default_smoke_run):
     from speedrun.data.prepare import embedded_dir
 
-    # 1. a smoke run; its train_gpt.py is what it counted. The session's default smoke run (conftest; the export
+    # 1. a smoke run; its train_gpt.py is what it counted. The pytest session's default smoke run (conftest; the export
     # only reads its run dir), where this test made a smoke run of its own (2 shorter steps): ~5 s less, its rerun
     # below ~1 s more
     proc = default_smoke_run.proc

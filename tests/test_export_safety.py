@@ -3,7 +3,7 @@ machine or person): this machine's secrets through a stored config's interpolati
 file the run wrote, or a record-track claim the runs do not meet. And what the exported file says on a machine
 that lacks its packages.
 
-The run-dir tests export copies of the session's default smoke run (conftest.default_smoke_run), tampered with;
+The run-dir tests export copies of the pytest session's default smoke run (conftest.default_smoke_run), tampered with;
 the rest are seconds, on synthetic results.
 """
 

@@ -27,7 +27,7 @@ SMOKE = ["debug=smoke", "budget.warmup_steps=0", "eval.tokens=1024"]
 
 @pytest.fixture(scope="module")
 def smoke(data_cache):
-    """The smoke run's overrides, with the session's dataset (built here once, so no fault hits its build)."""
+    """The smoke run's overrides, with the pytest session's dataset (built here once, so no fault hits its build)."""
     from speedrun.data import ensure_embedded_dataset
 
     ensure_embedded_dataset(Path(data_cache), vocab_size=1024)

@@ -1,4 +1,4 @@
-"""The optimizer/schedule levers of parameter-golf's April 2026 record stack (issue 23, item 2), each against a
+"""The optimizer/schedule levers of parameter-golf's April 2026 record stack, each against a
 reference formula or an invariant: muon_wd, MuonEq-R, Polar Express, adam_wd/embed_wd, schedule.min_lr and the
 weight EMA (closed form, evaluation on the average, checkpoints); and with every lever off, today's step bit for
 bit. The record: records/track_10min_16mb/2026-04-29_SmearGateBOSFix_3Seed_1.06141/train_gpt.py in

@@ -204,7 +204,7 @@ def test_a_resumed_sweep_includes_the_runs_it_reused(tmp_path):
 
 
 def test_diverged_runs_are_failures_and_never_rank(tmp_path, capsys):
-    """Issue 21: a diverged run counts with the failures in the report and the sweep summary, no number of it
+    """A diverged run counts with the failures in the report and the sweep summary, no number of it
     enters a group's mean (a row may carry one: recorded before eval was skipped, or by an older version), and a
     group with no ok run is not ranked, however good its numbers look."""
     from speedrun.report.sweep import JobEntry, summarize, summary_csv, summary_markdown

@@ -51,7 +51,7 @@ def fake_oom(*args, **kwargs):
 
 
 def test_a_run_stopped_during_ttt_keeps_eval_and_artifact(compose, tmp_path, data_cache, monkeypatch):
-    """Issue 15: stopped by SIGTERM during TTT, the row said interrupted with val_bpb and artifact_bytes empty."""
+    """Stopped by SIGTERM during TTT, the row says interrupted and keeps val_bpb, val_bpb_quant and artifact_bytes."""
     import speedrun.finishing.ttt
 
     def sigterm(*args, **kwargs):
@@ -73,9 +73,9 @@ def test_a_finished_run_says_done(compose, tmp_path, data_cache):
 
 
 def test_a_run_whose_loss_blows_up_is_diverged_and_not_evaluated(compose, tmp_path, data_cache, monkeypatch):
-    """Issue 21: 3 steps of pgolf_baseline on CPU went 6.9 -> 15.0 (val_loss 17.1, worse than uniform) and were
-    recorded ok. Here the second step's loss is pushed 8 nats up: the run is diverged, says why, and is not
-    evaluated or exported."""
+    """A run whose training loss rises far above where it started (pgolf_baseline on CPU can go 6.9 -> 15.0 in 3
+    steps, worse than uniform) is not ok. Here the second step's loss is pushed 8 nats up: the run is diverged,
+    says why, and is not evaluated or exported."""
     from speedrun.training.loop import Stepper
 
     step = Stepper.__call__

@@ -1,4 +1,4 @@
-"""Issue 10 on the GPU: flex with the T4 tiles (forward and backward) and sdpa:efficient (K/V expanded) match the
+"""On the GPU: flex with the T4 tiles (forward and backward) and sdpa:efficient (K/V expanded) match the
 math reference in fp16 at head_dim 64, 80 and 128, causal, with GQA and with document masks; and the resolver's
 memory estimate for math's materialised scores matches a measured peak at a size that fits.
 
@@ -70,8 +70,8 @@ def test_math_scores_estimate_matches_a_measured_peak():
     one size that fits is compared with the extra peak memory math's fwd+bwd takes over sdpa:efficient (which
     keeps no scores). The estimate counts the scores (fp16) plus fp32 probabilities kept per layer, 6 bytes per
     score; math's backward briefly holds the kept fp32 probabilities and up to three fp32 score-sized gradients
-    (~16 bytes per score), so one layer's measured peak may reach ~2.7x the estimate: the bound is 0.5x..4x, and
-    the printed ratio is what docs/benchmarks.md quotes."""
+    (~16 bytes per score), so one layer's measured peak may reach ~2.7x the estimate: the bound is 0.5x..4x (the
+    test prints the ratio)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from speedrun.model.attention.base import materialized_scores_bytes

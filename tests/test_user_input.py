@@ -1,5 +1,5 @@
 """What a user types is read as meant or refused at compose time, in one line naming the key and the fix: counts in
-scientific notation, optimizer and schedule values out of range, a tokenizer without its shards (issue 21)."""
+scientific notation, optimizer and schedule values out of range, a tokenizer without its shards."""
 
 from __future__ import annotations
 
