@@ -442,9 +442,10 @@ def test_one_a_product_for_the_attentions_input_scores_as_an_a_product_each(monk
     assert len(shared.chunks) == len(each.chunks)
     for c in shared.chunks:
         assert c.nats == pytest.approx(by_doc[(c.batch, c.chunk, c.doc)], rel=1e-5, abs=1e-6)
-    # the adapters learnt the same: every A and B, slot for slot
+    # the adapters learnt the same: every A and B, slot for slot, to 1% of one step (lr 1e-2): Adam divides each
+    # gradient by its own size, so float rounding in the shared product shows up as ~2e-5 on some CPUs
     for a, b in zip(separate.parameters(), hooked.parameters(), strict=True):
-        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-4), (a - b).abs().max()
     assert all(bool(d.B.detach().any()) for d in hooked.deltas)  # every adapter learnt something
 
 
