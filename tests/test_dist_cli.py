@@ -64,6 +64,7 @@ def test_torchrun_two_ranks_make_one_run_like_one_process(tmp_path, data_cache, 
         "backend": "gloo",
         "launch": "torchrun",
         "timeout_s": 600.0,
+        "nvls": None,  # NCCL's own NVLink-multicast default
     }
     assert result["tokens"] == result["steps"] * 6144  # tokens (and tokens_per_s) are global
     # one process, the same overrides (plus its own run dir and database): conftest.default_smoke_run
