@@ -7,14 +7,15 @@ val_bpb_ttt_base beside it, the gain, TTT seconds, tokens per second and the com
 
 Under torchrun every setting runs on all the ranks, the documents dealt over them and the sums all-reduced, as a
 run of dist.nproc=N does its TTT phase; rank 0 writes the table. So one trained model gives the 1-rank and the
-N-rank rows of the same settings (issue 25's equality and scaling check), whatever number of GPUs it trained on.
+N-rank rows of the same settings (whether N ranks score as one, and how much faster), whatever number of GPUs
+it trained on.
 
 The run's own config (``.hydra/config.yaml``) is rebuilt on this machine with the overrides given after the run dir
 (dotted keys, applied to every setting), then the records' TTT (conf/ttt/record.yaml) on top, then each setting's
 dotted overrides. TTT adapts the model the run exported: the dequantized artifact (``model.<quant>.<compressor>``
 in the run dir) when there is one, as a run's TTT phase does, else the float weights (``model.pt``, written with
 quant.keep_weights=true, or the newest checkpoint's). Without ``--setting`` the ladder is LADDER: the records' TTT,
-then its global phases 1 and 0, then each LoRA option of issue 25 switched back to its default, then compiled.
+then its global phases 1 and 0, then each of its LoRA options switched back to its default, then compiled.
 Each setting runs the TTT phase exactly as a run does (speedrun.finishing.finalize.Finish.test_time_train); the
 table is also written to ``<run dir>/ttt_table/table.md`` (or ``--out``), and each row's keys to ``rows.json`` beside it.
 """
@@ -181,8 +182,8 @@ def profile_ttt(finish: Any, path: Path, log: Any) -> None:
 
     cuda = torch.cuda.is_available()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    # from TTT's clock on: the compile warm-up under the profiler took minutes of tracing events to count (an H100
-    # call ran out of device time counting them), and is not what a step costs
+    # from TTT's clock on: the compile warm-up under the profiler makes minutes of tracing events to count (more
+    # than a 10-minute job has left after TTT), and is not what a step costs
     prof = profile(activities=activities)
     started: list[bool] = []
 
