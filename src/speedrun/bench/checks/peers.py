@@ -21,6 +21,14 @@ Its default, 1,200, fits 600 s on 8 GPUs; in 60 s on one it would keep the learn
 from the first step (an H100 run at the default: val_loss 3.92 against speedrun's 2.20), which changes nothing
 of the speed measured but makes the val_bpb beside it meaningless."""
 
+PEER_BPB_NOTE = (
+    "Compare quality by val_loss (nats per token over the same validation tokens, one tokenizer), not val_bpb: "
+    "the corpus's tokenizer has whitespace-only pieces (indentation, allow_whitespace_only_pieces), and "
+    "parameter-golf's scripts count each interior U+2581 of such a piece as its 3 UTF-8 bytes where the text has "
+    "one space, so their byte count is larger and their val_bpb lower than the text's; speedrun counts the space "
+    "(speedrun.data.bpb, checked byte for byte against the decoded text)."
+)
+
 BASELINE_VS_PGOLF = Check(
     name="baseline_vs_pgolf",
     measures=(
@@ -48,7 +56,16 @@ BASELINE_VS_PGOLF = Check(
         ),
     ),
     bars=(Ratio("tokens_per_s", "speedrun", "pgolf", ">=", 1.25),),
-    metrics=("tokens_per_s", "steps", "val_loss", "val_bpb", "val_bpb_quant", "artifact_bytes", "peak_mem_mb"),
+    metrics=(
+        "tokens_per_s",
+        "steps",
+        "val_loss",
+        "val_loss_quant",
+        "val_bpb",
+        "val_bpb_quant",
+        "artifact_bytes",
+        "peak_mem_mb",
+    ),
     cards=("H100", "H200"),
     corpus=PYTHON_SP1024,
     repeats=2,
@@ -56,8 +73,8 @@ BASELINE_VS_PGOLF = Check(
         "tokens/s on both sides is training tokens over timed training seconds: compilation, warm-up steps and "
         "evaluation excluded. The 1.25x bar is the kernel work's target against parameter-golf's trainer. The peer "
         f"warms down over its last {BASELINE_WARMDOWN_ITERS} steps (WARMDOWN_ITERS; its default of 1,200 fits "
-        "600 s), about speedrun's last 20%, so the val_bpb beside the speed compares too; the kernel=tuned "
-        "micro-batch makes the peak memory larger."
+        "600 s), about speedrun's last 20%, so the val_loss beside the speed compares too; the kernel=tuned "
+        "micro-batch makes the peak memory larger. " + PEER_BPB_NOTE
     ),
 )
 
@@ -78,7 +95,7 @@ RECORD_VS_PGOLF = Check(
     measures=(
         "experiment=pgolf_record against parameter-golf's 2026-04-29 record script at equal time "
         f"({RECORD_SECONDS} s each, side by side on two GPUs, TTT off): training tokens/s before and with the layer "
-        "loop, and the val_bpb each reaches, before and after its export."
+        "loop, and the val_loss each reaches, before and after its export."
     ),
     arms=(
         RunArm(
@@ -134,13 +151,16 @@ RECORD_VS_PGOLF = Check(
     bars=(
         Ratio("tokens_per_s_before_loop", "speedrun", "record", ">=", 1.0),
         Ratio("tokens_per_s_with_loop", "speedrun", "record", ">=", 1.0),
-        Diff("val_bpb", "speedrun", "record", "<=", 0.01),
+        # nats per token: 0.02 is about 0.01 bits per byte at this corpus's ~2.3 bytes per token
+        Diff("val_loss", "speedrun", "record", "<=", 0.02),
     ),
     metrics=(
         "tokens_per_s",
         "tokens_per_s_before_loop",
         "tokens_per_s_with_loop",
         "steps",
+        "val_loss",
+        "val_loss_quant",
         "val_bpb",
         "val_bpb_quant",
         "artifact_bytes",
@@ -157,7 +177,8 @@ RECORD_VS_PGOLF = Check(
         "cold caches. The arms run at once, one GPU each, so both share the host's CPUs through their compiles. The record "
         "script needs FlashAttention-3 (`--fa3-shim DIR` on a machine without it: a stand-in on PyTorch's own "
         "attention, which then times that, not FA3). Its export compresses one byte-shuffled brotli stream where "
-        "speedrun compresses per group. The quality bar allows speedrun 0.01 BPB over the record at equal time."
+        "speedrun compresses per group. The quality bar allows speedrun 0.02 nats per token over the record at "
+        "equal time. " + PEER_BPB_NOTE
     ),
 )
 
