@@ -166,7 +166,7 @@ def test_refusals_name_a_fix_that_resolves(compose, device, overrides, needle, f
 # ---- T4 tiles -------------------------------------------------------------------------------------------------
 
 # Shared memory Triton 3.6 reported (metadata.shared) for kernels with flex's structure compiled for sm75, fp16,
-# num_warps 4 (scripts/flex_smem.py --mimic): (kind, tiles, head_dim, bytes). The estimate must reproduce them
+# num_warps 4 (scripts/flex_smem.py --mimic, in the repository's history at e74be17): (kind, tiles, head_dim, bytes). The estimate must reproduce them
 # exactly, or over-estimate by at most the R x S scratch it adds for safety.
 MEASURED_SM75 = [
     ("fwd", (64, 32), 64, 24576),
