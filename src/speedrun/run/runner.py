@@ -25,12 +25,13 @@ from speedrun.config import to_config
 from speedrun.distributed import world as dist
 from speedrun.errors import ConfigError, RunOutOfMemory
 from speedrun.paths import results_db_path
-from speedrun.records.identity import GPU_SHARED_ENV
+from speedrun.records.identity import AUTO_RESUME_IGNORED, GPU_SHARED_ENV, config_identity
 from speedrun.records.lock import RunDirBusy, RunDirLock
 from speedrun.records.store import ENDED, ResultsDB, empty_result, owner_keys, recorded_status, remove_orphan_temps
 from speedrun.run.job import Job
 from speedrun.run.record import write_error_file
 from speedrun.run.signals import sigterm_as_interrupt, stop_signals_deferred
+from speedrun.training.checkpoint import checkpoint_dir
 
 log = logging.getLogger("speedrun")
 
@@ -189,8 +190,6 @@ def own_run_dir(
     and, for a job that does not resume it, a dir holding another run: a finished one, or one of another config
     (the same job started again, e.g. requeued before its first checkpoint, starts afresh). Owned: the temporary
     files killed writers left there are removed."""
-    from speedrun.training.checkpoint import checkpoint_dir
-
     lock = RunDirLock(run_dir)
     try:
         warning = lock.acquire(parent=os.getppid())  # rank 0 shares its launching process's lock
@@ -211,9 +210,6 @@ def own_run_dir(
 
 def _other_run_in(run_dir: Path, db: ResultsDB | dist.NoRecords, run_id: str, config_tree: Any) -> Exception | None:
     """A refusal when ``run_dir`` holds a run this fresh job would overwrite (own_run_dir), else None."""
-    from speedrun.errors import ConfigError
-    from speedrun.records.identity import AUTO_RESUME_IGNORED, config_identity
-
     status = recorded_status(run_dir)
     if status is None:
         return None  # no record there yet
@@ -247,8 +243,6 @@ def _open_record(db: ResultsDB | dist.NoRecords, run_id: str, row: dict[str, Any
             log.warning("results row %s: its process ended without a word; marked lost", lost)
         db.upsert(run_id, row)
     except (sqlite3.Error, OSError) as e:
-        from speedrun.errors import ConfigError
-
         raise ConfigError(
             f"the results database {db.path} cannot be written ({type(e).__name__}: {e}); fix its permissions, "
             f"move a corrupt file aside, or set results_db=<another path>"
@@ -260,8 +254,6 @@ def _results_db(dict_cfg: DictConfig, ctx: RunContext) -> ResultsDB:
     try:
         return ResultsDB(path)
     except OSError as e:  # its directory cannot be made
-        from speedrun.errors import ConfigError
-
         raise ConfigError(
             f"the results database {path} cannot be created ({e}); set results_db=<a writable path>"
         ) from e
@@ -269,7 +261,6 @@ def _results_db(dict_cfg: DictConfig, ctx: RunContext) -> ResultsDB:
 
 def _find_resume(dict_cfg: DictConfig, ctx: RunContext) -> tuple[Any, Exception | None]:
     """(the Resume this job does, or None; a refusal to raise once the record is open, or None)."""
-    from speedrun.errors import ConfigError
     from speedrun.training.resume import find_resume
 
     # a DictConfig's container is a dict with str keys; to_container's return type covers any node
