@@ -72,6 +72,7 @@ class JobRecord:
         self._attempt_dir: Path | None = None
         self._closing = threading.Lock()
         self._db_warned = False
+        self._result_file_failed = False
         self._finished = False
 
     def write_file(self, name: str, text: str) -> None:
@@ -211,6 +212,7 @@ class JobRecord:
             write_json(out_dir / "result.json", self.result)
         except OSError as e:
             log.error("could not write %s: %s", out_dir / "result.json", e)
+            self._result_file_failed = True
             if self.result["status"] in ("ok", "running"):
                 self.result.update(status="failed", error=f"result.json could not be written: {e}")
         row = {**self.result, "finished_at": finished, "plan": self.plan.to_dict() if self.plan else None}
@@ -231,7 +233,7 @@ class JobRecord:
     @property
     def recorded(self) -> bool:
         """Whether the run's row and result.json both hold its final record."""
-        return self.record_id is not None and self.result.get("status") != "running"
+        return self.record_id is not None and not self._result_file_failed
 
     def record_note(self) -> str:
         """Where the record of this run is, for the one line that ends a refused or stopped run."""
