@@ -225,9 +225,8 @@ def find_resume(config: dict[str, Any], overrides: list[str], run_dir: Path, cwd
     accept = bool(config.get("accept_code_change"))
     if not asked:
         meta = latest_meta(run_dir) if (config.get("checkpoint") or {}).get("auto_resume", True) else None
-        if (
-            meta is not None and recorded_status(run_dir) in ENDED
-        ):  # a run that ended is never continued by being started again
+        # a run that ended is never continued by being started again
+        if meta is not None and recorded_status(run_dir) in ENDED:
             return None
         # the same config, this job's own: nothing of the run dir's is used that this command did not compose
         if meta is None or config_identity(meta.get("config"), AUTO_RESUME_IGNORED) != config_identity(
