@@ -262,3 +262,17 @@ def test_a_sweep_never_reuses_a_run_resumed_onto_other_code():
     row = {"device_name": "cpu", "code_fingerprint": "new", "resume_code_change": "old -> new"}
     assert "resumed onto other code" in reuse_refusal(row, "cpu", "new")
     assert reuse_refusal({**row, "resume_code_change": None}, "cpu", "new") is None
+
+
+def test_a_run_killed_before_its_first_checkpoint_is_not_said_to_have_had_checkpointing_off(tmp_path):
+    from speedrun.errors import ConfigError
+    from speedrun.training.resume import accepted_resume
+
+    run_dir = tmp_path / "run"
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "config.yaml").write_text("checkpoint:\n  every_steps: 1\n  every_seconds: null\n")
+    with pytest.raises(ConfigError, match="ended before its first checkpoint"):
+        accepted_resume(str(run_dir), [], tmp_path)
+    (run_dir / ".hydra" / "config.yaml").write_text("checkpoint:\n  every_steps: null\n  every_seconds: null\n")
+    with pytest.raises(ConfigError, match="were off"):
+        accepted_resume(str(run_dir), [], tmp_path)
