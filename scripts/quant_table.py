@@ -9,7 +9,7 @@ The run's own config (``.hydra/config.yaml``) is rebuilt on this machine with th
 top. The float weights come from ``model.pt`` in the run dir (written with ``quant.keep_weights=true``, which
 quant=record, the export of experiment=pgolf_record, sets), else from the newest checkpoint (mid-training weights,
 the EMA's where it kept one), said so on the console. Without ``--setting`` the ladder is LADDER: today's int6 export, then the record's
-levers added one at a time. Each setting runs the export exactly as a run does (speedrun.finishing.finalize.Finish:
+levers added one at a time. Each setting runs the export exactly as a run does (speedrun.run.finish.Finish:
 Hessians from training batches, GPTQ, compression, the round trip scored on the eval tokens) into
 ``<run dir>/quant_table/<n>/``, whose ``artifact_tensors.json`` holds the per-tensor report; the table is also written
 to ``<run dir>/quant_table/table.md``.
@@ -91,7 +91,7 @@ def load_config(run_dir: Path, overrides: list[str]) -> Any:
 def float_weights(run_dir: Path, log: Any) -> dict[str, Any]:
     import torch
 
-    from speedrun.finishing.finalize import FLOAT_WEIGHTS
+    from speedrun.run.finish import FLOAT_WEIGHTS
     from speedrun.training.checkpoint import load_checkpoint
 
     if (run_dir / FLOAT_WEIGHTS).is_file():
@@ -122,9 +122,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from speedrun.finishing.finalize import Finish
     from speedrun.hardware import profiles as hardware
     from speedrun.plan import resolve
+    from speedrun.run.finish import Finish
     from speedrun.training.build import build_attention, build_data, build_model
 
     run_dir = args.run_dir.resolve()

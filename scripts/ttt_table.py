@@ -16,7 +16,7 @@ dotted overrides. TTT adapts the model the run exported: the dequantized artifac
 in the run dir) when there is one, as a run's TTT phase does, else the float weights (``model.pt``, written with
 quant.keep_weights=true, or the newest checkpoint's). Without ``--setting`` the ladder is LADDER: the records' TTT,
 then its global phases 1 and 0, then each of its LoRA options switched back to its default, then compiled.
-Each setting runs the TTT phase exactly as a run does (speedrun.finishing.finalize.Finish.test_time_train); the
+Each setting runs the TTT phase exactly as a run does (speedrun.run.finish.Finish.test_time_train); the
 table is also written to ``<run dir>/ttt_table/table.md`` (or ``--out``), and each row's keys to ``rows.json`` beside it.
 """
 
@@ -70,7 +70,7 @@ def parse_setting(text: str) -> tuple[str, list[str]]:
 
 def exported_weights(run_dir: Path, plan: Any, log: Any) -> tuple[dict[str, Any], str]:
     """The weights a run's TTT phase adapts: the artifact's round trip if the run wrote one, else the float ones."""
-    from speedrun.finishing.quantize import load_artifact
+    from speedrun.quant.quantize import load_artifact
 
     q = plan.quant
     artifact = run_dir / f"model.{q.name}.{q.compressor}"
@@ -106,9 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from speedrun.distributed import world as ranks
-    from speedrun.finishing.finalize import Finish
     from speedrun.hardware import profiles as hardware
     from speedrun.plan import resolve
+    from speedrun.run.finish import Finish
     from speedrun.training.build import build_attention, build_data, build_model
 
     run_dir = args.run_dir.resolve()

@@ -3,7 +3,7 @@
 
 The import graph is walked statically from src/run.py (every ``import`` and ``from ... import`` in a module,
 function-level ones included, and the "speedrun.x:Class" strings the attention registry imports by name), so a
-module added to, or dropped from, the path fails here until speedrun.finishing.artifact.CODE_FILES says so. The
+module added to, or dropped from, the path fails here until speedrun.artifact.artifact.CODE_FILES says so. The
 same walk from the wrapped file's entry point (speedrun/rerun.py) must stay inside what the file packs.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from speedrun.finishing.artifact import CODE_FILES, ENTRY, MANIFEST, NOT_COUNTED, SRC, WRAPPED_ALSO, WRAPPED_FILE
+from speedrun.artifact.artifact import CODE_FILES, ENTRY, MANIFEST, NOT_COUNTED, SRC, WRAPPED_ALSO, WRAPPED_FILE
 
 
 def _module_file(module: str) -> Path | None:
@@ -81,7 +81,7 @@ def test_code_files_are_exactly_what_the_run_path_imports():
     missing = reachable - counted - set(NOT_COUNTED)
     stale = counted - reachable
     assert not missing, (
-        f"on the train/eval/dequantize path but not in speedrun.finishing.artifact.CODE_FILES: {sorted(missing)}"
+        f"on the train/eval/dequantize path but not in speedrun.artifact.artifact.CODE_FILES: {sorted(missing)}"
     )
     assert not stale, f"in CODE_FILES but no longer imported from src/run.py: {sorted(stale)}"
     assert set(NOT_COUNTED) <= reachable, "NOT_COUNTED names a module the path does not import"
@@ -102,10 +102,10 @@ def _finalize(compose, tmp_path, overrides, code=None):
     """evaluate_and_export of a tiny GPT on CPU, with these overrides on top of a tiny config."""
     from conftest import fake_device
     from speedrun.config import to_config
-    from speedrun.finishing.finalize import evaluate_and_export
     from speedrun.model.attention import get_backend
     from speedrun.model.gpt import GPT
     from speedrun.plan import resolve
+    from speedrun.run.finish import evaluate_and_export
     from test_ttt import BOS, TINY, docs_stream, luts
 
     gpt = GPT(TINY, get_backend("sdpa", kernel="math"))
@@ -128,7 +128,7 @@ def test_finalize_counts_the_wrapped_file_it_writes(compose, tmp_path):
     """The default rule: artifact_code_bytes is the length of the train_gpt.py written beside the model (so the two
     cannot disagree), several times smaller than the raw count; artifact_code.json says so and lists every packed
     file with its raw and minified bytes."""
-    from speedrun.finishing.wrap import CodeSource, packed_files, read_wrapper
+    from speedrun.artifact.wrap import CodeSource, packed_files, read_wrapper
 
     out = _finalize(compose, tmp_path, [], code=CodeSource.snapshot({"seed": 0}))
     wrapped = tmp_path / WRAPPED_FILE

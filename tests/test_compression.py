@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from speedrun.finishing import pergroup
-from speedrun.finishing import quantize as Q
+from speedrun.quant import pergroup
+from speedrun.quant import quantize as Q
 
 
 def packed_state() -> dict[str, dict[str, torch.Tensor]]:

@@ -294,11 +294,11 @@ def _val_tokens(vocab: int) -> torch.Tensor:
 def _run(plan, shard: Path, world, state=None) -> dict:
     """Train STEPS steps with the real loop, then score: what a rank (or the single process) reports."""
     from speedrun.data.loader import TokenStream
-    from speedrun.finishing.evaluate import run_eval
-    from speedrun.finishing.ttt import LoRASettings, ttt_evaluate
+    from speedrun.evaluation.evaluate import run_eval
     from speedrun.model.attention import get_backend
     from speedrun.training.build import build_model
     from speedrun.training.loop import Stepper, TrainState, train
+    from speedrun.ttt.score_first import LoRASettings, ttt_evaluate
 
     torch.manual_seed(world.rank)  # different seeds: World.prepare must give every rank rank 0's weights
     model, forward, eval_forward, optimizers = build_model(plan, get_backend("sdpa", kernel="math"), bos_id=1)

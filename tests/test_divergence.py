@@ -301,7 +301,7 @@ def done_counts(lines: list[str]) -> list[str]:
 
 @pytest.mark.parametrize("mode", ["standard", "sliding"])
 def test_evaluation_ticks_after_every_batch_and_scores_the_same(mode):
-    from speedrun.finishing.evaluate import run_eval
+    from speedrun.evaluation.evaluate import run_eval
 
     model = tiny_gpt()
     tokens = torch.randint(1, 64, (16 * 10 + 1,), generator=torch.Generator().manual_seed(1))
@@ -320,7 +320,7 @@ def test_evaluation_ticks_after_every_batch_and_scores_the_same(mode):
 
 
 def test_gptq_ticks_per_calibration_batch_and_per_matrix():
-    from speedrun.finishing import quantize as Q
+    from speedrun.quant import quantize as Q
 
     model = tiny_gpt()
     batches = [(torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))) for _ in range(3)]
@@ -342,17 +342,17 @@ def test_gptq_ticks_per_calibration_batch_and_per_matrix():
 def test_ttt_ticks_its_share_of_tokens(monkeypatch):
     import functools
 
-    import speedrun.finishing.ttt
+    import speedrun.ttt.score_first
 
-    monkeypatch.setattr(speedrun.finishing.ttt, "Progress", functools.partial(Progress, every=0))
+    monkeypatch.setattr(speedrun.ttt.score_first, "Progress", functools.partial(Progress, every=0))
     g = torch.Generator().manual_seed(0)
     parts = []
     for n in (9, 30, 17):
         parts += [torch.tensor([0]), torch.randint(1, 64, (n - 1,), generator=g)]
     tokens = torch.cat(parts)
     lines: list[str] = []
-    settings = speedrun.finishing.ttt.LoRASettings(rank=2, lr=0.01, chunk_size=8)
-    res = speedrun.finishing.ttt.ttt_evaluate(
+    settings = speedrun.ttt.score_first.LoRASettings(rank=2, lr=0.01, chunk_size=8)
+    res = speedrun.ttt.score_first.ttt_evaluate(
         tiny_gpt(24), tokens, luts64(), settings, bos_id=0, seq_len=24, log=lines.append
     )
     ticks = [line for line in lines if line.startswith("ttt: ")]
@@ -379,7 +379,7 @@ def test_chunked_compression_gives_the_one_shot_bytes_at_every_level():
     import importlib.util
 
     from speedrun.config import compressors
-    from speedrun.finishing import quantize as Q
+    from speedrun.quant import quantize as Q
 
     data = payload()
     streamed = []
@@ -399,7 +399,7 @@ def test_chunked_compression_gives_the_one_shot_bytes_at_every_level():
 
 
 def test_compression_says_what_it_compresses_and_how_long_it_took():
-    from speedrun.finishing import quantize as Q
+    from speedrun.quant import quantize as Q
 
     data = payload()
     lines: list[str] = []

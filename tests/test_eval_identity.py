@@ -14,8 +14,8 @@ from speedrun.config import to_config
 from speedrun.data.bpb import build_byte_luts
 from speedrun.data.corpus import load_embedded_documents
 from speedrun.data.tokenizer import load_tokenizer, tokenizer_sha256, train_tokenizer
-from speedrun.finishing.finalize import eval_fingerprint
 from speedrun.plan import resolve
+from speedrun.run.finish import eval_fingerprint
 
 VOCAB = 384
 
@@ -49,9 +49,9 @@ def test_the_fingerprint_tells_tokenizers_of_one_vocab_size_apart(tokenizers):
 def test_a_run_records_the_tokenizer_and_its_fingerprint(compose, tmp_path, tokenizers):
     """Through the eval phase: one model, the same val ids, two tokenizers: val_loss equal, val_bpb not, and the
     fingerprints and tokenizer_sha256 differ; the byte copy gives the first one's keys exactly."""
-    from speedrun.finishing.finalize import evaluate_and_export
     from speedrun.model.attention import get_backend
     from speedrun.model.gpt import GPT
+    from speedrun.run.finish import evaluate_and_export
 
     a, b, copy, text = tokenizers
     overrides = ["hardware=cpu", "model=tiny", "model.n_layer=1", "model.d_model=32", "model.seq_len=32"]

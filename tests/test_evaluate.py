@@ -12,12 +12,12 @@ from conftest import fake_device
 from speedrun.config import to_config
 from speedrun.data.bpb import ByteLUTs
 from speedrun.errors import ConfigError
-from speedrun.finishing.evaluate import document_mask, evaluate, evaluate_sliding, run_eval, sliding_windows
-from speedrun.finishing.finalize import eval_fingerprint
+from speedrun.evaluation.evaluate import document_mask, evaluate, evaluate_sliding, run_eval, sliding_windows
 from speedrun.model.attention import get_backend
 from speedrun.model.gpt import GPT
 from speedrun.model.shape import ModelShape
 from speedrun.plan import resolve
+from speedrun.run.finish import eval_fingerprint
 
 TINY = ModelShape(vocab_size=64, n_layer=2, d_model=32, n_head=4, n_kv_head=2, mlp_mult=2, seq_len=32)
 
@@ -191,7 +191,7 @@ def test_cuda_document_isolated_sliding_eval_flex_matches_math():
 def test_a_time_budget_stops_after_the_batch_that_spends_it_and_says_so(monkeypatch, mode):
     """Each batch costs one second of a fake clock and 'scores' its targets' positions: with 2.5 s the pass stops
     after its third batch, and the sums are those of targets 1..tokens exactly (a prefix, each once)."""
-    import speedrun.finishing.evaluate as E
+    import speedrun.evaluation.evaluate as E
 
     clock = [0.0]
     monkeypatch.setattr(E, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
@@ -216,8 +216,8 @@ def test_a_time_budget_stops_after_the_batch_that_spends_it_and_says_so(monkeypa
 
 
 def test_a_partial_eval_is_visible_in_the_record_and_the_result_block(compose, tmp_path):
-    from speedrun.finishing.finalize import evaluate_and_export
     from speedrun.records.result_block import format_result_block
+    from speedrun.run.finish import evaluate_and_export
 
     cfg = to_config(
         compose(

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from speedrun.artifact.wrap import CodeSource, build_wrapper, packed_files, read_wrapper
 from speedrun.export.cli import main as export_main
-from speedrun.finishing.wrap import CodeSource, build_wrapper, packed_files, read_wrapper
 
 SITE_PACKAGES = str(Path(torch.__file__).resolve().parents[1])
 """torch's (and omegaconf's, numpy's, sentencepiece's) site-packages. With `python -S` and only this on PYTHONPATH,
@@ -99,7 +99,7 @@ def test_an_exported_run_reruns_where_speedrun_is_not_installed(tmp_path, data_c
 
 
 def test_the_file_round_trips_the_sources_minified_and_they_compile():
-    from speedrun.finishing.minify import minify_files
+    from speedrun.artifact.minify import minify_files
 
     code = CodeSource.snapshot({"seed": 3, "name": "x"})
     data, minified = build_wrapper(code)

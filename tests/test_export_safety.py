@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from speedrun.artifact.wrap import CodeSource, build_wrapper, requirements, unwrap_payload
 from speedrun.export.cli import main as export_main
 from speedrun.export.track import NON_RECORD, RECORD, claim, record_problems
-from speedrun.finishing.wrap import CodeSource, build_wrapper, requirements, unwrap_payload
 
 SECRET_VAR = "SPEEDRUN_EXPORT_TEST_SECRET"
 SECRET = "s3cret-6f1d0c9a-never-published"
@@ -107,7 +107,7 @@ def test_a_stored_configs_own_arithmetic_resolves_and_nothing_of_this_machine_is
     """debug=smoke's depth is `${speedrun_smoke_layers:...}` in .hydra/config.yaml: the export resolves it to the
     config the run itself resolved; a secret in the environment, named only by the overrides (kept as typed, never
     resolved), appears nowhere in the folder."""
-    from speedrun.finishing.wrap import read_wrapper
+    from speedrun.artifact.wrap import read_wrapper
 
     monkeypatch.setenv(SECRET_VAR, SECRET)
     run = smoke_copy(default_smoke_run, tmp_path)

@@ -98,7 +98,7 @@ def test_adapters_learn_the_same_from_the_picked_columns(name, masked):
     """TTT's LoRA (the records' targets: q, k, v, the bypasses beside attention and the MLP, the head): the gradients
     of a loss at the picked columns are those of the whole forward's columns; ``masked``: over math attention with
     document masks and a window of 6."""
-    from speedrun.finishing.lora import LoRAModel
+    from speedrun.ttt.lora import LoRAModel
 
     shape = SHAPES[name]
     if masked:
@@ -127,7 +127,7 @@ def test_ttt_asks_the_model_for_its_chunks_columns(monkeypatch):
     """TTT hands the picked columns to the model itself (so its last layer call runs there; compiled, in either scope,
     test_ttt_score_first's compiled test checks the same); over a backend that does not declare its attention plain
     softmax it takes the columns after the whole forward instead, with the same scores."""
-    from speedrun.finishing.ttt import LoRASettings, ttt_evaluate
+    from speedrun.ttt.score_first import LoRASettings, ttt_evaluate
     from test_ttt import docs_stream, luts
 
     widths: list[int] = []

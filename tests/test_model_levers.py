@@ -507,9 +507,9 @@ def test_every_lever_on_trains_quantizes_and_adapts():
     """Two optimizer steps with the loop on, then the int6 GPTQ round trip (the gates and lane weights stay float,
     GPTQ sees exactly the block linears) and score-first TTT on the restored model."""
     from speedrun.data.bpb import ByteLUTs
-    from speedrun.finishing import quantize as Q
-    from speedrun.finishing.ttt import LoRASettings, ttt_evaluate
     from speedrun.model.optim import build_optimizers
+    from speedrun.quant import quantize as Q
+    from speedrun.ttt.score_first import LoRASettings, ttt_evaluate
 
     m = _model(ALL_ON, noise=0.02)
     groups = m.param_groups()

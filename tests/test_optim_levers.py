@@ -462,8 +462,8 @@ def test_bad_lever_values_are_refused_naming_the_key(compose, override, needle):
 def test_a_smoke_run_with_every_lever_evaluates_the_ema_and_records_it(compose, tmp_path, data_cache, monkeypatch):
     """debug=smoke with the whole record stack: the run ends ok, result.json and plan.json carry the levers, and
     the final evaluation scores the EMA's weights (checked as it starts), which are not the live ones."""
-    from speedrun.finishing import finalize
     from speedrun.model import optim
+    from speedrun.run import finish
     from speedrun.run.runner import RunContext, run_job
 
     emas, seen = [], {}
@@ -473,7 +473,7 @@ def test_a_smoke_run_with_every_lever_evaluates_the_ema_and_records_it(compose, 
         made(self, model, decay)
         emas.append(self)
 
-    original = finalize.evaluate_and_export
+    original = finish.evaluate_and_export
 
     def check(plan, model, *args, **kwargs):
         (ema,) = emas
@@ -489,7 +489,7 @@ def test_a_smoke_run_with_every_lever_evaluates_the_ema_and_records_it(compose, 
 
     monkeypatch.setattr(optim.WeightEMA, "__init__", keep)
     monkeypatch.setattr(optim.WeightEMA, "copy_to", remember)
-    monkeypatch.setattr(finalize, "evaluate_and_export", check)
+    monkeypatch.setattr(finish, "evaluate_and_export", check)
     overrides = [
         "debug=smoke",
         "budget.max_steps=6",

@@ -17,14 +17,14 @@ from speedrun.config.choices import Compressor, QuantClip, QuantName
 from speedrun.config.model import AttnOutGateConfig, SmearGateConfig
 from speedrun.config.quant import ClipSigmas, LQERConfig
 from speedrun.errors import ConfigError, PlanError
-from speedrun.finishing import lqer
-from speedrun.finishing import quantize as Q
-from speedrun.finishing.classes import tensor_class
-from speedrun.finishing.gptq import collect_hessians, quantize_gptq, quantize_rtn, sigma_scales
 from speedrun.model.attention import get_backend
 from speedrun.model.gpt import GPT
 from speedrun.model.shape import ModelShape
 from speedrun.plan import resolve
+from speedrun.quant import lqer
+from speedrun.quant import quantize as Q
+from speedrun.quant.classes import tensor_class
+from speedrun.quant.gptq import collect_hessians, quantize_gptq, quantize_rtn, sigma_scales
 from speedrun.training.budget import Budget
 
 SHAPE = dict(vocab_size=64, n_layer=2, d_model=32, n_head=4, n_kv_head=2, mlp_mult=2, seq_len=16)
@@ -238,7 +238,7 @@ def test_gates_are_quantized_per_row_only_with_gate_bits():
 
 
 def test_tensor_report_errors_and_bytes():
-    from speedrun.finishing.quant_report import tensor_report
+    from speedrun.quant.report import tensor_report
 
     model = gpt()
     state = model.state_dict()
@@ -283,7 +283,7 @@ def test_reserve_seconds_shortens_the_loop_budget(compose):
 
 
 def test_reserve_adds_the_hessian_seconds_to_train_seconds(compose, tmp_path):
-    from speedrun.finishing.finalize import evaluate_and_export
+    from speedrun.run.finish import evaluate_and_export
     from test_ttt import BOS, docs_stream, luts
 
     model = gpt()

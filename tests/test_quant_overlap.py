@@ -1,4 +1,4 @@
-"""The quantized round trip is scored while rank 0 compresses the artifact (speedrun.finishing.finalize.Finish
+"""The quantized round trip is scored while rank 0 compresses the artifact (speedrun.run.finish.Finish
 .quantize): the two run at the same time, the artifact read back must hold exactly the codes that were scored, and
 a score that fails still leaves the artifact and its size."""
 
@@ -10,7 +10,7 @@ import types
 import pytest
 import torch
 
-from speedrun.finishing import finalize
+from speedrun.run import finish as finish_module
 from test_quant_levers import batches, gpt, plan_for
 
 TINY = [
@@ -39,7 +39,7 @@ def _finish(compose, tmp_path, forward=None, on_phase=None, *overrides):
     model = gpt()
     plan = plan_for(compose, *TINY, *overrides)
     fwd = forward or (lambda x, y: model(x, y, reduction="none"))
-    return finalize.Finish(plan, model, fwd, _data(), tmp_path, lambda line: None, on_phase), model
+    return finish_module.Finish(plan, model, fwd, _data(), tmp_path, lambda line: None, on_phase), model
 
 
 def _wait(condition, timeout: float = 30.0) -> bool:
@@ -63,14 +63,14 @@ def test_compression_runs_while_the_round_trip_is_scored(compose, tmp_path, monk
     the compression to have started. Run one after the other, either wait would time out."""
     compressing, scored = threading.Event(), threading.Event()
     seen: dict[str, bool] = {}
-    real = finalize.compress_quantized
+    real = finish_module.compress_quantized
 
     def compress(*args, **kwargs):
         compressing.set()
         seen["score_during_compression"] = scored.wait(timeout=30)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(finalize, "compress_quantized", compress)
+    monkeypatch.setattr(finish_module, "compress_quantized", compress)
     reports: list[tuple] = []
     int6 = ["quant=int6", "quant.calib_batches=2", "quant.block_size=8", "eval.batch_size=1"]
     finish, model = _finish(compose, tmp_path, None, lambda name, keys=None: reports.append((name, keys)), *int6)
@@ -103,7 +103,7 @@ def test_compression_runs_while_the_round_trip_is_scored(compose, tmp_path, monk
 
 
 def test_an_artifact_that_does_not_read_back_as_scored_fails_the_phase(compose, tmp_path, monkeypatch):
-    real = finalize.load_packed
+    real = finish_module.load_packed
 
     def corrupt(blob, compressor):
         packed = real(blob, compressor)
@@ -113,7 +113,7 @@ def test_an_artifact_that_does_not_read_back_as_scored_fails_the_phase(compose, 
         entry[field].view(-1)[0] += 1  # one code (or one fp16 value) off
         return packed
 
-    monkeypatch.setattr(finalize, "load_packed", corrupt)
+    monkeypatch.setattr(finish_module, "load_packed", corrupt)
     finish, _ = _finish(compose, tmp_path)
     with pytest.raises(RuntimeError, match="differs from the codes scored"):
         finish.quantize()
@@ -122,13 +122,13 @@ def test_an_artifact_that_does_not_read_back_as_scored_fails_the_phase(compose, 
 
 def test_check_round_trip_names_a_missing_tensor(tmp_path):
     scored = {"a": {"q": torch.zeros(2, dtype=torch.int8)}, "b": {"raw": torch.ones(1)}}
-    finalize.check_round_trip(
+    finish_module.check_round_trip(
         {"a": {"q": torch.zeros(2, dtype=torch.int8)}, "b": {"raw": torch.ones(1)}}, scored, tmp_path
     )
     with pytest.raises(RuntimeError, match=r"missing \['b'\]"):
-        finalize.check_round_trip({"a": scored["a"]}, scored, tmp_path)
+        finish_module.check_round_trip({"a": scored["a"]}, scored, tmp_path)
     with pytest.raises(RuntimeError, match="b.raw"):
-        finalize.check_round_trip({**scored, "b": {"raw": torch.ones(1, dtype=torch.float64)}}, scored, tmp_path)
+        finish_module.check_round_trip({**scored, "b": {"raw": torch.ones(1, dtype=torch.float64)}}, scored, tmp_path)
 
 
 def test_a_failed_round_trip_score_still_keeps_and_reports_the_artifact(compose, tmp_path):

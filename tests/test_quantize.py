@@ -11,11 +11,11 @@ from torch import nn
 from conftest import fake_device
 from speedrun.config import compressors, to_config
 from speedrun.errors import ConfigError
-from speedrun.finishing import quantize as Q
 from speedrun.model.attention import get_backend
 from speedrun.model.gpt import GPT
 from speedrun.model.shape import ModelShape
 from speedrun.plan import resolve
+from speedrun.quant import quantize as Q
 
 TINY = ModelShape(
     vocab_size=64, n_layer=2, d_model=32, n_head=4, n_kv_head=2, mlp_mult=2, seq_len=16, tie_embeddings=True
@@ -155,7 +155,7 @@ def test_missing_compressor_package_names_the_extra(monkeypatch):
 
 
 def test_artifact_bytes_are_the_sum_of_blob_and_raw_code(tmp_path):
-    from speedrun.finishing.artifact import CODE_FILES, SRC
+    from speedrun.artifact.artifact import CODE_FILES, SRC
 
     model = _gpt()
     artifact = Q.export(model.state_dict(), "zlib", 9)  # int8: the spine's export, unchanged

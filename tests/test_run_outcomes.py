@@ -52,12 +52,12 @@ def fake_oom(*args, **kwargs):
 
 def test_a_run_stopped_during_ttt_keeps_eval_and_artifact(compose, tmp_path, data_cache, monkeypatch):
     """Stopped by SIGTERM during TTT, the row says interrupted and keeps val_bpb, val_bpb_quant and artifact_bytes."""
-    import speedrun.finishing.ttt
+    import speedrun.ttt.score_first
 
     def sigterm(*args, **kwargs):
         raise KeyboardInterrupt("signal 15")  # what sigterm_as_interrupt turns SIGTERM into
 
-    monkeypatch.setattr(speedrun.finishing.ttt, "ttt_evaluate", sigterm)
+    monkeypatch.setattr(speedrun.ttt.score_first, "ttt_evaluate", sigterm)
     result, row = run(compose, tmp_path, data_cache, "ttt=lora", "ttt.chunk_size=64", raises=KeyboardInterrupt)
     for record in (result, row):
         assert record["status"] == "interrupted" and record["steps"] == 2 and record["val_bpb_ttt"] is None
@@ -109,9 +109,9 @@ def test_oom_in_training_is_its_own_outcome(compose, tmp_path, data_cache, monke
 
 
 def test_oom_in_eval_keeps_training_and_names_the_eval_fix(compose, tmp_path, data_cache, monkeypatch):
-    import speedrun.finishing.finalize
+    import speedrun.run.finish
 
-    monkeypatch.setattr(speedrun.finishing.finalize, "run_eval", fake_oom)
+    monkeypatch.setattr(speedrun.run.finish, "run_eval", fake_oom)
     result, row = run(compose, tmp_path, data_cache, raises=RunOutOfMemory)
     assert (row["status"], row["phase"], row["steps"]) == ("oom", "eval", 2) and row["tokens_per_s"] > 0
     assert "out of memory in eval" in result["error"] and "lower eval.batch_size (now 2)" in result["error"]
@@ -201,9 +201,9 @@ def test_the_default_eval_scores_the_whole_split_on_every_card(compose):
 def test_eval_fingerprint_names_exactly_the_scored_tokens(compose, tmp_path):
     """16 hex digits of blake2b over the int32 ids the windows read: a token past the last window changes nothing,
     a scored one changes it."""
-    from speedrun.finishing.finalize import evaluate_and_export
     from speedrun.model.attention import get_backend
     from speedrun.model.gpt import GPT
+    from speedrun.run.finish import evaluate_and_export
     from test_ttt import BOS, TINY, docs_stream, luts
 
     plan = resolve(

@@ -13,7 +13,11 @@ from conftest import fake_device
 from speedrun.config import to_config
 from speedrun.data.bpb import ByteLUTs
 from speedrun.errors import ConfigError
-from speedrun.finishing.ttt import (
+from speedrun.model.attention import get_backend
+from speedrun.model.gpt import GPT
+from speedrun.model.shape import ModelShape
+from speedrun.plan import resolve
+from speedrun.ttt.score_first import (
     LoRASettings,
     chunk_size_for,
     parse_short_chunks,
@@ -21,10 +25,6 @@ from speedrun.finishing.ttt import (
     split_documents,
     ttt_evaluate,
 )
-from speedrun.model.attention import get_backend
-from speedrun.model.gpt import GPT
-from speedrun.model.shape import ModelShape
-from speedrun.plan import resolve
 
 TINY = ModelShape(vocab_size=64, n_layer=2, d_model=32, n_head=4, n_kv_head=2, mlp_mult=2, seq_len=24)
 BOS = 0
@@ -216,7 +216,7 @@ def test_ttt_refusals(compose, overrides, needle):
 
 def test_finalize_scores_quantizes_and_adapts(compose, tmp_path):
     """The runner's last step on a tiny model: sliding eval, int6 GPTQ (+ lzma), TTT on the dequantized model."""
-    from speedrun.finishing.finalize import evaluate_and_export
+    from speedrun.run.finish import evaluate_and_export
 
     cfg = to_config(
         compose(

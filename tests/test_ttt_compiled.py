@@ -9,13 +9,13 @@ from collections import Counter
 import pytest
 import torch
 
-from speedrun.finishing import ttt as ttt_module
-from speedrun.finishing import ttt_global
-from speedrun.finishing.ttt import ttt_evaluate
 from speedrun.kernels.compile import graphs_compiled
 from speedrun.model.attention import get_backend
 from speedrun.model.gpt import GPT
 from speedrun.model.shape import ModelShape
+from speedrun.ttt import global_phases
+from speedrun.ttt import score_first as ttt_module
+from speedrun.ttt.score_first import ttt_evaluate
 from test_ttt import BOS, TINY, docs_stream, luts
 from test_ttt_score_first import CONFIGS, model
 
@@ -78,7 +78,7 @@ def test_compiled_ttt_scores_like_eager_with_its_warm_up_off_the_clock(scope, sp
     # the global phases' forwards (run eagerly): each at a shape warmed up before the clock
     warmed: set[tuple[int, int]] = set()
     phase_forwards: list[tuple[int, int]] = []
-    warm_up, gather = ttt_module.warm_up_phases, ttt_global._gather
+    warm_up, gather = ttt_module.warm_up_phases, global_phases._gather
 
     def gather_spy(tokens, rows, seq_len, last, device):
         x, y, valid = gather(tokens, rows, seq_len, last, device)
@@ -110,7 +110,7 @@ def test_compiled_ttt_scores_like_eager_with_its_warm_up_off_the_clock(scope, sp
             "warm_up_phases",
             lambda model, shapes, **kw: warmed.update(shapes) or warm_up(model, shapes, **kw),
         )
-        mp.setattr(ttt_global, "_gather", gather_spy)
+        mp.setattr(global_phases, "_gather", gather_spy)
         if scope == "blocks":
             mp.setattr(GPT, "_columns", lambda self, idx, pick: picked.append(True) or columns(self, idx, pick))
         b = run(compiled)

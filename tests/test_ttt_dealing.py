@@ -1,4 +1,4 @@
-"""How TTT's batches are dealt over ranks (speedrun.finishing.ttt_docs.deal_batches): by cost between global phases,
+"""How TTT's batches are dealt over ranks (speedrun.ttt.documents.deal_batches): by cost between global phases,
 and with warm_start_a into chains that do not depend on the rank count."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from speedrun.finishing.ttt_docs import BASE_TOKEN_COST, STEP_COST_TOKENS, batch_cost, deal_batches, split_heavy_batches
+from speedrun.ttt.documents import BASE_TOKEN_COST, STEP_COST_TOKENS, batch_cost, deal_batches, split_heavy_batches
 
 COSTS = [104, 3, 9, 40, 12, 7, 7, 30, 2, 18, 25, 5, 61, 8, 11, 4]  # one long document's batch, many short ones
 
@@ -124,11 +124,11 @@ def test_chains_do_not_depend_on_the_rank_count_and_stay_on_one_rank(seed):
 @pytest.mark.parametrize("widths,half_rows", [("pow2", False), ("half_octave", True), ("128", False)])
 def test_batch_cost_counts_the_rows_and_widths_ttt_runs(mode, widths, half_rows):
     """batch_cost's padded tokens are those of the steps TTT runs (ttt._steps) and of the base passes it scores
-    (ttt_base.BaseScores, through a scorer that only counts), for every mode and padding, on random batches."""
+    (base_scores.BaseScores, through a scorer that only counts), for every mode and padding, on random batches."""
     import torch
 
-    from speedrun.finishing.ttt import _longest_first, _rows_for, _steps
-    from speedrun.finishing.ttt_base import BaseScores
+    from speedrun.ttt.base_scores import BaseScores
+    from speedrun.ttt.score_first import _longest_first, _rows_for, _steps
 
     rng = random.Random(0)
     seq, chunk, slots = 512, 32, 6
@@ -175,9 +175,9 @@ def test_ttt_cuts_its_chains_by_one_cost_whatever_the_speed_settings(monkeypatch
     val_bpb_ttt, do not depend on what only changes speed."""
     import dataclasses
 
-    from speedrun.finishing import ttt as ttt_module
     from speedrun.model.attention import get_backend
     from speedrun.model.gpt import GPT
+    from speedrun.ttt import score_first as ttt_module
     from test_ttt import TINY, docs_stream, run
     from test_ttt_graphs import RecordingGraphs
 

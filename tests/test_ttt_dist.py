@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from conftest import start_ranks
-from speedrun.finishing.ttt import LoRASettings
-from speedrun.finishing.ttt_global import GlobalSettings
+from speedrun.ttt.global_phases import GlobalSettings
+from speedrun.ttt.score_first import LoRASettings
 
 SEQ = 24
 PHASED = LoRASettings(
@@ -35,10 +35,10 @@ def _tokens() -> torch.Tensor:
 
 def _score(world) -> dict:
     """What a rank (or the one process, world None) measures: evals, a direct global fine-tune, phased TTT."""
-    from speedrun.finishing.evaluate import run_eval
-    from speedrun.finishing.lora import LoRAModel
-    from speedrun.finishing.ttt import split_documents, ttt_evaluate
-    from speedrun.finishing.ttt_global import finetune
+    from speedrun.evaluation.evaluate import run_eval
+    from speedrun.ttt.global_phases import finetune
+    from speedrun.ttt.lora import LoRAModel
+    from speedrun.ttt.score_first import split_documents, ttt_evaluate
     from test_ttt import BOS, luts
     from test_ttt_score_first import model
 
@@ -56,7 +56,7 @@ def _score(world) -> dict:
                  autocast_dtype=None, shard=world)  # fmt: skip
         out["tuned"] = torch.cat([p.detach().flatten() for p in lora.base_parameters()])
     if world is not None and world.rank == 1:  # a rank whose compile warm-up takes longer than the other's
-        from speedrun.finishing import ttt as ttt_module
+        from speedrun.ttt import score_first as ttt_module
 
         warm_up = ttt_module._forwards
         ttt_module._forwards = lambda *a, **k: (time.sleep(SLOW_WARM_UP), warm_up(*a, **k))[1]
@@ -87,7 +87,7 @@ def test_two_ranks_evaluate_and_test_time_train_like_one_process(tmp_path):
     of them. Global fine-tune: both ranks hold the same weights, the one-process weights to 1e-6 (the gradient
     is summed in another order). Phased TTT with warm-started A: the same tokens, bytes and documents, val_bpb to
     1e-6 (with A carried along each rank's batches instead of chains, 2.6675 against 2.6717)."""
-    from speedrun.finishing.evaluate import run_eval
+    from speedrun.evaluation.evaluate import run_eval
     from test_ttt import luts
     from test_ttt_score_first import model
 

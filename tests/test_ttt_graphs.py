@@ -1,4 +1,4 @@
-"""ttt.cuda_graphs: TTT's steps as device work only (ttt_graphs.chunk_step), their shapes predicted before the clock
+"""ttt.cuda_graphs: TTT's steps as device work only (graphs.chunk_step), their shapes predicted before the clock
 starts, and (on a GPU) replayed from CUDA graphs with the scores of the steps run directly."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ import torch
 
 from speedrun.config import to_config
 from speedrun.errors import ConfigError
-from speedrun.finishing import ttt as ttt_module
-from speedrun.finishing.ttt_base import BaseScores, base_windows
-from speedrun.finishing.ttt_docs import split_documents
-from speedrun.finishing.ttt_global import row_width
-from speedrun.finishing.ttt_graphs import StepKey, StepOut, pad_rows, store_rows_grads
 from speedrun.model.attention import get_backend
 from speedrun.model.gpt import GPT
 from speedrun.plan import resolve
+from speedrun.ttt import score_first as ttt_module
+from speedrun.ttt.base_scores import BaseScores, base_windows
+from speedrun.ttt.documents import split_documents
+from speedrun.ttt.global_phases import row_width
+from speedrun.ttt.graphs import StepKey, StepOut, pad_rows, store_rows_grads
 from test_ttt import BOS, TINY, docs_stream, fake_device, model, run
 
 
@@ -132,7 +132,7 @@ def test_graphed_steps_score_as_the_direct_steps_and_every_shape_is_captured_bef
     ],
 )
 def test_base_scores_come_from_the_windows_ttt_scores_from(seq, chunk, lengths, rows):
-    """ttt_base: one window over a document's start for every chunk whose TTT window starts there (causal attention:
+    """base_scores: one window over a document's start for every chunk whose TTT window starts there (causal attention:
     the later tokens change nothing), its own window for a later chunk of a longer document, scored only when that
     chunk is asked for; each chunk's nats as the unadapted model scores it from TTT's own window."""
     torch.manual_seed(0)
@@ -260,9 +260,9 @@ def test_a_steps_head_at_its_chunk_scores_and_learns_as_the_head_at_every_column
     of context before it. The scores, the bytes and the adapters' gradients are those of the head at every column
     (what the window's other columns would add is never read, and their gradient is zero), for windows at a
     document's start and later ones, a last chunk shorter than the others and a padding row."""
-    from speedrun.finishing.lora import LoRAModel
-    from speedrun.finishing.ttt import _longest_first, _Scorer, _steps
-    from speedrun.finishing.ttt_graphs import chunk_step
+    from speedrun.ttt.graphs import chunk_step
+    from speedrun.ttt.lora import LoRAModel
+    from speedrun.ttt.score_first import _longest_first, _Scorer, _steps
     from test_ttt import luts
 
     torch.manual_seed(0)
@@ -304,10 +304,10 @@ def test_a_steps_gradients_of_its_rows_slots_are_the_backwards_gradients():
     at the step's rows, written into .grad, are what a backward into the whole parameters gives at those slots, for
     every adapter and the head's, with a looped layer's adapter called twice; past the rows, zeros. Nothing stays
     bound after the step."""
-    from speedrun.finishing.lora import LoRAModel
-    from speedrun.finishing.ttt import _longest_first, _Scorer, _steps
-    from speedrun.finishing.ttt_graphs import chunk_step
     from speedrun.model.shape import LayerLoop
+    from speedrun.ttt.graphs import chunk_step
+    from speedrun.ttt.lora import LoRAModel
+    from speedrun.ttt.score_first import _longest_first, _Scorer, _steps
     from test_ttt import luts
 
     torch.manual_seed(0)
@@ -357,8 +357,8 @@ def test_a_steps_gradients_of_its_rows_slots_are_the_backwards_gradients():
 def test_capturing_leaves_the_adapters_and_the_optimizer_as_it_found_them():
     """A capture runs its step (and, with the update in the graph, the optimizer's step) on dummy rows: prepare puts
     the adapters and the optimizer's moments and counts back as they were, whatever the captures changed."""
-    from speedrun.finishing.ttt_graphs import GraphedChunkSteps
-    from speedrun.finishing.ttt_optim import RowSlotsAdam
+    from speedrun.ttt.graphs import GraphedChunkSteps
+    from speedrun.ttt.optim import RowSlotsAdam
 
     params = [torch.nn.Parameter(torch.randn(4, 3, 5)), torch.nn.Parameter(torch.randn(4, 7, 3))]
     opt = RowSlotsAdam(params, lr=0.1, beta2=0.999, eps=1e-8, weight_decay=0.5)
@@ -383,8 +383,8 @@ def test_a_capture_that_runs_out_of_memory_says_what_to_change():
     """Capturing is before TTT's clock: a shape that does not fit raises an OutOfMemoryError (so the run records an
     out-of-memory failure) that names the shape, how many were captured, and the settings that need fewer shapes.
     Shapes are captured largest first (a smaller one reuses what a larger one freed in the shared pool)."""
-    from speedrun.finishing.ttt_graphs import GraphedChunkSteps
     from speedrun.run.oom import find_oom
+    from speedrun.ttt.graphs import GraphedChunkSteps
 
     graphs = object.__new__(GraphedChunkSteps)  # no CUDA here: the capture itself is stood in for
     graphs.graphs, graphs.params, graphs.grads, graphs.late, graphs.pool, graphs.update = {}, [], [], 0, None, None
@@ -413,7 +413,7 @@ def test_one_a_product_for_the_attentions_input_scores_as_an_a_product_each(monk
     attention's adapter hook) and score, learn and step as the same adapters wrapped one by one do: directly and on
     the graphed path (the rows' slots optimizer inside the step), with the head at the chunk's columns (the last
     layer at the picked columns), warm-started A and global phases (which run the model without the hook)."""
-    from speedrun.finishing.lora import Adapted, InputAdapters
+    from speedrun.ttt.lora import Adapted, InputAdapters
 
     monkeypatch.setattr(ttt_module, "GraphedChunkSteps", RecordingGraphs)
     tokens = docs_stream([200, 90, 300, 40, 17, 120, 64, 9], seed=3)
@@ -467,7 +467,7 @@ def test_cuda_graphed_ttt_with_one_a_product_scores_as_separate_adapters():
 
 
 def test_a_model_without_the_attention_hook_is_refused_for_shared_attn_a():
-    from speedrun.finishing.lora import LoRAModel
+    from speedrun.ttt.lora import LoRAModel
 
     m = model()
     for block in m.blocks:

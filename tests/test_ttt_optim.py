@@ -1,4 +1,4 @@
-"""The adapters' optimizer (speedrun.finishing.ttt_optim): Adam with beta1 = 0 steps only the slots of a step's rows
+"""The adapters' optimizer (speedrun.ttt.optim): Adam with beta1 = 0 steps only the slots of a step's rows
 and settles the others' weight decay when the batch ends, leaving the adapters as AdamW over every slot does."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 import torch
 
-from speedrun.finishing import ttt as ttt_module
-from speedrun.finishing.ttt import LoRASettings
-from speedrun.finishing.ttt_optim import EverySlot, RowSlotsAdam, adapter_optimizer
+from speedrun.ttt import score_first as ttt_module
+from speedrun.ttt.optim import EverySlot, RowSlotsAdam, adapter_optimizer
+from speedrun.ttt.score_first import LoRASettings
 from test_ttt import docs_stream, model, run
 from test_ttt_graphs import RecordingGraphs
 

@@ -10,14 +10,14 @@ import random
 import pytest
 import torch
 
-from speedrun.finishing import ttt_global
-from speedrun.finishing.lora import LoRAModel
-from speedrun.finishing.ttt import LoRASettings, split_documents, ttt_evaluate
-from speedrun.finishing.ttt_docs import batch_cost, deal_batches, document_batches
-from speedrun.finishing.ttt_global import GlobalSettings, chunks_of, document_rows, finetune, phase_schedule
 from speedrun.model.attention import get_backend
 from speedrun.model.gpt import GPT
 from speedrun.model.shape import ModelShape
+from speedrun.ttt import global_phases
+from speedrun.ttt.documents import batch_cost, deal_batches, document_batches
+from speedrun.ttt.global_phases import GlobalSettings, chunks_of, document_rows, finetune, phase_schedule
+from speedrun.ttt.lora import LoRAModel
+from speedrun.ttt.score_first import LoRASettings, split_documents, ttt_evaluate
 from test_ttt import BOS, TINY, docs_stream, luts
 
 CHUNK = 8
@@ -160,18 +160,18 @@ class _Shapes:
 
 @pytest.mark.parametrize("rank,world,micro", [(0, 1, None), (1, 2, None), (0, 1, 2)])
 def test_phase_shapes_are_the_shapes_finetune_runs_and_the_warm_up_runs_them_without_a_step(rank, world, micro):
-    """The phases' warm-up (ttt_global.warm_up, before TTT's clock) runs exactly the (rows, width) forwards that
+    """The phases' warm-up (global_phases.warm_up, before TTT's clock) runs exactly the (rows, width) forwards that
     finetune then runs, on any rank and with micro-batches, and leaves the weights as they were, bit for bit."""
     lengths = [37, 20, 90, 9, 44, 33, 26, 48, 5, 70]
     tokens = docs_stream(lengths)
     docs = split_documents(tokens, BOS)
     settings = GlobalSettings(phases=1, lr=0.05, chunk_tokens=120, batch_seqs=5, epochs=2, micro_rows=micro)
-    shapes = ttt_global.phase_shapes(docs, settings, 24, rank, world)
+    shapes = global_phases.phase_shapes(docs, settings, 24, rank, world)
     lora = LoRAModel(model(), ("q",), rank=2, slots=1, seed=0)
     recorder = _Shapes(lora.model)
     with lora.bare() as bare:
         before = {k: v.clone() for k, v in bare.state_dict().items()}
-        ttt_global.warm_up(bare, shapes, vocab=64, device="cpu", autocast_dtype=None)
+        global_phases.warm_up(bare, shapes, vocab=64, device="cpu", autocast_dtype=None)
         assert all(torch.equal(before[k], v) for k, v in bare.state_dict().items())  # no step
         assert all(p.grad is None for p in bare.parameters())
         assert sorted(recorder.seen) == sorted(shapes)  # one forward a shape
@@ -200,15 +200,15 @@ def test_phase_forwards_fill_their_token_budget_and_add_up_to_the_step():
     fit; together the forwards hold the step's rows in order, so the step's summed gradient is the same."""
     rows = [(0, 2000), (10, 900), (20, 700), (30, 300), (40, 250), (50, 120), (60, 64), (70, 60), (80, 10), (90, 3)]
     budget = 2 * 2048
-    forwards = ttt_global._forwards(rows, 2048, budget)
+    forwards = global_phases._forwards(rows, 2048, budget)
     assert [r for f in forwards for r in f] == rows
-    widths = [ttt_global._width(f, 2048) for f in forwards]
+    widths = [global_phases._width(f, 2048) for f in forwards]
     assert all(len(f) * w <= budget for f, w in zip(forwards, widths))
     assert all((len(f) + 1) * w > budget for f, w in zip(forwards[:-1], widths[:-1]))
     # 2 rows at width 2048; 700 opens a forward at width 1024 with room for 4; 64 opens one at width 64 (room for 64)
     assert [len(f) for f in forwards] == [2, 4, 4] and widths == [2048, 1024, 64]
-    assert ttt_global._forwards(rows, 2048, None) == [rows]
-    assert ttt_global._forwards([], 2048, budget) == []
+    assert global_phases._forwards(rows, 2048, None) == [rows]
+    assert global_phases._forwards([], 2048, budget) == []
 
 
 @pytest.mark.parametrize("tied", [True, False])

@@ -18,7 +18,7 @@ DEFAULT_RESULTS_DB = "outputs/results.sqlite"
 
 CACHE_DIR = Path("~/.cache/speedrun")
 """What speedrun can rebuild but keeps between runs: the embedded dataset (data.cache_dir's default) and the
-minified source of the self-extracting file (speedrun.finishing.minify). Unexpanded, as data.cache_dir is."""
+minified source of the self-extracting file (speedrun.artifact.minify). Unexpanded, as data.cache_dir is."""
 
 
 def results_db_path(value: Any | None = None, cwd: Path | None = None) -> Path:

@@ -1,4 +1,4 @@
-"""The entry point of a self-extracting train_gpt.py (speedrun.finishing.wrap): re-run the run it carries, without
+"""The entry point of a self-extracting train_gpt.py (speedrun.artifact.wrap): re-run the run it carries, without
 Hydra, where speedrun is not installed.
 
     python train_gpt.py
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 FORMAT = 1
-"""The payload layout this entry point reads (speedrun.finishing.wrap.FORMAT when the file was made)."""
+"""The payload layout this entry point reads (speedrun.artifact.wrap.FORMAT when the file was made)."""
 
 PGOLF_DATA = "data/datasets/fineweb10B_sp{vocab}"
 PGOLF_TOKENIZER = "data/tokenizers/fineweb_{vocab}_bpe.model"

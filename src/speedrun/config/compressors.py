@@ -1,5 +1,5 @@
 """The compressors an artifact may use, their levels and the optional packages they need: checked by the resolver
-before any work (config-level facts, torch-free), used by finishing/compression.py and finishing/pergroup.py to
+before any work (config-level facts, torch-free), used by quant/compression.py and quant/pergroup.py to
 compress."""
 
 from __future__ import annotations

@@ -24,10 +24,10 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from speedrun.artifact.artifact import WRAPPED_FILE
 from speedrun.export.folder import Submission, log_name
 from speedrun.export.runs import ExportError, Run, check_runs, expand, load_run
 from speedrun.export.track import RECORD, track_name
-from speedrun.finishing.artifact import WRAPPED_FILE
 from speedrun.records.store import write_json
 
 
@@ -114,7 +114,7 @@ def wrapper_for(runs: list[Run], force: bool) -> bytes:
     first = runs[0]
     if first.wrapper is not None:
         return first.wrapper
-    from speedrun.finishing.wrap import CodeSource, build_wrapper
+    from speedrun.artifact.wrap import CodeSource, build_wrapper
     from speedrun.paths import REPO_ROOT
     from speedrun.records.identity import code_fingerprint
 

@@ -11,9 +11,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from speedrun.artifact.artifact import MANIFEST, WRAPPED_FILE
 from speedrun.export.runs import ExportError, Run
 from speedrun.export.track import RECORD, claim
-from speedrun.finishing.artifact import MANIFEST, WRAPPED_FILE
 from speedrun.stats import mean, std
 from speedrun.tables import format_table, mean_std_cell
 

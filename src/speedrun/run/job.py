@@ -23,7 +23,7 @@ class Job(JobRecord):
     model: Any = None
     code: Any = None
     """The source as the job read it when it started, with its resolved config: the self-extracting file is made
-    from it (speedrun.finishing.wrap.CodeSource), so the file carries the code that ran, not a later edit."""
+    from it (speedrun.artifact.wrap.CodeSource), so the file carries the code that ran, not a later edit."""
 
     def run(self, config: Config) -> None:
         """The whole pipeline. ``config`` is read by the resolver alone; everything after it reads the Plan."""
@@ -62,7 +62,7 @@ class Job(JobRecord):
     def start(self, plan: Any) -> None:
         """Join the other ranks, record the environment and what the plan chose, configure torch, open the
         logger."""
-        from speedrun.finishing.wrap import CodeSource
+        from speedrun.artifact.wrap import CodeSource
         from speedrun.records.identity import gpu_identity
         from speedrun.records.store import capture_environment
         from speedrun.training.build import configure_torch
@@ -200,8 +200,8 @@ class Job(JobRecord):
         return plan, extras
 
     def finish_model(self, data: Any, model: Any, eval_forward: Any) -> None:
-        """Score the model, export the artifact, score its round trip, test-time train (speedrun.finishing)."""
-        from speedrun.finishing.finalize import evaluate_and_export
+        """Score the model, export the artifact, score its round trip, test-time train (speedrun.run.finish)."""
+        from speedrun.run.finish import evaluate_and_export
 
         assert self.plan is not None  # resolve() set it, before the model was built
         model.eval()  # no dropout here, but fp8 layers switch to their bf16 path for evaluation

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from speedrun.distributed.world import SINGLE
-from speedrun.finishing.evaluate import run_eval
+from speedrun.evaluation.evaluate import run_eval
 from speedrun.training.checkpoint import capture, rank_state, save_checkpoint
 from speedrun.training.dense_metrics import val_record
 from speedrun.training.preempt import NONE, StopRequests
@@ -36,7 +36,7 @@ log = logging.getLogger("speedrun")
 class PeriodicEval:
     """Standard windows of model.seq_len over the first eval.periodic_tokens validation tokens. On several ranks
     (``shard``, a speedrun.distributed.world.World) the batches of windows are split over the ranks and the sums
-    all-reduced in float64, as the final evaluation does (finishing.evaluate): every rank gets the same val_loss and
+    all-reduced in float64, as the final evaluation does (evaluation.evaluate): every rank gets the same val_loss and
     val_bpb, equal to one rank scoring every window."""
 
     def __init__(

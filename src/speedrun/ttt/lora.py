@@ -226,7 +226,7 @@ class LoRAModel:
     def bind_rows(self, rows: int | None) -> list[torch.Tensor]:
         """Bind every adapter's slots [0, rows) as the A and B its forwards use until the next call, and return them
         in parameters()' order; None unbinds. Why: a step can then ask autograd for the gradients of these views
-        alone (speedrun.finishing.ttt_graphs.chunk_step), rows-sized. A backward into the parameters themselves
+        alone (speedrun.ttt.graphs.chunk_step), rows-sized. A backward into the parameters themselves
         makes each gradient a whole (slots, ...) tensor, zeros past the rows included, and adds it into .grad: at
         the records' 64 slots that is gigabytes of memory traffic a step, on a step whose rows average under half
         the slots."""
@@ -250,7 +250,7 @@ class LoRAModel:
             delta.B.zero_()
 
     def a_state(self) -> list[torch.Tensor]:
-        """A copy of every adapter's A (speedrun.finishing.ttt carries one per chain of batches)."""
+        """A copy of every adapter's A (speedrun.ttt.score_first carries one per chain of batches)."""
         return [d.A.detach().clone() for d in self.deltas]
 
     @torch.no_grad()
@@ -283,7 +283,7 @@ class LoRAModel:
                 p.requires_grad_(False)
                 p.grad = None
             # the fine-tuned float weights become the masters, cast back into the same storage: a CUDA graph of
-            # TTT's step (speedrun.finishing.ttt_graphs) reads the weights where it found them at capture
+            # TTT's step (speedrun.ttt.graphs) reads the weights where it found them at capture
             self._masters = [(p, p.data) for p, _ in self._masters]
             for (p, master), low in zip(self._masters, casts):
                 low.copy_(master)

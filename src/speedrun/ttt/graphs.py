@@ -3,7 +3,7 @@
 A step (``chunk_step``) takes, per row of the batch, where its window starts in the token stream, how long it is,
 from which column its chunk is scored, and whether the adapters learn from it; it gathers the window's inputs and
 targets, scores the chunk, and backpropagates the chunk's mean loss per document into the adapters (the unadapted
-model's score, val_bpb_ttt_base, comes from speedrun.finishing.ttt_base, outside the steps). It reads nothing back
+model's score, val_bpb_ttt_base, comes from speedrun.ttt.base_scores, outside the steps). It reads nothing back
 to the host, so it can be captured in a CUDA graph. The gradients it takes are those of the adapters' slots at its
 rows only; replayed, it hands them to the rows' slots optimizer inside the graph (its learning rate a constant of
 the capture), or, for an optimizer over every slot, writes them into ``.grad`` for that optimizer to step after.
@@ -14,7 +14,7 @@ A replay launches them all at once.
 
 How (torch.cuda.graphs, as speedrun.kernels.graphs does for training): one graph per step shape, the key
 (rows, width, training); rows are padded up to a power of two (at least 2, at most the adapter slots) and
-widths are already few (ttt_global.row_width, ttt.row_widths), so a run has a few dozen shapes, all captured before
+widths are already few (global_phases.row_width, ttt.row_widths), so a run has a few dozen shapes, all captured before
 TTT's clock starts (``GraphedChunkSteps.prepare``) from the batches this rank will run. Each shape runs once
 eagerly on a side stream (cuBLAS and cuDNN initialise there, as capture requires), then is captured. Every graph
 draws from one shared memory pool: a replay's outputs are read (added to the sums, handed to the optimizer)
@@ -68,7 +68,7 @@ returns the adapters it stepped (StepOut.updated), or None when it only stored t
 
 
 class InGraphUpdate(Protocol):
-    """An optimizer whose step a CUDA graph of the chunk step can hold (speedrun.finishing.ttt_optim.RowSlotsAdam)."""
+    """An optimizer whose step a CUDA graph of the chunk step can hold (speedrun.ttt.optim.RowSlotsAdam)."""
 
     def apply(self, rows: int, grads: Sequence[torch.Tensor | None]) -> tuple[int, ...]: ...
 

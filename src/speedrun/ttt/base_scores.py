@@ -3,7 +3,7 @@ batch instead of one forward per chunk.
 
 The unadapted model never changes during TTT (no adapter, no global phase touches it), so the score of a document's
 chunk does not depend on when it is computed. A chunk is scored from the last ``seq_len`` tokens of its document up
-to the chunk's end (speedrun.finishing.ttt). For every chunk whose window starts at the document's start, that
+to the chunk's end (speedrun.ttt.score_first). For every chunk whose window starts at the document's start, that
 window is a prefix of the document's first ``seq_len`` tokens, and attention is causal: a position's score does not
 depend on the tokens after it. So one window over the document's start scores all those chunks at once (the same
 numbers up to the kernels' rounding on another shape). Only a chunk of a longer document whose window starts past
@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from speedrun.finishing.ttt_global import row_width
+from speedrun.ttt.global_phases import row_width
 
 Window = tuple[int, int, int, list[tuple[int, int, int]]]
 """(document, first input position in the stream, length, [(chunk k, first column, end column) scored from it])."""

@@ -1,6 +1,6 @@
 """Score-first test-time training (TTT): per-document LoRA adapters trained on the validation stream as it
 is scored, never on a token before that token has been scored; optionally, between batches, the model itself
-fine-tuned on documents already scored (phased global TTT, speedrun.finishing.ttt_global).
+fine-tuned on documents already scored (phased global TTT, speedrun.ttt.global_phases).
 
 For each document (BOS-delimited; document d owns the targets after its BOS up to and including the next BOS,
 so the documents' targets are exactly positions 1..M of the stream, as in the standard eval):
@@ -17,16 +17,16 @@ chunk k have been trained on chunks 0..k-1 only, and a global phase trains only 
 (tests/test_ttt_score_first.py changes one token at a time and checks every score made before it).
 
 Documents, their chunk sizes (``ttt.chunk_size``, ``ttt.short_chunks``) and the batches' order:
-speedrun.finishing.ttt_docs.
+speedrun.ttt.documents.
 
-Adapters (speedrun.finishing.lora): rank-r LoRA on what ``ttt.targets`` names, scaled by alpha / rank, one slot per
+Adapters (speedrun.ttt.lora): rank-r LoRA on what ``ttt.targets`` names, scaled by alpha / rank, one slot per
 document of a batch; Adam (AdamW) or SGD. Documents of a batch have independent adapters: the loss is a sum of
 per-document terms and both optimizers are elementwise, so a document's adapter sees only its own gradients.
 
 Baseline: every chunk TTT scores is also scored by the model passed in, with no adaptation and no global phase,
 from the same window (``val_bpb_ttt_base``), so ``val_bpb_ttt_base - val_bpb_ttt`` is what adaptation bought, apart
 from what the document-local windows alone change against the plain eval. That model never changes, so a
-document's chunks are base-scored together where their windows allow (speedrun.finishing.ttt_base: about one
+document's chunks are base-scored together where their windows allow (speedrun.ttt.base_scores: about one
 forward per document, not one per chunk), and each is counted when its chunk is scored: the same tokens.
 
 Budget: ``ttt.max_seconds`` is checked before every chunk step and every global step; when it is spent TTT stops
@@ -34,12 +34,12 @@ there and reports what it scored (tokens_scored, fraction): an unbiased sample o
 a seeded random order.
 
 Ranks (``shard``, a speedrun.distributed.world.World): the shuffled batches are dealt by cost between global
-phases (speedrun.finishing.ttt_docs.deal_batches), each rank adapts and scores its own in the scoring order, and
+phases (speedrun.ttt.documents.deal_batches), each rank adapts and scores its own in the scoring order, and
 the float64 sums are all-reduced; seconds is the slowest rank's. A batch's result depends on no other batch (fresh
 adapters and optimizer per batch), except through warm_start_a's A, which is carried along chains of batches that
 do not depend on the rank count and that the dealing keeps on one rank each, so the sums equal one rank's. Global
 phases run on every rank at once, at the same batch boundary, with their gradients averaged, so every rank's model
-stays the same (ttt_global's module doc).
+stays the same (global_phases's module doc).
 """
 
 from __future__ import annotations
@@ -57,9 +57,10 @@ from torch.fx.experimental import _config as fx_config
 
 from speedrun.config.specs import parse_short_chunks, parse_targets
 from speedrun.data.bpb import ByteLUTs
-from speedrun.finishing.lora import LoRAModel, cast_linear_weights
-from speedrun.finishing.ttt_base import BaseScores
-from speedrun.finishing.ttt_docs import (
+from speedrun.kernels.compile import graphs_compiled
+from speedrun.progress import Progress
+from speedrun.ttt.base_scores import BaseScores
+from speedrun.ttt.documents import (
     SPLIT_STEP_COST_TOKENS,
     batch_cost,
     chunk_size_for,
@@ -68,9 +69,9 @@ from speedrun.finishing.ttt_docs import (
     split_documents,
     split_heavy_batches,
 )
-from speedrun.finishing.ttt_global import GlobalSettings, finetune, phase_schedule, phase_shapes, row_width
-from speedrun.finishing.ttt_global import warm_up as warm_up_phases
-from speedrun.finishing.ttt_graphs import (
+from speedrun.ttt.global_phases import GlobalSettings, finetune, phase_schedule, phase_shapes, row_width
+from speedrun.ttt.global_phases import warm_up as warm_up_phases
+from speedrun.ttt.graphs import (
     GradSink,
     GraphedChunkSteps,
     InGraphUpdate,
@@ -79,9 +80,8 @@ from speedrun.finishing.ttt_graphs import (
     chunk_step,
     pad_rows,
 )
-from speedrun.finishing.ttt_optim import AdapterOptimizer, RowSlotsAdam, adapter_optimizer
-from speedrun.kernels.compile import graphs_compiled
-from speedrun.progress import Progress
+from speedrun.ttt.lora import LoRAModel, cast_linear_weights
+from speedrun.ttt.optim import AdapterOptimizer, RowSlotsAdam, adapter_optimizer
 
 
 class ScoredChunk(NamedTuple):
@@ -132,7 +132,7 @@ class TTTResult:
     """Per rank, the seconds it spent adapting its own batches (global phases and waits apart): how evenly the
     dealing spread the work."""
     rank_cost: list[float] = field(default_factory=list)
-    """Per rank, the cost the dealing predicted for its batches (ttt_docs.batch_cost): with rank_seconds, what a
+    """Per rank, the cost the dealing predicted for its batches (documents.batch_cost): with rank_seconds, what a
     better cost model is fitted to."""
 
     @property
@@ -177,13 +177,13 @@ class LoRASettings:
     global phase."""
     warm_start_chains: int = 8
     """With warm_start_a: the batches between two global phases are dealt into this many chains, whatever the rank
-    count, each on one rank (ttt_docs.deal_batches); a batch continues the A of its chain's previous batch. At least
+    count, each on one rank (documents.deal_batches); a batch continues the A of its chain's previous batch. At least
     the rank count."""
     phased: GlobalSettings = GlobalSettings()
-    """Phased global TTT (speedrun.finishing.ttt_global); off by default."""
+    """Phased global TTT (speedrun.ttt.global_phases); off by default."""
     cast_weights: bool = True
     """Under a bf16/fp16 autocast, keep the frozen linears of the adapted copy (and of the unadapted one that scores
-    val_bpb_ttt_base) in that dtype, cast once (speedrun.finishing.lora.cast_linear_weights): the same numbers,
+    val_bpb_ttt_base) in that dtype, cast once (speedrun.ttt.lora.cast_linear_weights): the same numbers,
     without a cast of every weight at every forward. False: the casts at every call (tests compare the two)."""
     compile: str | None = None
     """torch.compile backend of the adapted and unadapted forwards (inductor; tests use aot_eager), dynamic
@@ -193,18 +193,18 @@ class LoRASettings:
     the model's compiled_regions); model: the whole forward as one graph."""
     cuda_graphs: bool = False
     """Replay each step from a CUDA graph, one per step shape, all captured before the clock starts
-    (speedrun.finishing.ttt_graphs); CUDA only."""
+    (speedrun.ttt.graphs); CUDA only."""
     max_batch_share: float | None = None  # None here: unit tests batch exactly as asked; the config's default is 1/8
-    """Halve a batch (by documents) while its cost is more than this share of all batches' (ttt_docs.
+    """Halve a batch (by documents) while its cost is more than this share of all batches' (documents.
     split_heavy_batches): a batch of long documents that one rank would work on while the others wait. None: never."""
     row_widths: str = "pow2"
-    """The widths a step's rows are padded to (ttt_global.row_width): pow2 (64, 128, 256, ...), half_octave
+    """The widths a step's rows are padded to (global_phases.row_width): pow2 (64, 128, 256, ...), half_octave
     (64, 96, 128, 192, ...: less padding, twice the shapes to compile and capture) or a number N (multiples of N)."""
     graph_rows: str = "pow2"
-    """The row counts a graphed step is padded to (ttt_graphs.pad_rows): pow2 or half_octave (3, 6, 12, 24, ...)."""
+    """The row counts a graphed step is padded to (graphs.pad_rows): pow2 or half_octave (3, 6, 12, 24, ...)."""
     shared_attn_a: bool = False
     """One A product for the adapters that read the attention's input (q, k, v, attn_bypass), through the
-    attention's adapter hook (speedrun.finishing.lora.InputAdapters): the same arithmetic, x read once."""
+    attention's adapter hook (speedrun.ttt.lora.InputAdapters): the same arithmetic, x read once."""
 
 
 def ttt_evaluate(
@@ -304,7 +304,7 @@ def ttt_evaluate(
     opt = adapter_optimizer(lora.parameters(), s)  # one for the run, begun anew at every batch
     if s.cuda_graphs:
         t_capture = time.perf_counter()
-        # the rows' slots optimizer steps inside the graphs, on the step's own gradients (ttt_optim)
+        # the rows' slots optimizer steps inside the graphs, on the step's own gradients (optim)
         update = cast(InGraphUpdate, opt) if isinstance(opt, RowSlotsAdam) else None
         stepper.graphs = GraphedChunkSteps(stepper.run, lora.parameters(), device, update)
         mine = [b for b in range(len(batches)) if owner[b] == rank]
@@ -582,7 +582,7 @@ def _forwards(
 
 
 class _ChainsOfA:
-    """warm_start_a's chains (speedrun.finishing.ttt_docs.deal_batches): a batch starts from the A that the previous
+    """warm_start_a's chains (speedrun.ttt.documents.deal_batches): a batch starts from the A that the previous
     batch of its chain left, or from the seeded draw for a chain's first batch and again after a global phase. The
     rank keeps a copy of every adapter's A per chain it runs."""
 
@@ -646,7 +646,7 @@ def _phase_shapes(
     rank: int,
     world: int,
 ) -> set[tuple[int, int]]:
-    """(rows, width) of every forward this rank's global phases will run (ttt_global.phase_shapes)."""
+    """(rows, width) of every forward this rank's global phases will run (global_phases.phase_shapes)."""
     return {
         shape
         for b, boundaries in phases.items()
@@ -693,7 +693,7 @@ def _pinned(t: torch.Tensor, device: str) -> torch.Tensor:
 def _rows_for(going: int, n_docs: int, mode: str, slots: int, half_rows: bool = False) -> int:
     """Rows a step runs: eager, one per document of the batch (eager flex compiles per shape); compiled, the
     documents still going, at least 2 (dynamic shapes: a size-1 dimension would be specialized into graphs of its
-    own); graphed, that padded to a power of two, or with ``half_rows`` a half octave (ttt_graphs.pad_rows: a few
+    own); graphed, that padded to a power of two, or with ``half_rows`` a half octave (graphs.pad_rows: a few
     shapes to capture)."""
     if mode == "graphs":
         return pad_rows(going, slots, half_rows)
@@ -742,11 +742,11 @@ def _longest_first(docs: list[tuple[int, int]], chunk: int) -> list[int]:
 
 @dataclass
 class _Stepper:
-    """How _adapt_batch runs a step (ttt_graphs.chunk_step): directly, or replayed from CUDA graphs."""
+    """How _adapt_batch runs a step (graphs.chunk_step): directly, or replayed from CUDA graphs."""
 
     forward: Callable
     base: Callable | None
-    """The unadapted scorer of val_bpb_ttt_base (None: not asked for), run outside the steps (ttt_base)."""
+    """The unadapted scorer of val_bpb_ttt_base (None: not asked for), run outside the steps (base_scores)."""
     tokens: torch.Tensor
     luts: ByteLUTs
     device: str
@@ -783,7 +783,7 @@ class _Stepper:
         )
 
     def base_scores(self, docs: list[tuple[int, int]], chunk: int, seq_len: int) -> BaseScores | None:
-        """The unadapted model's nats of each document's chunks (ttt_base), or None without a base scorer."""
+        """The unadapted model's nats of each document's chunks (base_scores), or None without a base scorer."""
         if self.base is None:
             return None
         return BaseScores(
@@ -847,9 +847,9 @@ def _adapt_batch(
     times a handful of widths. Compiled (dynamic shapes: any row count of at least 2 runs on the warm-up's graphs),
     a step runs only the rows still going, at least 2: a batch's long tail, one long document and many done, no
     longer costs a full batch of padding per step. With CUDA graphs, that row count padded to a power of two. The
-    documents that are done would get zero gradients either way; the optimizer (speedrun.finishing.ttt_optim) steps
+    documents that are done would get zero gradients either way; the optimizer (speedrun.ttt.optim) steps
     the rows' slots only where that leaves the adapters as a step of every slot would (Adam with beta1 = 0). The
-    unadapted scores of the batch's chunks (val_bpb_ttt_base) come from speedrun.finishing.ttt_base, each counted
+    unadapted scores of the batch's chunks (val_bpb_ttt_base) come from speedrun.ttt.base_scores, each counted
     when its chunk is scored. The time budget is checked before every step but the first: a batch begun scores at
     least its chunks 0."""
     if deadline is not None and time.perf_counter() > deadline:

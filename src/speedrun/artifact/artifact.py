@@ -2,7 +2,7 @@
 dequantize the model, plus the compressed model bytes. How the code is counted is ``artifact.code_rule``:
 
 - ``wrapped`` (the default): the length of the self-extracting train_gpt.py the run writes into its run dir
-  (speedrun.finishing.wrap: the files below minified, lzma-compressed and base85-encoded with the run's resolved
+  (speedrun.artifact.wrap: the files below minified, lzma-compressed and base85-encoded with the run's resolved
   config), the way parameter-golf's records ship their code. The number and the file cannot disagree.
 - ``raw``: the raw UTF-8 bytes of the files below, uncompressed.
 
@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from speedrun.artifact.wrap import CodeSource
     from speedrun.config.artifact import ArtifactConfig
-    from speedrun.finishing.wrap import CodeSource
 
 SRC = Path(__file__).resolve().parents[2]
 """src/: CODE_FILES are relative to it."""
@@ -34,6 +34,10 @@ SRC = Path(__file__).resolve().parents[2]
 CODE_FILES: tuple[str, ...] = (
     "run.py",
     "speedrun/__init__.py",
+    "speedrun/artifact/__init__.py",
+    "speedrun/artifact/artifact.py",
+    "speedrun/artifact/minify.py",
+    "speedrun/artifact/wrap.py",
     "speedrun/config/__init__.py",
     "speedrun/config/artifact.py",
     "speedrun/config/checkpointing.py",
@@ -59,26 +63,8 @@ CODE_FILES: tuple[str, ...] = (
     "speedrun/distributed/launch.py",
     "speedrun/distributed/world.py",
     "speedrun/errors.py",
-    "speedrun/finishing/__init__.py",
-    "speedrun/finishing/artifact.py",
-    "speedrun/finishing/classes.py",
-    "speedrun/finishing/compression.py",
-    "speedrun/finishing/evaluate.py",
-    "speedrun/finishing/finalize.py",
-    "speedrun/finishing/gptq.py",
-    "speedrun/finishing/lora.py",
-    "speedrun/finishing/lqer.py",
-    "speedrun/finishing/minify.py",
-    "speedrun/finishing/pergroup.py",
-    "speedrun/finishing/quant_report.py",
-    "speedrun/finishing/quantize.py",
-    "speedrun/finishing/ttt.py",
-    "speedrun/finishing/ttt_base.py",
-    "speedrun/finishing/ttt_docs.py",
-    "speedrun/finishing/ttt_global.py",
-    "speedrun/finishing/ttt_graphs.py",
-    "speedrun/finishing/ttt_optim.py",
-    "speedrun/finishing/wrap.py",
+    "speedrun/evaluation/__init__.py",
+    "speedrun/evaluation/evaluate.py",
     "speedrun/hardware/__init__.py",
     "speedrun/hardware/cards.py",
     "speedrun/hardware/profiles.py",
@@ -114,12 +100,21 @@ CODE_FILES: tuple[str, ...] = (
     "speedrun/plan/options.py",
     "speedrun/plan/types.py",
     "speedrun/progress.py",
+    "speedrun/quant/__init__.py",
+    "speedrun/quant/classes.py",
+    "speedrun/quant/compression.py",
+    "speedrun/quant/gptq.py",
+    "speedrun/quant/lqer.py",
+    "speedrun/quant/pergroup.py",
+    "speedrun/quant/quantize.py",
+    "speedrun/quant/report.py",
     "speedrun/records/__init__.py",
     "speedrun/records/identity.py",
     "speedrun/records/lock.py",
     "speedrun/records/result_block.py",
     "speedrun/records/store.py",
     "speedrun/run/__init__.py",
+    "speedrun/run/finish.py",
     "speedrun/run/heartbeat.py",
     "speedrun/run/job.py",
     "speedrun/run/oom.py",
@@ -140,6 +135,14 @@ CODE_FILES: tuple[str, ...] = (
     "speedrun/training/periodic.py",
     "speedrun/training/preempt.py",
     "speedrun/training/resume.py",
+    "speedrun/ttt/__init__.py",
+    "speedrun/ttt/base_scores.py",
+    "speedrun/ttt/documents.py",
+    "speedrun/ttt/global_phases.py",
+    "speedrun/ttt/graphs.py",
+    "speedrun/ttt/lora.py",
+    "speedrun/ttt/optim.py",
+    "speedrun/ttt/score_first.py",
 )
 
 NOT_COUNTED: dict[str, str] = {
@@ -229,7 +232,7 @@ def write_manifest(
 def _wrapped(run_dir: Path, rule: ArtifactConfig, code: CodeSource | None) -> tuple[bytes, list, dict[str, Any]]:
     """The self-extracting file in the run dir: built from ``code``, or, on a re-run of an exported file
     (artifact.code_file), that file itself. (its bytes, the files it packs, manifest keys)."""
-    from speedrun.finishing.wrap import CodeSource, build_wrapper, read_wrapper
+    from speedrun.artifact.wrap import CodeSource, build_wrapper, read_wrapper
 
     if rule.code_file is not None:
         data = Path(rule.code_file).read_bytes()
@@ -237,7 +240,7 @@ def _wrapped(run_dir: Path, rule: ArtifactConfig, code: CodeSource | None) -> tu
         files = [{"path": p, "raw_bytes": None, "minified_bytes": len(s.encode())} for p, s in packed.items()]
         extra: dict[str, Any] = {"code_file": WRAPPED_FILE, "copied_from": str(rule.code_file)}
     else:
-        from speedrun.finishing.minify import minifier_version
+        from speedrun.artifact.minify import minifier_version
 
         code = code or CodeSource.snapshot()
         data, minified = build_wrapper(code)

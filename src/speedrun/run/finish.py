@@ -32,7 +32,7 @@ the tokenizer's sha256 (``tokenizer_sha256``, recorded too) and the int32 ids of
 cover (targets 1..eval_tokens and the context token 0). Runs with the same fingerprint scored the same tokens with
 the same byte accounting; the report and sweep summary compare only those.
 
-On several ranks (``world``): every score is split over the ranks and all-reduced (speedrun.finishing.evaluate), so it
+On several ranks (``world``): every score is split over the ranks and all-reduced (speedrun.evaluation.evaluate), so it
 equals a one-rank score of the same weights; the export (Hessians, GPTQ, compression) runs on rank 0 alone, with
 the one-rank calibration stream, and its artifact is broadcast, so every rank scores the same dequantized
 weights; TTT deals its document batches over the ranks (each batch is independent: fresh adapters per batch), and
@@ -52,11 +52,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from speedrun.artifact.artifact import write_manifest
 from speedrun.data.tokenizer import tokenizer_sha256
-from speedrun.finishing.artifact import write_manifest
-from speedrun.finishing.evaluate import EvalResult, document_mask, run_eval
-from speedrun.finishing.quant_report import REPORT, tensor_report
-from speedrun.finishing.quantize import (
+from speedrun.evaluation.evaluate import EvalResult, document_mask, run_eval
+from speedrun.kernels.compile import graphs_compiled
+from speedrun.plan import Plan
+from speedrun.plan.dtypes import autocast_dtype
+from speedrun.progress import Progress
+from speedrun.quant.quantize import (
     Artifact,
     collect_hessians,
     dequantize_state_dict,
@@ -65,14 +68,11 @@ from speedrun.finishing.quantize import (
     quantize_int6,
     quantize_state_dict,
 )
-from speedrun.kernels.compile import graphs_compiled
-from speedrun.plan import Plan
-from speedrun.plan.dtypes import autocast_dtype
-from speedrun.progress import Progress
+from speedrun.quant.report import REPORT, tensor_report
 from speedrun.records.store import write_json
 
 if TYPE_CHECKING:
-    from speedrun.finishing.wrap import CodeSource
+    from speedrun.artifact.wrap import CodeSource
 
 FLOAT_WEIGHTS = "model.pt"
 """quant.keep_weights: the float state dict the export quantized, in the run dir (scripts/quant_table.py reads it)."""
@@ -471,8 +471,8 @@ def _ttt(
     world: Any = None,
     on_clock: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
-    from speedrun.finishing.ttt import LoRASettings, ttt_evaluate
-    from speedrun.finishing.ttt_global import GlobalSettings
+    from speedrun.ttt.global_phases import GlobalSettings
+    from speedrun.ttt.score_first import LoRASettings, ttt_evaluate
 
     t = plan.ttt
     g = t.phased

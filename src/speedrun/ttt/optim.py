@@ -5,7 +5,7 @@ Why: the adapters are (slots, ...) fp32 tensors, 1.3 GB at the records' 64 slots
 fused AdamW step over every slot moves about 9 GB of memory, at every step of a batch, even when one long document
 of its 64 is still going.
 
-Why the rows' slots are enough: a step's rows are the slots [0, rows) (speedrun.finishing.ttt sorts a batch's
+Why the rows' slots are enough: a step's rows are the slots [0, rows) (speedrun.ttt.score_first sorts a batch's
 documents longest first, so the documents still going are a prefix, and the rows never grow within a batch); every
 other slot's gradient is exactly zero. With beta1 = 0, Adam's update from a zero gradient is zero, which leaves the
 decoupled weight decay, p *= 1 - lr * weight_decay (and v *= beta2, never read again: a slot that leaves the rows
@@ -138,7 +138,7 @@ class RowSlotsAdam:
     def apply(self, rows: int, grads: Sequence[torch.Tensor | None]) -> tuple[int, ...]:
         """The update of one step at the slots [0, rows) from the gradients of those slots (rows-sized; None: no
         gradient, no step, as torch), as device work only: a CUDA graph of the chunk step can hold it
-        (speedrun.finishing.ttt_graphs), which then never writes the gradients to .grad. Returns the parameters
+        (speedrun.ttt.graphs), which then never writes the gradients to .grad. Returns the parameters
         stepped, for stepped()."""
         live = tuple(i for i, g in enumerate(grads) if g is not None)
         key = (rows, live)

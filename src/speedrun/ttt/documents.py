@@ -77,7 +77,7 @@ chain_costs) count with, frozen: refitting STEP_COST_TOKENS changes how batches 
 batches exist or which share a chain (and so never a score)."""
 
 BASE_TOKEN_COST = 0.39
-"""A padded token of the unadapted model's base passes (ttt_base, a forward only) against one of a step (forward
+"""A padded token of the unadapted model's base passes (base_scores, a forward only) against one of a step (forward
 and backward): 0.527 against 1.368 s per million on the H200 fit above."""
 
 
@@ -94,15 +94,15 @@ def batch_cost(
     half_rows: bool = False,
 ) -> float:
     """A batch's TTT time in steps' fixed costs: per chunk step, 1 plus its padded tokens / STEP_COST_TOKENS[mode].
-    A step's rows are padded to the width of its longest window (ttt_global.row_width; at most seq_len tokens).
-    ``mode`` says which rows a step runs (speedrun.finishing.ttt._rows_for): eager every document of the batch,
+    A step's rows are padded to the width of its longest window (global_phases.row_width; at most seq_len tokens).
+    ``mode`` says which rows a step runs (speedrun.ttt.score_first._rows_for): eager every document of the batch,
     compact (compiled) the documents still going, at least 2, graphs that padded to a power of two within ``slots``
-    (default: the batch). ``score_base`` adds the base passes' padded tokens (ttt_base), at BASE_TOKEN_COST.
+    (default: the batch). ``score_base`` adds the base passes' padded tokens (base_scores), at BASE_TOKEN_COST.
     ``step_tokens`` replaces the mode's STEP_COST_TOKENS; ``widths`` and ``half_rows`` are ttt.row_widths and
     ttt.graph_rows=half_octave."""
-    from speedrun.finishing.ttt_base import base_windows  # ttt_base and ttt_global are heavier; imported where needed
-    from speedrun.finishing.ttt_global import row_width
-    from speedrun.finishing.ttt_graphs import pad_rows
+    from speedrun.ttt.base_scores import base_windows  # base_scores, global_phases: heavier, imported here
+    from speedrun.ttt.global_phases import row_width
+    from speedrun.ttt.graphs import pad_rows
 
     if mode not in STEP_COST_TOKENS:
         raise ValueError(f"mode must be one of {', '.join(STEP_COST_TOKENS)}, got {mode!r}")

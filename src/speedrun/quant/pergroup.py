@@ -3,7 +3,7 @@ and compressed apart, in parallel threads.
 
 One compressor over a serialized state dict sees int8 codes, fp16 scales, fp32 gains and pickle framing
 interleaved, and its adaptive models keep relearning which one they are in. Here every tensor goes to a group of
-its kind and class (speedrun.finishing.classes):
+its kind and class (speedrun.quant.classes):
 
     q.<class>   int8 codes of quantized matrices, one group per class (attn, mlp, embed, matrix, gate)
     lqer        uint8 codes of LQER factors
@@ -18,7 +18,7 @@ smaller with brotli-11 on matrices whose input columns differ in scale. Each gro
 (brotli's default window is 4 MiB, so a chunk that size loses almost no context) and the chunks are compressed
 concurrently with quant.pergroup_codec at quant.level; brotli and lzma release the GIL, so threads use every core.
 
-The blob carries its own header, so speedrun.finishing.quantize.load_artifact reads it without being told the codec:
+The blob carries its own header, so speedrun.quant.quantize.load_artifact reads it without being told the codec:
 
     b"SRPG" | version (1 byte) | codec (1 byte: 0 lzma, 1 brotli) | header size (4 bytes, little-endian)
     | header: compressed JSON {"groups": [[name, layout, raw bytes, [chunk sizes]]...],
@@ -40,9 +40,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from speedrun.finishing.classes import tensor_class
-from speedrun.finishing.compression import COMPRESSORS, decompress
 from speedrun.progress import Progress
+from speedrun.quant.classes import tensor_class
+from speedrun.quant.compression import COMPRESSORS, decompress
 
 MAGIC = b"SRPG"
 VERSION = 1

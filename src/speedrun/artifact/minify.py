@@ -1,4 +1,4 @@
-"""Minified source for the self-extracting file (speedrun.finishing.wrap), cached on disk.
+"""Minified source for the self-extracting file (speedrun.artifact.wrap), cached on disk.
 
 python-minifier takes seconds for speedrun's ~90 files. Its output depends only
 on the source, the minifier's version, the options below and the Python that parses it, so each file's output is

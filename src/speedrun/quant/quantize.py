@@ -4,10 +4,10 @@
 per-row int8 with a clipped absmax scale (fp16 scales); small tensors are kept in fp16, scalar controls in fp32.
 
 ``quant=int6`` quantizes every block matrix (attention q/k/v/proj, MLP fc/proj) with GPTQ at ``quant.bits``
-(speedrun.finishing.gptq: Hessians from training batches, per-row fp16 scales by quant.clip). The token embedding
+(speedrun.quant.gptq: Hessians from training batches, per-row fp16 scales by quant.clip). The token embedding
 and an untied lm_head get round-to-nearest at ``quant.embed_bits`` with the same clip rule, or GPTQ against the
 output head's Hessian with quant.embed_gptq. The record's other levers, each off by default: LQER corrections of the
-worst-quantized matrices (quant.lqer, speedrun.finishing.lqer) and per-row codes for the small gate tensors
+worst-quantized matrices (quant.lqer, speedrun.quant.lqer) and per-row codes for the small gate tensors
 (quant.gate_bits). Values are stored one per int8 byte (6 bits used) and the compressor's entropy coder removes the
 unused bits: on the tiny model's 458,752 int6 block weights (empirical entropy 5.50 bits/value = 315,500 bytes)
 the int8 containers compress to 316,226 bytes with brotli-11 and 321,844 with lzma-9, against 333,309 and 337,452
@@ -16,12 +16,12 @@ byte-oriented LZ matching and entropy models cannot see through.
 
 The packed state dict maps each name to its fields: ``q`` + ``scale`` (codes and per-row fp16 scales; plus the
 LQER fields), ``half`` (fp16) or ``raw`` (as it was). It is serialized with torch.save and compressed as one
-stream (speedrun.finishing.compression), or with quant.compressor=pergroup split into groups of like tensors
-compressed apart (speedrun.finishing.pergroup), a blob that carries its own header.
+stream (speedrun.quant.compression), or with quant.compressor=pergroup split into groups of like tensors
+compressed apart (speedrun.quant.pergroup), a blob that carries its own header.
 
 val_bpb_quant is measured on the dequantized round trip, so it is the number the artifact actually earns.
 artifact_bytes = compressed blob + code counted raw (UTF-8 bytes, uncompressed), parameter-golf's rule; which
-files count is speedrun.finishing.artifact.CODE_FILES.
+files count is speedrun.artifact.artifact.CODE_FILES.
 """
 
 from __future__ import annotations
@@ -37,10 +37,11 @@ import torch
 from speedrun.config.choices import QuantName
 from speedrun.config.compressors import PERGROUP, check_compressor
 from speedrun.config.quant import TENSOR_CLASSES, QuantConfig
-from speedrun.finishing import lqer, pergroup
-from speedrun.finishing.classes import EMBED_NAMES, tensor_class
-from speedrun.finishing.compression import CHUNK_BYTES, COMPRESSORS, STREAMS, compress, decompress
-from speedrun.finishing.gptq import (
+from speedrun.progress import Progress
+from speedrun.quant import lqer, pergroup
+from speedrun.quant.classes import EMBED_NAMES, tensor_class
+from speedrun.quant.compression import CHUNK_BYTES, COMPRESSORS, STREAMS, compress, decompress
+from speedrun.quant.gptq import (
     collect_hessians,
     gptq_layers,
     qmax_of,
@@ -49,7 +50,6 @@ from speedrun.finishing.gptq import (
     search_scales,
     sigma_scales,
 )
-from speedrun.progress import Progress
 
 __all__ = [  # the compressors and GPTQ live in their own modules; these names stay importable from here
     "CHUNK_BYTES",
@@ -78,13 +78,13 @@ class Artifact:
     blob: bytes
     """Compressed quantized state dict."""
     code_bytes: int
-    """Raw UTF-8 bytes of the code a submission needs (speedrun.finishing.artifact.CODE_FILES), uncompressed."""
+    """Raw UTF-8 bytes of the code a submission needs (speedrun.artifact.artifact.CODE_FILES), uncompressed."""
     compress_seconds: float = 0.0
     """Wall seconds the compression took (all groups, with pergroup)."""
     group_bytes: dict[str, int] = field(default_factory=dict)
     """Compressed bytes per group (pergroup), or {"all": the blob} for a one-stream compressor."""
     extra: dict[str, Any] = field(default_factory=dict)
-    """What the export measured on the way (timings, the per-tensor report): speedrun.finishing.finalize fills it."""
+    """What the export measured on the way (timings, the per-tensor report): speedrun.run.finish fills it."""
 
     @property
     def total_bytes(self) -> int:
@@ -147,7 +147,7 @@ def export_packed(
 ) -> Artifact:
     """Serialize and compress a packed state dict; ``codec`` is quant.pergroup_codec and ``workers`` its threads
     (compressor=pergroup only; default every core)."""
-    from speedrun.finishing.artifact import code_bytes
+    from speedrun.artifact.artifact import code_bytes
 
     t0 = time.perf_counter()
     if compressor == PERGROUP:

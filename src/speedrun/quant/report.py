@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from speedrun.finishing.classes import tensor_class
-from speedrun.finishing.pergroup import group_of
-from speedrun.finishing.quantize import dequantize_entry
+from speedrun.quant.classes import tensor_class
+from speedrun.quant.pergroup import group_of
+from speedrun.quant.quantize import dequantize_entry
 
 REPORT = "artifact_tensors.json"
 

@@ -1,4 +1,4 @@
-"""Phased global TTT: between batches of score-first LoRA TTT (speedrun.finishing.ttt), the model's own weights are
+"""Phased global TTT: between batches of score-first LoRA TTT (speedrun.ttt.score_first), the model's own weights are
 fine-tuned with SGD on documents that are already scored, as parameter-golf's 2026-04 records do (their
 PHASED_TTT_* and GLOBAL_TTT_* settings).
 
@@ -181,7 +181,7 @@ def warm_up(
     """A forward and backward of ``model`` at each (rows, width) of ``shapes``, on random tokens (never validation
     data), as ``finetune`` runs them, without a step: the gradients are dropped and the weights stay as they were.
     Why: the first call at a shape pays for its plans (cuDNN's attention graphs, cuBLAS's heuristics) and every
-    phase's rows are a new shape; TTT runs this before its clock (speedrun.finishing.ttt), as it captures its steps."""
+    phase's rows are a new shape; TTT runs this before its clock (speedrun.ttt.score_first), as it captures its steps."""
     gen = torch.Generator().manual_seed(0)
     for rows, width in sorted(shapes, reverse=True):
         x, y = (torch.randint(0, vocab, (rows, width), generator=gen).to(device) for _ in range(2))

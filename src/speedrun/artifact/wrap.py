@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from speedrun.finishing.artifact import CODE_FILES, CONF_READ, WRAPPED_ALSO
+from speedrun.artifact.artifact import CODE_FILES, CONF_READ, WRAPPED_ALSO
 from speedrun.paths import CONF_DIR, REPO_ROOT
 
 FORMAT = 1
@@ -125,7 +125,7 @@ def requirements(config: dict[str, Any] | None, torch_version: str | None = None
 
 def build_wrapper(code: CodeSource) -> tuple[bytes, dict[str, str]]:
     """The self-extracting file's bytes, and the minified sources it carries ({path: minified source})."""
-    from speedrun.finishing.minify import minify_files
+    from speedrun.artifact.minify import minify_files
 
     minified = minify_files(code.files)
     meta = {"format": FORMAT, "config": code.config, "versions": code.versions}
@@ -138,7 +138,7 @@ def build_wrapper(code: CodeSource) -> tuple[bytes, dict[str, str]]:
     text = HEADER + OUTER.format(payload=base64.b85encode(blob).decode("ascii"))
     data = text.encode("ascii")
     if unwrap_payload(data) != payload:  # the outer line decodes with the decoder's defaults: prove it, once per file
-        raise RuntimeError("the self-extracting file does not decode to its payload (speedrun.finishing.wrap)")
+        raise RuntimeError("the self-extracting file does not decode to its payload (speedrun.artifact.wrap)")
     return data, minified
 
 
