@@ -203,7 +203,7 @@ def profile_ttt(finish: Any, path: Path, log: Any) -> None:
         return
     events = prof.key_averages()
     wall = finish.out.get("ttt_seconds") or 0.0
-    # kernels only: an operator's self device time repeats its kernels' time, so summing every event counts it twice
+    # kernels only: an operator's self_device_time_total repeats its kernels' time, so summing every event counts it twice
     gpu_us = sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CUDA) if cuda else 0
     launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"))
     head = (

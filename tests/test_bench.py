@@ -19,6 +19,7 @@ from speedrun.bench.parsers import pgolf_baseline, pgolf_record
 from speedrun.bench.render import PAGE, render
 from speedrun.bench.runner import Options, plan, run_check, why_not
 from speedrun.bench.spec import Check, Diff, PeerArm, Ratio, RunArm, Value, judge
+from speedrun.records.identity import file_sha256
 
 GPU_HERE = bool(hw.detect().gpus)
 
@@ -336,7 +337,7 @@ def test_a_peer_arm_runs_its_script_with_the_env_and_its_log_parsed(tmp_path):
     data_path, seed = (Path(run["run_dir"]) / "seen.txt").read_text().split("\n")
     assert Path(data_path) == Path(r["corpus"]["path"]) and (Path(data_path) / "dataset.json").is_file()
     assert seed == "3"
-    assert r["peers"]["fake"] == {"path": str(script), "sha256": hw.sha256_file(script)}
+    assert r["peers"]["fake"] == {"path": str(script), "sha256": file_sha256(script)}
     assert f"PYTHONPATH={shim}" in r["arms"]["peer"]["command"]
 
 

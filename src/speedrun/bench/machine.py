@@ -167,11 +167,3 @@ def corpus_fingerprint(path: Path) -> dict[str, object]:
     for p in files:
         digest.update(f"{p.name}\t{p.stat().st_size}\n".encode())
     return {"fingerprint": digest.hexdigest()[:16], "source": f"sha256 of {len(files)} file names and sizes"}
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

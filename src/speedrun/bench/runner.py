@@ -32,6 +32,7 @@ from speedrun.bench.metrics import read_result, run_metrics
 from speedrun.bench.parsers import PARSERS
 from speedrun.bench.resume import resume_metrics
 from speedrun.bench.spec import Arm, Check, PeerArm, Ratio, RunArm, judge
+from speedrun.records.identity import file_sha256
 
 LOG_TAIL = 40
 """Lines of each run's console output kept in the result file."""
@@ -531,7 +532,7 @@ def run_check(check: Check, opts: Options, say: Callable[[str], None] = print) -
             "path": str(data_dir) if data_dir else None,
             **(hw.corpus_fingerprint(data_dir) if data_dir else {}),
         },
-        "peers": {name: {"path": str(p), "sha256": hw.sha256_file(p)} for name, p in peers.items()},
+        "peers": {name: {"path": str(p), "sha256": file_sha256(p)} for name, p in peers.items()},
         "arms": {
             arm.name: {
                 "kind": "run" if isinstance(arm, RunArm) else "peer",

@@ -27,13 +27,13 @@ class KernelRow:
 
 
 def _self_device_us(event: Any) -> float:
-    """An event's self device time in us (self_cuda_time_total where the torch has no self_device_time_total)."""
+    """An event's self_device_time_total in us (self_cuda_time_total where the torch has no self_device_time_total)."""
     us = getattr(event, "self_device_time_total", None)
     return getattr(event, "self_cuda_time_total", 0) if us is None else us
 
 
 def kernel_rows(events: Iterable[Any], cuda: bool) -> list[KernelRow]:
-    """Rows from profiler key_averages(): device kernels on CUDA (self device time), operators on CPU."""
+    """Rows from profiler key_averages(): device kernels on CUDA (self_device_time_total), operators on CPU."""
     rows = []
     for e in events:
         if cuda:

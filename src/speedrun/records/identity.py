@@ -105,6 +105,15 @@ def gpu_uuid() -> str | None:
     return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
 
 
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes, read in blocks (checkpoints, peers' scripts: files of any size)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def code_fingerprint(root: Path) -> str:
     """16 hex digits hashing the path and contents of every source file under ``root``/src and ``root``/conf, as
     they are in the working tree (uncommitted edits count): the files git lists as tracked or untracked-but-not-

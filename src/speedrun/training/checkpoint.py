@@ -43,6 +43,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from speedrun.records.identity import file_sha256
 from speedrun.records.store import temp_name
 
 log = logging.getLogger("speedrun")
@@ -105,14 +106,6 @@ class _Hashing:
 
     def flush(self) -> None:
         self.f.flush()
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def save_checkpoint(run_dir: Path, payload: dict[str, Any], meta: dict[str, Any], keep: int) -> Path:
