@@ -24,9 +24,10 @@ def test_every_option_composes_into_the_typed_config(compose, group, option):
     assert getattr(cfg, group).name == PRESETS.get((group, option), option)
 
 
-PRESETS = {("quant", "record"): "int6"}
+PRESETS = {("quant", "record"): "int6", ("track", "none"): None}
 """Options that preset the levers of a scheme and carry that scheme's name: quant=record is int6 as the 2026-04-29
-record exports it (quant.name picks the quantizer; the artifact is model.int6.<compressor>)."""
+record exports it (quant.name picks the quantizer; the artifact is model.int6.<compressor>). track=none holds no
+rules, so its name is None."""
 
 
 def test_hydra_lists_the_options_of_each_group_and_no_schema(compose):

@@ -223,7 +223,7 @@ def test_mng_124m_budget_and_validation_are_modded_nanogpts(compose, tmp_path):
     from speedrun.plan import resolve
 
     plan = resolve(to_config(compose(["experiment=mng_124m", "data=fineweb10B_gpt2"])), fake_device("h100"))
-    assert plan.train_seconds == float("inf") and plan.max_steps == 1285
+    assert plan.budget.seconds is None and plan.budget.steps == 1285
     assert plan.tokens_per_step == 262144 == 128 * plan.model.seq_len
     assert (plan.eval.every_steps, plan.eval.periodic_tokens, plan.eval.tokens) == (250, 10485760, 10485761)
     # its val_tokens are targets: the evaluation scores exactly its first 10,485,760 (5120 windows of 2048)

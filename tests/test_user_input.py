@@ -50,8 +50,8 @@ def test_the_plan_sees_int_counts(compose):
     plan = resolve(
         typed(compose, "budget.tokens=2e9", "budget.tokens_per_step=4.096e3", "eval.tokens=8.192e3"), fake_device("cpu")
     )
-    assert (plan.budget_tokens, plan.tokens_per_step, plan.eval.tokens) == (2_000_000_000, 4096, 8192)
-    assert all(type(v) is int for v in (plan.budget_tokens, plan.tokens_per_step, plan.eval.tokens))
+    assert (plan.budget.tokens, plan.tokens_per_step, plan.eval.tokens) == (2_000_000_000, 4096, 8192)
+    assert all(type(v) is int for v in (plan.budget.tokens, plan.tokens_per_step, plan.eval.tokens))
 
 
 @pytest.mark.parametrize("key", COUNTS)

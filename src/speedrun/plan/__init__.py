@@ -9,7 +9,6 @@ fields in speedrun.config; this module keeps the ones that need the device, the 
 from __future__ import annotations
 
 import dataclasses
-import math
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +19,18 @@ from speedrun.hardware.cards import card_for
 from speedrun.hardware.profiles import PROFILES, DetectedDevice, HardwareProfile
 from speedrun.model.shape import ModelShape
 from speedrun.plan.attention import check_scores_memory, resolve_attention
+from speedrun.plan.budget import resolve_budget
 from speedrun.plan.distributed import DistPlan, WorldInfo, check_step_split, resolve_dist
 from speedrun.plan.kernel import graph_warmup_steps, kernel_micro_batch, kernel_settings, resolve_kernel
 from speedrun.plan.memory import param_count, training_memory_bytes
 from speedrun.plan.model import resolve_arch, resolve_model
 from speedrun.plan.options import load_option
-from speedrun.plan.types import DataPlan, EvalPlan, KernelPlan, Plan, Stage, plan_json
+from speedrun.plan.track import check_track
+from speedrun.plan.types import BudgetPlan, DataPlan, EvalPlan, KernelPlan, Plan, Stage, plan_json
 
 __all__ = [
     "Plan",
+    "BudgetPlan",
     "PlanError",
     "Stage",
     "EvalPlan",
@@ -70,6 +72,28 @@ def choose_profile(requested: str, device: DetectedDevice) -> tuple[HardwareProf
     return profile, True
 
 
+@dataclasses.dataclass(frozen=True)
+class _Batch:
+    """How a step is split: what the resolver decides between the model's shape and the kernel settings."""
+
+    tokens_per_step: int
+    micro_batch: int
+    grad_accum: int
+    search: bool
+    dist: DistPlan
+    seq_len: int
+    settings: Any
+    """The kernel group's settings and where they came from (speedrun.plan.kernel.kernel_settings)."""
+    kernel_source: Any
+    kernel_micro: int | None
+    """The micro-batch the kernel group chose (None: none)."""
+
+    @property
+    def micro_steps(self) -> int:
+        """Micro-batches per step (1 while the batch search decides it)."""
+        return 1 if self.search else self.tokens_per_step // (self.micro_batch * self.seq_len)
+
+
 def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world: WorldInfo | None = None) -> Plan:
     """Check the requested combination against the device and fill every ``auto``/None from the profile.
 
@@ -77,15 +101,7 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
     processes of the run as this one's environment tells (speedrun.distributed.world.current; None: a single process)."""
     profile, emulated = choose_profile(str(cfg.hardware.name), device)
     on_cuda = profile.device_type == "cuda"
-
-    precision = profile.precision if cfg.precision.name == "auto" else str(cfg.precision.name)
-    _check_precision(precision, profile)
-    matmul_dtype = precision
-    if precision == "fp32" and on_cuda and "tf32" in profile.peak_tflops:
-        matmul_dtype = "tf32"  # we enable TF32 matmuls for fp32 on sm80+, so that is the peak to divide by
-    # fp8: the block linears run in fp8 (forward and backward), lm_head and attention in bf16. Dividing all
-    # FLOPs by the fp8 peak understates MFU a little rather than flattering it.
-
+    precision, matmul_dtype = _resolve_precision(cfg, profile)
     model_name, model = resolve_model(cfg, profile)
     model_arch, model_options = resolve_arch(cfg)
     lengths = cfg.schedule.stages()
@@ -93,71 +109,21 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
         # RoPE tables (and eval) are sized for the longest length.
         model = dataclasses.replace(model, seq_len=max(length for length, _ in lengths))
     attn, attn_options, attn_kernel = resolve_attention(cfg, profile, precision, model)
-
-    seq_len = model.seq_len
-    tokens_per_step = cfg.budget.tokens_per_step or profile.tokens_per_step
-    # the kernel group may choose the micro-batch (kernel.micro_batch, or a tuned table's): read it first
-    settings, kernel_source = kernel_settings(cfg, profile, model_name)
-    kernel_micro = kernel_micro_batch(cfg, settings)
-    search = cfg.hardware.micro_batch == "auto"
-    dist = resolve_dist(cfg.dist, world, profile.device_type)
-    if search:  # each rank's share of the step: the search's candidates divide it (training.batch_search)
-        micro_batch = start_micro_batch(profile, seq_len, tokens_per_step // dist.world_size)
-    else:
-        micro_batch = kernel_micro or cfg.hardware.micro_batch
-        if micro_batch is None:  # nobody chose it: the profile's, fitted to the step, the ranks and the stages
-            micro_batch = default_micro_batch(profile, seq_len, tokens_per_step, dist.world_size, lengths)
-    micro_tokens = micro_batch * seq_len
-    # tokens_per_step is global: every rank runs grad_accum micro-batches of its own share of each step
-    grad_accum = check_step_split(
-        tokens_per_step, micro_batch, seq_len, dist.world_size, [length for length, _ in lengths or ()]
-    )
-    check_scores_memory(attn, attn_options, micro_batch, model, profile, precision)
-    memory_gb = _memory_estimate_gb(attn, attn_options, micro_batch, model, precision)
+    batch = _resolve_batch(cfg, profile, model_name, model, world, lengths)
+    check_scores_memory(attn, attn_options, batch.micro_batch, model, profile, precision)
     card = card_for(device.name) if on_cuda else None
-    stages = _stages(lengths, micro_tokens) if lengths else (Stage(seq_len, 1.0, micro_batch),)
-    b = cfg.budget
-    if cfg.schedule.progress == "step" and not (b.max_steps or b.tokens or b.flops):
-        raise PlanError(
-            "schedule.progress=step measures stages in steps: set budget.max_steps (or budget.tokens or "
-            "budget.flops, which the stages then follow), or use schedule.progress=time"
-        )
-
-    eval_plan = _resolve_eval(cfg, profile, attn, model, micro_batch, search)
-    ttt = _resolve_ttt(cfg.ttt, model, eval_plan.batch_size, dist.world_size, on_cuda)
+    micro_tokens = batch.micro_batch * model.seq_len
+    stages = _stages(lengths, micro_tokens) if lengths else (Stage(model.seq_len, 1.0, batch.micro_batch),)
+    budget = resolve_budget(cfg, profile)
+    eval_plan = _resolve_eval(cfg, profile, attn, model, batch.micro_batch, batch.search)
+    ttt = _resolve_ttt(cfg.ttt, model, eval_plan.batch_size, batch.dist.world_size, on_cuda)
     _check_code_rule(cfg.artifact, cfg.quant)
-    # A card-independent budget (tokens, FLOPs) set without a time budget is not cut short by the profile's
-    # default seconds: the point of it is the same training on any card.
-    default_seconds = math.inf if (b.tokens or b.flops) else profile.train_seconds
-    train_seconds = b.train_seconds if b.train_seconds is not None else default_seconds
-    _check_quant(cfg.quant, train_seconds if train_seconds > 0 else math.inf)
+    _check_quant(cfg.quant)
+    check_track(cfg.track, budget, eval_plan, ttt)
     compile_on = cfg.hardware.compile if cfg.hardware.compile is not None else on_cuda
-    # micro-batch search may raise the micro-batch after resolve: check CUDA graphs' warm-up for one per step
-    kernel, attn_options = resolve_kernel(
-        cfg,
-        profile,
-        precision,
-        model,
-        attn,
-        attn_options,
-        settings=settings,
-        source=kernel_source,
-        micro_batch=kernel_micro,
-        compile_on=compile_on,
-        grad_accum=1 if search else tokens_per_step // micro_tokens,
-        warmup_steps=cfg.budget.warmup_steps,
+    kernel, attn_options, warmup_steps = _resolve_kernel(
+        cfg, profile, precision, model, attn, attn_options, batch, compile_on
     )
-    if kernel.cuda_graphs and model.loop.on and model.loop.enable_at > 0:
-        # GraphedMicroStep keys its graphs by the batch's shape: a loop switched on mid-run would replay the graph
-        # captured without it
-        raise PlanError(
-            f"kernel.cuda_graphs captures one graph per batch shape and cannot follow model.loop switching on at "
-            f"model.loop.enable_at={model.loop.enable_at}; drop kernel.cuda_graphs or set model.loop.enable_at=0"
-        )
-    warmup_steps = cfg.budget.warmup_steps
-    if kernel.cuda_graphs:  # enough untimed steps to capture (the search may end at one micro-batch per step)
-        warmup_steps = max(warmup_steps, graph_warmup_steps(1 if search else tokens_per_step // micro_tokens))
-
     return Plan(
         name=cfg.name,
         seed=cfg.seed,
@@ -182,20 +148,17 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
         model=model,
         model_arch=model_arch,
         model_options=model_options,
-        micro_batch=micro_batch,
+        micro_batch=batch.micro_batch,
         stages=stages,
         stage_progress=str(cfg.schedule.progress),
         schedule=cfg.schedule,
-        grad_accum=grad_accum,
-        tokens_per_step=tokens_per_step,
-        train_seconds=float(train_seconds) if train_seconds > 0 else math.inf,
-        max_steps=cfg.budget.max_steps,
-        budget_tokens=b.tokens,
-        budget_flops=b.flops,
+        grad_accum=batch.grad_accum,
+        tokens_per_step=batch.tokens_per_step,
+        budget=budget,
         warmup_steps=warmup_steps,
         eval=eval_plan,
         compile=compile_on,
-        memory_estimate_gb=memory_gb,
+        memory_estimate_gb=_memory_estimate_gb(attn, attn_options, batch.micro_batch, model, precision),
         memory_snapshot=bool(cfg.hardware.memory_snapshot) and on_cuda,
         optim=cfg.optim,
         quant=cfg.quant,
@@ -203,14 +166,94 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
         data=_resolve_data(cfg.data, cwd or Path.cwd()),
         logger=cfg.logger,
         checkpoint=cfg.checkpoint,
-        micro_batch_search=search,
-        dist=dist,
+        micro_batch_search=batch.search,
+        dist=batch.dist,
         kernel=kernel,
         ema=EMAConfig(decay=cfg.ema.decay or None),  # 0 is off too: plan.json says null
         artifact=cfg.artifact,
         target_metric=cfg.budget.target[0] if cfg.budget.target else None,
         target_value=cfg.budget.target[1] if cfg.budget.target else None,
+        track=cfg.track,
     )
+
+
+def _resolve_precision(cfg: Config, profile: HardwareProfile) -> tuple[str, str]:
+    """The precision that runs and the dtype whose peak MFU divides by."""
+    precision = profile.precision if cfg.precision.name == "auto" else str(cfg.precision.name)
+    _check_precision(precision, profile)
+    if precision == "fp32" and profile.device_type == "cuda" and "tf32" in profile.peak_tflops:
+        return precision, "tf32"  # we enable TF32 matmuls for fp32 on sm80+, so that is the peak to divide by
+    # fp8: the block linears run in fp8 (forward and backward), lm_head and attention in bf16. Dividing all
+    # FLOPs by the fp8 peak understates MFU a little rather than flattering it.
+    return precision, precision
+
+
+def _resolve_batch(
+    cfg: Config,
+    profile: HardwareProfile,
+    model_name: str,
+    model: ModelShape,
+    world: WorldInfo | None,
+    lengths: list[tuple[int, float]] | None,
+) -> _Batch:
+    """Tokens per step, the micro-batch (the kernel group's, the user's or the profile's) and the ranks' split."""
+    seq_len = model.seq_len
+    tokens_per_step = cfg.budget.tokens_per_step or profile.tokens_per_step
+    # the kernel group may choose the micro-batch (kernel.micro_batch, or a tuned table's): read it first
+    settings, kernel_source = kernel_settings(cfg, profile, model_name)
+    kernel_micro = kernel_micro_batch(cfg, settings)
+    search = cfg.hardware.micro_batch == "auto"
+    dist = resolve_dist(cfg.dist, world, profile.device_type)
+    if search:  # each rank's share of the step: the search's candidates divide it (training.batch_search)
+        micro_batch = start_micro_batch(profile, seq_len, tokens_per_step // dist.world_size)
+    else:
+        micro_batch = kernel_micro or cfg.hardware.micro_batch
+        if micro_batch is None:  # nobody chose it: the profile's, fitted to the step, the ranks and the stages
+            micro_batch = default_micro_batch(profile, seq_len, tokens_per_step, dist.world_size, lengths)
+    # tokens_per_step is global: every rank runs grad_accum micro-batches of its own share of each step
+    grad_accum = check_step_split(
+        tokens_per_step, micro_batch, seq_len, dist.world_size, [length for length, _ in lengths or ()]
+    )
+    return _Batch(tokens_per_step, micro_batch, grad_accum, search, dist, seq_len, settings, kernel_source, kernel_micro)
+
+
+def _resolve_kernel(
+    cfg: Config,
+    profile: HardwareProfile,
+    precision: str,
+    model: ModelShape,
+    attn: str,
+    attn_options: dict[str, Any],
+    batch: _Batch,
+    compile_on: bool,
+) -> tuple[KernelPlan, dict[str, Any], int]:
+    """The kernel group resolved, the attention options it sets, and the untimed warm-up steps it needs."""
+    # micro-batch search may raise the micro-batch after resolve: check CUDA graphs' warm-up for one per step
+    kernel, attn_options = resolve_kernel(
+        cfg,
+        profile,
+        precision,
+        model,
+        attn,
+        attn_options,
+        settings=batch.settings,
+        source=batch.kernel_source,
+        micro_batch=batch.kernel_micro,
+        compile_on=compile_on,
+        grad_accum=batch.micro_steps,
+        warmup_steps=cfg.budget.warmup_steps,
+    )
+    if kernel.cuda_graphs and model.loop.on and model.loop.enable_at > 0:
+        # GraphedMicroStep keys its graphs by the batch's shape: a loop switched on mid-run would replay the graph
+        # captured without it
+        raise PlanError(
+            f"kernel.cuda_graphs captures one graph per batch shape and cannot follow model.loop switching on at "
+            f"model.loop.enable_at={model.loop.enable_at}; drop kernel.cuda_graphs or set model.loop.enable_at=0"
+        )
+    warmup_steps = cfg.budget.warmup_steps
+    if kernel.cuda_graphs:  # enough untimed steps to capture (the search may end at one micro-batch per step)
+        warmup_steps = max(warmup_steps, graph_warmup_steps(batch.micro_steps))
+    return kernel, attn_options, warmup_steps
 
 
 def start_micro_batch(profile: HardwareProfile, seq_len: int, tokens_per_step: int) -> int:
@@ -350,9 +393,9 @@ def _resolve_ttt(ttt: TTTConfig, model: ModelShape, eval_batch: int, world_size:
     return dataclasses.replace(ttt, batch_size=ttt.batch_size or eval_batch)
 
 
-def _check_quant(quant: QuantConfig, train_seconds: float) -> None:
-    """brotli and zstd come from an optional extra: refuse before training, not at export time. A reservation for
-    GPTQ's Hessians must leave training some of a time budget."""
+def _check_quant(quant: QuantConfig) -> None:
+    """brotli and zstd come from an optional extra: refuse before training, not at export time (GPTQ's reserve is
+    the budget's: speedrun.plan.budget)."""
     if quant.name == "off":
         return
     from speedrun.config.compressors import check_compressor
@@ -361,12 +404,6 @@ def _check_quant(quant: QuantConfig, train_seconds: float) -> None:
         check_compressor(str(quant.compressor), quant.level, str(quant.pergroup_codec))
     except ValueError as err:
         raise PlanError(str(err)) from None
-    if quant.reserve_seconds and not quant.reserve_seconds < train_seconds < math.inf:
-        raise PlanError(
-            f"quant.reserve_seconds={quant.reserve_seconds:g} is taken from the time budget "
-            f"(budget.train_seconds={train_seconds:g}): set budget.train_seconds above it, or drop "
-            f"quant.reserve_seconds"
-        )
 
 
 def _check_code_rule(artifact: ArtifactConfig, quant: QuantConfig) -> None:
@@ -398,4 +435,5 @@ def _resolve_data(data: DataConfig, cwd: Path) -> DataPlan:
         tokenizer=data.tokenizer if data.tokenizer == GPT2 else absolute(data.tokenizer),
         vocab_size=data.vocab_size,
         cache_dir=str(absolute(data.cache_dir)),
+        name=data.name,
     )

@@ -12,7 +12,9 @@ eval.max_seconds bounds each of the first two passes: one cut short scores a pre
 (eval_complete / eval_complete_quant false, val_tokens_scored of val_tokens_total, a warning in the log); its
 fingerprint is of the tokens it scored, so the report never compares it with a complete pass.
 
-GPTQ (quant=int6) takes its Hessians from a fresh stream of *training* batches, never from validation data.
+GPTQ (quant=int6) takes its Hessians from a fresh stream of *training* batches, never from validation data. The
+job collects them right after the last training step, on the training clock (speedrun.quant.calibration), and
+passes them in; called without them, the export collects its own.
 
 With ema.decay set, every number here is of the weights' moving average: training.loop.train returns with it in the
 model (the record applies its EMA the same way, before its diagnostic eval, GPTQ and TTT).
@@ -59,9 +61,9 @@ from speedrun.kernels.compile import graphs_compiled
 from speedrun.plan import Plan
 from speedrun.plan.dtypes import autocast_dtype
 from speedrun.progress import Progress
+from speedrun.quant.calibration import collect_after_training
 from speedrun.quant.quantize import (
     Artifact,
-    collect_hessians,
     dequantize_state_dict,
     export_packed,
     load_packed,
@@ -100,12 +102,12 @@ def evaluate_and_export(
     on_phase: PhaseCallback | None = None,
     world: Any = None,
     code: CodeSource | None = None,
-    train_seconds: float | None = None,
+    hessians: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, Any]:
     """The three phases in order; returns every key they measured (also reported through ``on_phase``). ``code``:
     the source the job read when it started, for the self-extracting file (None: read it at export).
-    ``train_seconds``: the training loop's, to which quant.reserve_seconds adds the Hessians' time."""
-    finish = Finish(plan, model, eval_forward, data, run_dir, log, on_phase, world, code, train_seconds)
+    ``hessians``: GPTQ's, collected after training (None: the export collects them)."""
+    finish = Finish(plan, model, eval_forward, data, run_dir, log, on_phase, world, code, hessians)
     finish.evaluate()
     if plan.quant.name != "off":
         finish.quantize()
@@ -142,11 +144,11 @@ class Finish:
         on_phase: PhaseCallback | None = None,
         world: Any = None,
         code: CodeSource | None = None,
-        train_seconds: float | None = None,
+        hessians: dict[str, torch.Tensor] | None = None,
     ):
         self.plan, self.model, self.eval_forward, self.data = plan, model, eval_forward, data
         self.run_dir, self.log, self.world, self.code = run_dir, log, world, code
-        self.train_seconds = train_seconds
+        self.hessians = hessians
         self.report: PhaseCallback = on_phase or (lambda name, keys=None: None)
         self.amp_dtype = autocast_dtype(plan)
         self.out: dict[str, Any] = {"eval_mode": plan.eval.label}
@@ -192,8 +194,13 @@ class Finish:
         return res, keys
 
     def done(self, phase: str, **keys: Any) -> None:
+        """A phase's keys, with the evaluation's time so far: eval_seconds all of it since training ended (what a
+        track's limit counts), eval_seconds_warm the same less TTT's compile and graph capture."""
+        seconds = time.perf_counter() - self.t0
+        compile_seconds = keys.get("ttt_compile_seconds", self.out.get("ttt_compile_seconds")) or 0.0
         timing = {
-            "eval_seconds": round(time.perf_counter() - self.t0, 3),
+            "eval_seconds": round(seconds, 3),
+            "eval_seconds_warm": round(seconds - compile_seconds, 3),
             "eval_recompiles": graphs_compiled() - self.graphs0,
         }
         self.out.update(keys, **timing)
@@ -240,7 +247,8 @@ class Finish:
         self.report("quant")
         tq = time.perf_counter()
         rank0 = world is None or world.rank == 0
-        quantized = quantize_model(plan, self.model, self.data, self.log, self.run_dir) if rank0 else None
+        quantized = quantize_model(plan, self.model, self.data, self.log, self.run_dir, self.hessians) if rank0 else None
+        self.hessians = None  # quantized holds what the report needs
         self.quantized_seconds = time.perf_counter() - tq
 
         def codes() -> dict[str, dict[str, torch.Tensor]]:
@@ -306,7 +314,7 @@ class Finish:
         return {
             **sizes,
             "compress_seconds": artifact.compress_seconds,
-            **self._reserve_keys(artifact),
+            **({"quant_hessian_seconds": h} if (h := artifact.extra.get("quant_hessian_seconds")) is not None else {}),
             # the export's own work (Hessians, GPTQ, compression), whatever ran beside it
             "quant_seconds": round(self.quantized_seconds + artifact.compress_seconds, 3),
         }
@@ -331,29 +339,6 @@ class Finish:
             self._collect_artifact(block=True)
         except BaseException as e:  # noqa: BLE001 - secondary to the error already on its way
             self.log(f"quant: the artifact could not be kept after the failed score: {type(e).__name__}: {e}")
-
-    def _reserve_keys(self, artifact: Artifact) -> dict[str, Any]:
-        """quant_hessian_seconds (int6); with quant.reserve_seconds, train_seconds = the loop's + the Hessians'
-        (they read training data, so parameter-golf counts them as training), train_loop_seconds, and
-        quant_reserve_ok: whether the two stayed within budget.train_seconds."""
-        hessian = artifact.extra.get("quant_hessian_seconds")
-        if hessian is None:
-            return {}
-        keys: dict[str, Any] = {"quant_hessian_seconds": hessian}
-        reserve, loop = self.plan.quant.reserve_seconds, self.train_seconds
-        if reserve and loop is not None:
-            total = loop + hessian
-            keys.update(
-                train_seconds=round(total, 3),
-                train_loop_seconds=round(loop, 3),
-                quant_reserve_ok=total <= self.plan.train_seconds,
-            )
-            self.log(
-                f"quant: training loop {loop:.1f} s + Hessians {hessian:.1f} s = {total:.1f} s of "
-                f"budget.train_seconds {self.plan.train_seconds:g} (quant.reserve_seconds {reserve:g}: "
-                f"{'enough' if total <= self.plan.train_seconds else 'NOT enough, raise it'})"
-            )
-        return keys
 
     def test_time_train(self) -> None:
         """Score-first LoRA TTT on the model as it is now (the dequantized artifact when quant is on)."""
@@ -381,10 +366,16 @@ class Quantized:
 
 
 def quantize_model(
-    plan: Plan, model: torch.nn.Module, data: Any, log: Callable[[str], None], run_dir: Path
+    plan: Plan,
+    model: torch.nn.Module,
+    data: Any,
+    log: Callable[[str], None],
+    run_dir: Path,
+    hessians: dict[str, torch.Tensor] | None = None,
 ) -> Quantized:
-    """Quantize the model (rank 0); int6 records quant_hessian_seconds in ``extra``. quant.keep_weights: the float
-    weights to <run dir>/model.pt first."""
+    """Quantize the model (rank 0). int6: with the ``hessians`` collected after training, or, without them, collected
+    here (recording quant_hessian_seconds in ``extra``). quant.keep_weights: the float weights to <run dir>/model.pt
+    first."""
     q = plan.quant
     state = model.state_dict()  # quantized where the weights are (GPTQ, clip searches on the GPU), as before
     # the report's float weights: a CPU copy, since the model's own tensors take the dequantized ones next
@@ -392,30 +383,22 @@ def quantize_model(
     if q.keep_weights:
         torch.save(float_state, run_dir / FLOAT_WEIGHTS)
     extra: dict[str, Any] = {}
-    hessians: dict[str, torch.Tensor] = {}
     rules: dict[str, dict[str, Any]] = {}
     if q.name == "int8":
         packed = quantize_state_dict(state)
+        hessians = {}
     else:
-        t0 = time.perf_counter()
-        hessians = collect_hessians(
-            model,
-            data.train_batches(),
-            q.calib_batches,
-            device=plan.device,
-            autocast_dtype=autocast_dtype(plan),
-            progress=Progress("gptq: Hessians", log, unit="batches"),
-            head=q.embed_gptq,
-        )
+        if hessians is None:
+            calibration = collect_after_training(plan, model, data, log)
+            hessians = calibration.hessians
+            extra["quant_hessian_seconds"] = round(calibration.seconds, 3)
         t1 = time.perf_counter()
         packed, rules = quantize_int6(state, hessians, q, Progress(f"gptq: int{q.bits}", log, unit="matrices"))
-        extra["quant_hessian_seconds"] = round(t1 - t0, 3)
         gptq = sum(r["method"] == "gptq" for r in rules.values())
         levers = ", ".join(q.levers_on()) or "no levers"
         log(
-            f"quant: GPTQ on {gptq} matrices (Hessians from {q.calib_batches} training batches in {t1 - t0:.1f} s, "
-            f"quantized in {time.perf_counter() - t1:.1f} s), int{q.bits} blocks, int{q.embed_bits} embeddings; "
-            f"{levers}"
+            f"quant: GPTQ on {gptq} matrices (Hessians of {q.calib_batches} training batches), quantized in "
+            f"{time.perf_counter() - t1:.1f} s, int{q.bits} blocks, int{q.embed_bits} embeddings; {levers}"
         )
     packed = {name: {f: t.detach().cpu() for f, t in entry.items()} for name, entry in packed.items()}
     hessians = {name: h.detach().cpu() for name, h in hessians.items()}  # the report thread touches no GPU

@@ -9,9 +9,13 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import time
 from typing import Any
 
 from speedrun.config import Config
+from speedrun.plan.budget import reads_training_data
+from speedrun.plan.types import Plan
+from speedrun.quant.calibration import Calibration, collect_after_training, measure_reserve
 from speedrun.run.loggers import make_logger
 from speedrun.run.record import JobRecord
 
@@ -21,6 +25,11 @@ log = logging.getLogger("speedrun")
 class Job(JobRecord):
     peak_memory: Any = None
     model: Any = None
+    calibration: Calibration | None = None
+    """GPTQ's Hessians, collected right after the loop (rank 0, quant=int6); the export quantizes with them."""
+    hessian_seconds: float | None = None
+    """Wall seconds from the loop's end to the Hessians' (what train_seconds adds to the loop's clock)."""
+    loop_ended: float = 0.0
     code: Any = None
     """The source as the job read it when it started, with its resolved config: the self-extracting file is made
     from it (speedrun.artifact.wrap.CodeSource), so the file carries the code that ran, not a later edit."""
@@ -34,7 +43,11 @@ class Job(JobRecord):
         self.start(plan)
         data, model, forward, eval_forward, optimizers = self.build(plan)
         self.train(plan, data, model, forward, eval_forward, optimizers)
-        if self.state is not None and self.state.diverged:  # a result, not a crash: nothing worth evaluating
+        diverged = self.state is not None and self.state.diverged
+        if not diverged:
+            self.calibrate(data, model)
+        self.end_training(data)
+        if diverged:  # a result, not a crash: nothing worth evaluating
             self.result.update(status="diverged", error=self.state.divergence, diverged_step=self.state.diverged_step)
             log.error(self.result["error"])
             return
@@ -89,6 +102,8 @@ class Job(JobRecord):
             seq_len=plan.model.seq_len,
             card=plan.card,
             memory_estimate_gb=plan.memory_estimate_gb,
+            data=plan.data.name,
+            track=plan.track.name,
         )
         self.result.update(gpu_identity(plan.device))  # which physical card: cards of one model differ in speed
         self.result.update(self.world.describe(plan.device_name))  # world_size, nodes, each rank's GPU
@@ -133,6 +148,7 @@ class Job(JobRecord):
         warm_up(stepper, batches, state, log.info)
         if extras is not None:
             state.compile_seconds += extras.warm()
+        state.hessian_reserve_seconds = self._hessian_reserve(plan, model, data)
         if plan.kernel.profile:  # untimed and undone, like warm-up: trace.json + top-kernels table in run.log
             from speedrun.kernels.profile import profile_steps
 
@@ -149,10 +165,35 @@ class Job(JobRecord):
         self.peak_memory.start()  # peak_mem_mb covers timed training only
         self.on_phase("train")
         train(stepper, batches, state=state, log=log.info, on_metrics=self.on_metrics, extras=extras)
+        self.loop_ended = time.perf_counter()
         if plan.compile:
             from speedrun.kernels.cache import cache_stats
 
             self.result.update(cache_stats())
+
+    def _hessian_reserve(self, plan: Plan, model: Any, data: Any) -> float:
+        """Seconds of the time budget GPTQ's Hessians get after the loop: the plan's, or measured now on rank 0
+        (which collects them) and agreed by every rank, whose loops stop on rank 0's clock anyway."""
+        if not plan.budget.measures_reserve:
+            return plan.budget.hessian_reserve or 0.0
+        rank0 = self.world.rank == 0
+        return self.world.agree(measure_reserve(plan, model, data, log.info) if rank0 else 0.0)
+
+    def calibrate(self, data: Any, model: Any) -> None:
+        """GPTQ's Hessians, right after the last step (rank 0, which exports): the last read of training data, so
+        train_seconds ends with them (speedrun.quant.calibration)."""
+        plan = self.plan
+        assert plan is not None
+        if not reads_training_data(plan.quant) or self.world.rank != 0:
+            return
+        model.eval()  # as the export scores and quantizes it (fp8 layers take their bf16 path)
+        self.calibration = collect_after_training(plan, model, data, log.info)
+        self.hessian_seconds = time.perf_counter() - self.loop_ended
+
+    def end_training(self, data: Any) -> None:
+        """Record training (the loop, and the Hessians after it), before evaluation starts."""
+        plan, state = self.plan, self.state
+        assert plan is not None and state is not None
         self.record_training()
         self.result["peak_mem_mb"] = self.world.max(self.result["peak_mem_mb"])  # the largest over the ranks
         self.result["epochs"] = round(state.tokens / data.train_tokens, 3)
@@ -216,7 +257,7 @@ class Job(JobRecord):
                 on_phase=self.on_phase,
                 world=self.world,
                 code=self.code,
-                train_seconds=self.state.train_seconds if self.state is not None else None,
+                hessians=self.calibration.hessians if self.calibration is not None else None,
             )
         )
 
@@ -231,7 +272,7 @@ class Job(JobRecord):
         result.update(
             steps=state.steps,
             tokens=state.tokens,
-            train_seconds=round(state.train_seconds, 3),
+            **self._train_time_keys(),
             compile_seconds=round(state.compile_seconds, 3),
             train_loss=state.last_loss,
             stages=state.stages,
@@ -241,6 +282,35 @@ class Job(JobRecord):
         result.update(loop_result(plan, state))
         result.update(mfu_keys(plan, state.stages, state.steps, state.train_seconds))
         result.update((self.peak_memory or PeakMemory(plan.device)).read())
+
+    def _train_time_keys(self) -> dict[str, Any]:
+        """train_seconds, the time the track and the budget count: the loop's clock (train_loop_seconds) plus, where
+        GPTQ's Hessians were collected after it, the wall time to their end (quant_hessian_seconds the collection
+        alone); budget_seconds the limit (null: none) and quant_reserve_ok whether both fit in it."""
+        plan, state = self.plan, self.state
+        assert plan is not None and state is not None
+        loop = state.train_seconds
+        keys: dict[str, Any] = {
+            "train_loop_seconds": round(loop, 3),
+            "budget_seconds": plan.budget.seconds,
+            "train_seconds": round(loop + (self.hessian_seconds or 0.0), 3),
+        }
+        if self.calibration is not None:
+            limit = plan.budget.seconds
+            keys.update(
+                quant_hessian_seconds=round(self.calibration.seconds, 3),
+                hessian_reserve_seconds=round(state.hessian_reserve_seconds, 3),
+                quant_reserve_ok=None if limit is None else keys["train_seconds"] <= limit,
+            )
+            log.info(
+                "training: loop %.1f s + GPTQ's Hessians %.1f s = %.1f s%s",
+                loop,
+                self.hessian_seconds,
+                keys["train_seconds"],
+                "" if limit is None else f" of budget.train_seconds {limit:g} (reserve {state.hessian_reserve_seconds:.1f} s: "
+                f"{'enough' if keys['quant_reserve_ok'] else 'NOT enough, raise quant.reserve_seconds'})",
+            )
+        return keys
 
 
 def _warn_repeated_data(plan: Any, epochs: float, train_tokens: int) -> None:

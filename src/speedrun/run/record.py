@@ -21,6 +21,7 @@ from speedrun.records.result_block import format_result_block
 from speedrun.records.store import MetricsLog, ResultsDB, atomic_write_text, write_json
 from speedrun.run.heartbeat import Heartbeat
 from speedrun.run.loggers import RunLogger
+from speedrun.run.track_verdict import track_keys
 
 if TYPE_CHECKING:
     from speedrun.plan.types import Plan
@@ -198,6 +199,12 @@ class JobRecord:
         # every part of a resumed run; a resume that never restored is a record of its own, with its own wall time
         prior = 0.0 if self.holding else self.prior_wall_seconds
         self.result["wall_seconds"] = round(prior + finished - started, 3)
+        if self.plan is not None and self.plan.track.on and not self.holding:
+            self.result.update(track_keys(self.plan, self.result))
+            if not self.result["track_ok"]:
+                log.warning(
+                    "track %s: not met: %s", self.plan.track.name, "; ".join(self.result["track_problems"] or [])
+                )
         if self.holding:  # a resume that ended before its restore: its own record, the original untouched
             out_dir = self.error_dir()
             out_dir.mkdir(parents=True, exist_ok=True)

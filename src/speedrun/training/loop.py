@@ -20,7 +20,7 @@ from speedrun.kernels.compile import graphs_compiled
 from speedrun.model.optim import WeightEMA, set_lr_multiplier, set_muon_momentum
 from speedrun.plan import Plan
 from speedrun.plan.dtypes import autocast_dtype
-from speedrun.training.budget import Budget, Clock
+from speedrun.training.budget import Budget, Clock, StepPace
 from speedrun.training.dense_metrics import SMOOTH_STEPS, Divergence, LossBuffer, divergence, non_finite, progress_line
 from speedrun.training.mfu import plan_flops_per_token
 
@@ -73,6 +73,9 @@ class TrainState:
     """Wall seconds of periodic validation (kept out of train_seconds)."""
     checkpoint_seconds: float = 0.0
     """Wall seconds spent writing checkpoints (kept out of train_seconds)."""
+    hessian_reserve_seconds: float = 0.0
+    """Seconds of the time budget left after the loop for GPTQ's Hessians (the plan's, or measured in warm-up);
+    a checkpoint keeps it, so a resumed run stops its loop where the original would have."""
 
 
 EMA_INIT_SHARE_WARN = 0.05
@@ -283,7 +286,8 @@ def train(
     """
     plan = stepper.plan
     optim, schedule, log_every_seconds = plan.optim, plan.schedule, plan.logger.log_every_seconds
-    budget, clock = Budget.from_plan(plan), Clock(state.train_seconds)
+    budget, clock = Budget.of(plan.budget, state.hessian_reserve_seconds), Clock(state.train_seconds)
+    pace = StepPace()
     losses = LossBuffer(plan.device, plan.logger.flush_every_steps)
     batches: Any = None
     graphs_before = graphs_compiled()
@@ -333,6 +337,9 @@ def train(
             if budget.progress(*used(seconds)) >= 1.0:
                 state.budget_end = budget.ended_by(*used(seconds))
                 break
+            if budget.next_step_passes_time(seconds, pace.mean()):
+                state.budget_end = "time"
+                break
             stage_frac = budget.stage_fraction(plan.stage_progress, *used(seconds))
             wanted = next((i for i, st in enumerate(plan.stages) if stage_frac < st.until), len(plan.stages) - 1)
             looped = _loop_due(plan, stage_frac)  # model.loop: None without one
@@ -370,6 +377,7 @@ def train(
             # with extras, the same collective also carries every rank's stop request and checkpoint clock
             seconds = extras.agree(clock.elapsed()) if extras is not None else agree(clock.elapsed())
             losses.add(loss, state.steps, state.tokens, lr, seconds)
+            pace.add(seconds)
             line = seconds >= next_log
             boundary = extras is not None and extras.due(state, seconds)
             if line or boundary or losses.full:

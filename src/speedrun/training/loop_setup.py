@@ -25,10 +25,7 @@ log = logging.getLogger("speedrun")
 _SAME_PLAN = (
     "model",
     "tokens_per_step",
-    "max_steps",
-    "train_seconds",
-    "budget_tokens",
-    "budget_flops",
+    "budget",
     "optim",
     "schedule",
     "ema",
