@@ -55,6 +55,8 @@ class TrackConfig:
     """Whose rules: parameter-golf, modded-nanogpt."""
     record: bool = False
     """Whether a run that meets these rules may claim a record (a non-record track keeps only some rules)."""
+    folder: str | None = None
+    """Where the contest files a submission of this track (parameter-golf's records/<folder>/)."""
     gpus: int | None = None
     """GPUs the run must use."""
     card: str | None = None
@@ -120,7 +122,9 @@ class TrackConfig:
         out = []
         world = int(result.get("world_size") or 1)
         if self.gpus is not None and (world != self.gpus or result.get("hardware") == "cpu"):
-            out.append(f"ran on {world} {'CPU process' if result.get('hardware') == 'cpu' else 'GPU'}(s), not {self.gpus}")
+            out.append(
+                f"ran on {world} {'CPU process' if result.get('hardware') == 'cpu' else 'GPU'}(s), not {self.gpus}"
+            )
         if self.card is not None:
             names = [str(n) for n in (result.get("gpu_names") or [result.get("device_name")])]
             other = sorted({n for n in names if self.card not in n})
@@ -141,16 +145,24 @@ class TrackConfig:
 
     def _validation_problems(self, result: dict[str, Any]) -> list[str]:
         out = []
+        whole = result.get("eval_whole_split")
+        if self.full_validation and whole is not True:
+            scored = result.get("val_tokens_total")
+            out.append(
+                "no eval_whole_split recorded"
+                if whole is None
+                else f"it scored the first {scored:,} validation tokens (eval.tokens), not the whole split"
+            )
         for suffix, phase in (("", "eval"), ("_quant", "quantized eval")):
-            scored, total = result.get(f"val_tokens_scored{suffix}"), result.get("val_tokens_total")
+            scored = result.get(f"val_tokens_scored{suffix}")
             if result.get(f"eval_complete{suffix}") is False:
                 out.append(f"the {phase} was cut short (eval_complete{suffix} false)")
-            elif self.full_validation and scored is not None and total is not None and scored < total:
-                out.append(f"the {phase} scored {scored:,} of the split's {total:,} tokens, not all")
             elif self.val_tokens is not None and scored is not None and scored != self.val_tokens:
                 out.append(f"the {phase} scored {scored:,} tokens, not the track's {self.val_tokens:,}")
         if result.get("ttt_complete") is False:
-            out.append(f"TTT scored {100 * float(result.get('ttt_fraction') or 0):.1f}% of the tokens (ttt_complete false)")
+            out.append(
+                f"TTT scored {100 * float(result.get('ttt_fraction') or 0):.1f}% of the tokens (ttt_complete false)"
+            )
         return out
 
     def _time_problems(self, result: dict[str, Any]) -> list[str]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from speedrun.artifact.artifact import MANIFEST, WRAPPED_FILE
 from speedrun.export.runs import ExportError, Run
-from speedrun.export.track import RECORD, claim
+from speedrun.export.track import RECORD_NAME, claim, limits_table
 from speedrun.stats import mean, std
 from speedrun.tables import format_table, mean_std_cell
 
@@ -43,8 +43,8 @@ class Submission:
     name: str
     author: str = ""
     github_id: str = ""
-    track: str = RECORD.name
-    """The track asked for (speedrun.export.track.TRACKS); the record track is claimed only when the runs meet it."""
+    track: str = RECORD_NAME
+    """The track asked for (conf/track/); the record track is claimed only when the runs may claim it."""
     summary: str = ""
     blurb: str = ""
     """submission.json's short description; default_blurb() when empty."""
@@ -81,10 +81,27 @@ class Submission:
             }
         return out
 
+    def labelled(self) -> list[tuple[str, dict[str, Any], int]]:
+        """(label, result, artifact bytes as submitted) of every run."""
+        return [(f"seed {run.seed}", run.result, self.total(run)) for run in self.runs]
+
     def track_claim(self) -> dict[str, Any]:
         """track, record_track and track_reason (speedrun.export.track.claim)."""
-        runs = [(f"seed {run.seed}", run.result, self.total(run)) for run in self.runs]
-        return claim(runs, self.track, unverified=bool(self.code_problems()))
+        return claim(self.labelled(), self.track, unverified=bool(self.code_problems()))
+
+    def limits_lines(self) -> list[str]:
+        """The README's times and bytes against the record track's limits, and any projection the runs made."""
+        lines = ["## Limits", "", *limits_table(self.labelled()), ""]
+        for run in self.runs:
+            r = run.result
+            if r.get("track_projection"):
+                lines += [
+                    f"seed {run.seed}: about {r.get('track_projected_train_seconds')} s of training and "
+                    f"{r.get('track_projected_eval_seconds')} s of evaluation on the track's machine "
+                    f"({r['track_projection']}).",
+                    "",
+                ]
+        return lines
 
     def code_problems(self) -> list[str]:
         """Why the shipped train_gpt.py is not shown to be the runs' (each run --force exported anyway)."""
@@ -244,6 +261,7 @@ class Submission:
                 "val_bpb": "the trained model (no quantized artifact).",
             }[self.bpb_key],
             "",
+            *self.limits_lines(),
             "## Settings",
             "",
             f"- {self.settings_line()}",

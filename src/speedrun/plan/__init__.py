@@ -214,7 +214,9 @@ def _resolve_batch(
     grad_accum = check_step_split(
         tokens_per_step, micro_batch, seq_len, dist.world_size, [length for length, _ in lengths or ()]
     )
-    return _Batch(tokens_per_step, micro_batch, grad_accum, search, dist, seq_len, settings, kernel_source, kernel_micro)
+    return _Batch(
+        tokens_per_step, micro_batch, grad_accum, search, dist, seq_len, settings, kernel_source, kernel_micro
+    )
 
 
 def _resolve_kernel(

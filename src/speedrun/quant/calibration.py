@@ -64,9 +64,7 @@ def measure_reserve(plan: Plan, model: torch.nn.Module, data: Any, log: Callable
     return reserve
 
 
-def collect_after_training(
-    plan: Plan, model: torch.nn.Module, data: Any, log: Callable[[str], None]
-) -> Calibration:
+def collect_after_training(plan: Plan, model: torch.nn.Module, data: Any, log: Callable[[str], None]) -> Calibration:
     """GPTQ's Hessians of the trained model (its EMA weights when ema.decay is set), timed."""
     t0 = time.perf_counter()
     hessians = _collect(plan, model, data, plan.quant.calib_batches, log)

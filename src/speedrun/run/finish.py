@@ -247,7 +247,9 @@ class Finish:
         self.report("quant")
         tq = time.perf_counter()
         rank0 = world is None or world.rank == 0
-        quantized = quantize_model(plan, self.model, self.data, self.log, self.run_dir, self.hessians) if rank0 else None
+        quantized = (
+            quantize_model(plan, self.model, self.data, self.log, self.run_dir, self.hessians) if rank0 else None
+        )
         self.hessians = None  # quantized holds what the report needs
         self.quantized_seconds = time.perf_counter() - tq
 

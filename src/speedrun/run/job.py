@@ -103,6 +103,7 @@ class Job(JobRecord):
             card=plan.card,
             memory_estimate_gb=plan.memory_estimate_gb,
             data=plan.data.name,
+            eval_whole_split=plan.eval.tokens is None,
             track=plan.track.name,
         )
         self.result.update(gpu_identity(plan.device))  # which physical card: cards of one model differ in speed
@@ -307,7 +308,9 @@ class Job(JobRecord):
                 loop,
                 self.hessian_seconds,
                 keys["train_seconds"],
-                "" if limit is None else f" of budget.train_seconds {limit:g} (reserve {state.hessian_reserve_seconds:.1f} s: "
+                ""
+                if limit is None
+                else f" of budget.train_seconds {limit:g} (reserve {state.hessian_reserve_seconds:.1f} s: "
                 f"{'enough' if keys['quant_reserve_ok'] else 'NOT enough, raise quant.reserve_seconds'})",
             )
         return keys
