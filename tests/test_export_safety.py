@@ -202,7 +202,13 @@ def test_submission_json_has_a_blurb_and_says_why_a_smoke_run_is_no_record(tmp_p
     # made without track=pgolf_10min_16mb, on a CPU, the embedded corpus and part of its validation split: no record,
     # and not even the non-record track (FineWeb's whole validation split), each reason said
     assert (sub["track"], sub["record_track"]) == (None, False)
-    for says in ("made with track=none", "CPU process(s), not 8", result["device_name"], "data=embedded", "first 8,064"):
+    for says in (
+        "made with track=none",
+        "CPU process(s), not 8",
+        result["device_name"],
+        "data=embedded",
+        "first 8,064",
+    ):
         assert says in sub["track_reason"], sub["track_reason"]
     assert "not a record" in out
     readme = (tmp_path / "X" / "README.md").read_text()

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import fake_device, run_cli
 
+from conftest import fake_device, run_cli
 from speedrun.config import to_config
 from speedrun.config.track import TrackConfig
 from speedrun.errors import PlanError

@@ -195,5 +195,5 @@ class QuantConfig:
             "quant_lqer_asym_group": self.lqer.asym_group if lqer else None,
             "quant_gate_bits": self.gate_bits if int6 else None,
             "quant_reserve_seconds": self.reserve_seconds if int6 else None,
-            "quant_pergroup_codec": str(self.pergroup_codec) if on and self.compressor == "pergroup" else None,
+            "quant_pergroup_codec": str(self.pergroup_codec) if on and self.compressor == Compressor.pergroup else None,
         }

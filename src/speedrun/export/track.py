@@ -34,8 +34,9 @@ SPELLINGS = {
 def load_track(name: str) -> TrackConfig:
     """conf/track/<name>.yaml read into its schema: the rules as speedrun ships them (not as a run recorded them,
     so a run cannot bring laxer rules of its own under the same name)."""
-    raw = OmegaConf.load(CONF_DIR / "track" / f"{name}.yaml")
-    raw.pop("defaults", None)
+    raw = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "track" / f"{name}.yaml"))
+    assert isinstance(raw, dict)
+    raw.pop("defaults", None)  # Hydra's: the schema it names is TrackConfig, merged here
     merged = OmegaConf.merge(OmegaConf.structured(TrackConfig), raw)
     track = OmegaConf.to_object(merged)
     assert isinstance(track, TrackConfig)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from speedrun.config import ArtifactConfig, Config, DataConfig, EMAConfig, QuantConfig, TTTConfig
+from speedrun.config.choices import EvalName, PrecisionName, QuantName, TTTName
 from speedrun.data.tiktoken_bpe import GPT2, is_tiktoken, require_tiktoken
 from speedrun.errors import PlanError
 from speedrun.hardware.cards import card_for
@@ -179,7 +180,7 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
 
 def _resolve_precision(cfg: Config, profile: HardwareProfile) -> tuple[str, str]:
     """The precision that runs and the dtype whose peak MFU divides by."""
-    precision = profile.precision if cfg.precision.name == "auto" else str(cfg.precision.name)
+    precision = profile.precision if cfg.precision.name == PrecisionName.auto else str(cfg.precision.name)
     _check_precision(precision, profile)
     if precision == "fp32" and profile.device_type == "cuda" and "tf32" in profile.peak_tflops:
         return precision, "tf32"  # we enable TF32 matmuls for fp32 on sm80+, so that is the peak to divide by
@@ -340,7 +341,7 @@ def _resolve_eval(
     from speedrun.model.attention import backend_class
 
     e = cfg.eval
-    if e.name == "sliding" and e.stride is not None and e.stride > model.seq_len:
+    if e.name == EvalName.sliding and e.stride is not None and e.stride > model.seq_len:
         raise PlanError(
             f"eval=sliding needs eval.stride <= model.seq_len={model.seq_len}, got {e.stride}; use e.g. eval.stride=64"
         )
@@ -350,7 +351,7 @@ def _resolve_eval(
             f"has none: use attn=flex (CUDA) or attn=math, or eval.document_isolated=false"
         )
     tokens = e.tokens  # None or 0: the whole split, on every card, so scores compare across cards
-    label = str(e.name) if e.name != "sliding" else f"sliding:{e.stride}"
+    label = str(e.name) if e.name != EvalName.sliding else f"sliding:{e.stride}"
     # a model trained with attn.document_mask keeps masking documents at eval too
     label += "+doc" if e.document_isolated or cfg.attn.document_mask else ""
     search = e.batch_size == "auto" or (e.batch_size is None and micro_batch_search)
@@ -371,7 +372,7 @@ def _resolve_eval(
 
 
 def _resolve_ttt(ttt: TTTConfig, model: ModelShape, eval_batch: int, world_size: int, on_cuda: bool) -> TTTConfig:
-    if ttt.name == "off":
+    if ttt.name == TTTName.off:
         return ttt
     if ttt.cuda_graphs and not on_cuda:
         raise PlanError(
@@ -398,7 +399,7 @@ def _resolve_ttt(ttt: TTTConfig, model: ModelShape, eval_batch: int, world_size:
 def _check_quant(quant: QuantConfig) -> None:
     """brotli and zstd come from an optional extra: refuse before training, not at export time (GPTQ's reserve is
     the budget's: speedrun.plan.budget)."""
-    if quant.name == "off":
+    if quant.name == QuantName.off:
         return
     from speedrun.config.compressors import check_compressor
 
@@ -411,7 +412,7 @@ def _check_quant(quant: QuantConfig) -> None:
 def _check_code_rule(artifact: ArtifactConfig, quant: QuantConfig) -> None:
     """The wrapped rule needs python-minifier: refuse before training, not at export time (a run without an
     artifact counts no code)."""
-    if quant.name == "off":
+    if quant.name == QuantName.off:
         return
     from speedrun.config.artifact import check_code_rule
 

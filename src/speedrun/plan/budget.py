@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 
 from speedrun.config import Config, QuantConfig
-from speedrun.config.choices import QuantName
+from speedrun.config.choices import Progress, QuantName
 from speedrun.errors import PlanError
 from speedrun.hardware.profiles import HardwareProfile
 from speedrun.plan.types import BudgetPlan
@@ -28,7 +28,7 @@ def reads_training_data(quant: QuantConfig) -> bool:
 
 def resolve_budget(cfg: Config, profile: HardwareProfile) -> BudgetPlan:
     b = cfg.budget
-    if cfg.schedule.progress == "step" and not (b.max_steps or b.tokens or b.flops):
+    if cfg.schedule.progress == Progress.step and not (b.max_steps or b.tokens or b.flops):
         raise PlanError(
             "schedule.progress=step measures stages in steps: set budget.max_steps (or budget.tokens or "
             "budget.flops, which the stages then follow), or use schedule.progress=time"

@@ -6,6 +6,7 @@ evaluation limit. What only the run can tell (the time measured, the GPUs, the c
 from __future__ import annotations
 
 from speedrun.config import TTTConfig
+from speedrun.config.choices import TTTName
 from speedrun.config.track import TrackConfig
 from speedrun.errors import PlanError
 from speedrun.plan.types import BudgetPlan, EvalPlan
@@ -34,7 +35,7 @@ def _time(track: TrackConfig, budget: BudgetPlan, ttt: TTTConfig) -> list[str]:
     if limit is not None and (budget.seconds is None or budget.seconds > limit):
         have = "no time limit" if budget.seconds is None else f"budget.train_seconds={budget.seconds:g}"
         out.append(f"it limits training to {limit:g} s and this run has {have}: set budget.train_seconds<={limit:g}")
-    if track.eval_seconds is not None and ttt.name != "off" and ttt.max_seconds is not None:
+    if track.eval_seconds is not None and ttt.name != TTTName.off and ttt.max_seconds is not None:
         if ttt.max_seconds > track.eval_seconds:
             out.append(
                 f"it limits evaluation to {track.eval_seconds:g} s, TTT included, and ttt.max_seconds="

@@ -17,6 +17,7 @@ from speedrun.config import (
     ScheduleConfig,
     TTTConfig,
 )
+from speedrun.config.choices import NSCoefficients
 from speedrun.config.track import TrackConfig
 from speedrun.model.shape import ModelShape
 from speedrun.plan.distributed import DistPlan
@@ -293,7 +294,7 @@ class Plan:
         o = self.optim
         on = [f"muon_wd {o.muon_wd:g}"] if o.muon_wd else []
         on += ["MuonEq-R"] if o.muon_row_normalize else []
-        on += [f"NS {o.ns_coefficients}"] if str(o.ns_coefficients) != "quintic" else []
+        on += [f"NS {o.ns_coefficients}"] if o.ns_coefficients != NSCoefficients.quintic else []
         on += [f"adam_wd {o.adam_wd:g}"] if o.adam_wd else []
         on += [f"embed_wd {o.embed_wd:g}"] if o.embed_wd else []
         on += [f"min_lr {self.schedule.min_lr:g}"] if self.schedule.min_lr else []

@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from speedrun.artifact.artifact import write_manifest
+from speedrun.config.choices import QuantName, TTTName
 from speedrun.data.tokenizer import tokenizer_sha256
 from speedrun.evaluation.evaluate import EvalResult, document_mask, run_eval
 from speedrun.kernels.compile import graphs_compiled
@@ -109,9 +110,9 @@ def evaluate_and_export(
     ``hessians``: GPTQ's, collected after training (None: the export collects them)."""
     finish = Finish(plan, model, eval_forward, data, run_dir, log, on_phase, world, code, hessians)
     finish.evaluate()
-    if plan.quant.name != "off":
+    if plan.quant.name != QuantName.off:
         finish.quantize()
-    if plan.ttt.name != "off":
+    if plan.ttt.name != TTTName.off:
         finish.test_time_train()
     return finish.out
 
@@ -386,7 +387,7 @@ def quantize_model(
         torch.save(float_state, run_dir / FLOAT_WEIGHTS)
     extra: dict[str, Any] = {}
     rules: dict[str, dict[str, Any]] = {}
-    if q.name == "int8":
+    if q.name == QuantName.int8:
         packed = quantize_state_dict(state)
         hessians = {}
     else:

@@ -18,6 +18,7 @@ from speedrun.plan.types import Plan
 from speedrun.quant.calibration import Calibration, collect_after_training, measure_reserve
 from speedrun.run.loggers import make_logger
 from speedrun.run.record import JobRecord
+from speedrun.training.loop import TrainState
 
 log = logging.getLogger("speedrun")
 
@@ -42,13 +43,12 @@ class Job(JobRecord):
             return
         self.start(plan)
         data, model, forward, eval_forward, optimizers = self.build(plan)
-        self.train(plan, data, model, forward, eval_forward, optimizers)
-        diverged = self.state is not None and self.state.diverged
-        if not diverged:
+        state = self.train(plan, data, model, forward, eval_forward, optimizers)
+        if not state.diverged:
             self.calibrate(data, model)
         self.end_training(data)
-        if diverged:  # a result, not a crash: nothing worth evaluating
-            self.result.update(status="diverged", error=self.state.divergence, diverged_step=self.state.diverged_step)
+        if state.diverged:  # a result, not a crash: nothing worth evaluating
+            self.result.update(status="diverged", error=state.divergence, diverged_step=state.diverged_step)
             log.error(self.result["error"])
             return
         self.finish_model(data, model, eval_forward)
@@ -130,11 +130,11 @@ class Job(JobRecord):
         log.info("model: %s parameters", f"{self.result['params']:,}")
         return data, model, forward, eval_forward, optimizers
 
-    def train(self, plan: Any, data: Any, model: Any, forward: Any, eval_forward: Any, optimizers: Any) -> None:
+    def train(self, plan: Any, data: Any, model: Any, forward: Any, eval_forward: Any, optimizers: Any) -> TrainState:
         """Warm up (compile, untimed), restore a resumed run's checkpoint, train to the budget, record it."""
         from speedrun.kernels.compile import keeps_grads  # true exactly when training replays CUDA graphs
         from speedrun.records.store import MetricsLog
-        from speedrun.training.loop import Stepper, TrainState, loop_states, train, warm_up
+        from speedrun.training.loop import Stepper, loop_states, train, warm_up
         from speedrun.training.peak_memory import PeakMemory
 
         self.state = state = TrainState()
@@ -171,6 +171,7 @@ class Job(JobRecord):
             from speedrun.kernels.cache import cache_stats
 
             self.result.update(cache_stats())
+        return state
 
     def _hessian_reserve(self, plan: Plan, model: Any, data: Any) -> float:
         """Seconds of the time budget GPTQ's Hessians get after the loop: the plan's, or measured now on rank 0
