@@ -52,12 +52,12 @@ def fake_oom(*args, **kwargs):
 
 def test_a_run_stopped_during_ttt_keeps_eval_and_artifact(compose, tmp_path, data_cache, monkeypatch):
     """Stopped by SIGTERM during TTT, the row says interrupted and keeps val_bpb, val_bpb_quant and artifact_bytes."""
-    import speedrun.ttt.score_first
+    import speedrun.run.finish_ttt
 
     def sigterm(*args, **kwargs):
         raise KeyboardInterrupt("signal 15")  # what sigterm_as_interrupt turns SIGTERM into
 
-    monkeypatch.setattr(speedrun.ttt.score_first, "ttt_evaluate", sigterm)
+    monkeypatch.setattr(speedrun.run.finish_ttt, "ttt_evaluate", sigterm)
     result, row = run(compose, tmp_path, data_cache, "ttt=lora", "ttt.chunk_size=64", raises=KeyboardInterrupt)
     for record in (result, row):
         assert record["status"] == "interrupted" and record["steps"] == 2 and record["val_bpb_ttt"] is None
