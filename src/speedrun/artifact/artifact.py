@@ -142,6 +142,7 @@ CODE_FILES: tuple[str, ...] = (
     "speedrun/training/periodic.py",
     "speedrun/training/preempt.py",
     "speedrun/training/resume.py",
+    "speedrun/training/stepper.py",
     "speedrun/ttt/__init__.py",
     "speedrun/ttt/base_scores.py",
     "speedrun/ttt/documents.py",
