@@ -12,20 +12,22 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from speedrun.config import ArtifactConfig, Config, DataConfig, EMAConfig, QuantConfig, TTTConfig
-from speedrun.config.choices import EvalName, PrecisionName, QuantName, TTTName
+from speedrun.config import ArtifactConfig, Config, DataConfig, EMAConfig, QuantConfig
+from speedrun.config.choices import PrecisionName, QuantName
 from speedrun.data.tiktoken_bpe import GPT2, is_tiktoken, require_tiktoken
 from speedrun.errors import PlanError
 from speedrun.hardware.cards import card_for
 from speedrun.hardware.profiles import PROFILES, DetectedDevice, HardwareProfile
 from speedrun.model.shape import ModelShape
 from speedrun.plan.attention import check_scores_memory, resolve_attention
+from speedrun.plan.batch import StepSplit, resolve_batch, stages_of
 from speedrun.plan.budget import resolve_budget
-from speedrun.plan.distributed import DistPlan, WorldInfo, check_step_split, resolve_dist
-from speedrun.plan.kernel import graph_warmup_steps, kernel_micro_batch, kernel_settings, resolve_kernel
+from speedrun.plan.distributed import DistPlan, WorldInfo
+from speedrun.plan.kernel import graph_warmup_steps, resolve_kernel
 from speedrun.plan.memory import param_count, training_memory_bytes
 from speedrun.plan.model import resolve_arch, resolve_model
 from speedrun.plan.options import load_option
+from speedrun.plan.scoring import resolve_eval, resolve_ttt
 from speedrun.plan.track import check_track
 from speedrun.plan.types import BudgetPlan, DataPlan, EvalPlan, KernelPlan, Plan, Stage, plan_json
 
@@ -73,28 +75,6 @@ def choose_profile(requested: str, device: DetectedDevice) -> tuple[HardwareProf
     return profile, True
 
 
-@dataclasses.dataclass(frozen=True)
-class _Batch:
-    """How a step is split: what the resolver decides between the model's shape and the kernel settings."""
-
-    tokens_per_step: int
-    micro_batch: int
-    grad_accum: int
-    search: bool
-    dist: DistPlan
-    seq_len: int
-    settings: Any
-    """The kernel group's settings and where they came from (speedrun.plan.kernel.kernel_settings)."""
-    kernel_source: Any
-    kernel_micro: int | None
-    """The micro-batch the kernel group chose (None: none)."""
-
-    @property
-    def micro_steps(self) -> int:
-        """Micro-batches per step (1 while the batch search decides it)."""
-        return 1 if self.search else self.tokens_per_step // (self.micro_batch * self.seq_len)
-
-
 def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world: WorldInfo | None = None) -> Plan:
     """Check the requested combination against the device and fill every ``auto``/None from the profile.
 
@@ -110,14 +90,13 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
         # RoPE tables (and eval) are sized for the longest length.
         model = dataclasses.replace(model, seq_len=max(length for length, _ in lengths))
     attn, attn_options, attn_kernel = resolve_attention(cfg, profile, precision, model)
-    batch = _resolve_batch(cfg, profile, model_name, model, world, lengths)
+    batch = resolve_batch(cfg, profile, model_name, model, world, lengths)
     check_scores_memory(attn, attn_options, batch.micro_batch, model, profile, precision)
-    card = card_for(device.name) if on_cuda else None
     micro_tokens = batch.micro_batch * model.seq_len
-    stages = _stages(lengths, micro_tokens) if lengths else (Stage(model.seq_len, 1.0, batch.micro_batch),)
+    stages = stages_of(lengths, micro_tokens) if lengths else (Stage(model.seq_len, 1.0, batch.micro_batch),)
     budget = resolve_budget(cfg, profile)
-    eval_plan = _resolve_eval(cfg, profile, attn, model, batch.micro_batch, batch.search)
-    ttt = _resolve_ttt(cfg.ttt, model, eval_plan.batch_size, batch.dist.world_size, on_cuda)
+    eval_plan = resolve_eval(cfg, profile, attn, model, batch.micro_batch, batch.search)
+    ttt = resolve_ttt(cfg.ttt, model, eval_plan.batch_size, batch.dist.world_size, on_cuda)
     _check_code_rule(cfg.artifact, cfg.quant)
     _check_quant(cfg.quant)
     check_track(cfg.track, budget, eval_plan, ttt)
@@ -133,14 +112,7 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
         device_name=device.name,
         emulated=emulated,
         memory_cap_gb=cfg.hardware.memory_cap_gb or (profile.memory_gb if emulated else None),
-        precision=precision,
-        autocast={"bf16": "bf16", "fp8": "bf16", "fp16": "fp16"}.get(precision),
-        grad_scaler=precision == "fp16",
-        matmul_dtype=matmul_dtype,
-        card=card.name if card else None,
-        peak_flops=card.peak_flops(matmul_dtype) if card and on_cuda else None,
-        profile_peak_flops=profile.peak_flops(matmul_dtype) if emulated else None,
-        ns_dtype="bf16" if on_cuda and profile.has_bf16 else "fp32",
+        **_precision_fields(profile, device, emulated, precision, matmul_dtype),
         attn=attn,
         attn_options=tuple(sorted(attn_options.items())),
         attn_kernel=attn_kernel,
@@ -178,6 +150,24 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
     )
 
 
+def _precision_fields(
+    profile: HardwareProfile, device: DetectedDevice, emulated: bool, precision: str, matmul_dtype: str
+) -> dict[str, Any]:
+    """The Plan's dtypes and the peaks MFU divides by (the card that runs, and the emulated profile's)."""
+    on_cuda = profile.device_type == "cuda"
+    card = card_for(device.name) if on_cuda else None
+    return {
+        "precision": precision,
+        "autocast": {"bf16": "bf16", "fp8": "bf16", "fp16": "fp16"}.get(precision),
+        "grad_scaler": precision == "fp16",
+        "matmul_dtype": matmul_dtype,
+        "card": card.name if card else None,
+        "peak_flops": card.peak_flops(matmul_dtype) if card else None,
+        "profile_peak_flops": profile.peak_flops(matmul_dtype) if emulated else None,
+        "ns_dtype": "bf16" if on_cuda and profile.has_bf16 else "fp32",
+    }
+
+
 def _resolve_precision(cfg: Config, profile: HardwareProfile) -> tuple[str, str]:
     """The precision that runs and the dtype whose peak MFU divides by."""
     precision = profile.precision if cfg.precision.name == PrecisionName.auto else str(cfg.precision.name)
@@ -189,37 +179,6 @@ def _resolve_precision(cfg: Config, profile: HardwareProfile) -> tuple[str, str]
     return precision, precision
 
 
-def _resolve_batch(
-    cfg: Config,
-    profile: HardwareProfile,
-    model_name: str,
-    model: ModelShape,
-    world: WorldInfo | None,
-    lengths: list[tuple[int, float]] | None,
-) -> _Batch:
-    """Tokens per step, the micro-batch (the kernel group's, the user's or the profile's) and the ranks' split."""
-    seq_len = model.seq_len
-    tokens_per_step = cfg.budget.tokens_per_step or profile.tokens_per_step
-    # the kernel group may choose the micro-batch (kernel.micro_batch, or a tuned table's): read it first
-    settings, kernel_source = kernel_settings(cfg, profile, model_name)
-    kernel_micro = kernel_micro_batch(cfg, settings)
-    search = cfg.hardware.micro_batch == "auto"
-    dist = resolve_dist(cfg.dist, world, profile.device_type)
-    if search:  # each rank's share of the step: the search's candidates divide it (training.batch_search)
-        micro_batch = start_micro_batch(profile, seq_len, tokens_per_step // dist.world_size)
-    else:
-        micro_batch = kernel_micro or cfg.hardware.micro_batch
-        if micro_batch is None:  # nobody chose it: the profile's, fitted to the step, the ranks and the stages
-            micro_batch = default_micro_batch(profile, seq_len, tokens_per_step, dist.world_size, lengths)
-    # tokens_per_step is global: every rank runs grad_accum micro-batches of its own share of each step
-    grad_accum = check_step_split(
-        tokens_per_step, micro_batch, seq_len, dist.world_size, [length for length, _ in lengths or ()]
-    )
-    return _Batch(
-        tokens_per_step, micro_batch, grad_accum, search, dist, seq_len, settings, kernel_source, kernel_micro
-    )
-
-
 def _resolve_kernel(
     cfg: Config,
     profile: HardwareProfile,
@@ -227,7 +186,7 @@ def _resolve_kernel(
     model: ModelShape,
     attn: str,
     attn_options: dict[str, Any],
-    batch: _Batch,
+    batch: StepSplit,
     compile_on: bool,
 ) -> tuple[KernelPlan, dict[str, Any], int]:
     """The kernel group resolved, the attention options it sets, and the untimed warm-up steps it needs."""
@@ -259,47 +218,6 @@ def _resolve_kernel(
     return kernel, attn_options, warmup_steps
 
 
-def start_micro_batch(profile: HardwareProfile, seq_len: int, tokens_per_step: int) -> int:
-    """hardware.micro_batch=auto: the profile's default micro-batch, or the nearest smaller one that divides the
-    sequences per step (``tokens_per_step``: one rank's share of it), as the plan's value until the warm-up search
-    replaces it (and on CPU, where it does not run)."""
-    sequences = max(1, tokens_per_step // seq_len)
-    default = max(1, profile.micro_batch_tokens // seq_len)
-    return max(d for d in range(1, min(default, sequences) + 1) if sequences % d == 0)
-
-
-def default_micro_batch(
-    profile: HardwareProfile,
-    seq_len: int,
-    tokens_per_step: int,
-    world_size: int,
-    lengths: list[tuple[int, float]] | None,
-) -> int:
-    """hardware.micro_batch left unset: the profile's micro-batch at ``seq_len`` (the longest length), or the
-    largest smaller one whose tokens split ``tokens_per_step`` over ``world_size`` ranks and that every stage length
-    divides. A default that stood in the way of dist.nproc would refuse a request the user never made; a
-    micro-batch the user set is kept, and refused by the checks after this if it cannot split. Where none splits,
-    the profile's, which those checks refuse naming what does."""
-    default = max(1, profile.micro_batch_tokens // seq_len)
-
-    def splits(batch: int) -> bool:
-        tokens = batch * seq_len
-        return tokens_per_step % (world_size * tokens) == 0 and all(tokens % length == 0 for length, _ in lengths or ())
-
-    return next((b for b in range(default, 0, -1) if splits(b)), default)
-
-
-def _stages(lengths: list[tuple[int, float]], micro_tokens: int) -> tuple[Stage, ...]:
-    bad = [length for length, _ in lengths if micro_tokens % length]
-    if bad:
-        raise PlanError(
-            f"schedule.seq_len: lengths {bad} do not divide the micro-batch tokens ({micro_tokens} = "
-            f"hardware.micro_batch x the longest length); tokens per micro-batch stay constant across stages, so "
-            f"pick lengths that divide {micro_tokens} or change hardware.micro_batch"
-        )
-    return tuple(Stage(length, until, micro_tokens // length) for length, until in lengths)
-
-
 def _memory_estimate_gb(
     attn: str, options: dict[str, Any], micro_batch: int, model: ModelShape, precision: str
 ) -> float:
@@ -328,72 +246,6 @@ def _check_precision(precision: str, profile: HardwareProfile) -> None:
             f"precision=bf16 needs compute capability >= 8.0; {profile.name} is sm{_sm(profile.capability)} "
             f"(bf16 would be emulated, slowly) - use precision=fp16 (autocast + GradScaler) or fp32"
         )
-
-
-def _resolve_eval(
-    cfg: Config,
-    profile: HardwareProfile,
-    attn: str,
-    model: ModelShape,
-    micro_batch: int,
-    micro_batch_search: bool = False,
-) -> EvalPlan:
-    from speedrun.model.attention import backend_class
-
-    e = cfg.eval
-    if e.name == EvalName.sliding and e.stride is not None and e.stride > model.seq_len:
-        raise PlanError(
-            f"eval=sliding needs eval.stride <= model.seq_len={model.seq_len}, got {e.stride}; use e.g. eval.stride=64"
-        )
-    if e.document_isolated and not backend_class(attn).capabilities.document_mask:
-        raise PlanError(
-            f"eval.document_isolated=true needs an attention backend with a document mask; attn={attn} "
-            f"has none: use attn=flex (CUDA) or attn=math, or eval.document_isolated=false"
-        )
-    tokens = e.tokens  # None or 0: the whole split, on every card, so scores compare across cards
-    label = str(e.name) if e.name != EvalName.sliding else f"sliding:{e.stride}"
-    # a model trained with attn.document_mask keeps masking documents at eval too
-    label += "+doc" if e.document_isolated or cfg.attn.document_mask else ""
-    search = e.batch_size == "auto" or (e.batch_size is None and micro_batch_search)
-    batch_size = micro_batch if e.batch_size in (None, "auto") else e.batch_size
-    return EvalPlan(
-        mode=str(e.name),
-        stride=e.stride,
-        document_isolated=e.document_isolated,
-        tokens=tokens or None,
-        batch_size=batch_size,
-        label=label,
-        batch_search=search,
-        every_steps=e.every_steps,
-        every_seconds=e.every_seconds,
-        periodic_tokens=e.periodic_tokens,
-        max_seconds=e.max_seconds,
-    )
-
-
-def _resolve_ttt(ttt: TTTConfig, model: ModelShape, eval_batch: int, world_size: int, on_cuda: bool) -> TTTConfig:
-    if ttt.name == TTTName.off:
-        return ttt
-    if ttt.cuda_graphs and not on_cuda:
-        raise PlanError(
-            "ttt.cuda_graphs=true replays TTT's steps from CUDA graphs and needs a CUDA GPU, which this machine "
-            "does not have; use ttt.cuda_graphs=false (or leave it null: on with ttt.compile on a GPU)"
-        )
-    if ttt.cuda_graphs is None:  # compiled TTT on a GPU is launch-bound: replay its steps
-        ttt = dataclasses.replace(ttt, cuda_graphs=on_cuda and ttt.compile)
-    if ttt.warm_start_a and ttt.warm_start_chains < world_size:
-        raise PlanError(
-            f"ttt.warm_start_a carries A along ttt.warm_start_chains={ttt.warm_start_chains} chains of batches, each "
-            f"on one rank: {world_size} ranks would leave {world_size - ttt.warm_start_chains} without TTT work; set "
-            f"ttt.warm_start_chains={world_size} (or more), or ttt.warm_start_a=false"
-        )
-    chunks = ttt.chunk_sizes()
-    if any(c > model.seq_len for c in chunks):
-        raise PlanError(
-            f"ttt chunk sizes {chunks} (ttt.chunk_size, ttt.short_chunks) must be in "
-            f"1..model.seq_len={model.seq_len}; use smaller chunks"
-        )
-    return dataclasses.replace(ttt, batch_size=ttt.batch_size or eval_batch)
 
 
 def _check_quant(quant: QuantConfig) -> None:
