@@ -24,6 +24,9 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from speedrun.artifact.minify import minifier_version
+from speedrun.records.store import write_json
+
 if TYPE_CHECKING:
     from speedrun.artifact.wrap import CodeSource
     from speedrun.config.artifact import ArtifactConfig
@@ -203,8 +206,6 @@ def write_manifest(
     job read when it started, or now when None), write artifact_code.json; returns the result keys
     (artifact_model_bytes, artifact_code_bytes, artifact_code_sha256, artifact_bytes, artifact_ok,
     artifact_code_rule)."""
-    from speedrun.records.store import write_json
-
     wrapped = rule.code_rule == "wrapped"
     if wrapped:
         data, files, extra = _wrapped(run_dir, rule, code)
@@ -242,7 +243,7 @@ def write_manifest(
 def _wrapped(run_dir: Path, rule: ArtifactConfig, code: CodeSource | None) -> tuple[bytes, list, dict[str, Any]]:
     """The self-extracting file in the run dir: built from ``code``, or, on a re-run of an exported file
     (artifact.code_file), that file itself. (its bytes, the files it packs, manifest keys)."""
-    from speedrun.artifact.wrap import CodeSource, build_wrapper, read_wrapper
+    from speedrun.artifact.wrap import CodeSource, build_wrapper, read_wrapper  # wrap imports CODE_FILES from here
 
     if rule.code_file is not None:
         data = Path(rule.code_file).read_bytes()
@@ -250,8 +251,6 @@ def _wrapped(run_dir: Path, rule: ArtifactConfig, code: CodeSource | None) -> tu
         files = [{"path": p, "raw_bytes": None, "minified_bytes": len(s.encode())} for p, s in packed.items()]
         extra: dict[str, Any] = {"code_file": WRAPPED_FILE, "copied_from": str(rule.code_file)}
     else:
-        from speedrun.artifact.minify import minifier_version
-
         code = code or CodeSource.snapshot()
         data, minified = build_wrapper(code)
         files = [

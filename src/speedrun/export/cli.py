@@ -26,9 +26,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from speedrun.artifact.artifact import WRAPPED_FILE
+from speedrun.artifact.wrap import CodeSource, build_wrapper
 from speedrun.export.folder import Submission, log_name
 from speedrun.export.runs import ExportError, Run, check_runs, expand, load_run
 from speedrun.export.track import RECORD_NAME, track_name
+from speedrun.paths import REPO_ROOT
+from speedrun.records.identity import code_fingerprint
 from speedrun.records.store import write_json
 
 
@@ -116,9 +119,6 @@ def wrapper_for(runs: list[Run], force: bool) -> bytes:
     first = runs[0]
     if first.wrapper is not None:
         return first.wrapper
-    from speedrun.artifact.wrap import CodeSource, build_wrapper
-    from speedrun.paths import REPO_ROOT
-    from speedrun.records.identity import code_fingerprint
 
     recorded, here = first.result.get("code_fingerprint"), code_fingerprint(REPO_ROOT)
     if recorded != here:

@@ -13,11 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from speedrun.config import ArtifactConfig, Config, DataConfig, EMAConfig, QuantConfig
+from speedrun.config.artifact import check_code_rule
 from speedrun.config.choices import PrecisionName, QuantName
+from speedrun.config.compressors import check_compressor
 from speedrun.data.tiktoken_bpe import GPT2, is_tiktoken, require_tiktoken
 from speedrun.errors import PlanError
 from speedrun.hardware.cards import card_for
 from speedrun.hardware.profiles import PROFILES, DetectedDevice, HardwareProfile
+from speedrun.model.attention import backend_class
 from speedrun.model.shape import ModelShape
 from speedrun.plan.attention import check_scores_memory, resolve_attention
 from speedrun.plan.batch import StepSplit, resolve_batch, stages_of
@@ -221,7 +224,6 @@ def _resolve_kernel(
 def _memory_estimate_gb(
     attn: str, options: dict[str, Any], micro_batch: int, model: ModelShape, precision: str
 ) -> float:
-    from speedrun.model.attention import backend_class
 
     scores = backend_class(attn).scores_bytes(options, micro_batch, model, precision)
     return round(training_memory_bytes(model, micro_batch, precision, scores, param_count(model)) / 1e9, 2)
@@ -253,7 +255,6 @@ def _check_quant(quant: QuantConfig) -> None:
     the budget's: speedrun.plan.budget)."""
     if quant.name == QuantName.off:
         return
-    from speedrun.config.compressors import check_compressor
 
     try:
         check_compressor(str(quant.compressor), quant.level, str(quant.pergroup_codec))
@@ -266,7 +267,6 @@ def _check_code_rule(artifact: ArtifactConfig, quant: QuantConfig) -> None:
     artifact counts no code)."""
     if quant.name == QuantName.off:
         return
-    from speedrun.config.artifact import check_code_rule
 
     try:
         check_code_rule(artifact)

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from speedrun.artifact.artifact import code_bytes
 from speedrun.config.choices import QuantClip, QuantName
 from speedrun.config.compressors import PERGROUP, check_compressor
 from speedrun.config.quant import TENSOR_CLASSES, QuantConfig
@@ -147,7 +148,6 @@ def export_packed(
 ) -> Artifact:
     """Serialize and compress a packed state dict; ``codec`` is quant.pergroup_codec and ``workers`` its threads
     (compressor=pergroup only; default every core)."""
-    from speedrun.artifact.artifact import code_bytes
 
     t0 = time.perf_counter()
     if compressor == PERGROUP:
