@@ -79,6 +79,7 @@ from speedrun.ttt.graphs import (
     StepOut,
     chunk_step,
     pad_rows,
+    token_scores,
 )
 from speedrun.ttt.lora import LoRAModel, cast_linear_weights
 from speedrun.ttt.optim import AdapterOptimizer, RowSlotsAdam, adapter_optimizer
@@ -221,11 +222,14 @@ def ttt_evaluate(
     shard: Any | None = None,
     record_chunks: bool = False,
     on_clock: Callable[[], None] | None = None,
+    on_token_scores: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
 ) -> TTTResult:
     """Score val_tokens with score-first LoRA TTT (see the module doc), learning as ``settings`` say. ``model`` is
     not modified. ``log`` also gets a progress line at most every 30 s (this rank's tokens scored of its share);
     ``shard`` (a World) splits the documents over the ranks. ``on_clock`` is called when TTT's clock starts, after
-    the compile warm-up (scripts/ttt_table.py --profile starts its profiler there)."""
+    the compile warm-up (scripts/ttt_table.py --profile starts its profiler there). ``on_token_scores`` is called
+    after every step of this rank, in scoring order, with the stream positions of the targets it scored and their
+    float64 nats (graphs.token_scores): per-token scores, bit for bit what the sums add (tests of causality)."""
     s = settings
     steps = parse_short_chunks(s.short_chunks)
     for size in [s.chunk_size] + [c for _, c in steps]:
@@ -362,6 +366,7 @@ def ttt_evaluate(
                 progress=progress,
                 share=share,
                 batch_index=b,
+                on_token_scores=on_token_scores,
             )
             chains.leave(chain_of[b])
             _sync(device)  # the batch's kernels are done: its time is this rank's own
@@ -838,6 +843,7 @@ def _adapt_batch(
     progress: Progress | None = None,
     share: int = 0,
     batch_index: int = 0,
+    on_token_scores: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
 ) -> bool:
     """Score-first TTT of one batch of documents (all with chunk size ``chunk``). True if the deadline hit.
 
@@ -868,6 +874,8 @@ def _adapt_batch(
             if training and stepper.graphs is None:
                 opt.zero_grad()  # a graphed step writes its gradients (or steps) itself
             out = stepper.step(table, (len(table[0]), width, training))
+            if on_token_scores is not None:  # before the update below, and before a graph's next replay
+                on_token_scores(*token_scores(torch.tensor(table, dtype=torch.int64), out))
             sums.nats += out.row_nats.sum()
             if base is not None:  # the chunks scored now: the documents still going, the first rows
                 sums.base_nats += base.chunk(k)[: sum(1 for n in table[1] if n)].sum()
