@@ -101,7 +101,8 @@ class Stream:
         for d, (start, n) in enumerate(docs):
             doc_of[start + 1 : start + n + 1] = d
         batches = torch.tensor([batch_of_doc[d] for d in range(len(docs))])
-        phases = sorted(phase_schedule([2] * (len(docs) // 2), CONFIGS[config].phased))
+        sizes = torch.bincount(batches).tolist()
+        phases = sorted(phase_schedule(sizes, CONFIGS[config].phased))
         return cls(tokens, config, doc_of, batches, phases)
 
     def may_reach(self, batch: int) -> torch.Tensor:
@@ -109,7 +110,7 @@ class Stream:
         scored_in = self.batch_of_doc[self.doc_of.clamp(min=0)]
         if self.config == "warm":  # A goes from batch to batch
             return scored_in > batch
-        # a phase after batch p trains on every document of batches 0..p (the first test below checks it)
+        # a phase after batch p trains on documents of batches 0..p (here every one: the first test below)
         crossing = [p for p in self.phase_batches if p >= batch]
         return scored_in > crossing[0] if crossing else torch.zeros_like(scored_in, dtype=torch.bool)
 
