@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from speedrun.evaluation.evaluate import evaluate, evaluate_sliding
 from speedrun.model.attention import get_backend, sdpa
 from speedrun.model.gpt import GPT
-from speedrun.ttt import graphs, score_first
+from speedrun.ttt import graphs, schedule, scorers, steps
 from speedrun.ttt.documents import split_documents
 from speedrun.ttt.global_phases import GlobalSettings, phase_schedule
 from speedrun.ttt.graphs import chunk_step
@@ -211,7 +211,7 @@ def test_token_scores_are_each_rows_chunk_whether_the_head_runs_at_the_chunk_or_
     same with the head at the picked columns as at every column; padding rows score nothing."""
     tokens = docs_stream([70, 30, 9], seed=3)
     lora = LoRAModel(tiny_model(), ("q", "v"), 4, 4, 0)
-    scorer = score_first._Scorer(lora.model)
+    scorer = scorers.Scorer(lora.model)
     windows = [(0, 24, 16), (80, 16, 8), (101, 7, 0), (0, 0, 0)]  # (begin, length, first): the last is padding
     rows = torch.tensor([[w[i] for w in windows] for i in range(3)] + [[0] * 4])
     nats_of = lambda fn, x, y, pick: fn(x, y, pick=pick)  # noqa: E731
@@ -249,7 +249,7 @@ def update_before_scoring(monkeypatch: pytest.MonkeyPatch) -> None:
                         p.grad = None
         return chunk_step(forward, tokens, luts, rows, width, training, nats_of, store_grads, pick_width, bind)
 
-    monkeypatch.setattr(score_first, "chunk_step", step)
+    monkeypatch.setattr(steps, "chunk_step", step)
 
 
 def train_on_next_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -274,7 +274,7 @@ def train_on_next_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
             out[:, i] = torch.tensor([lo, hi - lo, begin + length - lo, 1])
         return out
 
-    monkeypatch.setattr(score_first, "chunk_step", step)
+    monkeypatch.setattr(steps, "chunk_step", step)
 
 
 def shared_slot(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -304,10 +304,10 @@ def slots_kept_between_batches(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def phase_on_unscored_document(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each phase trains on one document more: the first one of the next batch, not scored yet."""
-    scored, schedule = score_first._scored, score_first.phase_schedule
-    monkeypatch.setattr(score_first, "_scored", lambda docs, batches, b: scored(docs, batches, b + 1))
+    scored, phases = schedule.Schedule.scored_documents, schedule.phase_schedule
+    monkeypatch.setattr(schedule.Schedule, "scored_documents", lambda self, b: scored(self, b + 1))
     monkeypatch.setattr(
-        score_first, "phase_schedule", lambda sizes, g: {b: [n + 1 for n in ns] for b, ns in schedule(sizes, g).items()}
+        schedule, "phase_schedule", lambda sizes, g: {b: [n + 1 for n in ns] for b, ns in phases(sizes, g).items()}
     )
 
 

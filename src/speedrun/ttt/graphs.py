@@ -58,6 +58,10 @@ class StepOut:
     """(rows, G) bool: the columns of token_nats that were scored (the chunk)."""
 
 
+TokenScoresHook = Callable[[torch.Tensor, torch.Tensor], None]
+"""Takes (the stream positions of a step's scored targets, their float64 nats): ttt_evaluate's on_token_scores."""
+
+
 def token_scores(rows: torch.Tensor, out: StepOut) -> tuple[torch.Tensor, torch.Tensor]:
     """(stream positions of the targets a step scored, their nats): the very numbers its sums add, token by token.
     ``rows`` is the step's (4, R) row table; nothing here runs unless asked for (ttt_evaluate's on_token_scores)."""
@@ -291,5 +295,6 @@ __all__ = [
     "StepOut",
     "chunk_step",
     "pad_rows",
+    "TokenScoresHook",
     "token_scores",
 ]
