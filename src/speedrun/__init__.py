@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__version__ = "0.1.0"
+from speedrun.version import __version__ as __version__
 
 
 def main(cfg: Any, run_dir: str | Path | None = None) -> dict[str, Any]:

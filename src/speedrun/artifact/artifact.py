@@ -143,6 +143,7 @@ CODE_FILES: tuple[str, ...] = (
     "speedrun/ttt/lora.py",
     "speedrun/ttt/optim.py",
     "speedrun/ttt/score_first.py",
+    "speedrun/version.py",
 )
 
 NOT_COUNTED: dict[str, str] = {
