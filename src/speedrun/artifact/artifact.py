@@ -82,6 +82,7 @@ CODE_FILES: tuple[str, ...] = (
     "speedrun/model/attention/flex.py",
     "speedrun/model/attention/math.py",
     "speedrun/model/attention/sdpa.py",
+    "speedrun/model/blocks.py",
     "speedrun/model/fp8.py",
     "speedrun/model/gpt.py",
     "speedrun/model/layers.py",
