@@ -53,6 +53,8 @@ CODE_FILES: tuple[str, ...] = (
     "speedrun/data/__init__.py",
     "speedrun/data/bpb.py",
     "speedrun/data/corpus.py",
+    "speedrun/data/encoding.py",
+    "speedrun/data/existing.py",
     "speedrun/data/loader.py",
     "speedrun/data/prepare.py",
     "speedrun/data/shards.py",

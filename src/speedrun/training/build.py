@@ -14,8 +14,9 @@ from typing import cast
 import torch
 
 from speedrun.data.bpb import ByteLUTs, build_byte_luts
+from speedrun.data.existing import open_dataset
 from speedrun.data.loader import TokenStream, load_val_tokens
-from speedrun.data.prepare import DatasetPaths, ensure_embedded_dataset, open_dataset
+from speedrun.data.prepare import DatasetPaths, ensure_embedded_dataset
 from speedrun.data.shards import read_header
 from speedrun.data.tiktoken_bpe import boundary_id, build_tiktoken_luts, is_tiktoken, load_encoding
 from speedrun.data.tokenizer import load_tokenizer
