@@ -107,7 +107,7 @@ def test_a_started_world_comes_from_the_launcher(compose):
 def test_submitit_job_environment_maps_to_torch_rendezvous(monkeypatch):
     """A SLURM task of a 2-node x 8 job (as submitit sees it) gets env:// variables: master = first node,
     one port for every task of the job, ranks from SLURM's ids."""
-    from speedrun.distributed import world as dist
+    from speedrun.distributed import environment as dist
 
     for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(key, raising=False)
@@ -142,18 +142,19 @@ def test_submitit_job_environment_maps_to_torch_rendezvous(monkeypatch):
 def test_dist_nvls_sets_nvlink_multicast_only_when_asked(compose, monkeypatch):
     """dist.nvls: null leaves NCCL's default (and the user's own variable) alone, false and true set it off and on,
     and a rank sets it before its process group is made, where NCCL reads it."""
+    from speedrun.distributed import environment
     from speedrun.distributed import world as dist
 
     keys = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")
     env: dict[str, str] = {}
-    dist.set_process_env(env)
+    environment.set_process_env(env)
     assert not set(keys) & set(env) and env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
     env = {"NCCL_NVLS_ENABLE": "0"}
-    dist.set_process_env(env, nvls=None)
+    environment.set_process_env(env, nvls=None)
     assert env["NCCL_NVLS_ENABLE"] == "0"
-    dist.set_process_env(env, nvls=True)
+    environment.set_process_env(env, nvls=True)
     assert [env[k] for k in keys] == ["1", "0"]
-    dist.set_process_env(env, nvls=False)
+    environment.set_process_env(env, nvls=False)
     assert [env[k] for k in keys] == ["0", "1"]
 
     assert plan_for(compose).dist.nvls is None

@@ -61,6 +61,7 @@ CODE_FILES: tuple[str, ...] = (
     "speedrun/data/tiktoken_bpe.py",
     "speedrun/data/tokenizer.py",
     "speedrun/distributed/__init__.py",
+    "speedrun/distributed/environment.py",
     "speedrun/distributed/guard.py",
     "speedrun/distributed/launch.py",
     "speedrun/distributed/world.py",

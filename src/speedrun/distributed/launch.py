@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from speedrun.distributed.world import LAUNCHED_ENV, RANK_DIR_ENV, set_process_env
+from speedrun.distributed.environment import LAUNCHED_ENV, RANK_DIR_ENV, set_process_env
 from speedrun.records.store import atomic_write_text, write_json
 
 log = logging.getLogger("speedrun")

@@ -52,7 +52,7 @@ def _world() -> WorldInfo:
     GPU or joining a process group as a run's rank does."""
     import torch
 
-    from speedrun.distributed.world import world_from_env
+    from speedrun.distributed.environment import world_from_env
 
     return world_from_env(visible_gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0)
 
