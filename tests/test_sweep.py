@@ -109,7 +109,7 @@ def test_the_slurm_launcher_config_composes(compose):
 def test_resume_reuses_only_ok_runs_of_this_card_and_this_code(tmp_path):
     from speedrun.records.identity import SWEEP_REUSE_IGNORED, config_identity
     from speedrun.records.store import ResultsDB
-    from speedrun.report.sweep import completed_runs
+    from speedrun.report.manifest import completed_runs
 
     db = ResultsDB(tmp_path / "results.sqlite")
     config = {"name": "t", "seed": 0, "sweep": "ignored"}

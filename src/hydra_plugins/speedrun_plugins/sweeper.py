@@ -74,7 +74,7 @@ class SpeedrunSweeper(BasicSweeper):
     def sweep(self, arguments: list[str]) -> Any:
         from speedrun.paths import REPO_ROOT
         from speedrun.records.identity import code_fingerprint
-        from speedrun.report.sweep import JobEntry, Manifest
+        from speedrun.report.manifest import JobEntry, Manifest
 
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
@@ -127,7 +127,7 @@ class SpeedrunSweeper(BasicSweeper):
         """Mark the jobs an earlier ok run (same config, this card, this code) already did; note why the others
         that were done elsewhere run again."""
         from speedrun.records.identity import current_device_name
-        from speedrun.report.sweep import completed_runs
+        from speedrun.report.manifest import completed_runs
 
         manifest.device_name = current_device_name()
         code = None if self.resume_across_code else manifest.code_fingerprint
