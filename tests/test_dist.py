@@ -210,7 +210,7 @@ def test_slurm_launcher_takes_nodes_and_ranks_from_dist(compose):
 def test_the_pool_hands_each_job_its_nproc_gpus(tmp_path):
     from omegaconf import OmegaConf
 
-    from hydra_plugins.speedrun_plugins import pool_launcher as pl
+    from hydra_plugins.speedrun_plugins import job_pool
 
     jobs = []
     for i, nproc in enumerate([2, 1, 2, 2]):
@@ -227,7 +227,7 @@ def test_the_pool_hands_each_job_its_nproc_gpus(tmp_path):
             }
         )
         jobs.append(
-            pl._Job(
+            job_pool.Job(
                 num=i,
                 overrides=[f"job={i}"],
                 config=config,
@@ -236,7 +236,7 @@ def test_the_pool_hands_each_job_its_nproc_gpus(tmp_path):
                 gpus=nproc,
             )
         )
-    rets = pl._Pool(["0", "1", "2"], fail_fast=False, echo=False, stop_timeout_s=10).run(jobs)
+    rets = job_pool.Pool(["0", "1", "2"], fail_fast=False, echo=False, stop_timeout_s=10).run(jobs)
     assert all(r.status.name == "COMPLETED" for r in rets)
     results = [r.return_value for r in rets]
     assert [len(r["gpus"].split(",")) for r in results] == [2, 1, 2, 2]
@@ -245,7 +245,7 @@ def test_the_pool_hands_each_job_its_nproc_gpus(tmp_path):
             if a is not b and a["t0"] < b["t1"] and b["t0"] < a["t1"]:
                 assert not set(a["gpus"].split(",")) & set(b["gpus"].split(","))
     too_big = dataclasses.replace(jobs[0], gpus=4, proc=None, ret=None)
-    (ret,) = pl._Pool(["0", "1"], fail_fast=False, echo=False, stop_timeout_s=10).run([too_big])
+    (ret,) = job_pool.Pool(["0", "1"], fail_fast=False, echo=False, stop_timeout_s=10).run([too_big])
     assert ret.status.name == "FAILED" and "dist.nproc=4" in str(ret._return_value)
 
 

@@ -156,16 +156,16 @@ def test_gpu_shared_is_recorded_from_the_pool_launcher(compose, tmp_path, data_c
 
 @pytest.mark.parametrize("slots,shared", [(["0", "0"], "1"), (["0", "1"], "0")])
 def test_pool_launcher_tells_a_job_whether_it_shares_its_gpu(tmp_path, slots, shared):
-    from hydra_plugins.speedrun_plugins.pool_launcher import _Job, _Pool
+    from hydra_plugins.speedrun_plugins.job_pool import Job, Pool
 
-    job = _Job(
+    job = Job(
         num=0,
         overrides=[],
         config=OmegaConf.create({}),
         job_dir=tmp_path / "0",
         cmd=[sys.executable, "-c", "import os; print('shared=' + os.environ['SPEEDRUN_GPU_SHARED'])"],
     )
-    _Pool(slots, fail_fast=False, echo=False, stop_timeout_s=5)._start(job, [0])
+    Pool(slots, fail_fast=False, echo=False, stop_timeout_s=5)._start(job, [0])
     job.proc.wait(60)
     job.pump.join(10)
     assert f"shared={shared}" in (tmp_path / "0" / "console.log").read_text()
