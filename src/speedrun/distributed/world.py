@@ -37,6 +37,7 @@ from typing import Any
 from speedrun.distributed.environment import RANK_DIR_ENV, set_process_env, submitit_rendezvous, world_from_env
 from speedrun.distributed.guard import Guard
 from speedrun.model.optim import Muon
+from speedrun.plan import Plan
 from speedrun.plan.distributed import WorldInfo
 from speedrun.records.identity import gpu_uuid
 
@@ -80,7 +81,7 @@ class World:
     def single(self) -> bool:
         return self.world_size == 1
 
-    def init(self, plan: Any) -> None:
+    def init(self, plan: Plan) -> None:
         """Join the run's process group (NCCL on GPUs, gloo on CPU) and start the failure guard."""
         if self.single:
             return
