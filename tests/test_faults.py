@@ -257,7 +257,7 @@ def test_a_row_that_is_not_utf8_does_not_stop_the_next_run_from_marking_lost_row
 
 
 def test_a_sweep_never_reuses_a_run_resumed_onto_other_code():
-    from speedrun.report.sweep import reuse_refusal
+    from speedrun.report.manifest import reuse_refusal
 
     row = {"device_name": "cpu", "code_fingerprint": "new", "resume_code_change": "old -> new"}
     assert "resumed onto other code" in reuse_refusal(row, "cpu", "new")

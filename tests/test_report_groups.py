@@ -15,7 +15,8 @@ import pytest
 from speedrun import report
 from speedrun.records.store import ResultsDB
 from speedrun.report import plots
-from speedrun.report.sweep import JobEntry, Manifest, summarize, summary_csv, summary_markdown
+from speedrun.report.manifest import JobEntry, Manifest
+from speedrun.report.sweep import summarize, summary_csv, summary_markdown
 
 H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
 

@@ -19,7 +19,8 @@ import torch
 tiktoken = pytest.importorskip("tiktoken", reason="tiktoken is not installed (pip install 'speedrun[gpt2]')")
 
 from speedrun.data.bpb import stream_bytes, token_bytes  # noqa: E402
-from speedrun.data.prepare import open_dataset, prepare_tiktoken_dataset, read_dataset_info  # noqa: E402
+from speedrun.data.existing import open_dataset  # noqa: E402
+from speedrun.data.prepare import prepare_tiktoken_dataset, read_dataset_info  # noqa: E402
 from speedrun.data.shards import list_shards, read_shard  # noqa: E402
 from speedrun.data.tiktoken_bpe import (  # noqa: E402
     ENDOFTEXT,

@@ -57,12 +57,15 @@ CODE_FILES: tuple[str, ...] = (
     "speedrun/data/__init__.py",
     "speedrun/data/bpb.py",
     "speedrun/data/corpus.py",
+    "speedrun/data/encoding.py",
+    "speedrun/data/existing.py",
     "speedrun/data/loader.py",
     "speedrun/data/prepare.py",
     "speedrun/data/shards.py",
     "speedrun/data/tiktoken_bpe.py",
     "speedrun/data/tokenizer.py",
     "speedrun/distributed/__init__.py",
+    "speedrun/distributed/environment.py",
     "speedrun/distributed/guard.py",
     "speedrun/distributed/launch.py",
     "speedrun/distributed/world.py",
@@ -86,6 +89,7 @@ CODE_FILES: tuple[str, ...] = (
     "speedrun/model/attention/flex.py",
     "speedrun/model/attention/math.py",
     "speedrun/model/attention/sdpa.py",
+    "speedrun/model/blocks.py",
     "speedrun/model/fp8.py",
     "speedrun/model/gpt.py",
     "speedrun/model/layers.py",
@@ -162,6 +166,7 @@ CODE_FILES: tuple[str, ...] = (
     "speedrun/ttt/scorers.py",
     "speedrun/ttt/settings.py",
     "speedrun/ttt/steps.py",
+    "speedrun/version.py",
 )
 
 NOT_COUNTED: dict[str, str] = {

@@ -29,10 +29,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import speedrun
 from speedrun.artifact.artifact import CODE_FILES, CONF_READ, WRAPPED_ALSO
 from speedrun.artifact.minify import minify_files
 from speedrun.paths import CONF_DIR, REPO_ROOT
+from speedrun.version import __version__
 
 FORMAT = 1
 """Bumped when the payload's layout changes; speedrun.rerun refuses a format it does not know."""
@@ -90,7 +90,7 @@ class CodeSource:
         import torch
 
         files = {rel: (REPO_ROOT / rel).read_text(encoding="utf-8") for rel in packed_files()}
-        versions = {"torch": torch.__version__, "python": platform.python_version(), "speedrun": speedrun.__version__}
+        versions = {"torch": torch.__version__, "python": platform.python_version(), "speedrun": __version__}
         return cls(files, config, versions)
 
 

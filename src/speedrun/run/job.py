@@ -12,13 +12,27 @@ import logging
 import time
 from typing import Any
 
+from speedrun.artifact.wrap import CodeSource
 from speedrun.config import Config
+from speedrun.distributed.launch import launch_ranks, needs_launch
+from speedrun.hardware import profiles as hardware
+from speedrun.kernels.cache import cache_stats
+from speedrun.kernels.compile import keeps_grads
+from speedrun.kernels.profile import profile_steps
+from speedrun.plan import Plan, plan_json, resolve
 from speedrun.plan.budget import reads_training_data
-from speedrun.plan.types import Plan
 from speedrun.quant.calibration import Calibration, collect_after_training, measure_reserve
+from speedrun.records.identity import gpu_identity
+from speedrun.records.store import MetricsLog, capture_environment
+from speedrun.run.finish import evaluate_and_export
 from speedrun.run.loggers import make_logger
+from speedrun.run.oom import start_history
 from speedrun.run.record import JobRecord
-from speedrun.training.loop import TrainState
+from speedrun.training.build import build_attention, build_data, build_model, configure_torch
+from speedrun.training.loop import Stepper, TrainState, loop_states, train, warm_up
+from speedrun.training.loop_setup import LoopHooks, loop_result, prepare_loop
+from speedrun.training.mfu import mfu_keys
+from speedrun.training.peak_memory import PeakMemory
 
 log = logging.getLogger("speedrun")
 
@@ -55,14 +69,9 @@ class Job(JobRecord):
         self.result.update(status="ok", phase="done")
 
     # -- phases ---------------------------------------------------------------------------------------
-    def resolve(self, config: Config) -> Any:
+    def resolve(self, config: Config) -> Plan:
         """Config + the device -> the frozen Plan, written as plan.json; under `python -m run dist.nproc=N` the
         ranks are started here and this process only waits for them."""
-        from speedrun.distributed.launch import launch_ranks, needs_launch
-        from speedrun.hardware import profiles as hardware
-        from speedrun.plan import plan_json, resolve
-        from speedrun.run.oom import start_history
-
         plan = self.plan = resolve(config, hardware.detect(), cwd=self.ctx.original_cwd, world=self.world.info)
         log.info("plan:\n%s", _indent(plan.describe()))
         start_history(plan)  # hardware.memory_snapshot=true: allocations from the model build on
@@ -72,14 +81,9 @@ class Job(JobRecord):
             launch_ranks(plan, self.ctx.run_dir, log.info)
         return plan
 
-    def start(self, plan: Any) -> None:
+    def start(self, plan: Plan) -> None:
         """Join the other ranks, record the environment and what the plan chose, configure torch, open the
         logger."""
-        from speedrun.artifact.wrap import CodeSource
-        from speedrun.records.identity import gpu_identity
-        from speedrun.records.store import capture_environment
-        from speedrun.training.build import configure_torch
-
         self.code = CodeSource.snapshot(self.config_tree)
         self.world.init(plan)
         env = capture_environment(plan.device)
@@ -117,10 +121,8 @@ class Job(JobRecord):
             self.logger = make_logger(plan.logger, self.ctx.run_dir, self.result["sweep"], plan.name)
         self.guard("start", self.config_tree, plan.to_dict())
 
-    def build(self, plan: Any) -> tuple[Any, Any, Any, Any, Any]:
+    def build(self, plan: Plan) -> tuple[Any, Any, Any, Any, Any]:
         """The data streams, and the model with its attention backend and optimizers, identical on every rank."""
-        from speedrun.training.build import build_attention, build_data, build_model
-
         attention = build_attention(plan)
         data = build_data(plan, log.info)
         model, forward, eval_forward, optimizers = build_model(plan, attention, data.bos_id)
@@ -130,13 +132,9 @@ class Job(JobRecord):
         log.info("model: %s parameters", f"{self.result['params']:,}")
         return data, model, forward, eval_forward, optimizers
 
-    def train(self, plan: Any, data: Any, model: Any, forward: Any, eval_forward: Any, optimizers: Any) -> TrainState:
-        """Warm up (compile, untimed), restore a resumed run's checkpoint, train to the budget, record it."""
-        from speedrun.kernels.compile import keeps_grads  # true exactly when training replays CUDA graphs
-        from speedrun.records.store import MetricsLog
-        from speedrun.training.loop import Stepper, loop_states, train, warm_up
-        from speedrun.training.peak_memory import PeakMemory
-
+    def train(self, plan: Plan, data: Any, model: Any, forward: Any, eval_forward: Any, optimizers: Any) -> TrainState:
+        """Warm up (compile, untimed; GPTQ's reserve measured), restore a resumed run's checkpoint, train to the
+        budget."""
         self.state = state = TrainState()
         if self.resume is None:  # a resume opens its metrics (dropping steps after its checkpoint) once restored
             self.metrics = MetricsLog(self.ctx.run_dir / "metrics.jsonl")
@@ -151,8 +149,6 @@ class Job(JobRecord):
             state.compile_seconds += extras.warm()
         state.hessian_reserve_seconds = self._hessian_reserve(plan, model, data)
         if plan.kernel.profile:  # untimed and undone, like warm-up: trace.json + top-kernels table in run.log
-            from speedrun.kernels.profile import profile_steps
-
             self.result.update(
                 profile_steps(
                     stepper, batches, self.ctx.run_dir, log.info, plan.kernel.profile_steps, loop_states(plan)
@@ -162,14 +158,13 @@ class Job(JobRecord):
             extras.restore(state)
             if self.resume is not None:
                 self.release(state.steps)
+        # keeps_grads: true exactly when training replays CUDA graphs, whose pools the peak must count
         self.peak_memory = PeakMemory(plan.device, graph_pools=keeps_grads(plan))
         self.peak_memory.start()  # peak_mem_mb covers timed training only
         self.on_phase("train")
         train(stepper, batches, state=state, log=log.info, on_metrics=self.on_metrics, extras=extras)
         self.loop_ended = time.perf_counter()
         if plan.compile:
-            from speedrun.kernels.cache import cache_stats
-
             self.result.update(cache_stats())
         return state
 
@@ -215,10 +210,8 @@ class Job(JobRecord):
             )
         return resuming
 
-    def _prepare_loop(self, plan: Any, stepper: Any, eval_forward: Any, data: Any) -> tuple[Any, Any]:
+    def _prepare_loop(self, plan: Plan, stepper: Any, eval_forward: Any, data: Any) -> tuple[Any, Any]:
         """Batch-size search (a new plan.json when it chose), periodic validation and checkpoints."""
-        from speedrun.training.loop_setup import LoopHooks, prepare_loop
-
         hooks = LoopHooks(
             run_dir=self.ctx.run_dir,
             config_tree=self.config_tree,
@@ -244,8 +237,6 @@ class Job(JobRecord):
 
     def finish_model(self, data: Any, model: Any, eval_forward: Any) -> None:
         """Score the model, export the artifact, score its round trip, test-time train (speedrun.run.finish)."""
-        from speedrun.run.finish import evaluate_and_export
-
         assert self.plan is not None  # resolve() set it, before the model was built
         model.eval()  # no dropout here, but fp8 layers switch to their bf16 path for evaluation
         self.result.update(
@@ -264,10 +255,6 @@ class Job(JobRecord):
         )
 
     def record_training(self) -> None:
-        from speedrun.training.loop_setup import loop_result  # torch-heavy: imported when a run records
-        from speedrun.training.mfu import mfu_keys
-        from speedrun.training.peak_memory import PeakMemory
-
         plan, state, result = self.plan, self.state, self.result
         assert plan is not None and state is not None
         tok_s = state.tokens / state.train_seconds if state.train_seconds > 0 else None
@@ -317,7 +304,7 @@ class Job(JobRecord):
         return keys
 
 
-def _warn_repeated_data(plan: Any, epochs: float, train_tokens: int) -> None:
+def _warn_repeated_data(plan: Plan, epochs: float, train_tokens: int) -> None:
     # the fix depends on the data: the embedded corpus has a bigger dataset to move to; shards of one's own need
     # more of them (or a smaller budget)
     fix = (
