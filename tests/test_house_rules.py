@@ -5,24 +5,12 @@ Hydra plugins and run.py). A module or function past them is split along its pha
 from __future__ import annotations
 
 import ast
-from fnmatch import fnmatch
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "src"
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80
-
-# Files over a limit whose split is under way apart from this test's; each pattern must still match an
-# offender, so an entry is removed as soon as its file is back under the limits.
-PENDING = {
-    "src/speedrun/ttt/*",
-    "src/speedrun/run/finish.py",
-    "src/speedrun/plan/__init__.py",
-    "src/speedrun/plan/kernel.py",
-    "src/speedrun/training/loop.py",
-    "src/speedrun/export/folder.py",
-}
 
 
 def offenders(root: Path = SRC) -> dict[str, list[str]]:
@@ -44,20 +32,10 @@ def offenders(root: Path = SRC) -> dict[str, list[str]]:
     return found
 
 
-def pending(path: str) -> bool:
-    return any(fnmatch(path, pattern) for pattern in PENDING)
-
-
 def test_no_module_or_function_over_the_limits():
-    over = {path: what for path, what in offenders().items() if not pending(path)}
+    over = offenders()
     lines = [f"{path}: {item}" for path, what in over.items() for item in what]
     assert not lines, f"over {MAX_MODULE_LINES} lines a module or {MAX_FUNCTION_LINES} a function:\n" + "\n".join(lines)
-
-
-def test_every_pending_entry_is_still_over_a_limit():
-    found = offenders()
-    stale = sorted(pattern for pattern in PENDING if not any(fnmatch(path, pattern) for path in found))
-    assert not stale, f"within the limits now; remove from PENDING: {stale}"
 
 
 def test_the_measure_counts_def_to_last_line_without_decorators(tmp_path):
