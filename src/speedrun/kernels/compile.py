@@ -88,7 +88,7 @@ def keeps_grads(plan: CompilePlan) -> bool:
 class CompiledRegions:
     """The model's forward with compiled blocks and head (kernel.compile_scope=blocks). The model itself stays
     uncompiled, as under torch.compile(model): GPTQ's calibration hooks call it directly (TTT passes regions of
-    its own: speedrun.ttt.score_first._Scorer)."""
+    its own: speedrun.ttt.scorers.Scorer)."""
 
     def __init__(self, model: GPT, blocks: tuple, head: Any):
         self.model, self.blocks, self.head = model, blocks, head
