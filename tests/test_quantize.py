@@ -155,7 +155,7 @@ def test_missing_compressor_package_names_the_extra(monkeypatch):
 
 
 def test_artifact_bytes_are_the_sum_of_blob_and_raw_code(tmp_path):
-    from speedrun.artifact.artifact import CODE_FILES, SRC
+    from speedrun.artifact.code_count import CODE_FILES, SRC
 
     model = _gpt()
     artifact = Q.export(model.state_dict(), "zlib", 9)  # int8: the spine's export, unchanged

@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from speedrun.config.artifact import MINIFIER_REQUIREMENT
+from speedrun.config.code_rule import MINIFIER_REQUIREMENT
 from speedrun.paths import CACHE_DIR
 
 OPTIONS: dict[str, Any] = {"remove_literal_statements": True}

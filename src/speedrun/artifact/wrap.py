@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from speedrun.artifact.artifact import CODE_FILES, CONF_READ, WRAPPED_ALSO
+from speedrun.artifact.code_count import CODE_FILES, CONF_READ, WRAPPED_ALSO
 from speedrun.artifact.minify import minify_files
 from speedrun.paths import CONF_DIR, REPO_ROOT
 from speedrun.version import __version__

@@ -20,9 +20,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from speedrun.config.artifact import ArtifactConfig, CodeRule
 from speedrun.config.checkpointing import CheckpointConfig
 from speedrun.config.choices import *  # noqa: F403 - the Enums are part of the schema's public names
+from speedrun.config.code_rule import ArtifactConfig, CodeRule
 from speedrun.config.distributed import DistConfig
 from speedrun.config.finishing import EvalConfig, LoggerConfig, PhasedTTTConfig, QuantConfig, TTTConfig
 from speedrun.config.kernel import KernelConfig

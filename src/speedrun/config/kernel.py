@@ -4,7 +4,7 @@ setting must not change the loss beyond a stated tolerance (``python -m speedrun
 
 ``None`` on a field means "the default's value", or, under ``kernel=tuned``, the value in the tuned table of the
 card that runs (conf/kernel/tuned/<card>.yaml); a value set on the command line always wins over the table.
-Device-free checks live here; what needs the device (shared memory, FP8 capability, CUDA) is speedrun.plan.kernel.
+Device-free checks live here; what needs the device (shared memory, FP8 capability, CUDA) is speedrun.plan.kernel_choice.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from speedrun.plan.distributed import WorldInfo
+from speedrun.plan.dist_choice import WorldInfo
 
 NVLS_ENV = {
     False: {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"},

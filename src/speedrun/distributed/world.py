@@ -38,7 +38,7 @@ from speedrun.distributed.environment import RANK_DIR_ENV, set_process_env, subm
 from speedrun.distributed.guard import Guard
 from speedrun.model.optim import Muon
 from speedrun.plan import Plan
-from speedrun.plan.distributed import WorldInfo
+from speedrun.plan.dist_choice import WorldInfo
 from speedrun.records.identity import gpu_uuid
 
 log = logging.getLogger("speedrun")

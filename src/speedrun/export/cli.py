@@ -25,10 +25,10 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from speedrun.artifact.artifact import WRAPPED_FILE
+from speedrun.artifact.code_count import WRAPPED_FILE
 from speedrun.artifact.wrap import CodeSource, build_wrapper
 from speedrun.export.folder import Submission, log_name
-from speedrun.export.runs import ExportError, Run, check_runs, expand, load_run
+from speedrun.export.run_dirs import ExportError, Run, check_runs, expand, load_run
 from speedrun.export.track import RECORD_NAME, track_name
 from speedrun.paths import REPO_ROOT
 from speedrun.records.identity import code_fingerprint

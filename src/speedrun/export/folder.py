@@ -11,8 +11,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from speedrun.artifact.artifact import MANIFEST, WRAPPED_FILE
-from speedrun.export.runs import ExportError, Run
+from speedrun.artifact.code_count import MANIFEST, WRAPPED_FILE
+from speedrun.export.run_dirs import ExportError, Run
 from speedrun.export.track import RECORD_NAME, claim, limits_table
 from speedrun.stats import mean, std
 from speedrun.tables import format_table, mean_std_cell

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from speedrun.config import ArtifactConfig, Config, DataConfig, EMAConfig, QuantConfig
-from speedrun.config.artifact import check_code_rule
 from speedrun.config.choices import PrecisionName, QuantName
+from speedrun.config.code_rule import check_code_rule
 from speedrun.config.compressors import check_compressor
 from speedrun.data.tiktoken_bpe import GPT2, is_tiktoken, require_tiktoken
 from speedrun.errors import PlanError
@@ -25,10 +25,10 @@ from speedrun.model.shape import ModelShape
 from speedrun.plan.attention import check_scores_memory, resolve_attention
 from speedrun.plan.batch import StepSplit, resolve_batch, stages_of
 from speedrun.plan.budget import resolve_budget
-from speedrun.plan.distributed import DistPlan, WorldInfo
-from speedrun.plan.kernel import graph_warmup_steps, resolve_kernel
+from speedrun.plan.dist_choice import DistPlan, WorldInfo
+from speedrun.plan.kernel_choice import graph_warmup_steps, resolve_kernel
 from speedrun.plan.memory import param_count, training_memory_bytes
-from speedrun.plan.model import resolve_arch, resolve_model
+from speedrun.plan.model_choice import resolve_arch, resolve_model
 from speedrun.plan.options import load_option
 from speedrun.plan.scoring import resolve_eval, resolve_ttt
 from speedrun.plan.track import check_track

@@ -10,8 +10,8 @@ from speedrun.config import Config
 from speedrun.errors import PlanError
 from speedrun.hardware.profiles import HardwareProfile
 from speedrun.model.shape import ModelShape
-from speedrun.plan.distributed import DistPlan, WorldInfo, check_step_split, resolve_dist
-from speedrun.plan.kernel import kernel_micro_batch, kernel_settings
+from speedrun.plan.dist_choice import DistPlan, WorldInfo, check_step_split, resolve_dist
+from speedrun.plan.kernel_choice import kernel_micro_batch, kernel_settings
 from speedrun.plan.types import Stage
 
 
@@ -26,7 +26,7 @@ class StepSplit:
     dist: DistPlan
     seq_len: int
     settings: Any
-    """The kernel group's settings and where they came from (speedrun.plan.kernel.kernel_settings)."""
+    """The kernel group's settings and where they came from (speedrun.plan.kernel_choice.kernel_settings)."""
     kernel_source: Any
     kernel_micro: int | None
     """The micro-batch the kernel group chose (None: none)."""

@@ -20,7 +20,7 @@ from speedrun.config import (
 from speedrun.config.choices import NSCoefficients
 from speedrun.config.track import TrackConfig
 from speedrun.model.shape import ModelShape
-from speedrun.plan.distributed import DistPlan
+from speedrun.plan.dist_choice import DistPlan
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class DataPlan:
 
 @dataclass(frozen=True)
 class KernelPlan:
-    """How the run's math is done (the kernel group, resolved): speedrun.plan.kernel decides it."""
+    """How the run's math is done (the kernel group, resolved): speedrun.plan.kernel_choice decides it."""
 
     source: str = "default"
     """Where the settings come from: default, tuned:<card>/<model> (a tuned table), or a custom option's name;

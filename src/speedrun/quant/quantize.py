@@ -21,7 +21,7 @@ compressed apart (speedrun.quant.pergroup), a blob that carries its own header.
 
 val_bpb_quant is measured on the dequantized round trip, so it is the number the artifact actually earns.
 artifact_bytes = compressed blob + code counted raw (UTF-8 bytes, uncompressed), parameter-golf's rule; which
-files count is speedrun.artifact.artifact.CODE_FILES.
+files count is speedrun.artifact.code_count.CODE_FILES.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from speedrun.artifact.artifact import code_bytes
+from speedrun.artifact.code_count import code_bytes
 from speedrun.config.choices import QuantClip, QuantName
 from speedrun.config.compressors import PERGROUP, check_compressor
 from speedrun.config.quant import TENSOR_CLASSES, QuantConfig
@@ -79,7 +79,7 @@ class Artifact:
     blob: bytes
     """Compressed quantized state dict."""
     code_bytes: int
-    """Raw UTF-8 bytes of the code a submission needs (speedrun.artifact.artifact.CODE_FILES), uncompressed."""
+    """Raw UTF-8 bytes of the code a submission needs (speedrun.artifact.code_count.CODE_FILES), uncompressed."""
     compress_seconds: float = 0.0
     """Wall seconds the compression took (all groups, with pergroup)."""
     group_bytes: dict[str, int] = field(default_factory=dict)

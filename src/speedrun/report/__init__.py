@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from speedrun.report.cli import LOWER_IS_BETTER, build_parser, main
 from speedrun.report.groups import EvalSets, Group, compare, default_group_keys, eval_sets, group_runs, rank_groups
-from speedrun.report.runs import Run, canon, is_failure
+from speedrun.report.run_rows import Run, canon, is_failure
 from speedrun.report.selection import load_runs, parse_pairs
 
 __all__ = [

@@ -40,7 +40,7 @@ from speedrun.report.leaderboard import (
 )
 from speedrun.report.page import Table, render_html, runs_section
 from speedrun.report.plots import make_plots
-from speedrun.report.runs import LOST, Run, UnreadableDatabase
+from speedrun.report.run_rows import LOST, Run, UnreadableDatabase
 from speedrun.report.selection import load_runs, parse_pairs
 from speedrun.report.target import parse_target, target_table
 from speedrun.stats import ALTERNATIVES

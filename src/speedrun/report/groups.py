@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from speedrun.report.runs import NOT_RUN, OK, Run, canon, is_failure, varying_keys
+from speedrun.report.run_rows import NOT_RUN, OK, Run, canon, is_failure, varying_keys
 from speedrun.stats import Welch, finite, mean, welch
 from speedrun.tables import display
 

@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 
 from speedrun.records.identity import SWEEP_REUSE_IGNORED, config_identity
 from speedrun.records.store import write_json
-from speedrun.report.runs import UnreadableDatabase, read_rows
+from speedrun.report.run_rows import UnreadableDatabase, read_rows
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from speedrun.report.curves import plot_curves
 from speedrun.report.groups import Group
-from speedrun.report.runs import Run, dotted
+from speedrun.report.run_rows import Run, dotted
 from speedrun.stats import finite, mean, pareto_front, std
 from speedrun.tables import display
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from speedrun.report.manifest import MANIFEST
-from speedrun.report.runs import Run, canon, read_rows
+from speedrun.report.run_rows import Run, canon, read_rows
 
 
 def parse_pairs(items: Sequence[str], what: str) -> dict[str, str]:

@@ -32,7 +32,7 @@ from speedrun.report.leaderboard import (
     table_rows,
 )
 from speedrun.report.manifest import MANIFEST, JobEntry, Manifest, job_result, jobs_from_dirs
-from speedrun.report.runs import FOLDED_KEYS, Run, is_failure, override_dict
+from speedrun.report.run_rows import FOLDED_KEYS, Run, is_failure, override_dict
 from speedrun.report.wandb_sweep import log_sweep_summary
 from speedrun.tables import first_line, format_table
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from speedrun.report.groups import Group, compare, group_runs
-from speedrun.report.runs import Run
+from speedrun.report.run_rows import Run
 from speedrun.stats import Below, mean, std, ttest_below
 from speedrun.tables import fmt_number, fmt_p, mean_std_cell
 

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from speedrun.artifact.artifact import write_manifest
+from speedrun.artifact.code_count import write_manifest
 from speedrun.config.choices import QuantName, TTTName
 from speedrun.data.tokenizer import tokenizer_sha256
 from speedrun.evaluation.evaluate import EvalResult, document_mask, run_eval

@@ -1,7 +1,7 @@
 """The pipeline of one job, phase by phase: resolve -> start -> build -> train -> record training -> finish.
 
 ``Job.run`` reads like the list above; each phase is a method that takes what the previous one made. The record
-(run-dir files, results row, logger) is the base class's, speedrun.run.record.
+(run-dir files, results row, logger) is the base class's, speedrun.run.job_record.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from speedrun.quant.calibration import Calibration, collect_after_training, meas
 from speedrun.records.identity import gpu_identity
 from speedrun.records.store import MetricsLog, capture_environment
 from speedrun.run.finish import evaluate_and_export
+from speedrun.run.job_record import JobRecord
 from speedrun.run.loggers import make_logger
 from speedrun.run.oom import start_history
-from speedrun.run.record import JobRecord
 from speedrun.training.build import build_attention, build_data, build_model, configure_torch
 from speedrun.training.loop import Stepper, TrainState, loop_states, train, warm_up
 from speedrun.training.loop_setup import LoopHooks, loop_result, prepare_loop

@@ -13,7 +13,7 @@ from speedrun.errors import ConfigError
 from speedrun.hardware import profiles as hardware
 from speedrun.model.registry import arch_from_argv, register_model_schema
 from speedrun.plan import plan_json, resolve
-from speedrun.plan.distributed import WorldInfo
+from speedrun.plan.dist_choice import WorldInfo
 
 FLAG = "--plan"
 

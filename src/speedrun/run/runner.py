@@ -29,8 +29,8 @@ from speedrun.records.identity import AUTO_RESUME_IGNORED, GPU_SHARED_ENV, confi
 from speedrun.records.lock import RunDirBusy, RunDirLock
 from speedrun.records.store import ENDED, ResultsDB, empty_result, owner_keys, recorded_status, remove_orphan_temps
 from speedrun.run.job import Job
+from speedrun.run.job_record import write_error_file
 from speedrun.run.oom import find_oom, oom_result
-from speedrun.run.record import write_error_file
 from speedrun.run.signals import sigterm_as_interrupt, stop_signals_deferred
 from speedrun.training.checkpoint import checkpoint_dir
 from speedrun.training.resume import Resume, find_resume

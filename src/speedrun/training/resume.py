@@ -25,7 +25,7 @@ continues anyway, and the row records both fingerprints), or the command line ha
 (other than dist.nproc / dist.nodes). The resolver makes every one of these checks
 before Hydra writes anything, and sends a refused resume to a new run dir, so the run it names is left byte for
 byte as it was (the refusal is that new dir's failed row). An accepted resume writes nothing into the original
-until its checkpoint is restored (speedrun.run.record).
+until its checkpoint is restored (speedrun.run.job_record).
 """
 
 from __future__ import annotations

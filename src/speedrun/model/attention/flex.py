@@ -104,7 +104,7 @@ class FlexAttention(AttentionBackend):
 
     @classmethod
     def plan_options(cls, request, profile, precision, model):
-        # The profile's forward blocks; speedrun.plan.kernel replaces them with the kernel group's tiles (forward
+        # The profile's forward blocks; speedrun.plan.kernel_choice replaces them with the kernel group's tiles (forward
         # and backward) where they are chosen per head_dim or set.
         block_m, block_n = profile.flex_blocks
         kernel_options = {"BLOCK_M": block_m, "BLOCK_N": block_n}

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from speedrun.artifact.artifact import WRAPPED_FILE
+from speedrun.artifact.code_count import WRAPPED_FILE
 from speedrun.artifact.wrap import read_wrapper
 from speedrun.config import register_configs
 from speedrun.records.identity import SWEEP_REUSE_IGNORED
@@ -41,7 +41,7 @@ _ALLOWED = re.compile(r"\$\{(?:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*\}|(?:" + "|".join
 or a call of a PURE_RESOLVERS resolver (its arguments are checked at their own ``${``)."""
 
 CODE_SHA_KEY = "artifact_code_sha256"
-"""The result key holding the sha256 of the train_gpt.py the run wrote (speedrun.artifact.artifact)."""
+"""The result key holding the sha256 of the train_gpt.py the run wrote (speedrun.artifact.code_count)."""
 
 
 class ExportError(ValueError):

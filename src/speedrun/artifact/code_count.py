@@ -29,7 +29,7 @@ from speedrun.records.store import write_json
 
 if TYPE_CHECKING:
     from speedrun.artifact.wrap import CodeSource
-    from speedrun.config.artifact import ArtifactConfig
+    from speedrun.config.code_rule import ArtifactConfig
 
 SRC = Path(__file__).resolve().parents[2]
 """src/: CODE_FILES are relative to it."""
@@ -38,11 +38,11 @@ CODE_FILES: tuple[str, ...] = (
     "run.py",
     "speedrun/__init__.py",
     "speedrun/artifact/__init__.py",
-    "speedrun/artifact/artifact.py",
+    "speedrun/artifact/code_count.py",
     "speedrun/artifact/minify.py",
     "speedrun/artifact/wrap.py",
     "speedrun/config/__init__.py",
-    "speedrun/config/artifact.py",
+    "speedrun/config/code_rule.py",
     "speedrun/config/checkpointing.py",
     "speedrun/config/choices.py",
     "speedrun/config/compressors.py",
@@ -102,11 +102,11 @@ CODE_FILES: tuple[str, ...] = (
     "speedrun/plan/attention.py",
     "speedrun/plan/batch.py",
     "speedrun/plan/budget.py",
-    "speedrun/plan/distributed.py",
+    "speedrun/plan/dist_choice.py",
     "speedrun/plan/dtypes.py",
-    "speedrun/plan/kernel.py",
+    "speedrun/plan/kernel_choice.py",
     "speedrun/plan/memory.py",
-    "speedrun/plan/model.py",
+    "speedrun/plan/model_choice.py",
     "speedrun/plan/options.py",
     "speedrun/plan/scoring.py",
     "speedrun/plan/track.py",
@@ -133,7 +133,7 @@ CODE_FILES: tuple[str, ...] = (
     "speedrun/run/heartbeat.py",
     "speedrun/run/job.py",
     "speedrun/run/oom.py",
-    "speedrun/run/record.py",
+    "speedrun/run/job_record.py",
     "speedrun/run/runner.py",
     "speedrun/run/signals.py",
     "speedrun/run/track_verdict.py",
