@@ -12,6 +12,7 @@ Sources of every rule: docs/tracks.md.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,10 +104,12 @@ class TrackConfig:
     def on(self) -> bool:
         return self.name is not None
 
-    def problems(self, result: dict[str, Any]) -> list[str]:
-        """Why a run with these result keys does not meet the rules ([] when it meets them all)."""
+    def problems(self, result: dict[str, Any], card_of: Callable[[str], str | None] | None = None) -> list[str]:
+        """Why a run with these result keys does not meet the rules ([] when it meets them all). ``card_of``: a GPU
+        name -> its card in speedrun.hardware.cards (the H100 SXM), so that a card_model rule tells an H100 PCIe
+        from the contest's SXM (without it, only the name's ``card`` substring is checked)."""
         out = _status_problems(result)
-        out += self._machine_problems(result)
+        out += self._machine_problems(result, card_of)
         out += self._data_problems(result)
         out += self._validation_problems(result)
         out += self._time_problems(result)
@@ -118,7 +121,7 @@ class TrackConfig:
                 out.append(f"artifact {int(size):,} bytes, over {cap:,}")
         return out
 
-    def _machine_problems(self, result: dict[str, Any]) -> list[str]:
+    def _machine_problems(self, result: dict[str, Any], card_of: Callable[[str], str | None] | None) -> list[str]:
         out = []
         world = int(result.get("world_size") or 1)
         if self.gpus is not None and (world != self.gpus or result.get("hardware") == "cpu"):
@@ -130,6 +133,16 @@ class TrackConfig:
             other = sorted({n for n in names if self.card not in n})
             if other:
                 out.append(f"ran on {', '.join(other)}, not {self.card}")
+            elif self.card_model is not None and card_of is not None:
+                models = sorted(
+                    {
+                        f"{n} ({card_of(n) or 'a card the table does not know'})"
+                        for n in names
+                        if card_of(n) != self.card_model
+                    }
+                )
+                if models:
+                    out.append(f"ran on {', '.join(models)}, not {self.card_model}")
             if result.get("emulated"):
                 out.append(f"hardware={result.get('hardware')} was emulated on another card")
         return out
@@ -151,14 +164,14 @@ class TrackConfig:
             out.append(
                 "no eval_whole_split recorded"
                 if whole is None
-                else f"it scored the first {scored:,} validation tokens (eval.tokens), not the whole split"
+                else f"it scored the first {_count(scored)} validation tokens (eval.tokens), not the whole split"
             )
         for suffix, phase in (("", "eval"), ("_quant", "quantized eval")):
             scored = result.get(f"val_tokens_scored{suffix}")
             if result.get(f"eval_complete{suffix}") is False:
                 out.append(f"the {phase} was cut short (eval_complete{suffix} false)")
             elif self.val_tokens is not None and scored is not None and scored != self.val_tokens:
-                out.append(f"the {phase} scored {scored:,} tokens, not the track's {self.val_tokens:,}")
+                out.append(f"the {phase} scored {_count(scored)} tokens, not the track's {self.val_tokens:,}")
         if result.get("ttt_complete") is False:
             out.append(
                 f"TTT scored {100 * float(result.get('ttt_fraction') or 0):.1f}% of the tokens (ttt_complete false)"
@@ -191,6 +204,11 @@ class TrackConfig:
         parts += [f"{self.val_tokens:,} validation targets"] if self.val_tokens else []
         parts += [f"data {' or '.join(self.data)}"] if self.data else []
         return f"{self.name} ({self.contest}): " + (", ".join(parts) or "no limits")
+
+
+def _count(value: Any) -> str:
+    """A token count as the reasons write it; a record may lack it (an old or hand-made one)."""
+    return f"{value:,}" if isinstance(value, int) else "?"
 
 
 def _status_problems(result: dict[str, Any]) -> list[str]:

@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 
 from speedrun.config.track import TrackConfig
 from speedrun.paths import CONF_DIR
+from speedrun.run.track_verdict import card_model_of
 
 RECORD_NAME = "pgolf_10min_16mb"
 NON_RECORD_NAME = "pgolf_non_record_16mb"
@@ -62,7 +63,7 @@ def record_problems(result: dict[str, Any], artifact_bytes: int) -> list[str]:
         )
     elif result.get("track_ok") is not True:
         out.append("its own record says track_ok false")
-    return out + record.problems({**result, "artifact_bytes": artifact_bytes})
+    return out + record.problems({**result, "artifact_bytes": artifact_bytes}, card_model_of)
 
 
 def claim(runs: list[tuple[str, dict[str, Any], int]], wanted: str = RECORD_NAME, unverified: bool = False) -> dict:

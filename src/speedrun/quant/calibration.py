@@ -2,12 +2,14 @@
 
 Warm-up measures what the collection will take (``measure_reserve``) and the loop stops that much before the time
 limit; the Hessians are then collected right after the last step (``collect_after_training``), before anything
-is scored, so that ``train_seconds`` (loop + Hessians) is the span from the first step to the last read of
-training data, and the export quantizes with them later (speedrun.run.finish).
+is scored, so that ``train_seconds`` (the loop's clock + the Hessians) runs from the first step to the last read of
+training data, less the pauses the loop's clock leaves out (periodic validation, checkpoints), and the export
+quantizes with them later (speedrun.run.finish).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,11 +53,15 @@ def _collect(plan: Plan, model: torch.nn.Module, data: Any, batches: int, log: C
 
 def measure_reserve(plan: Plan, model: torch.nn.Module, data: Any, log: Callable[[str], None]) -> float:
     """Seconds to keep for the Hessians: one calibration batch untimed (first-call costs), two timed, scaled to
-    quant.calib_batches with RESERVE_MARGIN. Runs before the clock starts and leaves the model unchanged."""
-    _collect(plan, model, data, 1, None)
-    t0 = time.perf_counter()
-    _collect(plan, model, data, 2, None)
-    per_batch = (time.perf_counter() - t0) / 2
+    quant.calib_batches with RESERVE_MARGIN. Runs before the clock starts and leaves the model unchanged. With
+    model.loop, timed with the loop on: a run with a loop ends with it on, and its Hessians take that many more
+    layer calls."""
+    looped = model.looped(True) if plan.model.loop.on else contextlib.nullcontext()  # type: ignore[operator]
+    with looped:
+        _collect(plan, model, data, 1, None)
+        t0 = time.perf_counter()
+        _collect(plan, model, data, 2, None)
+        per_batch = (time.perf_counter() - t0) / 2
     reserve = RESERVE_MARGIN * per_batch * plan.quant.calib_batches
     log(
         f"warm-up: GPTQ's Hessians take {per_batch:.3f} s a batch; {reserve:.1f} s of the time budget kept for "

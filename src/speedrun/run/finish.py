@@ -35,8 +35,8 @@ cover (targets 1..eval_tokens and the context token 0). Runs with the same finge
 the same byte accounting; the report and sweep summary compare only those.
 
 On several ranks (``world``): every score is split over the ranks and all-reduced (speedrun.evaluation.evaluate), so it
-equals a one-rank score of the same weights; the export (Hessians, GPTQ, compression) runs on rank 0 alone, with
-the one-rank calibration stream, and its artifact is broadcast, so every rank scores the same dequantized
+equals a one-rank score of the same weights; the export (GPTQ, compression) runs on rank 0 alone, with
+the Hessians rank 0 collected from the one-rank calibration stream, and its artifact is broadcast, so every rank scores the same dequantized
 weights; TTT deals its document batches over the ranks (each batch is independent: fresh adapters per batch), and
 its global phases run on every rank with averaged gradients.
 """
@@ -101,11 +101,13 @@ def evaluate_and_export(
     world: Any = None,
     code: CodeSource | None = None,
     hessians: dict[str, torch.Tensor] | None = None,
+    started: float | None = None,
 ) -> dict[str, Any]:
     """The three phases in order; returns every key they measured (also reported through ``on_phase``). ``code``:
     the source the job read when it started, for the self-extracting file (None: read it at export).
-    ``hessians``: GPTQ's, collected after training (None: the export collects them)."""
-    finish = Finish(plan, model, eval_forward, data, run_dir, log, on_phase, world, code, hessians)
+    ``hessians``: GPTQ's, collected after training (None: the export collects them). ``started``: when training
+    ended (time.perf_counter), where eval_seconds starts (None: now), so the record writes between them count."""
+    finish = Finish(plan, model, eval_forward, data, run_dir, log, on_phase, world, code, hessians, started)
     finish.evaluate()
     if plan.quant.name != QuantName.off:
         finish.quantize()
@@ -143,6 +145,7 @@ class Finish:
         world: Any = None,
         code: CodeSource | None = None,
         hessians: dict[str, torch.Tensor] | None = None,
+        started: float | None = None,
     ):
         self.plan, self.model, self.eval_forward, self.data = plan, model, eval_forward, data
         self.run_dir, self.log, self.world, self.code = run_dir, log, world, code
@@ -150,7 +153,7 @@ class Finish:
         self.report: PhaseCallback = on_phase or (lambda name, keys=None: None)
         self.amp_dtype = autocast_dtype(plan)
         self.out: dict[str, Any] = {"eval_mode": plan.eval.label}
-        self.t0 = time.perf_counter()
+        self.t0 = started if started is not None else time.perf_counter()
         self.graphs0 = graphs_compiled()
         self._artifact: Future | None = None
         """The artifact's compression (rank 0, Finish.quantize), running beside the round-trip score."""
@@ -315,7 +318,7 @@ class Finish:
             **sizes,
             "compress_seconds": artifact.compress_seconds,
             **({"quant_hessian_seconds": h} if (h := artifact.extra.get("quant_hessian_seconds")) is not None else {}),
-            # the export's own work (Hessians, GPTQ, compression), whatever ran beside it
+            # the export's own work (GPTQ and compression; the Hessians are training's), whatever ran beside it
             "quant_seconds": round(self.quantized_seconds + artifact.compress_seconds, 3),
         }
 

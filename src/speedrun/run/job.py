@@ -15,6 +15,7 @@ from typing import Any
 from speedrun.artifact.wrap import CodeSource
 from speedrun.config import Config
 from speedrun.distributed.launch import launch_ranks, needs_launch
+from speedrun.errors import PlanError
 from speedrun.hardware import profiles as hardware
 from speedrun.kernels.cache import cache_stats
 from speedrun.kernels.compile import keeps_grads
@@ -43,8 +44,11 @@ class Job(JobRecord):
     calibration: Calibration | None = None
     """GPTQ's Hessians, collected right after the loop (rank 0, quant=int6); the export quantizes with them."""
     hessian_seconds: float | None = None
-    """Wall seconds from the loop's end to the Hessians' (what train_seconds adds to the loop's clock)."""
+    """Wall seconds from train()'s return (after its last flush, any final checkpoint and the EMA's copy, which the
+    loop's clock leaves out) to the Hessians' end: what train_seconds adds to the loop's clock."""
     loop_ended: float = 0.0
+    training_ended: float | None = None
+    """When training's last read of data ended (the loop's, or the Hessians'): evaluation's clock starts there."""
     code: Any = None
     """The source as the job read it when it started, with its resolved config: the self-extracting file is made
     from it (speedrun.artifact.wrap.CodeSource), so the file carries the code that ran, not a later edit."""
@@ -174,7 +178,14 @@ class Job(JobRecord):
         if not plan.budget.measures_reserve:
             return plan.budget.hessian_reserve or 0.0
         rank0 = self.world.rank == 0
-        return self.world.agree(measure_reserve(plan, model, data, log.info) if rank0 else 0.0)
+        reserve = self.world.agree(measure_reserve(plan, model, data, log.info) if rank0 else 0.0)
+        seconds = plan.budget.seconds
+        if seconds is not None and reserve >= seconds:  # the same value, so the same refusal, on every rank
+            raise PlanError(
+                f"GPTQ's Hessians would take {reserve:.1f} s here (measured in warm-up), the whole "
+                f"budget.train_seconds={seconds:g}: raise budget.train_seconds, or lower quant.calib_batches"
+            )
+        return reserve
 
     def calibrate(self, data: Any, model: Any) -> None:
         """GPTQ's Hessians, right after the last step (rank 0, which exports): the last read of training data, so
@@ -185,7 +196,8 @@ class Job(JobRecord):
             return
         model.eval()  # as the export scores and quantizes it (fp8 layers take their bf16 path)
         self.calibration = collect_after_training(plan, model, data, log.info)
-        self.hessian_seconds = time.perf_counter() - self.loop_ended
+        self.training_ended = time.perf_counter()
+        self.hessian_seconds = self.training_ended - self.loop_ended
 
     def end_training(self, data: Any) -> None:
         """Record training (the loop, and the Hessians after it), before evaluation starts."""
@@ -251,6 +263,7 @@ class Job(JobRecord):
                 world=self.world,
                 code=self.code,
                 hessians=self.calibration.hessians if self.calibration is not None else None,
+                started=self.training_ended or self.loop_ended or None,
             )
         )
 

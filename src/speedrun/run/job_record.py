@@ -201,7 +201,10 @@ class JobRecord:
         prior = 0.0 if self.holding else self.prior_wall_seconds
         self.result["wall_seconds"] = round(prior + finished - started, 3)
         if self.plan is not None and self.plan.track.on and not self.holding:
-            self.result.update(track_keys(self.plan, self.result))
+            try:
+                self.result.update(track_keys(self.plan, self.result))
+            except Exception as e:  # noqa: BLE001 - the record must still be written; the verdict says why not
+                self.result.update(track_ok=False, track_problems=[f"the rules could not be checked: {e!r}"])
             if not self.result["track_ok"]:
                 log.warning(
                     "track %s: not met: %s", self.plan.track.name, "; ".join(self.result["track_problems"] or [])

@@ -18,13 +18,19 @@ PROJECTION_BASIS = (
 def track_keys(plan: Plan, result: dict[str, Any]) -> dict[str, Any]:
     """track, track_ok, track_problems (null when none), and the track_projected_* keys where they apply."""
     track = plan.track
-    problems = track.problems(result)
+    problems = track.problems(result, card_model_of)
     return {
         "track": track.name,
         "track_ok": not problems,
         "track_problems": problems or None,
         **projection(track, plan, result),
     }
+
+
+def card_model_of(device_name: str) -> str | None:
+    """The card table's name for a GPU's torch name (H100 SXM), or None for a card it does not know."""
+    card = card_for(device_name)
+    return card.name if card is not None else None
 
 
 def projection(track: TrackConfig, plan: Plan, result: dict[str, Any]) -> dict[str, Any]:
