@@ -111,7 +111,8 @@ def test_a_cpu_run_records_why_it_is_no_submission_and_its_hessians_in_train_sec
     for says in ("CPU process(s), not 8", "not H100", "data=embedded"):
         assert says in problems, problems
     assert r["hessian_reserve_seconds"] > 0 and r["quant_hessian_seconds"] > 0 and r["quant_reserve_ok"] is True
-    assert r["train_seconds"] >= r["train_loop_seconds"] + r["quant_hessian_seconds"]
+    # each key is rounded to the millisecond on its own
+    assert r["train_seconds"] >= r["train_loop_seconds"] + r["quant_hessian_seconds"] - 0.002
     assert r["budget_seconds"] == 120 and "track_projection" not in r  # no peak to project a CPU with
     log = (tmp_path / "run" / "run.log").read_text()
     assert log.index("GPTQ's Hessians take") < log.index("step      1")  # the reserve is measured in warm-up
