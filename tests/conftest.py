@@ -72,7 +72,7 @@ def data_cache(tmp_path_factory):
 @pytest.fixture(scope="session")
 def default_smoke_run(tmp_path_factory, data_cache) -> SharedRun:
     """The default job as a CPU smoke run (`python -m run debug=smoke`, data from data_cache), run once for the
-    whole pytest session: tests/test_experiments.py and tests/test_cli.py check what it recorded,
-    tests/test_dist_cli.py compares a two-rank run with it and tests/test_ttt_table.py test-time trains copies of
+    whole pytest session: tests/e2e/test_experiments.py and tests/e2e/test_cli.py check what it recorded,
+    tests/e2e/test_dist_cli.py compares a two-rank run with it and tests/e2e/test_ttt_table.py test-time trains copies of
     it. Read its run dir and database; never write to them (its database must keep its one row)."""
     return shared_cli_run(tmp_path_factory, "smoke", ["debug=smoke", f"data.cache_dir={data_cache}"])

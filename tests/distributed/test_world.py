@@ -1,7 +1,8 @@
 """One run on several processes (speedrun.distributed.world, speedrun.distributed.launch, plan.distributed): what a
 dist request resolves to or is refused with, the World a launcher starts (torchrun, submitit, the pool), its
-environment and private dirs, and stop signals held while the record is written. Two real ranks against one process:
-tests/distributed/test_two_ranks.py; end to end through `python -m run` / torchrun: tests/e2e/test_dist_cli.py."""
+environment and private dirs, stop signals held while the record is written, and which rank's exit ended a run.
+Two real ranks against one process: tests/distributed/test_two_ranks.py; end to end through `python -m run` /
+torchrun: tests/e2e/test_dist_cli.py."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from speedrun.distributed.launch import RankExit, first_exit
 from speedrun.errors import PlanError
 from speedrun.plan import WorldInfo
 from support.ranks import TINY_RUN, plan_for
@@ -238,3 +240,13 @@ def test_stop_signals_are_held_while_the_record_is_written():
         assert seen and seen[0] >= held_until
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_the_rank_that_ended_the_run_is_the_first_and_a_killed_one_before_those_it_broke():
+    killed, broken, stopped = RankExit(1, -9, 100), RankExit(0, 1, 100), RankExit(0, -15, 100)
+    assert first_exit([broken, killed]) == killed  # seen in one poll: the kill caused the lost connection
+    assert first_exit([RankExit(1, 1, 100), stopped]) == RankExit(1, 1, 100)  # the launcher's SIGTERM came after
+    assert first_exit([RankExit(0, 1, 99), killed]) == RankExit(0, 1, 99)  # a second earlier
+    assert first_exit([RankExit(1, 1, 100), broken]) == RankExit(1, 1, 100)  # else the order the launcher saw
+    assert killed.describe().startswith("rank 1 died (killed by signal 9, SIGKILL): ")
+    assert broken.describe().startswith("rank 0 died (exit code 1)")

@@ -127,7 +127,7 @@ def test_experiment_runs_as_a_cpu_smoke_run(tmp_path, data_cache, experiment, co
 
 def test_smoke_run_of_the_default_job(default_smoke_run):
     # the pytest session's one default smoke run (conftest.default_smoke_run: smoke_run()'s command with no
-    # experiment, run once and shared with tests/test_dist_cli.py), in a dir of its own with its own database
+    # experiment, run once and shared with tests/e2e/test_dist_cli.py), in a dir of its own with its own database
     run = default_smoke_run
     result = assert_smoke_run_ok(run.proc, run.run_dir, run.cwd)
     # model=auto on CPU picks the tiny preset; the smoke shape overrides its fields (plan._resolve_model)

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from speedrun.distributed.launch import RankExit, first_exit
+pytestmark = pytest.mark.slow
+
 
 SMOKE = ["debug=smoke", "budget.max_steps=1000000", "budget.train_seconds=300", "checkpoint.every_steps=2"]
 """A tiny CPU model still training when the kill comes (smoke's 4 steps lifted), with checkpoints on the way."""
@@ -85,17 +86,6 @@ def kill_rank_mid_training(tmp_path: Path, data_cache: Path, rank: int) -> tuple
     return row, result, out
 
 
-def test_the_rank_that_ended_the_run_is_the_first_and_a_killed_one_before_those_it_broke():
-    killed, broken, stopped = RankExit(1, -9, 100), RankExit(0, 1, 100), RankExit(0, -15, 100)
-    assert first_exit([broken, killed]) == killed  # seen in one poll: the kill caused the lost connection
-    assert first_exit([RankExit(1, 1, 100), stopped]) == RankExit(1, 1, 100)  # the launcher's SIGTERM came after
-    assert first_exit([RankExit(0, 1, 99), killed]) == RankExit(0, 1, 99)  # a second earlier
-    assert first_exit([RankExit(1, 1, 100), broken]) == RankExit(1, 1, 100)  # else the order the launcher saw
-    assert killed.describe().startswith("rank 1 died (killed by signal 9, SIGKILL): ")
-    assert broken.describe().startswith("rank 0 died (exit code 1)")
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize("rank", [0, 1])
 def test_a_killed_rank_is_named_and_rank_0s_record_kept(tmp_path, data_cache, rank):
     row, result, out = kill_rank_mid_training(tmp_path, data_cache, rank)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 # One training step (the long job: steps until it is stopped), a short evaluation and no export: job 0 ends ok
 # within seconds, then job 1 runs until the Ctrl-Cs
 QUICK = [
@@ -43,7 +45,6 @@ def _statuses(db: Path) -> list[str]:
         return []
 
 
-@pytest.mark.slow
 def test_a_second_ctrl_c_kills_the_running_job_and_the_sweep_still_says_what_each_job_did(tmp_path, data_cache):
     # its own process group, as a terminal's foreground job: Ctrl-C is SIGINT to the group, the jobs included
     proc = subprocess.Popen(

@@ -66,7 +66,7 @@ def test_hydra_compose_errors_print_hydras_message_and_exit_nonzero(tmp_path, ov
         (["precision=fp16"], ["precision=fp16 needs a CUDA GPU"]),  # impossible combination (resolver)
         (["eval.tokens=-5"], ["eval.tokens=-5 must be >= 0"]),  # a value the schema refuses
         # a data path that does not exist: the run fails fast, before any work, naming the path (on the console
-        # and in its row); this case is also tests/test_cli.py's bad data path, which it ran as a run of its own
+        # and in its row); this case is also tests/e2e/test_cli.py's bad data path, which it ran as a run of its own
         (
             ["data=fineweb_sp1024", "data.path=nowhere/fineweb10B_sp1024"],
             ["dataset directory not found", "nowhere/fineweb10B_sp1024"],
