@@ -91,7 +91,7 @@ def load_config(run_dir: Path, overrides: list[str]) -> Any:
 def float_weights(run_dir: Path, log: Any) -> dict[str, Any]:
     import torch
 
-    from speedrun.run.finish import FLOAT_WEIGHTS
+    from speedrun.quant.model_export import FLOAT_WEIGHTS
     from speedrun.training.checkpoint import load_checkpoint
 
     if (run_dir / FLOAT_WEIGHTS).is_file():

@@ -5,6 +5,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+import speedrun
 from speedrun.config import CONF_DIR, register_configs
 from speedrun.model.registry import arch_from_argv, register_model_schema
 from speedrun.training.resume import register_resolvers
@@ -16,12 +17,11 @@ register_model_schema(arch_from_argv(sys.argv))  # a model's own knobs (model.ar
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> None:
-    import speedrun
-
     speedrun.main(cfg)
 
 
 if __name__ == "__main__":
+    # the command line's own steps, here and not at the top: they serve only `python -m run`, not an import of run
     from speedrun.run.plan_only import print_plan, wants_plan
 
     if wants_plan(sys.argv):  # `python -m run ... --plan`: print the resolved Plan and exit, writing nothing

@@ -8,7 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__version__ = "0.1.0"
+from speedrun.errors import ConfigError, RunOutOfMemory, storage_problem
+from speedrun.version import __version__ as __version__
 
 
 def main(cfg: Any, run_dir: str | Path | None = None) -> dict[str, Any]:
@@ -29,8 +30,8 @@ def main(cfg: Any, run_dir: str | Path | None = None) -> dict[str, Any]:
     import signal
     import sys
 
+    # here, not at the top: they import torch and the whole pipeline, and `import speedrun` stays light
     from speedrun.distributed.launch import RanksFailed
-    from speedrun.errors import ConfigError, RunOutOfMemory, storage_problem
     from speedrun.run.runner import RecordNotWritten, RunContext, run_job, standalone_logging
 
     log = logging.getLogger("speedrun")

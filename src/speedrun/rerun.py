@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import speedrun
+
 FORMAT = 1
 """The payload layout this entry point reads (speedrun.artifact.wrap.FORMAT when the file was made)."""
 
@@ -55,8 +57,6 @@ def main(meta: str | dict[str, Any], file: str) -> dict[str, Any]:
     run_dir = Path.cwd() / "runs" / f"{stamp}_{tree['name']}_seed{tree['seed']}"
 
     from omegaconf import OmegaConf
-
-    import speedrun
 
     return speedrun.main(OmegaConf.create(tree), run_dir=run_dir)
 
@@ -124,6 +124,7 @@ def rerun_data(data: dict[str, Any], env: Mapping[str, str], cwd: Path) -> dict[
         if shards.is_dir() and model.is_file():
             return {**data, "path": str(shards), "tokenizer": str(model)}
         return data  # the run fails before training, naming the missing directory and how to get it
+    # here, not at the top: speedrun.data imports torch, and without torch this module must still load to say so
     from speedrun.data.prepare import TOKENIZER_FILE, embedded_dir
 
     built = embedded_dir(Path(data["cache_dir"]), vocab)

@@ -29,7 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from speedrun.config import CONF_DIR, register_configs, to_config
 from speedrun.errors import ConfigError
+from speedrun.hardware.profiles import PROFILES, detect
+from speedrun.kernels.tuned import write_entry
+from speedrun.plan import Plan, PlanError, resolve
+from speedrun.tables import format_table
+from speedrun.training.build import build_attention, build_data, build_model, configure_torch
+from speedrun.training.loop import Stepper, TrainState, warm_up
 
 DEFAULT_ATOL, DEFAULT_RTOL = 0.03, 0.01
 
@@ -38,7 +45,8 @@ DEFAULT_ATOL, DEFAULT_RTOL = 0.03, 0.01
 class Candidate:
     overrides: list[str]
     """kernel.* overrides on top of the composed config ([] is the default)."""
-    plan: Any = None
+    plan: Plan | None = None
+    """The candidate's resolved plan (None: refused)."""
     kernel_settings: dict[str, Any] = field(default_factory=dict)
     """The candidate's kernel-group fields (KernelConfig.explicit()): what the table stores."""
     refused: str | None = None
@@ -54,7 +62,7 @@ class Candidate:
         return " ".join(self.overrides) or "default"
 
 
-def candidate_overrides(plan: Any, quick: bool = False) -> list[list[str]]:
+def candidate_overrides(plan: Plan, quick: bool = False) -> list[list[str]]:
     """kernel.* override sets worth timing for this plan (the default first); the resolver refuses what cannot
     run, so this lists what is worth asking, not what is possible."""
     out: list[list[str]] = [[]]
@@ -111,9 +119,7 @@ def candidate_overrides(plan: Any, quick: bool = False) -> list[list[str]]:
     return out
 
 
-def _has_fp8(plan: Any) -> bool:
-    from speedrun.hardware.profiles import PROFILES
-
+def _has_fp8(plan: Plan) -> bool:
     profile = PROFILES.get(plan.hardware)
     return bool(profile and profile.capability and profile.capability >= (8, 9))
 
@@ -144,7 +150,7 @@ def pick_winner(candidates: list[Candidate], min_gain: float = 0.01) -> Candidat
     return default
 
 
-def provenance(plan: Any, default: Candidate, winner: Candidate, steps: int, argv: list[str]) -> dict[str, Any]:
+def provenance(plan: Plan, default: Candidate, winner: Candidate, steps: int, argv: list[str]) -> dict[str, Any]:
     """Where the table's numbers come from: card, versions, date, model, what was measured and how."""
     import dataclasses
 
@@ -181,8 +187,6 @@ def provenance(plan: Any, default: Candidate, winner: Candidate, steps: int, arg
 
 
 def results_table(candidates: list[Candidate], winner: Candidate) -> str:
-    from speedrun.tables import format_table
-
     base = candidates[0].tokens_per_s
     rows = []
     for c in candidates:
@@ -210,10 +214,8 @@ def measure(candidate: Candidate, data: Any, steps: int, log: Callable[[str], No
     batches; fills tokens_per_s, step_ms and losses."""
     import torch
 
-    from speedrun.training.build import build_attention, build_model
-    from speedrun.training.loop import Stepper, TrainState, warm_up
-
     plan = candidate.plan
+    assert plan is not None  # a refused candidate is never measured
     cuda = plan.device == "cuda"
     _release(cuda)  # what a candidate that failed (e.g. out of memory) left behind
     torch.manual_seed(plan.seed)
@@ -319,12 +321,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace, argv: list[str]) -> int:
-    from speedrun.config import to_config
-    from speedrun.hardware.profiles import detect
-    from speedrun.kernels.tuned import write_entry
-    from speedrun.plan import PlanError, resolve
-    from speedrun.training.build import build_data, configure_torch
-
     def log(msg: str) -> None:
         print(msg, flush=True)
 
@@ -371,8 +367,6 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _compose(overrides: list[str]) -> Any:
     from hydra import compose, initialize_config_dir
-
-    from speedrun.config import CONF_DIR, register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

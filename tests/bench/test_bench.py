@@ -18,9 +18,11 @@ from speedrun.bench.__main__ import main
 from speedrun.bench.checks import CHECKS
 from speedrun.bench.metrics import tokens_per_s_before_loop, tokens_per_s_with_loop
 from speedrun.bench.parsers import pgolf_baseline, pgolf_record
+from speedrun.bench.readiness import prepare_corpus, why_not
 from speedrun.bench.render import PAGE, render
-from speedrun.bench.runner import Options, plan, run_check, why_not
+from speedrun.bench.runner import run_check
 from speedrun.bench.spec import Check, Diff, PeerArm, Ratio, RunArm, Value, judge
+from speedrun.bench.steps import Options, plan
 from speedrun.records.identity import file_sha256
 
 GPU_HERE = bool(hw.detect().gpus)
@@ -107,7 +109,7 @@ def _machine(name: str | None, count: int = 1) -> hw.Machine:
 def test_the_refusals_name_what_is_missing(tmp_path, monkeypatch):
     h100, h200 = _machine("NVIDIA H100 80GB HBM3"), _machine("NVIDIA H200", 1)
     opts = Options(peers={})
-    monkeypatch.setattr("speedrun.bench.runner.PEERS_DIR", tmp_path / "no_peers")
+    monkeypatch.setattr("speedrun.bench.steps.PEERS_DIR", tmp_path / "no_peers")
     assert "needs H100 and this machine has H200 SXM" in why_not(CHECKS["ttt_rate"], opts, h200)
     assert "needs 2 GPUs and 1 are visible" in why_not(CHECKS["dist_2gpu"], opts, h100)
     assert "CPU check" in why_not(CHECKS["cpu_default"], opts, h100)
@@ -346,7 +348,6 @@ def test_a_peer_arm_runs_its_script_with_the_env_and_its_log_parsed(tmp_path):
 def test_a_missing_corpus_is_built_by_its_prepare_command(tmp_path):
     """A corpus dir without shards is built once by its prepare command, started with the runs' interpreter (its
     leading `python` only: `--source python` is a word of the command)."""
-    from speedrun.bench.runner import prepare_corpus
     from speedrun.bench.spec import Corpus
 
     out = tmp_path / "ds"

@@ -31,9 +31,10 @@ def test_every_option_composes_into_the_typed_config(compose, group, option):
     assert getattr(cfg, group).name == PRESETS.get((group, option), option)
 
 
-PRESETS = {("quant", "record"): "int6"}
+PRESETS = {("quant", "record"): "int6", ("track", "none"): None}
 """Options that preset the levers of a scheme and carry that scheme's name: quant=record is int6 as the 2026-04-29
-record exports it (quant.name picks the quantizer; the artifact is model.int6.<compressor>)."""
+record exports it (quant.name picks the quantizer; the artifact is model.int6.<compressor>). track=none holds no
+rules, so its name is None."""
 
 
 def test_hydra_lists_the_options_of_each_group_and_no_schema(compose):
@@ -176,8 +177,8 @@ def test_the_plan_sees_int_counts(compose):
     plan = resolve(
         typed(compose, "budget.tokens=2e9", "budget.tokens_per_step=4.096e3", "eval.tokens=8.192e3"), fake_device("cpu")
     )
-    assert (plan.budget_tokens, plan.tokens_per_step, plan.eval.tokens) == (2_000_000_000, 4096, 8192)
-    assert all(type(v) is int for v in (plan.budget_tokens, plan.tokens_per_step, plan.eval.tokens))
+    assert (plan.budget.tokens, plan.tokens_per_step, plan.eval.tokens) == (2_000_000_000, 4096, 8192)
+    assert all(type(v) is int for v in (plan.budget.tokens, plan.tokens_per_step, plan.eval.tokens))
 
 
 @pytest.mark.parametrize("key", COUNTS)

@@ -16,7 +16,7 @@ import pytest
 import sentencepiece as spm
 import torch
 
-from speedrun.data import prepare as prepare_mod
+from speedrun.data import encoding as encoding_mod
 from speedrun.data.corpus import (
     cut_at_paragraphs,
     iter_documents,
@@ -24,11 +24,11 @@ from speedrun.data.corpus import (
     lognormal_caps,
     split_train_val,
 )
+from speedrun.data.existing import open_dataset
 from speedrun.data.loader import TokenStream, load_val_tokens
 from speedrun.data.prepare import (
     DataNotFoundError,
     ensure_embedded_dataset,
-    open_dataset,
     prepare_dataset,
     read_dataset_info,
 )
@@ -95,7 +95,7 @@ def test_killed_build_leaves_nothing(docs, tmp_path, monkeypatch):
             raise KeyboardInterrupt  # as if the process were interrupted mid-build
         write_shard(path, tokens)
 
-    monkeypatch.setattr(prepare_mod, "write_shard", failing_write)
+    monkeypatch.setattr(encoding_mod, "write_shard", failing_write)
     with pytest.raises(KeyboardInterrupt):
         prepare_dataset(docs[1:], docs[:1], tmp_path / "ds", VOCAB, shard_tokens=1000)
     assert list(tmp_path.iterdir()) == []
@@ -125,7 +125,7 @@ def test_builds_are_byte_identical(docs, tmp_path):
 def test_worker_processes_write_the_same_shards(docs, tmp_path, monkeypatch):
     """processes=2 (a large corpus's path): the same bytes as in-process encoding, the documents in order across
     several pool tasks; a callable info sees the record; tokenizer_texts trains the tokenizer on other text."""
-    monkeypatch.setattr(prepare_mod, "POOL_TASK_CHARS", 5000)  # 11 documents of 3000 characters: 6 tasks
+    monkeypatch.setattr(encoding_mod, "POOL_TASK_CHARS", 5000)  # 11 documents of 3000 characters: 6 tasks
     a = prepare_dataset(docs[1:], docs[:1], tmp_path / "a", VOCAB, shard_tokens=5000)
     seen = []
     b = prepare_dataset(

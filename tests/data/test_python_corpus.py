@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from speedrun.data.prepare import DataNotFoundError, open_dataset, read_dataset_info
+from speedrun.data.existing import open_dataset
+from speedrun.data.prepare import DataNotFoundError, read_dataset_info
 from speedrun.data.python_corpus import SUFFIXES, build_python_corpus, collect, default_roots, is_val, walk_files
 from speedrun.data.shards import HEADER_INTS, MAGIC, VERSION, read_shard
 

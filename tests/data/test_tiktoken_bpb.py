@@ -19,7 +19,8 @@ import torch
 tiktoken = pytest.importorskip("tiktoken", reason="tiktoken is not installed (pip install 'speedrun[gpt2]')")
 
 from speedrun.data.bpb import stream_bytes, token_bytes  # noqa: E402
-from speedrun.data.prepare import open_dataset, prepare_tiktoken_dataset, read_dataset_info  # noqa: E402
+from speedrun.data.existing import open_dataset  # noqa: E402
+from speedrun.data.prepare import prepare_tiktoken_dataset, read_dataset_info  # noqa: E402
 from speedrun.data.shards import list_shards, read_shard  # noqa: E402
 from speedrun.data.tiktoken_bpe import (  # noqa: E402
     ENDOFTEXT,
@@ -200,7 +201,7 @@ def test_mng_124m_budget_and_validation_are_modded_nanogpts(compose, tmp_path):
     from support.devices import fake_device
 
     plan = resolve(to_config(compose(["experiment=mng_124m", "data=fineweb10B_gpt2"])), fake_device("h100"))
-    assert plan.train_seconds == float("inf") and plan.max_steps == 1285
+    assert plan.budget.seconds is None and plan.budget.steps == 1285
     assert plan.tokens_per_step == 262144 == 128 * plan.model.seq_len
     assert (plan.eval.every_steps, plan.eval.periodic_tokens, plan.eval.tokens) == (250, 10485760, 10485761)
     # its val_tokens are targets: the evaluation scores exactly its first 10,485,760 (5120 windows of 2048)

@@ -84,7 +84,7 @@ def test_a_started_world_comes_from_the_launcher(compose):
 def test_submitit_job_environment_maps_to_torch_rendezvous(monkeypatch):
     """A SLURM task of a 2-node x 8 job (as submitit sees it) gets env:// variables: master = first node,
     one port for every task of the job, ranks from SLURM's ids."""
-    from speedrun.distributed import world as dist
+    from speedrun.distributed import environment as dist
 
     for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(key, raising=False)
@@ -119,18 +119,19 @@ def test_submitit_job_environment_maps_to_torch_rendezvous(monkeypatch):
 def test_dist_nvls_sets_nvlink_multicast_only_when_asked(compose, monkeypatch):
     """dist.nvls: null leaves NCCL's default (and the user's own variable) alone, false and true set it off and on,
     and a rank sets it before its process group is made, where NCCL reads it."""
+    from speedrun.distributed import environment
     from speedrun.distributed import world as dist
 
     keys = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")
     env: dict[str, str] = {}
-    dist.set_process_env(env)
+    environment.set_process_env(env)
     assert not set(keys) & set(env) and env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
     env = {"NCCL_NVLS_ENABLE": "0"}
-    dist.set_process_env(env, nvls=None)
+    environment.set_process_env(env, nvls=None)
     assert env["NCCL_NVLS_ENABLE"] == "0"
-    dist.set_process_env(env, nvls=True)
+    environment.set_process_env(env, nvls=True)
     assert [env[k] for k in keys] == ["1", "0"]
-    dist.set_process_env(env, nvls=False)
+    environment.set_process_env(env, nvls=False)
     assert [env[k] for k in keys] == ["0", "1"]
 
     assert plan_for(compose).dist.nvls is None
@@ -186,7 +187,7 @@ def test_slurm_launcher_takes_nodes_and_ranks_from_dist(compose):
 def test_the_pool_hands_each_job_its_nproc_gpus(tmp_path):
     from omegaconf import OmegaConf
 
-    from hydra_plugins.speedrun_plugins import pool_launcher as pl
+    from hydra_plugins.speedrun_plugins import job_pool
 
     jobs = []
     for i, nproc in enumerate([2, 1, 2, 2]):
@@ -203,7 +204,7 @@ def test_the_pool_hands_each_job_its_nproc_gpus(tmp_path):
             }
         )
         jobs.append(
-            pl._Job(
+            job_pool.Job(
                 num=i,
                 overrides=[f"job={i}"],
                 config=config,
@@ -212,7 +213,7 @@ def test_the_pool_hands_each_job_its_nproc_gpus(tmp_path):
                 gpus=nproc,
             )
         )
-    rets = pl._Pool(["0", "1", "2"], fail_fast=False, echo=False, stop_timeout_s=10).run(jobs)
+    rets = job_pool.Pool(["0", "1", "2"], fail_fast=False, echo=False, stop_timeout_s=10).run(jobs)
     assert all(r.status.name == "COMPLETED" for r in rets)
     results = [r.return_value for r in rets]
     assert [len(r["gpus"].split(",")) for r in results] == [2, 1, 2, 2]
@@ -221,7 +222,7 @@ def test_the_pool_hands_each_job_its_nproc_gpus(tmp_path):
             if a is not b and a["t0"] < b["t1"] and b["t0"] < a["t1"]:
                 assert not set(a["gpus"].split(",")) & set(b["gpus"].split(","))
     too_big = dataclasses.replace(jobs[0], gpus=4, proc=None, ret=None)
-    (ret,) = pl._Pool(["0", "1"], fail_fast=False, echo=False, stop_timeout_s=10).run([too_big])
+    (ret,) = job_pool.Pool(["0", "1"], fail_fast=False, echo=False, stop_timeout_s=10).run([too_big])
     assert ret.status.name == "FAILED" and "dist.nproc=4" in str(ret._return_value)
 
 

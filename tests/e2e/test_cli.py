@@ -1,6 +1,7 @@
 """End to end through the real entry point: `python -m run` on CPU with a tiny budget (the default smoke run's
 records, Ctrl-C, a plan error, GPT-2-style tiktoken shards), and `python -m run ... --plan`, which prints the
-resolved Plan, as plan.json holds it, without a run."""
+resolved Plan, as plan.json holds it, without a run. A run under track=pgolf_10min_16mb records why it is no
+submission, its GPTQ Hessians inside train_seconds."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from speedrun.export.track import RECORD_NAME
 from speedrun.records.store import RESULT_KEYS
 from support.bpe import DOCS, write_tiktoken_file
 from support.cli import run_cli
@@ -120,6 +122,41 @@ def _has_cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# a track (conf/track/): judged at the end, GPTQ's Hessians inside the training clock
+
+
+def test_a_cpu_run_records_why_it_is_no_submission_and_its_hessians_in_train_seconds(tmp_path, data_cache):
+    """The record's recipe on CPU under the track (its whole-split rule lifted so the smoke run stays seconds
+    long): GPTQ's Hessians collected after the last step, inside train_seconds, before any score; track_ok false."""
+    proc = run_cli(
+        [
+            "experiment=pgolf_record",
+            "debug=smoke",
+            "ttt=off",
+            "quant=int6",
+            "track=pgolf_10min_16mb",
+            "track.full_validation=false",
+            f"data.cache_dir={data_cache}",
+            f"hydra.run.dir={tmp_path / 'run'}",
+            f"results_db={tmp_path / 'r.sqlite'}",
+        ],
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert r["status"] == "ok" and r["track"] == RECORD_NAME and r["track_ok"] is False
+    problems = " | ".join(r["track_problems"])
+    for says in ("CPU process(s), not 8", "not H100", "data=embedded"):
+        assert says in problems, problems
+    assert r["hessian_reserve_seconds"] > 0 and r["quant_hessian_seconds"] > 0 and r["quant_reserve_ok"] is True
+    assert r["train_seconds"] >= r["train_loop_seconds"] + r["quant_hessian_seconds"]
+    assert r["budget_seconds"] == 120 and "track_projection" not in r  # no peak to project a CPU with
+    log = (tmp_path / "run" / "run.log").read_text()
+    assert log.index("GPTQ's Hessians take") < log.index("step      1")  # the reserve is measured in warm-up
+    assert log.index("training: loop") < log.index("eval (standard)")  # the last read of training data comes first
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import torch
 
 from speedrun.artifact.wrap import CodeSource, build_wrapper, requirements, unwrap_payload
 from speedrun.export.cli import main as export_main
-from speedrun.export.track import NON_RECORD, RECORD, claim, record_problems
+from speedrun.export.track import NON_RECORD_NAME, RECORD_NAME, claim, load_track, record_problems
 from support.export import fake_run
 
 SECRET_VAR = "SPEEDRUN_EXPORT_TEST_SECRET"
@@ -198,8 +198,20 @@ def test_submission_json_has_a_blurb_and_says_why_a_smoke_run_is_no_record(tmp_p
     assert (
         f"val_bpb {sub['val_bpb']:.4f}" in sub["blurb"] and sub["blurb"] in (tmp_path / "X" / "README.md").read_text()
     )
-    assert (sub["track"], sub["record_track"]) == (NON_RECORD.name, False) and "1 GPU(s), not 8" in sub["track_reason"]
-    assert result["device_name"] in sub["track_reason"] and "not a record" in out
+    # made without track=pgolf_10min_16mb, on a CPU, the embedded corpus and part of its validation split: no record,
+    # and not even the non-record track (FineWeb's whole validation split), each reason said
+    assert (sub["track"], sub["record_track"]) == (None, False)
+    for says in (
+        "made with track=none",
+        "CPU process(s), not 8",
+        result["device_name"],
+        "data=embedded",
+        "first 8,064",
+    ):
+        assert says in sub["track_reason"], sub["track_reason"]
+    assert "not a record" in out
+    readme = (tmp_path / "X" / "README.md").read_text()
+    assert "## Limits" in readme and "train s (limit 600)" in readme
     code, _, err = export([run, "--out", tmp_path / "X", "--force", "--blurb", "Tiny smoke model."], capsys)
     assert code == 0 and json.loads((tmp_path / "X" / "submission.json").read_text())["blurb"] == "Tiny smoke model."
 
@@ -207,15 +219,25 @@ def test_submission_json_has_a_blurb_and_says_why_a_smoke_run_is_no_record(tmp_p
 H100 = "NVIDIA H100 80GB HBM3"
 RECORD_RUN = {
     "status": "ok",
+    "track": "pgolf_10min_16mb",
+    "track_ok": True,
     "world_size": 8,
+    "hardware": "h100",
     "device_name": H100,
     "gpu_names": [H100] * 8,
+    "data": "fineweb_sp8192",
     "train_seconds": 600.0,
     "eval_seconds": 600.0,
     "ttt_seconds": 410.0,
     "eval_complete": True,
     "eval_complete_quant": True,
+    "eval_whole_split": True,
+    "val_tokens_scored": 40_540_160,
+    "val_tokens_scored_quant": 40_540_160,
+    "val_tokens_total": 40_540_160,
+    "artifact_bytes": 15_000_000,
 }
+NON_RECORD_FOLDER, RECORD_FOLDER = load_track(NON_RECORD_NAME).folder, load_track(RECORD_NAME).folder
 
 
 @pytest.mark.parametrize(
@@ -226,13 +248,17 @@ RECORD_RUN = {
         ({"world_size": 16, "gpu_names": [H100] * 16}, 15_000_000, "16 GPU(s), not 8"),
         ({"device_name": "NVIDIA H200", "gpu_names": ["NVIDIA H200"] * 8}, 15_000_000, "ran on NVIDIA H200, not H100"),
         ({"gpu_names": [H100] * 7 + ["NVIDIA A100-SXM4-80GB"]}, 15_000_000, "ran on NVIDIA A100-SXM4-80GB"),
-        ({"train_seconds": 600.2}, 15_000_000, "trained 600.2 s, over 600 s"),
+        ({"train_seconds": 600.2}, 15_000_000, "trained 600.2 s (Hessians included), over 600 s"),
         ({"train_seconds": None}, 15_000_000, "no train_seconds recorded"),
-        ({"eval_seconds": 600.5}, 15_000_000, "evaluated in 600.5 s, over 600 s"),
-        ({"eval_seconds": None, "ttt_seconds": 700.0}, 15_000_000, "evaluated in 700.0 s"),
-        ({"eval_seconds": None, "ttt_seconds": None}, 15_000_000, "no eval_seconds recorded"),
-        ({"eval_complete_quant": False}, 15_000_000, "partial"),
+        ({"eval_seconds": 600.5}, 15_000_000, "evaluated in 600.5 s (compile included), over 600 s"),
+        ({"eval_seconds": None}, 15_000_000, "no eval_seconds recorded"),
+        ({"eval_complete_quant": False}, 15_000_000, "cut short (eval_complete_quant false)"),
+        ({"eval_whole_split": False, "val_tokens_total": 8064}, 15_000_000, "the first 8,064 validation tokens"),
+        ({"ttt_complete": False, "ttt_fraction": 0.13}, 15_000_000, "TTT scored 13.0% of the tokens"),
+        ({"data": "embedded"}, 15_000_000, "data=embedded, not the track's"),
         ({"status": "failed"}, 15_000_000, "status failed"),
+        ({"track": None, "track_ok": None}, 15_000_000, "made with track=none"),
+        ({"track_ok": False}, 15_000_000, "its own record says track_ok false"),
         ({}, 16_000_001, "artifact 16,000,001 bytes, over 16,000,000"),
     ],
 )
@@ -241,24 +267,25 @@ def test_the_record_track_is_claimed_only_when_every_rule_is_met(changes, size, 
     problems = record_problems(result, size)
     fields = claim([("seed 0", result, size)])
     if says is None:
-        assert problems == [] and fields["track"] == RECORD.name and fields["record_track"] is True
+        assert problems == [] and fields["track"] == RECORD_FOLDER and fields["record_track"] is True
         return
     assert len(problems) == 1 and says in problems[0], problems
     assert fields["record_track"] is False and says in fields["track_reason"]
     assert fields["track_reason"].startswith("not a record-track submission: seed 0: ")
-    # over the byte cap, not even the non-record track takes it
-    assert fields["track"] == (None if size > NON_RECORD.cap_bytes else NON_RECORD.name)
+    # the non-record track keeps the byte cap, the data, the whole split and a run that ended ok
+    kept = any(k in changes for k in ("data", "eval_whole_split", "eval_complete_quant", "status", "ttt_complete"))
+    assert fields["track"] == (None if size > 16_000_000 or kept else NON_RECORD_FOLDER), fields
 
 
 def test_one_seed_off_the_rules_makes_the_submission_non_record():
     good, slow = dict(RECORD_RUN), {**RECORD_RUN, "train_seconds": 640.0}
     assert claim([("seed 0", good, 15_000_000), ("seed 1", good, 15_000_000)])["record_track"] is True
     fields = claim([("seed 0", good, 15_000_000), ("seed 1", slow, 15_000_000)])
-    assert fields["track"] == NON_RECORD.name and "seed 1: trained 640.0 s" in fields["track_reason"]
+    assert fields["track"] == NON_RECORD_FOLDER and "seed 1: trained 640.0 s" in fields["track_reason"]
     assert "seed 0" not in fields["track_reason"]
     assert claim([("seed 0", good, 15_000_000)], unverified=True)["record_track"] is False
-    asked = claim([("seed 0", good, 15_000_000)], wanted=NON_RECORD.name)
-    assert (asked["track"], asked["record_track"]) == (NON_RECORD.name, False) and "--track" in asked["track_reason"]
+    asked = claim([("seed 0", good, 15_000_000)], wanted=NON_RECORD_NAME)
+    assert (asked["track"], asked["record_track"]) == (NON_RECORD_FOLDER, False) and "--track" in asked["track_reason"]
 
 
 # ------------------------------------------------------------------------------------------- missing packages

@@ -248,7 +248,8 @@ def test_compile_cache_env_keeps_the_users_own(tmp_path):
 
 
 def test_sweep_summary_reports_wall_overhead():
-    from speedrun.report.sweep import JobEntry, summarize
+    from speedrun.report.manifest import JobEntry
+    from speedrun.report.sweep import summarize
 
     jobs = [JobEntry(0, ["kernel=default"], state="launched"), JobEntry(1, ["kernel=tuned"], state="launched")]
     results = [

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from hydra_plugins.speedrun_plugins import job_pool
 from hydra_plugins.speedrun_plugins import pool_launcher as pl
 
 
@@ -86,7 +87,7 @@ def test_the_slurm_launcher_config_composes(compose):
 # the pool with stand-in jobs (no torch): parallelism, GPU assignment, fail-fast
 
 
-def _fake_jobs(tmp_path: Path, scripts: list[str]) -> list[pl._Job]:
+def _fake_jobs(tmp_path: Path, scripts: list[str]) -> list[job_pool.Job]:
     jobs = []
     for i, code in enumerate(scripts):
         job_dir = tmp_path / str(i)
@@ -101,7 +102,9 @@ def _fake_jobs(tmp_path: Path, scripts: list[str]) -> list[pl._Job]:
             {"hydra": {"job": {"name": "fake", "num": i}, "runtime": {"output_dir": str(job_dir)}}}
         )
         jobs.append(
-            pl._Job(num=i, overrides=[f"job={i}"], config=config, job_dir=job_dir, cmd=[sys.executable, "-c", body])
+            job_pool.Job(
+                num=i, overrides=[f"job={i}"], config=config, job_dir=job_dir, cmd=[sys.executable, "-c", body]
+            )
         )
     return jobs
 
@@ -110,7 +113,7 @@ def test_pool_runs_one_job_per_gpu_at_a_time(tmp_path):
     sleep = "t0 = time.time(); time.sleep(1.0); done('ok', t0=t0, t1=time.time())\n"
     jobs = _fake_jobs(tmp_path, [sleep] * 4)
     start = time.time()
-    rets = pl._Pool(["0", "1"], fail_fast=False, echo=False, stop_timeout_s=10).run(jobs)
+    rets = job_pool.Pool(["0", "1"], fail_fast=False, echo=False, stop_timeout_s=10).run(jobs)
     wall = time.time() - start
     results = [json.loads((tmp_path / str(i) / "result.json").read_text()) for i in range(4)]
     assert all(r.status.name == "COMPLETED" for r in rets)
@@ -132,7 +135,7 @@ def test_pool_fail_fast_stops_running_jobs_and_starts_no_more(tmp_path):
     ]
     jobs = _fake_jobs(tmp_path, scripts)
     start = time.time()
-    rets = pl._Pool(["0", "1"], fail_fast=True, echo=False, stop_timeout_s=10).run(jobs)
+    rets = job_pool.Pool(["0", "1"], fail_fast=True, echo=False, stop_timeout_s=10).run(jobs)
     assert time.time() - start < 15
     assert [type(r._return_value).__name__ for r in rets] == ["JobFailed", "JobFailed", "JobNotRun"]
     assert rets[1]._return_value.status == "interrupted" and not (tmp_path / "2").exists()
@@ -140,7 +143,7 @@ def test_pool_fail_fast_stops_running_jobs_and_starts_no_more(tmp_path):
 
 def test_keep_going_runs_every_job_after_a_failure(tmp_path):
     jobs = _fake_jobs(tmp_path, ["sys.exit(3)\n", "done('ok')\n"])
-    rets = pl._Pool([None], fail_fast=False, echo=False, stop_timeout_s=10).run(jobs)
+    rets = job_pool.Pool([None], fail_fast=False, echo=False, stop_timeout_s=10).run(jobs)
     assert [r.status.name for r in rets] == ["FAILED", "COMPLETED"]
     assert "exited with code 3" in str(rets[0]._return_value)
 
@@ -151,11 +154,11 @@ def test_sigterm_to_the_sweep_stops_its_jobs_instead_of_orphaning_them(tmp_path)
         "import sys\n"
         f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
         "from pathlib import Path\n"
-        "from test_pool_launcher import _fake_jobs, pl\n"
+        "from test_pool_launcher import _fake_jobs, job_pool\n"
         "scripts = ['import signal\\n"
         'signal.signal(signal.SIGTERM, lambda *a: (done("interrupted"), sys.exit(1)))\\n'
         'open(os.path.join(d, "started"), "w").close(); time.sleep(60); done("ok")\\n\', "done(\'ok\')\\n"]\n'
-        "rets = pl._Pool([None], fail_fast=False, echo=False, stop_timeout_s=10)"
+        "rets = job_pool.Pool([None], fail_fast=False, echo=False, stop_timeout_s=10)"
         ".run(_fake_jobs(Path(sys.argv[1]), scripts))\n"
         "print([type(r._return_value).__name__ + ':' + getattr(r._return_value, 'status', '') for r in rets])\n"
     )
@@ -181,12 +184,12 @@ def test_a_second_ctrl_c_kills_a_job_that_will_not_stop_and_the_pool_records_it(
         "import sys, time\n"
         f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
         "from pathlib import Path\n"
-        "from test_pool_launcher import _fake_jobs, pl\n"
+        "from test_pool_launcher import _fake_jobs, job_pool\n"
         "scripts = ['import signal\\n"
         "signal.signal(signal.SIGTERM, signal.SIG_IGN); signal.signal(signal.SIGINT, signal.SIG_IGN)\\n"
         'open(os.path.join(d, "started"), "w").close(); time.sleep(60); done("ok")\\n\', "done(\'ok\')\\n"]\n'
         "t0 = time.time()\n"
-        "rets = pl._Pool([None], fail_fast=False, echo=False, stop_timeout_s=50)"
+        "rets = job_pool.Pool([None], fail_fast=False, echo=False, stop_timeout_s=50)"
         ".run(_fake_jobs(Path(sys.argv[1]), scripts))\n"
         "print([type(r._return_value).__name__ + ':' + getattr(r._return_value, 'status', '') for r in rets])\n"
         "print(rets[0]._return_value)\n"

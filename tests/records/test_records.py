@@ -66,14 +66,14 @@ def test_pool_closes_the_row_of_a_job_that_died_without_a_record(tmp_path):
 
     from omegaconf import OmegaConf
 
-    from hydra_plugins.speedrun_plugins.pool_launcher import _record_death
+    from hydra_plugins.speedrun_plugins.job_pool import record_death
 
     db_path = tmp_path / "results.sqlite"
     job_dir = tmp_path / "sweep" / "3"
     job_dir.mkdir(parents=True)
     ResultsDB(db_path).upsert(str(job_dir.resolve()), {**empty_result(), "status": "running"})
     job = types.SimpleNamespace(num=3, job_dir=job_dir, config=OmegaConf.create({"results_db": str(db_path)}))
-    _record_death(job, "failed", "exited with code -9")
+    record_death(job, "failed", "exited with code -9")
     (row,) = ResultsDB(db_path).rows()
     assert (row["status"], row["error"]) == ("failed", "exited with code -9") and row["finished_at"]
 

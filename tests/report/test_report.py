@@ -207,7 +207,8 @@ def test_diverged_runs_are_failures_and_never_rank(tmp_path, capsys):
     """A diverged run counts with the failures in the report and the sweep summary, no number of it
     enters a group's mean (a row may carry one: recorded before eval was skipped, or by an older version), and a
     group with no ok run is not ranked, however good its numbers look."""
-    from speedrun.report.sweep import JobEntry, summarize, summary_csv, summary_markdown
+    from speedrun.report.manifest import JobEntry
+    from speedrun.report.sweep import summarize, summary_csv, summary_markdown
 
     error = "training loss rose from 6.9300 at step 1 to 15.0000 at step 3"
     rows = [("sdpa", s, "ok", 1.30 + s / 1000) for s in range(3)]

@@ -16,7 +16,8 @@ import pytest
 from speedrun import report
 from speedrun.records.store import ResultsDB
 from speedrun.report import plots
-from speedrun.report.sweep import JobEntry, Manifest, summarize, summary_csv, summary_markdown
+from speedrun.report.manifest import JobEntry, Manifest
+from speedrun.report.sweep import summarize, summary_csv, summary_markdown
 
 H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
 
@@ -286,7 +287,7 @@ def test_the_sweep_summary_refuses_to_treat_evaluation_sets_as_one(tmp_path):
 def test_resume_reuses_only_ok_runs_of_this_card_and_this_code(tmp_path):
     from speedrun.records.identity import SWEEP_REUSE_IGNORED, config_identity
     from speedrun.records.store import ResultsDB
-    from speedrun.report.sweep import completed_runs
+    from speedrun.report.manifest import completed_runs
 
     db = ResultsDB(tmp_path / "results.sqlite")
     config = {"name": "t", "seed": 0, "sweep": "ignored"}
@@ -319,7 +320,7 @@ def test_resume_reuses_only_ok_runs_of_this_card_and_this_code(tmp_path):
 
 
 def test_a_sweep_never_reuses_a_run_resumed_onto_other_code():
-    from speedrun.report.sweep import reuse_refusal
+    from speedrun.report.manifest import reuse_refusal
 
     row = {"device_name": "cpu", "code_fingerprint": "new", "resume_code_change": "old -> new"}
     assert "resumed onto other code" in reuse_refusal(row, "cpu", "new")

@@ -53,12 +53,12 @@ def fake_oom(*args, **kwargs):
 
 def test_a_run_stopped_during_ttt_keeps_eval_and_artifact(compose, tmp_path, data_cache, monkeypatch):
     """Stopped by SIGTERM during TTT, the row says interrupted and keeps val_bpb, val_bpb_quant and artifact_bytes."""
-    import speedrun.ttt.score_first
+    import speedrun.run.finish_ttt
 
     def sigterm(*args, **kwargs):
         raise KeyboardInterrupt("signal 15")  # what sigterm_as_interrupt turns SIGTERM into
 
-    monkeypatch.setattr(speedrun.ttt.score_first, "ttt_evaluate", sigterm)
+    monkeypatch.setattr(speedrun.run.finish_ttt, "ttt_evaluate", sigterm)
     result, row = run(compose, tmp_path, data_cache, "ttt=lora", "ttt.chunk_size=64", raises=KeyboardInterrupt)
     for record in (result, row):
         assert record["status"] == "interrupted" and record["steps"] == 2 and record["val_bpb_ttt"] is None
@@ -97,9 +97,9 @@ def test_a_run_whose_loss_blows_up_is_diverged_and_not_evaluated(compose, tmp_pa
 
 
 def test_oom_in_training_is_its_own_outcome(compose, tmp_path, data_cache, monkeypatch):
-    import speedrun.training.loop
+    import speedrun.run.job
 
-    monkeypatch.setattr(speedrun.training.loop, "train", fake_oom)
+    monkeypatch.setattr(speedrun.run.job, "train", fake_oom)
     result, row = run(compose, tmp_path, data_cache, raises=RunOutOfMemory)
     for record in (result, row):
         assert (record["status"], record["phase"]) == ("oom", "train")
@@ -121,7 +121,7 @@ def test_oom_in_eval_keeps_training_and_names_the_eval_fix(compose, tmp_path, da
 
 def test_oom_wrapped_by_another_exception_is_still_oom(compose, tmp_path, data_cache, monkeypatch):
     """torch.compile (inductor) re-raises errors from inside a graph wrapped in its own exception types."""
-    import speedrun.training.loop
+    import speedrun.run.job
 
     def wrapped(*args, **kwargs):
         try:
@@ -129,7 +129,7 @@ def test_oom_wrapped_by_another_exception_is_still_oom(compose, tmp_path, data_c
         except torch.cuda.OutOfMemoryError as e:
             raise RuntimeError("backend compiler failed") from e
 
-    monkeypatch.setattr(speedrun.training.loop, "train", wrapped)
+    monkeypatch.setattr(speedrun.run.job, "train", wrapped)
     result, _ = run(compose, tmp_path, data_cache, raises=RunOutOfMemory)
     assert result["status"] == "oom"
 
@@ -157,16 +157,16 @@ def test_gpu_shared_is_recorded_from_the_pool_launcher(compose, tmp_path, data_c
 
 @pytest.mark.parametrize("slots,shared", [(["0", "0"], "1"), (["0", "1"], "0")])
 def test_pool_launcher_tells_a_job_whether_it_shares_its_gpu(tmp_path, slots, shared):
-    from hydra_plugins.speedrun_plugins.pool_launcher import _Job, _Pool
+    from hydra_plugins.speedrun_plugins.job_pool import Job, Pool
 
-    job = _Job(
+    job = Job(
         num=0,
         overrides=[],
         config=OmegaConf.create({}),
         job_dir=tmp_path / "0",
         cmd=[sys.executable, "-c", "import os; print('shared=' + os.environ['SPEEDRUN_GPU_SHARED'])"],
     )
-    _Pool(slots, fail_fast=False, echo=False, stop_timeout_s=5)._start(job, [0])
+    Pool(slots, fail_fast=False, echo=False, stop_timeout_s=5)._start(job, [0])
     job.proc.wait(60)
     job.pump.join(10)
     assert f"shared={shared}" in (tmp_path / "0" / "console.log").read_text()
@@ -174,6 +174,7 @@ def test_pool_launcher_tells_a_job_whether_it_shares_its_gpu(tmp_path, slots, sh
 
 def test_cpu_peak_memory_covers_training_not_the_data_build(compose, tmp_path, data_cache, monkeypatch):
     """A cold-cache dataset build can use more memory than training; peak_mem_mb must not report it."""
+    import speedrun.run.job
     import speedrun.training.build
 
     build_data = speedrun.training.build.build_data
@@ -187,7 +188,7 @@ def test_cpu_peak_memory_covers_training_not_the_data_build(compose, tmp_path, d
         del block
         return build_data(plan, log)
 
-    monkeypatch.setattr(speedrun.training.build, "build_data", build_with_a_spike)
+    monkeypatch.setattr(speedrun.run.job, "build_data", build_with_a_spike)
     result, _ = run(compose, tmp_path, data_cache, "quant=off")
     assert 0 < result["peak_mem_mb"] < spike["mb"] - 150, (result["peak_mem_mb"], spike)  # not the 600 MB spike
     assert result["peak_mem_scope"] == "training"

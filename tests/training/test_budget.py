@@ -71,7 +71,7 @@ def train_plan(plan, tmp_path):
 
 def test_budget_tokens_ends_at_the_right_step_and_drives_the_warm_down(compose, tmp_path):
     plan = plan_for(compose, "budget.tokens=2600")
-    assert plan.train_seconds == math.inf and plan.budget_tokens == 2600  # no default time budget cuts it short
+    assert plan.budget.seconds is None and plan.budget.tokens == 2600  # no default time budget cuts it short
     state, records = train_plan(plan, tmp_path)
     assert state.steps == 11 == math.ceil(2600 / 256) and state.tokens == 11 * 256 and state.budget_end == "tokens"
     assert [r["step"] for r in records] == list(range(1, 12))  # dense: one record per step
@@ -110,7 +110,7 @@ def test_budget_fractions_and_order():
     assert b.ended_by(50, 2, 100, 0) is None
     assert b.ended_by(100, 10, 100, 0) == "time"  # several spent at once: the first in time, steps, tokens, flops
     assert b.ended_by(10, 2, 1000, 0) == "tokens"
-    assert Budget(math.inf).progress(1e9, 10**9, 10**12, 1e30) == 0.0  # no budget set: never ends by itself
+    assert Budget(None).progress(1e9, 10**9, 10**12, 1e30) == 0.0  # no budget set: never ends by itself
     assert b.stage_fraction("step", 0, 5, 0, 0) == 0.5 and b.stage_fraction("time", 0, 5, 900, 0) == 0.9
 
 
@@ -125,7 +125,7 @@ def test_the_clock_pauses_and_starts_at_an_offset():
 
 def test_card_independent_budgets_in_the_plan(compose):
     plan = plan_for(compose, "budget.tokens=1000", "budget.train_seconds=30")
-    assert plan.train_seconds == 30 and "30 s or 1000 tokens" in plan.describe()
+    assert plan.budget.seconds == 30 and "30 s or 1000 tokens" in plan.describe()
     plan = plan_for(
         compose,
         "budget.flops=1e12",
@@ -133,7 +133,7 @@ def test_card_independent_budgets_in_the_plan(compose):
         "schedule.seq_len=[32@0.5,64@1.0]",
         "schedule.progress=step",
     )  # step progress follows the FLOPs budget: no max_steps needed
-    assert plan.budget_flops == 1e12 and plan.train_seconds == math.inf
+    assert plan.budget.flops == 1e12 and plan.budget.seconds is None
     from speedrun.errors import ConfigError
 
     with pytest.raises(ConfigError, match="budget.tokens"):

@@ -94,7 +94,7 @@ def test_a_smoke_run_with_every_lever_evaluates_the_ema_and_records_it(compose, 
     """debug=smoke with the whole record stack: the run ends ok, result.json and plan.json carry the levers, and
     the final evaluation scores the EMA's weights (checked as it starts), which are not the live ones."""
     from speedrun.model import optim
-    from speedrun.run import finish
+    from speedrun.run import job
     from speedrun.run.runner import RunContext, run_job
 
     emas, seen = [], {}
@@ -104,7 +104,7 @@ def test_a_smoke_run_with_every_lever_evaluates_the_ema_and_records_it(compose, 
         made(self, model, decay)
         emas.append(self)
 
-    original = finish.evaluate_and_export
+    original = job.evaluate_and_export
 
     def check(plan, model, *args, **kwargs):
         (ema,) = emas
@@ -120,7 +120,7 @@ def test_a_smoke_run_with_every_lever_evaluates_the_ema_and_records_it(compose, 
 
     monkeypatch.setattr(optim.WeightEMA, "__init__", keep)
     monkeypatch.setattr(optim.WeightEMA, "copy_to", remember)
-    monkeypatch.setattr(finish, "evaluate_and_export", check)
+    monkeypatch.setattr(job, "evaluate_and_export", check)
     overrides = [
         "debug=smoke",
         "budget.max_steps=6",

@@ -13,7 +13,7 @@ from speedrun.kernels.compile import graphs_compiled
 from speedrun.model.attention import get_backend
 from speedrun.model.gpt import GPT
 from speedrun.model.shape import ModelShape
-from speedrun.ttt import global_phases
+from speedrun.ttt import global_phases, scorers
 from speedrun.ttt import score_first as ttt_module
 from speedrun.ttt.score_first import ttt_evaluate
 from support.tiny import BOS, TTT_TINY, byte_luts, docs_stream
@@ -65,7 +65,7 @@ def test_compiled_ttt_scores_like_eager_with_its_warm_up_off_the_clock(scope, sp
     compiled = dataclasses.replace(eager, compile="aot_eager", compile_scope=scope)
     a = run(eager)
     rows_run = []
-    call = ttt_module._Compiled.__call__
+    call = scorers.CompiledScorer.__call__
 
     def spy(self, x, y, reduction="none", pick=None):
         rows_run.append(x.size(0))
@@ -88,7 +88,7 @@ def test_compiled_ttt_scores_like_eager_with_its_warm_up_off_the_clock(scope, sp
     # the warm-up's scorer calls: (window width, graphs built before the call), in its order
     warm_calls: list[tuple[int, int]] = []
     warming: list[int] = []  # the graph count when the warm-up (ttt._forwards) began and when it ended
-    forwards, nats = ttt_module._forwards, ttt_module._nats
+    forwards, nats = ttt_module.make_scorers, scorers.autocast_nats
 
     def forwards_spy(*args, **kw):
         warming.append(graphs_compiled())
@@ -102,9 +102,9 @@ def test_compiled_ttt_scores_like_eager_with_its_warm_up_off_the_clock(scope, sp
         return nats(model, x, y, *args, **kw)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ttt_module._Compiled, "__call__", spy)
-        mp.setattr(ttt_module, "_forwards", forwards_spy)
-        mp.setattr(ttt_module, "_nats", nats_spy)
+        mp.setattr(scorers.CompiledScorer, "__call__", spy)
+        mp.setattr(ttt_module, "make_scorers", forwards_spy)
+        mp.setattr(scorers, "autocast_nats", nats_spy)
         mp.setattr(
             ttt_module,
             "warm_up_phases",
@@ -114,11 +114,11 @@ def test_compiled_ttt_scores_like_eager_with_its_warm_up_off_the_clock(scope, sp
         if scope == "blocks":
             mp.setattr(GPT, "_columns", lambda self, idx, pick: picked.append(True) or columns(self, idx, pick))
         b = run(compiled)
-    assert bool(picked) == (scope == "blocks") and ttt_module._Compiled(ttt_gpt(), "aot_eager", scope).picks
+    assert bool(picked) == (scope == "blocks") and scorers.CompiledScorer(ttt_gpt(), "aot_eager", scope).picks
     # compiled steps run only the documents still going (at least 2): batches of 4 shrink to 3 and 2 rows
     assert min(rows_run) == 2 and (split is not None or {2, 3, 4} <= set(rows_run))  # split: batches of 1 run 2
     assert a.compile_seconds == 0.0 and b.compile_seconds > 0
-    regional = ttt_module._Compiled(ttt_gpt(), "aot_eager", scope).regions is not None
+    regional = scorers.CompiledScorer(ttt_gpt(), "aot_eager", scope).regions is not None
     assert regional == (scope == "blocks")
     assert b.recompiles == 0  # the warm-up's dynamic graphs cover every width, batch and phase of the run
     widths = [w for w, _ in warm_calls]

@@ -14,6 +14,7 @@ from speedrun.model.attention import get_backend
 from speedrun.model.gpt import GPT
 from speedrun.plan import resolve
 from speedrun.ttt import score_first as ttt_module
+from speedrun.ttt import scorers
 from speedrun.ttt.base_scores import BaseScores, base_windows
 from speedrun.ttt.documents import split_documents
 from speedrun.ttt.global_phases import row_width
@@ -112,7 +113,7 @@ def test_base_scores_come_from_the_windows_ttt_scores_from(seq, chunk, lengths, 
         passes.append(tuple(x.shape))
         if pick is not None:  # a later window: its one chunk's columns
             picked.append(pick.size(1))
-        return ttt_module._Scorer(fn)(x, y, pick=pick)
+        return scorers.Scorer(fn)(x, y, pick=pick)
 
     slots = 3
     rows_for = (lambda n: slots) if rows == "slots" else (lambda n: pad_rows(n, slots))
@@ -218,7 +219,8 @@ def test_a_steps_head_at_its_chunk_scores_and_learns_as_the_head_at_every_column
     document's start and later ones, a last chunk shorter than the others and a padding row."""
     from speedrun.ttt.graphs import chunk_step
     from speedrun.ttt.lora import LoRAModel
-    from speedrun.ttt.score_first import _longest_first, _Scorer, _steps
+    from speedrun.ttt.scorers import Scorer
+    from speedrun.ttt.steps import batch_steps, longest_first
 
     torch.manual_seed(0)
     seq, chunk = 48, 8
@@ -228,15 +230,15 @@ def test_a_steps_head_at_its_chunk_scores_and_learns_as_the_head_at_every_column
             p.add_(0.05 * torch.randn_like(p))
     tokens = docs_stream([70, 30, 9], seed=3)  # 70: later windows past the 48-token window; 9: a chunk of 1
     docs = split_documents(tokens, BOS)
-    docs = [docs[i] for i in _longest_first(docs, chunk)]
+    docs = [docs[i] for i in longest_first(docs, chunk)]
     lora = LoRAModel(m, targets, 4, 4, 0)  # 4 slots: the 4th row is padding
     with torch.no_grad():
         for p in lora.parameters():
             p.add_(0.1 * torch.randn_like(p))  # B = 0 would make the adapters' own terms vanish
-    scorer = _Scorer(lora.model)
+    scorer = Scorer(lora.model)
     nats_of = lambda fn, x, y, pick: fn(x, y, pick=pick)  # noqa: E731
     checked = 0
-    for _, table, width, training in _steps(docs, chunk, seq, "graphs", 4):
+    for _, table, width, training in batch_steps(docs, chunk, seq, "graphs", 4):
         rows = torch.tensor(table)
         outs, grads = [], []
         for pick_width in (None, chunk, 3 * chunk):  # 3x: the run's largest chunk, for a batch of short_chunks
@@ -262,7 +264,8 @@ def test_a_steps_gradients_of_its_rows_slots_are_the_backwards_gradients():
     from speedrun.model.shape import LayerLoop
     from speedrun.ttt.graphs import chunk_step
     from speedrun.ttt.lora import LoRAModel
-    from speedrun.ttt.score_first import _longest_first, _Scorer, _steps
+    from speedrun.ttt.scorers import Scorer
+    from speedrun.ttt.steps import batch_steps, longest_first
 
     torch.manual_seed(0)
     seq, chunk, slots = 48, 8, 6
@@ -274,15 +277,15 @@ def test_a_steps_gradients_of_its_rows_slots_are_the_backwards_gradients():
             p.add_(0.05 * torch.randn_like(p))
     tokens = docs_stream([70, 30, 9], seed=3)
     docs = split_documents(tokens, BOS)
-    docs = [docs[i] for i in _longest_first(docs, chunk)]
+    docs = [docs[i] for i in longest_first(docs, chunk)]
     lora = LoRAModel(m, ("q", "v", "mlp_bypass", "head"), 4, slots, 0)
     with torch.no_grad():
         for p in lora.parameters():
             p.add_(0.1 * torch.randn_like(p))
-    scorer = _Scorer(lora.model)
+    scorer = Scorer(lora.model)
     nats_of = lambda fn, x, y, pick: fn(x, y, pick=pick)  # noqa: E731
     checked = 0
-    for _, table, width, training in _steps(docs, chunk, seq, "graphs", slots):
+    for _, table, width, training in batch_steps(docs, chunk, seq, "graphs", slots):
         if not training:
             continue
         rows = torch.tensor(table)

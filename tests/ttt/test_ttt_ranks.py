@@ -134,12 +134,12 @@ def test_chains_do_not_depend_on_the_rank_count_and_stay_on_one_rank(seed):
 @pytest.mark.parametrize("mode", ["eager", "compact", "graphs"])
 @pytest.mark.parametrize("widths,half_rows", [("pow2", False), ("half_octave", True), ("128", False)])
 def test_batch_cost_counts_the_rows_and_widths_ttt_runs(mode, widths, half_rows):
-    """batch_cost's padded tokens are those of the steps TTT runs (ttt._steps) and of the base passes it scores
+    """batch_cost's padded tokens are those of the steps TTT runs (steps.batch_steps) and of the base passes it scores
     (base_scores.BaseScores, through a scorer that only counts), for every mode and padding, on random batches."""
     import torch
 
+    from speedrun.ttt import steps as ttt_steps
     from speedrun.ttt.base_scores import BaseScores
-    from speedrun.ttt.score_first import _longest_first, _rows_for, _steps
 
     rng = random.Random(0)
     seq, chunk, slots = 512, 32, 6
@@ -147,8 +147,8 @@ def test_batch_cost_counts_the_rows_and_widths_ttt_runs(mode, widths, half_rows)
         lengths = [rng.choice([rng.randint(1, 100), rng.randint(100, 1500)]) for _ in range(rng.randint(1, slots))]
         starts = [sum(lengths[:i]) + i for i in range(len(lengths))]
         docs = list(zip(starts, lengths))
-        ordered = [docs[i] for i in _longest_first(docs, chunk)]
-        steps = list(_steps(ordered, chunk, seq, mode, slots, widths, half_rows))
+        ordered = [docs[i] for i in ttt_steps.longest_first(docs, chunk)]
+        steps = list(ttt_steps.batch_steps(ordered, chunk, seq, mode, slots, widths, half_rows))
         step_tokens = sum(len(table[0]) * width for _, table, width, _ in steps)
         passes: list[int] = []
 
@@ -156,7 +156,9 @@ def test_batch_cost_counts_the_rows_and_widths_ttt_runs(mode, widths, half_rows)
             passes.append(x.numel())  # the blocks run every column; the head, only pick's (not counted)
             return torch.zeros(x.shape if pick is None else pick.shape)
 
-        rows_for = (lambda n: slots) if mode == "eager" else (lambda n: _rows_for(n, slots, mode, slots, half_rows))
+        rows_for = (
+            (lambda n: slots) if mode == "eager" else (lambda n: ttt_steps.rows_for(n, slots, mode, slots, half_rows))
+        )
         tokens = torch.zeros(starts[-1] + lengths[-1] + 1, dtype=torch.long)
         base = BaseScores(None, count, tokens, ordered, chunk, seq, slots, rows_for, widths=widths)
         for k in range(base.most):
@@ -186,17 +188,18 @@ def test_ttt_cuts_its_chains_by_one_cost_whatever_the_speed_settings(monkeypatch
     val_bpb_ttt, do not depend on what only changes speed."""
     from speedrun.model.attention import get_backend
     from speedrun.model.gpt import GPT
+    from speedrun.ttt import schedule
     from speedrun.ttt import score_first as ttt_module
 
     monkeypatch.setattr(ttt_module, "GraphedChunkSteps", RecordingGraphs)
     seen = []
-    real = ttt_module.deal_batches
+    real = schedule.deal_batches
 
     def spy(costs, phase_ends, world, chains=0, chain_costs=None):
         seen.append((costs, chain_costs))
         return real(costs, phase_ends, world, chains, chain_costs)
 
-    monkeypatch.setattr(ttt_module, "deal_batches", spy)
+    monkeypatch.setattr(schedule, "deal_batches", spy)
     m = GPT(dataclasses.replace(TTT_TINY, seq_len=256), get_backend("sdpa", kernel="math"))
     tokens = docs_stream([300, 100, 100, 20, 20, 150, 180, 90, 17, 60, 250, 40], seed=4)
     kw = dict(seq_len=256, chunk_size=32, batch_size=2, warm_start_a=True, warm_start_chains=4)
@@ -255,8 +258,8 @@ def _score(world) -> dict:
     if world is not None and world.rank == 1:  # a rank whose compile warm-up takes longer than the other's
         from speedrun.ttt import score_first as ttt_module
 
-        warm_up = ttt_module._forwards
-        ttt_module._forwards = lambda *a, **k: (time.sleep(SLOW_WARM_UP), warm_up(*a, **k))[1]
+        warm_up = ttt_module.make_scorers
+        ttt_module.make_scorers = lambda *a, **k: (time.sleep(SLOW_WARM_UP), warm_up(*a, **k))[1]
     out["ttt"] = ttt_evaluate(m, tokens, byte_luts(), PHASED, bos_id=BOS, seq_len=SEQ, shard=world)
     if world is not None:
         out["ranks_tuned"] = world.gather(out["tuned"])

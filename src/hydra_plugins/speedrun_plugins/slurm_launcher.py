@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from speedrun.training.checkpoint import list_checkpoints
+
 try:
     from hydra_plugins.hydra_submitit_launcher import submitit_launcher as _submitit
 except ImportError:  # the `slurm` extra is not installed: no SLURM launcher to extend
@@ -24,8 +26,6 @@ except ImportError:  # the `slurm` extra is not installed: no SLURM launcher to 
 
 def requeue_overrides(overrides: Sequence[str], run_dir: Path | None) -> list[str]:
     """The job's overrides for its requeued run: plus ``resume=<run dir>`` when that dir holds a checkpoint."""
-    from speedrun.training.checkpoint import list_checkpoints
-
     kept = [o for o in overrides if not o.startswith("resume=")]
     if run_dir is not None and list_checkpoints(run_dir):
         return [*kept, f"resume={Path(run_dir).resolve()}"]

@@ -31,7 +31,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf, open_dict, read_write
 
-from speedrun.paths import results_db_path
+from speedrun.paths import REPO_ROOT, results_db_path
+from speedrun.records.identity import SWEEP_REUSE_IGNORED, code_fingerprint, config_identity, current_device_name
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +73,8 @@ class SpeedrunSweeper(BasicSweeper):
         self.resume_across_code = bool(resume_across_code)
 
     def sweep(self, arguments: list[str]) -> Any:
-        from speedrun.paths import REPO_ROOT
-        from speedrun.records.identity import code_fingerprint
-        from speedrun.report.sweep import JobEntry, Manifest
+        # here, not at the top: Hydra imports its plugins on every start, and the report package is a sweep's alone
+        from speedrun.report.manifest import JobEntry, Manifest
 
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
@@ -126,8 +126,7 @@ class SpeedrunSweeper(BasicSweeper):
     def _mark_reused(self, manifest: Any, identities: list[str | None]) -> None:
         """Mark the jobs an earlier ok run (same config, this card, this code) already did; note why the others
         that were done elsewhere run again."""
-        from speedrun.records.identity import current_device_name
-        from speedrun.report.sweep import completed_runs
+        from speedrun.report.manifest import completed_runs  # here: as in sweep(), a sweep's alone
 
         manifest.device_name = current_device_name()
         code = None if self.resume_across_code else manifest.code_fingerprint
@@ -155,8 +154,6 @@ class SpeedrunSweeper(BasicSweeper):
             )
 
     def _identity(self, overrides: list[str]) -> str | None:
-        from speedrun.records.identity import SWEEP_REUSE_IGNORED, config_identity
-
         assert self.config is not None and self.hydra_context is not None
         cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
         saved = HydraConfig.instance().cfg

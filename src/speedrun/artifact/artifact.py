@@ -24,6 +24,9 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from speedrun.artifact.minify import minifier_version
+from speedrun.records.store import write_json
+
 if TYPE_CHECKING:
     from speedrun.artifact.wrap import CodeSource
     from speedrun.config.artifact import ArtifactConfig
@@ -49,16 +52,20 @@ CODE_FILES: tuple[str, ...] = (
     "speedrun/config/model.py",
     "speedrun/config/quant.py",
     "speedrun/config/specs.py",
+    "speedrun/config/track.py",
     "speedrun/config/training.py",
     "speedrun/data/__init__.py",
     "speedrun/data/bpb.py",
     "speedrun/data/corpus.py",
+    "speedrun/data/encoding.py",
+    "speedrun/data/existing.py",
     "speedrun/data/loader.py",
     "speedrun/data/prepare.py",
     "speedrun/data/shards.py",
     "speedrun/data/tiktoken_bpe.py",
     "speedrun/data/tokenizer.py",
     "speedrun/distributed/__init__.py",
+    "speedrun/distributed/environment.py",
     "speedrun/distributed/guard.py",
     "speedrun/distributed/launch.py",
     "speedrun/distributed/world.py",
@@ -82,6 +89,7 @@ CODE_FILES: tuple[str, ...] = (
     "speedrun/model/attention/flex.py",
     "speedrun/model/attention/math.py",
     "speedrun/model/attention/sdpa.py",
+    "speedrun/model/blocks.py",
     "speedrun/model/fp8.py",
     "speedrun/model/gpt.py",
     "speedrun/model/layers.py",
@@ -92,19 +100,25 @@ CODE_FILES: tuple[str, ...] = (
     "speedrun/paths.py",
     "speedrun/plan/__init__.py",
     "speedrun/plan/attention.py",
+    "speedrun/plan/batch.py",
+    "speedrun/plan/budget.py",
     "speedrun/plan/distributed.py",
     "speedrun/plan/dtypes.py",
     "speedrun/plan/kernel.py",
     "speedrun/plan/memory.py",
     "speedrun/plan/model.py",
     "speedrun/plan/options.py",
+    "speedrun/plan/scoring.py",
+    "speedrun/plan/track.py",
     "speedrun/plan/types.py",
     "speedrun/progress.py",
     "speedrun/quant/__init__.py",
+    "speedrun/quant/calibration.py",
     "speedrun/quant/classes.py",
     "speedrun/quant/compression.py",
     "speedrun/quant/gptq.py",
     "speedrun/quant/lqer.py",
+    "speedrun/quant/model_export.py",
     "speedrun/quant/pergroup.py",
     "speedrun/quant/quantize.py",
     "speedrun/quant/report.py",
@@ -115,12 +129,14 @@ CODE_FILES: tuple[str, ...] = (
     "speedrun/records/store.py",
     "speedrun/run/__init__.py",
     "speedrun/run/finish.py",
+    "speedrun/run/finish_ttt.py",
     "speedrun/run/heartbeat.py",
     "speedrun/run/job.py",
     "speedrun/run/oom.py",
     "speedrun/run/record.py",
     "speedrun/run/runner.py",
     "speedrun/run/signals.py",
+    "speedrun/run/track_verdict.py",
     "speedrun/tables.py",
     "speedrun/training/__init__.py",
     "speedrun/training/batch_search.py",
@@ -135,14 +151,22 @@ CODE_FILES: tuple[str, ...] = (
     "speedrun/training/periodic.py",
     "speedrun/training/preempt.py",
     "speedrun/training/resume.py",
+    "speedrun/training/stepper.py",
     "speedrun/ttt/__init__.py",
+    "speedrun/ttt/adapt.py",
     "speedrun/ttt/base_scores.py",
     "speedrun/ttt/documents.py",
     "speedrun/ttt/global_phases.py",
     "speedrun/ttt/graphs.py",
     "speedrun/ttt/lora.py",
     "speedrun/ttt/optim.py",
+    "speedrun/ttt/result.py",
+    "speedrun/ttt/schedule.py",
     "speedrun/ttt/score_first.py",
+    "speedrun/ttt/scorers.py",
+    "speedrun/ttt/settings.py",
+    "speedrun/ttt/steps.py",
+    "speedrun/version.py",
 )
 
 NOT_COUNTED: dict[str, str] = {
@@ -193,8 +217,6 @@ def write_manifest(
     job read when it started, or now when None), write artifact_code.json; returns the result keys
     (artifact_model_bytes, artifact_code_bytes, artifact_code_sha256, artifact_bytes, artifact_ok,
     artifact_code_rule)."""
-    from speedrun.records.store import write_json
-
     wrapped = rule.code_rule == "wrapped"
     if wrapped:
         data, files, extra = _wrapped(run_dir, rule, code)
@@ -232,7 +254,7 @@ def write_manifest(
 def _wrapped(run_dir: Path, rule: ArtifactConfig, code: CodeSource | None) -> tuple[bytes, list, dict[str, Any]]:
     """The self-extracting file in the run dir: built from ``code``, or, on a re-run of an exported file
     (artifact.code_file), that file itself. (its bytes, the files it packs, manifest keys)."""
-    from speedrun.artifact.wrap import CodeSource, build_wrapper, read_wrapper
+    from speedrun.artifact.wrap import CodeSource, build_wrapper, read_wrapper  # wrap imports CODE_FILES from here
 
     if rule.code_file is not None:
         data = Path(rule.code_file).read_bytes()
@@ -240,8 +262,6 @@ def _wrapped(run_dir: Path, rule: ArtifactConfig, code: CodeSource | None) -> tu
         files = [{"path": p, "raw_bytes": None, "minified_bytes": len(s.encode())} for p, s in packed.items()]
         extra: dict[str, Any] = {"code_file": WRAPPED_FILE, "copied_from": str(rule.code_file)}
     else:
-        from speedrun.artifact.minify import minifier_version
-
         code = code or CodeSource.snapshot()
         data, minified = build_wrapper(code)
         files = [

@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from speedrun.config.artifact import MINIFIER_REQUIREMENT
 from speedrun.paths import CACHE_DIR
 
 OPTIONS: dict[str, Any] = {"remove_literal_statements": True}
@@ -28,8 +29,6 @@ default): modules import each other's names."""
 @functools.lru_cache(maxsize=1)
 def minifier_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
-
-    from speedrun.config.artifact import MINIFIER_REQUIREMENT
 
     try:
         return version("python-minifier")

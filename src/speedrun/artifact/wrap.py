@@ -30,7 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from speedrun.artifact.artifact import CODE_FILES, CONF_READ, WRAPPED_ALSO
+from speedrun.artifact.minify import minify_files
 from speedrun.paths import CONF_DIR, REPO_ROOT
+from speedrun.version import __version__
 
 FORMAT = 1
 """Bumped when the payload's layout changes; speedrun.rerun refuses a format it does not know."""
@@ -87,10 +89,8 @@ class CodeSource:
 
         import torch
 
-        import speedrun
-
         files = {rel: (REPO_ROOT / rel).read_text(encoding="utf-8") for rel in packed_files()}
-        versions = {"torch": torch.__version__, "python": platform.python_version(), "speedrun": speedrun.__version__}
+        versions = {"torch": torch.__version__, "python": platform.python_version(), "speedrun": __version__}
         return cls(files, config, versions)
 
 
@@ -125,8 +125,6 @@ def requirements(config: dict[str, Any] | None, torch_version: str | None = None
 
 def build_wrapper(code: CodeSource) -> tuple[bytes, dict[str, str]]:
     """The self-extracting file's bytes, and the minified sources it carries ({path: minified source})."""
-    from speedrun.artifact.minify import minify_files
-
     minified = minify_files(code.files)
     meta = {"format": FORMAT, "config": code.config, "versions": code.versions}
     needs = requirements(code.config, code.versions.get("torch"))

@@ -17,9 +17,13 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from speedrun.bench import machine as hw
 from speedrun.bench.checks import CHECKS
-from speedrun.bench.runner import Options, plan, reproduce, run_check
+from speedrun.bench.readiness import why_not
+from speedrun.bench.render import PAGE, RESULTS, render
+from speedrun.bench.runner import reproduce, run_check, write_atomic
 from speedrun.bench.spec import Check, RunArm
+from speedrun.bench.steps import Options, corpus_dir, plan
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -102,9 +106,6 @@ def list_checks() -> str:
 
 
 def dry_run(check: Check, opts: Options) -> str:
-    from speedrun.bench import machine as hw
-    from speedrun.bench.runner import corpus_dir, why_not
-
     here = hw.detect()
     data_dir = corpus_dir(check, resolve_embedded=False)
     lines = [f"# {check.name}: {check.measures}", f"# {reproduce(check, opts)}"]
@@ -130,9 +131,6 @@ def main(argv: list[str] | None = None) -> int:
         print(list_checks())
         return 0
     if args.render:
-        from speedrun.bench.render import PAGE, RESULTS, render
-        from speedrun.bench.runner import write_atomic
-
         text = render(CHECKS.values(), args.results.resolve() if args.results else RESULTS)
         if args.check:
             stale = not PAGE.is_file() or PAGE.read_text() != text

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from speedrun.bench.machine import REPO
-from speedrun.bench.runner import arm_command
 from speedrun.bench.spec import Check, PeerArm
+from speedrun.bench.steps import arm_command
 
 PAGE = REPO / "docs" / "benchmarks.md"
 RESULTS = REPO / "benchmarks" / "results"

@@ -27,6 +27,7 @@ from speedrun.config.distributed import DistConfig
 from speedrun.config.finishing import EvalConfig, LoggerConfig, PhasedTTTConfig, QuantConfig, TTTConfig
 from speedrun.config.kernel import KernelConfig
 from speedrun.config.model import ModelConfig
+from speedrun.config.track import AcceptanceConfig, TrackConfig
 from speedrun.config.training import (
     AttnConfig,
     BudgetConfig,
@@ -65,6 +66,8 @@ __all__ = [
     "QuantConfig",
     "ScheduleConfig",
     "TTTConfig",
+    "TrackConfig",
+    "AcceptanceConfig",
 ]
 
 
@@ -89,6 +92,8 @@ class Config:
     artifact: ArtifactConfig = field(default_factory=ArtifactConfig)
     """How the artifact's code is counted (a plain key, not a group: artifact.code_rule=raw); wrapped by default."""
     dist: DistConfig = field(default_factory=DistConfig)
+    track: TrackConfig = field(default_factory=TrackConfig)
+    """A contest's rules the run is held to (conf/track/; none by default): speedrun.config.track."""
     seed: int = 0
     """Seed for model initialisation, TTT's adapter init and document order. It does not change the training data
     order: every run reads the shards in the same order from the same position."""
@@ -130,6 +135,7 @@ GROUPS = {
     "logger": LoggerConfig,
     "dist": DistConfig,
     "kernel": KernelConfig,
+    "track": TrackConfig,
 }
 
 

@@ -121,11 +121,13 @@ class QuantConfig:
     """int6: bits of the model's small gate tensors (smear gate, attention output gate, skip gates: names
     containing ``gate``, and the smear gate's ``smear_w``), per-row round-to-nearest with an fp16 absmax scale.
     None: kept in float as every small tensor is (fp16; fp32 up to 64 values)."""
-    reserve_seconds: float = 0.0
+    reserve_seconds: float | None = None
     """int6: seconds of budget.train_seconds kept for GPTQ's Hessian collection, which reads training data and so
-    counts as training under parameter-golf's rules: the training loop stops this much earlier (its LR schedule
-    follows the shorter budget), train_seconds records loop + Hessian seconds, and quant_reserve_ok whether that
-    stayed within budget.train_seconds. 0: off. The record: 8."""
+    counts as training (parameter-golf's rule): the training loop stops this much earlier (its LR schedule follows
+    the shorter budget), the Hessians are collected right after its last step, and train_seconds records loop +
+    Hessians, with quant_reserve_ok whether that stayed within budget.train_seconds. None: warm-up measures it
+    (speedrun.quant.calibration); 0 is refused, since it would leave the Hessians outside the budget. The
+    record: 8 (on 8 GPUs)."""
     pergroup_codec: PergroupCodec = PergroupCodec.brotli
     """compressor=pergroup: the codec of every group (brotli or lzma), at quant.level."""
     keep_weights: bool = False
@@ -155,8 +157,9 @@ class QuantConfig:
             f"in float; e.g. quant.gate_bits=8",
         )
         _require(
-            math.isfinite(self.reserve_seconds) and self.reserve_seconds >= 0,
-            f"quant.reserve_seconds={self.reserve_seconds} must be >= 0 (0: off); e.g. quant.reserve_seconds=8",
+            self.reserve_seconds is None or (math.isfinite(self.reserve_seconds) and self.reserve_seconds >= 0),
+            f"quant.reserve_seconds={self.reserve_seconds} must be a number of seconds, or null to measure it in "
+            "warm-up; e.g. quant.reserve_seconds=8",
         )
         levers = self.levers_on()
         _require(
@@ -192,5 +195,5 @@ class QuantConfig:
             "quant_lqer_asym_group": self.lqer.asym_group if lqer else None,
             "quant_gate_bits": self.gate_bits if int6 else None,
             "quant_reserve_seconds": self.reserve_seconds if int6 else None,
-            "quant_pergroup_codec": str(self.pergroup_codec) if on and self.compressor == "pergroup" else None,
+            "quant_pergroup_codec": str(self.pergroup_codec) if on and self.compressor == Compressor.pergroup else None,
         }

@@ -3,13 +3,12 @@ batch loading and dataset preparation. See docs/architecture.md for the formats 
 
 from speedrun.data.bpb import ByteLUTs, bits_per_byte, build_byte_luts, stream_bytes, token_bytes, unigram_bits_per_byte
 from speedrun.data.corpus import EMBEDDED_CORPUS, iter_documents, load_embedded_documents, split_train_val
+from speedrun.data.existing import open_dataset, parameter_golf_help
 from speedrun.data.loader import TokenStream, load_val_tokens
 from speedrun.data.prepare import (
     DataNotFoundError,
     DatasetPaths,
     ensure_embedded_dataset,
-    open_dataset,
-    parameter_golf_help,
     prepare_dataset,
     read_dataset_info,
 )

@@ -1,5 +1,6 @@
-"""Datasets on disk: build (tokenizer + shards) from documents, the cached embedded corpus, and
-opening existing shard directories such as parameter-golf's published FineWeb exports.
+"""Datasets on disk: build (tokenizer + shards) from documents, and the cached embedded corpus. The encoding of
+documents into shards is speedrun.data.encoding's; opening directories made elsewhere (parameter-golf's published
+FineWeb exports, modded-nanogpt's) is speedrun.data.existing's.
 
 A prepared directory holds tokenizer.model (+ .vocab), fineweb_{train,val}_%06d.bin and
 dataset.json (counts, tokenizer settings, val byte count, unigram baseline). It is assembled in a
@@ -11,13 +12,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import multiprocessing
 import os
 import shutil
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,8 +26,18 @@ import torch
 
 from speedrun.data.bpb import build_byte_luts, stream_bytes, unigram_bits_per_byte
 from speedrun.data.corpus import EMBEDDED_CORPUS, load_embedded_documents, split_train_val
-from speedrun.data.shards import list_shards, read_header, shard_name, write_shard
-from speedrun.data.tiktoken_bpe import GPT2, boundary_id, build_tiktoken_luts, is_tiktoken, load_encoding
+from speedrun.data.encoding import (
+    ShardTarget,
+    WrittenSplits,
+    decoded_bytes,
+    encode_docs,
+    encode_docs_pool,
+    encode_tiktoken_docs,
+    process_pool,
+    write_splits,
+)
+from speedrun.data.shards import list_shards
+from speedrun.data.tiktoken_bpe import GPT2, build_tiktoken_luts, load_encoding
 from speedrun.data.tokenizer import TRAINER_SETTINGS, load_tokenizer, train_tokenizer
 from speedrun.errors import DataError
 
@@ -36,7 +46,6 @@ INFO_FILE = "dataset.json"
 #: Bump when the build changes (tokenizer settings, split, format): cached embedded datasets rebuild.
 BUILD_VERSION = 1
 EMBEDDED_VAL_EVERY = 20
-ENCODE_BATCH_DOCS = 256
 
 
 class DataNotFoundError(DataError, FileNotFoundError):
@@ -59,100 +68,6 @@ class DatasetPaths:
 
 def _log(msg: str) -> None:
     print(f"[speedrun.data] {msg}", file=sys.stderr, flush=True)
-
-
-class _ShardWriter:
-    """Appends documents' tokens to fixed-size shards fineweb_{split}_%06d.bin."""
-
-    def __init__(self, directory: Path, split: str, shard_tokens: int) -> None:
-        self.directory, self.split = directory, split
-        self.buf = np.empty(shard_tokens, dtype=np.uint16)
-        self.fill = 0
-        self.paths: list[Path] = []
-        self.tokens = 0
-
-    def add(self, tokens: np.ndarray) -> None:
-        while tokens.size:
-            k = min(self.buf.size - self.fill, tokens.size)
-            self.buf[self.fill : self.fill + k] = tokens[:k]
-            self.fill += k
-            tokens = tokens[k:]
-            if self.fill == self.buf.size:
-                self.flush()
-
-    def flush(self) -> None:
-        if self.fill:
-            path = self.directory / shard_name(self.split, len(self.paths))
-            write_shard(path, self.buf[: self.fill])
-            self.paths.append(path)
-            self.tokens += self.fill
-            self.fill = 0
-
-
-def _with_bos(encoded: list[list[int]], bos: int) -> np.ndarray:
-    """One uint16 array: [BOS] + ids of each document, concatenated."""
-    out = np.empty(sum(len(ids) + 1 for ids in encoded), dtype=np.uint16)
-    pos = 0
-    for ids in encoded:
-        out[pos] = bos
-        out[pos + 1 : pos + 1 + len(ids)] = ids
-        pos += len(ids) + 1
-    return out
-
-
-def _encode_docs(sp, docs: list[str], num_threads: int) -> Iterator[np.ndarray]:
-    """Per batch of documents, one uint16 array: [BOS] + ids of each document, concatenated."""
-    for i in range(0, len(docs), ENCODE_BATCH_DOCS):
-        yield _with_bos(sp.encode(docs[i : i + ENCODE_BATCH_DOCS], out_type=int, num_threads=num_threads), sp.bos_id())
-
-
-#: Characters per task of the process pool: small enough to balance the workers, large enough that a task's
-#: pickling costs little next to its encoding (~6M characters a second a core).
-POOL_TASK_CHARS = 2_000_000
-_worker_sp = None  # each pool worker's tokenizer
-
-
-def _pool_init(model: bytes) -> None:
-    global _worker_sp
-    import sentencepiece as spm
-
-    _worker_sp = spm.SentencePieceProcessor(model_proto=model)
-
-
-def _pool_encode(docs: list[str]) -> np.ndarray:
-    assert _worker_sp is not None
-    return _with_bos(_worker_sp.encode(docs, out_type=int), _worker_sp.bos_id())
-
-
-def _pool_tasks(docs: list[str]) -> Iterator[list[str]]:
-    start, size = 0, 0
-    for i, doc in enumerate(docs):
-        size += len(doc)
-        if size >= POOL_TASK_CHARS:
-            yield docs[start : i + 1]
-            start, size = i + 1, 0
-    if start < len(docs):
-        yield docs[start:]
-
-
-def _encode_docs_pool(pool, docs: list[str]) -> Iterator[np.ndarray]:
-    """As _encode_docs, the batches encoded by ``pool``'s workers and yielded in document order. Worker processes
-    rather than the tokenizer's threads: turning ids into Python lists and arrays holds the GIL, which caps
-    threads at about twice one core's rate."""
-    yield from pool.imap(_pool_encode, _pool_tasks(docs))
-
-
-def _process_pool(model: Path, processes: int):
-    # fork where it is safe, so workers start at once without re-importing torch
-    method = "fork" if sys.platform == "linux" else None
-    return multiprocessing.get_context(method).Pool(processes, initializer=_pool_init, initargs=(model.read_bytes(),))
-
-
-def _decoded_bytes(sp, val_stream: np.ndarray) -> int:
-    """UTF-8 bytes of the decoded val documents (split at BOS)."""
-    bos_positions = np.flatnonzero(val_stream == sp.bos_id()).tolist() + [val_stream.size]
-    docs = [val_stream[a + 1 : b].tolist() for a, b in zip(bos_positions[:-1], bos_positions[1:])]
-    return sum(len(text.encode("utf-8")) for text in sp.decode(docs))
 
 
 def _remove_tree(path: Path) -> None:
@@ -186,58 +101,31 @@ def prepare_dataset(
     Raises FileExistsError if ``out_dir`` exists (unless ``overwrite``).
     """
     out_dir = Path(out_dir)
-    if out_dir.exists() and not overwrite:
-        raise FileExistsError(f"{out_dir} already exists; pass overwrite=True (--overwrite) to replace it")
-    if shard_tokens < 1:
-        raise ValueError(f"shard_tokens must be >= 1, got {shard_tokens}")
-    train_docs, val_docs = list(documents_train), list(documents_val)
-    if not train_docs or not val_docs:
-        raise ValueError(f"need at least one train and one val document (got {len(train_docs)} and {len(val_docs)})")
+    train_docs, val_docs = _documents(documents_train, documents_val, out_dir, shard_tokens, overwrite)
     threads = num_threads or min(os.cpu_count() or 1, 16)
     t0 = time.perf_counter()
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+
+    def build(tmp: Path) -> WrittenSplits:
         texts = train_docs if tokenizer_texts is None else list(tokenizer_texts)
-        n_chars = sum(len(d) for d in texts)
-        _log(f"training tokenizer (vocab {vocab_size}) on {len(texts)} documents, {n_chars:,} characters")
-        model = train_tokenizer(texts, tmp / Path(TOKENIZER_FILE).stem, vocab_size, seed, max_chars=tokenizer_chars)
-        del texts
+        model = _trained_tokenizer(texts, tmp, vocab_size, seed, tokenizer_chars)
+        del texts  # a large corpus's tokenizer sample is not kept through the encoding
         sp = load_tokenizer(model)
-        pool = _process_pool(model, processes) if processes and processes > 1 else None
+        pool = process_pool(model, processes) if processes and processes > 1 else None
         where = f" in {processes} processes" if pool else ""
         _log(f"tokenizing {len(train_docs)} train + {len(val_docs)} val documents{where}")
         try:
-
-            def encode(docs: list[str]) -> Iterator[np.ndarray]:
-                return _encode_docs_pool(pool, docs) if pool else _encode_docs(sp, docs, threads)
-
-            counts = np.zeros(vocab_size, dtype=np.int64)
-            train_writer = _ShardWriter(tmp, "train", shard_tokens)
-            for chunk in encode(train_docs):
-                counts += np.bincount(chunk, minlength=vocab_size)
-                train_writer.add(chunk)
-            train_writer.flush()
-            val_stream = np.concatenate(list(encode(val_docs)))
+            written = write_splits(
+                lambda docs: encode_docs_pool(pool, docs) if pool else encode_docs(sp, docs, threads),
+                train_docs,
+                val_docs,
+                ShardTarget(tmp, shard_tokens, vocab_size),
+            )
         finally:
             if pool is not None:
                 pool.terminate()
-        val_writer = _ShardWriter(tmp, "val", shard_tokens)
-        val_writer.add(val_stream)
-        val_writer.flush()
-
         luts = build_byte_luts(sp)
-        val_bytes = stream_bytes(torch.from_numpy(val_stream.astype(np.int64)), luts)
-        decoded_bytes = _decoded_bytes(sp, val_stream)
-        original_bytes = sum(len(d.encode("utf-8")) for d in val_docs)
-        if val_bytes != decoded_bytes:
-            _log(f"WARNING: counted val bytes {val_bytes} != decoded val bytes {decoded_bytes} (BPB would be off)")
-        elif val_bytes != original_bytes:
-            _log(
-                f"note: the tokenizer does not round-trip all val text ({val_bytes} counted bytes vs "
-                f"{original_bytes} in the original; a literal U+2581 decodes to a space)"
-            )
+        written.val_bytes = stream_bytes(torch.from_numpy(written.val_stream.astype(np.int64)), luts)
+        original_bytes = _checked_val_bytes(sp, written, val_docs)
         record = {
             "build_version": BUILD_VERSION,
             "vocab_size": vocab_size,
@@ -245,37 +133,16 @@ def prepare_dataset(
             "tokenizer_settings": {**TRAINER_SETTINGS, "seed": seed},
             "tokenizer_sha256": _sha256(model),
             "shard_tokens": shard_tokens,
-            "train": {"documents": len(train_docs), "tokens": train_writer.tokens, "shards": len(train_writer.paths)},
-            "val": {
-                "documents": len(val_docs),
-                "tokens": val_writer.tokens,
-                "shards": len(val_writer.paths),
-                "bytes": val_bytes,
-                "bytes_original_text": original_bytes,
-            },
+            **_splits_record(written, train_docs, val_docs, original_bytes),
             # -sum log2 p_train(y) / val bytes over val targets, add-one smoothed unigram of train.
-            "unigram_val_bpb": unigram_bits_per_byte(counts, val_stream, luts),
+            "unigram_val_bpb": unigram_bits_per_byte(written.counts, written.val_stream, luts),
         }
         record.update(info(record) if callable(info) else info or {})
-        (tmp / INFO_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        _install(tmp, out_dir, overwrite)
-    except BaseException:
-        _remove_tree(tmp)
-        raise
-    _log(
-        f"wrote {out_dir}: {train_writer.tokens:,} train tokens in {len(train_writer.paths)} shard(s), "
-        f"{val_writer.tokens:,} val tokens ({val_bytes:,} bytes) in {time.perf_counter() - t0:.1f}s"
-    )
+        _write_info(tmp, record)
+        return written
+
+    _log_written(out_dir, _build_in_temp(out_dir, overwrite, build), t0)
     return _open_prepared(out_dir)
-
-
-def _encode_tiktoken_docs(enc, docs: list[str], num_threads: int) -> Iterator[np.ndarray]:
-    """As _encode_docs for a tiktoken encoding: [<|endoftext|>] + ids per document, as modded-nanogpt's
-    fineweb.py writes them. encode_ordinary: a literal "<|endoftext|>" inside a document is text, not a boundary."""
-    eot = boundary_id(enc)
-    for i in range(0, len(docs), ENCODE_BATCH_DOCS):
-        encoded = enc.encode_ordinary_batch(docs[i : i + ENCODE_BATCH_DOCS], num_threads=num_threads)
-        yield np.concatenate([np.asarray([eot, *ids], dtype=np.uint16) for ids in encoded])
 
 
 def prepare_tiktoken_dataset(
@@ -298,6 +165,54 @@ def prepare_tiktoken_dataset(
     if vocab_size > 65536:
         raise ValueError(f"{tokenizer} has {vocab_size} tokens: uint16 shards hold at most 65536")
     out_dir = Path(out_dir)
+    train_docs, val_docs = _documents(documents_train, documents_val, out_dir, shard_tokens, overwrite)
+    threads = num_threads or min(os.cpu_count() or 1, 16)
+    t0 = time.perf_counter()
+
+    def build(tmp: Path) -> WrittenSplits:
+        _log(f"tokenizing {len(train_docs)} train + {len(val_docs)} val documents with {tokenizer}")
+        written = write_splits(
+            lambda docs: encode_tiktoken_docs(enc, docs, threads),
+            train_docs,
+            val_docs,
+            ShardTarget(tmp, shard_tokens, vocab_size),
+        )
+        luts = build_tiktoken_luts(enc)
+        written.val_bytes = stream_bytes(torch.from_numpy(written.val_stream.astype(np.int64)), luts)
+        original_bytes = sum(len(d.encode("utf-8")) for d in val_docs)
+        if written.val_bytes != original_bytes:  # byte-level BPE is lossless: this would be a bug, not a quirk
+            _log(
+                f"WARNING: counted val bytes {written.val_bytes} != the val text's {original_bytes} (BPB would be off)"
+            )
+        record = {
+            "build_version": BUILD_VERSION,
+            "vocab_size": vocab_size,
+            "tokenizer": str(tokenizer),
+            "tokenizer_kind": "tiktoken",
+            "shard_tokens": shard_tokens,
+            **_splits_record(written, train_docs, val_docs, original_bytes),
+            "unigram_val_bpb": unigram_bits_per_byte(written.counts, written.val_stream, luts),
+            **(info or {}),
+        }
+        _write_info(tmp, record)
+        return written
+
+    _log_written(out_dir, _build_in_temp(out_dir, overwrite, build), t0)
+    return DatasetPaths(
+        train=list_shards(out_dir, "train"),
+        val=list_shards(out_dir, "val"),
+        tokenizer=Path(tokenizer),
+        vocab_size=vocab_size,
+    )
+
+
+# ---- the phases both builds share ----------------------------------------------------------------------
+
+
+def _documents(
+    documents_train: Iterable[str], documents_val: Iterable[str], out_dir: Path, shard_tokens: int, overwrite: bool
+) -> tuple[list[str], list[str]]:
+    """Both splits as lists, after the checks a build makes before any work."""
     if out_dir.exists() and not overwrite:
         raise FileExistsError(f"{out_dir} already exists; pass overwrite=True (--overwrite) to replace it")
     if shard_tokens < 1:
@@ -305,59 +220,67 @@ def prepare_tiktoken_dataset(
     train_docs, val_docs = list(documents_train), list(documents_val)
     if not train_docs or not val_docs:
         raise ValueError(f"need at least one train and one val document (got {len(train_docs)} and {len(val_docs)})")
-    threads = num_threads or min(os.cpu_count() or 1, 16)
-    t0 = time.perf_counter()
+    return train_docs, val_docs
+
+
+def _trained_tokenizer(texts: list[str], tmp: Path, vocab_size: int, seed: int, max_chars: int) -> Path:
+    n_chars = sum(len(d) for d in texts)
+    _log(f"training tokenizer (vocab {vocab_size}) on {len(texts)} documents, {n_chars:,} characters")
+    return train_tokenizer(texts, tmp / Path(TOKENIZER_FILE).stem, vocab_size, seed, max_chars=max_chars)
+
+
+def _checked_val_bytes(sp, written: WrittenSplits, val_docs: list[str]) -> int:
+    """The val text's UTF-8 bytes; a warning when the counted bytes differ from the decoded text's (BPB would be
+    off), a note when they differ only from the original text's (the tokenizer does not round-trip it)."""
+    decoded = decoded_bytes(sp, written.val_stream)
+    original_bytes = sum(len(d.encode("utf-8")) for d in val_docs)
+    if written.val_bytes != decoded:
+        _log(f"WARNING: counted val bytes {written.val_bytes} != decoded val bytes {decoded} (BPB would be off)")
+    elif written.val_bytes != original_bytes:
+        _log(
+            f"note: the tokenizer does not round-trip all val text ({written.val_bytes} counted bytes vs "
+            f"{original_bytes} in the original; a literal U+2581 decodes to a space)"
+        )
+    return original_bytes
+
+
+def _splits_record(written: WrittenSplits, train_docs: list[str], val_docs: list[str], original_bytes: int) -> dict:
+    """dataset.json's train and val entries: documents, tokens, shards; for val its counted and original bytes."""
+    return {
+        "train": {"documents": len(train_docs), "tokens": written.train.tokens, "shards": len(written.train.paths)},
+        "val": {
+            "documents": len(val_docs),
+            "tokens": written.val.tokens,
+            "shards": len(written.val.paths),
+            "bytes": written.val_bytes,
+            "bytes_original_text": original_bytes,
+        },
+    }
+
+
+def _write_info(directory: Path, record: dict) -> None:
+    (directory / INFO_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _build_in_temp(out_dir: Path, overwrite: bool, build: Callable[[Path], WrittenSplits]) -> WrittenSplits:
+    """``build`` into a temporary sibling of ``out_dir``, renamed into place once complete and removed if the build
+    fails or is interrupted: a killed build never leaves half a dataset."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        _log(f"tokenizing {len(train_docs)} train + {len(val_docs)} val documents with {tokenizer}")
-        counts = np.zeros(vocab_size, dtype=np.int64)
-        train_writer = _ShardWriter(tmp, "train", shard_tokens)
-        for chunk in _encode_tiktoken_docs(enc, train_docs, threads):
-            counts += np.bincount(chunk, minlength=vocab_size)
-            train_writer.add(chunk)
-        train_writer.flush()
-        val_stream = np.concatenate(list(_encode_tiktoken_docs(enc, val_docs, threads)))
-        val_writer = _ShardWriter(tmp, "val", shard_tokens)
-        val_writer.add(val_stream)
-        val_writer.flush()
-        luts = build_tiktoken_luts(enc)
-        val_bytes = stream_bytes(torch.from_numpy(val_stream.astype(np.int64)), luts)
-        original_bytes = sum(len(d.encode("utf-8")) for d in val_docs)
-        if val_bytes != original_bytes:  # byte-level BPE is lossless: this would be a bug, not a tokenizer quirk
-            _log(f"WARNING: counted val bytes {val_bytes} != the val text's {original_bytes} (BPB would be off)")
-        record = {
-            "build_version": BUILD_VERSION,
-            "vocab_size": vocab_size,
-            "tokenizer": str(tokenizer),
-            "tokenizer_kind": "tiktoken",
-            "shard_tokens": shard_tokens,
-            "train": {"documents": len(train_docs), "tokens": train_writer.tokens, "shards": len(train_writer.paths)},
-            "val": {
-                "documents": len(val_docs),
-                "tokens": val_writer.tokens,
-                "shards": len(val_writer.paths),
-                "bytes": val_bytes,
-                "bytes_original_text": original_bytes,
-            },
-            "unigram_val_bpb": unigram_bits_per_byte(counts, val_stream, luts),
-            **(info or {}),
-        }
-        (tmp / INFO_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        written = build(tmp)
         _install(tmp, out_dir, overwrite)
     except BaseException:
         _remove_tree(tmp)
         raise
+    return written
+
+
+def _log_written(out_dir: Path, written: WrittenSplits, t0: float) -> None:
     _log(
-        f"wrote {out_dir}: {train_writer.tokens:,} train tokens in {len(train_writer.paths)} shard(s), "
-        f"{val_writer.tokens:,} val tokens ({val_bytes:,} bytes) in {time.perf_counter() - t0:.1f}s"
-    )
-    return DatasetPaths(
-        train=list_shards(out_dir, "train"),
-        val=list_shards(out_dir, "val"),
-        tokenizer=Path(tokenizer),
-        vocab_size=vocab_size,
+        f"wrote {out_dir}: {written.train.tokens:,} train tokens in {len(written.train.paths)} shard(s), "
+        f"{written.val.tokens:,} val tokens ({written.val_bytes:,} bytes) in {time.perf_counter() - t0:.1f}s"
     )
 
 
@@ -445,106 +368,3 @@ def ensure_embedded_dataset(cache_dir: Path, vocab_size: int = 1024) -> DatasetP
             if read_dataset_info(target).get("corpus_sha256") == stamp["corpus_sha256"]:
                 return _open_prepared(target)
             raise
-
-
-# Published parameter-golf exports: vocab size -> (variant, Hugging Face dataset repo).
-_PGOLF_VARIANTS = {
-    512: ("sp512", None),
-    1024: ("sp1024", None),
-    2048: ("sp2048", None),
-    4096: ("sp4096", None),
-    8192: ("sp8192", "kevclark/parameter-golf"),  # not in the default repo; community export
-}
-
-
-def parameter_golf_help(vocab_size: int) -> str:
-    """How to download parameter-golf's FineWeb shards for ``vocab_size`` and point speedrun at them."""
-    variant, repo = _PGOLF_VARIANTS.get(vocab_size, ("sp1024", None))
-    env = f"MATCHED_FINEWEB_REPO_ID={repo} " if repo else ""
-    source = f"{repo}, a community export" if repo else "willdepueoai/parameter-golf"
-    n = variant[2:]
-    lines = [
-        f"To use parameter-golf's published FineWeb shards ({variant}; Hugging Face dataset {source}):",
-        "    git clone https://github.com/openai/parameter-golf && cd parameter-golf",
-        f"    {env}python3 data/cached_challenge_fineweb.py --variant {variant} --train-shards 10",
-        f"  which writes data/datasets/fineweb10B_{variant}/ (fineweb_train_*.bin, fineweb_val_*.bin; 100M tokens per",
-        f"  train shard, the full val split always) and data/tokenizers/fineweb_{n}_bpe.model. Then set",
-        f"    data.path=<parameter-golf>/data/datasets/fineweb10B_{variant} "
-        f"data.tokenizer=<parameter-golf>/data/tokenizers/fineweb_{n}_bpe.model",
-        "  or leave data.path unset to train on the embedded corpus (Python 3.11 docs).",
-    ]
-    if vocab_size not in _PGOLF_VARIANTS:
-        lines.insert(
-            0,
-            f"(parameter-golf publishes no vocab {vocab_size} export; variants: "
-            f"{', '.join(v for v, _ in _PGOLF_VARIANTS.values())}.)",
-        )
-    return "\n".join(lines)
-
-
-def prepared_help(path: Path, vocab_size: int) -> str:
-    """One line: how to build a dataset directory that keeps its tokenizer inside (scripts/prepare_data.py's)."""
-    return (
-        f"build it with: python scripts/prepare_data.py --source python --out {path} --vocab {vocab_size} "
-        "(this machine's Python sources and docs; or --input FILE... in place of --source python, for your own text)"
-    )
-
-
-def open_dataset(path: Path, tokenizer: Path | str, vocab_size: int) -> DatasetPaths:
-    """An existing shard directory plus its tokenizer, checked: shards present with valid headers,
-    tokenizer present with exactly ``vocab_size`` pieces."""
-    if is_tiktoken(tokenizer):
-        return _open_tiktoken_dataset(Path(path).expanduser(), str(tokenizer), vocab_size)
-    path, tokenizer = Path(path).expanduser(), Path(tokenizer).expanduser()
-    if os.path.abspath(tokenizer.parent) == os.path.abspath(path):
-        # A directory that holds its own tokenizer is scripts/prepare_data.py's (parameter-golf keeps tokenizers
-        # apart from the shards): name the command that builds it, on the same line.
-        help_text = f"; {prepared_help(path, vocab_size)}"
-    else:
-        help_text = f"\n{parameter_golf_help(vocab_size)}"
-    if not path.is_dir():
-        raise DataNotFoundError(f"dataset directory not found: {path}{help_text}")
-    try:
-        train, val = list_shards(path, "train"), list_shards(path, "val")
-    except FileNotFoundError as e:
-        raise DataNotFoundError(f"{e}{help_text}") from None
-    if not tokenizer.is_file():
-        raise DataNotFoundError(f"tokenizer not found: {tokenizer} (the SentencePiece .model of {path}){help_text}")
-    sp = load_tokenizer(tokenizer)
-    n = int(sp.get_piece_size())
-    if n != vocab_size:
-        raise DataError(
-            f"tokenizer {tokenizer} has {n} pieces but the configured vocab_size is {vocab_size}; "
-            f"use the tokenizer that made {path} and set the vocab size to {n} (or pick the matching variant)"
-        )
-    for shard in train + val:
-        read_header(shard)  # cheap: magic, version, size; token ids are checked as batches are read
-    return DatasetPaths(train=train, val=val, tokenizer=tokenizer, vocab_size=vocab_size)
-
-
-MODDED_NANOGPT_HELP = (
-    "To get modded-nanogpt's GPT-2-tokenized FineWeb shards (fineweb_train_%06d.bin, fineweb_val_%06d.bin):\n"
-    "    git clone https://github.com/KellerJordan/modded-nanogpt && cd modded-nanogpt\n"
-    "    python data/cached_fineweb10B.py 8     # the val shard and 8 train shards of 100M tokens\n"
-    "  which writes data/fineweb10B/. Then set data=fineweb10B_gpt2 data.path=<modded-nanogpt>/data/fineweb10B,\n"
-    "  or tokenize your own text: python scripts/prepare_data.py --tokenizer gpt2 --input ... --out DIR"
-)
-
-
-def _open_tiktoken_dataset(path: Path, tokenizer: str, vocab_size: int) -> DatasetPaths:
-    """Shards tokenized with a tiktoken vocabulary (GPT-2): shards checked, vocabulary size matched."""
-    if not path.is_dir():
-        raise DataNotFoundError(f"dataset directory not found: {path}\n{MODDED_NANOGPT_HELP}")
-    try:
-        train, val = list_shards(path, "train"), list_shards(path, "val")
-    except FileNotFoundError as e:
-        raise DataNotFoundError(f"{e}\n{MODDED_NANOGPT_HELP}") from None
-    n = int(load_encoding(tokenizer).n_vocab)
-    if n != vocab_size:
-        raise DataError(
-            f"tokenizer {tokenizer} has {n} tokens but the configured vocab_size is {vocab_size}; "
-            f"set data.vocab_size={n}"
-        )
-    for shard in train + val:
-        read_header(shard)
-    return DatasetPaths(train=train, val=val, tokenizer=Path(tokenizer), vocab_size=vocab_size)

@@ -12,6 +12,7 @@ fingerprint have the same shards.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import sys
@@ -199,7 +200,29 @@ def build_python_corpus(
         raise FileNotFoundError("no corpus roots: this Python reports no stdlib or site-packages; pass --roots")
     t0 = time.perf_counter()
     corpus = collect(roots, val_fraction, max_bytes)
-    read_s = time.perf_counter() - t0
+    _log_read(corpus, roots, time.perf_counter() - t0)
+    if not corpus.val or not corpus.train:
+        raise ValueError(
+            f"{len(corpus.train)} train and {len(corpus.val)} val documents from {corpus.documents} under "
+            f"{', '.join(map(str, roots))}: each split needs one; raise --max-bytes or --val-fraction"
+        )
+    source = source_record(corpus, roots, val_fraction, max_bytes, tokenizer_chars)
+    return prepare_dataset(
+        corpus.train,
+        corpus.val,
+        out_dir,
+        vocab_size,
+        shard_tokens,
+        seed=seed,
+        processes=processes or default_processes(),
+        tokenizer_texts=tokenizer_sample(corpus, tokenizer_chars),
+        tokenizer_chars=tokenizer_chars,
+        overwrite=overwrite,
+        info=functools.partial(_fingerprint, source),
+    )
+
+
+def _log_read(corpus: PythonCorpus, roots: list[Path], read_s: float) -> None:
     print(
         f"[speedrun.data] read {corpus.files:,} files under {len(roots)} root(s) in {read_s:.1f}s: "
         f"{corpus.documents:,} documents ({len(corpus.train):,} train, {len(corpus.val):,} val), "
@@ -208,12 +231,13 @@ def build_python_corpus(
         file=sys.stderr,
         flush=True,
     )
-    if not corpus.val or not corpus.train:
-        raise ValueError(
-            f"{len(corpus.train)} train and {len(corpus.val)} val documents from {corpus.documents} under "
-            f"{', '.join(map(str, roots))}: each split needs one; raise --max-bytes or --val-fraction"
-        )
-    source = {
+
+
+def source_record(
+    corpus: PythonCorpus, roots: list[Path], val_fraction: float, max_bytes: int | None, tokenizer_chars: int
+) -> dict:
+    """dataset.json's ``source``: what the corpus was read from and how, what it holds, and the Python it came with."""
+    return {
         "kind": "python",
         "corpus_version": CORPUS_VERSION,
         "roots": [str(r) for r in roots],
@@ -238,27 +262,15 @@ def build_python_corpus(
         "python_base_prefix": sys.base_prefix,
     }
 
-    def fingerprint(record: dict) -> dict:
-        # Everything the shards are a function of: which files and contents (and their split), the tokenizer
-        # (trained on them, so its hash covers the sample and the settings), and the layout.
-        parts = [
-            f"corpus_version={CORPUS_VERSION}",
-            f"files={source['files_sha256']}",
-            f"tokenizer={record['tokenizer_sha256']}",
-            f"shard_tokens={record['shard_tokens']}",
-        ]
-        return {"fingerprint": hashlib.sha256("\n".join(parts).encode()).hexdigest(), "source": source}
 
-    return prepare_dataset(
-        corpus.train,
-        corpus.val,
-        out_dir,
-        vocab_size,
-        shard_tokens,
-        seed=seed,
-        processes=processes or default_processes(),
-        tokenizer_texts=tokenizer_sample(corpus, tokenizer_chars),
-        tokenizer_chars=tokenizer_chars,
-        overwrite=overwrite,
-        info=fingerprint,
-    )
+def _fingerprint(source: dict, record: dict) -> dict:
+    """dataset.json's ``fingerprint`` and ``source``, given prepare_dataset's record."""
+    # Everything the shards are a function of: which files and contents (and their split), the tokenizer
+    # (trained on them, so its hash covers the sample and the settings), and the layout.
+    parts = [
+        f"corpus_version={CORPUS_VERSION}",
+        f"files={source['files_sha256']}",
+        f"tokenizer={record['tokenizer_sha256']}",
+        f"shard_tokens={record['shard_tokens']}",
+    ]
+    return {"fingerprint": hashlib.sha256("\n".join(parts).encode()).hexdigest(), "source": source}

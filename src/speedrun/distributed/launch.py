@@ -26,7 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from speedrun.distributed.world import LAUNCHED_ENV, RANK_DIR_ENV, set_process_env
+from speedrun.distributed.environment import LAUNCHED_ENV, RANK_DIR_ENV, set_process_env
+from speedrun.plan import Plan
 from speedrun.records.store import atomic_write_text, write_json
 
 log = logging.getLogger("speedrun")
@@ -128,7 +129,7 @@ def worker_argv(argv: list[str], environ: dict | None = None) -> list[str]:
     return [argv[0], *kept, f"hydra.run.dir={_quote(private)}", "hydra.output_subdir=null"]
 
 
-def needs_launch(plan: Any) -> bool:
+def needs_launch(plan: Plan) -> bool:
     """This process was asked for several ranks and none exists yet: it starts them (and trains nothing)."""
     return plan.dist.launch == "self"
 
@@ -152,7 +153,7 @@ def rank_args(run_dir: Path) -> list[str]:
     return [*_entry(), *hc.overrides.task, *hydra, f"hydra.run.dir={_quote(str(run_dir))}", "hydra.output_subdir=null"]
 
 
-def launch_ranks(plan: Any, run_dir: Path, log: Callable[[str], None]) -> None:
+def launch_ranks(plan: Plan, run_dir: Path, log: Callable[[str], None]) -> None:
     """Run plan.dist.nproc ranks of this job on this machine and wait for them. Raises KeyboardInterrupt when a
     signal stopped them (they recorded themselves as interrupted) and RanksFailed when any exited with an error."""
     from torch.distributed.elastic.multiprocessing.api import SignalException

@@ -73,13 +73,15 @@ def evaluate(
     shard: Any = None,
     progress: Progress | None = None,
     max_seconds: float | None = None,
+    on_token_scores: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
 ) -> EvalResult:
     """Score non-overlapping windows of seq_len; ``forward(x, y)`` returns per-token nats of shape (B, T).
 
     Every token after the first is scored exactly once; sums are float64 so long evaluations do not drift.
     shard: split the batches over ranks (see the module doc); None scores them all here. progress: ticked after
     each batch with the tokens of the whole evaluation up to it (on several ranks, the ranks move in step).
-    max_seconds: stop after the round of batches that spends it (see the module doc).
+    max_seconds: stop after the round of batches that spends it (see the module doc). on_token_scores: called after
+    each batch with the stream positions of the targets it scored and their float64 nats (tests of causality).
     """
     n_windows = (val_tokens.numel() - 1) // seq_len
     if n_windows < 1:
@@ -101,6 +103,9 @@ def evaluate(
             nats = forward(x, y)
         sums.nats[i] = nats.double().sum()
         sums.bytes[i] = token_bytes(x, y, luts).sum()
+        if on_token_scores is not None:
+            first = start * seq_len + 1
+            on_token_scores(torch.arange(first, first + count * seq_len, device=device), nats.double().flatten())
         if progress is not None:
             progress.tick((start + count) * seq_len, sum_tokens)
     total_nats, total_bytes, _ = sums.totals(shard)
@@ -196,9 +201,10 @@ def evaluate_sliding(
     shard: Any = None,
     progress: Progress | None = None,
     max_seconds: float | None = None,
+    on_token_scores: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
 ) -> EvalResult:
-    """Score every target once with windows of seq_len advancing by stride (see the module doc); ``progress`` and
-    ``max_seconds`` as in ``evaluate``."""
+    """Score every target once with windows of seq_len advancing by stride (see the module doc); ``progress``,
+    ``max_seconds`` and ``on_token_scores`` as in ``evaluate``."""
     n_targets = val_tokens.numel() - 1
     windows = sliding_windows(n_targets, seq_len, stride)
     T = min(seq_len, n_targets)
@@ -224,6 +230,9 @@ def evaluate_sliding(
         sums.nats[i] = torch.where(scored, nats.double(), 0.0).sum()
         sums.bytes[i] = torch.where(scored, token_bytes(x, y, luts), 0).sum()
         sums.tokens[i] = scored.sum()
+        if on_token_scores is not None:  # a window starting at a predicts positions a + 1 .. a + T
+            targets = starts.to(device)[:, None] + positions[None, :] + 1
+            on_token_scores(targets[scored], nats.double()[scored])
         if progress is not None:
             progress.tick(scored_through[i], n_targets)
     total_nats, total_bytes, total_tokens = sums.totals(shard)

@@ -8,8 +8,9 @@ The folder holds train_gpt.py (the runs' self-extracting file: `python train_gpt
 README.md, submission.json, requirements.txt and one log per seed (train_seed<seed>.log); several runs must be
 seeds of one config, and report their mean and std. A run that is not ok or whose artifact is over its cap is
 refused unless --force; so is a train_gpt.py that is not the file the run wrote (the sha256 in its result.json), and
-an --out that exists and is not empty. submission.json claims the record track only for runs that meet its rules
-(8xH100, 600 s of training, 600 s of evaluation, 16,000,000 bytes), and says why not otherwise. The folder is built
+an --out that exists and is not empty. submission.json claims the record track only for runs made with
+track=pgolf_10min_16mb that meet its rules (conf/track/: 8xH100, 600 s of training, 600 s of evaluation, 16,000,000
+bytes, the whole validation split); otherwise the folder is a non-record submission and says why. The folder is built
 beside --out and renamed into place, so a failed export leaves nothing half written. docs/export.md has the whole
 workflow.
 """
@@ -25,9 +26,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from speedrun.artifact.artifact import WRAPPED_FILE
+from speedrun.artifact.wrap import CodeSource, build_wrapper
 from speedrun.export.folder import Submission, log_name
 from speedrun.export.runs import ExportError, Run, check_runs, expand, load_run
-from speedrun.export.track import RECORD, track_name
+from speedrun.export.track import RECORD_NAME, track_name
+from speedrun.paths import REPO_ROOT
+from speedrun.records.identity import code_fingerprint
 from speedrun.records.store import write_json
 
 
@@ -51,9 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--github-id", default="", help="submission.json's github_id")
     p.add_argument(
         "--track",
-        default=RECORD.name,
+        default=RECORD_NAME,
         type=_track,
-        help=f"the parameter-golf track to claim (default: {RECORD.name}, claimed only when every run meets its "
+        help=f"the parameter-golf track to claim (default: {RECORD_NAME}, claimed only when every run was made "
+        f"with track={RECORD_NAME} and meets its "
         "rules; else track_non_record_16mb, saying why)",
     )
     p.add_argument("--blurb", default="", help="submission.json's blurb (default: one line of the runs' numbers)")
@@ -114,9 +119,6 @@ def wrapper_for(runs: list[Run], force: bool) -> bytes:
     first = runs[0]
     if first.wrapper is not None:
         return first.wrapper
-    from speedrun.artifact.wrap import CodeSource, build_wrapper
-    from speedrun.paths import REPO_ROOT
-    from speedrun.records.identity import code_fingerprint
 
     recorded, here = first.result.get("code_fingerprint"), code_fingerprint(REPO_ROOT)
     if recorded != here:

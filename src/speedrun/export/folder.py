@@ -13,7 +13,7 @@ from typing import Any
 
 from speedrun.artifact.artifact import MANIFEST, WRAPPED_FILE
 from speedrun.export.runs import ExportError, Run
-from speedrun.export.track import RECORD, claim
+from speedrun.export.track import RECORD_NAME, claim, limits_table
 from speedrun.stats import mean, std
 from speedrun.tables import format_table, mean_std_cell
 
@@ -43,8 +43,8 @@ class Submission:
     name: str
     author: str = ""
     github_id: str = ""
-    track: str = RECORD.name
-    """The track asked for (speedrun.export.track.TRACKS); the record track is claimed only when the runs meet it."""
+    track: str = RECORD_NAME
+    """The track asked for (conf/track/); the record track is claimed only when the runs may claim it."""
     summary: str = ""
     blurb: str = ""
     """submission.json's short description; default_blurb() when empty."""
@@ -81,10 +81,27 @@ class Submission:
             }
         return out
 
+    def labelled(self) -> list[tuple[str, dict[str, Any], int]]:
+        """(label, result, artifact bytes as submitted) of every run."""
+        return [(f"seed {run.seed}", run.result, self.total(run)) for run in self.runs]
+
     def track_claim(self) -> dict[str, Any]:
         """track, record_track and track_reason (speedrun.export.track.claim)."""
-        runs = [(f"seed {run.seed}", run.result, self.total(run)) for run in self.runs]
-        return claim(runs, self.track, unverified=bool(self.code_problems()))
+        return claim(self.labelled(), self.track, unverified=bool(self.code_problems()))
+
+    def limits_lines(self) -> list[str]:
+        """The README's times and bytes against the record track's limits, and any projection the runs made."""
+        lines = ["## Limits", "", *limits_table(self.labelled()), ""]
+        for run in self.runs:
+            r = run.result
+            if r.get("track_projection"):
+                lines += [
+                    f"seed {run.seed}: about {r.get('track_projected_train_seconds')} s of training and "
+                    f"{r.get('track_projected_eval_seconds')} s of evaluation on the track's machine "
+                    f"({r['track_projection']}).",
+                    "",
+                ]
+        return lines
 
     def code_problems(self) -> list[str]:
         """Why the shipped train_gpt.py is not shown to be the runs' (each run --force exported anyway)."""
@@ -164,52 +181,21 @@ class Submission:
     # -- texts --------------------------------------------------------------------------------------------------
     def readme(self) -> str:
         sub = self.submission_json()
+        return "\n".join(
+            [
+                *self._head_lines(sub),
+                *self._results_lines(sub),
+                *self.limits_lines(),
+                *self._settings_lines(sub),
+                *self._command_lines(),
+                *self._files_lines(),
+            ]
+        )
+
+    def _head_lines(self, sub: dict[str, Any]) -> list[str]:
+        """The title, the headline numbers, the blurb, the track claim and any unverified file."""
         n = len(self.runs)
         spread = f"{n}-seed mean ± {sub['val_bpb_std']:.6f}" if n > 1 else "1 seed"
-        ok = all(self.total(run) <= self.cap() for run in self.runs)
-        rows = [
-            [
-                seed,
-                v["val_bpb"],
-                v["val_loss"],
-                v["val_bpb_prequant"],
-                v["steps"],
-                v["train_time_s"],
-                f"{v['artifact_bytes']:,}",
-            ]
-            for seed, v in sub["seed_results"].items()
-        ]
-        if n > 1:
-            rows.append(
-                [
-                    "mean ± std",
-                    mean_std_cell(sub["val_bpb"], sub["val_bpb_std"], "{:.6f}"),
-                    mean_std_cell(sub["val_loss"], std(self.values(self.loss_key)), "{:.6f}"),
-                    "",
-                    "",
-                    "",
-                    "",
-                ]
-            )
-        table = format_table(
-            ["seed", f"val_bpb ({self.bpb_key})", "val_loss", "val_bpb before export", "steps", "train s", "bytes"],
-            rows,
-        )
-        r = self.runs[0].result
-        world = int(r.get("world_size") or 1)
-        run_cmd = (
-            f"torchrun --standalone --nproc_per_node={world} {WRAPPED_FILE}" if world > 1 else f"python {WRAPPED_FILE}"
-        )
-        data = self.runs[0].config.get("data", {})
-        if data.get("path") and data.get("tokenizer") == "gpt2":  # tiktoken's named vocabulary: no file to point at
-            data_env = f"DATA_PATH=<{data.get('name')} shards> "
-        elif data.get("path"):
-            data_env = f"DATA_PATH=<{data.get('name')} shards> TOKENIZER_PATH=<their tokenizer .model> "
-        else:
-            data_env = "DATA_PATH=<the embedded corpus's dataset dir, built by `python -m run` in data.cache_dir> "
-        overrides = " ".join(self.runs[0].overrides())
-        card = f" (card table: {r['card']})" if r.get("card") else ""
-        raw = self.raw_code_bytes()
         track = (
             f"Track: `{sub['track']}` ({sub['track_reason']})."
             if sub["record_track"]
@@ -219,7 +205,7 @@ class Submission:
             f"**{WRAPPED_FILE} is not verified as the runs' own file** (exported with --force): {problem}."
             for problem in self.code_problems()
         ]
-        lines = [
+        return [
             f"# {self.name}",
             "",
             f"**val_bpb = {sub['val_bpb']:.6f}** ({spread}; `{self.bpb_key}`) | **{sub['bytes_total']:,} bytes** "
@@ -232,18 +218,54 @@ class Submission:
             *[line for problem in unverified for line in (problem, "")],
             f"Exported by speedrun (`python -m speedrun.export`) on {self.date} from {n} run(s).",
             "",
+        ]
+
+    def _results_lines(self, sub: dict[str, Any]) -> list[str]:
+        """Per seed (and their mean ± std): the score, the loss, the score before export, steps, time and bytes."""
+        rows = [
+            [
+                seed,
+                v["val_bpb"],
+                v["val_loss"],
+                v["val_bpb_prequant"],
+                v["steps"],
+                v["train_time_s"],
+                f"{v['artifact_bytes']:,}",
+            ]
+            for seed, v in sub["seed_results"].items()
+        ]
+        if len(self.runs) > 1:
+            loss = mean_std_cell(sub["val_loss"], std(self.values(self.loss_key)), "{:.6f}")
+            rows.append(
+                ["mean ± std", mean_std_cell(sub["val_bpb"], sub["val_bpb_std"], "{:.6f}"), loss, "", "", "", ""]
+            )
+        table = format_table(
+            ["seed", f"val_bpb ({self.bpb_key})", "val_loss", "val_bpb before export", "steps", "train s", "bytes"],
+            rows,
+        )
+        ok = all(self.total(run) <= self.cap() for run in self.runs)
+        meaning = {
+            "val_bpb_ttt": "after score-first test-time training on the dequantized artifact.",
+            "val_bpb_quant": "the dequantized artifact, scored on the validation split.",
+            "val_bpb": "the trained model (no quantized artifact).",
+        }[self.bpb_key]
+        return [
             "## Results",
             "",
             table,
             "",
             f"Artifacts (code + model) {'all within' if ok else 'NOT all within'} the cap of {self.cap():,} bytes. "
-            f"`val_bpb` is `{self.bpb_key}`: "
-            + {
-                "val_bpb_ttt": "after score-first test-time training on the dequantized artifact.",
-                "val_bpb_quant": "the dequantized artifact, scored on the validation split.",
-                "val_bpb": "the trained model (no quantized artifact).",
-            }[self.bpb_key],
+            f"`val_bpb` is `{self.bpb_key}`: {meaning}",
             "",
+        ]
+
+    def _settings_lines(self, sub: dict[str, Any]) -> list[str]:
+        """What was run: the levers, the budget, the data, the command line, and the card."""
+        r = self.runs[0].result
+        data = self.runs[0].config.get("data", {})
+        overrides = " ".join(self.runs[0].overrides())
+        card = f" (card table: {r['card']})" if r.get("card") else ""
+        return [
             "## Settings",
             "",
             f"- {self.settings_line()}",
@@ -259,6 +281,23 @@ class Submission:
             f"{sub['hardware']}{card}, "
             f"torch {r.get('torch_version')}, precision {r.get('precision')}, attention {r.get('attn_kernel')}.",
             "",
+        ]
+
+    def _command_lines(self) -> list[str]:
+        """How to re-run it, and how its code is counted."""
+        world = int(self.runs[0].result.get("world_size") or 1)
+        run_cmd = (
+            f"torchrun --standalone --nproc_per_node={world} {WRAPPED_FILE}" if world > 1 else f"python {WRAPPED_FILE}"
+        )
+        data = self.runs[0].config.get("data", {})
+        if data.get("path") and data.get("tokenizer") == "gpt2":  # tiktoken's named vocabulary: no file to point at
+            data_env = f"DATA_PATH=<{data.get('name')} shards> "
+        elif data.get("path"):
+            data_env = f"DATA_PATH=<{data.get('name')} shards> TOKENIZER_PATH=<their tokenizer .model> "
+        else:
+            data_env = "DATA_PATH=<the embedded corpus's dataset dir, built by `python -m run` in data.cache_dir> "
+        raw = self.raw_code_bytes()
+        return [
             "## Command",
             "",
             "```bash",
@@ -276,6 +315,10 @@ class Submission:
             f"Code bytes are the length of {WRAPPED_FILE}: {len(self.code):,}"
             + (f" (the same source counted raw: {raw:,} bytes)." if raw else "."),
             "",
+        ]
+
+    def _files_lines(self) -> list[str]:
+        return [
             "## Files",
             "",
             f"- `{WRAPPED_FILE}`: the self-extracting run",
@@ -284,7 +327,6 @@ class Submission:
             *[f"- `{log_name(run)}`: the run's log" for run in self.runs],
             "",
         ]
-        return "\n".join(lines)
 
     def raw_code_bytes(self) -> int | None:
         """The packed source's raw bytes, from the first run's artifact_code.json (None when it lacks them)."""

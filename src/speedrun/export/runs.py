@@ -22,6 +22,7 @@ from typing import Any
 
 from speedrun.artifact.artifact import WRAPPED_FILE
 from speedrun.artifact.wrap import read_wrapper
+from speedrun.config import register_configs
 from speedrun.records.identity import SWEEP_REUSE_IGNORED
 
 BOOKKEEPING = ("seed", "name", *SWEEP_REUSE_IGNORED)
@@ -135,8 +136,6 @@ def _hydra_config(path: Path) -> dict[str, Any]:
     import yaml  # omegaconf's YAML parser (PyYAML)
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
-
-    from speedrun.config import register_configs
 
     try:
         stored = OmegaConf.load(composed)

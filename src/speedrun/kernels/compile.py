@@ -4,7 +4,7 @@ inductor's CUDA graph trees would overwrite)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -13,11 +13,37 @@ from speedrun.config.kernel import GRAPHING_MODES
 if TYPE_CHECKING:
     from speedrun.model.gpt import GPT
 
+
+class CompileSettings(Protocol):
+    """The kernel settings compiling reads (speedrun.plan.types.KernelPlan's)."""
+
+    @property
+    def compile_mode(self) -> str: ...
+    @property
+    def compile_scope(self) -> str: ...
+    @property
+    def dynamic_shapes(self) -> bool: ...
+    @property
+    def coordinate_descent_tuning(self) -> bool: ...
+    @property
+    def cuda_graphs(self) -> bool: ...
+
+
+class CompilePlan(Protocol):
+    """The part of a Plan (speedrun.plan.types.Plan) compiling reads: kernels/ sits below plan/, so it names the
+    fields it needs instead of importing the Plan."""
+
+    @property
+    def compile(self) -> bool: ...
+    @property
+    def kernel(self) -> CompileSettings: ...
+
+
 EVAL_MODE = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
 """Evaluation's compile mode for a training mode that records CUDA graphs."""
 
 
-def compile_model(model: GPT, plan: Any) -> tuple[Any, Any, bool]:
+def compile_model(model: GPT, plan: CompilePlan) -> tuple[Any, Any, bool]:
     """-> (training callable, evaluation callable, whether training needs cudagraph_mark_step_begin per call).
     kernel=default compiles exactly as before: torch.compile(model, dynamic=False), one object for both;
     kernel.compile_scope=blocks returns CompiledRegions over the model."""
@@ -53,7 +79,7 @@ def graphs_compiled() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-def keeps_grads(plan: Any) -> bool:
+def keeps_grads(plan: CompilePlan) -> bool:
     """Whether gradients must stay allocated between steps (zeroed in place, not set to None): a CUDA graph,
     ours or inductor's, accumulates into the .grad tensors it saw when it was recorded."""
     return bool(plan.kernel.cuda_graphs) or (plan.compile and plan.kernel.compile_mode in GRAPHING_MODES)
@@ -62,7 +88,7 @@ def keeps_grads(plan: Any) -> bool:
 class CompiledRegions:
     """The model's forward with compiled blocks and head (kernel.compile_scope=blocks). The model itself stays
     uncompiled, as under torch.compile(model): GPTQ's calibration hooks call it directly (TTT passes regions of
-    its own: speedrun.ttt.score_first._Scorer)."""
+    its own: speedrun.ttt.scorers.Scorer)."""
 
     def __init__(self, model: GPT, blocks: tuple, head: Any):
         self.model, self.blocks, self.head = model, blocks, head

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from speedrun.tables import format_table
+
 
 @dataclass
 class KernelRow:
@@ -52,8 +54,6 @@ def kernel_rows(events: Iterable[Any], cuda: bool) -> list[KernelRow]:
 def top_kernels_table(rows: list[KernelRow], step_ms: float, steps: int, top: int = 15, label: str = "") -> str:
     """The table run.log gets: name, calls, total ms, ms per step, % of step, the top ``top`` by total time, and a
     line for the rest. ``label`` follows "profile" in its first line (e.g. " (layer loop on)")."""
-    from speedrun.tables import format_table
-
     rows = sorted(rows, key=lambda r: r.total_ms, reverse=True)
     step_total = step_ms * steps
     body = []

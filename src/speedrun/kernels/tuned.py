@@ -17,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from speedrun.config.kernel import KernelConfig
 from speedrun.errors import ConfigError, PlanError
 from speedrun.paths import CONF_DIR
 
@@ -42,8 +43,6 @@ def unflatten(settings: dict[str, Any]) -> dict[str, Any]:
 def validate_settings(settings: dict[str, Any], where: str) -> dict[str, Any]:
     """Check a table's settings against the kernel schema (a wrong key or value names the file)."""
     from omegaconf import OmegaConf
-
-    from speedrun.config.kernel import KernelConfig
 
     try:
         cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(KernelConfig), unflatten(settings)))

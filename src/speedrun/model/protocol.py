@@ -41,6 +41,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, Protocol, runtime_checkable
 
+from speedrun.errors import PlanError
+
 REQUIRED = ("forward", "head", "blocks", "param_groups", "compiled_regions", "num_params")
 """Attributes a model class must have (``blocks`` may be created in __init__: it is checked on the instance)."""
 CLASS_REQUIRED = ("forward", "head", "param_groups", "compiled_regions", "num_params")
@@ -70,8 +72,6 @@ def missing_methods(cls: type) -> list[str]:
 
 def check_instance(model: Any, arch: str) -> None:
     """After construction: ``blocks`` exists and param_groups() uses only the known groups."""
-    from speedrun.errors import PlanError
-
     if not hasattr(model, "blocks"):
         raise PlanError(f"model.arch={arch}: the built model has no `blocks` (an nn.ModuleList of its layers)")
     unknown = sorted(set(model.param_groups()) - set(PARAM_GROUPS))

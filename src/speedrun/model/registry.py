@@ -14,6 +14,8 @@ import dataclasses
 import importlib
 from typing import Any
 
+from speedrun.config.model import ModelConfig
+from speedrun.errors import ConfigError, PlanError
 from speedrun.model.protocol import missing_methods
 
 BUILTIN = {"gpt": "speedrun.model.gpt:GPT"}
@@ -26,8 +28,6 @@ def class_path(arch: str) -> str:
 
 def model_class(arch: str) -> type:
     """The class ``arch`` names, checked against the pipeline's contract; PlanError naming what is wrong."""
-    from speedrun.errors import PlanError
-
     path = class_path(arch)
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
@@ -50,22 +50,16 @@ def model_class(arch: str) -> type:
 
 def model_schema(cls: type) -> type | None:
     """The class's own config dataclass (a ModelConfig subclass), or None for a model without knobs of its own."""
-    from speedrun.config.model import ModelConfig
-
     schema = getattr(cls, "config", None)
     if schema is None:
         return None
     if not (isinstance(schema, type) and dataclasses.is_dataclass(schema) and issubclass(schema, ModelConfig)):
-        from speedrun.errors import ConfigError
-
         raise ConfigError(f"{cls.__name__}.config must be a dataclass subclassing speedrun.config.model.ModelConfig")
     return schema
 
 
 def own_options(config: Any) -> dict[str, Any]:
     """The fields a model's schema adds to ModelConfig's, with their values: what the model gets as ``options``."""
-    from speedrun.config.model import ModelConfig
-
     base = {f.name for f in dataclasses.fields(ModelConfig)}
     return {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in base}
 
@@ -85,8 +79,6 @@ def register_model_schema(arch: str | None) -> None:
     one without a schema changes nothing; an arch that cannot be imported is left to the resolver's error."""
     if not arch or arch in BUILTIN:
         return
-    from speedrun.errors import PlanError
-
     try:
         schema = model_schema(model_class(arch))
     except PlanError:

@@ -9,26 +9,34 @@ fields in speedrun.config; this module keeps the ones that need the device, the 
 from __future__ import annotations
 
 import dataclasses
-import math
 from pathlib import Path
 from typing import Any
 
-from speedrun.config import ArtifactConfig, Config, DataConfig, EMAConfig, QuantConfig, TTTConfig
+from speedrun.config import ArtifactConfig, Config, DataConfig, EMAConfig, QuantConfig
+from speedrun.config.artifact import check_code_rule
+from speedrun.config.choices import PrecisionName, QuantName
+from speedrun.config.compressors import check_compressor
 from speedrun.data.tiktoken_bpe import GPT2, is_tiktoken, require_tiktoken
 from speedrun.errors import PlanError
 from speedrun.hardware.cards import card_for
 from speedrun.hardware.profiles import PROFILES, DetectedDevice, HardwareProfile
+from speedrun.model.attention import backend_class
 from speedrun.model.shape import ModelShape
 from speedrun.plan.attention import check_scores_memory, resolve_attention
-from speedrun.plan.distributed import DistPlan, WorldInfo, check_step_split, resolve_dist
-from speedrun.plan.kernel import graph_warmup_steps, kernel_micro_batch, kernel_settings, resolve_kernel
+from speedrun.plan.batch import StepSplit, resolve_batch, stages_of
+from speedrun.plan.budget import resolve_budget
+from speedrun.plan.distributed import DistPlan, WorldInfo
+from speedrun.plan.kernel import graph_warmup_steps, resolve_kernel
 from speedrun.plan.memory import param_count, training_memory_bytes
 from speedrun.plan.model import resolve_arch, resolve_model
 from speedrun.plan.options import load_option
-from speedrun.plan.types import DataPlan, EvalPlan, KernelPlan, Plan, Stage, plan_json
+from speedrun.plan.scoring import resolve_eval, resolve_ttt
+from speedrun.plan.track import check_track
+from speedrun.plan.types import BudgetPlan, DataPlan, EvalPlan, KernelPlan, Plan, Stage, plan_json
 
 __all__ = [
     "Plan",
+    "BudgetPlan",
     "PlanError",
     "Stage",
     "EvalPlan",
@@ -77,15 +85,7 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
     processes of the run as this one's environment tells (speedrun.distributed.world.current; None: a single process)."""
     profile, emulated = choose_profile(str(cfg.hardware.name), device)
     on_cuda = profile.device_type == "cuda"
-
-    precision = profile.precision if cfg.precision.name == "auto" else str(cfg.precision.name)
-    _check_precision(precision, profile)
-    matmul_dtype = precision
-    if precision == "fp32" and on_cuda and "tf32" in profile.peak_tflops:
-        matmul_dtype = "tf32"  # we enable TF32 matmuls for fp32 on sm80+, so that is the peak to divide by
-    # fp8: the block linears run in fp8 (forward and backward), lm_head and attention in bf16. Dividing all
-    # FLOPs by the fp8 peak understates MFU a little rather than flattering it.
-
+    precision, matmul_dtype = _resolve_precision(cfg, profile)
     model_name, model = resolve_model(cfg, profile)
     model_arch, model_options = resolve_arch(cfg)
     lengths = cfg.schedule.stages()
@@ -93,45 +93,106 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
         # RoPE tables (and eval) are sized for the longest length.
         model = dataclasses.replace(model, seq_len=max(length for length, _ in lengths))
     attn, attn_options, attn_kernel = resolve_attention(cfg, profile, precision, model)
-
-    seq_len = model.seq_len
-    tokens_per_step = cfg.budget.tokens_per_step or profile.tokens_per_step
-    # the kernel group may choose the micro-batch (kernel.micro_batch, or a tuned table's): read it first
-    settings, kernel_source = kernel_settings(cfg, profile, model_name)
-    kernel_micro = kernel_micro_batch(cfg, settings)
-    search = cfg.hardware.micro_batch == "auto"
-    dist = resolve_dist(cfg.dist, world, profile.device_type)
-    if search:  # each rank's share of the step: the search's candidates divide it (training.batch_search)
-        micro_batch = start_micro_batch(profile, seq_len, tokens_per_step // dist.world_size)
-    else:
-        micro_batch = kernel_micro or cfg.hardware.micro_batch
-        if micro_batch is None:  # nobody chose it: the profile's, fitted to the step, the ranks and the stages
-            micro_batch = default_micro_batch(profile, seq_len, tokens_per_step, dist.world_size, lengths)
-    micro_tokens = micro_batch * seq_len
-    # tokens_per_step is global: every rank runs grad_accum micro-batches of its own share of each step
-    grad_accum = check_step_split(
-        tokens_per_step, micro_batch, seq_len, dist.world_size, [length for length, _ in lengths or ()]
-    )
-    check_scores_memory(attn, attn_options, micro_batch, model, profile, precision)
-    memory_gb = _memory_estimate_gb(attn, attn_options, micro_batch, model, precision)
-    card = card_for(device.name) if on_cuda else None
-    stages = _stages(lengths, micro_tokens) if lengths else (Stage(seq_len, 1.0, micro_batch),)
-    b = cfg.budget
-    if cfg.schedule.progress == "step" and not (b.max_steps or b.tokens or b.flops):
-        raise PlanError(
-            "schedule.progress=step measures stages in steps: set budget.max_steps (or budget.tokens or "
-            "budget.flops, which the stages then follow), or use schedule.progress=time"
-        )
-
-    eval_plan = _resolve_eval(cfg, profile, attn, model, micro_batch, search)
-    ttt = _resolve_ttt(cfg.ttt, model, eval_plan.batch_size, dist.world_size, on_cuda)
+    batch = resolve_batch(cfg, profile, model_name, model, world, lengths)
+    check_scores_memory(attn, attn_options, batch.micro_batch, model, profile, precision)
+    micro_tokens = batch.micro_batch * model.seq_len
+    stages = stages_of(lengths, micro_tokens) if lengths else (Stage(model.seq_len, 1.0, batch.micro_batch),)
+    budget = resolve_budget(cfg, profile)
+    eval_plan = resolve_eval(cfg, profile, attn, model, batch.micro_batch, batch.search)
+    ttt = resolve_ttt(cfg.ttt, model, eval_plan.batch_size, batch.dist.world_size, on_cuda)
     _check_code_rule(cfg.artifact, cfg.quant)
-    # A card-independent budget (tokens, FLOPs) set without a time budget is not cut short by the profile's
-    # default seconds: the point of it is the same training on any card.
-    default_seconds = math.inf if (b.tokens or b.flops) else profile.train_seconds
-    train_seconds = b.train_seconds if b.train_seconds is not None else default_seconds
-    _check_quant(cfg.quant, train_seconds if train_seconds > 0 else math.inf)
+    _check_quant(cfg.quant)
+    check_track(cfg.track, budget, eval_plan, ttt)
     compile_on = cfg.hardware.compile if cfg.hardware.compile is not None else on_cuda
+    kernel, attn_options, warmup_steps = _resolve_kernel(
+        cfg, profile, precision, model, attn, attn_options, batch, compile_on
+    )
+    return Plan(
+        name=cfg.name,
+        seed=cfg.seed,
+        device=profile.device_type,
+        hardware=profile.name,
+        device_name=device.name,
+        emulated=emulated,
+        memory_cap_gb=cfg.hardware.memory_cap_gb or (profile.memory_gb if emulated else None),
+        **_precision_fields(profile, device, emulated, precision, matmul_dtype),
+        attn=attn,
+        attn_options=tuple(sorted(attn_options.items())),
+        attn_kernel=attn_kernel,
+        document_mask=cfg.attn.document_mask,
+        model_name=model_name,
+        model=model,
+        model_arch=model_arch,
+        model_options=model_options,
+        micro_batch=batch.micro_batch,
+        stages=stages,
+        stage_progress=str(cfg.schedule.progress),
+        schedule=cfg.schedule,
+        grad_accum=batch.grad_accum,
+        tokens_per_step=batch.tokens_per_step,
+        budget=budget,
+        warmup_steps=warmup_steps,
+        eval=eval_plan,
+        compile=compile_on,
+        memory_estimate_gb=_memory_estimate_gb(attn, attn_options, batch.micro_batch, model, precision),
+        memory_snapshot=bool(cfg.hardware.memory_snapshot) and on_cuda,
+        optim=cfg.optim,
+        quant=cfg.quant,
+        ttt=ttt,
+        data=_resolve_data(cfg.data, cwd or Path.cwd()),
+        logger=cfg.logger,
+        checkpoint=cfg.checkpoint,
+        micro_batch_search=batch.search,
+        dist=batch.dist,
+        kernel=kernel,
+        ema=EMAConfig(decay=cfg.ema.decay or None),  # 0 is off too: plan.json says null
+        artifact=cfg.artifact,
+        target_metric=cfg.budget.target[0] if cfg.budget.target else None,
+        target_value=cfg.budget.target[1] if cfg.budget.target else None,
+        track=cfg.track,
+    )
+
+
+def _precision_fields(
+    profile: HardwareProfile, device: DetectedDevice, emulated: bool, precision: str, matmul_dtype: str
+) -> dict[str, Any]:
+    """The Plan's dtypes and the peaks MFU divides by (the card that runs, and the emulated profile's)."""
+    on_cuda = profile.device_type == "cuda"
+    card = card_for(device.name) if on_cuda else None
+    return {
+        "precision": precision,
+        "autocast": {"bf16": "bf16", "fp8": "bf16", "fp16": "fp16"}.get(precision),
+        "grad_scaler": precision == "fp16",
+        "matmul_dtype": matmul_dtype,
+        "card": card.name if card else None,
+        "peak_flops": card.peak_flops(matmul_dtype) if card else None,
+        "profile_peak_flops": profile.peak_flops(matmul_dtype) if emulated else None,
+        "ns_dtype": "bf16" if on_cuda and profile.has_bf16 else "fp32",
+    }
+
+
+def _resolve_precision(cfg: Config, profile: HardwareProfile) -> tuple[str, str]:
+    """The precision that runs and the dtype whose peak MFU divides by."""
+    precision = profile.precision if cfg.precision.name == PrecisionName.auto else str(cfg.precision.name)
+    _check_precision(precision, profile)
+    if precision == "fp32" and profile.device_type == "cuda" and "tf32" in profile.peak_tflops:
+        return precision, "tf32"  # we enable TF32 matmuls for fp32 on sm80+, so that is the peak to divide by
+    # fp8: the block linears run in fp8 (forward and backward), lm_head and attention in bf16. Dividing all
+    # FLOPs by the fp8 peak understates MFU a little rather than flattering it.
+    return precision, precision
+
+
+def _resolve_kernel(
+    cfg: Config,
+    profile: HardwareProfile,
+    precision: str,
+    model: ModelShape,
+    attn: str,
+    attn_options: dict[str, Any],
+    batch: StepSplit,
+    compile_on: bool,
+) -> tuple[KernelPlan, dict[str, Any], int]:
+    """The kernel group resolved, the attention options it sets, and the untimed warm-up steps it needs."""
     # micro-batch search may raise the micro-batch after resolve: check CUDA graphs' warm-up for one per step
     kernel, attn_options = resolve_kernel(
         cfg,
@@ -140,11 +201,11 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
         model,
         attn,
         attn_options,
-        settings=settings,
-        source=kernel_source,
-        micro_batch=kernel_micro,
+        settings=batch.settings,
+        source=batch.kernel_source,
+        micro_batch=batch.kernel_micro,
         compile_on=compile_on,
-        grad_accum=1 if search else tokens_per_step // micro_tokens,
+        grad_accum=batch.micro_steps,
         warmup_steps=cfg.budget.warmup_steps,
     )
     if kernel.cuda_graphs and model.loop.on and model.loop.enable_at > 0:
@@ -156,108 +217,13 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
         )
     warmup_steps = cfg.budget.warmup_steps
     if kernel.cuda_graphs:  # enough untimed steps to capture (the search may end at one micro-batch per step)
-        warmup_steps = max(warmup_steps, graph_warmup_steps(1 if search else tokens_per_step // micro_tokens))
-
-    return Plan(
-        name=cfg.name,
-        seed=cfg.seed,
-        device=profile.device_type,
-        hardware=profile.name,
-        device_name=device.name,
-        emulated=emulated,
-        memory_cap_gb=cfg.hardware.memory_cap_gb or (profile.memory_gb if emulated else None),
-        precision=precision,
-        autocast={"bf16": "bf16", "fp8": "bf16", "fp16": "fp16"}.get(precision),
-        grad_scaler=precision == "fp16",
-        matmul_dtype=matmul_dtype,
-        card=card.name if card else None,
-        peak_flops=card.peak_flops(matmul_dtype) if card and on_cuda else None,
-        profile_peak_flops=profile.peak_flops(matmul_dtype) if emulated else None,
-        ns_dtype="bf16" if on_cuda and profile.has_bf16 else "fp32",
-        attn=attn,
-        attn_options=tuple(sorted(attn_options.items())),
-        attn_kernel=attn_kernel,
-        document_mask=cfg.attn.document_mask,
-        model_name=model_name,
-        model=model,
-        model_arch=model_arch,
-        model_options=model_options,
-        micro_batch=micro_batch,
-        stages=stages,
-        stage_progress=str(cfg.schedule.progress),
-        schedule=cfg.schedule,
-        grad_accum=grad_accum,
-        tokens_per_step=tokens_per_step,
-        train_seconds=float(train_seconds) if train_seconds > 0 else math.inf,
-        max_steps=cfg.budget.max_steps,
-        budget_tokens=b.tokens,
-        budget_flops=b.flops,
-        warmup_steps=warmup_steps,
-        eval=eval_plan,
-        compile=compile_on,
-        memory_estimate_gb=memory_gb,
-        memory_snapshot=bool(cfg.hardware.memory_snapshot) and on_cuda,
-        optim=cfg.optim,
-        quant=cfg.quant,
-        ttt=ttt,
-        data=_resolve_data(cfg.data, cwd or Path.cwd()),
-        logger=cfg.logger,
-        checkpoint=cfg.checkpoint,
-        micro_batch_search=search,
-        dist=dist,
-        kernel=kernel,
-        ema=EMAConfig(decay=cfg.ema.decay or None),  # 0 is off too: plan.json says null
-        artifact=cfg.artifact,
-        target_metric=cfg.budget.target[0] if cfg.budget.target else None,
-        target_value=cfg.budget.target[1] if cfg.budget.target else None,
-    )
-
-
-def start_micro_batch(profile: HardwareProfile, seq_len: int, tokens_per_step: int) -> int:
-    """hardware.micro_batch=auto: the profile's default micro-batch, or the nearest smaller one that divides the
-    sequences per step (``tokens_per_step``: one rank's share of it), as the plan's value until the warm-up search
-    replaces it (and on CPU, where it does not run)."""
-    sequences = max(1, tokens_per_step // seq_len)
-    default = max(1, profile.micro_batch_tokens // seq_len)
-    return max(d for d in range(1, min(default, sequences) + 1) if sequences % d == 0)
-
-
-def default_micro_batch(
-    profile: HardwareProfile,
-    seq_len: int,
-    tokens_per_step: int,
-    world_size: int,
-    lengths: list[tuple[int, float]] | None,
-) -> int:
-    """hardware.micro_batch left unset: the profile's micro-batch at ``seq_len`` (the longest length), or the
-    largest smaller one whose tokens split ``tokens_per_step`` over ``world_size`` ranks and that every stage length
-    divides. A default that stood in the way of dist.nproc would refuse a request the user never made; a
-    micro-batch the user set is kept, and refused by the checks after this if it cannot split. Where none splits,
-    the profile's, which those checks refuse naming what does."""
-    default = max(1, profile.micro_batch_tokens // seq_len)
-
-    def splits(batch: int) -> bool:
-        tokens = batch * seq_len
-        return tokens_per_step % (world_size * tokens) == 0 and all(tokens % length == 0 for length, _ in lengths or ())
-
-    return next((b for b in range(default, 0, -1) if splits(b)), default)
-
-
-def _stages(lengths: list[tuple[int, float]], micro_tokens: int) -> tuple[Stage, ...]:
-    bad = [length for length, _ in lengths if micro_tokens % length]
-    if bad:
-        raise PlanError(
-            f"schedule.seq_len: lengths {bad} do not divide the micro-batch tokens ({micro_tokens} = "
-            f"hardware.micro_batch x the longest length); tokens per micro-batch stay constant across stages, so "
-            f"pick lengths that divide {micro_tokens} or change hardware.micro_batch"
-        )
-    return tuple(Stage(length, until, micro_tokens // length) for length, until in lengths)
+        warmup_steps = max(warmup_steps, graph_warmup_steps(batch.micro_steps))
+    return kernel, attn_options, warmup_steps
 
 
 def _memory_estimate_gb(
     attn: str, options: dict[str, Any], micro_batch: int, model: ModelShape, precision: str
 ) -> float:
-    from speedrun.model.attention import backend_class
 
     scores = backend_class(attn).scores_bytes(options, micro_batch, model, precision)
     return round(training_memory_bytes(model, micro_batch, precision, scores, param_count(model)) / 1e9, 2)
@@ -284,97 +250,23 @@ def _check_precision(precision: str, profile: HardwareProfile) -> None:
         )
 
 
-def _resolve_eval(
-    cfg: Config,
-    profile: HardwareProfile,
-    attn: str,
-    model: ModelShape,
-    micro_batch: int,
-    micro_batch_search: bool = False,
-) -> EvalPlan:
-    from speedrun.model.attention import backend_class
-
-    e = cfg.eval
-    if e.name == "sliding" and e.stride is not None and e.stride > model.seq_len:
-        raise PlanError(
-            f"eval=sliding needs eval.stride <= model.seq_len={model.seq_len}, got {e.stride}; use e.g. eval.stride=64"
-        )
-    if e.document_isolated and not backend_class(attn).capabilities.document_mask:
-        raise PlanError(
-            f"eval.document_isolated=true needs an attention backend with a document mask; attn={attn} "
-            f"has none: use attn=flex (CUDA) or attn=math, or eval.document_isolated=false"
-        )
-    tokens = e.tokens  # None or 0: the whole split, on every card, so scores compare across cards
-    label = str(e.name) if e.name != "sliding" else f"sliding:{e.stride}"
-    # a model trained with attn.document_mask keeps masking documents at eval too
-    label += "+doc" if e.document_isolated or cfg.attn.document_mask else ""
-    search = e.batch_size == "auto" or (e.batch_size is None and micro_batch_search)
-    batch_size = micro_batch if e.batch_size in (None, "auto") else e.batch_size
-    return EvalPlan(
-        mode=str(e.name),
-        stride=e.stride,
-        document_isolated=e.document_isolated,
-        tokens=tokens or None,
-        batch_size=batch_size,
-        label=label,
-        batch_search=search,
-        every_steps=e.every_steps,
-        every_seconds=e.every_seconds,
-        periodic_tokens=e.periodic_tokens,
-        max_seconds=e.max_seconds,
-    )
-
-
-def _resolve_ttt(ttt: TTTConfig, model: ModelShape, eval_batch: int, world_size: int, on_cuda: bool) -> TTTConfig:
-    if ttt.name == "off":
-        return ttt
-    if ttt.cuda_graphs and not on_cuda:
-        raise PlanError(
-            "ttt.cuda_graphs=true replays TTT's steps from CUDA graphs and needs a CUDA GPU, which this machine "
-            "does not have; use ttt.cuda_graphs=false (or leave it null: on with ttt.compile on a GPU)"
-        )
-    if ttt.cuda_graphs is None:  # compiled TTT on a GPU is launch-bound: replay its steps
-        ttt = dataclasses.replace(ttt, cuda_graphs=on_cuda and ttt.compile)
-    if ttt.warm_start_a and ttt.warm_start_chains < world_size:
-        raise PlanError(
-            f"ttt.warm_start_a carries A along ttt.warm_start_chains={ttt.warm_start_chains} chains of batches, each "
-            f"on one rank: {world_size} ranks would leave {world_size - ttt.warm_start_chains} without TTT work; set "
-            f"ttt.warm_start_chains={world_size} (or more), or ttt.warm_start_a=false"
-        )
-    chunks = ttt.chunk_sizes()
-    if any(c > model.seq_len for c in chunks):
-        raise PlanError(
-            f"ttt chunk sizes {chunks} (ttt.chunk_size, ttt.short_chunks) must be in "
-            f"1..model.seq_len={model.seq_len}; use smaller chunks"
-        )
-    return dataclasses.replace(ttt, batch_size=ttt.batch_size or eval_batch)
-
-
-def _check_quant(quant: QuantConfig, train_seconds: float) -> None:
-    """brotli and zstd come from an optional extra: refuse before training, not at export time. A reservation for
-    GPTQ's Hessians must leave training some of a time budget."""
-    if quant.name == "off":
+def _check_quant(quant: QuantConfig) -> None:
+    """brotli and zstd come from an optional extra: refuse before training, not at export time (GPTQ's reserve is
+    the budget's: speedrun.plan.budget)."""
+    if quant.name == QuantName.off:
         return
-    from speedrun.config.compressors import check_compressor
 
     try:
         check_compressor(str(quant.compressor), quant.level, str(quant.pergroup_codec))
     except ValueError as err:
         raise PlanError(str(err)) from None
-    if quant.reserve_seconds and not quant.reserve_seconds < train_seconds < math.inf:
-        raise PlanError(
-            f"quant.reserve_seconds={quant.reserve_seconds:g} is taken from the time budget "
-            f"(budget.train_seconds={train_seconds:g}): set budget.train_seconds above it, or drop "
-            f"quant.reserve_seconds"
-        )
 
 
 def _check_code_rule(artifact: ArtifactConfig, quant: QuantConfig) -> None:
     """The wrapped rule needs python-minifier: refuse before training, not at export time (a run without an
     artifact counts no code)."""
-    if quant.name == "off":
+    if quant.name == QuantName.off:
         return
-    from speedrun.config.artifact import check_code_rule
 
     try:
         check_code_rule(artifact)
@@ -398,4 +290,5 @@ def _resolve_data(data: DataConfig, cwd: Path) -> DataPlan:
         tokenizer=data.tokenizer if data.tokenizer == GPT2 else absolute(data.tokenizer),
         vocab_size=data.vocab_size,
         cache_dir=str(absolute(data.cache_dir)),
+        name=data.name,
     )

@@ -7,6 +7,7 @@ from typing import Any
 from speedrun.config import Config
 from speedrun.errors import PlanError
 from speedrun.hardware.profiles import HardwareProfile
+from speedrun.model.attention import REGISTRY, backend_class
 from speedrun.model.shape import ModelShape
 
 
@@ -14,7 +15,6 @@ def resolve_attention(
     cfg: Config, profile: HardwareProfile, precision: str, model: ModelShape
 ) -> tuple[str, dict[str, Any], str]:
     """Ask the requested backend whether it can run here (its capabilities), then for its options."""
-    from speedrun.model.attention import REGISTRY, backend_class
 
     request = cfg.attn
     name = profile.attn if request.name == "auto" else request.name
@@ -41,7 +41,6 @@ def check_scores_memory(
     attn: str, options: dict[str, Any], micro_batch: int, model: ModelShape, profile: HardwareProfile, precision: str
 ) -> None:
     """A kernel that materialises B x H x T x T scores is refused before an OOM, not after."""
-    from speedrun.model.attention import backend_class
 
     if profile.device_type != "cuda":
         return

@@ -43,7 +43,7 @@ class DistPlan:
     started this rank: elastic (such a `python -m run`), torchrun, submitit."""
     timeout_s: float = 600.0
     nvls: bool | None = None
-    """NVLink multicast: null leaves NCCL's default, false/true set it off/on in every rank (world.nvls_env)."""
+    """NVLink multicast: null leaves NCCL's default, false/true set it off/on in every rank (speedrun.distributed.environment.nvls_env)."""
 
 
 def resolve_dist(cfg: DistConfig, world: WorldInfo | None, device_type: str) -> DistPlan:

@@ -14,6 +14,7 @@ from speedrun.errors import PlanError
 from speedrun.hardware.profiles import HardwareProfile
 from speedrun.kernels import GRAPH_EAGER_CALLS
 from speedrun.kernels.tiles import FlexTiles, choose_tiles, fitting_bwd, fitting_fwd, tiles_smem
+from speedrun.kernels.tuned import load_entry
 from speedrun.model.shape import ModelShape
 from speedrun.plan.types import KernelPlan
 
@@ -43,8 +44,6 @@ def kernel_settings(cfg: Config, profile: HardwareProfile, model_name: str) -> t
     table: dict[str, Any] = {}
     source = str(k.name)
     if k.name == "tuned":
-        from speedrun.kernels.tuned import load_entry
-
         table, _ = load_entry(profile.name, model_name)
         source = f"tuned:{profile.name}/{model_name}"
     if explicit and k.name != "default":
@@ -88,34 +87,7 @@ def resolve_kernel(
     explicit = k.explicit()
     on_cuda = profile.device_type == "cuda"
 
-    compile_mode = settings.get("compile_mode") or "default"
-    dynamic = bool(settings.get("dynamic_shapes"))
-    cdt = bool(settings.get("coordinate_descent_tuning"))
-    if (compile_mode != "default" or dynamic or cdt) and not compile_on:
-        what = (
-            f"kernel.compile_mode={compile_mode}"
-            if compile_mode != "default"
-            else "kernel.dynamic_shapes=true"
-            if dynamic
-            else "kernel.coordinate_descent_tuning=true"
-        )
-        raise PlanError(
-            f"{what} needs torch.compile, which is off here: set hardware.compile=true, or use "
-            f"kernel.compile_mode=default kernel.dynamic_shapes=false "
-            f"kernel.coordinate_descent_tuning=false"
-        )
-    scope = settings.get("compile_scope") or "model"
-    if scope == "blocks" and not compile_on:
-        raise PlanError(
-            "kernel.compile_scope=blocks compiles each block with torch.compile, which is off here: set "
-            "hardware.compile=true, or drop kernel.compile_scope"
-        )
-    if scope == "blocks" and compile_mode in GRAPHING_MODES:
-        raise PlanError(
-            f"kernel.compile_scope=blocks with kernel.compile_mode={compile_mode}: inductor would record a CUDA "
-            f"graph per block call; use kernel.compile_mode=max-autotune-no-cudagraphs (or default), or "
-            f"kernel.compile_scope=model"
-        )
+    compile_mode, dynamic, cdt, scope = _compile_settings(settings, compile_on)
     graphs = bool(settings.get("cuda_graphs"))
     if graphs:
         _check_graphs(on_cuda, compile_mode, dynamic, grad_accum, warmup_steps, profile)
@@ -153,6 +125,40 @@ def resolve_kernel(
         profile_steps=k.profile_steps,
     )
     return plan, options
+
+
+def _compile_settings(settings: dict[str, Any], compile_on: bool) -> tuple[str, bool, bool, str]:
+    """The compile mode, dynamic shapes, coordinate-descent tuning and compile scope, checked against each other
+    and against torch.compile being on."""
+    compile_mode = settings.get("compile_mode") or "default"
+    dynamic = bool(settings.get("dynamic_shapes"))
+    cdt = bool(settings.get("coordinate_descent_tuning"))
+    if (compile_mode != "default" or dynamic or cdt) and not compile_on:
+        what = (
+            f"kernel.compile_mode={compile_mode}"
+            if compile_mode != "default"
+            else "kernel.dynamic_shapes=true"
+            if dynamic
+            else "kernel.coordinate_descent_tuning=true"
+        )
+        raise PlanError(
+            f"{what} needs torch.compile, which is off here: set hardware.compile=true, or use "
+            f"kernel.compile_mode=default kernel.dynamic_shapes=false "
+            f"kernel.coordinate_descent_tuning=false"
+        )
+    scope = settings.get("compile_scope") or "model"
+    if scope == "blocks" and not compile_on:
+        raise PlanError(
+            "kernel.compile_scope=blocks compiles each block with torch.compile, which is off here: set "
+            "hardware.compile=true, or drop kernel.compile_scope"
+        )
+    if scope == "blocks" and compile_mode in GRAPHING_MODES:
+        raise PlanError(
+            f"kernel.compile_scope=blocks with kernel.compile_mode={compile_mode}: inductor would record a CUDA "
+            f"graph per block call; use kernel.compile_mode=max-autotune-no-cudagraphs (or default), or "
+            f"kernel.compile_scope=model"
+        )
+    return compile_mode, dynamic, cdt, scope
 
 
 def _check_graphs(

@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 from speedrun.config import Config, ModelConfig
 from speedrun.errors import PlanError
 from speedrun.hardware.profiles import HardwareProfile
+from speedrun.model.registry import model_class, own_options
 from speedrun.model.shape import ModelShape
 from speedrun.plan.options import load_option
 
@@ -63,7 +64,6 @@ def resolve_model(cfg: Config, profile: HardwareProfile) -> tuple[str, ModelShap
 
 def resolve_arch(cfg: Config) -> tuple[str, tuple[tuple[str, Any], ...]]:
     """(model.arch, the model's own knobs as sorted items): the class is imported and its contract checked here."""
-    from speedrun.model.registry import model_class, own_options
 
     model_class(cfg.model.arch)
     return cfg.model.arch, tuple(sorted(own_options(cfg.model).items()))

@@ -17,6 +17,8 @@ from speedrun.config import (
     ScheduleConfig,
     TTTConfig,
 )
+from speedrun.config.choices import NSCoefficients
+from speedrun.config.track import TrackConfig
 from speedrun.model.shape import ModelShape
 from speedrun.plan.distributed import DistPlan
 
@@ -73,6 +75,8 @@ class DataPlan:
     vocab_size: int
     cache_dir: str
     """Absolute directory where the embedded dataset is built."""
+    name: str = "embedded"
+    """The data setting's name (data.name): what a track's rules name the contest's data by."""
 
 
 @dataclass(frozen=True)
@@ -141,6 +145,47 @@ class KernelPlan:
 
 
 @dataclass(frozen=True)
+class BudgetPlan:
+    """The run's budgets, whichever ends first, resolved once (speedrun.plan.budget); None is "no limit" for each.
+
+    ``seconds`` bounds ``train_seconds`` as result.json measures it: the timed steps plus GPTQ's Hessians after them
+    (they read training data, so they are training under parameter-golf's rules). The loop itself stops
+    ``hessian_reserve`` seconds earlier, so that both fit."""
+
+    seconds: float | None
+    """budget.train_seconds, or the profile's default where it is unset; None: no time limit."""
+    steps: int | None
+    tokens: int | None
+    """Training tokens after which the run ends."""
+    flops: float | None
+    """Model FLOPs (MFU convention, per stage's seq_len) after which the run ends."""
+    hessian_reserve: float | None = 0.0
+    """Seconds of ``seconds`` kept for GPTQ's Hessians: quant.reserve_seconds where set; None where they are
+    measured in warm-up instead (speedrun.quant.calibration); 0 where nothing reads training data after the loop
+    or there is no time limit."""
+
+    @property
+    def measures_reserve(self) -> bool:
+        return self.hessian_reserve is None
+
+    def loop_seconds(self, reserve: float) -> float | None:
+        """The training loop's own time limit, given the reserve that applies (hessian_reserve, or the measured)."""
+        return None if self.seconds is None else self.seconds - reserve
+
+    def text(self) -> str:
+        """The budgets, whichever ends first: e.g. "120 s (GPTQ's Hessians within it) or 1000 steps"."""
+        if self.hessian_reserve is None:
+            reserve = " (GPTQ's Hessians within it, their time measured in warm-up)"
+        else:
+            reserve = f" ({self.hessian_reserve:g} s of it for GPTQ's Hessians)" if self.hessian_reserve else ""
+        parts = [f"{self.seconds:g} s{reserve}"] if self.seconds is not None else []
+        parts += [f"{self.steps} steps"] if self.steps else []
+        parts += [f"{self.tokens:.4g} tokens"] if self.tokens else []
+        parts += [f"{self.flops:.4g} FLOPs"] if self.flops else []
+        return " or ".join(parts) or "none"
+
+
+@dataclass(frozen=True)
 class Plan:
     name: str
     seed: int
@@ -187,12 +232,8 @@ class Plan:
     """LR warm-up / warm-down fractions and the re-warm-up after a stage switch."""
     grad_accum: int
     tokens_per_step: int
-    train_seconds: float
-    max_steps: int | None
-    budget_tokens: int | None
-    """Training tokens after which the run ends (None: no token budget)."""
-    budget_flops: float | None
-    """Model FLOPs (MFU convention, per stage's seq_len) after which the run ends (None: no FLOPs budget)."""
+    budget: BudgetPlan
+    """Time, steps, tokens and FLOPs, whichever ends first (budget.train_seconds is read into it, once)."""
     warmup_steps: int
     """Untimed compile/autotune steps, undone before training."""
     eval: EvalPlan
@@ -227,6 +268,8 @@ class Plan:
     """budget.target_*: val_loss or val_bpb, the periodic evaluation's metric that ends the run at or below
     target_value (None: no target; the budgets alone end the run)."""
     target_value: float | None = None
+    track: TrackConfig = field(default_factory=TrackConfig)
+    """The contest's rules the run is held to (track=...; name None: none)."""
 
     @property
     def world_size(self) -> int:
@@ -235,12 +278,6 @@ class Plan:
     @property
     def eval_tokens(self) -> int | None:
         return self.eval.tokens
-
-    @property
-    def loop_seconds(self) -> float:
-        """The training loop's time budget: train_seconds less quant.reserve_seconds, the time kept for GPTQ's
-        Hessian collection, which reads training data and so counts as training (parameter-golf's rule)."""
-        return self.train_seconds - self.quant.reserve_seconds
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -257,7 +294,7 @@ class Plan:
         o = self.optim
         on = [f"muon_wd {o.muon_wd:g}"] if o.muon_wd else []
         on += ["MuonEq-R"] if o.muon_row_normalize else []
-        on += [f"NS {o.ns_coefficients}"] if str(o.ns_coefficients) != "quintic" else []
+        on += [f"NS {o.ns_coefficients}"] if o.ns_coefficients != NSCoefficients.quintic else []
         on += [f"adam_wd {o.adam_wd:g}"] if o.adam_wd else []
         on += [f"embed_wd {o.embed_wd:g}"] if o.embed_wd else []
         on += [f"min_lr {self.schedule.min_lr:g}"] if self.schedule.min_lr else []
@@ -265,13 +302,8 @@ class Plan:
         return ", ".join(on)
 
     def budget_text(self) -> str:
-        """The budgets, whichever ends first: e.g. "120 s or 1000 steps or 5e+08 tokens"."""
-        reserve = f" ({self.quant.reserve_seconds:g} s of it for GPTQ's Hessians)" if self.quant.reserve_seconds else ""
-        parts = [f"{self.train_seconds:g} s{reserve}"] if self.train_seconds != float("inf") else []
-        parts += [f"{self.max_steps} steps"] if self.max_steps else []
-        parts += [f"{self.budget_tokens:.4g} tokens"] if self.budget_tokens else []
-        parts += [f"{self.budget_flops:.4g} FLOPs"] if self.budget_flops else []
-        text = " or ".join(parts) or "none"
+        """The budgets, whichever ends first, and the target that may end the run before them."""
+        text = self.budget.text()
         if self.target_metric is not None:  # a target ends the run early; the budgets above stay its ceiling
             text += f", until periodic {self.target_metric} <= {self.target_value:g}"
         return text
@@ -305,6 +337,7 @@ class Plan:
             f"compile {'on' if self.compile else 'off'}, memory estimate {self.memory_estimate_gb:g} GB",
             f"kernel      {self.kernel.describe()}",
             *([f"levers      {self.levers_text()}"] if self.levers_text() else []),
+            *([f"track       {self.track.rules_text()}"] if self.track.on else []),
         ]
         return "\n".join(lines)
 

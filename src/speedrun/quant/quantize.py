@@ -34,7 +34,8 @@ from typing import Any
 
 import torch
 
-from speedrun.config.choices import QuantName
+from speedrun.artifact.artifact import code_bytes
+from speedrun.config.choices import QuantClip, QuantName
 from speedrun.config.compressors import PERGROUP, check_compressor
 from speedrun.config.quant import TENSOR_CLASSES, QuantConfig
 from speedrun.progress import Progress
@@ -147,7 +148,6 @@ def export_packed(
 ) -> Artifact:
     """Serialize and compress a packed state dict; ``codec`` is quant.pergroup_codec and ``workers`` its threads
     (compressor=pergroup only; default every core)."""
-    from speedrun.artifact.artifact import code_bytes
 
     t0 = time.perf_counter()
     if compressor == PERGROUP:
@@ -199,7 +199,7 @@ def quantize_int6(
     at embed_bits for an embedding without one, per-row codes for the gates with quant.gate_bits, the int8 export's
     rules for everything else; then LQER corrections of the quant.lqer.top_k matrices with the largest error.
     ``progress`` is ticked after each GPTQ matrix."""
-    sigma = str(q.clip) == "sigma"
+    sigma = q.clip == QuantClip.sigma
     packed: dict[str, dict[str, torch.Tensor]] = {}
     rules: dict[str, dict[str, Any]] = {}
     rest: dict[str, torch.Tensor] = {}

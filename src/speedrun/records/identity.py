@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from speedrun.hardware.profiles import detect
+
 DEVICE_NAME_ENV = "SPEEDRUN_DEVICE_NAME"
 """Overrides ``current_device_name()``: for a sweep launched where its jobs do not run (a SLURM login node, whose
 own device says nothing about the compute nodes'), and for tests that pretend to be on another card."""
@@ -76,9 +78,7 @@ def _detected_device_name() -> str:
             return lines[-1].strip()
     except (OSError, subprocess.SubprocessError):
         pass
-    from speedrun.hardware.profiles import detect  # the child could not run: ask here rather than not at all
-
-    return detect().name
+    return detect().name  # the child could not run: ask here rather than not at all
 
 
 def gpu_identity(device: str) -> dict[str, Any]:

@@ -24,9 +24,11 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from speedrun.report.groups import compare, default_group_keys, eval_sets, group_runs, rank_groups
+from speedrun.report.dashboard import preflight, run_dashboard
+from speedrun.report.groups import Group, compare, default_group_keys, eval_sets, group_runs, rank_groups
 from speedrun.report.leaderboard import (
     extra_columns,
     groups_csv,
@@ -36,10 +38,11 @@ from speedrun.report.leaderboard import (
     table_rows,
     ttest_rows,
 )
-from speedrun.report.page import render_html, runs_section
+from speedrun.report.page import Table, render_html, runs_section
 from speedrun.report.plots import make_plots
-from speedrun.report.runs import LOST, UnreadableDatabase
+from speedrun.report.runs import LOST, Run, UnreadableDatabase
 from speedrun.report.selection import load_runs, parse_pairs
+from speedrun.report.target import parse_target, target_table
 from speedrun.stats import ALTERNATIVES
 from speedrun.tables import csv_text, format_table
 
@@ -115,21 +118,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.wandb_dashboard and not args.dry_run:
-        from speedrun.report.dashboard import preflight
-
         problem = preflight(args.wandb_entity)  # before any work: no credentials is one line, not a traceback
         if problem:
             print(f"error: {problem}", file=sys.stderr)
             return 2
-    target = None
-    if args.target:
-        from speedrun.report.target import parse_target
-
-        try:
-            target = parse_target(args.target)
-        except ValueError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+    try:
+        target = parse_target(args.target) if args.target else None
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     where = parse_pairs(args.where, "--where")
     baseline = parse_pairs(args.baseline, "--baseline")
     try:
@@ -147,10 +144,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"no runs match in {args.db}", file=sys.stderr)
         return 2
     if args.wandb_dashboard:
-        from speedrun.report.dashboard import run_dashboard
-
         sweep = runs[-1].row.get("sweep") or args.wandb_dashboard
         return run_dashboard(runs, sweep, args.wandb_project, args.wandb_entity, args.dry_run, args.out)
+    board = leaderboard(args, runs, where, baseline)
+    if board is None:
+        print(f"--baseline {','.join(f'{k}={v}' for k, v in baseline.items())}: no group matches", file=sys.stderr)
+        return 2
+    print_board(args, board)
+    target_html = time_to_target(args, runs, board.keys, target, baseline) if target is not None else None
+    write_report(args, board, target_html)
+    return 0
+
+
+@dataclass
+class Board:
+    """The leaderboard of the selected runs, as printed and as the page shows it."""
+
+    keys: list[str]
+    groups: list[Group]
+    metrics: dict[str, str]
+    extras: list[str]
+    table: Table
+    ttest: Table | None
+    """The t-tests against the baseline (None: no --baseline)."""
+    meta: list[str]
+    notes: list[str]
+    footnotes: list[str]
+
+
+def leaderboard(
+    args: argparse.Namespace, runs: list[Run], where: dict[str, str], baseline: dict[str, str]
+) -> Board | None:
+    """Group, compare with the baseline and rank the runs; None when --baseline names no group."""
     keys = [k.strip() for k in args.group_by.split(",") if k.strip()] if args.group_by else default_group_keys(runs)
     keys = keys or ["name"]
     keys += [k for k in baseline if k not in keys]
@@ -159,44 +184,58 @@ def main(argv: Sequence[str] | None = None) -> int:
     if baseline:
         compare(groups, baseline, args.metric, args.alternative)
         if not any(g.is_baseline for g in groups):
-            print(f"--baseline {','.join(f'{k}={v}' for k, v in baseline.items())}: no group matches", file=sys.stderr)
-            return 2
+            return None
     groups = rank_groups(groups, args.metric, sets)
     metrics = metrics_for(groups, args.metric)
     extras = extra_columns(groups, keys, sets)
-    board = table_rows(groups, keys, metrics, extras, ranked=True, alpha=args.alpha if baseline else None)
-    ttest = ttest_rows(groups, args.metric, args.alpha) if baseline else None
-
     filters = [f"--sweep {s}" for s in args.sweep] + [
         f"--{k} {v}" for k, v in (("name", args.name), ("hardware", args.hardware)) if v
     ]
     filters += [f"--where {k}={v}" for k, v in where.items()]
-    notes = sets.messages(keys, " ".join(["python -m speedrun.report", *filters])) + shared_note(groups)
-    meta = _meta(args, runs, keys, filters, baseline)
-    print("\n".join(meta))
-    if notes:
-        print("\n" + "\n".join(notes))
-    footnotes = repeated_note(groups)
-    print(f"\nleaderboard ({args.metric}, lower is better):\n" + format_table(*board))
-    if footnotes:
-        print("\n".join(footnotes))
-    if ttest is not None:
-        print(f"\nagainst the baseline ({TEST_NAME[args.alternative]} on {args.metric}):\n" + format_table(*ttest))
-    target_html = None
-    if target is not None:
-        from speedrun.report.target import target_table
+    return Board(
+        keys=keys,
+        groups=groups,
+        metrics=metrics,
+        extras=extras,
+        table=table_rows(groups, keys, metrics, extras, ranked=True, alpha=args.alpha if baseline else None),
+        ttest=ttest_rows(groups, args.metric, args.alpha) if baseline else None,
+        meta=_meta(args, runs, keys, filters, baseline),
+        notes=sets.messages(keys, " ".join(["python -m speedrun.report", *filters])) + shared_note(groups),
+        footnotes=repeated_note(groups),
+    )
 
-        t_notes, t_headers, t_rows = target_table(runs, keys, *target, baseline)
-        heading = f"time to target ({target[0]} <= {target[1]:g})"
-        print(f"\n{heading}:\n" + "\n".join(t_notes))
-        print(format_table(t_headers, t_rows) if t_rows else "no run in the selection trained with this target")
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "target.csv").write_text(csv_text(t_headers, [dict(zip(t_headers, r)) for r in t_rows]))
-        target_html = (heading, t_notes, (t_headers, t_rows))
 
-    out = args.out
+def print_board(args: argparse.Namespace, board: Board) -> None:
+    print("\n".join(board.meta))
+    if board.notes:
+        print("\n" + "\n".join(board.notes))
+    print(f"\nleaderboard ({args.metric}, lower is better):\n" + format_table(*board.table))
+    if board.footnotes:
+        print("\n".join(board.footnotes))
+    if board.ttest is not None:
+        print(
+            f"\nagainst the baseline ({TEST_NAME[args.alternative]} on {args.metric}):\n" + format_table(*board.ttest)
+        )
+
+
+def time_to_target(
+    args: argparse.Namespace, runs: list[Run], keys: list[str], target: tuple[str, float], baseline: dict[str, str]
+) -> tuple[str, list[str], Table]:
+    """The --target section, printed and written to target.csv: (heading, notes, table) for the page."""
+    t_notes, t_headers, t_rows = target_table(runs, keys, *target, baseline)
+    heading = f"time to target ({target[0]} <= {target[1]:g})"
+    print(f"\n{heading}:\n" + "\n".join(t_notes))
+    print(format_table(t_headers, t_rows) if t_rows else "no run in the selection trained with this target")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "target.csv").write_text(csv_text(t_headers, [dict(zip(t_headers, r)) for r in t_rows]))
+    return heading, t_notes, (t_headers, t_rows)
+
+
+def write_report(args: argparse.Namespace, board: Board, target_html: tuple[str, list[str], Table] | None) -> None:
+    """leaderboard.csv, the plots and report.html into --out."""
+    out, groups = args.out, board.groups
     out.mkdir(parents=True, exist_ok=True)
-    (out / "leaderboard.csv").write_text(groups_csv(groups, keys, list(metrics), extras))
+    (out / "leaderboard.csv").write_text(groups_csv(groups, board.keys, list(board.metrics), board.extras))
     plots = {} if args.no_plots else make_plots(groups, out, args.metric, curve_x=args.curve_x)
     failures = [
         [r.status, g.label(), r.error[:300], str(r.row.get("run_dir") or "")]
@@ -211,21 +250,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     links = [f'<a href="#runs-{i}">{len(g.runs)} run(s)</a>' for i, g in enumerate(groups)]
     page = render_html(
         "speedrun report",
-        meta,
-        notes,
-        board,
+        board.meta,
+        board.notes,
+        board.table,
         classes,
-        ttest,
+        board.ttest,
         failures,
         plots,
         runs_html=runs_section(groups, out),
         board_links=links,
         target=target_html,
-        board_notes=footnotes,
+        board_notes=board.footnotes,
     )
     (out / "report.html").write_text(page)
     print(f"\nwrote {out / 'leaderboard.csv'}" + "".join(f", {p}" for p in plots.values()) + f", {out / 'report.html'}")
-    return 0
 
 
 def _meta(

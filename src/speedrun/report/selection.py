@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from speedrun.report.manifest import MANIFEST
 from speedrun.report.runs import Run, canon, read_rows
 
 
@@ -56,8 +57,6 @@ def _select_sweeps(runs: list[Run], sweeps: Sequence[str], multirun: Path | None
     """Runs of the named sweeps: an id, ``latest``, or a sweep dir. A sweep that resumed also takes the
     earlier runs its manifest (sweep.json) reused, even when it ran no job itself. ``multirun`` is where
     sweep dirs live (outputs/multirun beside the database), searched for manifests by id."""
-    from speedrun.report.sweep import MANIFEST  # here, not at the top: speedrun.report.sweep imports this package
-
     manifests = {p.parent.name: p.parent for p in multirun.glob(f"*/*/{MANIFEST}")} if multirun else {}
     ids, dirs = set(), []
     for s in sweeps:

@@ -13,6 +13,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from speedrun.report.plots import make_plots
+from speedrun.run.loggers import WandbLogger, _settings, resolve_wandb_mode
+
 log = logging.getLogger("speedrun.logger")
 
 
@@ -44,9 +47,6 @@ def log_sweep_summary(
     except ImportError:
         log.warning("logger=wandb: wandb is not installed; no sweep summary in W&B")
         return
-    from speedrun.report.plots import make_plots
-    from speedrun.run.loggers import WandbLogger, _settings, resolve_wandb_mode
-
     try:
         plots = make_plots(groups, _plots_dir(sweep_dir), metric)
         columns, rows = table_data(csv_text)

@@ -12,7 +12,9 @@ eval.max_seconds bounds each of the first two passes: one cut short scores a pre
 (eval_complete / eval_complete_quant false, val_tokens_scored of val_tokens_total, a warning in the log); its
 fingerprint is of the tokens it scored, so the report never compares it with a complete pass.
 
-GPTQ (quant=int6) takes its Hessians from a fresh stream of *training* batches, never from validation data.
+GPTQ (quant=int6) takes its Hessians from a fresh stream of *training* batches, never from validation data. The
+job collects them right after the last training step, on the training clock (speedrun.quant.calibration), and
+passes them in; called without them, the export collects its own.
 
 With ema.decay set, every number here is of the weights' moving average: training.loop.train returns with it in the
 model (the record applies its EMA the same way, before its diagnostic eval, GPTQ and TTT).
@@ -41,7 +43,6 @@ its global phases run on every rank with averaged gradients.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import os
 import time
@@ -53,29 +54,28 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from speedrun.artifact.artifact import write_manifest
+from speedrun.config.choices import QuantName, TTTName
 from speedrun.data.tokenizer import tokenizer_sha256
 from speedrun.evaluation.evaluate import EvalResult, document_mask, run_eval
 from speedrun.kernels.compile import graphs_compiled
 from speedrun.plan import Plan
 from speedrun.plan.dtypes import autocast_dtype
 from speedrun.progress import Progress
-from speedrun.quant.quantize import (
-    Artifact,
-    collect_hessians,
-    dequantize_state_dict,
-    export_packed,
-    load_packed,
-    quantize_int6,
-    quantize_state_dict,
+from speedrun.quant.model_export import (
+    COMPRESS_WORKERS,
+    Quantized,
+    check_round_trip,
+    compress_quantized,
+    quantize_model,
 )
-from speedrun.quant.report import REPORT, tensor_report
+from speedrun.quant.quantize import dequantize_state_dict, load_packed
+from speedrun.quant.report import REPORT
 from speedrun.records.store import write_json
+from speedrun.run.finish_ttt import run_ttt
 
 if TYPE_CHECKING:
     from speedrun.artifact.wrap import CodeSource
 
-FLOAT_WEIGHTS = "model.pt"
-"""quant.keep_weights: the float state dict the export quantized, in the run dir (scripts/quant_table.py reads it)."""
 PhaseCallback = Callable[..., None]
 """on_phase(name) when a phase starts; on_phase(name, keys) when it ends."""
 
@@ -100,16 +100,16 @@ def evaluate_and_export(
     on_phase: PhaseCallback | None = None,
     world: Any = None,
     code: CodeSource | None = None,
-    train_seconds: float | None = None,
+    hessians: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, Any]:
     """The three phases in order; returns every key they measured (also reported through ``on_phase``). ``code``:
     the source the job read when it started, for the self-extracting file (None: read it at export).
-    ``train_seconds``: the training loop's, to which quant.reserve_seconds adds the Hessians' time."""
-    finish = Finish(plan, model, eval_forward, data, run_dir, log, on_phase, world, code, train_seconds)
+    ``hessians``: GPTQ's, collected after training (None: the export collects them)."""
+    finish = Finish(plan, model, eval_forward, data, run_dir, log, on_phase, world, code, hessians)
     finish.evaluate()
-    if plan.quant.name != "off":
+    if plan.quant.name != QuantName.off:
         finish.quantize()
-    if plan.ttt.name != "off":
+    if plan.ttt.name != TTTName.off:
         finish.test_time_train()
     return finish.out
 
@@ -142,11 +142,11 @@ class Finish:
         on_phase: PhaseCallback | None = None,
         world: Any = None,
         code: CodeSource | None = None,
-        train_seconds: float | None = None,
+        hessians: dict[str, torch.Tensor] | None = None,
     ):
         self.plan, self.model, self.eval_forward, self.data = plan, model, eval_forward, data
         self.run_dir, self.log, self.world, self.code = run_dir, log, world, code
-        self.train_seconds = train_seconds
+        self.hessians = hessians
         self.report: PhaseCallback = on_phase or (lambda name, keys=None: None)
         self.amp_dtype = autocast_dtype(plan)
         self.out: dict[str, Any] = {"eval_mode": plan.eval.label}
@@ -192,8 +192,13 @@ class Finish:
         return res, keys
 
     def done(self, phase: str, **keys: Any) -> None:
+        """A phase's keys, with the evaluation's time so far: eval_seconds all of it since training ended (what a
+        track's limit counts), eval_seconds_warm the same less TTT's compile and graph capture."""
+        seconds = time.perf_counter() - self.t0
+        compile_seconds = keys.get("ttt_compile_seconds", self.out.get("ttt_compile_seconds")) or 0.0
         timing = {
-            "eval_seconds": round(time.perf_counter() - self.t0, 3),
+            "eval_seconds": round(seconds, 3),
+            "eval_seconds_warm": round(seconds - compile_seconds, 3),
             "eval_recompiles": graphs_compiled() - self.graphs0,
         }
         self.out.update(keys, **timing)
@@ -240,7 +245,10 @@ class Finish:
         self.report("quant")
         tq = time.perf_counter()
         rank0 = world is None or world.rank == 0
-        quantized = quantize_model(plan, self.model, self.data, self.log, self.run_dir) if rank0 else None
+        quantized = (
+            quantize_model(plan, self.model, self.data, self.log, self.run_dir, self.hessians) if rank0 else None
+        )
+        self.hessians = None  # quantized holds what the report needs
         self.quantized_seconds = time.perf_counter() - tq
 
         def codes() -> dict[str, dict[str, torch.Tensor]]:
@@ -306,7 +314,7 @@ class Finish:
         return {
             **sizes,
             "compress_seconds": artifact.compress_seconds,
-            **self._reserve_keys(artifact),
+            **({"quant_hessian_seconds": h} if (h := artifact.extra.get("quant_hessian_seconds")) is not None else {}),
             # the export's own work (Hessians, GPTQ, compression), whatever ran beside it
             "quant_seconds": round(self.quantized_seconds + artifact.compress_seconds, 3),
         }
@@ -332,256 +340,9 @@ class Finish:
         except BaseException as e:  # noqa: BLE001 - secondary to the error already on its way
             self.log(f"quant: the artifact could not be kept after the failed score: {type(e).__name__}: {e}")
 
-    def _reserve_keys(self, artifact: Artifact) -> dict[str, Any]:
-        """quant_hessian_seconds (int6); with quant.reserve_seconds, train_seconds = the loop's + the Hessians'
-        (they read training data, so parameter-golf counts them as training), train_loop_seconds, and
-        quant_reserve_ok: whether the two stayed within budget.train_seconds."""
-        hessian = artifact.extra.get("quant_hessian_seconds")
-        if hessian is None:
-            return {}
-        keys: dict[str, Any] = {"quant_hessian_seconds": hessian}
-        reserve, loop = self.plan.quant.reserve_seconds, self.train_seconds
-        if reserve and loop is not None:
-            total = loop + hessian
-            keys.update(
-                train_seconds=round(total, 3),
-                train_loop_seconds=round(loop, 3),
-                quant_reserve_ok=total <= self.plan.train_seconds,
-            )
-            self.log(
-                f"quant: training loop {loop:.1f} s + Hessians {hessian:.1f} s = {total:.1f} s of "
-                f"budget.train_seconds {self.plan.train_seconds:g} (quant.reserve_seconds {reserve:g}: "
-                f"{'enough' if total <= self.plan.train_seconds else 'NOT enough, raise it'})"
-            )
-        return keys
-
     def test_time_train(self) -> None:
         """Score-first LoRA TTT on the model as it is now (the dequantized artifact when quant is on)."""
         self.report("ttt")
         self.done(
-            "ttt", **_ttt(self.plan, self.model, self.data, self.amp_dtype, self.log, self.world, self.on_ttt_clock)
+            "ttt", **run_ttt(self.plan, self.model, self.data, self.amp_dtype, self.log, self.world, self.on_ttt_clock)
         )
-
-
-COMPRESS_WORKERS = max(1, (os.cpu_count() or 2) - 1)
-"""Threads of the pergroup compression: every core but one, which the round-trip score beside it drives."""
-
-
-@dataclasses.dataclass
-class Quantized:
-    """What the export computed before compression (rank 0): the codes and what the per-tensor report needs."""
-
-    packed: dict[str, dict[str, torch.Tensor]]
-    """The packed state dict (codes, scales, LQER factors, fp16 and raw tensors), on the CPU."""
-    state: dict[str, torch.Tensor]
-    """The float weights that were quantized: a CPU copy, since the model's own tensors take the dequantized ones."""
-    rules: dict[str, dict[str, Any]]
-    hessians: dict[str, torch.Tensor]
-    extra: dict[str, Any]
-
-
-def quantize_model(
-    plan: Plan, model: torch.nn.Module, data: Any, log: Callable[[str], None], run_dir: Path
-) -> Quantized:
-    """Quantize the model (rank 0); int6 records quant_hessian_seconds in ``extra``. quant.keep_weights: the float
-    weights to <run dir>/model.pt first."""
-    q = plan.quant
-    state = model.state_dict()  # quantized where the weights are (GPTQ, clip searches on the GPU), as before
-    # the report's float weights: a CPU copy, since the model's own tensors take the dequantized ones next
-    float_state = {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
-    if q.keep_weights:
-        torch.save(float_state, run_dir / FLOAT_WEIGHTS)
-    extra: dict[str, Any] = {}
-    hessians: dict[str, torch.Tensor] = {}
-    rules: dict[str, dict[str, Any]] = {}
-    if q.name == "int8":
-        packed = quantize_state_dict(state)
-    else:
-        t0 = time.perf_counter()
-        hessians = collect_hessians(
-            model,
-            data.train_batches(),
-            q.calib_batches,
-            device=plan.device,
-            autocast_dtype=autocast_dtype(plan),
-            progress=Progress("gptq: Hessians", log, unit="batches"),
-            head=q.embed_gptq,
-        )
-        t1 = time.perf_counter()
-        packed, rules = quantize_int6(state, hessians, q, Progress(f"gptq: int{q.bits}", log, unit="matrices"))
-        extra["quant_hessian_seconds"] = round(t1 - t0, 3)
-        gptq = sum(r["method"] == "gptq" for r in rules.values())
-        levers = ", ".join(q.levers_on()) or "no levers"
-        log(
-            f"quant: GPTQ on {gptq} matrices (Hessians from {q.calib_batches} training batches in {t1 - t0:.1f} s, "
-            f"quantized in {time.perf_counter() - t1:.1f} s), int{q.bits} blocks, int{q.embed_bits} embeddings; "
-            f"{levers}"
-        )
-    packed = {name: {f: t.detach().cpu() for f, t in entry.items()} for name, entry in packed.items()}
-    hessians = {name: h.detach().cpu() for name, h in hessians.items()}  # the report thread touches no GPU
-    return Quantized(packed, float_state, rules, hessians, extra)
-
-
-def compress_quantized(
-    plan: Plan, quantized: Quantized, log: Callable[[str], None], workers: int | None = None
-) -> Artifact:
-    """Serialize and compress the codes; the Artifact's ``extra`` carries the per-tensor report and the export's
-    timings. Reads nothing but ``quantized`` (it runs on a thread beside the round-trip score)."""
-    q = plan.quant
-    artifact = export_packed(quantized.packed, str(q.compressor), q.level, log, str(q.pergroup_codec), workers)
-    report = tensor_report(
-        quantized.state, quantized.packed, quantized.rules, quantized.hessians, artifact.group_bytes, str(q.compressor)
-    )
-    return dataclasses.replace(artifact, extra={**quantized.extra, "report": report})
-
-
-def export_artifact(
-    plan: Plan, model: torch.nn.Module, data: Any, log: Callable[[str], None], run_dir: Path
-) -> Artifact:
-    """Quantize and compress the model in one go (rank 0): what the finishing phase does in two overlapped steps."""
-    return compress_quantized(plan, quantize_model(plan, model, data, log, run_dir), log)
-
-
-def check_round_trip(
-    read: dict[str, dict[str, torch.Tensor]], scored: dict[str, dict[str, torch.Tensor]], path: Path
-) -> None:
-    """The artifact read back must hold exactly the codes whose dequantized weights were scored (val_bpb_quant is
-    a claim about the file), tensor for tensor, bit for bit."""
-    if list(read) != list(scored):
-        missing, extra = sorted(set(scored) - set(read)), sorted(set(read) - set(scored))
-        raise RuntimeError(
-            f"{path}: the artifact's tensors differ from those scored (missing {missing}, extra {extra})"
-        )
-    for name, entry in scored.items():
-        got = read[name]
-        for f, t in entry.items():
-            if f not in got or got[f].dtype != t.dtype or not torch.equal(got[f], t):
-                raise RuntimeError(
-                    f"{path}: {name}.{f} read back from the artifact differs from the codes scored; the compressor "
-                    f"({type(got.get(f)).__name__}) did not round-trip, so val_bpb_quant would not be the file's"
-                )
-
-
-def _ttt(
-    plan: Plan,
-    model: torch.nn.Module,
-    data: Any,
-    autocast_dtype: Any,
-    log: Callable[[str], None],
-    world: Any = None,
-    on_clock: Callable[[], None] | None = None,
-) -> dict[str, Any]:
-    from speedrun.ttt.global_phases import GlobalSettings
-    from speedrun.ttt.score_first import LoRASettings, ttt_evaluate
-
-    t = plan.ttt
-    g = t.phased
-    settings = LoRASettings(
-        rank=t.rank,
-        lr=t.lr,
-        chunk_size=t.chunk_size,
-        short_chunks=t.short_chunks,
-        targets=t.targets,
-        batch_size=t.batch_size or plan.eval.batch_size,  # the resolver fills it; None only in a hand-made plan
-        beta1=t.beta1,
-        beta2=t.beta2,
-        weight_decay=t.weight_decay,
-        max_seconds=t.max_seconds,
-        seed=plan.seed,
-        score_base=t.score_base,
-        alpha=t.alpha,
-        optimizer=str(t.optimizer),
-        eps=t.eps,
-        momentum=t.momentum,
-        warm_start_a=t.warm_start_a,
-        warm_start_chains=t.warm_start_chains,
-        compile="inductor" if t.compile else None,
-        compile_scope=t.compile_scope,
-        cuda_graphs=bool(t.cuda_graphs),
-        row_widths=t.row_widths,
-        graph_rows=t.graph_rows,
-        shared_attn_a=t.shared_attn_a,
-        max_batch_share=t.max_batch_share,
-        phased=GlobalSettings(
-            phases=g.phases,
-            prefix_docs=g.prefix_docs,
-            lr=g.lr,
-            momentum=g.momentum,
-            chunk_tokens=g.chunk_tokens,
-            batch_seqs=g.batch_seqs,
-            grad_clip=g.grad_clip,
-            epochs=g.epochs,
-            micro_rows=plan.micro_batch,  # a step's activations never exceed a training micro-step's
-        ),
-    )
-    res = ttt_evaluate(
-        model,
-        data.val_tokens,
-        data.luts,
-        settings,
-        bos_id=data.bos_id,
-        seq_len=plan.model.seq_len,
-        device=plan.device,
-        autocast_dtype=autocast_dtype,
-        log=log,
-        shard=world,
-        on_clock=on_clock,
-    )
-    out = dict(
-        val_bpb_ttt=None if res.val_bpb is None else round(res.val_bpb, 6),
-        val_loss_ttt=None if res.val_loss is None else round(res.val_loss, 6),
-        val_bpb_ttt_base=None if res.base_val_bpb is None else round(res.base_val_bpb, 6),
-        val_loss_ttt_base=None if res.base_val_loss is None else round(res.base_val_loss, 6),
-        ttt_seconds=round(res.seconds, 3),
-        ttt_tokens_scored=res.tokens_scored,
-        ttt_fraction=round(res.fraction, 6),
-        ttt_complete=res.complete,
-        ttt_docs=res.docs_total,
-        ttt_tokens_per_s=None if res.tokens_per_s is None else round(res.tokens_per_s, 1),
-        ttt_compile_seconds=round(res.compile_seconds, 3),
-        ttt_recompiles=res.recompiles,
-        ttt_cuda_graphs_captured=res.cuda_graphs,
-        ttt_cuda_graphs_late=res.cuda_graphs_late,
-        ttt_rank_seconds=res.rank_seconds,
-        ttt_rank_cost=res.rank_cost,
-        **ttt_setting_keys(t),
-        ttt_phases_done=res.phases_done,
-        ttt_phased_steps=res.global_steps,
-        ttt_phased_tokens=res.global_tokens,
-        ttt_phased_seconds=round(res.global_seconds, 3),
-    )
-    phased = f", {res.phases_done}/{g.phases} global phases in {res.global_seconds:.1f} s" if g.phases else ""
-    log(
-        f"ttt ({t.name}, rank {t.rank}, targets {t.targets}): val_bpb_ttt "
-        f"{'n/a' if res.val_bpb is None else f'{res.val_bpb:.4f}'} (unadapted "
-        f"{'n/a' if res.base_val_bpb is None else f'{res.base_val_bpb:.4f}'}) over {res.tokens_scored:,}/{res.tokens_total:,} "
-        f"tokens ({100 * res.fraction:.1f}%) of {res.docs_total:,} documents in {res.seconds:.1f} s{phased}"
-    )
-    return out
-
-
-def ttt_setting_keys(t: Any) -> dict[str, Any]:
-    """How TTT learnt, as flat ttt_* result keys (the phased knobs as ttt_phased_*), so the report can group runs by
-    them without reading the config."""
-    keys: dict[str, Any] = {
-        f"ttt_{name}": getattr(t, name)
-        for name in ("rank", "alpha", "lr", "beta1", "beta2", "eps", "momentum", "weight_decay")
-    }
-    keys.update(
-        ttt_optimizer=str(t.optimizer),
-        ttt_warm_start_a=t.warm_start_a,
-        ttt_warm_start_chains=t.warm_start_chains,
-        ttt_compile=t.compile,
-        ttt_compile_scope=t.compile_scope,
-        ttt_cuda_graphs=t.cuda_graphs,
-        ttt_row_widths=t.row_widths,
-        ttt_graph_rows=t.graph_rows,
-        ttt_shared_attn_a=t.shared_attn_a,
-        ttt_max_batch_share=t.max_batch_share,
-        ttt_targets=t.targets,
-        ttt_chunk_size=t.chunk_size,
-        ttt_short_chunks=t.short_chunks,
-        ttt_batch_size=t.batch_size,
-    )
-    keys.update((f"ttt_phased_{f.name}", getattr(t.phased, f.name)) for f in dataclasses.fields(t.phased))
-    return keys

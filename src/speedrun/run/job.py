@@ -9,11 +9,30 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import time
 from typing import Any
 
+from speedrun.artifact.wrap import CodeSource
 from speedrun.config import Config
+from speedrun.distributed.launch import launch_ranks, needs_launch
+from speedrun.hardware import profiles as hardware
+from speedrun.kernels.cache import cache_stats
+from speedrun.kernels.compile import keeps_grads
+from speedrun.kernels.profile import profile_steps
+from speedrun.plan import Plan, plan_json, resolve
+from speedrun.plan.budget import reads_training_data
+from speedrun.quant.calibration import Calibration, collect_after_training, measure_reserve
+from speedrun.records.identity import gpu_identity
+from speedrun.records.store import MetricsLog, capture_environment
+from speedrun.run.finish import evaluate_and_export
 from speedrun.run.loggers import make_logger
+from speedrun.run.oom import start_history
 from speedrun.run.record import JobRecord
+from speedrun.training.build import build_attention, build_data, build_model, configure_torch
+from speedrun.training.loop import Stepper, TrainState, loop_states, train, warm_up
+from speedrun.training.loop_setup import LoopHooks, loop_result, prepare_loop
+from speedrun.training.mfu import mfu_keys
+from speedrun.training.peak_memory import PeakMemory
 
 log = logging.getLogger("speedrun")
 
@@ -21,6 +40,11 @@ log = logging.getLogger("speedrun")
 class Job(JobRecord):
     peak_memory: Any = None
     model: Any = None
+    calibration: Calibration | None = None
+    """GPTQ's Hessians, collected right after the loop (rank 0, quant=int6); the export quantizes with them."""
+    hessian_seconds: float | None = None
+    """Wall seconds from the loop's end to the Hessians' (what train_seconds adds to the loop's clock)."""
+    loop_ended: float = 0.0
     code: Any = None
     """The source as the job read it when it started, with its resolved config: the self-extracting file is made
     from it (speedrun.artifact.wrap.CodeSource), so the file carries the code that ran, not a later edit."""
@@ -33,23 +57,21 @@ class Job(JobRecord):
             return
         self.start(plan)
         data, model, forward, eval_forward, optimizers = self.build(plan)
-        self.train(plan, data, model, forward, eval_forward, optimizers)
-        if self.state is not None and self.state.diverged:  # a result, not a crash: nothing worth evaluating
-            self.result.update(status="diverged", error=self.state.divergence, diverged_step=self.state.diverged_step)
+        state = self.train(plan, data, model, forward, eval_forward, optimizers)
+        if not state.diverged:
+            self.calibrate(data, model)
+        self.end_training(data)
+        if state.diverged:  # a result, not a crash: nothing worth evaluating
+            self.result.update(status="diverged", error=state.divergence, diverged_step=state.diverged_step)
             log.error(self.result["error"])
             return
         self.finish_model(data, model, eval_forward)
         self.result.update(status="ok", phase="done")
 
     # -- phases ---------------------------------------------------------------------------------------
-    def resolve(self, config: Config) -> Any:
+    def resolve(self, config: Config) -> Plan:
         """Config + the device -> the frozen Plan, written as plan.json; under `python -m run dist.nproc=N` the
         ranks are started here and this process only waits for them."""
-        from speedrun.distributed.launch import launch_ranks, needs_launch
-        from speedrun.hardware import profiles as hardware
-        from speedrun.plan import plan_json, resolve
-        from speedrun.run.oom import start_history
-
         plan = self.plan = resolve(config, hardware.detect(), cwd=self.ctx.original_cwd, world=self.world.info)
         log.info("plan:\n%s", _indent(plan.describe()))
         start_history(plan)  # hardware.memory_snapshot=true: allocations from the model build on
@@ -59,14 +81,9 @@ class Job(JobRecord):
             launch_ranks(plan, self.ctx.run_dir, log.info)
         return plan
 
-    def start(self, plan: Any) -> None:
+    def start(self, plan: Plan) -> None:
         """Join the other ranks, record the environment and what the plan chose, configure torch, open the
         logger."""
-        from speedrun.artifact.wrap import CodeSource
-        from speedrun.records.identity import gpu_identity
-        from speedrun.records.store import capture_environment
-        from speedrun.training.build import configure_torch
-
         self.code = CodeSource.snapshot(self.config_tree)
         self.world.init(plan)
         env = capture_environment(plan.device)
@@ -89,6 +106,9 @@ class Job(JobRecord):
             seq_len=plan.model.seq_len,
             card=plan.card,
             memory_estimate_gb=plan.memory_estimate_gb,
+            data=plan.data.name,
+            eval_whole_split=plan.eval.tokens is None,
+            track=plan.track.name,
         )
         self.result.update(gpu_identity(plan.device))  # which physical card: cards of one model differ in speed
         self.result.update(self.world.describe(plan.device_name))  # world_size, nodes, each rank's GPU
@@ -101,10 +121,8 @@ class Job(JobRecord):
             self.logger = make_logger(plan.logger, self.ctx.run_dir, self.result["sweep"], plan.name)
         self.guard("start", self.config_tree, plan.to_dict())
 
-    def build(self, plan: Any) -> tuple[Any, Any, Any, Any, Any]:
+    def build(self, plan: Plan) -> tuple[Any, Any, Any, Any, Any]:
         """The data streams, and the model with its attention backend and optimizers, identical on every rank."""
-        from speedrun.training.build import build_attention, build_data, build_model
-
         attention = build_attention(plan)
         data = build_data(plan, log.info)
         model, forward, eval_forward, optimizers = build_model(plan, attention, data.bos_id)
@@ -114,13 +132,9 @@ class Job(JobRecord):
         log.info("model: %s parameters", f"{self.result['params']:,}")
         return data, model, forward, eval_forward, optimizers
 
-    def train(self, plan: Any, data: Any, model: Any, forward: Any, eval_forward: Any, optimizers: Any) -> None:
-        """Warm up (compile, untimed), restore a resumed run's checkpoint, train to the budget, record it."""
-        from speedrun.kernels.compile import keeps_grads  # true exactly when training replays CUDA graphs
-        from speedrun.records.store import MetricsLog
-        from speedrun.training.loop import Stepper, TrainState, loop_states, train, warm_up
-        from speedrun.training.peak_memory import PeakMemory
-
+    def train(self, plan: Plan, data: Any, model: Any, forward: Any, eval_forward: Any, optimizers: Any) -> TrainState:
+        """Warm up (compile, untimed; GPTQ's reserve measured), restore a resumed run's checkpoint, train to the
+        budget."""
         self.state = state = TrainState()
         if self.resume is None:  # a resume opens its metrics (dropping steps after its checkpoint) once restored
             self.metrics = MetricsLog(self.ctx.run_dir / "metrics.jsonl")
@@ -133,9 +147,8 @@ class Job(JobRecord):
         warm_up(stepper, batches, state, log.info)
         if extras is not None:
             state.compile_seconds += extras.warm()
+        state.hessian_reserve_seconds = self._hessian_reserve(plan, model, data)
         if plan.kernel.profile:  # untimed and undone, like warm-up: trace.json + top-kernels table in run.log
-            from speedrun.kernels.profile import profile_steps
-
             self.result.update(
                 profile_steps(
                     stepper, batches, self.ctx.run_dir, log.info, plan.kernel.profile_steps, loop_states(plan)
@@ -145,14 +158,39 @@ class Job(JobRecord):
             extras.restore(state)
             if self.resume is not None:
                 self.release(state.steps)
+        # keeps_grads: true exactly when training replays CUDA graphs, whose pools the peak must count
         self.peak_memory = PeakMemory(plan.device, graph_pools=keeps_grads(plan))
         self.peak_memory.start()  # peak_mem_mb covers timed training only
         self.on_phase("train")
         train(stepper, batches, state=state, log=log.info, on_metrics=self.on_metrics, extras=extras)
+        self.loop_ended = time.perf_counter()
         if plan.compile:
-            from speedrun.kernels.cache import cache_stats
-
             self.result.update(cache_stats())
+        return state
+
+    def _hessian_reserve(self, plan: Plan, model: Any, data: Any) -> float:
+        """Seconds of the time budget GPTQ's Hessians get after the loop: the plan's, or measured now on rank 0
+        (which collects them) and agreed by every rank, whose loops stop on rank 0's clock anyway."""
+        if not plan.budget.measures_reserve:
+            return plan.budget.hessian_reserve or 0.0
+        rank0 = self.world.rank == 0
+        return self.world.agree(measure_reserve(plan, model, data, log.info) if rank0 else 0.0)
+
+    def calibrate(self, data: Any, model: Any) -> None:
+        """GPTQ's Hessians, right after the last step (rank 0, which exports): the last read of training data, so
+        train_seconds ends with them (speedrun.quant.calibration)."""
+        plan = self.plan
+        assert plan is not None
+        if not reads_training_data(plan.quant) or self.world.rank != 0:
+            return
+        model.eval()  # as the export scores and quantizes it (fp8 layers take their bf16 path)
+        self.calibration = collect_after_training(plan, model, data, log.info)
+        self.hessian_seconds = time.perf_counter() - self.loop_ended
+
+    def end_training(self, data: Any) -> None:
+        """Record training (the loop, and the Hessians after it), before evaluation starts."""
+        plan, state = self.plan, self.state
+        assert plan is not None and state is not None
         self.record_training()
         self.result["peak_mem_mb"] = self.world.max(self.result["peak_mem_mb"])  # the largest over the ranks
         self.result["epochs"] = round(state.tokens / data.train_tokens, 3)
@@ -172,10 +210,8 @@ class Job(JobRecord):
             )
         return resuming
 
-    def _prepare_loop(self, plan: Any, stepper: Any, eval_forward: Any, data: Any) -> tuple[Any, Any]:
+    def _prepare_loop(self, plan: Plan, stepper: Any, eval_forward: Any, data: Any) -> tuple[Any, Any]:
         """Batch-size search (a new plan.json when it chose), periodic validation and checkpoints."""
-        from speedrun.training.loop_setup import LoopHooks, prepare_loop
-
         hooks = LoopHooks(
             run_dir=self.ctx.run_dir,
             config_tree=self.config_tree,
@@ -201,8 +237,6 @@ class Job(JobRecord):
 
     def finish_model(self, data: Any, model: Any, eval_forward: Any) -> None:
         """Score the model, export the artifact, score its round trip, test-time train (speedrun.run.finish)."""
-        from speedrun.run.finish import evaluate_and_export
-
         assert self.plan is not None  # resolve() set it, before the model was built
         model.eval()  # no dropout here, but fp8 layers switch to their bf16 path for evaluation
         self.result.update(
@@ -216,22 +250,18 @@ class Job(JobRecord):
                 on_phase=self.on_phase,
                 world=self.world,
                 code=self.code,
-                train_seconds=self.state.train_seconds if self.state is not None else None,
+                hessians=self.calibration.hessians if self.calibration is not None else None,
             )
         )
 
     def record_training(self) -> None:
-        from speedrun.training.loop_setup import loop_result  # torch-heavy: imported when a run records
-        from speedrun.training.mfu import mfu_keys
-        from speedrun.training.peak_memory import PeakMemory
-
         plan, state, result = self.plan, self.state, self.result
         assert plan is not None and state is not None
         tok_s = state.tokens / state.train_seconds if state.train_seconds > 0 else None
         result.update(
             steps=state.steps,
             tokens=state.tokens,
-            train_seconds=round(state.train_seconds, 3),
+            **self._train_time_keys(),
             compile_seconds=round(state.compile_seconds, 3),
             train_loss=state.last_loss,
             stages=state.stages,
@@ -242,8 +272,39 @@ class Job(JobRecord):
         result.update(mfu_keys(plan, state.stages, state.steps, state.train_seconds))
         result.update((self.peak_memory or PeakMemory(plan.device)).read())
 
+    def _train_time_keys(self) -> dict[str, Any]:
+        """train_seconds, the time the track and the budget count: the loop's clock (train_loop_seconds) plus, where
+        GPTQ's Hessians were collected after it, the wall time to their end (quant_hessian_seconds the collection
+        alone); budget_seconds the limit (null: none) and quant_reserve_ok whether both fit in it."""
+        plan, state = self.plan, self.state
+        assert plan is not None and state is not None
+        loop = state.train_seconds
+        keys: dict[str, Any] = {
+            "train_loop_seconds": round(loop, 3),
+            "budget_seconds": plan.budget.seconds,
+            "train_seconds": round(loop + (self.hessian_seconds or 0.0), 3),
+        }
+        if self.calibration is not None:
+            limit = plan.budget.seconds
+            keys.update(
+                quant_hessian_seconds=round(self.calibration.seconds, 3),
+                hessian_reserve_seconds=round(state.hessian_reserve_seconds, 3),
+                quant_reserve_ok=None if limit is None else keys["train_seconds"] <= limit,
+            )
+            log.info(
+                "training: loop %.1f s + GPTQ's Hessians %.1f s = %.1f s%s",
+                loop,
+                self.hessian_seconds,
+                keys["train_seconds"],
+                ""
+                if limit is None
+                else f" of budget.train_seconds {limit:g} (reserve {state.hessian_reserve_seconds:.1f} s: "
+                f"{'enough' if keys['quant_reserve_ok'] else 'NOT enough, raise quant.reserve_seconds'})",
+            )
+        return keys
 
-def _warn_repeated_data(plan: Any, epochs: float, train_tokens: int) -> None:
+
+def _warn_repeated_data(plan: Plan, epochs: float, train_tokens: int) -> None:
     # the fix depends on the data: the embedded corpus has a bigger dataset to move to; shards of one's own need
     # more of them (or a smaller budget)
     fix = (

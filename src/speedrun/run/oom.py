@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the Plan only as a type: this module is imported before any run needs torch
+    from speedrun.plan import Plan
 
 SNAPSHOT_FILE = "memory_snapshot.pickle"
 HISTORY_ENTRIES = 100_000
@@ -30,7 +33,7 @@ def find_oom(exc: BaseException | None) -> BaseException | None:
     return None
 
 
-def start_history(plan: Any) -> None:
+def start_history(plan: Plan | None) -> None:
     """Start recording allocations (hardware.memory_snapshot=true on CUDA), before the model is built."""
     if plan is not None and plan.memory_snapshot:
         import torch
@@ -38,7 +41,7 @@ def start_history(plan: Any) -> None:
         torch.cuda.memory._record_memory_history(max_entries=HISTORY_ENTRIES)
 
 
-def dump_history(plan: Any, run_dir: Path) -> str | None:
+def dump_history(plan: Plan | None, run_dir: Path) -> str | None:
     """Write the recorded history to the run dir; the path, or None when none was recorded or it failed."""
     if plan is None or not plan.memory_snapshot:
         return None
@@ -52,7 +55,7 @@ def dump_history(plan: Any, run_dir: Path) -> str | None:
     return str(path)
 
 
-def fix_for(phase: str | None, plan: Any) -> str:
+def fix_for(phase: str | None, plan: Plan | None) -> str:
     """What to change, for the phase that ran out of memory."""
     if plan is None:
         return "use a smaller model or micro-batch (hardware.micro_batch)"
@@ -76,7 +79,7 @@ def fix_for(phase: str | None, plan: Any) -> str:
     )
 
 
-def oom_result(plan: Any, phase: str | None, exc: BaseException, run_dir: Path) -> dict[str, Any]:
+def oom_result(plan: Plan | None, phase: str | None, exc: BaseException, run_dir: Path) -> dict[str, Any]:
     """The result keys of a run that ran out of memory: status, error (one line), oom_peak_mem_mb,
     memory_estimate_gb, memory_snapshot."""
     import torch

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from speedrun.distributed.world import WorldInfo
+from speedrun.config import CONF_DIR, register_configs, to_config
+from speedrun.distributed.environment import world_from_env
+from speedrun.errors import ConfigError
+from speedrun.hardware import profiles as hardware
+from speedrun.model.registry import arch_from_argv, register_model_schema
+from speedrun.plan import plan_json, resolve
+from speedrun.plan.distributed import WorldInfo
 
 FLAG = "--plan"
 
@@ -24,12 +28,6 @@ def print_plan(argv: list[str]) -> int:
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
-
-    from speedrun.config import CONF_DIR, register_configs, to_config
-    from speedrun.errors import ConfigError
-    from speedrun.hardware import profiles as hardware
-    from speedrun.model.registry import arch_from_argv, register_model_schema
-    from speedrun.plan import plan_json, resolve
 
     args = [a for a in argv[1:] if a != FLAG]
     flags = [a for a in args if a.startswith("-")]
@@ -51,8 +49,6 @@ def _world() -> WorldInfo:
     """The world as this process's environment describes it (under torchrun, its WORLD_SIZE), without binding a
     GPU or joining a process group as a run's rank does."""
     import torch
-
-    from speedrun.distributed.world import world_from_env
 
     return world_from_env(visible_gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0)
 

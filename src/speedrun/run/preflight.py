@@ -10,6 +10,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from speedrun.errors import storage_problem
+
 DEFAULT_ROOT = "outputs"
 """Where conf/config.yaml puts run and sweep dirs unless hydra.run.dir / hydra.sweep.dir say otherwise."""
 
@@ -25,8 +27,6 @@ def output_root(argv: list[str]) -> Path:
 def unwritable(argv: list[str]) -> str | None:
     """None when a directory can be made under the output root (made itself if missing), else the one line that
     says why not."""
-    from speedrun.errors import storage_problem
-
     root = output_root(argv)
     try:
         root.mkdir(parents=True, exist_ok=True)

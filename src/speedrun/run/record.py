@@ -16,11 +16,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from speedrun.distributed import world as dist
+from speedrun.distributed.launch import adopt_rank0_record
 from speedrun.records.lock import RunDirLock
 from speedrun.records.result_block import format_result_block
 from speedrun.records.store import MetricsLog, ResultsDB, atomic_write_text, write_json
 from speedrun.run.heartbeat import Heartbeat
 from speedrun.run.loggers import RunLogger
+from speedrun.run.track_verdict import track_keys
+from speedrun.training.checkpoint import list_checkpoints
 
 if TYPE_CHECKING:
     from speedrun.plan.types import Plan
@@ -180,7 +183,6 @@ class JobRecord:
                 self.metrics.close()
             except OSError as e:  # its last line could not be flushed (a full disk): the row still gets written
                 log.warning("could not close %s: %s", self.metrics.path, e)
-        from speedrun.distributed.launch import adopt_rank0_record
 
         assert self.run_id is not None
         if self.delegated and adopt_rank0_record(db, self.run_id, self.ctx.run_dir, self.result):
@@ -198,6 +200,12 @@ class JobRecord:
         # every part of a resumed run; a resume that never restored is a record of its own, with its own wall time
         prior = 0.0 if self.holding else self.prior_wall_seconds
         self.result["wall_seconds"] = round(prior + finished - started, 3)
+        if self.plan is not None and self.plan.track.on and not self.holding:
+            self.result.update(track_keys(self.plan, self.result))
+            if not self.result["track_ok"]:
+                log.warning(
+                    "track %s: not met: %s", self.plan.track.name, "; ".join(self.result["track_problems"] or [])
+                )
         if self.holding:  # a resume that ended before its restore: its own record, the original untouched
             out_dir = self.error_dir()
             out_dir.mkdir(parents=True, exist_ok=True)
@@ -240,7 +248,6 @@ class JobRecord:
         if self.record_id is None:
             return f"no row: the results database could not be written; see {self.error_dir() / 'result.json'}"
         note = f"row {self.record_id} ({self.result['status']})"
-        from speedrun.training.checkpoint import list_checkpoints
 
         if self.result["status"] == "interrupted" and not self.holding and list_checkpoints(self.ctx.run_dir):
             note += f"; continue it with `python -m run resume={self.ctx.run_dir}`"

@@ -29,9 +29,11 @@ from speedrun.records.identity import AUTO_RESUME_IGNORED, GPU_SHARED_ENV, confi
 from speedrun.records.lock import RunDirBusy, RunDirLock
 from speedrun.records.store import ENDED, ResultsDB, empty_result, owner_keys, recorded_status, remove_orphan_temps
 from speedrun.run.job import Job
+from speedrun.run.oom import find_oom, oom_result
 from speedrun.run.record import write_error_file
 from speedrun.run.signals import sigterm_as_interrupt, stop_signals_deferred
 from speedrun.training.checkpoint import checkpoint_dir
+from speedrun.training.resume import Resume, find_resume
 
 log = logging.getLogger("speedrun")
 
@@ -112,24 +114,7 @@ def run_job(dict_cfg: DictConfig, ctx: RunContext | None = None) -> dict[str, An
         held, attempts = isinstance(refusal, ConfigError), "refused_attempts"  # another run's dir
     elif refusal is not None:  # a refused resume of the run in this dir (auto-resume, or a resume= the resolver
         held = (ctx.run_dir / "result.json").exists()  # let through): recorded beside that run, never over it
-    result = empty_result()
-    result.update(
-        status="running",
-        seed=dict_cfg.seed,
-        sweep=dict_cfg.sweep or ctx.sweep,
-        run_dir=run_id,
-        name=dict_cfg.name,
-        hardware=str(dict_cfg.hardware.name),
-        attn=str(dict_cfg.attn.name),
-        precision=str(dict_cfg.precision.name),
-        phase="setup",
-        # the pool launcher runs hydra.launcher.jobs_per_gpu > 1 jobs on one GPU at once: speed and
-        # memory are then not the card's alone
-        gpu_shared=os.environ.get(GPU_SHARED_ENV) == "1",
-        **owner_keys(),  # host, pid, heartbeat: a row whose process vanished reads lost (records.store)
-    )
-    if resume is not None and resume.code_change:
-        result["resume_code_change"] = resume.code_change  # accepted with accept_code_change=true
+    result = _opening_result(dict_cfg, ctx, run_id, resume)
     started = time.time()
     fresh = {"started_at": started, "overrides": " ".join(ctx.overrides), "config": config_tree}
     # a resumed run keeps its row's start, overrides and config, and counts its resumptions
@@ -154,21 +139,9 @@ def run_job(dict_cfg: DictConfig, ctx: RunContext | None = None) -> dict[str, An
         e.speedrun_job = job  # type: ignore[attr-defined]  # speedrun.main prints where the record went
         raise
     except BaseException as e:  # noqa: BLE001 - every failure is recorded, then re-raised
-        if not job.delegated:  # a launching process keeps rank 0's error.txt
-            write_error_file(job.error_dir(), traceback.format_exc())
-        from speedrun.run.oom import find_oom, oom_result
-
-        oom = find_oom(e)
-        if oom is not None:  # an outcome with its own status and fix, not a bug
-            result.update(oom_result(job.plan, result.get("phase"), oom, ctx.run_dir))
-            world.settle(dict(result), e, ctx.run_dir)  # tell the other ranks to stop; this row keeps status oom
-            oom_error = RunOutOfMemory(result["error"])
-            oom_error.speedrun_job = job  # type: ignore[attr-defined]  # read by speedrun.main, as above
+        oom_error = _record_failure(job, e, ctx.run_dir)
+        if oom_error is not None:
             raise oom_error from e
-        result["status"] = "failed"
-        result["error"] = f"{type(e).__name__}: {e}"
-        world.settle(result, e, ctx.run_dir)  # names the rank that failed first, and tells the others to stop
-        e.speedrun_job = job  # type: ignore[attr-defined]  # read by speedrun.main, as above
         raise
     finally:
         with stop_signals_deferred():
@@ -179,12 +152,55 @@ def run_job(dict_cfg: DictConfig, ctx: RunContext | None = None) -> dict[str, An
     return result
 
 
+def _opening_result(dict_cfg: DictConfig, ctx: RunContext, run_id: str, resume: Resume | None) -> dict[str, Any]:
+    """The record as the run starts: status running, what the composed config names, whose process it is."""
+    result = empty_result()
+    result.update(
+        status="running",
+        seed=dict_cfg.seed,
+        sweep=dict_cfg.sweep or ctx.sweep,
+        run_dir=run_id,
+        name=dict_cfg.name,
+        hardware=str(dict_cfg.hardware.name),
+        attn=str(dict_cfg.attn.name),
+        precision=str(dict_cfg.precision.name),
+        phase="setup",
+        # the pool launcher runs hydra.launcher.jobs_per_gpu > 1 jobs on one GPU at once: speed and
+        # memory are then not the card's alone
+        gpu_shared=os.environ.get(GPU_SHARED_ENV) == "1",
+        **owner_keys(),  # host, pid, heartbeat: a row whose process vanished reads lost (records.store)
+    )
+    if resume is not None and resume.code_change:
+        result["resume_code_change"] = resume.code_change  # accepted with accept_code_change=true
+    return result
+
+
+def _record_failure(job: Job, e: BaseException, run_dir: Path) -> RunOutOfMemory | None:
+    """Record the failure ``e`` in the job's result and tell the other ranks to stop; for running out of GPU
+    memory (an outcome with its own status and fix, not a bug), the RunOutOfMemory to raise in its place."""
+    result, world = job.result, job.world
+    if not job.delegated:  # a launching process keeps rank 0's error.txt
+        write_error_file(job.error_dir(), traceback.format_exc())
+    oom = find_oom(e)
+    if oom is not None:
+        result.update(oom_result(job.plan, result.get("phase"), oom, run_dir))
+        world.settle(dict(result), e, run_dir)  # tell the other ranks to stop; this row keeps status oom
+        oom_error = RunOutOfMemory(result["error"])
+        oom_error.speedrun_job = job  # type: ignore[attr-defined]  # read by speedrun.main, as above
+        return oom_error
+    result["status"] = "failed"
+    result["error"] = f"{type(e).__name__}: {e}"
+    world.settle(result, e, run_dir)  # names the rank that failed first, and tells the others to stop
+    e.speedrun_job = job  # type: ignore[attr-defined]  # read by speedrun.main, as above
+    return None
+
+
 class RecordNotWritten(OSError):
     """The results row or result.json of a run could not be written (speedrun.main: one line, exit status 1)."""
 
 
 def own_run_dir(
-    run_dir: Path, db: ResultsDB | dist.NoRecords, run_id: str, config_tree: Any, resume: Any
+    run_dir: Path, db: ResultsDB | dist.NoRecords, run_id: str, config_tree: Any, resume: Resume | None
 ) -> tuple[RunDirLock | None, Exception | None]:
     """(the lock this job holds on its run dir, a refusal or None). Refused: a dir another live process owns,
     and, for a job that does not resume it, a dir holding another run: a finished one, or one of another config
@@ -259,10 +275,8 @@ def _results_db(dict_cfg: DictConfig, ctx: RunContext) -> ResultsDB:
         ) from e
 
 
-def _find_resume(dict_cfg: DictConfig, ctx: RunContext) -> tuple[Any, Exception | None]:
+def _find_resume(dict_cfg: DictConfig, ctx: RunContext) -> tuple[Resume | None, Exception | None]:
     """(the Resume this job does, or None; a refusal to raise once the record is open, or None)."""
-    from speedrun.training.resume import find_resume
-
     # a DictConfig's container is a dict with str keys; to_container's return type covers any node
     tree = cast("dict[str, Any]", OmegaConf.to_container(dict_cfg, resolve=True, enum_to_str=True))
     try:

@@ -29,6 +29,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from speedrun.distributed.world import World
+from speedrun.plan import Plan
+from speedrun.plan.dtypes import autocast_dtype
+
 if TYPE_CHECKING:
     from speedrun.model.gpt import GPT
 
@@ -74,12 +78,12 @@ def largest_fitting(
 
 
 def plan_with_batches(
-    plan: Any,
+    plan: Plan,
     try_train: Callable[[int, int], Any],
     try_eval: Callable[[int], Any],
     log: Callable[[str], None],
     on_free: Callable[[], None] = lambda: None,
-) -> tuple[Any, dict]:
+) -> tuple[Plan, dict]:
     """The plan with the micro-batch (and stages, grad_accum) and the eval batch the searches chose, and a report
     of what was tried. try_train(seq_len, micro_batch) and try_eval(batch_size) raise OOM when a size does not fit."""
     report: dict[str, Any] = {}
@@ -125,7 +129,7 @@ def plan_with_batches(
     return plan, report
 
 
-def with_micro_tokens(plan: Any, tokens: int) -> Any:
+def with_micro_tokens(plan: Plan, tokens: int) -> Plan:
     """The plan with micro-batches of ``tokens`` tokens at every context length, and the accumulation that keeps
     tokens_per_step (global: world_size ranks x micro-batch tokens x accumulation)."""
     stages = tuple(dataclasses.replace(st, micro_batch=tokens // st.seq_len) for st in plan.stages)
@@ -133,7 +137,7 @@ def with_micro_tokens(plan: Any, tokens: int) -> Any:
     return dataclasses.replace(plan, micro_batch=tokens // plan.model.seq_len, stages=stages, grad_accum=accum)
 
 
-def agree_batches(plan: Any, world: Any, log: Callable[[str], None]) -> Any:
+def agree_batches(plan: Plan, world: World | None, log: Callable[[str], None]) -> Plan:
     """On several ranks, the smallest micro-batch and eval batch any rank's search chose, on every rank. Each rank
     searched its own memory (another process or a fuller card may leave less room); fitting is monotone and every
     rank searched the same candidates, so the smallest choice is one every rank fits, and the ranks must run the
@@ -152,22 +156,20 @@ def agree_batches(plan: Any, world: Any, log: Callable[[str], None]) -> Any:
     return dataclasses.replace(plan, eval=dataclasses.replace(plan.eval, batch_size=eval_batch))
 
 
-def search_batches(plan: Any, model: GPT, log: Callable[[str], None], world: Any = None) -> tuple[Any, dict]:
+def search_batches(plan: Plan, model: GPT, log: Callable[[str], None], world: World | None = None) -> tuple[Plan, dict]:
     """plan_with_batches with real tries of the eager model on the plan's device (CUDA only), agreed over the
     ranks (``world``: agree_batches)."""
     plan, report = _search_here(plan, model, log)
     return agree_batches(plan, world, log), report
 
 
-def _search_here(plan: Any, model: GPT, log: Callable[[str], None]) -> tuple[Any, dict]:
+def _search_here(plan: Plan, model: GPT, log: Callable[[str], None]) -> tuple[Plan, dict]:
     if plan.device != "cuda":
         log(
             f"batch-size search needs a CUDA device (it searches by out-of-memory errors): keeping micro-batch "
             f"{plan.micro_batch} and eval batch {plan.eval.batch_size} on {plan.device}"
         )
         return plan, {"skipped": plan.device}
-    from speedrun.plan.dtypes import autocast_dtype
-
     dtype = autocast_dtype(plan)
     vocab = plan.model.vocab_size
 

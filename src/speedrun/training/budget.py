@@ -6,6 +6,10 @@ fraction reaches 1 ends it (recorded as ``budget_end``: time, steps, tokens or f
 same amount of training on any card; FLOPs follow the MFU convention (ModelShape.flops_per_token at the seq_len
 of the stage each token was trained in).
 
+A time limit also ends the run a step early when the next step, at the mean pace so far, would end past it, so
+that a run ends within budget.train_seconds (a contest's limit) rather than a step past it; the clock is read
+without a device sync, so work still queued on the GPU at the end can add a little.
+
 The clock counts train seconds only: periodic validation and checkpoint writes pause it, and a resumed run
 starts it at the elapsed train seconds of its checkpoint.
 """
@@ -16,7 +20,8 @@ import contextlib
 import math
 import time
 from collections.abc import Iterator
-from typing import Any
+
+from speedrun.plan.types import BudgetPlan
 
 BUDGET_KINDS = ("time", "steps", "tokens", "flops")
 
@@ -25,19 +30,24 @@ class Budget:
     """The budgets of a Plan and the progress they make together."""
 
     def __init__(
-        self, train_seconds: float, max_steps: int | None = None, tokens: int | None = None, flops: float | None = None
+        self,
+        train_seconds: float | None,
+        max_steps: int | None = None,
+        tokens: int | None = None,
+        flops: float | None = None,
     ):
         self.limits = {
-            "time": train_seconds if math.isfinite(train_seconds) else None,
+            "time": train_seconds if train_seconds is not None and math.isfinite(train_seconds) else None,
             "steps": max_steps,
             "tokens": tokens,
             "flops": flops,
         }
 
     @classmethod
-    def from_plan(cls, plan: Any) -> Budget:
-        # the loop's seconds: quant.reserve_seconds of the time budget are left for GPTQ's Hessians
-        return cls(plan.loop_seconds, plan.max_steps, plan.budget_tokens, plan.budget_flops)
+    def of(cls, budget: BudgetPlan, hessian_reserve: float) -> Budget:
+        """The training loop's budgets: the Plan's, with ``hessian_reserve`` seconds of the time limit left for
+        GPTQ's Hessians after the loop (the plan's fixed reserve, or the one warm-up measured)."""
+        return cls(budget.loop_seconds(hessian_reserve), budget.steps, budget.tokens, budget.flops)
 
     def fractions(self, seconds: float, steps: int, tokens: int, flops: float) -> dict[str, float]:
         """The used fraction of each budget that is set."""
@@ -47,6 +57,12 @@ class Budget:
     def progress(self, seconds: float, steps: int, tokens: int, flops: float) -> float:
         """The fraction of the run done: the largest fraction of any budget (0 when no budget is set)."""
         return max(self.fractions(seconds, steps, tokens, flops).values(), default=0.0)
+
+    def next_step_passes_time(self, seconds: float, step_seconds: float) -> bool:
+        """Whether a step of ``step_seconds`` started now would end past the time limit: the loop stops before it,
+        so train_seconds stays within budget.train_seconds (a contest's limit) instead of passing it by a step."""
+        limit = self.limits["time"]
+        return limit is not None and step_seconds > 0 and seconds + step_seconds > limit
 
     def ended_by(self, seconds: float, steps: int, tokens: int, flops: float) -> str | None:
         """The budget that ends the run at this point (the first spent one, in BUDGET_KINDS order when several
@@ -60,6 +76,29 @@ class Budget:
         fr = self.fractions(seconds, steps, tokens, flops)
         mine = fr.get("time" if own == "time" else "steps", 0.0)
         return max(mine, self.progress(seconds, steps, tokens, flops))
+
+
+class StepPace:
+    """The mean seconds of this process's training steps so far (from its second step on: the first may still
+    meet a new shape), on the loop's agreed clock: what Budget.next_step_passes_time is asked with."""
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+        self.last = 0.0
+        self.steps = 0
+
+    def add(self, seconds: float) -> None:
+        """A step ended at ``seconds`` of train time."""
+        if self.first is None:
+            self.first = seconds
+        else:
+            self.steps += 1
+        self.last = seconds
+
+    def mean(self) -> float:
+        if self.first is None or self.steps == 0:
+            return 0.0
+        return (self.last - self.first) / self.steps
 
 
 class Clock:

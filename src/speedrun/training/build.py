@@ -14,11 +14,18 @@ from typing import cast
 import torch
 
 from speedrun.data.bpb import ByteLUTs, build_byte_luts
+from speedrun.data.existing import open_dataset
 from speedrun.data.loader import TokenStream, load_val_tokens
-from speedrun.data.prepare import DatasetPaths, ensure_embedded_dataset, open_dataset
+from speedrun.data.prepare import DatasetPaths, ensure_embedded_dataset
 from speedrun.data.shards import read_header
 from speedrun.data.tiktoken_bpe import boundary_id, build_tiktoken_luts, is_tiktoken, load_encoding
 from speedrun.data.tokenizer import load_tokenizer
+from speedrun.kernels.compile import compile_model
+from speedrun.model.attention import get_backend
+from speedrun.model.fp8 import convert_linears, convert_torchao
+from speedrun.model.optim import build_optimizers
+from speedrun.model.protocol import check_instance
+from speedrun.model.registry import model_class
 from speedrun.plan import Plan
 
 log = logging.getLogger("speedrun")
@@ -91,17 +98,11 @@ def build_data(plan: Plan, log: Callable[[str], None]) -> DataBundle:
 def build_attention(plan: Plan):
     """The attention backend, looked up by name once. Built before any data so that a kernel that cannot load
     (fa3 offline) fails in seconds."""
-    from speedrun.model.attention import get_backend
-
     return get_backend(plan.attn, **dict(plan.attn_options))
 
 
 def build_model(plan: Plan, attention, bos_id: int):
     """-> (model, train forward, eval forward returning per-token nats, optimizers)."""
-    from speedrun.model.optim import build_optimizers
-    from speedrun.model.protocol import check_instance
-    from speedrun.model.registry import model_class
-
     # bos_id switches on document masking in the model; only backends that can mask documents get it. doc_bos_id
     # is the token alone, for model levers that must not cross documents (model.smear_gate) whatever the mask.
     model = model_class(plan.model_arch)(
@@ -114,8 +115,6 @@ def build_model(plan: Plan, attention, bos_id: int):
     )
     check_instance(model, plan.model_arch)
     if plan.kernel.fp8:  # precision=fp8 resolves to every block linear; kernel.fp8 picks some
-        from speedrun.model.fp8 import convert_linears, convert_torchao
-
         (convert_torchao if plan.kernel.fp8_impl == "torchao" else convert_linears)(model.blocks, plan.kernel.fp8)
     model = model.to(plan.device)
     o = plan.optim
@@ -142,8 +141,6 @@ def build_model(plan: Plan, attention, bos_id: int):
         # Static shapes: one graph per context length, all compiled during warm-up (progressive schedules
         # switch lengths mid-run); raise dynamo's per-function cache limit so those graphs, plus eval's, fit.
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-    from speedrun.kernels.compile import compile_model
-
     compiled, compiled_eval, mark_step = compile_model(model, plan)
 
     def forward(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -11,24 +11,20 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from speedrun.errors import ConfigError
+from speedrun.plan import Plan, plan_json
+from speedrun.training.batch_search import search_batches
 from speedrun.training.checkpoint import load_checkpoint, load_checkpoint_file, restore
 from speedrun.training.periodic import LoopExtras, PeriodicEval, checkpoint_meta
-
-if TYPE_CHECKING:
-    from speedrun.plan.types import Plan
 
 log = logging.getLogger("speedrun")
 
 _SAME_PLAN = (
     "model",
     "tokens_per_step",
-    "max_steps",
-    "train_seconds",
-    "budget_tokens",
-    "budget_flops",
+    "budget",
     "optim",
     "schedule",
     "ema",
@@ -64,9 +60,6 @@ def prepare_loop(
     searched = None
     world = getattr(stepper, "world", None)
     if plan.micro_batch_search or plan.eval.batch_search:
-        from speedrun.plan import plan_json
-        from speedrun.training.batch_search import search_batches
-
         # every rank searches its own memory; the smallest choice over the ranks is what every rank runs
         plan, searched = search_batches(plan, stepper.model, log.info, world=world)
         stepper.plan = plan
@@ -142,7 +135,7 @@ class ResumableExtras(LoopExtras):
         return json.loads(Path(payload["path"]).with_suffix(".json").read_text())
 
 
-def loop_result(plan: Any, state: Any) -> dict[str, Any]:
+def loop_result(plan: Plan, state: Any) -> dict[str, Any]:
     """Result keys of the loop: which budget ended training, the FLOPs trained, the time kept out of
     train_seconds, the batch sizes that ran (searched or not), and the optimizer, schedule and EMA levers
     (Plan.optim_result_keys: muon_wd ... ema_decay)."""
@@ -159,17 +152,18 @@ def loop_result(plan: Any, state: Any) -> dict[str, Any]:
     }
 
 
-def ema_init_share(plan: Any, steps: int) -> float | None:
+def ema_init_share(plan: Plan, steps: int) -> float | None:
     """The initial weights' share of the EMA after ``steps`` updates, decay ** steps (the average starts as a copy
     of them); None without EMA, or without a step (nothing was averaged; an eval-only run scores its weights). The
     record's 0.9965 assumes thousands of steps: after 215 it is still 47% the untrained model, and the final
     evaluation scores that average."""
     if not plan.ema.on or steps == 0:
         return None
+    assert plan.ema.decay is not None  # EMA is on exactly when a decay is set
     return round(float(plan.ema.decay) ** steps, 6)
 
 
-def target_keys(plan: Any, state: Any) -> dict[str, Any]:
+def target_keys(plan: Plan, state: Any) -> dict[str, Any]:
     """Time to target (budget.target_*): the target and whether a periodic evaluation reached it, with the train
     seconds (evaluations excluded), steps and tokens at that evaluation; the *_to_target keys are null when it was
     not reached. Empty without a target."""

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from speedrun.model.shape import ModelShape
+
+if TYPE_CHECKING:  # the Plan only as a type: the FLOPs arithmetic imports no torch
+    from speedrun.plan.types import Plan
 
 log = logging.getLogger("speedrun")
 
@@ -38,7 +41,7 @@ def stage_tokens(
     return out
 
 
-def plan_flops_per_token(plan: Any, seq_len: int, looped: bool = False) -> int:
+def plan_flops_per_token(plan: Plan, seq_len: int, looped: bool = False) -> int:
     """FLOPs per token of the plan's model trained at ``seq_len`` (``looped``: with model.loop on), its attention
     window applied: what budget.flops counts step by step and what MFU divides, so the two never disagree."""
     window = dict(plan.attn_options).get("window")
@@ -55,7 +58,7 @@ def training_flops(model: ModelShape, per_stage: Sequence[tuple[int, ...]], wind
     )
 
 
-def mfu_keys(plan: Any, stages: Sequence[dict[str, Any]], steps: int, train_seconds: float) -> dict[str, Any]:
+def mfu_keys(plan: Plan, stages: Sequence[dict[str, Any]], steps: int, train_seconds: float) -> dict[str, Any]:
     """The result keys: flops_per_token (mean over the tokens trained), train_flops, mfu (the card that ran),
     mfu_profile (the emulated profile's peak, emulated runs only), card. mfu is None on CPU and on unknown cards."""
     per_stage = stage_tokens(stages, steps, plan.tokens_per_step, plan.model.seq_len)

@@ -26,6 +26,8 @@ import torch
 
 from speedrun.distributed.world import SINGLE
 from speedrun.evaluation.evaluate import run_eval
+from speedrun.plan import Plan
+from speedrun.plan.dtypes import autocast_dtype
 from speedrun.training.checkpoint import capture, rank_state, save_checkpoint
 from speedrun.training.dense_metrics import val_record
 from speedrun.training.preempt import NONE, StopRequests
@@ -41,7 +43,7 @@ class PeriodicEval:
 
     def __init__(
         self,
-        plan: Any,
+        plan: Plan,
         model: torch.nn.Module,
         eval_forward: Callable,
         val_tokens: torch.Tensor,
@@ -55,8 +57,6 @@ class PeriodicEval:
         self.tokens = val_tokens[: windows * seq_len + 1]
 
     def __call__(self) -> Any:
-        from speedrun.plan.dtypes import autocast_dtype
-
         was_training = self.model.training
         self.model.eval()
         try:
@@ -79,7 +79,7 @@ class PeriodicEval:
 class LoopExtras:
     def __init__(
         self,
-        plan: Any,
+        plan: Plan,
         run_dir: Path,
         *,
         stepper: Any,
@@ -221,6 +221,7 @@ class LoopExtras:
         metric, target = self.plan.target_metric, self.plan.target_value
         if metric is None or state.target_steps is not None:
             return
+        assert target is not None  # the resolver sets the target's metric and value together
         value = float(getattr(res, metric))
         if value <= target:
             state.target_steps, state.target_tokens, state.target_seconds = (
@@ -292,7 +293,7 @@ class LoopExtras:
 
 
 def checkpoint_meta(
-    config_tree: Any, overrides: list[str], plan: Any, cwd: Path, code: str | None = None
+    config_tree: Any, overrides: list[str], plan: Plan, cwd: Path, code: str | None = None
 ) -> dict[str, Any]:
     """What a checkpoint's .json keeps for resume: the composed config, the job's overrides, the directory the job
     started in (for the record: a resume takes relative paths from its own), the Plan and the code fingerprint."""

@@ -21,6 +21,10 @@ from collections.abc import Callable
 
 import torch
 
+from speedrun.ttt.base_scores import base_windows
+from speedrun.ttt.global_phases import row_width
+from speedrun.ttt.graphs import pad_rows
+
 
 def chunk_size_for(n_targets: int, chunk_size: int, short_chunks: list[tuple[int, int]]) -> int:
     """The chunk size of a document with n_targets scored tokens."""
@@ -66,7 +70,7 @@ def document_batches(
 
 STEP_COST_TOKENS = {"eager": 20_000, "compact": 36_000, "graphs": 6_600}
 """A chunk step's fixed cost (its launches, the optimizer, the host's work) in padded tokens of compute, per way of
-running the steps (ttt._rows_for). eager: fitted to eager TTT on H100s; graphs and compact: fitted on an H200
+running the steps (steps.rows_for). eager: fitted to eager TTT on H100s; graphs and compact: fitted on an H200
 (documents of FineWeb's lengths, 64 a batch), where a graphed step takes about 9.0 ms plus 1.37 s per million
 padded tokens and a compiled step without graphs about 50 ms. Refit from a run's ttt_rank_seconds against
 ttt_rank_cost."""
@@ -95,15 +99,11 @@ def batch_cost(
 ) -> float:
     """A batch's TTT time in steps' fixed costs: per chunk step, 1 plus its padded tokens / STEP_COST_TOKENS[mode].
     A step's rows are padded to the width of its longest window (global_phases.row_width; at most seq_len tokens).
-    ``mode`` says which rows a step runs (speedrun.ttt.score_first._rows_for): eager every document of the batch,
+    ``mode`` says which rows a step runs (speedrun.ttt.steps.rows_for): eager every document of the batch,
     compact (compiled) the documents still going, at least 2, graphs that padded to a power of two within ``slots``
     (default: the batch). ``score_base`` adds the base passes' padded tokens (base_scores), at BASE_TOKEN_COST.
     ``step_tokens`` replaces the mode's STEP_COST_TOKENS; ``widths`` and ``half_rows`` are ttt.row_widths and
     ttt.graph_rows=half_octave."""
-    from speedrun.ttt.base_scores import base_windows  # base_scores, global_phases: heavier, imported here
-    from speedrun.ttt.global_phases import row_width
-    from speedrun.ttt.graphs import pad_rows
-
     if mode not in STEP_COST_TOKENS:
         raise ValueError(f"mode must be one of {', '.join(STEP_COST_TOKENS)}, got {mode!r}")
     slots = slots or len(batch)

@@ -29,10 +29,13 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:  # annotations only: TTT is handed a World, it never makes one
+    from speedrun.distributed.world import World
 
 
 @dataclass(frozen=True)
@@ -200,7 +203,7 @@ def finetune(
     seq_len: int,
     device: str,
     autocast_dtype: torch.dtype | None,
-    shard: Any = None,
+    shard: World | None = None,
     deadline: float | None = None,
 ) -> FinetuneStats:
     """Fine-tune every trainable parameter of ``model`` in place on ``docs`` (start, n_targets) of the 1-D stream

@@ -50,6 +50,25 @@ class StepOut:
     updated: tuple[int, ...] | None = None
     """The adapters the optimizer stepped inside the step (InGraphUpdate.apply), by index; None when the step left
     the gradients in .grad for the optimizer to step after."""
+    token_nats: torch.Tensor | None = None
+    """(rows, G) float64: the nats of each column whose loss came back, 0 where not scored (``token_scores``)."""
+    columns: torch.Tensor | None = None
+    """(rows or 1, G) int64: the window column of each of token_nats' columns."""
+    scored: torch.Tensor | None = None
+    """(rows, G) bool: the columns of token_nats that were scored (the chunk)."""
+
+
+TokenScoresHook = Callable[[torch.Tensor, torch.Tensor], None]
+"""Takes (the stream positions of a step's scored targets, their float64 nats): ttt_evaluate's on_token_scores."""
+
+
+def token_scores(rows: torch.Tensor, out: StepOut) -> tuple[torch.Tensor, torch.Tensor]:
+    """(stream positions of the targets a step scored, their nats): the very numbers its sums add, token by token.
+    ``rows`` is the step's (4, R) row table; nothing here runs unless asked for (ttt_evaluate's on_token_scores)."""
+    assert out.token_nats is not None and out.columns is not None and out.scored is not None
+    begin = rows[0].to(out.token_nats.device)
+    targets = begin[:, None] + out.columns + 1  # column c of a window starting at b predicts position b + c + 1
+    return targets.expand_as(out.scored)[out.scored], out.token_nats[out.scored]
 
 
 def pad_rows(going: int, slots: int, half_octaves: bool = False) -> int:
@@ -137,7 +156,7 @@ def chunk_step(
     finally:
         if bind is not None:
             bind(None)
-    return StepOut(row_nats, counts, n_bytes, updated)
+    return StepOut(row_nats, counts, n_bytes, updated, chunk_nats, at, scored)
 
 
 def store_rows_grads(bufs: list[torch.Tensor], rows: int, grads: Sequence[torch.Tensor | None]) -> None:
@@ -268,4 +287,14 @@ class GraphedChunkSteps:
         return self.graphs[key]
 
 
-__all__ = ["GradSink", "GraphedChunkSteps", "InGraphUpdate", "StepKey", "StepOut", "chunk_step", "pad_rows"]
+__all__ = [
+    "GradSink",
+    "GraphedChunkSteps",
+    "InGraphUpdate",
+    "StepKey",
+    "StepOut",
+    "chunk_step",
+    "pad_rows",
+    "TokenScoresHook",
+    "token_scores",
+]

@@ -23,10 +23,12 @@ own rows-sized gradients, never written to .grad); the host only counts it (``st
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, cast
+from typing import Protocol, cast
 
 import torch
 from torch import nn
+
+from speedrun.ttt.settings import LoRASettings
 
 
 class AdapterOptimizer(Protocol):
@@ -46,7 +48,7 @@ class AdapterOptimizer(Protocol):
         """The batch is over: settle what the steps left pending."""
 
 
-def adapter_optimizer(params: list[nn.Parameter], s: Any) -> AdapterOptimizer:
+def adapter_optimizer(params: list[nn.Parameter], s: LoRASettings) -> AdapterOptimizer:
     """The adapters' optimizer, from LoRASettings ``s`` (optimizer, lr, beta1, beta2, eps, momentum, weight_decay):
     one for the run, begun anew at every batch."""
     if s.optimizer == "adam" and s.beta1 == 0 and params:

@@ -1,0 +1,198 @@
+"""A contest's rules as a setting (conf/track/): what a run must meet to count as a submission to it.
+
+``track=pgolf_10min_16mb`` names parameter-golf's record track, ``track=mng_124m`` modded-nanogpt's GPT-2 speedrun;
+the default, ``track=none``, holds no rules. A run with a track is refused at compose where it cannot comply
+(speedrun.plan.track: a validation subset, a time budget over the limit, GPTQ's Hessians outside the training
+clock), and at its end records ``track_ok`` with the reasons it fails (``track_problems``: the GPUs, the card, the
+data, the time measured). The export (speedrun.export) claims a record only for a run whose rules held.
+
+The rules judge a run by its result keys alone (``problems``), so the export checks a finished run the same way.
+Sources of every rule: docs/tracks.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from speedrun.errors import ConfigError
+
+ACCEPT_RULES = ("improve_by", "below")
+"""improve_by: the mean must beat the standing record by ``margin`` at p < ``p_value``; below: the mean must be
+under ``threshold`` at p < ``p_value``."""
+
+
+@dataclass
+class AcceptanceConfig:
+    """When a set of seeds counts as a result under the contest's statistics."""
+
+    metric: str | None = None
+    """The result key judged (val_loss: nats per token; the contest's own score key may differ)."""
+    rule: str | None = None
+    """improve_by or below (ACCEPT_RULES); None: the contest states none."""
+    margin: float | None = None
+    """improve_by: how far below the standing record the mean must be."""
+    threshold: float | None = None
+    """below: the value the mean must be under."""
+    p_value: float | None = None
+    """The one-sided test's level."""
+
+    def text(self) -> str:
+        if self.rule == "improve_by":
+            return f"mean {self.metric} at least {self.margin:g} below the standing record at p < {self.p_value:g}"
+        if self.rule == "below":
+            return f"mean {self.metric} below {self.threshold:g} at p < {self.p_value:g}"
+        return "none stated"
+
+
+@dataclass
+class TrackConfig:
+    """One contest's rules; every field None (or empty) where the contest sets no such rule."""
+
+    name: str | None = None
+    """The track's name as the setting spells it (None: no track, no rules)."""
+    contest: str | None = None
+    """Whose rules: parameter-golf, modded-nanogpt."""
+    record: bool = False
+    """Whether a run that meets these rules may claim a record (a non-record track keeps only some rules)."""
+    folder: str | None = None
+    """Where the contest files a submission of this track (parameter-golf's records/<folder>/)."""
+    gpus: int | None = None
+    """GPUs the run must use."""
+    card: str | None = None
+    """What every GPU's name must contain, e.g. H100."""
+    card_model: str | None = None
+    """The contest machine's card as speedrun.hardware.cards names it (H100 SXM): the peak a run on another card is
+    projected with."""
+    train_seconds: float | None = None
+    """Limit on ``train_seconds``: the timed training steps plus anything after them that reads training data (GPTQ's
+    Hessians); compile and warm-up steps before the clock starts are excluded, as the contests' own scripts time it."""
+    eval_seconds: float | None = None
+    """Limit on evaluation: all the wall time from the end of training to the last score, compilation and CUDA
+    graph capture included (``eval_seconds``); ``eval_seconds_warm`` leaves TTT's compile out, for comparison."""
+    artifact_cap_bytes: int | None = None
+    """Code + compressed model, in bytes (decimal: 16 MB is 16,000,000)."""
+    val_tokens: int | None = None
+    """Validation targets every final score must cover: None with full_validation, the whole split."""
+    full_validation: bool = False
+    """Every score must cover the whole validation split (eval.tokens unset, nothing cut short)."""
+    data: list[str] = field(default_factory=list)
+    """The data settings (conf/data/) whose shards and tokenizer the contest scores; empty: any."""
+    tokenizer_sha256: str | None = None
+    """The tokenizer's sha256 prefix as runs record it (tokenizer_sha256), where it is pinned."""
+    acceptance: AcceptanceConfig = field(default_factory=AcceptanceConfig)
+    sources: list[str] = field(default_factory=list)
+    """Where each rule is written down (URLs), for the docs and the export."""
+
+    def __post_init__(self) -> None:
+        positive = {"gpus": self.gpus, "train_seconds": self.train_seconds, "eval_seconds": self.eval_seconds}
+        positive |= {"artifact_cap_bytes": self.artifact_cap_bytes, "val_tokens": self.val_tokens}
+        bad = [f"track.{k}={v}" for k, v in positive.items() if v is not None and not v > 0]
+        if bad:
+            raise ConfigError(f"{', '.join(bad)}: a track's limits are positive numbers, or null for no limit")
+        if self.full_validation and self.val_tokens is not None:
+            raise ConfigError(
+                f"track.full_validation=true and track.val_tokens={self.val_tokens} contradict each other: the "
+                "whole split, or a fixed count of targets; set one"
+            )
+        rule = self.acceptance.rule
+        if rule is not None and rule not in ACCEPT_RULES:
+            raise ConfigError(f"track.acceptance.rule={rule!r} is not one of {', '.join(ACCEPT_RULES)}")
+
+    @property
+    def on(self) -> bool:
+        return self.name is not None
+
+    def problems(self, result: dict[str, Any]) -> list[str]:
+        """Why a run with these result keys does not meet the rules ([] when it meets them all)."""
+        out = _status_problems(result)
+        out += self._machine_problems(result)
+        out += self._data_problems(result)
+        out += self._validation_problems(result)
+        out += self._time_problems(result)
+        cap, size = self.artifact_cap_bytes, result.get("artifact_bytes")
+        if cap is not None:
+            if size is None:
+                out.append("no artifact was written (quant=off): the track counts code + compressed model")
+            elif int(size) > cap:
+                out.append(f"artifact {int(size):,} bytes, over {cap:,}")
+        return out
+
+    def _machine_problems(self, result: dict[str, Any]) -> list[str]:
+        out = []
+        world = int(result.get("world_size") or 1)
+        if self.gpus is not None and (world != self.gpus or result.get("hardware") == "cpu"):
+            out.append(
+                f"ran on {world} {'CPU process' if result.get('hardware') == 'cpu' else 'GPU'}(s), not {self.gpus}"
+            )
+        if self.card is not None:
+            names = [str(n) for n in (result.get("gpu_names") or [result.get("device_name")])]
+            other = sorted({n for n in names if self.card not in n})
+            if other:
+                out.append(f"ran on {', '.join(other)}, not {self.card}")
+            if result.get("emulated"):
+                out.append(f"hardware={result.get('hardware')} was emulated on another card")
+        return out
+
+    def _data_problems(self, result: dict[str, Any]) -> list[str]:
+        out = []
+        if self.data and result.get("data") not in self.data:
+            out.append(f"data={result.get('data')}, not the track's {' or '.join(self.data)}")
+        pinned, used = self.tokenizer_sha256, result.get("tokenizer_sha256")
+        if pinned is not None and (used is None or not str(pinned).startswith(str(used))):
+            out.append(f"tokenizer sha256 {used}, not the track's {pinned}")
+        return out
+
+    def _validation_problems(self, result: dict[str, Any]) -> list[str]:
+        out = []
+        whole = result.get("eval_whole_split")
+        if self.full_validation and whole is not True:
+            scored = result.get("val_tokens_total")
+            out.append(
+                "no eval_whole_split recorded"
+                if whole is None
+                else f"it scored the first {scored:,} validation tokens (eval.tokens), not the whole split"
+            )
+        for suffix, phase in (("", "eval"), ("_quant", "quantized eval")):
+            scored = result.get(f"val_tokens_scored{suffix}")
+            if result.get(f"eval_complete{suffix}") is False:
+                out.append(f"the {phase} was cut short (eval_complete{suffix} false)")
+            elif self.val_tokens is not None and scored is not None and scored != self.val_tokens:
+                out.append(f"the {phase} scored {scored:,} tokens, not the track's {self.val_tokens:,}")
+        if result.get("ttt_complete") is False:
+            out.append(
+                f"TTT scored {100 * float(result.get('ttt_fraction') or 0):.1f}% of the tokens (ttt_complete false)"
+            )
+        return out
+
+    def _time_problems(self, result: dict[str, Any]) -> list[str]:
+        out = []
+        if self.train_seconds is not None:
+            train = result.get("train_seconds")
+            if train is None:
+                out.append("no train_seconds recorded")
+            elif float(train) > self.train_seconds:
+                out.append(f"trained {float(train):.1f} s (Hessians included), over {self.train_seconds:g} s")
+        if self.eval_seconds is not None:
+            seconds = result.get("eval_seconds")
+            if seconds is None:
+                out.append("no eval_seconds recorded")
+            elif float(seconds) > self.eval_seconds:
+                out.append(f"evaluated in {float(seconds):.1f} s (compile included), over {self.eval_seconds:g} s")
+        return out
+
+    def rules_text(self) -> str:
+        """The rules in one line, for the plan's description and the export's README."""
+        parts = [f"{self.gpus} x {self.card or 'GPU'}"] if self.gpus else []
+        parts += [f"train <= {self.train_seconds:g} s"] if self.train_seconds else []
+        parts += [f"eval <= {self.eval_seconds:g} s"] if self.eval_seconds else []
+        parts += [f"artifact <= {self.artifact_cap_bytes:,} bytes"] if self.artifact_cap_bytes else []
+        parts += ["the whole validation split"] if self.full_validation else []
+        parts += [f"{self.val_tokens:,} validation targets"] if self.val_tokens else []
+        parts += [f"data {' or '.join(self.data)}"] if self.data else []
+        return f"{self.name} ({self.contest}): " + (", ".join(parts) or "no limits")
+
+
+def _status_problems(result: dict[str, Any]) -> list[str]:
+    status = result.get("status")
+    return [] if status == "ok" else [f"status {status}"]

@@ -1,0 +1,115 @@
+"""Opening shard directories made elsewhere, checked: parameter-golf's and modded-nanogpt's published exports, or a
+directory scripts/prepare_data.py built; a missing one is refused with how to get it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from speedrun.data.prepare import DataNotFoundError, DatasetPaths
+from speedrun.data.shards import list_shards, read_header
+from speedrun.data.tiktoken_bpe import is_tiktoken, load_encoding
+from speedrun.data.tokenizer import load_tokenizer
+from speedrun.errors import DataError
+
+# Published parameter-golf exports: vocab size -> (variant, Hugging Face dataset repo).
+_PGOLF_VARIANTS = {
+    512: ("sp512", None),
+    1024: ("sp1024", None),
+    2048: ("sp2048", None),
+    4096: ("sp4096", None),
+    8192: ("sp8192", "kevclark/parameter-golf"),  # not in the default repo; community export
+}
+
+
+def parameter_golf_help(vocab_size: int) -> str:
+    """How to download parameter-golf's FineWeb shards for ``vocab_size`` and point speedrun at them."""
+    variant, repo = _PGOLF_VARIANTS.get(vocab_size, ("sp1024", None))
+    env = f"MATCHED_FINEWEB_REPO_ID={repo} " if repo else ""
+    source = f"{repo}, a community export" if repo else "willdepueoai/parameter-golf"
+    n = variant[2:]
+    lines = [
+        f"To use parameter-golf's published FineWeb shards ({variant}; Hugging Face dataset {source}):",
+        "    git clone https://github.com/openai/parameter-golf && cd parameter-golf",
+        f"    {env}python3 data/cached_challenge_fineweb.py --variant {variant} --train-shards 10",
+        f"  which writes data/datasets/fineweb10B_{variant}/ (fineweb_train_*.bin, fineweb_val_*.bin; 100M tokens per",
+        f"  train shard, the full val split always) and data/tokenizers/fineweb_{n}_bpe.model. Then set",
+        f"    data.path=<parameter-golf>/data/datasets/fineweb10B_{variant} "
+        f"data.tokenizer=<parameter-golf>/data/tokenizers/fineweb_{n}_bpe.model",
+        "  or leave data.path unset to train on the embedded corpus (Python 3.11 docs).",
+    ]
+    if vocab_size not in _PGOLF_VARIANTS:
+        lines.insert(
+            0,
+            f"(parameter-golf publishes no vocab {vocab_size} export; variants: "
+            f"{', '.join(v for v, _ in _PGOLF_VARIANTS.values())}.)",
+        )
+    return "\n".join(lines)
+
+
+def prepared_help(path: Path, vocab_size: int) -> str:
+    """One line: how to build a dataset directory that keeps its tokenizer inside (scripts/prepare_data.py's)."""
+    return (
+        f"build it with: python scripts/prepare_data.py --source python --out {path} --vocab {vocab_size} "
+        "(this machine's Python sources and docs; or --input FILE... in place of --source python, for your own text)"
+    )
+
+
+def open_dataset(path: Path, tokenizer: Path | str, vocab_size: int) -> DatasetPaths:
+    """An existing shard directory plus its tokenizer, checked: shards present with valid headers,
+    tokenizer present with exactly ``vocab_size`` pieces."""
+    if is_tiktoken(tokenizer):
+        return _open_tiktoken_dataset(Path(path).expanduser(), str(tokenizer), vocab_size)
+    path, tokenizer = Path(path).expanduser(), Path(tokenizer).expanduser()
+    if os.path.abspath(tokenizer.parent) == os.path.abspath(path):
+        # A directory that holds its own tokenizer is scripts/prepare_data.py's (parameter-golf keeps tokenizers
+        # apart from the shards): name the command that builds it, on the same line.
+        help_text = f"; {prepared_help(path, vocab_size)}"
+    else:
+        help_text = f"\n{parameter_golf_help(vocab_size)}"
+    if not path.is_dir():
+        raise DataNotFoundError(f"dataset directory not found: {path}{help_text}")
+    try:
+        train, val = list_shards(path, "train"), list_shards(path, "val")
+    except FileNotFoundError as e:
+        raise DataNotFoundError(f"{e}{help_text}") from None
+    if not tokenizer.is_file():
+        raise DataNotFoundError(f"tokenizer not found: {tokenizer} (the SentencePiece .model of {path}){help_text}")
+    sp = load_tokenizer(tokenizer)
+    n = int(sp.get_piece_size())
+    if n != vocab_size:
+        raise DataError(
+            f"tokenizer {tokenizer} has {n} pieces but the configured vocab_size is {vocab_size}; "
+            f"use the tokenizer that made {path} and set the vocab size to {n} (or pick the matching variant)"
+        )
+    for shard in train + val:
+        read_header(shard)  # cheap: magic, version, size; token ids are checked as batches are read
+    return DatasetPaths(train=train, val=val, tokenizer=tokenizer, vocab_size=vocab_size)
+
+
+MODDED_NANOGPT_HELP = (
+    "To get modded-nanogpt's GPT-2-tokenized FineWeb shards (fineweb_train_%06d.bin, fineweb_val_%06d.bin):\n"
+    "    git clone https://github.com/KellerJordan/modded-nanogpt && cd modded-nanogpt\n"
+    "    python data/cached_fineweb10B.py 8     # the val shard and 8 train shards of 100M tokens\n"
+    "  which writes data/fineweb10B/. Then set data=fineweb10B_gpt2 data.path=<modded-nanogpt>/data/fineweb10B,\n"
+    "  or tokenize your own text: python scripts/prepare_data.py --tokenizer gpt2 --input ... --out DIR"
+)
+
+
+def _open_tiktoken_dataset(path: Path, tokenizer: str, vocab_size: int) -> DatasetPaths:
+    """Shards tokenized with a tiktoken vocabulary (GPT-2): shards checked, vocabulary size matched."""
+    if not path.is_dir():
+        raise DataNotFoundError(f"dataset directory not found: {path}\n{MODDED_NANOGPT_HELP}")
+    try:
+        train, val = list_shards(path, "train"), list_shards(path, "val")
+    except FileNotFoundError as e:
+        raise DataNotFoundError(f"{e}\n{MODDED_NANOGPT_HELP}") from None
+    n = int(load_encoding(tokenizer).n_vocab)
+    if n != vocab_size:
+        raise DataError(
+            f"tokenizer {tokenizer} has {n} tokens but the configured vocab_size is {vocab_size}; "
+            f"set data.vocab_size={n}"
+        )
+    for shard in train + val:
+        read_header(shard)
+    return DatasetPaths(train=train, val=val, tokenizer=Path(tokenizer), vocab_size=vocab_size)
