@@ -8,7 +8,7 @@
 # On any CUDA machine with the project installed (pip install -e '.[dev]'):
 #   bash scripts/gpu_tests.sh
 # Extra arguments go to pytest, e.g. one file or a -k filter:
-#   bash scripts/gpu_tests.sh tests/test_attention.py -k flex
+#   bash scripts/gpu_tests.sh tests/model/test_attention.py -k flex
 # GPU_TESTS_LOG=path also keeps the whole output there (e.g. GPU_TESTS_LOG=$OUT/gpu_tests.txt on the device).
 # PYTHON picks the interpreter (default python3, the one device_env.sh set up).
 set -uo pipefail

@@ -1,16 +1,14 @@
-"""Shared fixtures: compose the real config tree, and fake devices for the resolver; how the suite runs in parallel."""
+"""Shared fixtures: compose the real config tree, the embedded dataset and the smoke run every test may read; how
+the suite runs in parallel. What the tests import (CLI runs, fake devices, the two-rank harness, the tiny models)
+is in tests/support/."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from support.cli import SharedRun, session_dir, shared_cli_run
 
 # One intra-op thread for torch, here and in every process a test starts (they inherit the environment): set before
 # any test module imports torch. The suite runs on pytest-xdist workers (pyproject's addopts: -n auto), each one
@@ -61,13 +59,6 @@ def compose():
     return _compose
 
 
-def session_dir(tmp_path_factory) -> Path:
-    """A directory of this pytest session that every xdist worker sees: pytest-N/, above each worker's own
-    pytest-N/popen-gwK/ (without xdist, the pytest session's base temp dir)."""
-    base = tmp_path_factory.getbasetemp()
-    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-
-
 @pytest.fixture(scope="session")
 def data_cache(tmp_path_factory):
     """data.cache_dir for CLI and in-process runs: the embedded dataset is built once per pytest session (per
@@ -78,90 +69,10 @@ def data_cache(tmp_path_factory):
     return path
 
 
-@dataclasses.dataclass(frozen=True)
-class SharedRun:
-    """A finished `python -m run` that several tests read: its console (proc), working dir, run dir and database."""
-
-    proc: subprocess.CompletedProcess
-    cwd: Path
-    run_dir: Path
-    db: Path
-
-
-def shared_cli_run(tmp_path_factory, name: str, args: list[str], timeout: int = 300) -> SharedRun:
-    """Run `python -m run <args>` once per pytest session, whichever test or xdist worker asks first (the others wait
-    on a lock, then read the same run), with hydra.run.dir and results_db in a directory of its own. For tests that
-    only read what the run left: one that writes to its run dir or database gets a run of its own instead. The
-    outcome is kept whatever it was; each test asserts on it (proc.returncode first)."""
-    import fcntl
-    import json
-
-    cwd = session_dir(tmp_path_factory) / f"shared-run-{name}"
-    run_dir, db, record = cwd / "run", cwd / "r.sqlite", cwd / "console.json"
-    with open(session_dir(tmp_path_factory) / f".shared-run-{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not record.exists():
-            cwd.mkdir(exist_ok=True)
-            proc = run_cli([*args, f"hydra.run.dir={run_dir}", f"results_db={db}"], cwd=cwd, timeout=timeout)
-            record.write_text(
-                json.dumps({"args": proc.args, "rc": proc.returncode, "out": proc.stdout, "err": proc.stderr})
-            )
-    saved = json.loads(record.read_text())
-    proc = subprocess.CompletedProcess(saved["args"], saved["rc"], saved["out"], saved["err"])
-    return SharedRun(proc, cwd, run_dir, db)
-
-
 @pytest.fixture(scope="session")
 def default_smoke_run(tmp_path_factory, data_cache) -> SharedRun:
     """The default job as a CPU smoke run (`python -m run debug=smoke`, data from data_cache), run once for the
-    whole pytest session: tests/test_experiments.py and tests/test_cli.py check what it recorded,
-    tests/test_dist_cli.py compares a two-rank run with it and tests/test_ttt_table.py test-time trains copies of
+    whole pytest session: tests/e2e/test_experiments.py and tests/e2e/test_cli.py check what it recorded,
+    tests/e2e/test_dist_cli.py compares a two-rank run with it and tests/e2e/test_ttt_table.py test-time trains copies of
     it. Read its run dir and database; never write to them (its database must keep its one row)."""
     return shared_cli_run(tmp_path_factory, "smoke", ["debug=smoke", f"data.cache_dir={data_cache}"])
-
-
-# What torch.cuda.get_device_name() says on each profile's card (the card table, speedrun.hardware.cards, matches these).
-DEVICE_NAMES = {
-    "t4": "Tesla T4",
-    "a100": "NVIDIA A100-SXM4-80GB",
-    "h100": "NVIDIA H100 80GB HBM3",
-    "h200": "NVIDIA H200",
-    "b200": "NVIDIA B200",
-}
-
-
-def fake_device(profile_name: str, name: str | None = None):
-    """A DetectedDevice for a profile, as detect() would report it on that card (``name``: another card name)."""
-    from speedrun.hardware.profiles import PROFILES, DetectedDevice
-
-    p = PROFILES[profile_name]
-    if p.device_type == "cpu":
-        return DetectedDevice("cpu", "test cpu", None, 0.0, p)
-    return DetectedDevice("cuda", name or DEVICE_NAMES[profile_name], p.capability, p.memory_gb, p)
-
-
-RANK_PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "speedrun.run.runner", "speedrun.training.build"]
-"""What the ranks of start_ranks find already imported: torch (~1.3 s of CPU), dynamo (~1.2 s; torch.optim imports
-it when an optimizer is built) and speedrun's run and training code."""
-
-
-def start_ranks(fn, args: tuple, nprocs: int = 2) -> None:
-    """fn(rank, *args) on ``nprocs`` processes, waited for; an exception in a rank fails the call (torch's
-    start_processes). Each rank is a fresh process, forked from multiprocessing's fork server, which imported
-    RANK_PRELOAD once for this xdist worker: a spawned interpreter would import them again for every rank. The server
-    starts at the first call, from this process as it is then; a rank gets its sys.path and working dir from the
-    caller (as a spawned one does) and sets its own rendezvous variables (MASTER_PORT, RANK, ...)."""
-    import multiprocessing
-
-    import torch.multiprocessing
-
-    multiprocessing.set_forkserver_preload(RANK_PRELOAD)  # read when the server starts: the first call
-    torch.multiprocessing.start_processes(fn, args=args, nprocs=nprocs, start_method="forkserver")
-
-
-def run_cli(args, cwd, timeout=300, env_extra=None):
-    """Run `python -m run ...` in a subprocess (the real entry point) and return the CompletedProcess."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "run", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )

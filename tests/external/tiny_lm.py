@@ -1,5 +1,5 @@
 """A model of one's own, outside the speedrun package: what `model.arch=external.tiny_lm:TinyLM` builds in
-tests/test_model_registry.py. Deliberately not the built-in GPT: plain pre-norm blocks, learned positions, no
+tests/e2e/test_external_model.py. Deliberately not the built-in GPT: plain pre-norm blocks, learned positions, no
 RoPE, no U-Net skips, and one knob of its own (``model.mlp_gain``) declared in its config schema."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ dequantize the model, plus the compressed model bytes. How the code is counted i
 CODE_FILES is that source, as data in one place: src/run.py and every speedrun module the run's path imports
 (resolve, build, the model and its attention backends, training, evaluation, TTT, quantization and the
 artifact's loader, the record keeping the entry point cannot run without). NOT_COUNTED names the modules that path
-imports but a submission would not need, each with the reason. tests/test_artifact_code.py walks the imports
+imports but a submission would not need, each with the reason. tests/artifact/test_artifact_code.py walks the imports
 from src/run.py and fails when a module on the path is in neither list or a listed file is no longer on it, so
 the list cannot rot. Not counted either, because nothing on the path imports them: report/, sweep.py, stats.py,
 the Hydra plugins, scripts/ (data preparation, benchmarks) and the embedded corpus (data, not code).
@@ -185,7 +185,7 @@ src/run.py's path, so the raw rule does not count it."""
 WRAPPED_ALSO: tuple[str, ...] = ("speedrun/run/loggers.py", ENTRY)
 """What the self-extracting file packs besides CODE_FILES, because its re-run imports it: the entry point, and the
 loggers (NOT_COUNTED by the raw rule, but speedrun/run/job.py imports them, so a file without them would not run).
-tests/test_artifact_code.py checks that the entry's imports are all packed."""
+tests/artifact/test_artifact_code.py checks that the entry's imports are all packed."""
 
 CONF_READ: tuple[str, ...] = ("model/*.yaml", "kernel/tuned/*.yaml")
 """conf/ files the resolver reads while it runs, not only Hydra when it composes: the preset model=auto picks for the

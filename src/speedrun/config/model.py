@@ -114,7 +114,7 @@ class ModelConfig:
     """Initial value of the learned per-head gain on the queries after QK-norm (attention logits scale with it).
     Needs qk_norm. The record: 5.0."""
     # parameter-golf's April 2026 record stack (records/track_10min_16mb/2026-04-29_*/train_gpt.py): each lever is
-    # off by default, and with all of them off the model is today's, bit for bit (tests/test_model_levers.py).
+    # off by default, and with all of them off the model is today's, bit for bit (tests/model/test_model_levers.py).
     mlp_act: MlpAct = MlpAct.relu2
     """MLP activation: relu2 = relu(x)^2, leaky_relu2 = leaky_relu(x, mlp_leaky_slope)^2. The record: leaky_relu2."""
     mlp_leaky_slope: float = 0.5

@@ -145,7 +145,7 @@ class OptimConfig:
     grad_clip: float = 0.0
     """Global grad-norm clip; 0 = off."""
     # parameter-golf's April 2026 record stack (records/track_10min_16mb/2026-04-29_*/train_gpt.py), each off by
-    # default: with all of them off a step is today's, bit for bit (tests/test_optim_levers.py).
+    # default: with all of them off a step is today's, bit for bit (tests/model/test_optim_levers.py).
     muon_wd: float = 0.0
     """Decoupled weight decay of Muon's matrices, per unit of learning rate: p *= 1 - lr * muon_wd before each
     update, lr being matrix_lr times the schedule's multiplier (so it warms down with the LR). 0: off. The record:

@@ -8,7 +8,7 @@ For a target token y whose previous token is x:
 Why this is exact for SentencePiece: a space is written as "▁" glued to the front of the next
 piece, and decode() drops the "▁" at the very start of a text (the dummy prefix it added when
 encoding). Every document in a shard starts after BOS, a boundary, so the rule above drops exactly
-the space that decode drops. tests/test_bpb.py checks this byte-for-byte over the val split.
+the space that decode drops. tests/data/test_bpb.py checks this byte-for-byte over the val split.
 
 Per id:
 - control, unknown and unused ids (BOS, EOS, PAD, <unk>): boundaries, 0 bytes;

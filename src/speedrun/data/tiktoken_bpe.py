@@ -8,7 +8,7 @@ r50k_base.tiktoken, which holds the same 50,256 ranks as gpt2) is tiktoken; anyt
 Byte accounting is simpler than SentencePiece's (bpb.py): a byte-level BPE token decodes to exactly its byte
 string, with no leading-space rule, so each ordinary token counts len(decode_single_token_bytes(id)) bytes and
 a special token (<|endoftext|>, the document separator at the start of every document) counts 0 and is a
-boundary. The sum over a document's tokens is then the UTF-8 length of the document (tests/test_tiktoken_bpb.py).
+boundary. The sum over a document's tokens is then the UTF-8 length of the document (tests/data/test_tiktoken_bpb.py).
 
 tiktoken is optional (the ``gpt2`` extra); it is imported only when a tiktoken tokenizer is asked for, and its
 absence is reported before any work is done.

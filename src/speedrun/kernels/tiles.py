@@ -4,7 +4,7 @@ kernel_options that pass them to the forward AND the backward kernel.
 The estimate (bytes of shared memory per program) is a fit to what Triton 3.6 reports (``metadata.shared``) for
 kernels with flex's structure compiled for sm75, and was checked against flex's own generated kernels recompiled
 for sm75 on an H100 (the measuring script, scripts/flex_smem.py, is in the repository's history at e74be17;
-tests/test_kernel.py keeps its numbers). Every dot operand is staged through shared memory; the head dimension is padded to a power of two
+tests/kernels/test_kernel.py keeps its numbers). Every dot operand is staged through shared memory; the head dimension is padded to a power of two
 (flex's QK_HEAD_DIM_ROUNDED: head_dim 80 and 96 cost what 128 costs), e is the element size:
 
     forward   e x 2 x (BLOCK_M + BLOCK_N) x D              the q tile, and a k and a v tile per step

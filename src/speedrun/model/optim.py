@@ -196,7 +196,7 @@ class Muon(torch.optim.Optimizer):
             lr, wd = group["lr"], group["weight_decay"]
             # One batched Newton-Schulz call per matrix shape up to transposition: a tall matrix is orientated
             # wide (NS iterates on the wide orientation anyway), so the MLP's (4d, d) and (d, 4d) weights share one
-            # stack: fewer launches per step, the same math (tests/test_optim.py checks against one at a time).
+            # stack: fewer launches per step, the same math (tests/model/test_optim.py checks against one at a time).
             buckets: dict[tuple, list[Tensor]] = {}
             for p in group["params"]:
                 if p.grad is not None:

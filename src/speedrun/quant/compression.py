@@ -2,7 +2,7 @@
 
 Compression is one library call on the bytes it is given; where the compressor's streaming interface gives the
 same bytes as that call (``STREAMS``: zlib at levels 1-9, lzma, brotli at quality 10-11; tested in
-tests/test_divergence.py) it is fed in chunks, so a compression of minutes prints its progress like the other
+tests/quant/test_compression.py) it is fed in chunks, so a compression of minutes prints its progress like the other
 phases. quant.compressor=pergroup (speedrun.quant.pergroup) calls these once per tensor group.
 """
 

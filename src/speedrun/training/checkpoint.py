@@ -28,7 +28,8 @@ The data position is the global offset of the next step's span in the token stre
 step reads tokens_per_step consecutive tokens, of which each rank reads its slices), the same on every rank and the
 same whatever the number of ranks. A step covers the same tokens on one rank with accumulation 4 as on two ranks
 with accumulation 2, so a checkpoint resumed on any number of ranks that splits the step trains on the same global
-batches, step for step (the gradient sums run in another order: equal to float rounding, tests/test_ckpt_dist.py).
+batches, step for step (the gradient sums run in another order: equal to float rounding,
+tests/training/test_checkpoint_ranks.py).
 """
 
 from __future__ import annotations

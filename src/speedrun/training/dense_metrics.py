@@ -71,7 +71,7 @@ class LossBuffer:
 DIVERGENCE_MARGIN = 1.0
 """Nats the end-of-training loss may sit above its first loss or ln(vocab) before the run counts as diverged. A
 fresh model starts near uniform (its first loss is about ln(vocab)) and a few steps on small batches move the loss
-by half a nat either way (2 steps of 256 tokens, tests/test_run_outcomes.py: 6.93 -> 7.50), so a short run must not
+by half a nat either way (2 steps of 256 tokens, tests/run/test_run_outcomes.py: 6.93 -> 7.50), so a short run must not
 be judged to the hundredth; a run that went wrong ends whole nats above (3 steps of pgolf_baseline on CPU: 6.9 ->
 15.0)."""
 EARLY_MARGIN = 4.0

@@ -14,8 +14,8 @@ so the documents' targets are exactly positions 1..M of the stream, as in the st
 A chunk is scored from a window of at most model.seq_len tokens of its own document that ends at the chunk's
 last target, so no token attends across BOS and no score can depend on a later token: the adapters that score
 chunk k have been trained on chunks 0..k-1 only, and a global phase trains only on documents already scored
-(tests/test_ttt_score_first.py and, token by token, tests/test_ttt_causality.py change one target at a time and check
-every score made before it).
+(tests/ttt/test_ttt_score_first.py and, token by token, tests/ttt/test_ttt_causality.py change one target at a time
+and check every score made before it).
 
 Documents, their chunk sizes (``ttt.chunk_size``, ``ttt.short_chunks``) and the batches' order:
 speedrun.ttt.documents.

@@ -1,0 +1,85 @@
+"""track=<contest>: the rules as data (conf/track/), refused at compose where a run cannot comply, judged at the end
+(track_ok with reasons). A CPU run under a track, its Hessians inside the training clock: tests/e2e/test_cli.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from speedrun.config import to_config
+from speedrun.config.track import TrackConfig
+from speedrun.errors import PlanError
+from speedrun.export.track import NON_RECORD_NAME, RECORD_NAME, load_track
+from speedrun.paths import CONF_DIR
+from speedrun.plan import resolve
+from speedrun.run.track_verdict import track_keys
+from support.devices import fake_device
+
+TRACKS = sorted(p.stem for p in (CONF_DIR / "track").glob("*.yaml"))
+
+
+def plan_for(compose, *overrides, device="cpu"):
+    return resolve(to_config(compose([*overrides])), fake_device(device))
+
+
+@pytest.mark.parametrize("name", TRACKS)
+def test_every_track_composes_and_names_its_sources(compose, name):
+    track = to_config(compose([f"track={name}"])).track
+    assert isinstance(track, TrackConfig)
+    if name == "none":
+        assert track.name is None and not track.on
+        return
+    assert track.name == name and track.contest and track.sources  # docs/tracks.md cites each
+    assert load_track(name) == track  # the export reads the same rules
+
+
+def test_the_rules_of_parameter_golf_and_modded_nanogpt():
+    pg, mng = load_track(RECORD_NAME), load_track("mng_124m")
+    assert (pg.gpus, pg.card, pg.train_seconds, pg.eval_seconds, pg.artifact_cap_bytes) == (8, "H100", 600, 600, 16e6)
+    assert pg.full_validation and pg.acceptance.margin == 0.005 and pg.acceptance.p_value == 0.01
+    assert (mng.val_tokens, mng.acceptance.threshold, mng.data) == (10_485_760, 3.28, ["fineweb10B_gpt2"])
+    assert load_track(NON_RECORD_NAME).train_seconds is None and load_track(NON_RECORD_NAME).artifact_cap_bytes == 16e6
+
+
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        (["eval.tokens=8192"], "eval.tokens=8192 scores a subset"),
+        (["budget.train_seconds=900"], "budget.train_seconds=900: set budget.train_seconds<=600"),
+        (["budget.train_seconds=0", "budget.max_steps=10"], "this run has no time limit"),
+        (["ttt=record", "ttt.max_seconds=700"], "ttt.max_seconds=700 allows more"),
+        (["quant=int6", "quant.reserve_seconds=0"], "quant.reserve_seconds=0 would leave GPTQ's Hessians"),
+    ],
+)
+def test_a_run_that_cannot_comply_is_refused_at_compose(compose, overrides, says):
+    with pytest.raises(PlanError, match=says.replace("(", r"\(").replace(")", r"\)")):
+        plan_for(compose, "track=pgolf_10min_16mb", "budget.train_seconds=600", *overrides)
+
+
+def test_mng_needs_its_validation_targets(compose):
+    with pytest.raises(PlanError, match="set eval.tokens=10485761"):
+        plan_for(compose, "track=mng_124m")
+    plan = plan_for(compose, "track=mng_124m", "eval.tokens=10485761")
+    assert plan.track.name == "mng_124m" and "mng_124m (modded-nanogpt)" in plan.describe()
+
+
+def test_a_one_gpu_run_is_judged_and_projected_onto_eight(compose):
+    plan = plan_for(compose, "track=pgolf_10min_16mb", "budget.train_seconds=600", "quant=int6", device="h100")
+    result = {
+        "status": "ok",
+        "world_size": 1,
+        "hardware": "h100",
+        "device_name": plan.device_name,
+        "data": "fineweb_sp8192",
+        "eval_whole_split": True,
+        "train_seconds": 598.0,
+        "eval_seconds": 1210.0,
+        "artifact_bytes": 15_900_000,
+    }
+    keys = track_keys(plan, result)
+    assert keys["track_ok"] is False
+    assert keys["track_problems"] == ["ran on 1 GPU(s), not 8", "evaluated in 1210.0 s (compile included), over 600 s"]
+    # the same card, an eighth of the GPUs: an eighth of the time, and said to be a projection
+    assert (keys["track_projected_train_seconds"], keys["track_projected_eval_seconds"]) == (74.8, 151.2)
+    assert "projection, not a measurement" in keys["track_projection"]
+    eight = {**result, "world_size": 8, "gpu_names": [plan.device_name] * 8, "eval_seconds": 400.0}
+    assert track_keys(plan, eight) == {"track": RECORD_NAME, "track_ok": True, "track_problems": None}

@@ -1,0 +1,219 @@
+"""Two ranks end to end on CPU (gloo) through the real entry points: torchrun, `python -m run dist.nproc=2` (torch's
+elastic launch) and submitit's local executor (the SLURM path, a forced requeue included). One run dir and one row
+per run, written by rank 0; a rank that raises fails the run with its error, in bounded time; Ctrl-C leaves an
+interrupted row."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from support.cli import run_cli
+
+pytestmark = pytest.mark.slow
+
+SMOKE = ["debug=smoke"]  # conf/debug/smoke.yaml: 4 steps of a tiny model, 6144 tokens a step (12 x 2 x 128 per rank)
+LONG = ["budget.max_steps=1000000", "budget.train_seconds=300"]  # still training when the failure or signal comes
+
+
+def rows(cwd: Path) -> list[dict]:
+    con = sqlite3.connect(cwd / "outputs" / "results.sqlite")
+    con.row_factory = sqlite3.Row
+    return [dict(r) for r in con.execute("SELECT * FROM runs")]
+
+
+def run_dirs(cwd: Path) -> list[Path]:
+    return sorted(p.parent for p in (cwd / "outputs").glob("**/.hydra"))
+
+
+def test_torchrun_two_ranks_make_one_run_like_one_process(tmp_path, data_cache, default_smoke_run):
+    """torchrun starts both ranks with the same command line: rank 1 creates no run dir of its own, rank 0 records
+    world_size 2, and the run trains and scores as one process with twice the accumulation (fp32)."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip(f"no torchrun beside {sys.executable}")
+    # the 4 steps decide (smoke's 120 s is only a safety cap), the same data as conftest's default_smoke_run
+    args = [*SMOKE, f"data.cache_dir={data_cache}"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc_per_node=2", "-m", "run", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (run_dir,) = run_dirs(tmp_path)
+    (row,) = rows(tmp_path)
+    result = json.loads((run_dir / "result.json").read_text())
+    assert row["status"] == result["status"] == "ok" and row["run_id"] == str(run_dir.resolve())
+    assert (result["world_size"], result["nodes"], len(result["gpu_names"])) == (2, 1, 2)
+    assert json.loads(row["plan"])["dist"] == {
+        "world_size": 2,
+        "nodes": 1,
+        "nproc": 2,
+        "backend": "gloo",
+        "launch": "torchrun",
+        "timeout_s": 600.0,
+        "nvls": None,  # NCCL's own NVLink-multicast default
+    }
+    assert result["tokens"] == result["steps"] * 6144  # tokens (and tokens_per_s) are global
+    # one process, the same overrides (plus its own run dir and database): conftest.default_smoke_run
+    single = default_smoke_run.proc
+    assert single.returncode == 0, single.stderr[-3000:]
+    con = sqlite3.connect(default_smoke_run.db)
+    con.row_factory = sqlite3.Row
+    (one,) = [dict(r) for r in con.execute("SELECT * FROM runs")]
+    assert one["steps"] == row["steps"] == 4 and abs(one["val_bpb"] - row["val_bpb"]) < 1e-4
+
+
+def _injector(tmp_path: Path, rank: int) -> dict[str, str]:
+    """Environment that makes rank ``rank`` raise at its third step (warm-up is the first) of a real run: a
+    sitecustomize on PYTHONPATH, imported by every process at start-up, wraps the Stepper in that rank only."""
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(
+        "import os\n"
+        f"if os.environ.get('RANK') == '{rank}':\n"
+        "    import speedrun.training.loop as t\n"
+        "    call, n = t.Stepper.__call__, [0]\n"
+        "    def failing(self, batches):\n"
+        "        n[0] += 1\n"
+        "        if n[0] == 3:\n"
+        f"            raise RuntimeError('injected failure on rank {rank}')\n"
+        "        return call(self, batches)\n"
+        "    t.Stepper.__call__ = failing\n"
+    )
+    return {"PYTHONPATH": os.pathsep.join([str(inject), os.environ.get("PYTHONPATH", "")])}
+
+
+@pytest.mark.parametrize("failing", [1, 0])
+def test_a_rank_that_raises_fails_the_run_with_its_error(tmp_path, data_cache, failing):
+    start = time.time()
+    proc = run_cli(
+        [*SMOKE, *LONG, "dist.nproc=2", f"data.cache_dir={data_cache}"],
+        cwd=tmp_path,
+        timeout=240,
+        env_extra=_injector(tmp_path, failing),
+    )
+    wall = time.time() - start
+    assert proc.returncode != 0
+    assert wall < 120, f"the ranks took {wall:.0f}s to stop"  # not a collective timeout (600 s)
+    (run_dir,) = run_dirs(tmp_path)
+    (row,) = rows(tmp_path)
+    expected = f"rank {failing}: RuntimeError: injected failure on rank {failing}"
+    assert row["status"] == "failed" and row["error"] == expected, (row["error"], proc.stdout[-3000:])
+    assert json.loads((run_dir / "result.json").read_text())["error"] == expected
+    assert f"injected failure on rank {failing}" in (run_dir / "error.txt").read_text()  # that rank's traceback
+    assert row["steps"] >= 1 and row["world_size"] == 2
+
+
+def test_ctrl_c_leaves_an_interrupted_row(tmp_path, data_cache):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    args = [*SMOKE, *LONG, "dist.nproc=2", f"data.cache_dir={data_cache}"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "run", *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    seen = []
+    try:
+        deadline = time.time() + 240
+        for line in proc.stdout:  # until rank 0 logs training progress
+            seen.append(line)
+            if "tok/s" in line or time.time() > deadline:
+                break
+        assert any("tok/s" in line for line in seen), "".join(seen)[-3000:]
+        sent = time.time()
+        proc.send_signal(signal.SIGINT)  # to the launching process only: it stops the ranks
+        rest, _ = proc.communicate(timeout=90)
+        assert time.time() - sent < 60
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    (run_dir,) = run_dirs(tmp_path)
+    (row,) = rows(tmp_path)
+    assert row["status"] == "interrupted" and row["steps"] > 0 and row["finished_at"] is not None
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "interrupted"
+    # the ranks stopped together at a step boundary, after one checkpoint of that step (rank 0's file)
+    (checkpoint,) = (run_dir / "checkpoints").glob("step_*.pt")
+    assert checkpoint.name == f"step_{row['steps']:08d}.pt" and checkpoint.name in row["error"]
+    # the launching process's last line points to rank 0's row and how to continue it
+    last = [line for line in rest.splitlines() if "interrupted:" in line][-1]
+    assert "(interrupted); continue it with `python -m run resume=" in last and "no row" not in last, last
+
+
+def test_a_bad_dist_request_is_refused_before_any_rank_starts(tmp_path):
+    # 6400 tokens do not split into 2 ranks x 2 x 128 tokens
+    proc = run_cli([*SMOKE, "dist.nproc=2", "budget.tokens_per_step=6400"], cwd=tmp_path)
+    assert proc.returncode == 1
+    out = proc.stdout + proc.stderr
+    assert "does not split over 2 ranks" in out and "starting 2 ranks" not in out
+    (row,) = rows(tmp_path)
+    assert row["status"] == "failed" and row["error"].startswith("PlanError")
+
+
+# The forced requeue below is in this file, not one of its own: pytest-xdist's loadfile hands out files with the most
+# tests first, so a one-test file came last and ran alone at the end of the suite (~45 s).
+
+
+def test_the_slurm_path_runs_two_tasks_as_one_run_and_requeues_it(tmp_path, data_cache):
+    """hydra/launcher=slurm_local: submitit's local executor runs the job as 2 tasks with submitit's job
+    environment, which speedrun maps to the rendezvous as it would on a SLURM cluster: one run (launch submitit,
+    world size 2) in the sweep's job dir, shared by both tasks. (The plain path and the requeue are one run: a
+    second run of the plain path took ~17 s of the suite and checked nothing that this one does not.)
+    A forced requeue, end to end: submitit's local executor sends its timeout signal (SIGUSR2) to both tasks 30 s
+    before hydra.launcher.timeout_min=1 runs out, mid-training (30 s of training budget, with the start-up before
+    it). Both ranks stop at the same step with one checkpoint; global rank 0's submitit handler requeues; the task
+    ends with the local executor's requeue status, so the executor starts the job again, which finds the
+    checkpoint in its run dir and trains the rest. One row, ok, resumed_from_step its checkpoint's step.
+    The requeued job, signalled 30 s after its own start too, must finish before that: its start-up, the rest of
+    the training (about the first start-up's length) and the final eval (a shorter signal delay failed that way
+    on a loaded machine)."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    timed = ["hydra.launcher.timeout_min=1", "budget.max_steps=1000000", "budget.train_seconds=30"]
+    args = ["-m", "hydra/launcher=slurm_local", "dist.nproc=2", *SMOKE, *timed, f"data.cache_dir={data_cache}"]
+    proc = run_cli(args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (row,) = rows(tmp_path)
+    assert row["status"] == "ok" and row["world_size"] == 2 and row["resumed_from_step"] > 0, row
+    assert json.loads(row["plan"])["dist"]["launch"] == "submitit"
+    (run_dir,) = run_dirs(tmp_path)
+    assert run_dir.name == "0"  # the sweep's job dir, shared by both tasks (and by the requeued job)
+    log = (run_dir / "run.log").read_text()
+    stopped = f"checkpoints/step_{row['resumed_from_step']:08d}.pt; job requeued"
+    assert stopped in log and f"resumed from {run_dir}" in log and log.count("Caught signal SIGUSR2") == 1
+
+
+def test_periodic_validation_and_a_target_on_two_ranks(tmp_path, data_cache):
+    """`python -m run dist.nproc=2 eval.every_steps=2` with a target every evaluation reaches: both ranks evaluate
+    at step 2 (sharded, all-reduced), agree the target is reached and stop there together; rank 0 alone writes the
+    val record (one, in the run's metrics.jsonl) and the time-to-target keys."""
+    args = [*SMOKE, "dist.nproc=2", "eval.every_steps=2", "budget.target_val_bpb=1000", f"data.cache_dir={data_cache}"]
+    proc = run_cli(args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (run_dir,) = run_dirs(tmp_path)
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "ok" and result["world_size"] == 2
+    assert (result["budget_end"], result["reached"], result["steps_to_target"], result["steps"]) == (
+        "target",
+        True,
+        2,
+        2,
+    )
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    vals = [r for r in records if "val_bpb" in r]
+    assert [r["step"] for r in vals] == [2] and vals[0]["val_bpb"] <= 1000

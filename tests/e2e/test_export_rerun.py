@@ -1,0 +1,78 @@
+"""The export's acceptance test: a smoke run, its export (`python -m speedrun.export`), and the exported
+train_gpt.py run where speedrun is not installed, reaching the run's val_bpb to 1e-6 (CPU is deterministic) and
+counting itself as the run counted it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from support.export import bare_env
+
+pytestmark = pytest.mark.slow
+
+
+def test_an_exported_run_reruns_where_speedrun_is_not_installed(tmp_path, data_cache, default_smoke_run):
+    from speedrun.data.prepare import embedded_dir
+
+    # 1. a smoke run; its train_gpt.py is what it counted. The pytest session's default smoke run (conftest; the export
+    # only reads its run dir), where this test made a smoke run of its own (2 shorter steps): ~5 s less, its rerun
+    # below ~1 s more
+    proc = default_smoke_run.proc
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    result_path = default_smoke_run.run_dir / "result.json"
+    result = json.loads(result_path.read_text())
+    assert result["artifact_code_rule"] == "wrapped"
+    assert result["artifact_code_bytes"] == (result_path.parent / "train_gpt.py").stat().st_size
+
+    # 2. the export
+    out = tmp_path / "X"
+    exported = subprocess.run(
+        [sys.executable, "-m", "speedrun.export", str(result_path.parent), "--out", str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert exported.returncode == 0, exported.stderr
+    assert sorted(p.name for p in out.iterdir()) == [
+        "README.md",
+        "requirements.txt",
+        "submission.json",
+        "train_gpt.py",
+        "train_seed0.log",
+    ]
+    assert result["artifact_code_bytes"] == os.path.getsize(out / "train_gpt.py")
+    submission = json.loads((out / "submission.json").read_text())
+    assert submission["bytes_code"] == result["artifact_code_bytes"] and submission["seeds"] == [0]
+    assert submission["val_bpb"] == result["val_bpb_quant"] and submission["metric"] == "val_bpb_quant"
+
+    # 3. a directory holding only the folder and the data, on a Python where speedrun is not importable
+    clean = tmp_path / "clean"
+    shutil.copytree(out, clean / "X")
+    shutil.copytree(embedded_dir(data_cache, 1024), clean / "data")
+    env = bare_env(DATA_PATH=str(clean / "data"))
+    no_speedrun = subprocess.run(
+        [sys.executable, "-S", "-c", "import speedrun"], cwd=clean, env=env, text=True, capture_output=True
+    )
+    if no_speedrun.returncode == 0:  # installed into site-packages itself, not editable (a .pth file): cannot hide it
+        pytest.skip("speedrun is installed into site-packages (not editable), so python -S cannot hide it")
+    assert "No module named 'speedrun'" in no_speedrun.stderr
+    rerun = subprocess.run(
+        [sys.executable, "-S", "X/train_gpt.py"], cwd=clean, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert rerun.returncode == 0, rerun.stderr[-3000:] + rerun.stdout[-3000:]
+    (again_path,) = (clean / "runs").glob("*/result.json")
+    again = json.loads(again_path.read_text())
+    assert again["status"] == "ok" and abs(again["val_bpb"] - result["val_bpb"]) <= 1e-6
+    assert again["val_bpb_quant"] == pytest.approx(result["val_bpb_quant"], abs=1e-6)
+    # the re-run counts the file that ran, byte for byte, and prints the result block
+    assert again["artifact_code_bytes"] == os.path.getsize(clean / "X" / "train_gpt.py")
+    assert (again_path.parent / "train_gpt.py").read_bytes() == (clean / "X" / "train_gpt.py").read_bytes()
+    assert re.search(r"^val_bpb:\s+\d+\.\d+\s*$", rerun.stdout, re.M) and (again_path.parent / "run.log").is_file()

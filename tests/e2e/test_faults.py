@@ -1,0 +1,242 @@
+"""Faults a run dir must survive, injected at a chosen moment into real CPU runs: kill -9 mid-training, a second
+owner, a disk that fills or refuses writes, a database that fills, and run dirs tampered with (a copied dir naming
+another machine's paths, bit flips in a checkpoint, orphan temp files, changed code, a model class or an
+interpolation planted in the stored config). Each test asserts the row, the files and the console."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from support.cli import run_cli
+
+pytestmark = pytest.mark.slow
+
+SMOKE = ["debug=smoke", "budget.warmup_steps=0", "eval.tokens=1024"]
+
+
+@pytest.fixture(scope="module")
+def smoke(data_cache):
+    """The smoke run's overrides, with the pytest session's dataset (built here once, so no fault hits its build)."""
+    from speedrun.data import ensure_embedded_dataset
+
+    ensure_embedded_dataset(Path(data_cache), vocab_size=1024)
+    return [*SMOKE, f"data.cache_dir={data_cache}"]
+
+
+DRIVER = str(Path(__file__).with_name("fault_driver.py"))
+
+
+def rows(db: Path) -> dict[str, dict]:
+    con = sqlite3.connect(db)
+    con.row_factory = sqlite3.Row
+    try:
+        return {r["run_id"]: dict(r) for r in con.execute("SELECT * FROM runs")}
+    finally:
+        con.close()
+
+
+def one_line(proc: subprocess.CompletedProcess, needle: str, code: int = 1) -> str:
+    """The single console line naming the problem; no traceback."""
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == code, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    (line,) = [ln for ln in out.splitlines() if needle in ln]
+    return line
+
+
+def start(args: list[str], cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "run", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def wait_for(path_glob: str, where: Path, count: int, proc: subprocess.Popen, timeout: float = 180) -> None:
+    deadline = time.time() + timeout
+    while len(list(where.glob(path_glob))) < count:
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        assert time.time() < deadline, f"no {count} x {path_glob} in {where}"
+        time.sleep(0.02)
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory, smoke):
+    """A run killed with SIGKILL once two checkpoints exist; while it was alive, a second run asked for its dir and
+    a resume asked to continue it (their outcomes are kept for the tests)."""
+    cwd = tmp_path_factory.mktemp("killed")
+    db, run_dir = cwd / "r.sqlite", cwd / "run"
+    args = [*smoke, "budget.max_steps=400", "checkpoint.every_steps=1", f"results_db={db}"]
+    proc = start([*args, f"hydra.run.dir={run_dir}"], cwd)
+    wait_for("checkpoints/step_*.json", run_dir, 2, proc)
+    rivals = {
+        "same_dir": start([*args, f"hydra.run.dir={run_dir}"], cwd),
+        "resume": start([f"resume={run_dir}", f"results_db={db}"], cwd),
+    }
+    outcomes = {}
+    for name, rival in rivals.items():
+        out, _ = rival.communicate(timeout=120)
+        outcomes[name] = subprocess.CompletedProcess(rival.args, rival.returncode, out, "")
+    assert proc.poll() is None, "the run ended before it could be killed: raise budget.max_steps"
+    row_alive = rows(db)[str(run_dir.resolve())]
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    return cwd, db, run_dir, outcomes, row_alive
+
+
+def test_a_second_owner_is_refused_in_one_line_and_leaves_the_run_alone(killed):
+    cwd, db, run_dir, outcomes, row_alive = killed
+    run_id = str(run_dir.resolve())
+    line = one_line(outcomes["same_dir"], "is in use by pid")
+    assert str(row_alive["pid"]) in line
+    line = one_line(outcomes["resume"], "is in use by pid")
+    # the owner's row kept its own process and status; each refusal has a row of its own, outside the owner's
+    assert row_alive["status"] == "running" and row_alive["pid"] not in (None, os.getpid())
+    refused = [r for r in rows(db).values() if r["run_id"] != run_id]
+    assert len(refused) == 2 and {r["status"] for r in refused} == {"failed"}
+    assert all("in use by pid" in r["error"] for r in refused)
+    assert any(r["run_id"].startswith(run_id + "/refused_attempts/") for r in refused)  # Hydra wrote there already
+    assert [p.name for p in (run_dir / ".hydra").iterdir() if p.is_dir()] != []  # its files beside the owner's
+
+
+def test_a_killed_run_reads_lost_and_the_next_run_on_its_database_says_so(killed, smoke, tmp_path):
+    from speedrun.records.store import effective_status
+
+    _, shared_db, run_dir, _, _ = killed
+    db = tmp_path / "r.sqlite"  # a copy: the next run adds its own row, which the shared database must not get
+    shutil.copyfile(shared_db, db)
+    row = rows(db)[str(run_dir.resolve())]
+    assert row["status"] == "running" and row["heartbeat_at"] and row["host"]
+    assert effective_status(row) == "lost"  # its pid is gone from this host
+    # the next run on that database (here one refused for a bad value, after its record opened) writes it down
+    proc = run_cli([*smoke, "checkpoint.keep=0", f"results_db={db}"], cwd=tmp_path)
+    one_line(proc, "checkpoint.keep=0")
+    row = rows(db)[str(run_dir.resolve())]
+    assert row["status"] == "lost" and f"pid {row['pid']}" in row["error"]
+
+
+def test_a_copied_tampered_run_dir_resumes_into_this_commands_database_from_the_step_that_loads(killed, tmp_path):
+    """The dir moves to another place and another working directory; its checkpoints name another machine's
+    directory and other code; its newest checkpoint has bit flips; killed writers left temp files."""
+    _, _, run_dir, _, _ = killed
+    copy = tmp_path / "moved" / "run"
+    shutil.copytree(run_dir, copy)
+    elsewhere = tmp_path / "home-alice-otherbox"
+    steps = sorted((copy / "checkpoints").glob("step_*.json"))
+    for meta_path in steps:
+        meta = json.loads(meta_path.read_text())
+        meta.update(cwd=str(elsewhere), code_fingerprint="0123456789abcdef")
+        meta_path.write_text(json.dumps(meta))
+    newest = steps[-1].with_suffix(".pt")
+    data = bytearray(newest.read_bytes())
+    for i in range(len(data) // 2, len(data) // 2 + 512):
+        data[i] ^= 0x5A
+    newest.write_bytes(bytes(data))
+    orphans = [copy / ".result.json.999999.tmp", copy / "checkpoints" / ".step_00000009.pt.999999.tmp"]
+    for orphan in orphans:
+        orphan.write_text("half")
+    here = tmp_path / "here"
+    here.mkdir()
+
+    refused = run_cli([f"resume={copy}"], cwd=here)  # other code: refused, naming both fingerprints
+    line = one_line(refused, "code changed since the checkpoint")
+    assert "0123456789abcdef" in line and "accept_code_change=true" in line
+
+    proc = run_cli([f"resume={copy}", "accept_code_change=true"], cwd=here)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert out.count("trying an older one") == 1 and "Traceback" not in out
+    assert not elsewhere.exists()
+    assert not any(o.exists() for o in orphans)
+    (row,) = [r for r in rows(here / "outputs" / "results.sqlite").values() if r["run_id"] == str(copy.resolve())]
+    older = int(steps[-2].stem.split("_")[1])
+    assert row["status"] == "ok" and row["resumed_from_step"] == older
+    assert row["config"] and row["started_at"] and row["overrides"] is not None
+    assert row["resume_code_change"].startswith("0123456789abcdef -> ")
+
+
+def test_a_model_class_or_an_interpolation_planted_in_a_run_dir_is_refused_before_anything_runs(
+    killed, tmp_path, monkeypatch
+):
+    _, _, run_dir, _, _ = killed
+    planted = tmp_path / "planted"
+    shutil.copytree(run_dir, planted)
+    for meta_path in (planted / "checkpoints").glob("step_*.json"):
+        meta = json.loads(meta_path.read_text())
+        meta["config"]["model"]["arch"] = "evilmod:Evil"
+        meta_path.write_text(json.dumps(meta))
+    (planted / "evilmod.py").write_text("from pathlib import Path\nPath('IMPORTED').write_text('ran')\n")
+    proc = run_cli(["resume=."], cwd=planted)
+    one_line(proc, "model.arch=evilmod:Evil")
+    assert not (planted / "IMPORTED").exists()
+
+    # an interpolation is refused, never resolved (checked without a process: the same function the run calls)
+    from speedrun.errors import ConfigError
+    from speedrun.training.resume import accepted_resume
+
+    monkeypatch.setenv("SPEEDRUN_TEST_SECRET", "hunter2")
+    for meta_path in (planted / "checkpoints").glob("step_*.json"):
+        meta = json.loads(meta_path.read_text())
+        meta["config"]["name"] = "${oc.env:SPEEDRUN_TEST_SECRET}"
+        meta_path.write_text(json.dumps(meta))
+    with pytest.raises(ConfigError, match="interpolation") as refused:
+        accepted_resume(str(planted), [], tmp_path)
+    assert "hunter2" not in str(refused.value)
+
+
+def _file_size_limit(limit: int):
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+def test_a_full_disk_fails_the_run_in_one_line_and_leaves_no_half_written_file(tmp_path, smoke):
+    """A file-size limit below a checkpoint's size: the first checkpoint's write fails as on a full disk."""
+    db, run_dir = tmp_path / "db" / "r.sqlite", tmp_path / "run"
+    args = [*smoke, "budget.max_steps=3", "checkpoint.every_steps=1", f"results_db={db}", f"hydra.run.dir={run_dir}"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "run", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=_file_size_limit(600_000),
+    )
+    line = one_line(proc, "File too large")
+    assert "hydra.run.dir=" in line  # the fix
+    row = rows(db)[str(run_dir.resolve())]
+    assert row["status"] == "failed" and "checkpoint" in row["error"]
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "failed"
+    assert not list(run_dir.rglob("*.tmp"))
+    assert (run_dir / ".owner.lock").read_text() == ""  # released
+
+
+def test_a_database_that_fills_mid_run_ends_the_run_non_zero_in_one_line(tmp_path, smoke):
+    db = tmp_path / "r.sqlite"
+    args = [*smoke, "budget.max_steps=2", f"results_db={db}", f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = subprocess.run(
+        [sys.executable, DRIVER, "db_full_after:1", *args], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    line = one_line(proc, "its record could not be written")
+    assert "database or disk is full" in proc.stdout + proc.stderr
+    assert "result.json" in line
+    assert json.loads((tmp_path / "run" / "result.json").read_text())["status"] == "ok"  # the run dir holds it
+
+
+def test_a_read_only_outputs_dir_is_one_line_before_anything_is_written(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, DRIVER, f"erofs:{tmp_path}", *SMOKE], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    line = one_line(proc, "Read-only file system")
+    assert "outputs" in line
+    assert not (tmp_path / "outputs" / "runs").exists()

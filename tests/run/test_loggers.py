@@ -1,0 +1,86 @@
+"""logger=wandb never fails a run: offline without a key or a server, a warning and off without wandb installed or
+after a W&B error. A real offline sweep with it: tests/e2e/test_wandb_sweep.py."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from speedrun.config import LoggerConfig
+from speedrun.run.loggers import WandbLogger, make_logger, resolve_wandb_mode
+
+# ---------------------------------------------------------------------------------------------------------
+# never fail, never block
+
+
+def test_mode_auto_is_offline_without_a_key_or_a_server(monkeypatch, tmp_path):
+    for key in [k for k in os.environ if k.startswith("WANDB_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+    assert resolve_wandb_mode("auto") == "offline"
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # nothing listens there
+    assert resolve_wandb_mode("auto") == "offline"
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert resolve_wandb_mode("auto") is None  # the environment decides
+    assert resolve_wandb_mode("online") == "online" and resolve_wandb_mode("offline") == "offline"
+    with pytest.raises(ValueError, match="logger.mode"):
+        resolve_wandb_mode("sometimes")
+
+
+def _logger(tmp_path: Path) -> WandbLogger:
+    lg = make_logger(LoggerConfig(name="wandb", mode="offline"), tmp_path, "sweep-1", "t")
+    assert isinstance(lg, WandbLogger)
+    return lg
+
+
+def test_without_wandb_installed_the_logger_warns_and_stays_off(monkeypatch, tmp_path, caplog):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb -> ImportError
+    lg = _logger(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="speedrun.logger"):
+        lg.start({"seed": 0}, None)
+        lg.log_metrics({"step": 1, "train_loss": 1.0})
+        lg.log_result({"status": "ok"})
+        lg.finish("ok")
+    assert lg.run is None and "wandb is not installed" in caplog.text
+
+
+def test_a_wandb_error_is_one_warning_then_the_logger_is_off(monkeypatch, tmp_path, caplog):
+    calls = []
+
+    class Run:
+        dir = str(tmp_path / "files")
+        summary: dict = {}
+
+        def define_metric(self, *a, **k):
+            pass
+
+        def log(self, *a, **k):
+            calls.append("log")
+            raise RuntimeError("backend went away")
+
+        def finish(self, **k):
+            calls.append("finish")
+
+    fake = types.SimpleNamespace(init=lambda **k: Run(), Settings=lambda **k: None)
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    lg = _logger(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="speedrun.logger"):
+        lg.start({}, None)
+        lg.log_metrics({"step": 1, "train_loss": 1.0})
+        lg.log_metrics({"step": 2, "train_loss": 0.9})
+        lg.finish("ok")
+    assert calls == ["log"] and caplog.text.count("backend went away") == 1 and lg.run is None
+
+    def refuse(**k):
+        raise TimeoutError("init timed out")
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=refuse, Settings=lambda **k: None))
+    lg = _logger(tmp_path)
+    lg.start({}, None)  # no exception reaches the run
+    assert lg.run is None and "init timed out" in caplog.text
