@@ -120,24 +120,11 @@ def default_smoke_run(tmp_path_factory, data_cache) -> SharedRun:
     return shared_cli_run(tmp_path_factory, "smoke", ["debug=smoke", f"data.cache_dir={data_cache}"])
 
 
-# What torch.cuda.get_device_name() says on each profile's card (the card table, speedrun.hardware.cards, matches these).
-DEVICE_NAMES = {
-    "t4": "Tesla T4",
-    "a100": "NVIDIA A100-SXM4-80GB",
-    "h100": "NVIDIA H100 80GB HBM3",
-    "h200": "NVIDIA H200",
-    "b200": "NVIDIA B200",
-}
-
-
 def fake_device(profile_name: str, name: str | None = None):
     """A DetectedDevice for a profile, as detect() would report it on that card (``name``: another card name)."""
-    from speedrun.hardware.profiles import PROFILES, DetectedDevice
+    from speedrun.hardware.profiles import device_for
 
-    p = PROFILES[profile_name]
-    if p.device_type == "cpu":
-        return DetectedDevice("cpu", "test cpu", None, 0.0, p)
-    return DetectedDevice("cuda", name or DEVICE_NAMES[profile_name], p.capability, p.memory_gb, p)
+    return device_for(profile_name, name or ("test cpu" if profile_name == "cpu" else None))
 
 
 RANK_PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "speedrun.run.runner", "speedrun.training.build"]
