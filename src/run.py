@@ -22,8 +22,12 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     # the command line's own steps, here and not at the top: they serve only `python -m run`, not an import of run
+    from speedrun.config.did_you_mean import unknown_override
     from speedrun.run.plan_only import print_plan, wants_plan
 
+    typo = unknown_override(sys.argv[1:], model_arch=arch_from_argv(sys.argv))  # before Hydra's "+key" advice
+    if typo is not None:
+        sys.exit(f"error: {typo}")
     if wants_plan(sys.argv):  # `python -m run ... --plan`: print the resolved Plan and exit, writing nothing
         sys.exit(print_plan(sys.argv))
     from speedrun.distributed.launch import worker_argv

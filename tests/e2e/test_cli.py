@@ -212,7 +212,7 @@ def test_a_smoke_run_trains_and_scores_on_tiktoken_shards(tmp_path):
 
 def plan_cli(args, cwd):
     return subprocess.run(
-        [sys.executable, "-m", "run", *args, "--plan"], cwd=cwd, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "run", *args, "--plan=json"], cwd=cwd, capture_output=True, text=True, timeout=120
     )
 
 
@@ -230,7 +230,8 @@ def test_plan_prints_the_resolved_plan_and_writes_nothing(tmp_path):
     "args,needle",
     [
         (["precision=fp16"], "precision=fp16 needs a CUDA GPU"),  # the resolver's refusal
-        (["attn=nope"], "Could not find 'attn/nope'"),  # Hydra's compose error
+        (["attn=nope"], "attn=nope is no option of attn"),  # caught before compose (did_you_mean)
+        (["seed=abc"], "Error merging override seed=abc"),  # Hydra's compose error
         (["-m", "seed=0,1"], "--plan takes overrides only"),
     ],
 )

@@ -45,7 +45,7 @@ def test_an_external_model_trains_evaluates_quantizes_test_time_trains_and_is_re
     "args,needle",
     [
         ([f"model.arch={ARCH}", "model.no_such_knob=1"], "Could not override 'model.no_such_knob'"),
-        (["model.mlp_gain=0.5"], "Could not override 'model.mlp_gain'"),  # the built-in GPT has no such knob
+        (["model.mlp_gain=0.5"], "unknown key 'model.mlp_gain'"),  # the built-in GPT has no such knob
         ([f"model.arch={ARCH}", "model.mlp_gain=abc"], "model.mlp_gain"),  # typed: a float
     ],
 )

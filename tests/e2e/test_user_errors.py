@@ -48,9 +48,9 @@ def assert_user_error(proc, cwd: Path, needle: str, status: str = "failed") -> d
 @pytest.mark.parametrize(
     "override,needle",
     [
-        ("attn.foo=1", "Could not override 'attn.foo'"),  # unknown option
+        ("attn.foo=1", "unknown key 'attn.foo'"),  # unknown key (speedrun.config.did_you_mean)
         ("seed=abc", "could not be converted to Integer"),  # wrong type
-        ("attn=nope", "Could not find 'attn/nope'"),  # unknown choice
+        ("attn=nope", "attn=nope is no option of attn"),  # unknown choice
     ],
 )
 def test_hydra_compose_errors_print_hydras_message_and_exit_nonzero(tmp_path, override, needle):

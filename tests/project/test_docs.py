@@ -33,9 +33,9 @@ SKIP_COMPOSE: dict[str, str] = {
     # (empty: every documented command composes; placeholders such as <run dir> are filled in below)
 }
 
-RUN_FLAGS = {"-m", "--multirun", "--plan", "--resolve"}
+RUN_FLAGS = {"-m", "--multirun", "--plan", "--plan=json", "--resolve"}
 """Flags of `python -m run` that take no value and do not change what is composed (-m: the sweep is expanded
-below; --plan: resolves after composing)."""
+below; --plan, --plan=json: resolve after composing)."""
 RUN_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p"}
 
 

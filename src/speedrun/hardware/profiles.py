@@ -239,3 +239,23 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+DEVICE_NAMES = {
+    "t4": "Tesla T4",
+    "a100": "NVIDIA A100-SXM4-80GB",
+    "h100": "NVIDIA H100 80GB HBM3",
+    "h200": "NVIDIA H200",
+    "b200": "NVIDIA B200",
+}
+"""What torch.cuda.get_device_name() says on each GPU profile's card; the card table (speedrun.hardware.cards)
+matches each of them, so a plan made for one has the card's MFU peak."""
+
+
+def device_for(profile_name: str, name: str | None = None) -> DetectedDevice:
+    """A DetectedDevice for a profile, as detect() would report it on that profile's card (``name``: another card
+    name): what `--plan` resolves for when this machine lacks the card, so a recipe can be checked before renting."""
+    p = PROFILES[profile_name]
+    if p.device_type == "cpu":
+        return DetectedDevice("cpu", name or "cpu", None, 0.0, p)
+    return DetectedDevice("cuda", name or DEVICE_NAMES[profile_name], p.capability, p.memory_gb, p)

@@ -1,25 +1,33 @@
-"""``python -m run ... --plan``: resolve the composed config on this machine and print the Plan as plan.json would
-hold it, then exit. No run dir, no row, no data and no model: the way to check a recipe where it will run (what
-`auto` picks, the micro-batch, the kernels, the memory estimate) before spending GPU time on it."""
+"""``python -m run ... --plan``: resolve the composed config and print the Plan's summary (``--plan=json``: the
+whole Plan as plan.json would hold it), then exit. No run dir, no row, no data and no model: the way to check a
+recipe (what `auto` picks, the micro-batch, the kernels, the memory estimate) before spending GPU time on it.
+
+A hardware profile this machine lacks (hardware=t4 on a laptop, hardware=h100 on a T4) is resolved as if its card
+were present (speedrun.hardware.profiles.device_for), and the first line says so: the Plan, or the refusal, is the
+one that card would give."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from speedrun.config import CONF_DIR, register_configs, to_config
+from speedrun.config import CONF_DIR, Config, register_configs, to_config
+from speedrun.config.choices import HardwareName
+from speedrun.config.did_you_mean import unknown_override
 from speedrun.distributed.environment import world_from_env
-from speedrun.errors import ConfigError
+from speedrun.errors import ConfigError, PlanError
 from speedrun.hardware import profiles as hardware
 from speedrun.model.registry import arch_from_argv, register_model_schema
-from speedrun.plan import plan_json, resolve
+from speedrun.plan import choose_profile, plan_json, resolve
 from speedrun.plan.dist_choice import WorldInfo
 
 FLAG = "--plan"
+FORMATS = ("summary", "json")
+"""What ``--plan=<format>`` prints: Plan.describe()'s summary (the default, ``--plan`` alone) or the whole Plan."""
 
 
 def wants_plan(argv: list[str]) -> bool:
-    return FLAG in argv[1:]
+    return any(a == FLAG or a.startswith(FLAG + "=") for a in argv[1:])
 
 
 def print_plan(argv: list[str]) -> int:
@@ -29,28 +37,58 @@ def print_plan(argv: list[str]) -> int:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    args = [a for a in argv[1:] if a != FLAG]
+    formats = [a.partition("=")[2] or "summary" for a in argv[1:] if a == FLAG or a.startswith(FLAG + "=")]
+    args = [a for a in argv[1:] if not (a == FLAG or a.startswith(FLAG + "="))]
     flags = [a for a in args if a.startswith("-")]
     if flags:
         return _refuse(f"--plan takes overrides only (group=option, key=value), not {' '.join(flags)}")
+    if any(f not in FORMATS for f in formats):
+        return _refuse(f"--plan={formats[-1]}: use --plan (a summary) or --plan=json (the whole Plan)")
+    arch = arch_from_argv(argv)
+    problem = unknown_override(args, model_arch=arch)
+    if problem is not None:
+        return _refuse(problem)
     register_configs()
-    register_model_schema(arch_from_argv(argv))  # a model's own knobs, as `python -m run` composes them
+    register_model_schema(arch)  # a model's own knobs, as `python -m run` composes them
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=args)
-        plan = resolve(to_config(cfg), hardware.detect(), cwd=Path.cwd(), world=_world())
+            cfg = to_config(compose(config_name="config", overrides=args))
+        device, note = _device_for(cfg)
+        if note is not None:  # on stderr where stdout must stay JSON
+            print(note, file=sys.stderr if formats[-1] == "json" else sys.stdout, flush=True)
+        plan = resolve(cfg, device, cwd=Path.cwd(), world=_world(absent_card=note is not None))
     except (ConfigError, HydraException, OmegaConfBaseException) as e:
         return _refuse(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
-    print(plan_json(plan))
+    print(plan_json(plan) if formats[-1] == "json" else plan.describe())
     return 0
 
 
-def _world() -> WorldInfo:
+def _device_for(cfg: Config) -> tuple[hardware.DetectedDevice, str | None]:
+    """This machine's device, or, where it cannot serve the requested profile (no GPU, or a smaller one), that
+    profile's card as if it were present, with the line that says so."""
+    detected = hardware.detect()
+    requested = cfg.hardware.name
+    if requested in (HardwareName.auto, HardwareName.cpu):
+        return detected, None
+    try:
+        choose_profile(str(requested), detected)
+    except PlanError:
+        device = hardware.device_for(str(requested))
+        note = (
+            f"note: resolved for hardware={requested} as if a {device.name} were here; this machine "
+            f"({detected.name}) lacks it, and a run here would be refused"
+        )
+        return device, note
+    return detected, None
+
+
+def _world(absent_card: bool = False) -> WorldInfo:
     """The world as this process's environment describes it (under torchrun, its WORLD_SIZE), without binding a
-    GPU or joining a process group as a run's rank does."""
+    GPU or joining a process group as a run's rank does. For a card this machine lacks: one of it (at least)."""
     import torch
 
-    return world_from_env(visible_gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return world_from_env(visible_gpus=max(visible, 1) if absent_card else visible)
 
 
 def _refuse(message: str) -> int:
