@@ -83,3 +83,35 @@ def test_a_one_gpu_run_is_judged_and_projected_onto_eight(compose):
     assert "projection, not a measurement" in keys["track_projection"]
     eight = {**result, "world_size": 8, "gpu_names": [plan.device_name] * 8, "eval_seconds": 400.0}
     assert track_keys(plan, eight) == {"track": RECORD_NAME, "track_ok": True, "track_problems": None}
+
+
+def test_an_h100_of_another_form_factor_is_not_the_contests(compose):
+    """The track's card is the card table's H100 SXM: an H100 PCIe's name contains "H100" all the same."""
+    plan = plan_for(compose, "track=pgolf_10min_16mb", "budget.train_seconds=600", device="h100")
+    pcie = "NVIDIA H100 PCIe"
+    result = {"status": "ok", "world_size": 8, "hardware": "h100", "device_name": pcie, "gpu_names": [pcie] * 8}
+    result |= {"data": "fineweb_sp8192", "eval_whole_split": True, "train_seconds": 590.0, "eval_seconds": 500.0}
+    result |= {"artifact_bytes": 15_000_000}
+    assert track_keys(plan, result)["track_problems"] == [f"ran on {pcie} (H100 PCIe), not H100 SXM"]
+    sxm = [plan.device_name] * 8
+    assert track_keys(plan, {**result, "device_name": plan.device_name, "gpu_names": sxm})["track_ok"] is True
+
+
+def test_a_record_missing_its_counts_is_judged_not_crashed():
+    says = load_track(RECORD_NAME).problems({"status": "ok", "eval_whole_split": False})
+    assert "it scored the first ? validation tokens (eval.tokens), not the whole split" in says
+
+
+def test_a_measured_reserve_as_large_as_the_budget_is_refused_before_training(compose, monkeypatch):
+    import types
+
+    import speedrun.run.job as job
+    from speedrun.distributed.world import SINGLE
+
+    plan = plan_for(compose, "quant=int6", "budget.train_seconds=5")
+    assert plan.budget.measures_reserve
+    monkeypatch.setattr(job, "measure_reserve", lambda *args: 7.5)
+    with pytest.raises(PlanError, match="would take 7.5 s here .* the whole budget.train_seconds=5"):
+        job.Job._hessian_reserve(types.SimpleNamespace(world=SINGLE), plan, None, None)
+    monkeypatch.setattr(job, "measure_reserve", lambda *args: 1.5)
+    assert job.Job._hessian_reserve(types.SimpleNamespace(world=SINGLE), plan, None, None) == 1.5
