@@ -314,8 +314,8 @@ open("seen.txt", "w").write(os.environ["DATA_PATH"] + "\\n" + os.environ["SEED"]
 
 def test_a_peer_arm_runs_its_script_with_the_env_and_its_log_parsed(tmp_path):
     """A peer's script runs in its own run dir with the check's environment filled in (the corpus's path, the seed),
-    the FA3 stand-in's folder first on PYTHONPATH, its log parsed into speedrun's metric names, its sha256
-    recorded."""
+    the FA3 stand-in's folder first on PYTHONPATH, its log parsed into speedrun's metric names, its sha256 and the
+    stand-in's recorded."""
     if GPU_HERE:
         pytest.skip("the check below is declared for a CPU machine")
     script, shim = tmp_path / "train_gpt.py", tmp_path / "shim"
@@ -342,6 +342,8 @@ def test_a_peer_arm_runs_its_script_with_the_env_and_its_log_parsed(tmp_path):
     assert Path(data_path) == Path(r["corpus"]["path"]) and (Path(data_path) / "dataset.json").is_file()
     assert seed == "3"
     assert r["peers"]["fake"] == {"path": str(script), "sha256": file_sha256(script)}
+    stand_in = shim / "flash_attn_interface.py"
+    assert r["fa3_stand_in"] == {"path": str(stand_in), "sha256": file_sha256(stand_in)}
     assert f"PYTHONPATH={shim}" in r["arms"]["peer"]["command"]
 
 

@@ -236,6 +236,7 @@ def result_record(
             **(hw.corpus_fingerprint(data_dir) if data_dir else {}),
         },
         "peers": {name: {"path": str(p), "sha256": file_sha256(p)} for name, p in peers.items()},
+        "fa3_stand_in": fa3_stand_in(check, opts),
         "arms": {
             arm.name: {
                 "kind": "run" if isinstance(arm, RunArm) else "peer",
@@ -250,6 +251,15 @@ def result_record(
         "all_runs_ok": every_run_ok,
         "passed": every_run_ok and all(b["passed"] for b in bars),
     }
+
+
+def fa3_stand_in(check: Check, opts: Options) -> dict[str, str] | None:
+    """The stand-in flash_attn_interface.py a peer ran on (--fa3-shim), with its sha256: a peer's numbers depend
+    on it as much as on the peer's own script."""
+    if opts.fa3_shim is None or not any(isinstance(a, PeerArm) and a.needs_fa3 for a in check.arms):
+        return None
+    path = opts.fa3_shim / "flash_attn_interface.py"
+    return {"path": str(path), "sha256": file_sha256(path)} if path.is_file() else None
 
 
 def write_atomic(path: Path, text: str) -> None:
