@@ -139,6 +139,16 @@ def test_the_dry_run_prints_each_runs_command_with_its_environment(tmp_path, cap
     assert [c.split("seed=")[-1].split()[0] for c in commands[::2]] == ["0", "0"] and "s0_p2" in commands[2]
 
 
+def test_the_dry_run_takes_the_name_before_or_after_the_flag(capsys):
+    assert main(["--dry-run", "cpu_default"]) == 0
+    first = capsys.readouterr().out
+    assert main(["cpu_default", "--dry-run"]) == 0
+    assert capsys.readouterr().out == first and "-m run data=embedded" in first
+    with pytest.raises(SystemExit):
+        main(["--dry-run"])
+    assert "--dry-run needs a check's name" in capsys.readouterr().err
+
+
 def test_parallel_arms_get_gpus_of_their_own_and_alternating_arms_share_the_first():
     record, tuned = CHECKS["record_vs_pgolf"], CHECKS["kernel_tuned"]
     ((a, b),) = plan(record, Options(), _machine("NVIDIA H100 80GB HBM3", 4))
