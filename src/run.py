@@ -16,8 +16,8 @@ register_model_schema(arch_from_argv(sys.argv))  # a model's own knobs (model.ar
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
-def main(cfg: DictConfig) -> None:
-    speedrun.main(cfg)
+def main(cfg: DictConfig) -> float:
+    return speedrun.task(cfg)  # the run's objective, for Hydra's sweepers (speedrun.task)
 
 
 if __name__ == "__main__":
