@@ -18,8 +18,10 @@ from hydra_plugins.speedrun_plugins import job_pool, sweeper
 from hydra_plugins.speedrun_plugins import pool_launcher as pl
 from speedrun.config import to_config
 from speedrun.config.did_you_mean import unknown_override
+from speedrun.config.objective import DEFAULT_OBJECTIVE
 from speedrun.errors import ConfigError
 from speedrun.records.objective import Objective, maximising, objective_of
+from speedrun.task import task
 
 OK = {"status": "ok", "val_bpb": 1.25, "val_loss": 2.5, "val_bpb_ttt": None, "steps": 7}
 
@@ -116,12 +118,15 @@ def test_an_interrupted_job_is_no_result_and_raises_as_hydras_does(tmp_path):
         ret.return_value  # noqa: B018 - the property raises
 
 
-def test_an_objective_no_run_records_is_refused_before_anything_runs(compose, tmp_path):
-    with pytest.raises(ConfigError, match=r"objective=val_bpq .*did you mean val_bpb"):
-        to_config(compose(["objective=val_bpq"]))
-    with pytest.raises(ConfigError, match="objective=attn is not a numeric result key"):
-        to_config(compose(["objective=attn"]))
-    assert to_config(compose(["objective=val_bpb_quant"])).objective == "val_bpb_quant"
+def test_an_objective_no_run_records_is_refused_before_anything_runs(compose, tmp_path, caplog):
+    assert to_config(compose([])).objective == DEFAULT_OBJECTIVE
+    # the task function, before the run (src/run.py: a single run, or every trial of a sweep in one process)
+    for bad in ("val_bpq", "attn"):
+        with pytest.raises(SystemExit) as e:
+            task(OmegaConf.create({"objective": bad}))
+        assert e.value.code == 1
+    assert "objective=val_bpq is not a numeric result key" in caplog.text and "fix: objective=val_bpb" in caplog.text
+    assert "objective=attn is not a numeric result key" in caplog.text
     # on the command line, before Hydra composes (src/run.py)
     assert "fix: objective=val_bpb" in (unknown_override(["-m", "objective=val_bpq"]) or "")
     assert unknown_override(["objective=tokens_per_s", "objective=choice(val_bpb,val_loss)"]) is None
