@@ -64,6 +64,13 @@ def test_the_direction_is_read_from_each_sweeper():
     assert not maximising(OmegaConf.create({"ax_config": {"experiment": {"minimize": True}}}))
 
 
+def test_the_direction_of_a_composed_optuna_sweep(compose):
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="pip install -e '.[optuna]'")
+    assert not maximising(compose(["hydra/sweeper=optuna"], return_hydra_config=True).hydra.sweeper)
+    up = compose(["hydra/sweeper=optuna", "hydra.sweeper.direction=maximize"], return_hydra_config=True)
+    assert maximising(up.hydra.sweeper)
+
+
 def _jobs(tmp_path: Path, scripts: list[str], objective: str = "val_bpb", maximise: bool = False) -> list:
     jobs = []
     for i, code in enumerate(scripts):
