@@ -146,3 +146,18 @@ def test_an_objective_no_run_records_is_refused_before_anything_runs(compose, tm
     with pytest.raises(ConfigError, match=r"job #0 \(seed=1\): objective=attn"):
         launcher._prepare(0, ["seed=1"], tmp_path, [])
     assert not (tmp_path / "0").exists()
+
+
+def test_after_ctrl_c_the_pool_runs_nothing_more_for_a_sweeper_that_asks_again(compose, tmp_path, monkeypatch):
+    """The speedrun sweeper stops at an interrupted launcher; an adaptive one (Optuna) may ask for its next trials:
+    they are not run."""
+    monkeypatch.chdir(tmp_path)
+    config = compose([f"hydra.sweep.dir={tmp_path / 'sweep'}"], return_hydra_config=True)
+    launcher = pl.PoolLauncher(cpu_jobs=1)
+    launcher.config, launcher.interrupted = config, True
+    launcher.hydra_context = SimpleNamespace(config_loader=SimpleNamespace(load_sweep_config=lambda c, o: config))
+    rets = launcher.launch([["seed=1"], ["seed=2"]], initial_job_idx=0)
+    assert [type(r._return_value).__name__ for r in rets] == ["JobNotRun", "JobNotRun"]
+    assert not list((tmp_path / "sweep").iterdir())  # no job dir: nothing started
+    with pytest.raises(job_pool.JobNotRun):
+        rets[0].return_value  # noqa: B018 - the property raises: no result for the sweeper

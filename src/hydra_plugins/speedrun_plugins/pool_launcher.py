@@ -158,6 +158,8 @@ class PoolLauncher(Launcher):
             signals=_RECEIVED,
             hold_stops=True,
         )
+        if self.interrupted:  # a sweeper that asks again after Ctrl-C (an adaptive one) gets nothing run
+            pool.stopping = "interrupted"
         returns = pool.run(jobs)
         self.interrupted = self.interrupted or pool.interrupted
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
