@@ -41,7 +41,9 @@ def _lr(row: dict) -> float:
 
 
 def test_an_optuna_sweep_through_the_pool_minimises_the_objective_the_runs_return(tmp_path, data_cache):
+    # the study asks for its 3 trials at once (n_jobs); the pool runs 2 at a time
     args = ["optim.matrix_lr=choice(0.02,0.04,-1.0)", "hydra.sweeper.n_trials=3", "hydra.sweeper.n_jobs=3"]
+    args.append("hydra.launcher.cpu_jobs=2")
     proc = run_cli([*OPTUNA, *args, "objective=val_loss", f"data.cache_dir={data_cache}"], cwd=tmp_path, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-4000:]  # the study ends, then the summary's exit status says a job failed
@@ -52,6 +54,8 @@ def test_an_optuna_sweep_through_the_pool_minimises_the_objective_the_runs_retur
     (refused,) = (r for r in rows if r["status"] != "ok")
     assert refused["status"] == "failed" and "optim.matrix_lr=-1.0 must be >= 0" in refused["error"]
     assert _lr(refused) == -1.0 and sorted(_lr(r) for r in ok) == [0.02, 0.04]
+    first, second = sorted(rows, key=lambda r: r["started_at"])[:2]
+    assert second["started_at"] < first["finished_at"]  # two trials ran at once
     # the study saw each run's val_loss (not its val_bpb), and the refused trial as no better than any
     best = min(ok, key=lambda r: r["val_loss"])
     assert study["best_value"] == pytest.approx(best["val_loss"], rel=1e-12)
