@@ -299,6 +299,8 @@ def holm_note(groups: Sequence[Group]) -> str:
 def _fit(headers: list[str], rows: list[list[str]], droppable: list[str]) -> tuple[str, list[str]]:
     """A table as console text within the terminal's width, a line after it naming the columns left out."""
     width = terminal_width()
+    if width is None:
+        return format_table(headers, rows), []
     (headers, rows), dropped = fit_width((headers, rows), width, droppable)
     notes = dropped_note(dropped, width)
     return "\n".join([format_table(headers, rows), *notes]), notes

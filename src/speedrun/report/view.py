@@ -7,7 +7,9 @@ leaderboard.csv keeps every group and column: these are for reading, the CSV is 
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 from collections.abc import Sequence
 
 from speedrun.report.groups import Group
@@ -50,8 +52,11 @@ def fold_equal(table: Table, keep: Sequence[str]) -> tuple[Table, str]:
     return ([headers[i] for i in shown], [[r[i] for i in shown] for r in rows]), f"all rows: {said}"
 
 
-def terminal_width() -> int:
-    """The console's width: $COLUMNS when set, else the terminal's, else 80 (output to a file or a pipe)."""
+def terminal_width() -> int | None:
+    """The console's width: $COLUMNS when set, else the terminal's; None (no limit) when the output goes to a file
+    or a pipe, whose reader has no width to keep within and wants every column."""
+    if not os.environ.get("COLUMNS") and not sys.stdout.isatty():
+        return None
     return shutil.get_terminal_size((80, 24)).columns
 
 
