@@ -115,9 +115,7 @@ def test_margin_shifted_welch_matches_scipy() -> None:
     judged = {j.group.values["attn"]: j for j in judge(track, groups_against_sdpa()[1])}
     assert set(judged) == {"flex", "math", "fa3"}  # the baseline is not judged against itself
     for attn in ("flex", "math"):
-        ref = sps.ttest_ind(
-            [v + margin for v in VAL_LOSS[attn]], VAL_LOSS["sdpa"], equal_var=False, alternative="less"
-        )
+        ref = sps.ttest_ind([v + margin for v in VAL_LOSS[attn]], VAL_LOSS["sdpa"], equal_var=False, alternative="less")
         test = judged[attn].test
         assert test is not None
         assert test.t == pytest.approx(ref.statistic, rel=1e-9) and test.p == pytest.approx(ref.pvalue, rel=1e-6)

@@ -93,12 +93,13 @@ def verdict(j: Judged, track: TrackConfig) -> str:
     if j.untested:
         return f"not tested: {j.untested}"
     if j.test is None:
-        short = [
-            f"{who} has {len(xs)}"
-            for who, xs in (("candidate", j.values), ("baseline", j.base))
-            if len(xs) < MIN_SEEDS and (who == "candidate" or track.acceptance.rule == "improve_by")
-        ]
-        return f"too few seeds: {', '.join(short)} ok run(s) with {track.acceptance.metric}; the test needs >= {MIN_SEEDS} per group"
+        sides = [("candidate", j.values)] + ([("baseline", j.base)] if track.acceptance.rule == "improve_by" else [])
+        short = [f"{who} has {len(xs)}" for who, xs in sides if len(xs) < MIN_SEEDS]
+        more = ", ".join(f"{MIN_SEEDS - len(xs)} more for the {who}" for who, xs in sides if len(xs) < MIN_SEEDS)
+        return (
+            f"too few seeds: {', '.join(short)} ok run(s) with {track.acceptance.metric}; the test needs >= "
+            f"{MIN_SEEDS} per group (run {more})"
+        )
     p = j.p_holm if j.p_holm is not None else j.test.p
     return "accepted" if p < float(track.acceptance.p_value or 0.0) else "not accepted"
 

@@ -198,13 +198,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     target_html = time_to_target(args, runs, board.keys, target, baseline) if target is not None else None
     accept_html = None
     if track is not None:
-        notes, headers, rows = accept_table(track, judge(track, board.groups), board.keys)
+        notes, headers, rows = accept_table(
+            track,
+            judge(track, [g for g in board.groups if args.all or g not in hidden_groups(board.groups)]),
+            board.keys,
+        )
         accept_html = (f"acceptance ({track.name})", notes, (headers, rows))
         print(
             f"\n{accept_html[0]}:\n"
             + "\n".join(notes)
             + "\n"
-            + _fit(headers, rows, ["n", "n_base", "mean", "mean_base"])[0]
+            + _fit(headers, rows, ["n", "n_base", "mean", "mean_base"], [*board.keys, "verdict"])[0]
         )
     write_report(args, board, target_html, accept_html)
     return 0
@@ -267,7 +271,7 @@ def leaderboard(
         notes=sets.messages(keys, " ".join(["python -m speedrun.report", *filters])) + shared_note(groups),
         footnotes=repeated_note(groups),
         above=hidden_note(hidden) + ([said] if said else []),
-        droppable=[*extras, *list(metrics)[1:]],
+        droppable=["n", "failures", "delta", *extras, *list(metrics)[1:]],
     )
 
 
@@ -276,12 +280,13 @@ def print_board(args: argparse.Namespace, board: Board) -> None:
     if board.notes:
         print("\n" + "\n".join(board.notes))
     print(f"\nleaderboard ({args.metric}, lowest first):\n" + "\n".join(board.above), end="\n" if board.above else "")
-    print(_fit(*board.table, board.droppable)[0])
+    print(_fit(*board.table, board.droppable, [*board.keys, "verdict"])[0])
     if board.footnotes:
         print("\n".join(board.footnotes))
     if board.ttest is not None:
         holm = holm_note(board.groups)
-        text = _fit(*board.ttest, ["mean", "mean_base", "t", "df", "std", "std_base"])[0]
+        droppable = ["delta", "t", "df", "mean", "mean_base", "n", "n_base", "std", "std_base"]
+        text = _fit(*board.ttest, droppable, [*board.keys, "verdict"])[0]
         print(f"\nagainst the baseline ({TEST_NAME[args.alternative]} on {args.metric}):\n" + holm + text)
 
 
@@ -296,12 +301,13 @@ def holm_note(groups: Sequence[Group]) -> str:
     )
 
 
-def _fit(headers: list[str], rows: list[list[str]], droppable: list[str]) -> tuple[str, list[str]]:
-    """A table as console text within the terminal's width, a line after it naming the columns left out."""
+def _fit(headers: list[str], rows: list[list[str]], droppable: list[str], cuttable: list[str]) -> tuple[str, list[str]]:
+    """A table as console text within the terminal's width (view.fit_width), a line after it naming the columns
+    left out."""
     width = terminal_width()
     if width is None:
         return format_table(headers, rows), []
-    (headers, rows), dropped = fit_width((headers, rows), width, droppable)
+    (headers, rows), dropped = fit_width((headers, rows), width, droppable, cuttable)
     notes = dropped_note(dropped, width)
     return "\n".join([format_table(headers, rows), *notes]), notes
 
@@ -314,7 +320,7 @@ def time_to_target(
     heading = f"time to target ({target[0]} <= {target[1]:g})"
     print(f"\n{heading}:\n" + "\n".join(t_notes))
     print(
-        _fit(t_headers, t_rows, ["steps_to_target"])[0]
+        _fit(t_headers, t_rows, ["steps_to_target"], keys)[0]
         if t_rows
         else "no run in the selection trained with this target"
     )

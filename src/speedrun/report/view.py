@@ -39,7 +39,7 @@ def hidden_note(hidden: Sequence[Group]) -> list[str]:
 
 def fold_equal(table: Table, keep: Sequence[str]) -> tuple[Table, str]:
     """The table without the columns whose cell is the same on every row (``keep`` excepted), and the line that
-    says them once: ``all rows: hardware=cpu precision=fp32`` (``-`` for a column empty everywhere). A table of
+    says them once: ``all rows: hardware=cpu precision=fp32; empty in every row: mfu``. A table of
     fewer than two rows is left whole: one row says nothing about what its rows share."""
     headers, rows = table
     if len(rows) < 2:
@@ -47,9 +47,11 @@ def fold_equal(table: Table, keep: Sequence[str]) -> tuple[Table, str]:
     same = [i for i, h in enumerate(headers) if h not in keep and len({r[i] for r in rows}) == 1]
     if not same:
         return table, ""
-    said = " ".join(f"{headers[i]}={rows[0][i] or '-'}" for i in same)
+    said = " ".join(f"{headers[i]}={rows[0][i]}" for i in same if rows[0][i])
+    empty = ", ".join(headers[i] for i in same if not rows[0][i])
+    line = "; ".join(([f"all rows: {said}"] if said else []) + ([f"empty in every row: {empty}"] if empty else []))
     shown = [i for i in range(len(headers)) if i not in same]
-    return ([headers[i] for i in shown], [[r[i] for i in shown] for r in rows]), f"all rows: {said}"
+    return ([headers[i] for i in shown], [[r[i] for i in shown] for r in rows]), line
 
 
 def terminal_width() -> int | None:
@@ -65,10 +67,13 @@ def line_width(widths: Sequence[int]) -> int:
     return sum(widths) + 3 * len(widths) + 1
 
 
-def fit_width(table: Table, width: int, droppable: Sequence[str]) -> tuple[Table, list[str]]:
+def fit_width(
+    table: Table, width: int, droppable: Sequence[str], cuttable: Sequence[str] | None = None
+) -> tuple[Table, list[str]]:
     """The table narrowed to ``width`` characters a line: the ``droppable`` columns go first, the last named first
-    (the lowest priority), then the widest remaining column's cells are cut with an ellipsis, down to MIN_CELL
-    characters. Returns the table and the dropped columns' names."""
+    (the lowest priority), then the widest ``cuttable`` column's cells (any column's when None; text, since a cut
+    number would misread) are cut with an ellipsis, down to MIN_CELL characters. Returns the table and the
+    dropped columns' names."""
     headers, rows = list(table[0]), [list(r) for r in table[1]]
     dropped: list[str] = []
 
@@ -84,11 +89,12 @@ def fit_width(table: Table, width: int, droppable: Sequence[str]) -> tuple[Table
             for r in rows:
                 r.pop(i)
             dropped.append(name)
-    while line_width(w := widths()) > width:
-        widest = max(range(len(w)), key=lambda i: w[i])
+    cut = [i for i, h in enumerate(headers) if cuttable is None or h in cuttable]
+    while cut and line_width(w := widths()) > width:
+        widest = max(cut, key=lambda i: w[i])
         limit = max(MIN_CELL, w[widest] - (line_width(w) - width))
         if w[widest] <= limit:
-            break  # every column is as narrow as it gets: the line stays longer than the terminal
+            break  # every cuttable column is as narrow as it gets: the line stays longer than the terminal
         headers[widest] = _cut(headers[widest], limit)
         for r in rows:
             r[widest] = _cut(r[widest], limit)
