@@ -143,9 +143,10 @@ def test_fold_equal_keeps_one_row_and_the_named_columns():
 @pytest.mark.parametrize("width", [80, 100])
 def test_lines_stay_within_the_terminals_width(tmp_path, capsys, monkeypatch, width):
     monkeypatch.setenv("COLUMNS", str(width))
-    long_names = [{**r, "name": f"{r['attn']}-named-far-longer-than-any-column-should-be"} for r in rows()]
-    db = make_db(tmp_path, [{**r, "artifact_bytes": 15_999_999, "peak_mem_mb": 1234.5} for r in long_names])
-    printed, _ = run(db, tmp_path / "r", capsys, "--group-by", "attn,name", "--baseline", "attn=sdpa")
+    cards = ("NVIDIA H100 80GB HBM3 on a long-named host", "NVIDIA H200 141GB HBM3e on a long-named host")
+    on_cards = [{**r, "device_name": card, "artifact_bytes": 15_999_999} for card in cards for r in rows()]
+    db = make_db(tmp_path, on_cards)
+    printed, _ = run(db, tmp_path / "r", capsys, "--group-by", "attn,device_name", "--baseline", "attn=sdpa")
     tables = [line for line in printed.splitlines() if line.startswith("|")]
     assert tables and all(len(line) <= width for line in tables), max(tables, key=len)
     assert "left out to fit" in printed and f"{width} columns" in printed

@@ -271,7 +271,8 @@ def leaderboard(
         notes=sets.messages(keys, " ".join(["python -m speedrun.report", *filters])) + shared_note(groups),
         footnotes=repeated_note(groups),
         above=hidden_note(hidden) + ([said] if said else []),
-        droppable=["n", "failures", "delta", *extras, *list(metrics)[1:]],
+        # the raw p goes last, and only where the Holm-adjusted one stays beside the verdict
+        droppable=[*(["p"] if tested_count(groups) > 1 else []), "n", "failures", "delta", *extras, *list(metrics)[1:]],
     )
 
 

@@ -71,9 +71,9 @@ def fit_width(
     table: Table, width: int, droppable: Sequence[str], cuttable: Sequence[str] | None = None
 ) -> tuple[Table, list[str]]:
     """The table narrowed to ``width`` characters a line: the ``droppable`` columns go first, the last named first
-    (the lowest priority), then the widest ``cuttable`` column's cells (any column's when None; text, since a cut
-    number would misread) are cut with an ellipsis, down to MIN_CELL characters. Returns the table and the
-    dropped columns' names."""
+    (the lowest priority), then the cells of the widest ``cuttable`` columns (any column when None; text, since a
+    cut number would misread) are cut with an ellipsis, the cut shared among the wide ones, down to MIN_CELL
+    characters. Returns the table and the dropped columns' names."""
     headers, rows = list(table[0]), [list(r) for r in table[1]]
     dropped: list[str] = []
 
@@ -92,7 +92,9 @@ def fit_width(
     cut = [i for i, h in enumerate(headers) if cuttable is None or h in cuttable]
     while cut and line_width(w := widths()) > width:
         widest = max(cut, key=lambda i: w[i])
-        limit = max(MIN_CELL, w[widest] - (line_width(w) - width))
+        # down to the next widest at most: the cut is shared by the wide columns, so none is cut to nothing
+        runner_up = max([w[i] for i in cut if i != widest] + [0])
+        limit = max(MIN_CELL, w[widest] - (line_width(w) - width), min(runner_up, w[widest] - 1))
         if w[widest] <= limit:
             break  # every cuttable column is as narrow as it gets: the line stays longer than the terminal
         headers[widest] = _cut(headers[widest], limit)
