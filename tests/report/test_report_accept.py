@@ -4,6 +4,7 @@ correction of several groups tested against one baseline."""
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +164,9 @@ def test_accept_from_the_command_line(tmp_path, capsys) -> None:
     assert "| flex " in section and "accepted" in section and "not accepted" in section
     assert "too few seeds" in section
     assert 'id="accept"' in (out / "report.html").read_text()
+    with open(out / "accept.csv") as f:
+        by = {r["attn"]: r for r in csv.DictReader(f)}
+    assert by["flex"]["verdict"] == "accepted" and by["math"]["verdict"] == "not accepted"
 
 
 def test_accept_needs_a_baseline_and_a_known_track(tmp_path, capsys) -> None:

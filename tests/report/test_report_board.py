@@ -153,6 +153,8 @@ def test_lines_stay_within_the_terminals_width(tmp_path, capsys, monkeypatch, wi
     board = printed.split("leaderboard (val_bpb")[1].split("\n\n")[0]
     assert "| val_bpb" in board and "| verdict" in board  # the ranked metric and the test stay
     assert "…" in board  # the long name is cut, not wrapped
+    above = board.split("\n|")[0].splitlines()[1:]  # hidden groups, columns equal on every row: wrapped prose
+    assert any(line.startswith("all rows:") for line in above) and all(len(line) <= width for line in above)
 
 
 def test_unset_columns_and_no_terminal_print_every_column(tmp_path, capsys, monkeypatch):

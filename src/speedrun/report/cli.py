@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from speedrun.config.track import TrackConfig
 from speedrun.report.accept import accept_table, judge, parse_accept
 from speedrun.report.dashboard import preflight, run_dashboard
 from speedrun.report.groups import (
@@ -44,6 +45,7 @@ from speedrun.report.groups import (
 from speedrun.report.leaderboard import (
     extra_columns,
     groups_csv,
+    holm_note,
     metrics_for,
     repeated_note,
     shared_note,
@@ -55,16 +57,9 @@ from speedrun.report.plots import make_plots
 from speedrun.report.run_rows import LOST, Run, UnreadableDatabase
 from speedrun.report.selection import check_metric, load_runs, parse_pairs
 from speedrun.report.target import parse_target, target_table
-from speedrun.report.view import (
-    dropped_note,
-    fit_width,
-    fold_equal,
-    hidden_groups,
-    hidden_note,
-    terminal_width,
-)
+from speedrun.report.view import console_table, fold_equal, hidden_groups, hidden_note, wrapped
 from speedrun.stats import ALTERNATIVES
-from speedrun.tables import csv_text, format_table
+from speedrun.tables import csv_text
 
 H1 = {"less": "is lower than", "greater": "is higher than", "two-sided": "differs from"}
 TEST_NAME = {
@@ -196,20 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print_board(args, board)
     target_html = time_to_target(args, runs, board.keys, target, baseline) if target is not None else None
-    accept_html = None
-    if track is not None:
-        notes, headers, rows = accept_table(
-            track,
-            judge(track, [g for g in board.groups if args.all or g not in hidden_groups(board.groups)]),
-            board.keys,
-        )
-        accept_html = (f"acceptance ({track.name})", notes, (headers, rows))
-        print(
-            f"\n{accept_html[0]}:\n"
-            + "\n".join(notes)
-            + "\n"
-            + _fit(headers, rows, ["n", "n_base", "mean", "mean_base"], [*board.keys, "verdict"])[0]
-        )
+    accept_html = acceptance(args, board, track) if track is not None else None
     write_report(args, board, target_html, accept_html)
     return 0
 
@@ -280,37 +262,27 @@ def print_board(args: argparse.Namespace, board: Board) -> None:
     print("\n".join(board.meta))
     if board.notes:
         print("\n" + "\n".join(board.notes))
-    print(f"\nleaderboard ({args.metric}, lowest first):\n" + "\n".join(board.above), end="\n" if board.above else "")
-    print(_fit(*board.table, board.droppable, [*board.keys, "verdict"])[0])
+    print(f"\nleaderboard ({args.metric}, lowest first):", *wrapped(board.above), sep="\n")
+    print(console_table(*board.table, board.droppable, [*board.keys, "verdict"]))
     if board.footnotes:
         print("\n".join(board.footnotes))
     if board.ttest is not None:
         holm = holm_note(board.groups)
         droppable = ["delta", "t", "df", "mean", "mean_base", "n", "n_base", "std", "std_base"]
-        text = _fit(*board.ttest, droppable, [*board.keys, "verdict"])[0]
+        text = console_table(*board.ttest, droppable, [*board.keys, "verdict"])
         print(f"\nagainst the baseline ({TEST_NAME[args.alternative]} on {args.metric}):\n" + holm + text)
 
 
-def holm_note(groups: Sequence[Group]) -> str:
-    """The line saying the p-values were Holm-adjusted, when more than one group was tested ("" otherwise)."""
-    k = tested_count(groups)
-    if k < 2:
-        return ""
-    return (
-        f"{k} groups tested against a baseline: p (Holm) is Holm's step-down adjustment of p over those {k} tests "
-        "(family-wise error at alpha), and the verdict reads it\n"
-    )
-
-
-def _fit(headers: list[str], rows: list[list[str]], droppable: list[str], cuttable: list[str]) -> tuple[str, list[str]]:
-    """A table as console text within the terminal's width (view.fit_width), a line after it naming the columns
-    left out."""
-    width = terminal_width()
-    if width is None:
-        return format_table(headers, rows), []
-    (headers, rows), dropped = fit_width((headers, rows), width, droppable, cuttable)
-    notes = dropped_note(dropped, width)
-    return "\n".join([format_table(headers, rows), *notes]), notes
+def acceptance(args: argparse.Namespace, board: Board, track: TrackConfig) -> tuple[str, list[str], Table]:
+    """The --accept section, printed and written to accept.csv: (heading, notes, table) for the page."""
+    judged = judge(track, [g for g in board.groups if args.all or g not in hidden_groups(board.groups)])
+    notes, headers, rows = accept_table(track, judged, board.keys)
+    heading = f"acceptance ({track.name})"
+    table = console_table(headers, rows, ["n", "n_base", "mean", "mean_base"], [*board.keys, "verdict"])
+    print(f"\n{heading}:\n" + "\n".join(wrapped(notes)) + "\n" + table)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "accept.csv").write_text(csv_text(headers, [dict(zip(headers, r)) for r in rows]))
+    return heading, notes, (headers, rows)
 
 
 def time_to_target(
@@ -321,7 +293,7 @@ def time_to_target(
     heading = f"time to target ({target[0]} <= {target[1]:g})"
     print(f"\n{heading}:\n" + "\n".join(t_notes))
     print(
-        _fit(t_headers, t_rows, ["steps_to_target"], keys)[0]
+        console_table(t_headers, t_rows, ["steps_to_target"], keys)
         if t_rows
         else "no run in the selection trained with this target"
     )

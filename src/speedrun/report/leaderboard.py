@@ -203,6 +203,17 @@ def ttest_rows(groups: Sequence[Group], metric: str, alpha: float) -> tuple[list
     return headers, rows
 
 
+def holm_note(groups: Sequence[Group]) -> str:
+    """The line saying the p-values were Holm-adjusted, when more than one group was tested ("" otherwise)."""
+    k = tested_count(groups)
+    if k < 2:
+        return ""
+    return (
+        f"{k} groups tested against a baseline: p (Holm) is Holm's step-down adjustment of p over those {k} tests "
+        "(family-wise error at alpha), and the verdict reads it\n"
+    )
+
+
 def groups_csv(groups: Sequence[Group], keys: Sequence[str], metrics: Sequence[str], extras: Sequence[str]) -> str:
     """The one CSV layout (leaderboard.csv and summary.csv), plain numbers: the keys (or "combination"), extras,
     rank, n (ok runs), failures, not_run, seeds, <metric>_mean and <metric>_std, then the baseline comparison

@@ -10,9 +10,11 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import textwrap
 from collections.abc import Sequence
 
 from speedrun.report.groups import Group
+from speedrun.tables import format_table
 
 Table = tuple[list[str], list[list[str]]]
 
@@ -114,3 +116,21 @@ def dropped_note(dropped: Sequence[str], width: int) -> list[str]:
         f"left out to fit {width} columns: {', '.join(dropped)} (in report.html and leaderboard.csv; a wider "
         "terminal or COLUMNS=200 shows them)"
     ]
+
+
+def console_table(headers: list[str], rows: list[list[str]], droppable: list[str], cuttable: list[str]) -> str:
+    """A table as console text within the terminal's width (fit_width), a line after it naming the columns left
+    out; whole when the output is no terminal."""
+    width = terminal_width()
+    if width is None:
+        return format_table(headers, rows)
+    (headers, rows), dropped = fit_width((headers, rows), width, droppable, cuttable)
+    return "\n".join([format_table(headers, rows), *dropped_note(dropped, width)])
+
+
+def wrapped(lines: Sequence[str]) -> list[str]:
+    """Lines of prose broken at the terminal's width (as they are when the output is no terminal)."""
+    width = terminal_width()
+    if width is None:
+        return list(lines)
+    return [part for line in lines for part in textwrap.wrap(line, width, break_on_hyphens=False) or [""]]
