@@ -16,6 +16,7 @@ from speedrun.records.store import ResultsDB
 from speedrun.report.accept import accept_table, judge, parse_accept, verdict
 from speedrun.report.groups import compare, group_runs
 from speedrun.report.run_rows import Run
+from speedrun.report.target import accept_p
 from speedrun.stats import holm
 
 # val_loss per seed. sdpa: the baseline. flex: 0.020 lower, far past the 0.005 margin. math: 0.003 lower, a
@@ -191,6 +192,7 @@ def test_modded_nanogpts_threshold_rule(tmp_path, capsys) -> None:
     track = parse_accept("mng")
     threshold = track.acceptance.threshold
     assert threshold == 3.28
+    assert accept_p() == track.acceptance.p_value == 0.01  # --target's acceptance reads the same track
     judged = judge(track, group_runs([Run.from_row(r) for r in results], ["attn"]))
     by = {j.group.values["attn"]: j for j in judged}
     ref = sps.ttest_1samp(losses["sdpa"], threshold, alternative="less")
