@@ -202,3 +202,13 @@ def test_modded_nanogpts_threshold_rule(tmp_path, capsys) -> None:
     db = make_db(tmp_path, results)
     assert report.main(["--db", str(db), "--out", str(tmp_path / "r"), "--no-plots", "--accept", "mng"]) == 0
     assert "acceptance (mng_124m)" in capsys.readouterr().out
+
+
+def test_a_rule_without_its_numbers_is_refused_naming_the_field(monkeypatch) -> None:
+    from speedrun.config.track import AcceptanceConfig, TrackConfig
+    from speedrun.report import accept
+
+    bare = TrackConfig(name="t", acceptance=AcceptanceConfig(metric="val_loss", rule="improve_by", p_value=0.01))
+    monkeypatch.setattr(accept, "load_track", lambda name: bare)
+    with pytest.raises(ValueError, match=r"no track.acceptance.margin; set it in conf/track/t.yaml"):
+        parse_accept("t")

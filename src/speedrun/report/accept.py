@@ -37,6 +37,14 @@ def parse_accept(text: str) -> TrackConfig:
             f"--accept {text}: track {track.name} states no acceptance rule; use --accept pgolf (parameter-golf's "
             "record track) or --accept mng (modded-nanogpt's)"
         )
+    rule = track.acceptance
+    needs = {"improve_by": ("margin", "p_value"), "below": ("threshold", "p_value")}[str(rule.rule)]
+    missing = [f"track.acceptance.{k}" for k in needs if getattr(rule, k) is None]
+    if missing:
+        raise ValueError(
+            f"--accept {text}: track {track.name}'s {rule.rule} rule has no {' or '.join(missing)}; set it in "
+            f"conf/track/{track.name}.yaml"
+        )
     return track
 
 
