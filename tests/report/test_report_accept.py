@@ -114,6 +114,7 @@ def test_margin_shifted_welch_matches_scipy() -> None:
     sps = pytest.importorskip("scipy.stats")
     track = parse_accept("pgolf")
     margin = track.acceptance.margin
+    assert margin is not None
     judged = {j.group.values["attn"]: j for j in judge(track, groups_against_sdpa()[1])}
     assert set(judged) == {"flex", "math", "fa3"}  # the baseline is not judged against itself
     for attn in ("flex", "math"):
@@ -196,8 +197,9 @@ def test_modded_nanogpts_threshold_rule(tmp_path, capsys) -> None:
     judged = judge(track, group_runs([Run.from_row(r) for r in results], ["attn"]))
     by = {j.group.values["attn"]: j for j in judged}
     ref = sps.ttest_1samp(losses["sdpa"], threshold, alternative="less")
-    assert by["sdpa"].test is not None and by["sdpa"].test.p == pytest.approx(ref.pvalue, rel=1e-6)
-    assert by["sdpa"].p_holm == pytest.approx(holm([by["sdpa"].test.p, by["flex"].test.p])[0])
+    sdpa, flex = by["sdpa"].test, by["flex"].test
+    assert sdpa is not None and flex is not None and sdpa.p == pytest.approx(ref.pvalue, rel=1e-6)
+    assert by["sdpa"].p_holm == pytest.approx(holm([sdpa.p, flex.p])[0])
     assert [verdict(by[a], track) for a in ("sdpa", "flex")] == ["accepted", "not accepted"]
     db = make_db(tmp_path, results)
     assert report.main(["--db", str(db), "--out", str(tmp_path / "r"), "--no-plots", "--accept", "mng"]) == 0

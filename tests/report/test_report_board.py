@@ -20,7 +20,8 @@ from speedrun.report.view import fit_width, fold_equal, line_width
 def make_db(root: Path, rows: list[dict[str, Any]]) -> Path:
     db = ResultsDB(root / "results.sqlite")
     for i, extra in enumerate(rows):
-        row = {"status": "ok", "name": "t", "hardware": "cpu", "precision": "fp32", "started_at": 1000.0 + i}
+        row: dict[str, Any] = {"status": "ok", "name": "t", "hardware": "cpu", "precision": "fp32"}
+        row["started_at"] = 1000.0 + i
         row.update(extra)
         row["overrides"] = f"attn={row['attn']} seed={row['seed']}"
         row["run_dir"] = str(root / "runs" / str(i))
