@@ -179,3 +179,20 @@ def ttest_below(xs: Sequence[float], target: float) -> Below | None:
         )
     t = delta / (s / math.sqrt(len(xs)))
     return Below(t=t, df=df, p=student_t_cdf(t, df), delta=delta)
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the input order.
+
+    Several groups tested against one baseline inflate false wins; Holm bounds
+    the family-wise error without assuming the tests are independent.
+    """
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        # Monotone: a larger raw p never gets a smaller adjusted p.
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted

@@ -3,9 +3,12 @@
 One module per job:
 
 - ``runs``: a run (result row, config, Plan, overrides), key lookup, the definition of a failure;
-- ``selection``: which runs (``--sweep``, ``--name``, ``--hardware``, ``--where``);
-- ``groups``: grouping and statistics: group keys, groups, evaluation sets, baselines (Welch t-test), ranks;
+- ``selection``: which runs (``--sweep``, ``--name``, ``--hardware``, ``--where``), the keys ``--metric`` takes;
+- ``groups``: grouping and statistics: group keys, groups, evaluation sets, baselines (Welch t-test, Holm), ranks;
 - ``leaderboard``: groups as tables and the one CSV layout (leaderboard.csv here, summary.csv for a sweep);
+- ``accept``: a contest's acceptance rule (``--accept``), its numbers read from conf/track/;
+- ``target``: time to target (``--target``);
+- ``view``: how tables are shown on a console: empty groups hidden, equal columns said once, the terminal's width;
 - ``plots``, ``page``: the PNGs and report.html;
 - ``cli``: the command.
 """

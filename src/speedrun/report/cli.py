@@ -5,6 +5,7 @@
     python -m speedrun.report --where model.n_layer=2 --group-by attn,precision --out outputs/report
     python -m speedrun.report --target val_loss=3.28 --baseline attn=sdpa   # time to target
     python -m speedrun.report --group-by ablate --baseline ablate=none --alternative two-sided   # an ablation
+    python -m speedrun.report --baseline attn=sdpa --accept pgolf     # parameter-golf's acceptance rule
 
 Runs are grouped by ``--group-by`` keys (default: the overrides that vary among the selected runs, seeds
 folded, plus ``hardware`` and ``device_name`` when they vary), so each group is one combination on one card and
@@ -15,7 +16,9 @@ that has KEY=VALUE and the same other keys, by a one-sided Welch t-test of H1: t
 (val_bpb) is lower than the baseline's (``--alternative greater`` for an ablation, where taking a lever out
 should make it higher; ``two-sided`` for either way). Runs scored on different evaluation sets
 (``eval_fingerprint``) are never ranked or tested against each other: group by ``eval_fingerprint`` or select one
-set with ``--where``.
+set with ``--where``. Several groups tested against a baseline get Holm-adjusted p-values beside the raw ones, and
+the verdict reads the adjusted one. ``--accept pgolf`` judges each group by parameter-golf's rule for a record, its
+numbers read from conf/track/ (speedrun.report.accept).
 """
 
 from __future__ import annotations
@@ -27,11 +30,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from speedrun.config.track import TrackConfig
+from speedrun.report.accept import accept_table, judge, parse_accept
 from speedrun.report.dashboard import preflight, run_dashboard
-from speedrun.report.groups import Group, compare, default_group_keys, eval_sets, group_runs, rank_groups
+from speedrun.report.groups import (
+    Group,
+    compare,
+    default_group_keys,
+    eval_sets,
+    group_runs,
+    rank_groups,
+    tested_count,
+)
 from speedrun.report.leaderboard import (
     extra_columns,
     groups_csv,
+    holm_note,
     metrics_for,
     repeated_note,
     shared_note,
@@ -41,10 +55,11 @@ from speedrun.report.leaderboard import (
 from speedrun.report.page import Table, render_html, runs_section
 from speedrun.report.plots import make_plots
 from speedrun.report.run_rows import LOST, Run, UnreadableDatabase
-from speedrun.report.selection import load_runs, parse_pairs
+from speedrun.report.selection import check_metric, load_runs, parse_pairs
 from speedrun.report.target import parse_target, target_table
+from speedrun.report.view import console_table, fold_equal, hidden_groups, hidden_note, wrapped
 from speedrun.stats import ALTERNATIVES
-from speedrun.tables import csv_text, format_table
+from speedrun.tables import csv_text
 
 H1 = {"less": "is lower than", "greater": "is higher than", "two-sided": "differs from"}
 TEST_NAME = {
@@ -53,6 +68,8 @@ TEST_NAME = {
     "two-sided": "two-sided Welch t-test",
 }
 LOWER_IS_BETTER = ("val_bpb", "val_bpb_quant", "val_bpb_ttt", "val_bpb_ttt_base", "val_loss")
+"""The quality metrics, lower better. --metric takes any numeric result key (selection.numeric_keys); the table
+ranks lowest first whatever the key."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,7 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="compare every group with the group where KEY=VALUE (Welch t-test, H1 from --alternative)",
     )
-    p.add_argument("--metric", default="val_bpb", choices=LOWER_IS_BETTER, help="metric to rank and test")
+    p.add_argument(
+        "--metric",
+        default="val_bpb",
+        help="numeric result key to rank (lowest first) and test, e.g. val_loss_quant; an unknown one lists them",
+    )
     p.add_argument("--alpha", type=float, default=0.05, help="significance level for the verdict")
     p.add_argument(
         "--alternative",
@@ -99,6 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="time to target (val_loss=3.28 or val_bpb=X): rank groups trained with budget.target_METRIC=VALUE by "
         "mean time_to_target, with the acceptance test of the final METRIC (p < 0.01)",
     )
+    p.add_argument(
+        "--accept",
+        metavar="TRACK",
+        help="judge each group by a contest's acceptance rule, read from conf/track/: pgolf (parameter-golf: "
+        "val_loss lower than --baseline's by the track's margin, one-sided Welch t-test), mng (modded-nanogpt: "
+        "below the track's threshold), or a track's name",
+    )
+    p.add_argument("--all", action="store_true", help="show every group, those with no ok run too, and every column")
     p.add_argument("--out", type=Path, default=Path("outputs/report"), help="where CSV, PNGs and report.html go")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument(
@@ -124,6 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     try:
         target = parse_target(args.target) if args.target else None
+        track = parse_accept(args.accept) if args.accept else None
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -146,13 +176,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.wandb_dashboard:
         sweep = runs[-1].row.get("sweep") or args.wandb_dashboard
         return run_dashboard(runs, sweep, args.wandb_project, args.wandb_entity, args.dry_run, args.out)
+    problem = check_metric(args.metric, runs)
+    if track is not None and track.acceptance.rule == "improve_by" and not baseline:
+        problem = (
+            f"--accept {args.accept}: {track.contest}'s rule compares each group with a baseline (the standing "
+            "record): name its group with --baseline KEY=VALUE, e.g. --baseline attn=sdpa"
+        )
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     board = leaderboard(args, runs, where, baseline)
     if board is None:
         print(f"--baseline {','.join(f'{k}={v}' for k, v in baseline.items())}: no group matches", file=sys.stderr)
         return 2
     print_board(args, board)
     target_html = time_to_target(args, runs, board.keys, target, baseline) if target is not None else None
-    write_report(args, board, target_html)
+    accept_html = acceptance(args, board, track) if track is not None else None
+    write_report(args, board, target_html, accept_html)
     return 0
 
 
@@ -170,6 +210,10 @@ class Board:
     meta: list[str]
     notes: list[str]
     footnotes: list[str]
+    above: list[str]
+    """Lines right above the leaderboard: the groups hidden, the columns equal on every row."""
+    droppable: list[str]
+    """The leaderboard's columns a narrow terminal may lose, highest priority first."""
 
 
 def leaderboard(
@@ -188,6 +232,12 @@ def leaderboard(
     groups = rank_groups(groups, args.metric, sets)
     metrics = metrics_for(groups, args.metric)
     extras = extra_columns(groups, keys, sets)
+    hidden = [] if args.all else hidden_groups(groups)
+    shown = [g for g in groups if g not in hidden]
+    table = table_rows(shown, keys, metrics, extras, ranked=True, alpha=args.alpha if baseline else None)
+    said = ""
+    if not args.all:  # what every row shares is said once; the ranked metric and the test always stay
+        table, said = fold_equal(table, ["#", args.metric, "delta", "p", "p (Holm)", "verdict"])
     filters = [f"--sweep {s}" for s in args.sweep] + [
         f"--{k} {v}" for k, v in (("name", args.name), ("hardware", args.hardware)) if v
     ]
@@ -197,11 +247,14 @@ def leaderboard(
         groups=groups,
         metrics=metrics,
         extras=extras,
-        table=table_rows(groups, keys, metrics, extras, ranked=True, alpha=args.alpha if baseline else None),
-        ttest=ttest_rows(groups, args.metric, args.alpha) if baseline else None,
+        table=table,
+        ttest=ttest_rows(shown, args.metric, args.alpha) if baseline else None,
         meta=_meta(args, runs, keys, filters, baseline),
         notes=sets.messages(keys, " ".join(["python -m speedrun.report", *filters])) + shared_note(groups),
         footnotes=repeated_note(groups),
+        above=hidden_note(hidden) + ([said] if said else []),
+        # the raw p goes last, and only where the Holm-adjusted one stays beside the verdict
+        droppable=[*(["p"] if tested_count(groups) > 1 else []), "n", "failures", "delta", *extras, *list(metrics)[1:]],
     )
 
 
@@ -209,13 +262,27 @@ def print_board(args: argparse.Namespace, board: Board) -> None:
     print("\n".join(board.meta))
     if board.notes:
         print("\n" + "\n".join(board.notes))
-    print(f"\nleaderboard ({args.metric}, lower is better):\n" + format_table(*board.table))
+    print(f"\nleaderboard ({args.metric}, lowest first):", *wrapped(board.above), sep="\n")
+    print(console_table(*board.table, board.droppable, [*board.keys, "verdict"]))
     if board.footnotes:
         print("\n".join(board.footnotes))
     if board.ttest is not None:
-        print(
-            f"\nagainst the baseline ({TEST_NAME[args.alternative]} on {args.metric}):\n" + format_table(*board.ttest)
-        )
+        holm = holm_note(board.groups)
+        droppable = ["delta", "t", "df", "mean", "mean_base", "n", "n_base", "std", "std_base"]
+        text = console_table(*board.ttest, droppable, [*board.keys, "verdict"])
+        print(f"\nagainst the baseline ({TEST_NAME[args.alternative]} on {args.metric}):\n" + holm + text)
+
+
+def acceptance(args: argparse.Namespace, board: Board, track: TrackConfig) -> tuple[str, list[str], Table]:
+    """The --accept section, printed and written to accept.csv: (heading, notes, table) for the page."""
+    judged = judge(track, [g for g in board.groups if args.all or g not in hidden_groups(board.groups)])
+    notes, headers, rows = accept_table(track, judged, board.keys)
+    heading = f"acceptance ({track.name})"
+    table = console_table(headers, rows, ["n", "n_base", "mean", "mean_base"], [*board.keys, "verdict"])
+    print(f"\n{heading}:\n" + "\n".join(wrapped(notes)) + "\n" + table)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "accept.csv").write_text(csv_text(headers, [dict(zip(headers, r)) for r in rows]))
+    return heading, notes, (headers, rows)
 
 
 def time_to_target(
@@ -225,13 +292,22 @@ def time_to_target(
     t_notes, t_headers, t_rows = target_table(runs, keys, *target, baseline)
     heading = f"time to target ({target[0]} <= {target[1]:g})"
     print(f"\n{heading}:\n" + "\n".join(t_notes))
-    print(format_table(t_headers, t_rows) if t_rows else "no run in the selection trained with this target")
+    print(
+        console_table(t_headers, t_rows, ["steps_to_target"], keys)
+        if t_rows
+        else "no run in the selection trained with this target"
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "target.csv").write_text(csv_text(t_headers, [dict(zip(t_headers, r)) for r in t_rows]))
     return heading, t_notes, (t_headers, t_rows)
 
 
-def write_report(args: argparse.Namespace, board: Board, target_html: tuple[str, list[str], Table] | None) -> None:
+def write_report(
+    args: argparse.Namespace,
+    board: Board,
+    target_html: tuple[str, list[str], Table] | None,
+    accept_html: tuple[str, list[str], Table] | None = None,
+) -> None:
     """leaderboard.csv, the plots and report.html into --out."""
     out, groups = args.out, board.groups
     out.mkdir(parents=True, exist_ok=True)
@@ -243,11 +319,10 @@ def write_report(args: argparse.Namespace, board: Board, target_html: tuple[str,
         for r in g.runs
         if r.status != "ok"
     ]
-    classes = [
-        "baseline" if g.is_baseline else "better" if g.welch and g.welch.p < args.alpha and g.welch.delta < 0 else ""
-        for g in groups
-    ]
-    links = [f'<a href="#runs-{i}">{len(g.runs)} run(s)</a>' for i, g in enumerate(groups)]
+    shown = [g for g in groups if args.all or g not in hidden_groups(groups)]
+    holm = tested_count(groups) > 1
+    classes = ["baseline" if g.is_baseline else "better" if _better(g, args.alpha, holm) else "" for g in shown]
+    links = [f'<a href="#runs-{groups.index(g)}">{len(g.runs)} run(s)</a>' for g in shown]
     page = render_html(
         "speedrun report",
         board.meta,
@@ -261,9 +336,17 @@ def write_report(args: argparse.Namespace, board: Board, target_html: tuple[str,
         board_links=links,
         target=target_html,
         board_notes=board.footnotes,
+        board_above=board.above,
+        ttest_note=holm_note(groups),
+        accept=accept_html,
     )
     (out / "report.html").write_text(page)
     print(f"\nwrote {out / 'leaderboard.csv'}" + "".join(f", {p}" for p in plots.values()) + f", {out / 'report.html'}")
+
+
+def _better(g: Group, alpha: float, holm: bool) -> bool:
+    p = g.p_holm if holm and g.p_holm is not None else g.welch.p if g.welch else None
+    return g.welch is not None and p is not None and p < alpha and g.welch.delta < 0
 
 
 def _meta(

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from speedrun.report.run_rows import NOT_RUN, OK, Run, canon, is_failure, varying_keys
-from speedrun.stats import Welch, finite, mean, welch
+from speedrun.stats import Welch, finite, holm, mean, welch
 from speedrun.tables import display
 
 DEVICE_KEYS = ("hardware", "device_name")
@@ -42,6 +42,8 @@ class Group:
     untested: str = ""
     """Why a group with a baseline got no test (e.g. its runs and the baseline's were scored on other tokens)."""
     rank: str = ""
+    p_holm: float | None = None
+    """The Welch test's p after Holm's correction over every test of the same compare() (equal to p for one)."""
 
     @property
     def ok(self) -> list[Run]:
@@ -180,7 +182,8 @@ def eval_sets(groups: Sequence[Group]) -> EvalSets:
 def compare(groups: list[Group], baseline: dict[str, str], metric: str, alternative: str = "less") -> None:
     """Pair each group with its baseline (same other keys, baseline keys set) and run the Welch test of H1
     ``alternative`` (speedrun.stats.ALTERNATIVES: "less", the group's mean is lower), unless the two were scored on
-    different evaluation sets (then ``untested`` says so)."""
+    different evaluation sets (then ``untested`` says so). With several tests, each p is also Holm-adjusted over
+    them all (``p_holm``): testing k groups at alpha each would find a false win far more often than alpha."""
     index = {tuple(canon(v) for v in g.values.values()): g for g in groups}
     for g in groups:
         target = {k: (baseline[k] if k in baseline else v) for k, v in g.values.items()}
@@ -195,6 +198,14 @@ def compare(groups: list[Group], baseline: dict[str, str], metric: str, alternat
             g.untested = "other eval set"
             continue
         g.welch = welch(g.metric(metric), base.metric(metric), alternative)
+    tested = [g for g in groups if g.welch is not None]
+    for g, p in zip(tested, holm([g.welch.p for g in tested if g.welch is not None])):
+        g.p_holm = p
+
+
+def tested_count(groups: Sequence[Group]) -> int:
+    """How many groups were tested against a baseline: above one, their p-values are Holm-adjusted."""
+    return sum(g.welch is not None for g in groups)
 
 
 def rank_groups(groups: Sequence[Group], metric: str, sets: EvalSets) -> list[Group]:

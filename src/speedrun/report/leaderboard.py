@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from speedrun.report.groups import EVAL_KEY, EvalSets, Group
+from speedrun.report.groups import EVAL_KEY, EvalSets, Group, tested_count
 from speedrun.stats import mean, std
 from speedrun.tables import csv_text, fmt_number, fmt_p, mean_std_cell
 
@@ -34,7 +34,9 @@ reached it, and their mean time to it (runs that did not reach it are counted, n
 """Result column: the job shared its GPU with other jobs (pool launcher, jobs_per_gpu > 1), so its throughput
 is not that of the card alone."""
 
-COMPARISON = ["baseline", "delta", "t", "df", "p"]
+COMPARISON = ["baseline", "delta", "t", "df", "p", "p_holm"]
+HOLM = "p (Holm)"
+"""The column of Holm-adjusted p-values, shown when more than one group was tested against a baseline."""
 
 EPOCHS_KEY = "epochs"
 """Column of groups whose ok runs saw their training data more than once: the most passes one of them made."""
@@ -111,21 +113,25 @@ def _extra(g: Group, col: str) -> Any:
     return g.count(col)
 
 
-def verdict(g: Group, alpha: float) -> list[str]:
-    """delta, p and the verdict of a group against its baseline, as table cells."""
+def verdict(g: Group, alpha: float, holm: bool = False) -> list[str]:
+    """delta, p, [the Holm-adjusted p when ``holm``] and the verdict of a group against its baseline, as table
+    cells. The verdict reads the adjusted p when there is one."""
+    blank = ["", "", ""] if holm else ["", ""]
     if g.is_baseline:
-        return ["", "", "baseline"]
+        return [*blank, "baseline"]
     if g.baseline is None:
-        return ["", "", "no baseline group"]
+        return [*blank, "no baseline group"]
     if g.untested:
-        return ["", "", g.untested]
+        return [*blank, g.untested]
     if g.welch is None:
-        return ["", "", "n < 2"]
+        return [*blank, "n < 2"]
     w = g.welch
+    p = g.p_holm if holm and g.p_holm is not None else w.p
     return [
         f"{w.delta:+.4f}",
         fmt_p(w.p),
-        f"{FINDING[w.alternative]} (p<{alpha:g})" if w.p < alpha else "not significant",
+        *([fmt_p(p)] if holm else []),
+        f"{FINDING[w.alternative]} ({'Holm ' if holm else ''}p<{alpha:g})" if p < alpha else "not significant",
     ]
 
 
@@ -145,15 +151,16 @@ def table_rows(
     metric, [delta, p, verdict when ``alpha`` is given: a baseline was compared], the other metrics."""
     first, *others = metrics
     show_not_run = any(g.not_run for g in groups)
+    holm = tested_count(groups) > 1
     headers = (["#"] if ranked else []) + (list(keys) or ["combination"]) + list(extras) + ["n", "failures"]
     headers += (["not_run"] if show_not_run else []) + [first]
-    headers += (["delta", "p", "verdict"] if alpha is not None else []) + others
+    headers += (["delta", "p", *([HOLM] if holm else []), "verdict"] if alpha is not None else []) + others
     rows = []
     for g in groups:
         row = ([g.rank] if ranked else []) + ([g.values[k] for k in keys] if keys else ["(all)"])
         row += [fmt_number(_extra(g, c), "{}") for c in extras] + [str(len(g.ok)), str(g.failures)]
         row += ([str(g.not_run)] if show_not_run else []) + [_cell(g, first, metrics[first])]
-        row += (verdict(g, alpha) if alpha is not None else []) + [_cell(g, m, metrics[m]) for m in others]
+        row += (verdict(g, alpha, holm) if alpha is not None else []) + [_cell(g, m, metrics[m]) for m in others]
         rows.append(row)
     return headers, rows
 
@@ -167,7 +174,9 @@ def _cell(g: Group, metric: str, spec: str) -> str:
 def ttest_rows(groups: Sequence[Group], metric: str, alpha: float) -> tuple[list[str], list[list[str]]]:
     """One row per group that has a baseline group: both samples, the difference and the test."""
     keys = list(groups[0].values) if groups else []
-    headers = keys + ["n", "mean", "std", "n_base", "mean_base", "std_base", "delta", "t", "df", "p", "verdict"]
+    holm = tested_count(groups) > 1
+    headers = keys + ["n", "mean", "std", "n_base", "mean_base", "std_base", "delta", "t", "df", "p"]
+    headers += [HOLM, "verdict"] if holm else ["verdict"]
     rows = []
     for g in groups:
         if g.baseline is None:
@@ -187,10 +196,22 @@ def ttest_rows(groups: Sequence[Group], metric: str, alpha: float) -> tuple[list
                 f"{w.t:.3f}" if w else "",
                 f"{w.df:.1f}" if w else "",
                 fmt_p(w.p) if w else "",
-                verdict(g, alpha)[2],
+                *([fmt_p(g.p_holm) if w and g.p_holm is not None else ""] if holm else []),
+                verdict(g, alpha, holm)[-1],
             ]
         )
     return headers, rows
+
+
+def holm_note(groups: Sequence[Group]) -> str:
+    """The line saying the p-values were Holm-adjusted, when more than one group was tested ("" otherwise)."""
+    k = tested_count(groups)
+    if k < 2:
+        return ""
+    return (
+        f"{k} groups tested against a baseline: p (Holm) is Holm's step-down adjustment of p over those {k} tests "
+        "(family-wise error at alpha), and the verdict reads it\n"
+    )
 
 
 def groups_csv(groups: Sequence[Group], keys: Sequence[str], metrics: Sequence[str], extras: Sequence[str]) -> str:
@@ -209,6 +230,6 @@ def groups_csv(groups: Sequence[Group], keys: Sequence[str], metrics: Sequence[s
             row[f"{m}_mean"], row[f"{m}_std"] = mean(xs), std(xs)
         row["baseline"] = "self" if g.is_baseline else g.baseline.label() if g.baseline is not None else None
         if g.welch is not None:
-            row.update(delta=g.welch.delta, t=g.welch.t, df=g.welch.df, p=g.welch.p)
+            row.update(delta=g.welch.delta, t=g.welch.t, df=g.welch.df, p=g.welch.p, p_holm=g.p_holm)
         rows.append(row)
     return csv_text(cols, rows)

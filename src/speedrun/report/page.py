@@ -117,10 +117,14 @@ def render_html(
     board_links: Sequence[str] | None = None,
     target: tuple[str, list[str], Table] | None = None,
     board_notes: Sequence[str] = (),
+    board_above: Sequence[str] = (),
+    ttest_note: str = "",
+    accept: tuple[str, list[str], Table] | None = None,
 ) -> str:
-    """The page: meta lines, notes (evaluation-set and other warnings), the leaderboard and its footnotes
-    (``board_notes``), the t-tests, the time to target table (``target``: heading, notes, table; --target), the
-    plots and the runs that did not end ok."""
+    """The page: meta lines, notes (evaluation-set and other warnings), the leaderboard with the lines above it
+    (``board_above``: hidden groups, columns equal on every row) and its footnotes (``board_notes``), the t-tests
+    (``ttest_note``: their Holm correction), the time to target table (``target``: heading, notes, table;
+    --target), the acceptance table (``accept``, alike; --accept), the plots and the runs that did not end ok."""
     parts = [
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>',
         f"<style>{_CSS}</style></head><body>",
@@ -129,18 +133,25 @@ def render_html(
     ]
     if notes:
         parts.append('<div class="notes" id="notes">' + "<br>".join(html.escape(n) for n in notes) + "</div>")
-    parts += ["<h2>Leaderboard</h2>", html_table("leaderboard", *board, row_classes=board_classes, links=board_links)]
+    parts.append("<h2>Leaderboard</h2>")
+    if board_above:
+        parts.append('<p class="meta" id="board-above">' + "<br>".join(map(html.escape, board_above)) + "</p>")
+    parts += [html_table("leaderboard", *board, row_classes=board_classes, links=board_links)]
     if board_notes:
         parts.append('<p class="footnotes" id="footnotes">' + "<br>".join(map(html.escape, board_notes)) + "</p>")
     if ttest is not None:
-        parts += ["<h2>Against the baseline (Welch t-test; H1 as stated above)</h2>", html_table("ttest", *ttest)]
-    if target is not None:
-        heading, target_notes, table = target
-        parts += [
-            f"<h2>{html.escape(heading)}</h2>",
-            '<div class="meta">' + "<br>".join(map(html.escape, target_notes)),
-        ]
-        parts += ["</div>", html_table("target", *table)]
+        parts.append("<h2>Against the baseline (Welch t-test; H1 as stated above)</h2>")
+        if ttest_note:
+            parts.append(f'<p class="meta" id="holm">{html.escape(ttest_note.strip())}</p>')
+        parts.append(html_table("ttest", *ttest))
+    for table_id, section in (("target", target), ("accept", accept)):
+        if section is not None:
+            heading, section_notes, table = section
+            parts += [
+                f"<h2>{html.escape(heading)}</h2>",
+                '<div class="meta">' + "<br>".join(map(html.escape, section_notes)) + "</div>",
+                html_table(table_id, *table),
+            ]
     if plots:
         parts.append("<h2>Plots</h2>")
         for name, path in plots.items():

@@ -8,8 +8,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from speedrun.records.store import CONTRACT_TYPES
 from speedrun.report.manifest import MANIFEST
 from speedrun.report.run_rows import Run, canon, read_rows
+
+DERIVED = ("overhead_s", "ttt_gain")
+"""Metrics Run.metric derives from two result keys rather than reads."""
 
 
 def parse_pairs(items: Sequence[str], what: str) -> dict[str, str]:
@@ -93,3 +97,37 @@ def _manifest_started(path: Path) -> float:
         return float(json.loads(path.read_text()).get("started_at") or 0.0)
     except (OSError, ValueError, TypeError):
         return 0.0
+
+
+NOT_METRICS = ("rowid", "pid", "started_at", "heartbeat_at", "seed", "emulated")
+"""Numeric columns that identify a run rather than measure it: listed as metrics they would bury the ones that do."""
+
+
+def numeric_keys(runs: Sequence[Run]) -> list[str]:
+    """The keys --metric can rank by: the result contract's REAL and INTEGER keys, every other key that holds a
+    number in some selected run, and the DERIVED ones, sorted. A key holding only 0 and 1 is a flag (the database
+    stores true as 1: reached, gpu_shared, ...), not a measure."""
+    schema = {k for k, kind in CONTRACT_TYPES.items() if kind in ("REAL", "INTEGER") and k not in NOT_METRICS}
+    values: dict[str, set[object]] = {}
+    for r in runs:
+        for k, v in r.row.items():
+            if isinstance(v, (int, float)) and k not in NOT_METRICS:
+                values.setdefault(k, set()).add(v)
+    seen = {k for k, vs in values.items() if not vs <= {0, 1} or any(isinstance(v, float) for v in vs)}
+    return sorted(schema | seen | set(DERIVED))
+
+
+def check_metric(metric: str, runs: Sequence[Run]) -> str | None:
+    """Why ``metric`` cannot rank these runs (not a numeric key of theirs), naming the ones that can; None if it
+    can."""
+    keys = numeric_keys(runs)
+    if metric in keys:
+        return None
+    held = {type(r.row[metric]).__name__ for r in runs if r.row.get(metric) is not None}
+    if not held:
+        why = "is no result key of these runs"
+    elif held <= {"int", "float"}:
+        why = "is a flag or an identifier of a run, not a measure"
+    else:
+        why = f"holds {' and '.join(sorted(held))} values, not numbers"
+    return f"--metric {metric}: {why}; the numeric keys: {', '.join(keys)}"

@@ -15,14 +15,21 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from speedrun.report.groups import Group, compare, group_runs
+from speedrun.config.track import load_track
+from speedrun.report.groups import Group, compare, group_runs, tested_count
 from speedrun.report.run_rows import Run
 from speedrun.stats import Below, mean, std, ttest_below
 from speedrun.tables import fmt_number, fmt_p, mean_std_cell
 
 TARGET_METRICS = ("val_loss", "val_bpb")
-ACCEPT_P = 0.01
-"""modded-nanogpt accepts a record when the mean final val loss over seeds is below the target with p < 0.01."""
+ACCEPT_TRACK = "mng_124m"
+"""modded-nanogpt accepts a record when the mean final val loss over seeds is below the target at the p-value its
+track states (conf/track/mng_124m.yaml, acceptance.p_value)."""
+
+
+def accept_p() -> float:
+    """The acceptance test's level, from modded-nanogpt's track."""
+    return float(load_track(ACCEPT_TRACK).acceptance.p_value or 0.0)
 
 
 def parse_target(text: str) -> tuple[str, float]:
@@ -96,6 +103,7 @@ def target_table(
     rows = target_rows(chosen, keys, metric, value)
     if baseline:  # Welch on time_to_target: unreached seeds have none and drop out of both samples
         compare([t.group for t in rows], baseline, "time_to_target")
+    holm = tested_count([t.group for t in rows]) > 1
     notes = [
         f"runs trained with budget.target_{metric}={value:g}; #: rank by mean time_to_target "
         "(train seconds at the first periodic evaluation at or below the target, evaluations excluded) over the "
@@ -103,12 +111,13 @@ def target_table(
         "reached: ok seeds that reached it / ok seeds; the others are counted there, not dropped, but their time is "
         "not averaged in (they have none)",
         f"final {metric}: mean ± std of the final evaluation over all ok seeds; p: one-sided one-sample t-test of "
-        f"H1 mean final {metric} < {value:g}; accepted: p < {ACCEPT_P:g} (modded-nanogpt's acceptance rule)",
+        f"H1 mean final {metric} < {value:g}; accepted: p < {accept_p():g} (modded-nanogpt's acceptance rule)",
     ]
     if baseline:
         notes.append(
             f"baseline {', '.join(f'{k}={v}' for k, v in baseline.items())}: one-sided Welch t-test of H1 the "
             "group's mean time_to_target is lower than its baseline's (reached seeds only)"
+            + ("; p (Holm): adjusted over the groups tested (Holm's step-down method)" if holm else "")
         )
     left_out = len(runs) - len(chosen)
     if left_out:
@@ -118,7 +127,7 @@ def target_table(
         )
     headers = [*keys, "#", "reached", "time_to_target s", "steps_to_target", f"final {metric}", "p", "accepted"]
     if baseline:
-        headers += ["delta s vs baseline", "p (Welch)"]
+        headers += ["delta s vs baseline", "p (Welch)", *(["p (Holm)"] if holm else [])]
     table = []
     for t in rows:
         g = t.group
@@ -129,10 +138,13 @@ def target_table(
             fmt_number(mean(t.steps), "{:.0f}"),
             mean_std_cell(mean(t.final), std(t.final), "{:.4f}"),
             fmt_p(t.below.p) if t.below else "n<2",
-            ("yes" if t.below.p < ACCEPT_P else "no") if t.below else "",
+            ("yes" if t.below.p < accept_p() else "no") if t.below else "",
         ]
         if baseline:
             w = g.welch
-            cells += ["baseline", ""] if g.is_baseline else [f"{w.delta:+.2f}", fmt_p(w.p)] if w else [g.untested, ""]
+            if g.is_baseline or not w:
+                cells += ["baseline" if g.is_baseline else g.untested, "", *([""] if holm else [])]
+            else:
+                cells += [f"{w.delta:+.2f}", fmt_p(w.p), *([fmt_p(g.p_holm or w.p)] if holm else [])]
         table.append(cells)
     return notes, headers, table
