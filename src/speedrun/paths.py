@@ -45,14 +45,12 @@ minified source of the self-extracting file (speedrun.artifact.minify). Unexpand
 def source_path(rel: str) -> Path:
     """The file at ``rel``, a path in the repository (``src/speedrun/plan/budget.py``, ``src/run.py``,
     ``conf/model/tiny.yaml``), where this layout keeps it."""
+    top, _, rest = rel.partition("/")
+    if top not in ("src", "conf") or not rest:
+        raise ValueError(f"{rel!r} is no path under src/ or conf/ of the repository")
     if REPO_ROOT is not None:
         return REPO_ROOT / rel
-    top, _, rest = rel.partition("/")
-    if top == "conf":
-        return CONF_DIR / rest
-    if top == "src" and rest:
-        return PACKAGE_DIR.parent / rest
-    raise ValueError(f"{rel!r} is no path under src/ or conf/ of the repository")
+    return CONF_DIR / rest if top == "conf" else PACKAGE_DIR.parent / rest
 
 
 def installed_code() -> dict[str, Path]:
