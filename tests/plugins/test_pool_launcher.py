@@ -61,6 +61,18 @@ def test_only_job_level_hydra_overrides_reach_a_job():
     assert kept == ["hydra.verbose=true", "hydra.job_logging.root.level=WARNING"]
 
 
+def test_a_sweeps_config_dirs_reach_its_jobs():
+    sources = [
+        {"path": "hydra.conf", "schema": "pkg", "provider": "hydra"},
+        {"path": "/repo/conf", "schema": "file", "provider": "main"},
+        {"path": "/home/me/myconf", "schema": "file", "provider": "command-line"},
+        {"path": "", "schema": "structured", "provider": "schema"},
+    ]
+    config = OmegaConf.create({"hydra": {"runtime": {"config_sources": sources}}})
+    assert pl._config_dirs(config) == ["--config-dir", "/home/me/myconf"]
+    assert pl._config_dirs(OmegaConf.create({"hydra": {"runtime": {"config_sources": sources[:2]}}})) == []
+
+
 def test_the_default_config_sweeps_with_the_pool_the_sweeper_and_the_summary(compose):
     hydra = compose(["seed=1"], return_hydra_config=True).hydra
     assert hydra.launcher._target_.endswith("pool_launcher.PoolLauncher") and hydra.launcher.cpu_jobs == 1

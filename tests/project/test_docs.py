@@ -1,7 +1,8 @@
 """The docs stay true to the code: every relative link in README.md and docs/*.md resolves (the file, and a
 ``#anchor`` to a heading by GitHub's slug rules), links point at pages and images rather than source files (which
 move), every ``python -m run`` command in a code block composes with the real conf/ tree and passes the schemas'
-own checks, every ``python -m speedrun.report`` command parses, and the README keeps the test command that
+own checks, every ``python -m speedrun.report`` command parses (``speedrun run`` and ``speedrun report``, the
+console command's, as well), and the README keeps the test command that
 .ci/run runs. In-process (Hydra's compose API), so the whole file takes seconds."""
 
 from __future__ import annotations
@@ -30,13 +31,14 @@ move between packages and a link to one would break silently on GitHub."""
 
 SKIP_COMPOSE: dict[str, str] = {
     # "<page>:<line>": "why this documented command cannot compose here"
-    # (empty: every documented command composes; placeholders such as <run dir> are filled in below)
+    # (placeholders such as <run dir> are filled in below)
+    "README.md:52": "experiment=mine is the reader's own option, in the --config-dir folder the line above makes",
 }
 
 RUN_FLAGS = {"-m", "--multirun", "--plan", "--plan=json", "--resolve"}
 """Flags of `python -m run` that take no value and do not change what is composed (-m: the sweep is expanded
 below; --plan, --plan=json: resolve after composing)."""
-RUN_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p"}
+RUN_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-dir", "-cd"}
 
 
 def rel(path: Path) -> str:
@@ -217,8 +219,9 @@ def logical_lines(code: list[tuple[int, str]]) -> list[tuple[int, str]]:
 
 
 def invocations(tokens: list[str]) -> list[tuple[str, list[str]]]:
-    """Each `python -m run ...` / `python -m speedrun.report ...` in a shell line's tokens: (tool, arguments).
-    Leading VAR=value assignments and a `torchrun [options] -m run` wrapper are stripped."""
+    """Each `python -m run ...` / `python -m speedrun.report ...` (or `speedrun run ...` / `speedrun report ...`,
+    the console command) in a shell line's tokens: (tool, arguments). Leading VAR=value assignments and a
+    `torchrun [options] -m run` wrapper are stripped."""
     segments: list[list[str]] = [[]]
     for token in tokens:
         if token in ("&&", "||", ";", "|"):
@@ -229,6 +232,9 @@ def invocations(tokens: list[str]) -> list[tuple[str, list[str]]]:
     for seg in segments:
         while seg and re.match(r"[A-Za-z_][A-Za-z0-9_]*=", seg[0]):
             seg = seg[1:]
+        if len(seg) > 1 and seg[0] == "speedrun" and seg[1] in ("run", "report"):
+            found.append((seg[1], seg[2:]))
+            continue
         if not seg or seg[0] not in ("python", "python3", "torchrun"):
             continue
         for i in range(1, len(seg) - 1):
@@ -246,7 +252,7 @@ def commands() -> list[Command]:
     for page in PAGES:
         _, code = split_markdown(page.read_text())
         for n, line in logical_lines(code):
-            if "-m run" not in line and "-m speedrun.report" not in line:
+            if not any(tool in line for tool in ("-m run", "-m speedrun.report", "speedrun run", "speedrun report")):
                 continue
             try:
                 tokens = shlex.split(line, comments=True)

@@ -30,14 +30,8 @@ LAYERS = [
     {"training"},
     {"run"},
     {"report"},
-    {
-        "__init__",
-        "tune",
-        "task",
-        "export",
-        "rerun",
-        "bench",
-    },  # entry points (rerun: an exported train_gpt.py's; task: src/run.py's)
+    # entry points (rerun: an exported train_gpt.py's; task: src/run.py's; cli and __main__: the `speedrun` command)
+    {"__init__", "tune", "task", "export", "rerun", "bench", "cli", "__main__"},
 ]
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 

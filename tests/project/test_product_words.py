@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SCOPE = ["docs", "src", "conf", "scripts", "tests", "README.md"]
+SCOPE = ["docs", "src", "conf", "scripts", "tests", "notebooks", "README.md", "setup.py"]
 
 _S = "ses" + "sion"
 _ORDINALS = (

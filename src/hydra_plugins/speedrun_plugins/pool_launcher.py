@@ -118,6 +118,14 @@ def _forwarded(hydra_overrides: Sequence[str]) -> list[str]:
     return out
 
 
+def _config_dirs(config: Any) -> list[str]:
+    """``--config-dir DIR`` for each folder the sweep's command line added (Hydra keeps them as config sources, not
+    as overrides), so that a job composes the same options, a user's own experiment among them."""
+    sources = OmegaConf.select(config, "hydra.runtime.config_sources", default=None) or []
+    dirs = [str(s.path) for s in sources if s.provider == "command-line" and s.schema == "file"]
+    return [arg for d in dirs for arg in ("--config-dir", d)]
+
+
 class PoolLauncher(Launcher):
     def __init__(self, **params: Any) -> None:
         super().__init__()
@@ -180,6 +188,7 @@ class PoolLauncher(Launcher):
             sys.executable,
             "-m",
             module,
+            *_config_dirs(config),  # flags before the overrides, where Hydra's argument parser takes them
             *overrides,
             *forwarded,
             f"hydra.run.dir={quote(str(job_dir))}",

@@ -31,7 +31,7 @@ from typing import Any
 
 from speedrun.artifact.code_count import CODE_FILES, CONF_READ, WRAPPED_ALSO
 from speedrun.artifact.minify import minify_files
-from speedrun.paths import CONF_DIR, REPO_ROOT
+from speedrun.paths import CONF_DIR, source_path
 from speedrun.version import __version__
 
 FORMAT = 1
@@ -68,7 +68,9 @@ def packed_files() -> tuple[str, ...]:
     """What the file carries, as paths in the repository: src/ + CODE_FILES (as listed there, whatever gets added)
     and WRAPPED_ALSO (the entry point and what it needs beyond them), then the conf/ files the resolver reads
     (CONF_READ)."""
-    conf = sorted({p.relative_to(REPO_ROOT).as_posix() for pattern in CONF_READ for p in CONF_DIR.glob(pattern)})
+    conf = sorted(
+        {f"conf/{p.relative_to(CONF_DIR).as_posix()}" for pattern in CONF_READ for p in CONF_DIR.glob(pattern)}
+    )
     return (*(f"src/{rel}" for rel in (*CODE_FILES, *WRAPPED_ALSO)), *conf)
 
 
@@ -89,7 +91,7 @@ class CodeSource:
 
         import torch
 
-        files = {rel: (REPO_ROOT / rel).read_text(encoding="utf-8") for rel in packed_files()}
+        files = {rel: source_path(rel).read_text(encoding="utf-8") for rel in packed_files()}
         versions = {"torch": torch.__version__, "python": platform.python_version(), "speedrun": __version__}
         return cls(files, config, versions)
 

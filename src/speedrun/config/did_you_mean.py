@@ -10,9 +10,13 @@ import dataclasses
 import difflib
 import typing
 from functools import cache
+from pathlib import Path
 
 from speedrun.config import CONF_DIR, Config
 from speedrun.config.objective import objective_problem
+
+CONFIG_DIR_FLAGS = ("--config-dir", "-cd")
+"""Hydra's flag that adds a config folder to the search path (its options are found beside conf/'s)."""
 
 SWEEP_FUNCTIONS = ("range(", "choice(", "interval(", "glob(", "tag(", "sort(", "shuffle(")
 """Hydra's sweep syntax in a value: options it expands itself, not checked here."""
@@ -45,25 +49,44 @@ def _dataclass_of(hint: object) -> type | None:
 
 
 @cache
-def group_options() -> dict[str, tuple[str, ...]]:
-    """Each config group in conf/ (hydra's own aside) and its options, the names of its YAML files."""
-    return {
-        d.name: tuple(sorted(p.stem for p in d.glob("*.yaml")))
-        for d in sorted(CONF_DIR.iterdir())
-        if d.is_dir() and d.name != "hydra"
-    }
+def group_options(extra: tuple[Path, ...] = ()) -> dict[str, tuple[str, ...]]:
+    """Each config group in conf/ (hydra's own aside) and its options, the names of its YAML files, with those of
+    the user's config folders ``extra`` (``--config-dir``) added."""
+    found: dict[str, set[str]] = {}
+    for root in (CONF_DIR, *extra):
+        for d in sorted(root.iterdir()) if root.is_dir() else ():
+            if d.is_dir() and d.name != "hydra":
+                found.setdefault(d.name, set()).update(p.stem for p in d.glob("*.yaml"))
+    return {group: tuple(sorted(options)) for group, options in sorted(found.items())}
+
+
+def user_config_dirs(args: list[str]) -> tuple[Path, ...]:
+    """The config folders ``args`` add to the search path, as Hydra reads them: ``--config-dir DIR`` (``-cd``,
+    ``--config-dir=DIR``) and the file paths of a ``hydra.searchpath=[...]`` override."""
+    dirs = []
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag in CONFIG_DIR_FLAGS:
+            value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            dirs.append(value)
+        elif flag.lstrip("+") == "hydra.searchpath":
+            entries = [e.strip().strip("'\"") for e in value.strip("[]").split(",")]
+            dirs.extend(e.removeprefix("file://") for e in entries if e and not e.startswith("pkg://"))
+    return tuple(Path(d).expanduser().resolve() for d in dirs if d)
 
 
 def unknown_override(args: list[str], model_arch: str | None = None) -> str | None:
     """One line for the first override in ``args`` whose key or option does not exist, naming the closest valid
     ones and the fix; None when all exist. Flags, appends (+key), deletions (~key), hydra.* keys and, with a model
-    of the user's own (``model_arch``), keys under model. are left to Hydra."""
+    of the user's own (``model_arch``), keys under model. are left to Hydra. A group's options include those of
+    the config folders ``args`` add (user_config_dirs)."""
+    groups = group_options(user_config_dirs(args))
     for arg in args:
         key, eq, value = arg.partition("=")
         if not eq or arg.startswith(("-", "+", "~")) or key.startswith("hydra") or "/" in key:
             continue
-        if key in group_options():
-            problem = _unknown_option(key, value)
+        if key in groups:
+            problem = _unknown_option(key, value, groups[key])
         elif key.split(".")[0] == "model" and model_arch is not None:
             problem = None
         elif key == "objective" and not value.startswith(SWEEP_FUNCTIONS):
@@ -75,10 +98,9 @@ def unknown_override(args: list[str], model_arch: str | None = None) -> str | No
     return None
 
 
-def _unknown_option(group: str, value: str) -> str | None:
+def _unknown_option(group: str, value: str, options: tuple[str, ...]) -> str | None:
     if value.startswith(SWEEP_FUNCTIONS) or value in ("null", ""):
         return None
-    options = group_options()[group]
     for option in value.split(","):
         if option not in options:
             close = difflib.get_close_matches(option, options, n=3, cutoff=0.5)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from speedrun.hardware.profiles import detect
+from speedrun.paths import installed_code
 
 DEVICE_NAME_ENV = "SPEEDRUN_DEVICE_NAME"
 """Overrides ``current_device_name()``: for a sweep launched where its jobs do not run (a SLURM login node, whose
@@ -114,16 +115,21 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def code_fingerprint(root: Path) -> str:
+def code_fingerprint(root: Path | None) -> str:
     """16 hex digits hashing the path and contents of every source file under ``root``/src and ``root``/conf, as
     they are in the working tree (uncommitted edits count): the files git lists as tracked or untracked-but-not-
-    ignored (``git ls-files -co --exclude-standard``), or, where git is unavailable, every *.py and *.yaml."""
-    root = Path(root)
-    files = _git_files(root) or _walked_files(root)
+    ignored (``git ls-files -co --exclude-standard``), or, where git is unavailable, every *.py and *.yaml.
+    ``root`` None (speedrun.paths.REPO_ROOT of an installed wheel): the installed package's files, named by their
+    paths in the repository, so a wheel and a clean checkout of the same commit give the same fingerprint."""
+    if root is None:
+        located = installed_code()
+    else:
+        files = _git_files(Path(root)) or _walked_files(Path(root))
+        located = {rel: Path(root) / rel for rel in files}
     h = hashlib.sha256()
-    for rel in sorted(set(files)):
+    for rel in sorted(located):
         try:
-            data = (root / rel).read_bytes()
+            data = located[rel].read_bytes()
         except (FileNotFoundError, IsADirectoryError):
             continue  # tracked but deleted in the working tree: the run does not have it either
         # the length keeps file boundaries unambiguous (no two file sets hash the same by shifting bytes)

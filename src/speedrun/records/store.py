@@ -304,13 +304,14 @@ def capture_environment(device: str) -> dict[str, Any]:
     """Code identity, versions and the device, as records in the speedrun leaderboards carry them."""
     import torch
 
-    root = REPO_ROOT
-    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)
+    root = REPO_ROOT  # None from an installed wheel: no commit to name (git there would answer for another repo)
+    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root) if root else None
     env: dict[str, Any] = {
-        "git_sha": _run(["git", "rev-parse", "HEAD"], cwd=root),
+        "git_sha": _run(["git", "rev-parse", "HEAD"], cwd=root) if root else None,
         "git_dirty": bool(status) if status is not None else None,
         # what a resumed sweep compares: the source as it is on disk, uncommitted and untracked files included
         "code_fingerprint": code_fingerprint(root),
+        "code_layout": "checkout" if root else "installed",
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "hostname": platform.node(),

@@ -24,7 +24,10 @@ def make_plots(groups: Sequence[Group], out: Path, metric: str, curve_x: str = "
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("plots skipped: matplotlib is not installed (pip install -e '.[report]')", file=sys.stderr)
+        print(
+            "plots skipped: matplotlib is not installed (the report extra: pip install matplotlib scipy)",
+            file=sys.stderr,
+        )
         return {}
     cmap, n = ("tab10", 10) if len(groups) <= 10 else ("tab20", 20)
     colors = {g.label(): plt.get_cmap(cmap)(i % n) for i, g in enumerate(groups)}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from speedrun.config import CONF_DIR, Config, register_configs, to_config
 from speedrun.config.choices import HardwareName
-from speedrun.config.did_you_mean import unknown_override
+from speedrun.config.did_you_mean import CONFIG_DIR_FLAGS, unknown_override
 from speedrun.distributed.environment import world_from_env
 from speedrun.errors import ConfigError, PlanError
 from speedrun.hardware import profiles as hardware
@@ -38,21 +38,21 @@ def print_plan(argv: list[str]) -> int:
     from omegaconf.errors import OmegaConfBaseException
 
     formats = [a.partition("=")[2] or "summary" for a in argv[1:] if a == FLAG or a.startswith(FLAG + "=")]
-    args = [a for a in argv[1:] if not (a == FLAG or a.startswith(FLAG + "="))]
+    args, searchpath = _config_dirs_as_override([a for a in argv[1:] if not (a == FLAG or a.startswith(FLAG + "="))])
     flags = [a for a in args if a.startswith("-")]
     if flags:
         return _refuse(f"--plan takes overrides only (group=option, key=value), not {' '.join(flags)}")
     if any(f not in FORMATS for f in formats):
         return _refuse(f"--plan={formats[-1]}: use --plan (a summary) or --plan=json (the whole Plan)")
     arch = arch_from_argv(argv)
-    problem = unknown_override(args, model_arch=arch)
+    problem = unknown_override(args + searchpath, model_arch=arch)
     if problem is not None:
         return _refuse(problem)
     register_configs()
     register_model_schema(arch)  # a model's own knobs, as `python -m run` composes them
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = to_config(compose(config_name="config", overrides=args))
+            cfg = to_config(compose(config_name="config", overrides=args + searchpath))
         device, note = _device_for(cfg)
         if note is not None:  # on stderr where stdout must stay JSON
             print(note, file=sys.stderr if formats[-1] == "json" else sys.stdout, flush=True)
@@ -61,6 +61,23 @@ def print_plan(argv: list[str]) -> int:
         return _refuse(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
     print(plan_json(plan) if formats[-1] == "json" else plan.describe())
     return 0
+
+
+def _config_dirs_as_override(args: list[str]) -> tuple[list[str], list[str]]:
+    """(``args`` without ``--config-dir DIR`` flags, the hydra.searchpath override that adds those folders), since
+    Hydra's compose API takes overrides, not its command line's flags."""
+    rest, dirs, skip = [], [], False
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if skip:
+            skip = False
+        elif flag in CONFIG_DIR_FLAGS:
+            dirs.append(value if eq else (args[i + 1] if i + 1 < len(args) else ""))
+            skip = not eq
+        else:
+            rest.append(arg)
+    paths = [f"file://{Path(d).expanduser().resolve()}" for d in dirs if d]
+    return rest, ([f"hydra.searchpath=[{','.join(paths)}]"] if paths else [])
 
 
 def _device_for(cfg: Config) -> tuple[hardware.DetectedDevice, str | None]:
