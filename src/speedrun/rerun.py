@@ -55,10 +55,7 @@ def main(meta: str | dict[str, Any], file: str) -> dict[str, Any]:
     tree = rerun_config(meta["config"], os.environ, Path(file).resolve(), Path.cwd())
     stamp = time.strftime("%Y-%m-%d_%H-%M-%S") + f"-{time.time_ns() // 1000 % 1_000_000:06d}"
     run_dir = Path.cwd() / "runs" / f"{stamp}_{tree['name']}_seed{tree['seed']}"
-
-    from omegaconf import OmegaConf
-
-    return speedrun.main(OmegaConf.create(tree), run_dir=run_dir)
+    return speedrun.main(tree, run_dir=run_dir)  # the plain tree: no OmegaConf, no Hydra
 
 
 def _installed_torch() -> str | None:

@@ -14,7 +14,6 @@ from speedrun.errors import PlanError
 from speedrun.hardware.profiles import HardwareProfile
 from speedrun.kernels import GRAPH_EAGER_CALLS
 from speedrun.kernels.tiles import FlexTiles, choose_tiles, fitting_bwd, fitting_fwd, tiles_smem
-from speedrun.kernels.tuned import load_entry
 from speedrun.model.shape import ModelShape
 from speedrun.plan.types import KernelPlan
 
@@ -44,6 +43,8 @@ def kernel_settings(cfg: Config, profile: HardwareProfile, model_name: str) -> t
     table: dict[str, Any] = {}
     source = str(k.name)
     if k.name == "tuned":
+        from speedrun.kernels.tuned import load_entry  # kernel=tuned alone reads its tables (artifact.closure)
+
         table, _ = load_entry(profile.name, model_name)
         source = f"tuned:{profile.name}/{model_name}"
     if explicit and k.name != "default":

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from speedrun.distributed import world as dist
-from speedrun.distributed.launch import adopt_rank0_record
 from speedrun.records.lock import RunDirLock
 from speedrun.records.result_block import format_result_block
 from speedrun.records.store import MetricsLog, ResultsDB, atomic_write_text, write_json
@@ -185,7 +184,7 @@ class JobRecord:
                 log.warning("could not close %s: %s", self.metrics.path, e)
 
         assert self.run_id is not None
-        if self.delegated and adopt_rank0_record(db, self.run_id, self.ctx.run_dir, self.result):
+        if self.delegated and _adopt_rank0_record(db, self.run_id, self.ctx.run_dir, self.result):
             self.record_id = self.run_id  # rank 0's row: what the launching process's last line points to
             log.info("result:\n%s", format_result_block(self.result))  # rank 0 recorded the run
             return
@@ -275,3 +274,10 @@ def _prior_wall_seconds(resume: Any) -> float:
     except (OSError, ValueError, AttributeError):
         return 0.0
     return float(value) if isinstance(value, (int, float)) else 0.0
+
+
+def _adopt_rank0_record(db: Any, run_id: str, run_dir: Any, result: dict[str, Any]) -> bool:
+    # only a process that launched the ranks delegates, and it imported the launcher to do so
+    from speedrun.distributed.launch import adopt_rank0_record
+
+    return adopt_rank0_record(db, run_id, run_dir, result)
