@@ -122,7 +122,7 @@ def rerun_data(data: dict[str, Any], env: Mapping[str, str], cwd: Path) -> dict[
             return {**data, "path": str(shards), "tokenizer": str(model)}
         return data  # the run fails before training, naming the missing directory and how to get it
     # here, not at the top: speedrun.data imports torch, and without torch this module must still load to say so
-    from speedrun.data.prepare import TOKENIZER_FILE, embedded_dir
+    from speedrun.data.layout import TOKENIZER_FILE, embedded_dir
 
     built = embedded_dir(Path(data["cache_dir"]), vocab)
     if (built / TOKENIZER_FILE).is_file():

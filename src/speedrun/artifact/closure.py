@@ -59,7 +59,10 @@ SELECTED: dict[str, Callable[[Any], bool]] = {
     "speedrun.kernels.tuned": lambda plan: plan.kernel.source.startswith("tuned"),
     "speedrun.kernels.profile": lambda plan: plan.kernel.profile,
     "speedrun.training.batch_search": lambda plan: plan.micro_batch_search or plan.eval.batch_search,
-    "speedrun.artifact.minify": lambda plan: False,  # a re-run counts the file that ran: it minifies nothing
+    "speedrun.data.prepare": lambda plan: False,  # a re-run always names its data (speedrun.rerun.rerun_data)
+    # a re-run counts the file that ran (artifact.code_file): it makes none, so minifies nothing
+    "speedrun.artifact.wrap": lambda plan: False,
+    "speedrun.artifact.minify": lambda plan: False,
 }
 """A module (and the package under it) a run reaches only when its Plan chooses it -> that choice."""
 

@@ -41,6 +41,7 @@ CODE_FILES: tuple[str, ...] = (
     "speedrun/artifact/closure.py",
     "speedrun/artifact/code_count.py",
     "speedrun/artifact/minify.py",
+    "speedrun/artifact/unwrap.py",
     "speedrun/artifact/wrap.py",
     "speedrun/config/__init__.py",
     "speedrun/config/code_rule.py",
@@ -61,6 +62,7 @@ CODE_FILES: tuple[str, ...] = (
     "speedrun/data/corpus.py",
     "speedrun/data/encoding.py",
     "speedrun/data/existing.py",
+    "speedrun/data/layout.py",
     "speedrun/data/loader.py",
     "speedrun/data/prepare.py",
     "speedrun/data/shards.py",
@@ -245,8 +247,7 @@ def write_manifest(
 def _wrapped(run_dir: Path, rule: ArtifactConfig, code: CodeSource | None) -> tuple[bytes, list, dict[str, Any]]:
     """The self-extracting file in the run dir: built from ``code``, or, on a re-run of an exported file
     (artifact.code_file), that file itself. (its bytes, the files it packs, manifest keys)."""
-    # wrap imports the closure, which a raw count never needs
-    from speedrun.artifact.wrap import CodeSource, build_wrapper, compressor_of, read_wrapper
+    from speedrun.artifact.unwrap import compressor_of, read_wrapper  # here: a raw count reads no file
 
     if rule.code_file is not None:
         data = Path(rule.code_file).read_bytes()
@@ -258,6 +259,8 @@ def _wrapped(run_dir: Path, rule: ArtifactConfig, code: CodeSource | None) -> tu
             "compressor": compressor_of(data),
         }
     else:
+        from speedrun.artifact.wrap import CodeSource, build_wrapper  # making a file: never in a re-run (code_file)
+
         code = code or CodeSource.snapshot()
         data, minified = build_wrapper(code)
         files = [

@@ -25,8 +25,6 @@ compressor). ``read_wrapper`` takes a file apart again without running it (the e
 
 from __future__ import annotations
 
-import ast
-import base64
 import importlib
 import json
 import lzma
@@ -38,6 +36,7 @@ from importlib.util import find_spec
 from typing import Any
 
 from speedrun.artifact.closure import reached
+from speedrun.artifact.unwrap import compressor_of, read_wrapper, unwrap_payload
 from speedrun.paths import CONF_DIR, REPO_ROOT
 from speedrun.version import __version__
 
@@ -58,30 +57,25 @@ def _brotli(data: bytes) -> bytes:
     return bytes(importlib.import_module("brotli").compress(data, quality=11, lgwin=24))
 
 
-def _brotli_out(blob: bytes) -> bytes:
-    return bytes(importlib.import_module("brotli").decompress(blob))
-
-
 def _deflate(data: bytes) -> bytes:
     c = zlib.compressobj(9, zlib.DEFLATED, -15, 9)  # raw deflate: no zlib header or checksum to count
     return c.compress(data) + c.flush()
 
 
-COMPRESSORS: dict[str, tuple[Callable[[bytes], bytes], Callable[[bytes], bytes], str]] = {
+COMPRESSORS: dict[str, tuple[Callable[[bytes], bytes], str]] = {
     "lzma": (
         lambda b: lzma.compress(b, format=lzma.FORMAT_RAW, filters=FILTERS),
-        lambda b: lzma.decompress(b, format=lzma.FORMAT_RAW, filters=[{"id": lzma.FILTER_LZMA2}]),
         'exec(C.decompress(P.encode("l1"),C.FORMAT_RAW,None,[{"id":C.FILTER_LZMA2}]))',
     ),
-    "brotli": (_brotli, _brotli_out, 'exec(C.decompress(P.encode("l1")))'),
+    "brotli": (_brotli, 'exec(C.decompress(P.encode("l1")))'),
     "zlib": (
         lambda b: _deflate(b),
-        lambda b: zlib.decompress(b, -15),
         'exec(C.decompress(P.encode("l1"),-15))',
     ),
 }
-"""name -> (compress, decompress, the file's exec line, which decodes P with the module imported as C). The
-decoders are the standard library's, but brotli's, which needs the package (a requirement of such a file)."""
+"""name -> (compress, the file's exec line, which decodes P with the module imported as C: speedrun.artifact.unwrap's
+DECODERS decode it the same way). The decoders are the standard library's, but brotli's, which needs the package (a
+requirement of such a file)."""
 
 
 def available_compressors() -> list[str]:
@@ -231,7 +225,7 @@ def _file(payload: bytes, compressor: str, needs: dict[str, str]) -> bytes:
         + b'P="'
         + _latin1_literal(blob)
         + b'"\n'
-        + COMPRESSORS[compressor][2].encode("ascii")
+        + COMPRESSORS[compressor][1].encode("ascii")
         + b"\n"
     )
 
@@ -245,38 +239,12 @@ def _latin1_literal(blob: bytes) -> bytes:
     return b"".join(_ESCAPES[p[0]] if len(p) == 1 and p[0] in _ESCAPES else p for p in parts)
 
 
-_IMPORT = re.compile(rb"^import (\w+) as C$", re.M)
-
-
-def compressor_of(data: bytes) -> str:
-    """The compressor a self-extracting file decodes its payload with (a base85 file of speedrun's first format:
-    lzma)."""
-    match = _IMPORT.search(data)
-    return match.group(1).decode("ascii") if match else "lzma"
-
-
-def unwrap_payload(data: bytes) -> str:
-    """The payload program of a self-extracting file, decoded as the file decodes it (nothing is run)."""
-    line = next((ln for ln in data.split(b"\n") if ln.startswith(b'P="')), None)
-    if line is None:
-        raise ValueError('not a speedrun self-extracting file: no P="<payload>" line in it')
-    if b"b85decode" in data:  # the first format: base85 text, lzma
-        blob = base64.b85decode(line[3:-1])
-        return lzma.decompress(blob, format=lzma.FORMAT_RAW, filters=[{"id": lzma.FILTER_LZMA2}]).decode("utf-8")
-    text = ast.literal_eval(line[2:].decode("latin-1"))
-    name = compressor_of(data)
-    if name not in COMPRESSORS:
-        raise ValueError(f"not a speedrun self-extracting file: it imports {name}, no compressor of speedrun's")
-    return COMPRESSORS[name][1](text.encode("latin-1")).decode("utf-8")
-
-
-def read_wrapper(data: bytes) -> tuple[dict[str, str], dict[str, Any]]:
-    """({path: minified source}, meta) of a self-extracting file, read without running it."""
-    values: dict[str, Any] = {}
-    for node in ast.parse(unwrap_payload(data)).body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            if node.targets[0].id in ("F", "M"):
-                values[node.targets[0].id] = ast.literal_eval(node.value)
-    if set(values) != {"F", "M"}:
-        raise ValueError("not a speedrun self-extracting file: its payload lacks F (files) or M (meta)")
-    return values["F"], json.loads(values["M"])
+__all__ = [
+    "CodeSource",
+    "build_wrapper",
+    "compressor_of",
+    "packed_files",
+    "read_wrapper",
+    "requirements",
+    "unwrap_payload",
+]

@@ -15,7 +15,8 @@ _HOME = {
     "corpus": "EMBEDDED_CORPUS iter_documents load_embedded_documents split_train_val",
     "existing": "open_dataset parameter_golf_help",
     "loader": "TokenStream load_val_tokens",
-    "prepare": "DataNotFoundError DatasetPaths ensure_embedded_dataset prepare_dataset read_dataset_info",
+    "layout": "DataNotFoundError DatasetPaths",
+    "prepare": "ensure_embedded_dataset prepare_dataset read_dataset_info",
     "shards": "ShardError list_shards read_shard validate_shard write_shard",
     "tokenizer": "load_tokenizer train_tokenizer",
 }

@@ -12,7 +12,6 @@ import logging
 import time
 from typing import Any
 
-from speedrun.artifact.wrap import CodeSource
 from speedrun.config import Config
 from speedrun.errors import PlanError
 from speedrun.hardware import profiles as hardware
@@ -88,7 +87,10 @@ class Job(JobRecord):
     def start(self, plan: Plan) -> None:
         """Join the other ranks, record the environment and what the plan chose, configure torch, open the
         logger."""
-        self.code = CodeSource.snapshot(self.config_tree, plan)
+        if plan.artifact.code_file is None:  # a re-run counts the file that ran: it makes none
+            from speedrun.artifact.wrap import CodeSource  # so a re-run's file need not carry the maker
+
+            self.code = CodeSource.snapshot(self.config_tree, plan)
         self.world.init(plan)
         env = capture_environment(plan.device)
         self.write_file("env.json", json.dumps(env, indent=2, default=str) + "\n")

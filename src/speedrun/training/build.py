@@ -14,8 +14,8 @@ from typing import cast
 import torch
 
 from speedrun.data.bpb import ByteLUTs, build_byte_luts
+from speedrun.data.layout import DatasetPaths
 from speedrun.data.loader import TokenStream, load_val_tokens
-from speedrun.data.prepare import DatasetPaths, ensure_embedded_dataset
 from speedrun.data.shards import read_header
 from speedrun.data.tiktoken_bpe import boundary_id, build_tiktoken_luts, is_tiktoken, load_encoding
 from speedrun.data.tokenizer import load_tokenizer
@@ -46,6 +46,9 @@ class DataBundle:
 def build_data(plan: Plan, log: Callable[[str], None]) -> DataBundle:
     d = plan.data
     if d.path is None:
+        # builds the corpus on first use; a re-run of a train_gpt.py always names its data (speedrun.rerun)
+        from speedrun.data.prepare import ensure_embedded_dataset
+
         paths = ensure_embedded_dataset(Path(d.cache_dir), vocab_size=d.vocab_size)
     else:
         assert d.tokenizer is not None  # the resolver refuses a path without its tokenizer
