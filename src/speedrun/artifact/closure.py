@@ -93,8 +93,7 @@ def _imports(path: Path, module: str, mtime: float) -> tuple[tuple[str, bool], .
     def visit(node: ast.AST, top: bool) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.dump(child.test):
-                for branch in child.orelse:  # the else branch runs
-                    visit(branch, top)
+                visit(ast.Module(body=child.orelse, type_ignores=[]), top)  # the else branch runs
                 continue
             inner = top and not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
             if isinstance(child, ast.Import):

@@ -17,6 +17,7 @@ import lzma
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from speedrun.artifact.wrap import CodeSource, build_wrapper, compressor_of
 from speedrun.config import CONF_DIR, register_configs, to_config
@@ -26,6 +27,10 @@ from speedrun.plan import resolve
 
 CARD = "h100"
 """The profile a config with hardware=auto is measured for."""
+
+TARGETS = {"experiment=pgolf_record": 40_000, "model=pgolf_baseline": 30_000}
+"""Code bytes these configs aim at: the 2026-04-29 record's script counts 31,385 bytes; every byte of code is a
+byte less of model under parameter-golf's 16,000,000."""
 
 
 @dataclass(frozen=True)
@@ -39,25 +44,28 @@ class CodeSize:
     compresses them together, which costs less than the sum)."""
 
 
-def code_size(overrides: list[str] | tuple[str, ...], card: str = CARD) -> CodeSize:
-    """The code bytes a run composed from ``overrides`` would count, its Plan resolved for ``card`` unless the
-    config names its hardware."""
+def resolved(overrides: list[str] | tuple[str, ...], card: str = CARD) -> tuple[dict[str, Any], Any]:
+    """(the config tree, its Plan) of a run composed from ``overrides``, resolved for ``card`` unless the config
+    names its hardware."""
     from hydra import compose, initialize_config_dir  # composing is Hydra's; the measured file never imports it
     from omegaconf import OmegaConf  # as above
 
-    from speedrun.training.resume import register_resolvers  # conf/config.yaml's run-dir resolvers
-
     register_configs()
-    register_resolvers()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         composed = compose(config_name="config", overrides=list(overrides))
     cfg = to_config(composed)
     name = str(cfg.hardware.name)
     device = device_for(card if cfg.hardware.name in (HardwareName.auto, HardwareName.cpu) else name)
-    plan = resolve(cfg, device, cwd=Path.cwd())
     tree = OmegaConf.to_container(composed, resolve=True, enum_to_str=True)
     assert isinstance(tree, dict)
-    data, minified = build_wrapper(CodeSource.snapshot({str(k): v for k, v in tree.items()}, plan))
+    return {str(k): v for k, v in tree.items()}, resolve(cfg, device, cwd=Path.cwd())
+
+
+def code_size(overrides: list[str] | tuple[str, ...], card: str = CARD) -> CodeSize:
+    """The code bytes a run composed from ``overrides`` would count, its Plan resolved for ``card`` unless the
+    config names its hardware."""
+    tree, plan = resolved(overrides, card)
+    data, minified = build_wrapper(CodeSource.snapshot(tree, plan))
     modules = {
         path: len(lzma.compress(text.encode("utf-8"), preset=9 | lzma.PRESET_EXTREME))
         for path, text in minified.items()
