@@ -2,6 +2,7 @@
 self-extracting train_gpt.py a run of it would write, and measure it.
 
     python -m speedrun.artifact.sizes                          # docs/export.md's table: every experiment, the default
+    python -m speedrun.artifact.sizes --write docs/export.md   # the same, written between its marker lines
     python -m speedrun.artifact.sizes experiment=pgolf_record  # one config, with its largest modules
 
 A config whose hardware is auto (or cpu) is resolved for an H100 (speedrun.hardware.profiles.device_for), the card
@@ -92,9 +93,25 @@ def markdown(rows: list[tuple[str, CodeSize]]) -> str:
     return "\n".join(lines)
 
 
+BEGIN, END = "<!-- speedrun.artifact.sizes: begin -->", "<!-- speedrun.artifact.sizes: end -->"
+"""The lines between which ``--write`` puts the table in a Markdown page."""
+
+
+def write_table(page: Path, table: str) -> None:
+    text = page.read_text(encoding="utf-8")
+    head, begin, rest = text.partition(BEGIN)
+    _, end, tail = rest.partition(END)
+    if not begin or not end:
+        raise SystemExit(f"error: {page} has no {BEGIN} ... {END} lines to put the table between")
+    page.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}", encoding="utf-8")
+
+
 def main(argv: list[str]) -> int:
-    if not argv:
-        print(markdown(table_rows()))
+    if not argv or argv[0] == "--write":
+        table = markdown(table_rows())
+        if argv:
+            write_table(Path(argv[1]), table)
+        print(table)
         return 0
     size = code_size(argv)
     print(f"{' '.join(argv)}: {size.code_bytes:,} bytes of code ({size.compressor}, {len(size.modules)} files)")

@@ -9,7 +9,8 @@ need no device sit beside their fields, in ``__post_init__`` (run by ``to_config
 checks that need the device are the resolver's (speedrun.plan). One module per family of groups: training.py
 (what trains), finishing.py (eval, TTT, quantization, logging).
 
-Only run.py sees a DictConfig; ``to_config`` turns it into these dataclasses, and ``speedrun.plan.resolve``
+Only run.py sees a DictConfig; the run takes its plain tree and ``config_from_tree`` turns it into these dataclasses
+without OmegaConf (``to_config``, OmegaConf's own merge, serves compose-time tools), and ``speedrun.plan.resolve``
 turns those into the frozen Plan that everything after it reads.
 """
 
