@@ -120,7 +120,7 @@ def test_finalize_counts_the_wrapped_file_it_writes(compose, tmp_path):
     """The default rule: artifact_code_bytes is the length of the train_gpt.py written beside the model (so the two
     cannot disagree), several times smaller than the raw count; artifact_code.json says so and lists every packed
     file with its raw and minified bytes."""
-    from speedrun.artifact.wrap import CodeSource, packed_files, read_wrapper
+    from speedrun.artifact.wrap import CodeSource, compressor_of, packed_files, read_wrapper
 
     out = _finalize(compose, tmp_path, [], code=CodeSource.snapshot({"seed": 0}))
     wrapped = tmp_path / WRAPPED_FILE
@@ -130,6 +130,8 @@ def test_finalize_counts_the_wrapped_file_it_writes(compose, tmp_path):
     assert out["artifact_bytes"] == model_bytes + out["artifact_code_bytes"] and out["artifact_ok"] is True
     manifest = json.loads((tmp_path / MANIFEST).read_text())
     assert manifest["artifact_code_rule"] == "wrapped" and manifest["code_file"] == WRAPPED_FILE
+    # the compressor that made the smaller file, recorded in the result and the manifest alike
+    assert out["artifact_code_compressor"] == manifest["compressor"] == compressor_of(wrapped.read_bytes())
     assert [f["path"] for f in manifest["files"]] == list(packed_files())
     assert all(0 <= f["minified_bytes"] <= f["raw_bytes"] for f in manifest["files"])  # a docstring-only __init__: 0
     files, meta = read_wrapper(wrapped.read_bytes())
@@ -164,6 +166,7 @@ def test_finalize_counts_code_raw_and_lists_the_files(compose, tmp_path):
         assert (out["artifact_model_bytes"], out["artifact_code_bytes"]) == (model_bytes, raw)
         assert out["artifact_bytes"] == model_bytes + raw and out["artifact_ok"] is ok
         assert out["artifact_code_rule"] == "raw" and not (tmp_path / WRAPPED_FILE).exists()
+        assert out["artifact_code_compressor"] is None
         manifest = json.loads((tmp_path / MANIFEST).read_text())
         assert [f["path"] for f in manifest["files"]] == list(CODE_FILES)
         assert sum(f["raw_bytes"] for f in manifest["files"]) == raw == manifest["artifact_code_bytes"]

@@ -58,8 +58,14 @@ SELECTED: dict[str, Callable[[Any], bool]] = {
     "speedrun.distributed.launch": lambda plan: plan.dist.launch == "self",  # torchrun's ranks need no launcher
     "speedrun.kernels.tuned": lambda plan: plan.kernel.source.startswith("tuned"),
     "speedrun.kernels.profile": lambda plan: plan.kernel.profile,
+    "speedrun.kernels.tiles": lambda plan: plan.attn == "flex",
+    "speedrun.plan.track": lambda plan: plan.track.name is not None,
+    "speedrun.run.track_verdict": lambda plan: plan.track.name is not None,
     "speedrun.training.batch_search": lambda plan: plan.micro_batch_search or plan.eval.batch_search,
-    "speedrun.data.prepare": lambda plan: False,  # a re-run always names its data (speedrun.rerun.rerun_data)
+    "speedrun.data.prepare": lambda plan: False,
+    "speedrun.training.resume": lambda plan: (
+        False
+    ),  # a re-run starts a fresh run dir and resumes nothing  # a re-run always names its data (speedrun.rerun.rerun_data)
     # a re-run counts the file that ran (artifact.code_file): it makes none, so minifies nothing
     "speedrun.artifact.wrap": lambda plan: False,
     "speedrun.artifact.minify": lambda plan: False,

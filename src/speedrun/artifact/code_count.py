@@ -208,7 +208,7 @@ def write_manifest(
     """Count the code by ``rule`` (wrapped: write train_gpt.py into the run dir first; ``code`` is the source the
     job read when it started, or now when None), write artifact_code.json; returns the result keys
     (artifact_model_bytes, artifact_code_bytes, artifact_code_sha256, artifact_bytes, artifact_ok,
-    artifact_code_rule)."""
+    artifact_code_rule, artifact_code_compressor)."""
     wrapped = rule.code_rule == "wrapped"
     if wrapped:
         data, files, extra = _wrapped(run_dir, rule, code)
@@ -223,6 +223,7 @@ def write_manifest(
         "artifact_bytes": model_bytes + counted,
         "artifact_ok": model_bytes + counted <= cap_bytes,
         "artifact_code_rule": str(rule.code_rule),
+        "artifact_code_compressor": extra.get("compressor"),  # the wrapped file's: lzma, brotli or zlib
     }
     how = (
         f"code counted as the bytes of the self-extracting {WRAPPED_FILE} (the modules the run reaches, minified, "

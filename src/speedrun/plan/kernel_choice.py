@@ -13,7 +13,6 @@ from speedrun.config.kernel import FP8_TARGETS, GRAPHING_MODES
 from speedrun.errors import PlanError
 from speedrun.hardware.profiles import HardwareProfile
 from speedrun.kernels import GRAPH_EAGER_CALLS
-from speedrun.kernels.tiles import FlexTiles, choose_tiles, fitting_bwd, fitting_fwd, tiles_smem
 from speedrun.model.shape import ModelShape
 from speedrun.plan.types import KernelPlan
 
@@ -237,6 +236,9 @@ def _resolve_tiles(
 ) -> tuple[str | None, tuple, dict[str, Any]]:
     """Flex's tiles: the profile's (per head_dim where the card needs it) with the kernel group's on top; checked
     against the shared memory one program may use."""
+    # attn=flex alone has tiles: a Plan's choice (artifact.closure)
+    from speedrun.kernels.tiles import FlexTiles, choose_tiles, fitting_bwd, fitting_fwd, tiles_smem
+
     chosen = {field: settings[key] for key, field in _TILE_KEYS.items() if key in settings}
     smem_block = (profile.smem_per_block_kb or profile.smem_per_sm_kb or 0) * 1024
     elem = 4 if precision == "fp32" else 2

@@ -21,7 +21,6 @@ from speedrun.records.result_block import format_result_block
 from speedrun.records.store import MetricsLog, ResultsDB, atomic_write_text, write_json
 from speedrun.run.heartbeat import Heartbeat
 from speedrun.run.loggers import RunLogger
-from speedrun.run.track_verdict import track_keys
 from speedrun.training.checkpoint import list_checkpoints
 
 if TYPE_CHECKING:
@@ -200,6 +199,8 @@ class JobRecord:
         prior = 0.0 if self.holding else self.prior_wall_seconds
         self.result["wall_seconds"] = round(prior + finished - started, 3)
         if self.plan is not None and self.plan.track.on and not self.holding:
+            from speedrun.run.track_verdict import track_keys  # track= set, a Plan's choice (artifact.closure)
+
             try:
                 self.result.update(track_keys(self.plan, self.result))
             except Exception as e:  # noqa: BLE001 - the record must still be written; the verdict says why not

@@ -18,7 +18,7 @@ import time
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from speedrun.config import config_from_tree
 from speedrun.distributed import world as dist
@@ -32,7 +32,9 @@ from speedrun.run.job_record import write_error_file
 from speedrun.run.oom import find_oom, oom_result
 from speedrun.run.signals import sigterm_as_interrupt, stop_signals_deferred
 from speedrun.training.checkpoint import checkpoint_dir
-from speedrun.training.resume import Resume, find_resume
+
+if TYPE_CHECKING:
+    from speedrun.training.resume import Resume
 
 log = logging.getLogger("speedrun")
 
@@ -291,6 +293,10 @@ def _results_db(tree: dict[str, Any], ctx: RunContext) -> ResultsDB:
 
 def _find_resume(tree: dict[str, Any], ctx: RunContext) -> tuple[Resume | None, Exception | None]:
     """(the Resume this job does, or None; a refusal to raise once the record is open, or None)."""
+    if not tree.get("resume") and not checkpoint_dir(ctx.run_dir).is_dir():
+        return None, None  # nothing to continue (a re-run's fresh dir): its file need not carry training.resume
+    from speedrun.training.resume import find_resume
+
     try:
         return find_resume(tree, ctx.overrides, ctx.run_dir, ctx.original_cwd), None
     except ConfigError as e:
