@@ -5,9 +5,9 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-import speedrun
 from speedrun.config import CONF_DIR, register_configs
 from speedrun.model.registry import arch_from_argv, register_model_schema
+from speedrun.task import task
 from speedrun.training.resume import register_resolvers
 
 register_configs()
@@ -16,8 +16,8 @@ register_model_schema(arch_from_argv(sys.argv))  # a model's own knobs (model.ar
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
-def main(cfg: DictConfig) -> None:
-    speedrun.main(cfg)
+def main(cfg: DictConfig) -> float:
+    return task(cfg)  # speedrun.main(cfg), then the run's objective for Hydra's sweeper (speedrun.task)
 
 
 if __name__ == "__main__":

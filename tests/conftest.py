@@ -28,6 +28,48 @@ def pytest_xdist_auto_num_workers(config):
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+FILE_SECONDS = "speedrun/file_seconds"
+"""The pytest cache's key for what each test file took in the last run that ran it: {file: seconds}."""
+
+
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Test files longest first, each file's tests in their order: the xdist workers take whole files in this order
+    (pyproject's --dist loadfile --no-loadscope-reorder), so that no long file is left running alone at the end. A
+    file's length is what it took last time (the pytest cache), else a guess: 30 s a test in tests/e2e/ (each runs
+    the CLI), 0.2 s elsewhere. Every worker reads the same cache, so all collect the same order."""
+    cache = getattr(config, "cache", None)
+    seconds = cache.get(FILE_SECONDS, {}) if cache is not None else {}
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[_file_of(item.nodeid)] = counts.get(_file_of(item.nodeid), 0) + 1
+
+    def length(path: str) -> float:
+        return seconds.get(path, counts[path] * (30.0 if path.startswith("tests/e2e/") else 0.2))
+
+    first = {path: i for i, path in enumerate(counts)}
+    items.sort(key=lambda item: (-length(_file_of(item.nodeid)), first[_file_of(item.nodeid)]))
+
+
+_TOOK: dict[str, float] = {}
+"""Seconds each file's tests took in this run (setup, call and teardown), for the next run's order."""
+
+
+def pytest_runtest_logreport(report):
+    _TOOK[_file_of(report.nodeid)] = _TOOK.get(_file_of(report.nodeid), 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    """Keep what each file took (in the process that saw every report: the xdist controller, or -n 0's one)."""
+    cache = getattr(session.config, "cache", None)
+    if cache is None or os.environ.get("PYTEST_XDIST_WORKER") or not _TOOK:
+        return
+    cache.set(FILE_SECONDS, {**cache.get(FILE_SECONDS, {}), **{path: round(s, 2) for path, s in _TOOK.items()}})
+
+
 _COMPOSED: dict[tuple, object] = {}
 """What the compose fixture composed in this process, by its arguments (and the conf dir and working dir, which the
 hydra.* part records). Never handed out itself: each call gets a copy of its own."""

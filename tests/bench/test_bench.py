@@ -139,6 +139,24 @@ def test_the_dry_run_prints_each_runs_command_with_its_environment(tmp_path, cap
     assert [c.split("seed=")[-1].split()[0] for c in commands[::2]] == ["0", "0"] and "s0_p2" in commands[2]
 
 
+def test_a_check_showing_a_quality_metric_must_show_epochs_beside_it():
+    arm = RunArm("a", ())
+    with pytest.raises(ValueError, match="list 'epochs' in its metrics"):
+        Check("c", "C.", (arm,), (Value("a", "val_bpb", "<=", 3.0),), ("val_bpb",))
+    Check("c", "C.", (arm,), (Value("a", "val_bpb", "<=", 3.0),), ("val_bpb", "epochs"))
+    Check("c", "C.", (arm,), (Value("a", "tokens_per_s", ">=", 1.0),), ("tokens_per_s",))
+
+
+def test_the_dry_run_takes_the_name_before_or_after_the_flag(capsys):
+    assert main(["--dry-run", "cpu_default"]) == 0
+    first = capsys.readouterr().out
+    assert main(["cpu_default", "--dry-run"]) == 0
+    assert capsys.readouterr().out == first and "-m run data=embedded" in first
+    with pytest.raises(SystemExit):
+        main(["--dry-run"])
+    assert "--dry-run needs a check's name" in capsys.readouterr().err
+
+
 def test_parallel_arms_get_gpus_of_their_own_and_alternating_arms_share_the_first():
     record, tuned = CHECKS["record_vs_pgolf"], CHECKS["kernel_tuned"]
     ((a, b),) = plan(record, Options(), _machine("NVIDIA H100 80GB HBM3", 4))
@@ -314,8 +332,8 @@ open("seen.txt", "w").write(os.environ["DATA_PATH"] + "\\n" + os.environ["SEED"]
 
 def test_a_peer_arm_runs_its_script_with_the_env_and_its_log_parsed(tmp_path):
     """A peer's script runs in its own run dir with the check's environment filled in (the corpus's path, the seed),
-    the FA3 stand-in's folder first on PYTHONPATH, its log parsed into speedrun's metric names, its sha256
-    recorded."""
+    the FA3 stand-in's folder first on PYTHONPATH, its log parsed into speedrun's metric names, its sha256 and the
+    stand-in's recorded."""
     if GPU_HERE:
         pytest.skip("the check below is declared for a CPU machine")
     script, shim = tmp_path / "train_gpt.py", tmp_path / "shim"
@@ -328,20 +346,24 @@ def test_a_peer_arm_runs_its_script_with_the_env_and_its_log_parsed(tmp_path):
     )  # fmt: skip
     check = Check(
         "fake_peer", "A peer alone.", (peer,), (Ratio("tokens_per_s", "peer", "peer", ">=", 1.0),),
-        ("tokens_per_s", "val_bpb", "val_bpb_quant", "steps"), cards=("cpu",), seeds=(3,),
+        ("tokens_per_s", "val_bpb", "val_bpb_quant", "steps", "epochs"), cards=("cpu",), seeds=(3,),
     )  # fmt: skip
     opts = Options(peers={"fake": script}, fa3_shim=shim, results=tmp_path / "results", work=tmp_path / "work")
     status, path = run_check(check, opts, say=lambda line: None)
     assert status == 0 and path is not None
     r = json.loads(path.read_text())
     (run,) = r["arms"]["peer"]["runs"]
-    assert run["status"] == "ok" and run["metrics"] == {
-        "tokens_per_s": 5000.0, "val_bpb": 1.7, "val_bpb_quant": 1.71, "steps": 10,
-    }  # fmt: skip
     data_path, seed = (Path(run["run_dir"]) / "seen.txt").read_text().split("\n")
     assert Path(data_path) == Path(r["corpus"]["path"]) and (Path(data_path) / "dataset.json").is_file()
+    train_tokens = json.loads((Path(data_path) / "dataset.json").read_text())["train"]["tokens"]
+    assert run["status"] == "ok" and run["metrics"] == {
+        "tokens_per_s": 5000.0, "val_bpb": 1.7, "val_bpb_quant": 1.71, "steps": 10,
+        "epochs": round(10 * 1000 / train_tokens, 3),  # 10 steps of TRAIN_BATCH_TOKENS over the corpus
+    }  # fmt: skip
     assert seed == "3"
     assert r["peers"]["fake"] == {"path": str(script), "sha256": file_sha256(script)}
+    stand_in = shim / "flash_attn_interface.py"
+    assert r["fa3_stand_in"] == {"path": str(stand_in), "sha256": file_sha256(stand_in)}
     assert f"PYTHONPATH={shim}" in r["arms"]["peer"]["command"]
 
 

@@ -215,7 +215,7 @@ def test_the_pool_hands_each_job_its_nproc_gpus(tmp_path):
         )
     rets = job_pool.Pool(["0", "1", "2"], fail_fast=False, echo=False, stop_timeout_s=10).run(jobs)
     assert all(r.status.name == "COMPLETED" for r in rets)
-    results = [r.return_value for r in rets]
+    results = [r.return_value.record for r in rets]  # the objective carries the job's result.json
     assert [len(r["gpus"].split(",")) for r in results] == [2, 1, 2, 2]
     for a in results:  # no GPU is in two jobs at once
         for b in results:

@@ -3,6 +3,8 @@ its run dir, failed jobs included."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import struct
@@ -42,6 +44,7 @@ def wandb_records(run_dir: Path) -> dict:
         elif kind == 4:
             raw.append(pending + chunk)
     out: dict = {"summary": {}, "history": 0, "exit_code": None, "run": None, "metrics": {}, "keys": set()}
+    out["artifacts"] = []
     for item in raw:
         rec = pb.Record()
         rec.ParseFromString(item)
@@ -58,11 +61,13 @@ def wandb_records(run_dir: Path) -> dict:
             out["metrics"][m.name] = (m.step_metric, [f for f in ("min", "last") if getattr(m.summary, f)])
         elif kind == "exit":
             out["exit_code"] = rec.exit.exit_code
+        elif kind == "artifact":
+            out["artifacts"].append(rec.artifact)
     return out
 
 
-def test_an_offline_sweep_leaves_config_and_summary_in_each_run_dir(tmp_path, data_cache):
-    pytest.importorskip("wandb", reason="wandb is not installed (pip install -e '.[wandb]'; it is in the dev extra)")
+def offline_env(tmp_path: Path) -> dict[str, str]:
+    """The environment of an offline W&B run (no API key, no network) whose W&B files all stay under tmp_path."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(
         WANDB_MODE="offline",
@@ -83,6 +88,12 @@ def test_an_offline_sweep_leaves_config_and_summary_in_each_run_dir(tmp_path, da
         pass
     (tmp_path / "home" / ".cache").mkdir(parents=True)
     (tmp_path / "home" / ".cache" / "speedrun").symlink_to(cache, target_is_directory=True)
+    return env
+
+
+def test_an_offline_sweep_leaves_config_and_summary_in_each_run_dir(tmp_path, data_cache):
+    pytest.importorskip("wandb", reason="wandb is not installed (pip install -e '.[wandb]'; it is in the dev extra)")
+    env = offline_env(tmp_path)
     proc = subprocess.run(
         [
             sys.executable,
@@ -123,6 +134,8 @@ def test_an_offline_sweep_leaves_config_and_summary_in_each_run_dir(tmp_path, da
     assert good["summary"]["status"] == "ok" and good["exit_code"] == 0 and good["history"] >= 1
     assert good["summary"]["val_bpb"] == pytest.approx(result["val_bpb"])
     assert good["summary"]["artifact_bytes"] == result["artifact_bytes"]
+    # the ok job's compressed model and train_gpt.py are W&B artifacts; the failed job never wrote them
+    assert sorted(a.type for a in good["artifacts"]) == ["code", "model"] and not bad["artifacts"]
     assert (
         bad["summary"]["status"] == "failed"
         and bad["exit_code"] == 1
@@ -140,3 +153,43 @@ def test_an_offline_sweep_leaves_config_and_summary_in_each_run_dir(tmp_path, da
     (table,) = sweep.glob("wandb/offline-run-*/files/media/table/leaderboard_*.table.json")
     data = json.loads(table.read_text())
     assert "val_bpb_mean" in data["columns"] and len(data["data"]) == 2
+
+
+def test_a_run_logs_its_model_and_train_gpt_as_artifacts_with_its_numbers(tmp_path, data_cache):
+    pytest.importorskip("wandb", reason="wandb is not installed (pip install -e '.[wandb]'; it is in the dev extra)")
+    run_dir = tmp_path / "run"
+    args = ["debug=smoke", "logger=wandb", f"data.cache_dir={data_cache}", f"hydra.run.dir={run_dir}"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "run", *args, f"results_db={tmp_path / 'r.sqlite'}"],
+        cwd=tmp_path,
+        env=offline_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    rec = wandb_records(run_dir)
+    run_id = rec["run"].run_id
+    model_file = run_dir / f"model.{result['quant']}.{result['compressor']}"
+    by_type = {a.type: a for a in rec["artifacts"]}
+    assert sorted(by_type) == ["code", "model"] and len(rec["artifacts"]) == 2
+    for kind, path in (("model", model_file), ("code", run_dir / "train_gpt.py")):
+        art = by_type[kind]
+        assert art.name == f"{kind}-{run_id}" and {"latest", "ok"} <= set(art.aliases)
+        # the manifest holds exactly the run dir's file, byte for byte (W&B's md5 digest, and the staged copy that
+        # `wandb sync` uploads)
+        (entry,) = art.manifest.contents
+        data = path.read_bytes()
+        assert entry.path == path.name and entry.size == len(data)
+        assert entry.digest == base64.b64encode(hashlib.md5(data).digest()).decode()
+        assert Path(entry.local_path).read_bytes() == data
+        meta = json.loads(art.metadata)
+        assert meta["file"] == path.name and meta["sha256"] == hashlib.sha256(data).hexdigest()
+        for key in ("val_bpb", "val_bpb_quant", "artifact_bytes", "steps", "tokens", "code_fingerprint", "git_sha"):
+            assert meta[key] == result[key], key
+    assert json.loads(by_type["code"].metadata)["artifact_code_sha256"] == result["artifact_code_sha256"]
+    assert model_file.stat().st_size == result["artifact_model_bytes"]
+    # the headline numbers as the W&B run's summary
+    for key in ("val_bpb", "val_bpb_quant", "artifact_bytes", "tokens_per_s", "steps", "tokens"):
+        assert rec["summary"][key] == pytest.approx(result[key]), key

@@ -292,7 +292,7 @@ def compositions(command: Command) -> list[list[str]]:
 
     overrides, multirun = overrides_of(command)
     parsed = OverridesParser.create().parse_overrides(overrides)
-    sweeps = {i: list(o.sweep_string_iterator()) for i, o in enumerate(parsed) if o.is_sweep_override()}
+    sweeps = {i: _sweep_values(o) for i, o in enumerate(parsed) if o.is_sweep_override()}
     if sweeps and not multirun:
         raise AssertionError(f"{command}: comma lists sweep only with -m (Hydra refuses this line without it)")
     if not sweeps:
@@ -305,6 +305,16 @@ def compositions(command: Command) -> list[list[str]]:
         ]
         for k in range(width)
     ]
+
+
+def _sweep_values(override) -> list[str]:
+    """A sweep axis's values; an adaptive sweeper's interval(a,b), which Hydra cannot enumerate, as its two ends."""
+    from hydra.core.override_parser.types import IntervalSweep
+
+    value = override.value()
+    if isinstance(value, IntervalSweep):
+        return [str(value.start), str(value.end)]
+    return list(override.sweep_string_iterator())
 
 
 @pytest.fixture(scope="module")

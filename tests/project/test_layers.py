@@ -30,7 +30,14 @@ LAYERS = [
     {"training"},
     {"run"},
     {"report"},
-    {"__init__", "tune", "export", "rerun", "bench"},  # entry points (rerun: an exported train_gpt.py's)
+    {
+        "__init__",
+        "tune",
+        "task",
+        "export",
+        "rerun",
+        "bench",
+    },  # entry points (rerun: an exported train_gpt.py's; task: src/run.py's)
 ]
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 

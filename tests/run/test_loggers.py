@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from speedrun.config import LoggerConfig
-from speedrun.run.loggers import WandbLogger, make_logger, resolve_wandb_mode
+from speedrun.run.loggers import WandbLogger, artifact_files, artifact_metadata, make_logger, resolve_wandb_mode
 
 # ---------------------------------------------------------------------------------------------------------
 # never fail, never block
@@ -84,3 +84,57 @@ def test_a_wandb_error_is_one_warning_then_the_logger_is_off(monkeypatch, tmp_pa
     lg = _logger(tmp_path)
     lg.start({}, None)  # no exception reaches the run
     assert lg.run is None and "init timed out" in caplog.text
+
+
+def test_a_failed_artifact_upload_is_a_warning_and_the_wandb_run_still_finishes(monkeypatch, tmp_path, caplog):
+    calls = []
+
+    class Run:
+        dir, id = str(tmp_path / "files"), "abc"
+        summary: dict = {}
+
+        def define_metric(self, *a, **k):
+            pass
+
+        def log_artifact(self, *a, **k):
+            raise OSError("no space left on device")
+
+        def finish(self, **k):
+            calls.append("finish")
+
+    class Artifact:
+        def __init__(self, name, type, description, metadata):
+            calls.append(name)
+
+        def add_file(self, path, name):
+            pass
+
+    fake = types.SimpleNamespace(init=lambda **k: Run(), Settings=lambda **k: None, Artifact=Artifact)
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    (tmp_path / "model.int8.zlib").write_bytes(b"weights")
+    lg = _logger(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="speedrun.logger"):
+        lg.start({}, None)
+        lg.log_result({"status": "ok", "quant": "int8", "compressor": "zlib"})
+        lg.finish("ok")
+    # no train_gpt.py in the run dir (artifact.code_rule=raw): only the model is an artifact
+    assert calls == ["model-abc", "finish"] and "no space left on device" in caplog.text
+
+
+def test_the_artifacts_are_the_files_the_run_wrote(tmp_path):
+    result = {"status": "ok", "quant": "int6", "compressor": "brotli", "val_bpb": 1.1, "stages": [1], "mfu": None}
+    assert artifact_files(tmp_path, result) == []
+    (tmp_path / "train_gpt.py").write_text("print()")
+    (tmp_path / "model.int6.brotli").write_bytes(b"w")
+    (tmp_path / "model.pt").write_bytes(b"float weights: not the artifact")
+    assert artifact_files(tmp_path, result) == [
+        ("model", tmp_path / "model.int6.brotli"),
+        ("code", tmp_path / "train_gpt.py"),
+    ]
+    assert artifact_files(tmp_path, {**result, "quant": "off"}) == [("code", tmp_path / "train_gpt.py")]
+    assert artifact_metadata({**result, "val_bpb": float("nan")}) == {
+        "status": "ok",
+        "quant": "int6",
+        "compressor": "brotli",
+    }
+    assert artifact_metadata(result)["val_bpb"] == 1.1 and "stages" not in artifact_metadata(result)

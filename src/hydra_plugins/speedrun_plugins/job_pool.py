@@ -19,8 +19,10 @@ from typing import Any
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from speedrun.config.objective import DEFAULT_OBJECTIVE
 from speedrun.paths import results_db_path
 from speedrun.records.identity import GPU_SHARED_ENV
+from speedrun.records.objective import Objective, objective_of
 from speedrun.records.store import ResultsDB
 from speedrun.run.signals import sigterm_as_interrupt
 
@@ -43,6 +45,28 @@ class JobNotRun(Exception):
 
     status = "not_run"
 
+
+@dataclass
+class ScoredFailure(JobReturn):
+    """The return of a job that failed and recorded it (failed, out of memory, refused): status FAILED with the
+    JobFailed in ``_return_value``, as the speedrun sweeper reads it, but a ``return_value`` that is the worst
+    objective rather than a raise. Hydra's adaptive sweepers (Optuna, Ax, Nevergrad) read only ``return_value``;
+    a raise there makes Optuna's stop the whole sweep at the first failed trial."""
+
+    objective: Objective | None = None
+
+    @property
+    def return_value(self) -> Any:
+        return self.objective
+
+    @return_value.setter
+    def return_value(self, value: Any) -> None:
+        self._return_value = value
+
+
+SCORED_FAILURES = ("failed", "oom")
+"""Job statuses that are a result of the trial's settings, scored as the worst objective; an interrupted or unrun
+job is no result, and its return raises as Hydra's does."""
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -76,6 +100,10 @@ class Job:
     cmd: list[str]
     gpus: int = 1
     """GPUs the job needs at once: its dist.nproc (a CPU slot runs any job)."""
+    objective: str = DEFAULT_OBJECTIVE
+    """The result key the job returns to the sweeper (its ``objective`` setting)."""
+    maximise: bool = False
+    """The sweeper maximises the objective: a failed job then scores -inf, not inf."""
     slots: list[int] | None = None
     proc: subprocess.Popen | None = None
     pump: threading.Thread | None = None
@@ -254,7 +282,7 @@ class Pool:
         # a job killed after it recorded ok (in its teardown) did finish ok
         if (rc == 0 or (job.killed and status == "ok")) and status not in ("failed", "interrupted", "running"):
             ret.status = JobStatus.COMPLETED
-            ret.return_value = result
+            ret.return_value = objective_of(result, job.objective, job.maximise)
             metrics = "  ".join(
                 f"{k} {result[k]:.4g}"
                 for k in ("val_bpb", "val_bpb_quant", "tokens_per_s")
@@ -269,6 +297,8 @@ class Pool:
                 why = (result or {}).get("error") or f"exited with code {rc}: see {job.job_dir / 'console.log'}"
             if not result or result.get("status") == "running":
                 record_death(job, status, why)
+            if status in SCORED_FAILURES:
+                ret = _scored(job, {**(result or {}), "status": status, "error": why})
             ret.status = JobStatus.FAILED
             ret.return_value = JobFailed(f"job #{job.num} ({' '.join(job.overrides)}) {status}: {why}", status)
             (log.debug if self.forced else log.error)(f"#{job.num} {status} in {seconds:.1f}s: {why}  ({job.job_dir})")
@@ -279,7 +309,7 @@ class Pool:
         why = f"dist.nproc={job.gpus} needs {job.gpus} GPUs at once; the pool has {gpus}"
         log.error(f"#{job.num} failed: {why}")
         record_death(job, "failed", why)
-        ret = _job_return(job)
+        ret = _scored(job, {"status": "failed", "error": why})
         ret.status = JobStatus.FAILED
         ret.return_value = JobFailed(f"job #{job.num} ({' '.join(job.overrides)}) failed: {why}")
         job.ret = ret
@@ -317,8 +347,19 @@ def _signal_name(signum: int) -> str:
     return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
 
 
+def _scored(job: Job, record: dict[str, Any]) -> ScoredFailure:
+    ret = ScoredFailure(objective=objective_of(record, job.objective, job.maximise))
+    _fill(job, ret)
+    return ret
+
+
 def _job_return(job: Job) -> JobReturn:
     ret = JobReturn()
+    _fill(job, ret)
+    return ret
+
+
+def _fill(job: Job, ret: JobReturn) -> None:
     ret.overrides = list(job.overrides)
     task_cfg = copy.deepcopy(job.config)
     with read_write(task_cfg), open_dict(task_cfg):
@@ -327,4 +368,3 @@ def _job_return(job: Job) -> JobReturn:
     ret.hydra_cfg = job.config
     ret.working_dir = os.getcwd()
     ret.task_name = str(OmegaConf.select(job.config, "hydra.job.name", default=""))
-    return ret

@@ -39,7 +39,10 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from speedrun.config.objective import DEFAULT_OBJECTIVE, objective_problem
+from speedrun.errors import ConfigError
 from speedrun.kernels.cache import cache_env
+from speedrun.records.objective import maximising
 
 from .gpu_slots import pool_slots, take_slots, visible_gpus  # noqa: F401 - part of this module's interface
 from .job_pool import Job, Pool
@@ -155,6 +158,8 @@ class PoolLauncher(Launcher):
             signals=_RECEIVED,
             hold_stops=True,
         )
+        if self.interrupted:  # a sweeper that asks again after Ctrl-C (an adaptive one) gets nothing run
+            pool.stopping = "interrupted"
         returns = pool.run(jobs)
         self.interrupted = self.interrupted or pool.interrupted
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
@@ -184,4 +189,9 @@ class PoolLauncher(Launcher):
             f"hydra.job.id={num}",
         ]
         gpus = int(OmegaConf.select(config, "dist.nproc", default=1) or 1)
-        return Job(num=num, overrides=overrides, config=config, job_dir=job_dir, cmd=cmd, gpus=gpus)
+        objective = str(OmegaConf.select(config, "objective", default=None) or DEFAULT_OBJECTIVE)
+        problem = objective_problem(objective)
+        if problem is not None:  # before any job starts: a sweep must not run on a number it cannot read
+            raise ConfigError(f"job #{num} ({' '.join(overrides)}): {problem}")
+        maximise = maximising(OmegaConf.select(config, "hydra.sweeper"))
+        return Job(num, overrides, config, job_dir, cmd, gpus=gpus, objective=objective, maximise=maximise)

@@ -194,7 +194,7 @@ def _record(job: Any, ret: JobReturn) -> bool:
     job.run_dir = str(Path(out).resolve()) if out else None
     job.state = "launched"
     if ret.status == JobStatus.COMPLETED:
-        value = ret.return_value
+        value = getattr(ret.return_value, "record", ret.return_value)  # an Objective carries the result record
         job.status = str(value.get("status", "ok")) if isinstance(value, dict) else "ok"
         job.error = value.get("error") if isinstance(value, dict) else None
         return job.status not in ("ok", "diverged")

@@ -176,6 +176,8 @@ CODE_FILES: tuple[str, ...] = (
 NOT_COUNTED: dict[str, str] = {
     "speedrun/config/did_you_mean.py": "`python -m run`'s check of the command line's keys and options, before "
     "Hydra composes; training, evaluation and dequantization never reach it",
+    "speedrun/task.py": "Hydra's task function around speedrun.main, returning the run's objective to the "
+    "sweeper; training, evaluation and dequantization never reach it",
     "speedrun/run/loggers.py": "reporting only (console progress lines, Weights & Biases); training, evaluation and "
     "dequantization run the same without it",
     "speedrun/run/plan_only.py": "`python -m run ... --plan` alone: prints the resolved Plan and exits before any "

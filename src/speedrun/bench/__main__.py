@@ -34,7 +34,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("name", nargs="?", help="the check to run (see --list)")
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--list", action="store_true", help="every check: name, card, GPUs, bar")
-    what.add_argument("--dry-run", metavar="NAME", help="print the commands each arm would run, with their env")
+    what.add_argument(
+        "--dry-run",
+        nargs="?",
+        const=True,
+        metavar="NAME",
+        help="print the commands each arm would run, with their env (`--dry-run NAME` or `NAME --dry-run`)",
+    )
     what.add_argument("--render", action="store_true", help="regenerate docs/benchmarks.md from the result files")
     parser.add_argument(
         "--check", action="store_true", help="with --render: write nothing, exit 1 if the page is out of date"
@@ -141,7 +147,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     opts = options(args, parser)
     if args.dry_run:
-        print(dry_run(find(args.dry_run, parser), opts))
+        name = args.name if args.dry_run is True else args.dry_run
+        if not name:
+            parser.error("--dry-run needs a check's name (--list shows them)")
+        print(dry_run(find(name, parser), opts))
         return 0
     if not args.name:
         parser.error("name a check to run (--list shows them), or give --list, --dry-run NAME or --render")

@@ -151,6 +151,18 @@ def commit(given: str | None = None) -> Commit:
     return Commit(sha=sha or None, dirty=bool(status.strip()), source="git")
 
 
+def corpus_train_tokens(path: Path | None) -> int | None:
+    """The training tokens a corpus holds (``train.tokens`` of the dataset.json speedrun's builds write); None
+    without one."""
+    try:
+        info = json.loads((path / "dataset.json").read_text()) if path is not None else None
+    except (OSError, ValueError):
+        return None
+    train = info.get("train") if isinstance(info, dict) else None
+    tokens = train.get("tokens") if isinstance(train, dict) else None
+    return int(tokens) if isinstance(tokens, (int, float)) and tokens > 0 else None
+
+
 def corpus_fingerprint(path: Path) -> dict[str, object]:
     """Which data a run read: dataset.json's ``fingerprint`` (speedrun's builds record one), else the sha256 of
     the directory's file names and sizes (parameter-golf's shards come without a manifest)."""

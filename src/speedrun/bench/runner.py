@@ -46,8 +46,12 @@ def _tail(path: Path, lines: int = LOG_TAIL) -> list[str]:
         return []
 
 
-def collect(check: Check, step: Step, rc: int | None, seconds: float) -> dict[str, Any]:
-    """One run's record: status, metrics, where its files are and the tail of its console output."""
+def collect(
+    check: Check, step: Step, rc: int | None, seconds: float, train_tokens: int | None = None
+) -> dict[str, Any]:
+    """One run's record: status, metrics, where its files are and the tail of its console output. A peer's
+    ``epochs`` is the tokens its log says it trained on over the corpus's ``train_tokens`` (speedrun's runs record
+    their own)."""
     record: dict[str, Any] = {
         "seed": step.seed,
         "pass": step.pass_index + 1,
@@ -65,6 +69,8 @@ def collect(check: Check, step: Step, rc: int | None, seconds: float) -> dict[st
     else:
         text = step.log.read_text(errors="replace") if step.log.is_file() else ""
         parsed = PARSERS[step.arm.parser](text, step.env)
+        if train_tokens and parsed.get("tokens") is not None:
+            parsed["epochs"] = round(float(parsed["tokens"]) / train_tokens, 3)
         record["metrics"] = {k: parsed[k] for k in check.metrics if k in parsed}
         if rc is None:
             record["status"] = "timeout"
@@ -156,7 +162,7 @@ def run_check(check: Check, opts: Options, say: Callable[[str], None] = print) -
     started = datetime.now(timezone.utc)
     waves = plan(check, opts, machine, data_dir)
     say(f"{check.name} on {machine.card} at {commit.short}: {sum(map(len, waves))} runs")
-    done = run_waves(check, waves, opts.timeout_s or check.timeout_s, say)
+    done = run_waves(check, waves, opts.timeout_s or check.timeout_s, say, hw.corpus_train_tokens(data_dir))
     add_resume_metrics(check, done.runs)
     result = result_record(check, opts, done, machine, commit, started, data_dir)
     path = opts.results / check.name / f"{result['date']}_{machine.slug}_{commit.short}.json"
@@ -177,7 +183,13 @@ class Done:
     steps: dict[str, Step]
 
 
-def run_waves(check: Check, waves: list[list[Step]], timeout: float, say: Callable[[str], None]) -> Done:
+def run_waves(
+    check: Check,
+    waves: list[list[Step]],
+    timeout: float,
+    say: Callable[[str], None],
+    train_tokens: int | None = None,
+) -> Done:
     """Run every wave's steps (one after another, or at once for a ``parallel`` check) and collect their records."""
     done = Done({a.name: [] for a in check.arms}, {})
     for w, wave in enumerate(waves, 1):
@@ -188,7 +200,7 @@ def run_waves(check: Check, waves: list[list[Step]], timeout: float, say: Callab
             stopped = isinstance(group[0].arm, RunArm) and group[0].arm.stop_after_s is not None
             outcomes = [execute_stopped(group[0], timeout)] if stopped else execute(group, timeout)
             for step, (rc, seconds) in zip(group, outcomes):
-                record = collect(check, step, rc, seconds)
+                record = collect(check, step, rc, seconds, train_tokens)
                 done.runs[step.arm.name].append(record)
                 done.steps[step.arm.name] = step
                 shown = ", ".join(f"{k} {_show(v)}" for k, v in record["metrics"].items() if v is not None)
@@ -236,6 +248,7 @@ def result_record(
             **(hw.corpus_fingerprint(data_dir) if data_dir else {}),
         },
         "peers": {name: {"path": str(p), "sha256": file_sha256(p)} for name, p in peers.items()},
+        "fa3_stand_in": fa3_stand_in(check, opts),
         "arms": {
             arm.name: {
                 "kind": "run" if isinstance(arm, RunArm) else "peer",
@@ -250,6 +263,15 @@ def result_record(
         "all_runs_ok": every_run_ok,
         "passed": every_run_ok and all(b["passed"] for b in bars),
     }
+
+
+def fa3_stand_in(check: Check, opts: Options) -> dict[str, str] | None:
+    """The stand-in flash_attn_interface.py a peer ran on (--fa3-shim), with its sha256: a peer's numbers depend
+    on it as much as on the peer's own script."""
+    if opts.fa3_shim is None or not any(isinstance(a, PeerArm) and a.needs_fa3 for a in check.arms):
+        return None
+    path = opts.fa3_shim / "flash_attn_interface.py"
+    return {"path": str(path), "sha256": file_sha256(path)} if path.is_file() else None
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -254,6 +254,10 @@ class Check:
                 raise ValueError(f"check {self.name}: arm {arm.name} compares with {arm.compare_with}, not an arm")
         if self.parallel and any(isinstance(a, RunArm) and a.stop_after_s for a in self.arms):
             raise ValueError(f"check {self.name}: an arm stopped and resumed runs alone; parallel must be off")
+        quality = [m for m in self.metrics if m.startswith(("val_bpb", "val_loss"))]
+        if quality and "epochs" not in self.metrics:
+            # a val_bpb means little without how often the model saw its training tokens
+            raise ValueError(f"check {self.name}: it shows {quality}; list 'epochs' in its metrics beside them")
         if self.repeats < 1 or not self.seeds:
             raise ValueError(f"check {self.name}: needs repeats >= 1 and at least one seed")
 

@@ -107,6 +107,10 @@ class Config:
     """Results database (relative paths are taken from the directory `python -m run` was started in)."""
     sweep: str | None = None
     """Sweep id, set by multirun; recorded with each run."""
+    objective: str = "val_bpb"
+    """The result key ``python -m run`` returns to Hydra's sweeper, for adaptive sweeps (``hydra/sweeper=optuna``),
+    which minimise it; a run that is not ok returns the worst value. Checked where it is read, before any run
+    (speedrun.config.objective: the keys), not here: a re-run of an exported train_gpt.py never reads it."""
     resume: str | None = None
     """A run dir to continue from its latest checkpoint, to its original budget, recorded in the same row:
     `python -m run resume=<run dir>`. The run's own config is used (speedrun.training.resume)."""

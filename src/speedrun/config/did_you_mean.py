@@ -12,6 +12,7 @@ import typing
 from functools import cache
 
 from speedrun.config import CONF_DIR, Config
+from speedrun.config.objective import objective_problem
 
 SWEEP_FUNCTIONS = ("range(", "choice(", "interval(", "glob(", "tag(", "sort(", "shuffle(")
 """Hydra's sweep syntax in a value: options it expands itself, not checked here."""
@@ -65,6 +66,8 @@ def unknown_override(args: list[str], model_arch: str | None = None) -> str | No
             problem = _unknown_option(key, value)
         elif key.split(".")[0] == "model" and model_arch is not None:
             problem = None
+        elif key == "objective" and not value.startswith(SWEEP_FUNCTIONS):
+            problem = next(filter(None, map(objective_problem, value.split(","))), None)
         else:
             problem = _unknown_key(key, value)
         if problem is not None:

@@ -26,11 +26,11 @@ GPU_SHARED_ENV = "SPEEDRUN_GPU_SHARED"
 """Set to 1 by the pool launcher for a job that shares its GPU with others (hydra.launcher.jobs_per_gpu > 1); the
 run records ``gpu_shared``, since its speed and memory are then not the card's alone."""
 
-SWEEP_REUSE_IGNORED = ("sweep", "logger", "results_db", "checkpoint", "resume", "accept_code_change")
+SWEEP_REUSE_IGNORED = ("sweep", "objective", "logger", "results_db", "checkpoint", "resume", "accept_code_change")
 """Top-level keys a sweep's resume ignores when it looks for an earlier ok run to stand in for a job: they change
 none of a finished run's numbers (how often it was checkpointed, or that it was resumed from one, included)."""
 
-AUTO_RESUME_IGNORED = ("sweep", "logger", "results_db", "resume", "accept_code_change")
+AUTO_RESUME_IGNORED = ("sweep", "objective", "logger", "results_db", "resume", "accept_code_change")
 """Top-level keys auto-resume ignores when it decides that a checkpoint in the run dir is this job's own (a SLURM
 job requeued into its dir). Unlike a sweep's reuse it keeps ``checkpoint``: the continued job goes on
 checkpointing as the original did, so other checkpoint settings make another job."""

@@ -96,12 +96,18 @@ def write_json(path: Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
 
 
+def read_result(run_dir: Path) -> dict[str, Any] | None:
+    """The run dir's result.json, or None where there is none (or it cannot be read)."""
+    try:
+        result = json.loads((Path(run_dir) / "result.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return result if isinstance(result, dict) else None
+
+
 def recorded_status(run_dir: Path) -> str | None:
     """The status the run dir's result.json records, or None where there is none (or it cannot be read)."""
-    try:
-        status = json.loads((Path(run_dir) / "result.json").read_text()).get("status")
-    except (OSError, ValueError, AttributeError):
-        return None
+    status = (read_result(run_dir) or {}).get("status")
     return status if isinstance(status, str) else None
 
 

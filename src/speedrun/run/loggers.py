@@ -6,6 +6,7 @@ warnings in run.log.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeGuard
 from urllib.parse import urlparse
 
+from speedrun.artifact.code_count import WRAPPED_FILE
 from speedrun.config import LoggerConfig
 
 log = logging.getLogger("speedrun.logger")
@@ -73,6 +75,8 @@ class WandbLogger(RunLogger):
     def log_result(self, result: dict[str, Any]) -> None:
         if self.run is not None:
             self._safely("summary", self._log_result, result)
+        if self.run is not None:
+            self._log_artifacts(result)
 
     def finish(self, status: str) -> None:
         if self.run is not None:
@@ -135,6 +139,27 @@ class WandbLogger(RunLogger):
             {k: v for k, v in result.items() if v is not None and (isinstance(v, (str, bool)) or _is_number(v))}
         )
 
+    def _log_artifacts(self, result: dict[str, Any]) -> None:
+        """The compressed model and train_gpt.py as W&B artifacts (types ``model`` and ``code``, named
+        ``model-<run id>`` and ``code-<run id>``), each with the run's key numbers as metadata; a file the run did
+        not write (quant=off, artifact.code_rule=raw, a run that ended before its export) is left out. A problem is
+        a warning; the W&B run still finishes."""
+        try:
+            import wandb  # here, as in _start: only a run with logger=wandb needs it
+
+            metadata = artifact_metadata(result)
+            for kind, path in artifact_files(self.run_dir, result):
+                art = wandb.Artifact(
+                    f"{kind}-{self.run.id}",
+                    type=kind,
+                    description=ARTIFACT_DESCRIPTIONS[kind],
+                    metadata={**metadata, "file": path.name, "sha256": _sha256(path)},
+                )
+                art.add_file(str(path), name=path.name)
+                self.run.log_artifact(art, aliases=["latest", str(result.get("status"))])
+        except Exception as e:  # noqa: BLE001 - the run's record is written; W&B only misses its files
+            log.warning("logger=wandb: logging the artifacts failed (%s: %s)", type(e).__name__, e)
+
     @staticmethod
     def _finish(run: Any, status: str) -> None:
         run.summary["status"] = status
@@ -161,13 +186,79 @@ SETTINGS = (
 so runs can be filtered and grouped by them without digging into the nested plan."""
 
 
+ARTIFACT_DESCRIPTIONS = {
+    "model": "the quantized, compressed weights (model.<quant>.<compressor>) the run scored as val_bpb_quant",
+    "code": "the self-extracting train_gpt.py: `python train_gpt.py` re-runs the run (artifact_code_bytes)",
+}
+
+ARTIFACT_METADATA = (
+    "status",
+    "name",
+    "val_bpb",
+    "val_loss",
+    "val_bpb_quant",
+    "val_loss_quant",
+    "val_bpb_ttt",
+    "artifact_bytes",
+    "artifact_model_bytes",
+    "artifact_code_bytes",
+    "artifact_code_rule",
+    "artifact_code_sha256",
+    "artifact_ok",
+    "quant",
+    "compressor",
+    "steps",
+    "tokens",
+    "params",
+    "train_seconds",
+    "tokens_per_s",
+    "hardware",
+    "device_name",
+    "precision",
+    "attn_kernel",
+    "seed",
+    "sweep",
+    "track",
+    "track_ok",
+    "eval_fingerprint",
+    "tokenizer_sha256",
+    "git_sha",
+    "git_dirty",
+    "code_fingerprint",
+    "run_dir",
+)
+"""Result keys each W&B artifact carries as metadata: what it scored, its size, how it was trained and the code."""
+
+
+def artifact_metadata(result: dict[str, Any]) -> dict[str, Any]:
+    return {
+        k: result[k]
+        for k in ARTIFACT_METADATA
+        if k in result and (result[k] is None or isinstance(result[k], (str, bool)) or _is_number(result[k]))
+    }
+
+
+def artifact_files(run_dir: Path, result: dict[str, Any]) -> list[tuple[str, Path]]:
+    """(artifact type, file) for the run's compressed model and train_gpt.py, those that exist."""
+    files = [("code", Path(run_dir) / WRAPPED_FILE)]
+    if result.get("quant") and result.get("compressor"):
+        files.insert(0, ("model", Path(run_dir) / f"model.{result['quant']}.{result['compressor']}"))
+    return [(kind, path) for kind, path in files if path.is_file()]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def settings_of(plan: dict[str, Any] | None) -> dict[str, Any]:
     return {k: plan.get(k) for k in SETTINGS if k in plan} if plan else {}
 
 
 def wandb_run_id(run_dir: Path) -> str:
-    import hashlib
-
     return hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:16]
 
 

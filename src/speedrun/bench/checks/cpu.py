@@ -12,7 +12,7 @@ CPU_SMOKE_ATTN = Check(
     ),
     arms=(RunArm("sdpa", ("debug=smoke", "attn=sdpa")), RunArm("math", ("debug=smoke", "attn=math"))),
     bars=(Ratio("tokens_per_s", "sdpa", "math", ">=", 0.9),),
-    metrics=("tokens_per_s", "steps", "val_bpb"),
+    metrics=("tokens_per_s", "steps", "val_bpb", "epochs"),
     cards=("cpu",),
     repeats=2,
     notes=(
@@ -35,7 +35,7 @@ CPU_QUANT_SIGMA = Check(
         Ratio("artifact_model_bytes", "sigma", "absmax", "<=", 0.7),
         Value("sigma", "val_bpb_quant", "<=", 0.01, minus="val_bpb"),
     ),
-    metrics=("artifact_model_bytes", "val_bpb", "val_bpb_quant", "steps"),
+    metrics=("artifact_model_bytes", "val_bpb", "val_bpb_quant", "steps", "epochs"),
     cards=("cpu",),
     notes=(
         "A model this small and this little trained shows each lever's direction, not the record's bytes: "

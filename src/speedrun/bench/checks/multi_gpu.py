@@ -7,7 +7,7 @@ from speedrun.bench.spec import Check, Ratio, RunArm
 STEPS = ("model=pgolf_baseline", "budget.max_steps=200", "budget.train_seconds=0", "eval.tokens=262144", "quant=off")
 """200 steps of 524,288 tokens, seed for seed the same batches on any number of ranks (gradient accumulation
 stands in for missing ranks), so the runs differ only in how the work is spread."""
-METRICS = ("tokens_per_s", "mfu", "val_bpb", "peak_mem_mb", "world_size")
+METRICS = ("tokens_per_s", "mfu", "val_bpb", "epochs", "peak_mem_mb", "world_size")
 
 
 def scaling(gpus: int, bar: float) -> Check:
@@ -54,7 +54,15 @@ DIST_RESUME = Check(
         RunArm("resumed", RESUME, gpus=2, stop_after_s=RESUME_SECONDS / 2, compare_with="full"),
     ),
     bars=(Ratio("tokens_per_s", "resumed", "full", ">=", 0.98),),
-    metrics=("tokens_per_s", "steps", "val_loss", "resumed_from_step", "max_train_loss_diff", "checkpoint_write_s"),
+    metrics=(
+        "tokens_per_s",
+        "steps",
+        "val_loss",
+        "resumed_from_step",
+        "max_train_loss_diff",
+        "checkpoint_write_s",
+        "epochs",
+    ),
     cards=("H100", "H200"),
     timeout_s=900.0,
     notes=(

@@ -12,7 +12,7 @@ CPU_DEFAULT = Check(
     ),
     arms=(RunArm("default", ()),),
     bars=(Value("default", "val_bpb", "<=", 3.35),),
-    metrics=("tokens_per_s", "steps", "train_seconds", "compile_seconds", "eval_seconds", "val_bpb"),
+    metrics=("tokens_per_s", "steps", "train_seconds", "compile_seconds", "eval_seconds", "val_bpb", "epochs"),
     cards=("cpu",),
     notes=(
         "The bar is the embedded corpus's unigram baseline, 3.35 bits per byte: below it the model learned more "
@@ -30,7 +30,7 @@ GPU_DEFAULT = Check(
     ),
     arms=(RunArm("default", ()),),
     bars=(Value("default", "val_bpb", "<=", 3.35),),
-    metrics=("tokens_per_s", "mfu", "steps", "train_seconds", "compile_seconds", "peak_mem_mb", "val_bpb"),
+    metrics=("tokens_per_s", "mfu", "steps", "train_seconds", "compile_seconds", "peak_mem_mb", "val_bpb", "epochs"),
     notes=(
         "The bar is the embedded corpus's unigram baseline, 3.35 bits per byte. The corpus is 4.1 M training "
         "tokens, which a GPU passes over many times in its budget: val_bpb here checks that training works, not "

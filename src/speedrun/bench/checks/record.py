@@ -13,7 +13,7 @@ EVAL_RATE = Check(
     ),
     arms=(RunArm("record", ("experiment=pgolf_record", "ttt=off", "budget.train_seconds=60")),),
     bars=(Value("record", "eval_tokens_per_s_quant", ">=", 1.3e6),),
-    metrics=("eval_tokens_per_s_quant", "eval_tokens_per_s", "eval_recompiles", "val_bpb", "val_bpb_quant"),
+    metrics=("eval_tokens_per_s_quant", "eval_tokens_per_s", "eval_recompiles", "val_bpb", "val_bpb_quant", "epochs"),
     cards=("H100",),
     notes=(
         "The bar is 1.3 M tokens/s per H100. The float eval's own rate (`eval_tokens_per_s`) includes its compile; "
@@ -53,6 +53,7 @@ TTT_RATE = Check(
         "ttt_seconds",
         "ttt_complete",
         "val_bpb_ttt",
+        "epochs",
         "ttt_phases_done",
         "ttt_cuda_graphs_captured",
         "ttt_cuda_graphs_late",
@@ -85,6 +86,7 @@ RECORD_EXPORT = Check(
         "artifact_code_bytes",
         "val_bpb",
         "val_bpb_quant",
+        "epochs",
         "compress_seconds",
         "quant_hessian_seconds",
         "quant_reserve_ok",

@@ -29,7 +29,16 @@ MNG_TIME_TO_TARGET = Check(
         ),
     ),
     bars=(Value("mng", "reached", ">=", 1.0),),
-    metrics=("reached", "time_to_target", "steps_to_target", "tokens_to_target", "val_loss", "tokens_per_s", "mfu"),
+    metrics=(
+        "reached",
+        "time_to_target",
+        "steps_to_target",
+        "tokens_to_target",
+        "val_loss",
+        "epochs",
+        "tokens_per_s",
+        "mfu",
+    ),
     seeds=(0, 1, 2, 3),
     corpus=GPT2_PYDOC,
     notes=(

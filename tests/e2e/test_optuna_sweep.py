@@ -1,0 +1,93 @@
+"""Adaptive sweeps through `python -m run -m hydra/sweeper=optuna` on CPU: the study minimises the numbers the runs
+return (their ``objective`` result key), a refused trial scores the worst value and the study goes on, through the
+pool launcher (a process per job) and in the sweep's own process (hydra/launcher=basic); and the objective keys are
+the numbers a real run records."""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+from pathlib import Path
+
+import pytest
+import yaml
+
+from speedrun.config.objective import OBJECTIVES
+from support.cli import run_cli
+
+pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="pip install -e '.[optuna]'")
+pytestmark = pytest.mark.slow
+
+# a grid over three values, one of them refused by the schema (a negative learning rate): every trial runs, in order
+# of the sampler's choosing, and the refused one fails in a second
+OPTUNA = ["-m", "hydra/sweeper=optuna", "hydra/sweeper/sampler=grid", "debug=smoke", "budget.max_steps=2"]
+
+
+def _rows(cwd: Path) -> list[dict]:
+    con = sqlite3.connect(cwd / "outputs" / "results.sqlite")
+    con.row_factory = sqlite3.Row
+    return [dict(r) for r in con.execute("SELECT * FROM runs ORDER BY started_at")]
+
+
+def _study(cwd: Path) -> tuple[Path, dict]:
+    (sweep,) = (cwd / "outputs" / "multirun").glob("*/*")
+    return sweep, yaml.safe_load((sweep / "optimization_results.yaml").read_text())
+
+
+def _lr(row: dict) -> float:
+    (lr,) = (o.split("=")[1] for o in row["overrides"].split() if o.startswith("optim.matrix_lr="))
+    return float(lr)
+
+
+def test_an_optuna_sweep_through_the_pool_minimises_the_objective_the_runs_return(tmp_path, data_cache):
+    # the study asks for its 3 trials at once (n_jobs); the pool runs 2 at a time
+    args = ["optim.matrix_lr=choice(0.02,0.04,-1.0)", "hydra.sweeper.n_trials=3", "hydra.sweeper.n_jobs=3"]
+    args.append("hydra.launcher.cpu_jobs=2")
+    proc = run_cli([*OPTUNA, *args, "objective=val_loss", f"data.cache_dir={data_cache}"], cwd=tmp_path, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-4000:]  # the study ends, then the summary's exit status says a job failed
+    sweep, study = _study(tmp_path)
+    rows = _rows(tmp_path)
+    assert len(rows) == 3 and {r["sweep"] for r in rows} == {sweep.name}  # the database keeps every trial
+    ok = [r for r in rows if r["status"] == "ok"]
+    (refused,) = (r for r in rows if r["status"] != "ok")
+    assert refused["status"] == "failed" and "optim.matrix_lr=-1.0 must be >= 0" in refused["error"]
+    assert _lr(refused) == -1.0 and sorted(_lr(r) for r in ok) == [0.02, 0.04]
+    first, second = sorted(rows, key=lambda r: r["started_at"])[:2]
+    assert second["started_at"] < first["finished_at"]  # two trials ran at once
+    # the study saw each run's val_loss (not its val_bpb), and the refused trial as no better than any
+    best = min(ok, key=lambda r: r["val_loss"])
+    assert study["best_value"] == pytest.approx(best["val_loss"], rel=1e-12)
+    assert study["best_params"] == {"optim.matrix_lr": _lr(best)}
+    assert best["val_loss"] != best["val_bpb"]
+    assert "failed: optim.matrix_lr=-1.0" in out and "Best value" in out
+
+
+def test_an_optuna_sweep_in_one_process_goes_on_past_a_refused_trial(tmp_path, data_cache):
+    """hydra/launcher=basic runs every trial in the sweep's process, where a refused run ends with sys.exit(1): the
+    task turns its record into the worst value instead of ending the study."""
+    args = ["hydra/launcher=basic", "optim.matrix_lr=choice(-1.0,0.03)", "hydra.sweeper.n_trials=2"]
+    proc = run_cli([*OPTUNA, *args, f"data.cache_dir={data_cache}"], cwd=tmp_path, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-4000:]
+    _, study = _study(tmp_path)
+    rows = _rows(tmp_path)
+    assert sorted(r["status"] for r in rows) == ["failed", "ok"]
+    (ok,) = (r for r in rows if r["status"] == "ok")
+    assert study["best_value"] == pytest.approx(ok["val_bpb"], rel=1e-12)
+    assert study["best_params"] == {"optim.matrix_lr": 0.03}
+
+
+def test_every_objective_a_run_records_is_a_number(default_smoke_run):
+    assert default_smoke_run.proc.returncode == 0, default_smoke_run.proc.stderr[-2000:]
+    result = json.loads((default_smoke_run.run_dir / "result.json").read_text())
+    recorded = [k for k in OBJECTIVES if k in result]
+    # the smoke run measures these (TTT's, a target's and the GPU's are null or absent without them)
+    for key in ("val_bpb", "val_loss", "val_bpb_quant", "artifact_bytes", "tokens_per_s", "train_seconds", "steps"):
+        assert isinstance(result.get(key), (int, float)), key
+    for key in recorded:
+        value = result[key]
+        assert value is None or (
+            isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        ), f"{key}={value!r}"
