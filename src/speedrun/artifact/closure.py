@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from speedrun.model.attention import REGISTRY
 from speedrun.model.registry import BUILTIN
 
 SRC = Path(__file__).resolve().parents[2]
@@ -44,11 +45,18 @@ def _gptq(plan: Any) -> bool:
     return _quant(plan) and str(plan.quant.name) != "int8"
 
 
+def _backend(name: str) -> Callable[[Any], bool]:
+    return lambda plan: plan.attn == name
+
+
+def _backend_module(entry: Any) -> str:
+    """The module of an attention REGISTRY entry: "module:Class", or the class once imported."""
+    return entry.partition(":")[0] if isinstance(entry, str) else entry.__module__
+
+
 SELECTED: dict[str, Callable[[Any], bool]] = {
-    "speedrun.model.attention.sdpa": lambda plan: plan.attn == "sdpa",
-    "speedrun.model.attention.math": lambda plan: plan.attn == "math",
-    "speedrun.model.attention.flex": lambda plan: plan.attn == "flex",
-    "speedrun.model.attention.fa3": lambda plan: plan.attn == "fa3",
+    # one attention backend, the Plan's, of those the registry names (a new one is selected as it is registered)
+    **{_backend_module(entry): _backend(name) for name, entry in REGISTRY.items()},
     "speedrun.ttt": _ttt,
     "speedrun.run.finish_ttt": _ttt,
     "speedrun.quant.gptq": _gptq,
@@ -62,10 +70,9 @@ SELECTED: dict[str, Callable[[Any], bool]] = {
     "speedrun.plan.track": lambda plan: plan.track.name is not None,
     "speedrun.run.track_verdict": lambda plan: plan.track.name is not None,
     "speedrun.training.batch_search": lambda plan: plan.micro_batch_search or plan.eval.batch_search,
+    # a re-run always names its data (speedrun.rerun.rerun_data), and starts a fresh run dir that resumes nothing
     "speedrun.data.prepare": lambda plan: False,
-    "speedrun.training.resume": lambda plan: (
-        False
-    ),  # a re-run starts a fresh run dir and resumes nothing  # a re-run always names its data (speedrun.rerun.rerun_data)
+    "speedrun.training.resume": lambda plan: False,
     # a re-run counts the file that ran (artifact.code_file): it makes none, so minifies nothing
     "speedrun.artifact.wrap": lambda plan: False,
     "speedrun.artifact.minify": lambda plan: False,
