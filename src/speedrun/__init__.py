@@ -5,6 +5,7 @@ The package imports nothing heavy at import time; ``main`` pulls in torch and th
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +29,8 @@ def main(cfg: Any, run_dir: str | Path | None = None) -> dict[str, Any]:
     import contextlib
     import logging
     import signal
-    import sys
 
     # here, not at the top: they import torch and the whole pipeline, and `import speedrun` stays light
-    from speedrun.distributed.launch import RanksFailed
     from speedrun.run.runner import RecordNotWritten, RunContext, run_job, standalone_logging
 
     log = logging.getLogger("speedrun")
@@ -41,7 +40,7 @@ def main(cfg: Any, run_dir: str | Path | None = None) -> dict[str, Any]:
     with contextlib.nullcontext() if ctx is None else standalone_logging(ctx.run_dir):
         try:
             return run_job(cfg) if ctx is None else run_job(cfg, ctx)  # the Hydra path calls exactly as before
-        except (ConfigError, RunOutOfMemory, RecordNotWritten, RanksFailed) as e:  # RanksFailed names the rank
+        except _user_errors(RecordNotWritten) as e:  # RanksFailed names the rank
             log.error("error: %s%s", e, _where_recorded(e))
             sys.exit(1)
         except Exception as e:  # noqa: BLE001 - anything else is re-raised with its traceback
@@ -55,6 +54,14 @@ def main(cfg: Any, run_dir: str | Path | None = None) -> dict[str, Any]:
             log.error("interrupted: %s%s", str(e) or "Ctrl-C", _where_recorded(e))
             requeued = getattr(e, "exit_code", None)  # training.preempt.Preempted: submitit's requeue status
             sys.exit(requeued if requeued is not None else 128 + int(signum))
+
+
+def _user_errors(*more: type[BaseException]) -> tuple[type[BaseException], ...]:
+    """The errors that end a run with one line: ranks that failed (speedrun.distributed.launch.RanksFailed) only
+    where this process launched ranks, so a run that launches none never imports the launcher."""
+    launch = sys.modules.get("speedrun.distributed.launch")
+    ranks = (launch.RanksFailed,) if launch is not None else ()
+    return (ConfigError, RunOutOfMemory, *more, *ranks)
 
 
 def _where_recorded(e: BaseException) -> str:

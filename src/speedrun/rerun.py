@@ -55,10 +55,7 @@ def main(meta: str | dict[str, Any], file: str) -> dict[str, Any]:
     tree = rerun_config(meta["config"], os.environ, Path(file).resolve(), Path.cwd())
     stamp = time.strftime("%Y-%m-%d_%H-%M-%S") + f"-{time.time_ns() // 1000 % 1_000_000:06d}"
     run_dir = Path.cwd() / "runs" / f"{stamp}_{tree['name']}_seed{tree['seed']}"
-
-    from omegaconf import OmegaConf
-
-    return speedrun.main(OmegaConf.create(tree), run_dir=run_dir)
+    return speedrun.main(tree, run_dir=run_dir)  # the plain tree: no OmegaConf, no Hydra
 
 
 def _installed_torch() -> str | None:
@@ -125,7 +122,7 @@ def rerun_data(data: dict[str, Any], env: Mapping[str, str], cwd: Path) -> dict[
             return {**data, "path": str(shards), "tokenizer": str(model)}
         return data  # the run fails before training, naming the missing directory and how to get it
     # here, not at the top: speedrun.data imports torch, and without torch this module must still load to say so
-    from speedrun.data.prepare import TOKENIZER_FILE, embedded_dir
+    from speedrun.data.layout import TOKENIZER_FILE, embedded_dir
 
     built = embedded_dir(Path(data["cache_dir"]), vocab)
     if (built / TOKENIZER_FILE).is_file():

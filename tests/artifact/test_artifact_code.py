@@ -3,8 +3,8 @@
 
 The import graph is walked statically from src/run.py (every ``import`` and ``from ... import`` in a module,
 function-level ones included, and the "speedrun.x:Class" strings the attention registry imports by name), so a
-module added to, or dropped from, the path fails here until speedrun.artifact.code_count.CODE_FILES says so. The
-same walk from the wrapped file's entry point (speedrun/rerun.py) must stay inside what the file packs.
+module added to, or dropped from, the path fails here until speedrun.artifact.code_count.CODE_FILES says so (the raw
+rule's list). What the wrapped file packs is computed per run (speedrun.artifact.closure): tests/artifact/test_closure.py.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from speedrun.artifact.code_count import CODE_FILES, ENTRY, MANIFEST, NOT_COUNTED, SRC, WRAPPED_ALSO, WRAPPED_FILE
+from speedrun.artifact.code_count import CODE_FILES, MANIFEST, NOT_COUNTED, SRC, WRAPPED_FILE
 from support.tiny import BOS, TTT_TINY, byte_luts, docs_stream
 
 
@@ -91,14 +91,6 @@ def test_code_files_are_exactly_what_the_run_path_imports():
     assert not {"speedrun/report/sweep.py", "speedrun/stats.py", "speedrun/run/loggers.py"} & counted
 
 
-def test_the_wrapped_file_packs_everything_its_entry_point_imports():
-    """A re-run imports from speedrun/rerun.py only what the file carries (CODE_FILES + WRAPPED_ALSO), the loggers
-    that the raw rule leaves out included; a module the entry starts to need fails here until it is packed."""
-    needed = reachable_from_run(ENTRY.removesuffix(".py").replace("/", "."), skip=())
-    packed = set(CODE_FILES) | set(WRAPPED_ALSO)
-    assert needed <= packed, f"imported by {ENTRY} but not packed: {sorted(needed - packed)} (add to WRAPPED_ALSO)"
-
-
 def _finalize(compose, tmp_path, overrides, code=None):
     """evaluate_and_export of a tiny GPT on CPU, with these overrides on top of a tiny config."""
     from speedrun.config import to_config
@@ -128,7 +120,7 @@ def test_finalize_counts_the_wrapped_file_it_writes(compose, tmp_path):
     """The default rule: artifact_code_bytes is the length of the train_gpt.py written beside the model (so the two
     cannot disagree), several times smaller than the raw count; artifact_code.json says so and lists every packed
     file with its raw and minified bytes."""
-    from speedrun.artifact.wrap import CodeSource, packed_files, read_wrapper
+    from speedrun.artifact.wrap import CodeSource, compressor_of, packed_files, read_wrapper
 
     out = _finalize(compose, tmp_path, [], code=CodeSource.snapshot({"seed": 0}))
     wrapped = tmp_path / WRAPPED_FILE
@@ -138,6 +130,8 @@ def test_finalize_counts_the_wrapped_file_it_writes(compose, tmp_path):
     assert out["artifact_bytes"] == model_bytes + out["artifact_code_bytes"] and out["artifact_ok"] is True
     manifest = json.loads((tmp_path / MANIFEST).read_text())
     assert manifest["artifact_code_rule"] == "wrapped" and manifest["code_file"] == WRAPPED_FILE
+    # the compressor that made the smaller file, recorded in the result and the manifest alike
+    assert out["artifact_code_compressor"] == manifest["compressor"] == compressor_of(wrapped.read_bytes())
     assert [f["path"] for f in manifest["files"]] == list(packed_files())
     assert all(0 <= f["minified_bytes"] <= f["raw_bytes"] for f in manifest["files"])  # a docstring-only __init__: 0
     files, meta = read_wrapper(wrapped.read_bytes())
@@ -172,6 +166,7 @@ def test_finalize_counts_code_raw_and_lists_the_files(compose, tmp_path):
         assert (out["artifact_model_bytes"], out["artifact_code_bytes"]) == (model_bytes, raw)
         assert out["artifact_bytes"] == model_bytes + raw and out["artifact_ok"] is ok
         assert out["artifact_code_rule"] == "raw" and not (tmp_path / WRAPPED_FILE).exists()
+        assert out["artifact_code_compressor"] is None
         manifest = json.loads((tmp_path / MANIFEST).read_text())
         assert [f["path"] for f in manifest["files"]] == list(CODE_FILES)
         assert sum(f["raw_bytes"] for f in manifest["files"]) == raw == manifest["artifact_code_bytes"]

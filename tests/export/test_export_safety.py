@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from speedrun.artifact.wrap import CodeSource, build_wrapper, requirements, unwrap_payload
+from speedrun.artifact.wrap import CodeSource, available_compressors, build_wrapper, requirements, unwrap_payload
 from speedrun.export.cli import main as export_main
 from speedrun.export.track import NON_RECORD_NAME, RECORD_NAME, claim, load_track, record_problems
 from support.export import fake_run
@@ -292,31 +292,31 @@ def test_one_seed_off_the_rules_makes_the_submission_non_record():
 
 
 def test_the_file_names_one_pip_line_for_the_packages_this_python_lacks(tmp_path):
-    """On a Python without torch, numpy, omegaconf (no site-packages at all: -S), the file stops before any work
-    with one line: `pip install` and every package it needs, quoted for the shell."""
+    """On a Python without torch, numpy, sentencepiece (no site-packages at all: -S), the file stops before any work
+    with one line: `pip install` and every package it needs, quoted for the shell, whichever compressor packed it
+    (brotli's decoder is a package too). Neither omegaconf nor Hydra is among them."""
     config = {"seed": 0, "quant": {"name": "int8", "compressor": "brotli"}, "data": {"tokenizer": "gpt2"}}
-    data, _ = build_wrapper(CodeSource({"src/speedrun/__init__.py": "X = 1\n"}, config, {"torch": "2.13.0"}))
-    (tmp_path / "train_gpt.py").write_bytes(data)
-    env = {"PATH": "/usr/bin:/bin", "PYTHONNOUSERSITE": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-S", "train_gpt.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
-    )
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
-    (line,) = proc.stderr.strip().splitlines()
-    pip = line.split("pip install ", 1)[1].split()
-    assert pip == [
-        "'torch>=2,<3'",
-        "'numpy>=1.24'",
-        "'sentencepiece>=0.2'",
-        "'omegaconf>=2.3'",
-        "'hydra-core>=1.3.2'",
-        "'brotli>=1.1'",
-        "'tiktoken>=0.7'",
-    ]
+    for compressor in available_compressors():
+        code = CodeSource({"src/speedrun/__init__.py": "X = 1\n"}, config, {"torch": "2.13.0"})
+        data, _ = build_wrapper(code, compressor)
+        (tmp_path / "train_gpt.py").write_bytes(data)
+        env = {"PATH": "/usr/bin:/bin", "PYTHONNOUSERSITE": "1"}
+        proc = subprocess.run(
+            [sys.executable, "-S", "train_gpt.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+        )
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, (compressor, proc.stderr)
+        (line,) = proc.stderr.strip().splitlines()
+        assert line.split("pip install ", 1)[1].split() == [
+            "'torch>=2,<3'",
+            "'numpy>=1.24'",
+            "'sentencepiece>=0.2'",
+            "'brotli>=1.1'",
+            "'tiktoken>=0.7'",
+        ]
 
 
 def test_the_requirements_follow_the_config():
-    base = {"torch", "numpy", "sentencepiece", "omegaconf", "hydra"}
+    base = {"torch", "numpy", "sentencepiece"}  # no omegaconf, no Hydra: the re-run builds its config without them
     assert set(requirements(None)) == base and requirements(None)["torch"] == "torch"
     major = int(torch.__version__.split(".")[0])
     assert requirements({}, torch.__version__)["torch"] == f"torch>={major},<{major + 1}"
@@ -326,3 +326,4 @@ def test_the_requirements_follow_the_config():
     assert set(requirements(pergroup)) == base | {"brotli"}
     assert set(requirements({"quant": {"name": "off", "compressor": "brotli", "pergroup_codec": "brotli"}})) == base
     assert set(requirements({"data": {"tokenizer": "/x/cl100k.tiktoken"}})) == base | {"tiktoken"}
+    assert set(requirements({"kernel": {"name": "tuned"}})) == base | {"omegaconf"}  # its tables are YAML

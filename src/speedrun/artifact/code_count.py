@@ -2,11 +2,12 @@
 dequantize the model, plus the compressed model bytes. How the code is counted is ``artifact.code_rule``:
 
 - ``wrapped`` (the default): the length of the self-extracting train_gpt.py the run writes into its run dir
-  (speedrun.artifact.wrap: the files below minified, lzma-compressed and base85-encoded with the run's resolved
-  config), the way parameter-golf's records ship their code. The number and the file cannot disagree.
+  (speedrun.artifact.wrap: the modules the run's re-run imports, computed from its Plan by
+  speedrun.artifact.closure, minified and compressed with the run's resolved config), the way parameter-golf's
+  records ship their code. The number and the file cannot disagree.
 - ``raw``: the raw UTF-8 bytes of the files below, uncompressed.
 
-CODE_FILES is that source, as data in one place: src/run.py and every speedrun module the run's path imports
+CODE_FILES is the raw rule's source, as data in one place: src/run.py and every speedrun module the run's path imports
 (resolve, build, the model and its attention backends, training, evaluation, TTT, quantization and the
 artifact's loader, the record keeping the entry point cannot run without). NOT_COUNTED names the modules that path
 imports but a submission would not need, each with the reason. tests/artifact/test_artifact_code.py walks the imports
@@ -24,7 +25,6 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from speedrun.artifact.minify import minifier_version
 from speedrun.records.store import write_json
 
 if TYPE_CHECKING:
@@ -38,8 +38,10 @@ CODE_FILES: tuple[str, ...] = (
     "run.py",
     "speedrun/__init__.py",
     "speedrun/artifact/__init__.py",
+    "speedrun/artifact/closure.py",
     "speedrun/artifact/code_count.py",
     "speedrun/artifact/minify.py",
+    "speedrun/artifact/unwrap.py",
     "speedrun/artifact/wrap.py",
     "speedrun/config/__init__.py",
     "speedrun/config/code_rule.py",
@@ -54,11 +56,13 @@ CODE_FILES: tuple[str, ...] = (
     "speedrun/config/specs.py",
     "speedrun/config/track.py",
     "speedrun/config/training.py",
+    "speedrun/config/tree.py",
     "speedrun/data/__init__.py",
     "speedrun/data/bpb.py",
     "speedrun/data/corpus.py",
     "speedrun/data/encoding.py",
     "speedrun/data/existing.py",
+    "speedrun/data/layout.py",
     "speedrun/data/loader.py",
     "speedrun/data/prepare.py",
     "speedrun/data/shards.py",
@@ -182,20 +186,6 @@ NOT_COUNTED: dict[str, str] = {
     "training, evaluation and dequantization never reach it",
 }
 
-ENTRY = "speedrun/rerun.py"
-"""The self-extracting file's entry point (it re-runs the embedded config without Hydra's command line). Not on
-src/run.py's path, so the raw rule does not count it."""
-
-WRAPPED_ALSO: tuple[str, ...] = ("speedrun/run/loggers.py", ENTRY)
-"""What the self-extracting file packs besides CODE_FILES, because its re-run imports it: the entry point, and the
-loggers (NOT_COUNTED by the raw rule, but speedrun/run/job.py imports them, so a file without them would not run).
-tests/artifact/test_artifact_code.py checks that the entry's imports are all packed."""
-
-CONF_READ: tuple[str, ...] = ("model/*.yaml", "kernel/tuned/*.yaml")
-"""conf/ files the resolver reads while it runs, not only Hydra when it composes: the preset model=auto picks for the
-device (speedrun.plan.options) and kernel=tuned's tables (speedrun.kernels.tuned). The self-extracting file packs
-them, so that its re-run resolves as `python -m run` does, on any device."""
-
 WRAPPED_FILE = "train_gpt.py"
 """The self-extracting file in the run dir (the wrapped rule), under parameter-golf's name for a submission's code."""
 
@@ -220,7 +210,7 @@ def write_manifest(
     """Count the code by ``rule`` (wrapped: write train_gpt.py into the run dir first; ``code`` is the source the
     job read when it started, or now when None), write artifact_code.json; returns the result keys
     (artifact_model_bytes, artifact_code_bytes, artifact_code_sha256, artifact_bytes, artifact_ok,
-    artifact_code_rule)."""
+    artifact_code_rule, artifact_code_compressor)."""
     wrapped = rule.code_rule == "wrapped"
     if wrapped:
         data, files, extra = _wrapped(run_dir, rule, code)
@@ -235,9 +225,11 @@ def write_manifest(
         "artifact_bytes": model_bytes + counted,
         "artifact_ok": model_bytes + counted <= cap_bytes,
         "artifact_code_rule": str(rule.code_rule),
+        "artifact_code_compressor": extra.get("compressor"),  # the wrapped file's: lzma, brotli or zlib
     }
     how = (
-        f"code counted as the bytes of the self-extracting {WRAPPED_FILE} (minified, lzma, base85, with the config)"
+        f"code counted as the bytes of the self-extracting {WRAPPED_FILE} (the modules the run reaches, minified, "
+        "compressed, with the config)"
         if wrapped
         else "code counted as raw UTF-8 bytes of each file"
     )
@@ -258,21 +250,33 @@ def write_manifest(
 def _wrapped(run_dir: Path, rule: ArtifactConfig, code: CodeSource | None) -> tuple[bytes, list, dict[str, Any]]:
     """The self-extracting file in the run dir: built from ``code``, or, on a re-run of an exported file
     (artifact.code_file), that file itself. (its bytes, the files it packs, manifest keys)."""
-    from speedrun.artifact.wrap import CodeSource, build_wrapper, read_wrapper  # wrap imports CODE_FILES from here
+    from speedrun.artifact.unwrap import compressor_of, read_wrapper  # here: a raw count reads no file
 
     if rule.code_file is not None:
         data = Path(rule.code_file).read_bytes()
         packed, _ = read_wrapper(data)
         files = [{"path": p, "raw_bytes": None, "minified_bytes": len(s.encode())} for p, s in packed.items()]
-        extra: dict[str, Any] = {"code_file": WRAPPED_FILE, "copied_from": str(rule.code_file)}
+        extra: dict[str, Any] = {
+            "code_file": WRAPPED_FILE,
+            "copied_from": str(rule.code_file),
+            "compressor": compressor_of(data),
+        }
     else:
+        from speedrun.artifact.wrap import CodeSource, build_wrapper  # making a file: never in a re-run (code_file)
+
         code = code or CodeSource.snapshot()
         data, minified = build_wrapper(code)
         files = [
             {"path": p, "raw_bytes": len(code.files[p].encode()), "minified_bytes": len(minified[p].encode())}
             for p in code.files  # paths in the repository: src/... and the conf/ files the resolver reads
         ]
-        extra = {"code_file": WRAPPED_FILE, "minifier": f"python-minifier {minifier_version()}"}
+        from speedrun.artifact.minify import minifier_version  # a file is made here, so the minifier ran
+
+        extra = {
+            "code_file": WRAPPED_FILE,
+            "minifier": f"python-minifier {minifier_version()}",
+            "compressor": compressor_of(data),
+        }
     tmp = run_dir / f".{WRAPPED_FILE}.{os.getpid()}.tmp"
     tmp.write_bytes(data)
     os.replace(tmp, run_dir / WRAPPED_FILE)

@@ -21,9 +21,11 @@ from speedrun.config.code_rule import MINIFIER_REQUIREMENT
 from speedrun.paths import CACHE_DIR
 
 OPTIONS: dict[str, Any] = {"remove_literal_statements": True}
-"""python-minifier's defaults plus dropping docstrings (nothing on the run's path reads ``__doc__``). Class attribute
-annotations stay (its default): the config dataclasses need them. Module-level names are never renamed (its
-default): modules import each other's names."""
+"""python-minifier's defaults plus dropping docstrings (nothing on the run's path reads ``__doc__``). Its defaults
+shorten local names, drop the annotations of arguments, returns and variables, hoist repeated literals and fold
+constants. Class attribute annotations stay (its default): the config dataclasses need them. Module-level names are
+never renamed (its default): modules import each other's names, and renaming the rest measured no smaller once
+compressed."""
 
 
 @functools.lru_cache(maxsize=1)

@@ -1,51 +1,87 @@
 """The self-extracting train_gpt.py: the run's code and resolved config in one file, as parameter-golf's records ship
 their code, so that artifact_code_bytes (the wrapped rule) is the length of a file that exists and runs.
 
-The file is a comment and three lines of Python:
+The file is a comment and three lines of Python, e.g. for lzma:
 
-    import lzma as L,base64 as B
+    import lzma as C
     P="<payload>"
-    exec(L.decompress(B.b85decode(P),format=L.FORMAT_RAW,filters=[{"id":L.FILTER_LZMA2}]))
+    exec(C.decompress(P.encode("l1"),C.FORMAT_RAW,None,[{"id":C.FILTER_LZMA2}]))
 
-(the payload on a line of its own, so that a traceback through the exec shows the short line, not 100 KB).
+The compressed payload is written as a Latin-1 string literal (the comment declares the file's coding): each byte
+is one character, and only NUL, CR, LF, backslash and the quote are escaped, so the file is about 2% larger than
+the compressed bytes where base85 would add 25%. The compressor is whichever of lzma, brotli (when installed) and
+zlib gives the smaller file (COMPRESSORS); ``compressor_of`` reads it back, and artifact_code.json records it. The
+payload sits on its own line, so a traceback through the exec shows a short line.
 
-The payload, decompressed, is a Python program: ``F`` = {path in the repository: text} (packed_files: the Python
-minified, the few conf/ files the resolver reads as they are), ``M`` = the meta as JSON text (the resolved config,
-the torch and speedrun versions), ``R`` = {module: pip requirement} of what the re-run imports beyond the standard
-library (requirements), then BOOT, which exits with one `pip install ...` line naming every requirement whose
-module is missing, writes F into a private temporary directory laid out as the repository (removed at exit), puts
-its src/ first on sys.path and calls ``speedrun.rerun.main(M, __file__)``. Only the standard library runs before
-that. ``read_wrapper`` takes a file apart again without running it (the
-export and the tests use it).
+The payload, decompressed, is a Python program: ``F`` = {path in the repository: text} (the modules the run's
+re-run imports, speedrun.artifact.closure, minified; conf/ files only where the Plan reads them), ``M`` = the meta
+as JSON text (the resolved config with the Plan's choices pinned, the torch and speedrun versions), ``R`` =
+{module: pip requirement} of what the re-run imports beyond the standard library (requirements), then BOOT, which
+exits with one `pip install ...` line naming every requirement whose module is missing, writes F into a private
+temporary directory laid out as the repository (removed at exit), puts its src/ first on sys.path and calls
+``speedrun.rerun.main(M, __file__)``. Only the standard library runs before that (and brotli, when it is the
+compressor). ``read_wrapper`` takes a file apart again without running it (the export and the tests use it).
 """
 
 from __future__ import annotations
 
-import ast
-import base64
+import importlib
 import json
 import lzma
 import re
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib.util import find_spec
 from typing import Any
 
-from speedrun.artifact.code_count import CODE_FILES, CONF_READ, WRAPPED_ALSO
-from speedrun.artifact.minify import minify_files
+from speedrun.artifact.closure import reached
+from speedrun.artifact.unwrap import compressor_of, read_wrapper, unwrap_payload
 from speedrun.paths import CONF_DIR, source_path
 from speedrun.version import __version__
 
 FORMAT = 1
 """Bumped when the payload's layout changes; speedrun.rerun refuses a format it does not know."""
 
-HEADER = "# speedrun self-extracting run: `python train_gpt.py` (or torchrun) re-runs it; docs/export.md\n"
-OUTER = (
-    "import lzma as L,base64 as B\n"
-    'P="{payload}"\n'
-    'exec(L.decompress(B.b85decode(P),format=L.FORMAT_RAW,filters=[{{"id":L.FILTER_LZMA2}}]))\n'
+HEADER = (
+    "# speedrun self-extracting run (coding:latin-1): `python train_gpt.py` or torchrun re-runs it; docs/export.md\n"
 )
-# LZMA2 at its strongest preset; the decoder's default dictionary (8 MiB) covers any distance in a payload of a few
-# hundred KB, so the outer line need not spell the encoder's settings out.
+
+# LZMA2 at its strongest preset, raw (no container header); the decoder's default dictionary (8 MiB) covers any
+# distance in a payload of a few hundred KB, so the outer line need not spell the encoder's settings out.
 FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME}]
+
+
+def _brotli(data: bytes) -> bytes:
+    # optional (the compress extra): tried only where it is installed
+    return bytes(importlib.import_module("brotli").compress(data, quality=11, lgwin=24))
+
+
+def _deflate(data: bytes) -> bytes:
+    c = zlib.compressobj(9, zlib.DEFLATED, -15, 9)  # raw deflate: no zlib header or checksum to count
+    return c.compress(data) + c.flush()
+
+
+COMPRESSORS: dict[str, tuple[Callable[[bytes], bytes], str]] = {
+    "lzma": (
+        lambda b: lzma.compress(b, format=lzma.FORMAT_RAW, filters=FILTERS),
+        'exec(C.decompress(P.encode("l1"),C.FORMAT_RAW,None,[{"id":C.FILTER_LZMA2}]))',
+    ),
+    "brotli": (_brotli, 'exec(C.decompress(P.encode("l1")))'),
+    "zlib": (
+        lambda b: _deflate(b),
+        'exec(C.decompress(P.encode("l1"),-15))',
+    ),
+}
+"""name -> (compress, the file's exec line, which decodes P with the module imported as C: speedrun.artifact.unwrap's
+DECODERS decode it the same way). The decoders are the standard library's, but brotli's, which needs the package (a
+requirement of such a file)."""
+
+
+def available_compressors() -> list[str]:
+    """The compressors this Python can make a file with: lzma and zlib always, brotli when installed."""
+    return [name for name in COMPRESSORS if name != "brotli" or find_spec("brotli") is not None]
+
 
 # Runs before anything of speedrun's is importable: written small by hand, since every byte is counted. First the
 # packages (R), looked up without importing them, so a bare machine gets one pip line, not a traceback. A private
@@ -63,15 +99,38 @@ from speedrun.rerun import main
 main(M,__file__)
 """
 
+CHECK = """from importlib.util import find_spec as S;R={R};m=[f"'{{p}}'"for k,p in R.items()if S(k)is None]
+if m:raise SystemExit("error: this run needs packages this Python lacks: pip install "+" ".join(m))
+"""
+"""BOOT's check of the packages, before the import of a decoder that is a package (brotli): a bare machine still gets
+one pip line."""
 
-def packed_files() -> tuple[str, ...]:
-    """What the file carries, as paths in the repository: src/ + CODE_FILES (as listed there, whatever gets added)
-    and WRAPPED_ALSO (the entry point and what it needs beyond them), then the conf/ files the resolver reads
-    (CONF_READ)."""
-    conf = sorted(
-        {f"conf/{p.relative_to(CONF_DIR).as_posix()}" for pattern in CONF_READ for p in CONF_DIR.glob(pattern)}
-    )
-    return (*(f"src/{rel}" for rel in (*CODE_FILES, *WRAPPED_ALSO)), *conf)
+TUNED_TABLES = "kernel/tuned/*.yaml"
+"""The conf/ files a re-run reads, under kernel=tuned only (speedrun.kernels.tuned)."""
+
+
+def packed_files(plan: Any | None = None) -> tuple[str, ...]:
+    """What the file carries, as paths in the repository: src/ + every module a re-run of ``plan`` imports
+    (speedrun.artifact.closure; every choice's when None), then kernel=tuned's tables when the Plan reads them."""
+    tuned = plan is None or str(plan.kernel.source).startswith("tuned")
+    conf = sorted(f"conf/{p.relative_to(CONF_DIR).as_posix()}" for p in CONF_DIR.glob(TUNED_TABLES)) if tuned else []
+    return (*(f"src/{rel}" for rel in reached(plan)), *conf)
+
+
+def pin_choices(config: dict[str, Any], plan: Any) -> dict[str, Any]:
+    """The config with the Plan's `auto` choices written in: the attention backend, and the model preset with the
+    run's explicit fields on top (as speedrun.plan.model_choice merges them), so a re-run builds what ran without
+    reading conf/ (and without OmegaConf, which reads it)."""
+    from speedrun.plan.options import load_option  # at pin time only: a re-run's config names its preset
+
+    tree = json.loads(json.dumps(config))
+    if tree.get("attn", {}).get("name") == "auto":
+        tree["attn"]["name"] = plan.attn
+    model = tree.get("model", {})
+    if model.get("name") == "auto":
+        explicit = {k: v for k, v in model.items() if v is not None and k != "name"}
+        tree["model"] = {**load_option("model", plan.model_name), **explicit, "name": plan.model_name}
+    return tree
 
 
 @dataclass(frozen=True)
@@ -86,21 +145,26 @@ class CodeSource:
     """torch, python, speedrun: what the run had (speedrun.rerun checks torch's major version)."""
 
     @classmethod
-    def snapshot(cls, config: dict[str, Any] | None = None) -> CodeSource:
+    def snapshot(cls, config: dict[str, Any] | None = None, plan: Any | None = None) -> CodeSource:
+        """The modules a re-run of ``plan`` imports (every choice's when None), read now, and ``config`` with the
+        Plan's choices pinned."""
         import platform
 
         import torch
 
-        files = {rel: source_path(rel).read_text(encoding="utf-8") for rel in packed_files()}
+        files = {rel: source_path(rel).read_text(encoding="utf-8") for rel in packed_files(plan)}
         versions = {"torch": torch.__version__, "python": platform.python_version(), "speedrun": __version__}
+        if config is not None and plan is not None:
+            config = pin_choices(config, plan)
         return cls(files, config, versions)
 
 
 REQUIRED = {"torch": "torch", "numpy": "numpy>=1.24", "sentencepiece": "sentencepiece>=0.2"}
 """What every re-run imports beyond the standard library (pyproject.toml's dependencies, less python-minifier: a
-re-run counts the file that ran and minifies nothing), besides omegaconf and hydra-core (RUNTIME)."""
-RUNTIME = {"omegaconf": "omegaconf>=2.3", "hydra": "hydra-core>=1.3.2"}
-"""What the re-run imports that parameter-golf's image lacks (the export's requirements.txt lists these too)."""
+re-run counts the file that ran and minifies nothing). No omegaconf, no Hydra: the re-run builds its config from
+the plain tree (speedrun.config.tree)."""
+TUNED = {"omegaconf": "omegaconf>=2.3"}
+"""kernel=tuned's re-run reads its tables with OmegaConf (speedrun.kernels.tuned)."""
 OPTIONAL = {"brotli": ("brotli", "brotli>=1.1"), "zstd": ("zstandard", "zstandard>=0.22")}
 """quant.compressor (or quant.pergroup_codec) -> (module, pip requirement): the compress extra's packages."""
 TIKTOKEN = ("tiktoken", "tiktoken>=0.7")
@@ -108,9 +172,9 @@ TIKTOKEN = ("tiktoken", "tiktoken>=0.7")
 
 
 def requirements(config: dict[str, Any] | None, torch_version: str | None = None) -> dict[str, str]:
-    """{module the re-run imports: its pip requirement}: REQUIRED and RUNTIME, torch held to the run's major
-    version, plus the compressor's and tokenizer's packages when ``config`` uses them."""
-    out = {**REQUIRED, **RUNTIME}
+    """{module the re-run imports: its pip requirement}: REQUIRED, torch held to the run's major version, plus the
+    compressor's and tokenizer's packages when ``config`` uses them, and OmegaConf under kernel=tuned."""
+    out = dict(REQUIRED)
     if torch_version:
         major = int(torch_version.split(".")[0])
         out["torch"] = f"torch>={major},<{major + 1}"
@@ -122,42 +186,65 @@ def requirements(config: dict[str, Any] | None, torch_version: str | None = None
     tokenizer = str(data.get("tokenizer") or "")
     if tokenizer == "gpt2" or tokenizer.endswith(".tiktoken"):
         out[TIKTOKEN[0]] = TIKTOKEN[1]
+    if ((config or {}).get("kernel") or {}).get("name") == "tuned":
+        out.update(TUNED)
     return out
 
 
-def build_wrapper(code: CodeSource) -> tuple[bytes, dict[str, str]]:
-    """The self-extracting file's bytes, and the minified sources it carries ({path: minified source})."""
+def build_wrapper(code: CodeSource, compressor: str | None = None) -> tuple[bytes, dict[str, str]]:
+    """The self-extracting file's bytes, and the minified sources it carries ({path: minified source}).
+    ``compressor``: one of COMPRESSORS; None: whichever available gives the smaller file."""
+    from speedrun.artifact.minify import minify_files  # when a file is made, never when one re-runs
+
     minified = minify_files(code.files)
     meta = {"format": FORMAT, "config": code.config, "versions": code.versions}
     needs = requirements(code.config, code.versions.get("torch"))
     payload = (
         f"F={minified!r}\nM={json.dumps(meta, sort_keys=True, separators=(',', ':'))!r}\n"
         f"R={json.dumps(needs, separators=(',', ':'))}\n{BOOT}"
-    )
-    blob = lzma.compress(payload.encode("utf-8"), format=lzma.FORMAT_RAW, filters=FILTERS)
-    text = HEADER + OUTER.format(payload=base64.b85encode(blob).decode("ascii"))
-    data = text.encode("ascii")
-    if unwrap_payload(data) != payload:  # the outer line decodes with the decoder's defaults: prove it, once per file
+    ).encode()
+    names = [compressor] if compressor else available_compressors()
+    data = min((_file(payload, name, needs) for name in names), key=len)
+    if unwrap_payload(data) != payload.decode("utf-8"):  # the outer lines decode with defaults: prove it, per file
         raise RuntimeError("the self-extracting file does not decode to its payload (speedrun.artifact.wrap)")
     return data, minified
 
 
-def unwrap_payload(data: bytes) -> str:
-    """The payload program of a self-extracting file, decoded as the file decodes it (nothing is run)."""
-    match = re.search(rb'^P="([^"]*)"$', data, re.M)
-    if match is None:
-        raise ValueError('not a speedrun self-extracting file: no P="<payload>" line in it')
-    blob = base64.b85decode(match.group(1))
-    return lzma.decompress(blob, format=lzma.FORMAT_RAW, filters=[{"id": lzma.FILTER_LZMA2}]).decode("utf-8")
+def _file(payload: bytes, compressor: str, needs: dict[str, str]) -> bytes:
+    """The file for ``payload`` compressed by ``compressor``: header, import, P as a Latin-1 literal, exec; a
+    decoder that is not the standard library's (brotli) is preceded by BOOT's check of the packages."""
+    blob = COMPRESSORS[compressor][0](payload)
+    check = b""
+    if compressor not in ("lzma", "zlib"):
+        needs = {**needs, compressor: OPTIONAL[compressor][1]}
+        check = CHECK.format(R=json.dumps(needs, separators=(",", ":"))).encode("ascii")
+    return (
+        HEADER.encode("ascii")
+        + check
+        + f"import {compressor} as C\n".encode("ascii")
+        + b'P="'
+        + _latin1_literal(blob)
+        + b'"\n'
+        + COMPRESSORS[compressor][1].encode("ascii")
+        + b"\n"
+    )
 
 
-def read_wrapper(data: bytes) -> tuple[dict[str, str], dict[str, Any]]:
-    """({path: minified source}, meta) of a self-extracting file, read without running it."""
-    values: dict[str, Any] = {}
-    for node in ast.parse(unwrap_payload(data)).body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            if node.targets[0].id in ("F", "M"):
-                values[node.targets[0].id] = ast.literal_eval(node.value)
-    if set(values) != {"F", "M"}:
-        raise ValueError("not a speedrun self-extracting file: its payload lacks F (files) or M (meta)")
-    return values["F"], json.loads(values["M"])
+_ESCAPES = {0: b"\\x00", 10: b"\\n", 13: b"\\r", 34: b'\\"', 92: b"\\\\"}
+"""The bytes a one-line string literal cannot hold as they are (NUL: no source may hold it; CR, LF: line ends)."""
+
+
+def _latin1_literal(blob: bytes) -> bytes:
+    parts = re.split(rb'([\x00\n\r"\\])', blob)
+    return b"".join(_ESCAPES[p[0]] if len(p) == 1 and p[0] in _ESCAPES else p for p in parts)
+
+
+__all__ = [
+    "CodeSource",
+    "build_wrapper",
+    "compressor_of",
+    "packed_files",
+    "read_wrapper",
+    "requirements",
+    "unwrap_payload",
+]

@@ -9,16 +9,15 @@ need no device sit beside their fields, in ``__post_init__`` (run by ``to_config
 checks that need the device are the resolver's (speedrun.plan). One module per family of groups: training.py
 (what trains), finishing.py (eval, TTT, quantization, logging).
 
-Only run.py sees a DictConfig; ``to_config`` turns it into these dataclasses, and ``speedrun.plan.resolve``
+Only run.py sees a DictConfig; the run takes its plain tree and ``config_from_tree`` turns it into these dataclasses
+without OmegaConf (``to_config``, OmegaConf's own merge, serves compose-time tools), and ``speedrun.plan.resolve``
 turns those into the frozen Plan that everything after it reads.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
-
-from omegaconf import DictConfig, OmegaConf
+from typing import TYPE_CHECKING, Any
 
 from speedrun.config.checkpointing import CheckpointConfig
 from speedrun.config.choices import *  # noqa: F403 - the Enums are part of the schema's public names
@@ -38,8 +37,12 @@ from speedrun.config.training import (
     PrecisionConfig,
     ScheduleConfig,
 )
+from speedrun.config.tree import from_tree
 from speedrun.errors import ConfigError
 from speedrun.paths import CONF_DIR, DEFAULT_RESULTS_DB
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 __all__ = [
     "CONF_DIR",
@@ -47,6 +50,7 @@ __all__ = [
     "GROUPS",
     "register_configs",
     "to_config",
+    "config_from_tree",
     "ArtifactConfig",
     "AttnConfig",
     "BudgetConfig",
@@ -150,7 +154,8 @@ def register_configs() -> None:
     as an option (``python -m run --help``, and its "available options" when a choice is misspelt), and a schema
     is no option. The group's YAMLs name theirs with an absolute path (``- /attn_schema``), which Hydra places at
     the YAML's own package, the group."""
-    from hydra.core.config_store import ConfigStore
+    from hydra.core.config_store import ConfigStore  # compose time only: a re-run needs no Hydra
+    from omegaconf import OmegaConf
 
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
@@ -187,8 +192,17 @@ def smoke_layers(loop_num: int, loop_start: int, loop_end: int, parallel_start: 
 
 
 def to_config(cfg: DictConfig | dict[str, Any]) -> Config:
-    """A composed DictConfig (or plain dict) -> typed Config, validated against the schemas."""
+    """A composed DictConfig (or plain dict) -> typed Config, validated against the schemas by OmegaConf (compose
+    time and tools; the run's own path takes config_from_tree)."""
+    from omegaconf import OmegaConf  # compose time only: the run's path builds its Config without it
+
     structured = OmegaConf.merge(OmegaConf.structured(Config), cfg)
     obj = OmegaConf.to_object(structured)
     assert isinstance(obj, Config)
     return obj
+
+
+def config_from_tree(tree: dict[str, Any]) -> Config:
+    """A resolved config tree (plain values, Enums as their names) -> typed Config, without OmegaConf: what the run
+    builds its Config from, whether Hydra composed the tree or an exported train_gpt.py carries it."""
+    return from_tree(Config, tree)

@@ -1,45 +1,32 @@
 """Data layer: embedded corpus, SentencePiece tokenizers, token shards, BPB byte accounting,
-batch loading and dataset preparation. See docs/architecture.md for the formats and the BPB rule."""
+batch loading and dataset preparation. See docs/architecture.md for the formats and the BPB rule.
 
-from speedrun.data.bpb import ByteLUTs, bits_per_byte, build_byte_luts, stream_bytes, token_bytes, unigram_bits_per_byte
-from speedrun.data.corpus import EMBEDDED_CORPUS, iter_documents, load_embedded_documents, split_train_val
-from speedrun.data.existing import open_dataset, parameter_golf_help
-from speedrun.data.loader import TokenStream, load_val_tokens
-from speedrun.data.prepare import (
-    DataNotFoundError,
-    DatasetPaths,
-    ensure_embedded_dataset,
-    prepare_dataset,
-    read_dataset_info,
-)
-from speedrun.data.shards import ShardError, list_shards, read_shard, validate_shard, write_shard
-from speedrun.data.tokenizer import load_tokenizer, train_tokenizer
+The names below are importable from here, each loaded from its module on first use: importing one module of the
+package (the loader, say) does not import the others, so a run's train_gpt.py carries only the ones its Plan
+reaches (speedrun.artifact.closure)."""
 
-__all__ = [
-    "EMBEDDED_CORPUS",
-    "ByteLUTs",
-    "DataNotFoundError",
-    "DatasetPaths",
-    "ShardError",
-    "TokenStream",
-    "bits_per_byte",
-    "build_byte_luts",
-    "ensure_embedded_dataset",
-    "iter_documents",
-    "list_shards",
-    "load_embedded_documents",
-    "load_tokenizer",
-    "load_val_tokens",
-    "open_dataset",
-    "parameter_golf_help",
-    "prepare_dataset",
-    "read_dataset_info",
-    "read_shard",
-    "split_train_val",
-    "stream_bytes",
-    "token_bytes",
-    "train_tokenizer",
-    "unigram_bits_per_byte",
-    "validate_shard",
-    "write_shard",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_HOME = {
+    "bpb": "ByteLUTs bits_per_byte build_byte_luts stream_bytes token_bytes unigram_bits_per_byte",
+    "corpus": "EMBEDDED_CORPUS iter_documents load_embedded_documents split_train_val",
+    "existing": "open_dataset parameter_golf_help",
+    "loader": "TokenStream load_val_tokens",
+    "layout": "DataNotFoundError DatasetPaths",
+    "prepare": "ensure_embedded_dataset prepare_dataset read_dataset_info",
+    "shards": "ShardError list_shards read_shard validate_shard write_shard",
+    "tokenizer": "load_tokenizer train_tokenizer",
+}
+_MODULE_OF = {name: module for module, names in _HOME.items() for name in names.split()}
+
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'speedrun.data' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"speedrun.data.{module}"), name)

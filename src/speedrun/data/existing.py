@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from speedrun.data.prepare import DataNotFoundError, DatasetPaths
+from speedrun.data.layout import DataNotFoundError, DatasetPaths
 from speedrun.data.shards import list_shards, read_header
 from speedrun.data.tiktoken_bpe import is_tiktoken, load_encoding
 from speedrun.data.tokenizer import load_tokenizer

@@ -18,7 +18,6 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -36,34 +35,16 @@ from speedrun.data.encoding import (
     process_pool,
     write_splits,
 )
+from speedrun.data.layout import INFO_FILE, TOKENIZER_FILE, DataNotFoundError, DatasetPaths, embedded_dir
 from speedrun.data.shards import list_shards
 from speedrun.data.tiktoken_bpe import GPT2, build_tiktoken_luts, load_encoding
 from speedrun.data.tokenizer import TRAINER_SETTINGS, load_tokenizer, train_tokenizer
-from speedrun.errors import DataError
 
-TOKENIZER_FILE = "tokenizer.model"
-INFO_FILE = "dataset.json"
+__all__ = ["INFO_FILE", "TOKENIZER_FILE", "DataNotFoundError", "DatasetPaths", "embedded_dir"]  # from data.layout
+
 #: Bump when the build changes (tokenizer settings, split, format): cached embedded datasets rebuild.
 BUILD_VERSION = 1
 EMBEDDED_VAL_EVERY = 20
-
-
-class DataNotFoundError(DataError, FileNotFoundError):
-    """A dataset or tokenizer path is missing; the message says what was expected and how to get it."""
-
-
-@dataclass(frozen=True)
-class DatasetPaths:
-    """Shards and tokenizer of one dataset."""
-
-    train: list[Path]
-    val: list[Path]
-    tokenizer: Path
-    vocab_size: int
-
-    @property
-    def directory(self) -> Path:
-        return self.train[0].parent
 
 
 def _log(msg: str) -> None:
@@ -335,12 +316,6 @@ def _exclusive_lock(path: Path):
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def embedded_dir(cache_dir: Path, vocab_size: int) -> Path:
-    """Where ensure_embedded_dataset builds the embedded corpus of ``vocab_size`` (an exported train_gpt.py, which
-    does not carry the corpus, trains on the built directory: speedrun.rerun)."""
-    return Path(cache_dir).expanduser() / f"embedded_pydoc311_sp{vocab_size}"
 
 
 def ensure_embedded_dataset(cache_dir: Path, vocab_size: int = 1024) -> DatasetPaths:

@@ -25,6 +25,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from speedrun.artifact.closure import recorded_plan
 from speedrun.artifact.code_count import WRAPPED_FILE
 from speedrun.artifact.wrap import CodeSource, build_wrapper
 from speedrun.export.folder import Submission, log_name
@@ -131,8 +132,8 @@ def wrapper_for(runs: list[Run], force: bool) -> bytes:
         first.code_problem = why
     env = first.env()
     versions = {"torch": str(first.result.get("torch_version")), "python": str(env.get("python"))}
-    here_code = CodeSource.snapshot()
-    return build_wrapper(CodeSource(here_code.files, first.config, {**here_code.versions, **versions}))[0]
+    here_code = CodeSource.snapshot(first.config, recorded_plan(first.dir))  # what a re-run of the run's Plan imports
+    return build_wrapper(CodeSource(here_code.files, here_code.config, {**here_code.versions, **versions}))[0]
 
 
 def write_folder(out: Path, sub: Submission) -> None:

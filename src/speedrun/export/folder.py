@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from speedrun.artifact.code_count import MANIFEST, WRAPPED_FILE
+from speedrun.artifact.wrap import OPTIONAL, compressor_of, requirements
 from speedrun.export.run_dirs import ExportError, Run
 from speedrun.export.track import RECORD_NAME, claim, limits_table
 from speedrun.stats import mean, std
@@ -21,10 +22,10 @@ HEADLINES = (("val_bpb_ttt", "val_loss_ttt"), ("val_bpb_quant", "val_loss_quant"
 """The number a submission reports, best first: what the artifact earns after test-time training (when it scored
 every token), else the dequantized artifact's, else the trained model's."""
 
-REQUIREMENTS = {"omegaconf": "omegaconf>=2.3", "hydra": "hydra-core>=1.3.2"}
-"""What train_gpt.py imports that parameter-golf's requirements.txt (torch, numpy, sentencepiece, ...) lacks, pinned
-to the versions the run had when its env.json says (hydra-core rides along: speedrun's config package names it)."""
-COMPRESSOR_PACKAGES = {"brotli": "brotli>=1.1", "zstd": "zstandard>=0.22"}
+PGOLF_IMAGE = ("torch", "numpy", "sentencepiece")
+"""What parameter-golf's requirements.txt installs already, of what a re-run imports (speedrun.artifact.wrap.REQUIRED):
+requirements.txt lists the rest (a compressor's package, tiktoken, OmegaConf under kernel=tuned), pinned to the
+run's version where its env.json records one."""
 
 
 def headline(result: dict[str, Any]) -> tuple[str, str]:
@@ -338,13 +339,15 @@ class Submission:
 
     def requirements(self) -> str:
         env = self.runs[0].env()
+        needs = requirements(self.runs[0].config)
+        if compressor_of(self.code) in OPTIONAL:  # the file's own decoder is a package (brotli)
+            needs[OPTIONAL[compressor_of(self.code)][0]] = OPTIONAL[compressor_of(self.code)][1]
         lines = ["# speedrun's train_gpt.py needs these beyond parameter-golf's requirements.txt"]
-        for module, spec in REQUIREMENTS.items():
+        for module, spec in needs.items():
+            if module in PGOLF_IMAGE:
+                continue
             version = env.get(f"{module}_version")
             lines.append(f"{spec.split('>=')[0]}=={version}" if version else spec)
-        compressor = self.runs[0].config.get("quant", {}).get("compressor")
-        if compressor in COMPRESSOR_PACKAGES and self.runs[0].config.get("quant", {}).get("name") != "off":
-            lines.append(COMPRESSOR_PACKAGES[compressor])
         return "\n".join(lines) + "\n"
 
 

@@ -31,7 +31,6 @@ from speedrun.plan.memory import param_count, training_memory_bytes
 from speedrun.plan.model_choice import resolve_arch, resolve_model
 from speedrun.plan.options import load_option
 from speedrun.plan.scoring import resolve_eval, resolve_ttt
-from speedrun.plan.track import check_track
 from speedrun.plan.types import BudgetPlan, DataPlan, EvalPlan, KernelPlan, Plan, Stage, plan_json
 
 __all__ = [
@@ -102,7 +101,10 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
     ttt = resolve_ttt(cfg.ttt, model, eval_plan.batch_size, batch.dist.world_size, on_cuda)
     _check_code_rule(cfg.artifact, cfg.quant)
     _check_quant(cfg.quant)
-    check_track(cfg.track, budget, eval_plan, ttt)
+    if cfg.track.on:  # a contest's rules (conf/track/); the file of a run without them carries no check
+        from speedrun.plan.track import check_track
+
+        check_track(cfg.track, budget, eval_plan, ttt)
     compile_on = cfg.hardware.compile if cfg.hardware.compile is not None else on_cuda
     kernel, attn_options, warmup_steps = _resolve_kernel(
         cfg, profile, precision, model, attn, attn_options, batch, compile_on

@@ -26,7 +26,9 @@ def resolve_attention(
         fits = [
             other
             for other in sorted(REGISTRY)
-            if other != name and not backend_class(other).capabilities.problems(profile, precision, model, **wants)
+            if other != name
+            and _loads(other)
+            and not backend_class(other).capabilities.problems(profile, precision, model, **wants)
         ]
         why = backend_class(name).capabilities.why
         raise PlanError(
@@ -51,3 +53,13 @@ def check_scores_memory(
             f"({micro_batch} x {model.n_head} x {model.seq_len}^2 x {model.n_layer} layers) on a "
             f"{profile.memory_gb:g} GB {profile.name}; use attn=flex or attn=sdpa, or lower hardware.micro_batch"
         )
+
+
+def _loads(name: str) -> bool:
+    """Whether backend ``name`` can be imported here: a train_gpt.py carries only the backend its run used
+    (speedrun.artifact.closure), so a refusal there names the others only where they exist."""
+    try:
+        backend_class(name)
+    except ImportError:
+        return False
+    return True

@@ -13,8 +13,6 @@ from speedrun.config.kernel import FP8_TARGETS, GRAPHING_MODES
 from speedrun.errors import PlanError
 from speedrun.hardware.profiles import HardwareProfile
 from speedrun.kernels import GRAPH_EAGER_CALLS
-from speedrun.kernels.tiles import FlexTiles, choose_tiles, fitting_bwd, fitting_fwd, tiles_smem
-from speedrun.kernels.tuned import load_entry
 from speedrun.model.shape import ModelShape
 from speedrun.plan.types import KernelPlan
 
@@ -44,6 +42,8 @@ def kernel_settings(cfg: Config, profile: HardwareProfile, model_name: str) -> t
     table: dict[str, Any] = {}
     source = str(k.name)
     if k.name == "tuned":
+        from speedrun.kernels.tuned import load_entry  # kernel=tuned alone reads its tables (artifact.closure)
+
         table, _ = load_entry(profile.name, model_name)
         source = f"tuned:{profile.name}/{model_name}"
     if explicit and k.name != "default":
@@ -236,6 +236,9 @@ def _resolve_tiles(
 ) -> tuple[str | None, tuple, dict[str, Any]]:
     """Flex's tiles: the profile's (per head_dim where the card needs it) with the kernel group's on top; checked
     against the shared memory one program may use."""
+    # attn=flex alone has tiles: a Plan's choice (artifact.closure)
+    from speedrun.kernels.tiles import FlexTiles, choose_tiles, fitting_bwd, fitting_fwd, tiles_smem
+
     chosen = {field: settings[key] for key, field in _TILE_KEYS.items() if key in settings}
     smem_block = (profile.smem_per_block_kb or profile.smem_per_sm_kb or 0) * 1024
     elem = 4 if precision == "fp32" else 2

@@ -4,11 +4,10 @@ builds (checked against the pipeline's contract now, so a missing method fails b
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, cast
-
-from omegaconf import OmegaConf
+from typing import Any
 
 from speedrun.config import Config, ModelConfig
+from speedrun.config.tree import from_tree
 from speedrun.errors import PlanError
 from speedrun.hardware.profiles import HardwareProfile
 from speedrun.model.registry import model_class, own_options
@@ -22,10 +21,7 @@ def resolve_model(cfg: Config, profile: HardwareProfile) -> tuple[str, ModelShap
     if name == "auto":
         # The profile's preset, with whatever the user set explicitly on top (set fields are not None).
         name = profile.model
-        preset = cast(
-            ModelConfig,
-            OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), load_option("model", name))),
-        )
+        preset = from_tree(ModelConfig, load_option("model", name), f"conf/model/{name}.yaml")
         explicit = {
             f.name: getattr(cfg.model, f.name)
             for f in dataclasses.fields(ModelConfig)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from omegaconf import OmegaConf
-
 from speedrun.config import CONF_DIR
 from speedrun.errors import PlanError
 
@@ -15,6 +13,8 @@ def load_option(group: str, option: str) -> dict[str, Any]:
     path = CONF_DIR / group / f"{option}.yaml"
     if not path.exists():
         raise PlanError(f"{group}={option}: no such option ({path} missing)")
+    from omegaconf import OmegaConf  # only for an `auto` option; an exported file's config names its preset
+
     data = OmegaConf.to_container(OmegaConf.load(path))
     assert isinstance(data, dict)
     return {str(k): v for k, v in data.items() if k != "defaults"}

@@ -20,7 +20,6 @@ import torch
 from speedrun.plan.dtypes import autocast_dtype
 from speedrun.plan.types import Plan
 from speedrun.progress import Progress
-from speedrun.quant.gptq import collect_hessians
 
 RESERVE_MARGIN = 1.25
 """The measured collection time is scaled by this: a run whose Hessians take a little longer than warm-up's
@@ -37,6 +36,8 @@ class Calibration:
 
 def _collect(plan: Plan, model: torch.nn.Module, data: Any, batches: int, log: Callable[[str], None] | None) -> dict:
     q = plan.quant
+    from speedrun.quant.gptq import collect_hessians  # a Plan's choice (artifact.closure)
+
     hessians = collect_hessians(
         model,
         data.train_batches(),  # a fresh training stream, never validation data (GPTQ fits the weights to it)

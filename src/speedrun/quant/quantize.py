@@ -39,34 +39,23 @@ from speedrun.config.choices import QuantClip, QuantName
 from speedrun.config.compressors import PERGROUP, check_compressor
 from speedrun.config.quant import TENSOR_CLASSES, QuantConfig
 from speedrun.progress import Progress
-from speedrun.quant import lqer, pergroup
 from speedrun.quant.classes import EMBED_NAMES, tensor_class
 from speedrun.quant.compression import CHUNK_BYTES, COMPRESSORS, STREAMS, compress, decompress
-from speedrun.quant.gptq import (
-    collect_hessians,
-    gptq_layers,
-    qmax_of,
-    quantize_gptq,
-    quantize_rtn,
-    search_scales,
-    sigma_scales,
-)
 
-__all__ = [  # the compressors and GPTQ live in their own modules; these names stay importable from here
-    "CHUNK_BYTES",
-    "COMPRESSORS",
-    "STREAMS",
-    "check_compressor",
-    "collect_hessians",
-    "compress",
-    "decompress",
-    "gptq_layers",
-    "qmax_of",
-    "quantize_gptq",
-    "quantize_rtn",
-    "search_scales",
-    "sigma_scales",
-]
+__all__ = ["CHUNK_BYTES", "COMPRESSORS", "STREAMS", "check_compressor", "compress", "decompress"]
+# GPTQ (speedrun.quant.gptq), LQER (lqer) and the per-group container (pergroup) are imported where a Plan that
+# chooses them reaches them: a run's train_gpt.py carries only the modules its Plan uses (speedrun.artifact.closure)
+GPTQ_NAMES = ("collect_hessians", "gptq_layers", "qmax_of", "quantize_gptq", "quantize_rtn", "search_scales")
+"""speedrun.quant.gptq's names, importable from here too, loaded on first use."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in GPTQ_NAMES + ("sigma_scales",):
+        from speedrun.quant import gptq  # on first use, as above
+
+        return getattr(gptq, name)
+    raise AttributeError(f"module 'speedrun.quant.quantize' has no attribute {name!r}")
+
 
 KEEP_FLOAT_MAX_NUMEL = 65_536
 """Tensors this small stay in floating point: their int8 savings are negligible, their error is not."""
@@ -78,14 +67,18 @@ CLIP_QUANTILE = 0.9999984
 class Artifact:
     blob: bytes
     """Compressed quantized state dict."""
-    code_bytes: int
-    """Raw UTF-8 bytes of the code a submission needs (speedrun.artifact.code_count.CODE_FILES), uncompressed."""
     compress_seconds: float = 0.0
     """Wall seconds the compression took (all groups, with pergroup)."""
     group_bytes: dict[str, int] = field(default_factory=dict)
     """Compressed bytes per group (pergroup), or {"all": the blob} for a one-stream compressor."""
     extra: dict[str, Any] = field(default_factory=dict)
     """What the export measured on the way (timings, the per-tensor report): speedrun.run.finish fills it."""
+
+    @property
+    def code_bytes(self) -> int:
+        """Raw UTF-8 bytes of the code a submission needs (speedrun.artifact.code_count.CODE_FILES), uncompressed;
+        read when asked, since a re-run of a train_gpt.py carries only the modules it imports."""
+        return code_bytes()
 
     @property
     def total_bytes(self) -> int:
@@ -117,7 +110,11 @@ def dequantize_entry(entry: dict[str, torch.Tensor]) -> torch.Tensor:
     if "q" in entry:
         q, scale = entry["q"], entry["scale"].float()
         w = (q.float().reshape(scale.numel(), -1) * scale[:, None]).reshape(q.shape)
-        return w + lqer.dequantize_correction(entry) if "lqer_a" in entry else w
+        if "lqer_a" not in entry:
+            return w
+        from speedrun.quant.lqer import dequantize_correction  # a Plan's choice (artifact.closure)
+
+        return w + dequantize_correction(entry)
     if "half" in entry:
         return entry["half"].float()
     return entry["raw"]
@@ -151,6 +148,8 @@ def export_packed(
 
     t0 = time.perf_counter()
     if compressor == PERGROUP:
+        from speedrun.quant import pergroup  # a Plan's choice (artifact.closure)
+
         check_compressor(compressor, level, codec)
         blob, groups = pergroup.pack(packed, codec, level, log, workers)
     else:
@@ -159,12 +158,14 @@ def export_packed(
         blob = compress(buf.getvalue(), compressor, level, log)
         groups = {"all": len(blob)}
     seconds = round(time.perf_counter() - t0, 3)
-    return Artifact(blob=blob, code_bytes=code_bytes(), compress_seconds=seconds, group_bytes=groups)
+    return Artifact(blob=blob, compress_seconds=seconds, group_bytes=groups)
 
 
 def load_packed(blob: bytes, compressor: str) -> dict[str, dict[str, torch.Tensor]]:
     """The packed state dict of an artifact (a pergroup blob names its codec in its header)."""
     if compressor == PERGROUP:
+        from speedrun.quant import pergroup  # a Plan's choice (artifact.closure)
+
         return pergroup.unpack(blob)
     return torch.load(io.BytesIO(decompress(blob, compressor)), map_location="cpu", weights_only=True)
 
@@ -180,6 +181,8 @@ def load_artifact(blob: bytes, compressor: str) -> dict[str, torch.Tensor]:
 def quantize_rows(w: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
     """quant.gate_bits: round-to-nearest with one fp16 absmax scale per row (the first dimension; a vector is one
     row) -> (int8 codes in w's shape, fp16 scales)."""
+    from speedrun.quant.gptq import qmax_of  # a Plan's choice (artifact.closure)
+
     qmax = qmax_of(bits)
     rows = w.detach().float().reshape(w.shape[0] if w.ndim > 1 else 1, -1)
     scale = (rows.abs().amax(dim=1) / qmax).clamp_min(1e-8).half()
@@ -199,6 +202,8 @@ def quantize_int6(
     at embed_bits for an embedding without one, per-row codes for the gates with quant.gate_bits, the int8 export's
     rules for everything else; then LQER corrections of the quant.lqer.top_k matrices with the largest error.
     ``progress`` is ticked after each GPTQ matrix."""
+    from speedrun.quant.gptq import quantize_gptq, quantize_rtn  # a Plan's choice (artifact.closure)
+
     sigma = q.clip == QuantClip.sigma
     packed: dict[str, dict[str, torch.Tensor]] = {}
     rules: dict[str, dict[str, Any]] = {}
@@ -269,6 +274,8 @@ def add_lqer(
 ) -> list[str]:
     """Add LQER correction fields to the ``top_k`` quantized matrices (gates aside) whose ||W - dequant(Q)||_F is
     largest; returns their names, worst first."""
+    from speedrun.quant.lqer import correction  # a Plan's choice (artifact.closure)
+
     errors = {
         name: float((state[name].detach().float().cpu() - dequantize_entry(entry)).norm())
         for name, entry in packed.items()
@@ -277,7 +284,7 @@ def add_lqer(
     chosen = sorted(errors, key=lambda name: -errors[name])[:top_k]
     for name in chosen:
         error = state[name].detach().float().cpu() - dequantize_entry(packed[name])
-        packed[name].update(lqer.correction(error, rank, bits, group))
+        packed[name].update(correction(error, rank, bits, group))
         rules[name]["lqer"] = {"rank": min(rank, *error.shape), "factor_bits": bits, "group": group}
     return chosen
 

@@ -71,7 +71,6 @@ from speedrun.quant.model_export import (
 from speedrun.quant.quantize import dequantize_state_dict, load_packed
 from speedrun.quant.report import REPORT
 from speedrun.records.store import write_json
-from speedrun.run.finish_ttt import run_ttt
 
 if TYPE_CHECKING:
     from speedrun.artifact.wrap import CodeSource
@@ -345,6 +344,8 @@ class Finish:
 
     def test_time_train(self) -> None:
         """Score-first LoRA TTT on the model as it is now (the dequantized artifact when quant is on)."""
+        from speedrun.run.finish_ttt import run_ttt  # ttt on, a Plan's choice (artifact.closure)
+
         self.report("ttt")
         self.done(
             "ttt", **run_ttt(self.plan, self.model, self.data, self.amp_dtype, self.log, self.world, self.on_ttt_clock)

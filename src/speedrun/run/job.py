@@ -12,14 +12,11 @@ import logging
 import time
 from typing import Any
 
-from speedrun.artifact.wrap import CodeSource
 from speedrun.config import Config
-from speedrun.distributed.launch import launch_ranks, needs_launch
 from speedrun.errors import PlanError
 from speedrun.hardware import profiles as hardware
 from speedrun.kernels.cache import cache_stats
 from speedrun.kernels.compile import keeps_grads
-from speedrun.kernels.profile import profile_steps
 from speedrun.plan import Plan, plan_json, resolve
 from speedrun.plan.budget import reads_training_data
 from speedrun.quant.calibration import Calibration, collect_after_training, measure_reserve
@@ -80,7 +77,9 @@ class Job(JobRecord):
         log.info("plan:\n%s", _indent(plan.describe()))
         start_history(plan)  # hardware.memory_snapshot=true: allocations from the model build on
         self.write_file("plan.json", plan_json(plan) + "\n")
-        if needs_launch(plan):
+        if plan.dist.launch == "self":  # asked for several ranks and none exists yet: start them, train nothing
+            from speedrun.distributed.launch import launch_ranks  # a Plan's choice (artifact.closure)
+
             self.delegated = True
             launch_ranks(plan, self.ctx.run_dir, log.info)
         return plan
@@ -88,7 +87,10 @@ class Job(JobRecord):
     def start(self, plan: Plan) -> None:
         """Join the other ranks, record the environment and what the plan chose, configure torch, open the
         logger."""
-        self.code = CodeSource.snapshot(self.config_tree)
+        if plan.artifact.code_file is None:  # a re-run counts the file that ran: it makes none
+            from speedrun.artifact.wrap import CodeSource  # so a re-run's file need not carry the maker
+
+            self.code = CodeSource.snapshot(self.config_tree, plan)
         self.world.init(plan)
         env = capture_environment(plan.device)
         self.write_file("env.json", json.dumps(env, indent=2, default=str) + "\n")
@@ -153,6 +155,8 @@ class Job(JobRecord):
             state.compile_seconds += extras.warm()
         state.hessian_reserve_seconds = self._hessian_reserve(plan, model, data)
         if plan.kernel.profile:  # untimed and undone, like warm-up: trace.json + top-kernels table in run.log
+            from speedrun.kernels.profile import profile_steps  # a Plan's choice (artifact.closure)
+
             self.result.update(
                 profile_steps(
                     stepper, batches, self.ctx.run_dir, log.info, plan.kernel.profile_steps, loop_states(plan)

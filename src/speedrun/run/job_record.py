@@ -16,13 +16,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from speedrun.distributed import world as dist
-from speedrun.distributed.launch import adopt_rank0_record
 from speedrun.records.lock import RunDirLock
 from speedrun.records.result_block import format_result_block
 from speedrun.records.store import MetricsLog, ResultsDB, atomic_write_text, write_json
 from speedrun.run.heartbeat import Heartbeat
 from speedrun.run.loggers import RunLogger
-from speedrun.run.track_verdict import track_keys
 from speedrun.training.checkpoint import list_checkpoints
 
 if TYPE_CHECKING:
@@ -185,7 +183,7 @@ class JobRecord:
                 log.warning("could not close %s: %s", self.metrics.path, e)
 
         assert self.run_id is not None
-        if self.delegated and adopt_rank0_record(db, self.run_id, self.ctx.run_dir, self.result):
+        if self.delegated and _adopt_rank0_record(db, self.run_id, self.ctx.run_dir, self.result):
             self.record_id = self.run_id  # rank 0's row: what the launching process's last line points to
             log.info("result:\n%s", format_result_block(self.result))  # rank 0 recorded the run
             return
@@ -201,6 +199,8 @@ class JobRecord:
         prior = 0.0 if self.holding else self.prior_wall_seconds
         self.result["wall_seconds"] = round(prior + finished - started, 3)
         if self.plan is not None and self.plan.track.on and not self.holding:
+            from speedrun.run.track_verdict import track_keys  # track= set, a Plan's choice (artifact.closure)
+
             try:
                 self.result.update(track_keys(self.plan, self.result))
             except Exception as e:  # noqa: BLE001 - the record must still be written; the verdict says why not
@@ -275,3 +275,10 @@ def _prior_wall_seconds(resume: Any) -> float:
     except (OSError, ValueError, AttributeError):
         return 0.0
     return float(value) if isinstance(value, (int, float)) else 0.0
+
+
+def _adopt_rank0_record(db: Any, run_id: str, run_dir: Any, result: dict[str, Any]) -> bool:
+    # only a process that launched the ranks delegates, and it imported the launcher to do so
+    from speedrun.distributed.launch import adopt_rank0_record
+
+    return adopt_rank0_record(db, run_id, run_dir, result)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import os
 import sys
@@ -17,11 +18,9 @@ import time
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any
 
-from omegaconf import DictConfig, OmegaConf
-
-from speedrun.config import to_config
+from speedrun.config import config_from_tree
 from speedrun.distributed import world as dist
 from speedrun.errors import ConfigError, RunOutOfMemory
 from speedrun.paths import results_db_path
@@ -33,7 +32,9 @@ from speedrun.run.job_record import write_error_file
 from speedrun.run.oom import find_oom, oom_result
 from speedrun.run.signals import sigterm_as_interrupt, stop_signals_deferred
 from speedrun.training.checkpoint import checkpoint_dir
-from speedrun.training.resume import Resume, find_resume
+
+if TYPE_CHECKING:
+    from speedrun.training.resume import Resume
 
 log = logging.getLogger("speedrun")
 
@@ -48,6 +49,7 @@ class RunContext:
     def from_hydra(cls) -> RunContext:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
+        from omegaconf import OmegaConf
 
         hc = HydraConfig.get()
         sweep = None
@@ -89,24 +91,38 @@ def standalone_logging(run_dir: Path) -> Iterator[None]:
         root.setLevel(level)
 
 
-def run_job(dict_cfg: DictConfig, ctx: RunContext | None = None) -> dict[str, Any]:
+def config_tree_of(cfg: Any) -> dict[str, Any]:
+    """The config as plain values (interpolations resolved, Enums as their names): a composed DictConfig's
+    container, or a tree that is already plain (an exported train_gpt.py's), copied as it is."""
+    if isinstance(cfg, dict):
+        return json.loads(json.dumps(cfg))  # a copy: the caller's tree stays as it was
+    from omegaconf import OmegaConf  # a Hydra-composed config; a re-run hands a plain dict and never imports it
+
+    tree = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    assert isinstance(tree, dict)
+    return {str(k): v for k, v in tree.items()}
+
+
+def run_job(cfg: Any, ctx: RunContext | None = None) -> dict[str, Any]:
+    """One job from ``cfg``: a composed DictConfig (``python -m run``) or its plain tree (a re-run); the job reads
+    the tree alone, so training never needs OmegaConf."""
     ctx = ctx or RunContext.from_hydra()
+    config_tree = config_tree_of(cfg)
     world = dist.current()  # this process's rank in a run of several (rank 0 of 1 for a plain run)
     if world.rank > 0:  # the ranks share rank 0's run dir and row; theirs go to a private dir, removed at exit
         ctx = RunContext(Path(world.private_dir()), ctx.overrides, ctx.sweep, ctx.original_cwd)
         world.quiet()
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
     # the results database is the one this command names, from where it was started (never the run dir's own)
-    db = _results_db(dict_cfg, ctx) if world.rank == 0 else dist.NoRecords()
-    resume, refusal = _find_resume(dict_cfg, ctx)
+    db = _results_db(config_tree, ctx) if world.rank == 0 else dist.NoRecords()
+    resume, refusal = _find_resume(config_tree, ctx)
     if resume is not None:  # the original job's config, dir and row (speedrun.training.resume)
-        dict_cfg = OmegaConf.create(resume.config)  # plain values: resume refused any interpolation in them
+        config_tree = config_tree_of(resume.config)  # plain values: resume refused any interpolation in them
         # a rank > 0 keeps its private dir: rank 0 alone writes the run's files and row (and picks the checkpoint)
         run_dir = resume.run_dir if world.rank == 0 else ctx.run_dir
-        ctx = RunContext(run_dir, resume.overrides, ctx.sweep or dict_cfg.sweep, ctx.original_cwd)
+        ctx = RunContext(run_dir, resume.overrides, ctx.sweep or config_tree.get("sweep"), ctx.original_cwd)
     # The record opens from the composed config's top-level knobs (types already checked by Hydra), before the
     # schemas' own checks run, so a bad value still leaves a failed row.
-    config_tree = OmegaConf.to_container(dict_cfg, resolve=True, enum_to_str=True)
     run_id = str(ctx.run_dir.resolve())
     lock, held, attempts = None, False, "resume_attempts"
     if world.rank == 0 and refusal is None:
@@ -114,7 +130,7 @@ def run_job(dict_cfg: DictConfig, ctx: RunContext | None = None) -> dict[str, An
         held, attempts = isinstance(refusal, ConfigError), "refused_attempts"  # another run's dir
     elif refusal is not None:  # a refused resume of the run in this dir (auto-resume, or a resume= the resolver
         held = (ctx.run_dir / "result.json").exists()  # let through): recorded beside that run, never over it
-    result = _opening_result(dict_cfg, ctx, run_id, resume)
+    result = _opening_result(config_tree, ctx, run_id, resume)
     started = time.time()
     fresh = {"started_at": started, "overrides": " ".join(ctx.overrides), "config": config_tree}
     # a resumed run keeps its row's start, overrides and config, and counts its resumptions
@@ -131,7 +147,7 @@ def run_job(dict_cfg: DictConfig, ctx: RunContext | None = None) -> dict[str, An
         with sigterm_as_interrupt():
             if refusal is not None:
                 raise refusal
-            job.run(to_config(dict_cfg))
+            job.run(config_from_tree(config_tree))
     except KeyboardInterrupt as e:
         result["status"] = "interrupted"
         result["error"] = f"interrupted ({e})" if str(e) else "interrupted (Ctrl-C or SIGTERM)"
@@ -152,18 +168,18 @@ def run_job(dict_cfg: DictConfig, ctx: RunContext | None = None) -> dict[str, An
     return result
 
 
-def _opening_result(dict_cfg: DictConfig, ctx: RunContext, run_id: str, resume: Resume | None) -> dict[str, Any]:
+def _opening_result(tree: dict[str, Any], ctx: RunContext, run_id: str, resume: Resume | None) -> dict[str, Any]:
     """The record as the run starts: status running, what the composed config names, whose process it is."""
     result = empty_result()
     result.update(
         status="running",
-        seed=dict_cfg.seed,
-        sweep=dict_cfg.sweep or ctx.sweep,
+        seed=tree["seed"],
+        sweep=tree.get("sweep") or ctx.sweep,
         run_dir=run_id,
-        name=dict_cfg.name,
-        hardware=str(dict_cfg.hardware.name),
-        attn=str(dict_cfg.attn.name),
-        precision=str(dict_cfg.precision.name),
+        name=tree["name"],
+        hardware=str(tree["hardware"]["name"]),
+        attn=str(tree["attn"]["name"]),
+        precision=str(tree["precision"]["name"]),
         phase="setup",
         # the pool launcher runs hydra.launcher.jobs_per_gpu > 1 jobs on one GPU at once: speed and
         # memory are then not the card's alone
@@ -265,8 +281,8 @@ def _open_record(db: ResultsDB | dist.NoRecords, run_id: str, row: dict[str, Any
         ) from e
 
 
-def _results_db(dict_cfg: DictConfig, ctx: RunContext) -> ResultsDB:
-    path = results_db_path(dict_cfg.results_db, ctx.original_cwd)
+def _results_db(tree: dict[str, Any], ctx: RunContext) -> ResultsDB:
+    path = results_db_path(tree["results_db"], ctx.original_cwd)
     try:
         return ResultsDB(path)
     except OSError as e:  # its directory cannot be made
@@ -275,10 +291,12 @@ def _results_db(dict_cfg: DictConfig, ctx: RunContext) -> ResultsDB:
         ) from e
 
 
-def _find_resume(dict_cfg: DictConfig, ctx: RunContext) -> tuple[Resume | None, Exception | None]:
+def _find_resume(tree: dict[str, Any], ctx: RunContext) -> tuple[Resume | None, Exception | None]:
     """(the Resume this job does, or None; a refusal to raise once the record is open, or None)."""
-    # a DictConfig's container is a dict with str keys; to_container's return type covers any node
-    tree = cast("dict[str, Any]", OmegaConf.to_container(dict_cfg, resolve=True, enum_to_str=True))
+    if not tree.get("resume") and not checkpoint_dir(ctx.run_dir).is_dir():
+        return None, None  # nothing to continue (a re-run's fresh dir): its file need not carry training.resume
+    from speedrun.training.resume import find_resume
+
     try:
         return find_resume(tree, ctx.overrides, ctx.run_dir, ctx.original_cwd), None
     except ConfigError as e:

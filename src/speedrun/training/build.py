@@ -14,15 +14,13 @@ from typing import cast
 import torch
 
 from speedrun.data.bpb import ByteLUTs, build_byte_luts
-from speedrun.data.existing import open_dataset
+from speedrun.data.layout import DatasetPaths
 from speedrun.data.loader import TokenStream, load_val_tokens
-from speedrun.data.prepare import DatasetPaths, ensure_embedded_dataset
 from speedrun.data.shards import read_header
 from speedrun.data.tiktoken_bpe import boundary_id, build_tiktoken_luts, is_tiktoken, load_encoding
 from speedrun.data.tokenizer import load_tokenizer
 from speedrun.kernels.compile import compile_model
 from speedrun.model.attention import get_backend
-from speedrun.model.fp8 import convert_linears, convert_torchao
 from speedrun.model.optim import build_optimizers
 from speedrun.model.protocol import check_instance
 from speedrun.model.registry import model_class
@@ -48,9 +46,14 @@ class DataBundle:
 def build_data(plan: Plan, log: Callable[[str], None]) -> DataBundle:
     d = plan.data
     if d.path is None:
+        # builds the corpus on first use; a re-run of a train_gpt.py always names its data (speedrun.rerun)
+        from speedrun.data.prepare import ensure_embedded_dataset
+
         paths = ensure_embedded_dataset(Path(d.cache_dir), vocab_size=d.vocab_size)
     else:
         assert d.tokenizer is not None  # the resolver refuses a path without its tokenizer
+        from speedrun.data.existing import open_dataset  # data.path set, a Plan's choice (artifact.closure)
+
         paths = open_dataset(Path(d.path), Path(d.tokenizer), d.vocab_size)
     if is_tiktoken(d.tokenizer):  # GPT-2's byte-level BPE (modded-nanogpt's shards)
         enc = load_encoding(cast(str, d.tokenizer))
@@ -115,6 +118,8 @@ def build_model(plan: Plan, attention, bos_id: int):
     )
     check_instance(model, plan.model_arch)
     if plan.kernel.fp8:  # precision=fp8 resolves to every block linear; kernel.fp8 picks some
+        from speedrun.model.fp8 import convert_linears, convert_torchao  # a Plan's choice (artifact.closure)
+
         (convert_torchao if plan.kernel.fp8_impl == "torchao" else convert_linears)(model.blocks, plan.kernel.fp8)
     model = model.to(plan.device)
     o = plan.optim

@@ -15,7 +15,6 @@ from typing import Any
 
 from speedrun.errors import ConfigError
 from speedrun.plan import Plan, plan_json
-from speedrun.training.batch_search import search_batches
 from speedrun.training.checkpoint import load_checkpoint, load_checkpoint_file, restore
 from speedrun.training.periodic import LoopExtras, PeriodicEval, checkpoint_meta
 
@@ -61,6 +60,8 @@ def prepare_loop(
     world = getattr(stepper, "world", None)
     if plan.micro_batch_search or plan.eval.batch_search:
         # every rank searches its own memory; the smallest choice over the ranks is what every rank runs
+        from speedrun.training.batch_search import search_batches  # a Plan's choice (artifact.closure)
+
         plan, searched = search_batches(plan, stepper.model, log.info, world=world)
         stepper.plan = plan
         hooks.write_file("plan.json", plan_json(plan) + "\n")

@@ -1,0 +1,38 @@
+"""A prepared dataset's layout on disk (speedrun.data.prepare builds one, speedrun.data.existing opens one made
+elsewhere): its file names, its paths, and where the embedded corpus is built. Apart from prepare so that a run that
+opens a dataset (every re-run of a train_gpt.py: speedrun.rerun names its data) never imports the builder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from speedrun.errors import DataError
+
+TOKENIZER_FILE = "tokenizer.model"
+INFO_FILE = "dataset.json"
+
+
+class DataNotFoundError(DataError, FileNotFoundError):
+    """A dataset or tokenizer path is missing; the message says what was expected and how to get it."""
+
+
+@dataclass(frozen=True)
+class DatasetPaths:
+    """Shards and tokenizer of one dataset."""
+
+    train: list[Path]
+    val: list[Path]
+    tokenizer: Path
+    vocab_size: int
+
+    @property
+    def directory(self) -> Path:
+        return self.train[0].parent
+
+
+def embedded_dir(cache_dir: Path, vocab_size: int) -> Path:
+    """Where ensure_embedded_dataset builds the embedded corpus of ``vocab_size`` (an exported train_gpt.py, which
+    does not carry the corpus, trains on the built directory: speedrun.rerun)."""
+    return Path(cache_dir).expanduser() / f"embedded_pydoc311_sp{vocab_size}"

@@ -1,0 +1,31 @@
+"""The counted code bytes of a config, measured without training (speedrun.artifact.sizes): the file a run would
+write carries only what its Plan reaches, so a leaner recipe counts fewer bytes, and the file with every choice's
+modules (a run whose Plan is unknown) counts the most."""
+
+from __future__ import annotations
+
+import pytest
+
+from speedrun.artifact.sizes import TARGETS, code_size
+from speedrun.artifact.wrap import CodeSource, build_wrapper
+
+
+@pytest.fixture(scope="module")
+def sizes():
+    return {overrides: code_size([overrides]) for overrides in TARGETS}
+
+
+def test_a_file_counts_only_what_its_plan_reaches(sizes):
+    record, baseline = sizes["experiment=pgolf_record"], sizes["model=pgolf_baseline"]
+    everything, _ = build_wrapper(CodeSource.snapshot({"seed": 0}))
+    assert baseline.code_bytes < record.code_bytes < len(everything)
+    # the record's levers are packed, the baseline's file has none of them
+    levers = {"src/speedrun/ttt/score_first.py", "src/speedrun/quant/gptq.py", "src/speedrun/quant/pergroup.py"}
+    assert levers <= set(record.modules) and not levers & set(baseline.modules)
+    assert all(n > 0 for n in record.modules.values())
+
+
+@pytest.mark.xfail(strict=True, reason="the pipeline a re-run imports (resolver, records, checks) is still larger")
+@pytest.mark.parametrize("overrides", sorted(TARGETS))
+def test_the_code_fits_its_target(sizes, overrides):
+    assert sizes[overrides].code_bytes <= TARGETS[overrides]
