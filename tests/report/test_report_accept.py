@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from speedrun import report
-from speedrun.config.track import load_track
+from speedrun.config.track_rules import load_track
 from speedrun.records.store import ResultsDB
 from speedrun.report.accept import accept_table, judge, parse_accept, verdict
 from speedrun.report.groups import compare, group_runs

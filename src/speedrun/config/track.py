@@ -14,13 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Any
 
-from omegaconf import OmegaConf
-
 from speedrun.errors import ConfigError
-from speedrun.paths import CONF_DIR
 
 ACCEPT_RULES = ("improve_by", "below")
 """improve_by: the mean must beat the standing record by ``margin`` at p < ``p_value``; below: the mean must be
@@ -218,24 +214,3 @@ def _count(value: Any) -> str:
 def _status_problems(result: dict[str, Any]) -> list[str]:
     status = result.get("status")
     return [] if status == "ok" else [f"status {status}"]
-
-
-def track_names() -> list[str]:
-    """The tracks conf/track/ ships, by name."""
-    return sorted(p.stem for p in (CONF_DIR / "track").glob("*.yaml"))
-
-
-@cache
-def load_track(name: str) -> TrackConfig:
-    """conf/track/<name>.yaml read into its schema: the rules as speedrun ships them (not as a run recorded them,
-    so a run cannot bring laxer rules of its own under the same name). ValueError naming the shipped tracks for
-    another name."""
-    path = CONF_DIR / "track" / f"{name}.yaml"
-    if not path.is_file():
-        raise ValueError(f"no track {name!r} in {CONF_DIR / 'track'}; the tracks: {', '.join(track_names())}")
-    raw = OmegaConf.to_container(OmegaConf.load(path))
-    assert isinstance(raw, dict)
-    raw.pop("defaults", None)  # Hydra's: the schema it names is TrackConfig, merged here
-    track = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrackConfig), raw))
-    assert isinstance(track, TrackConfig)
-    return track

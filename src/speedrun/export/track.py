@@ -9,13 +9,9 @@ validation split, with the reasons in ``track_reason``; ``--force`` never turns 
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Any
 
-from omegaconf import OmegaConf
-
-from speedrun.config.track import TrackConfig
-from speedrun.paths import CONF_DIR
+from speedrun.config.track_rules import load_track
 from speedrun.run.track_verdict import card_model_of
 
 RECORD_NAME = "pgolf_10min_16mb"
@@ -29,19 +25,6 @@ SPELLINGS = {
     "track_non_record_16mb": NON_RECORD_NAME,
 }
 """--track as speedrun names the track, or as parameter-golf's records/ folder does."""
-
-
-@cache
-def load_track(name: str) -> TrackConfig:
-    """conf/track/<name>.yaml read into its schema: the rules as speedrun ships them (not as a run recorded them,
-    so a run cannot bring laxer rules of its own under the same name)."""
-    raw = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "track" / f"{name}.yaml"))
-    assert isinstance(raw, dict)
-    raw.pop("defaults", None)  # Hydra's: the schema it names is TrackConfig, merged here
-    merged = OmegaConf.merge(OmegaConf.structured(TrackConfig), raw)
-    track = OmegaConf.to_object(merged)
-    assert isinstance(track, TrackConfig)
-    return track
 
 
 def track_name(spelling: str) -> str:

@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from speedrun.config.track import TrackConfig, load_track
+from speedrun.config.track import TrackConfig
+from speedrun.config.track_rules import load_track
 from speedrun.report.groups import Group
 from speedrun.stats import Below, Welch, holm, mean, ttest_below, welch
 from speedrun.tables import fmt_number, fmt_p

@@ -15,7 +15,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from speedrun.config.track import load_track
+from speedrun.config.track_rules import load_track
 from speedrun.report.groups import Group, compare, group_runs, tested_count
 from speedrun.report.run_rows import Run
 from speedrun.stats import Below, mean, std, ttest_below
