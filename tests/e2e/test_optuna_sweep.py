@@ -54,8 +54,8 @@ def test_an_optuna_sweep_through_the_pool_minimises_the_objective_the_runs_retur
     (refused,) = (r for r in rows if r["status"] != "ok")
     assert refused["status"] == "failed" and "optim.matrix_lr=-1.0 must be >= 0" in refused["error"]
     assert _lr(refused) == -1.0 and sorted(_lr(r) for r in ok) == [0.02, 0.04]
-    first, second = sorted(rows, key=lambda r: r["started_at"])[:2]
-    assert second["started_at"] < first["finished_at"]  # two trials ran at once
+    # two trials ran at once: with two slots the two that train overlap, whichever slot the quickly refused one took
+    assert max(r["started_at"] for r in ok) < min(r["finished_at"] for r in ok)
     # the study saw each run's val_loss (not its val_bpb), and the refused trial as no better than any
     best = min(ok, key=lambda r: r["val_loss"])
     assert study["best_value"] == pytest.approx(best["val_loss"], rel=1e-12)

@@ -74,13 +74,17 @@ def arch_from_argv(argv: list[str]) -> str | None:
     return found
 
 
+def arch_schema(arch: str | None) -> type | None:
+    """``model.arch``'s own schema (None for a built-in model or one without knobs); PlanError for an arch that
+    cannot be imported."""
+    return None if not arch or arch in BUILTIN else model_schema(model_class(arch))
+
+
 def register_model_schema(arch: str | None) -> None:
     """Make ``arch``'s own schema the model group's (``/model_schema``), so its knobs compose. A built-in model or
     one without a schema changes nothing; an arch that cannot be imported is left to the resolver's error."""
-    if not arch or arch in BUILTIN:
-        return
     try:
-        schema = model_schema(model_class(arch))
+        schema = arch_schema(arch)
     except PlanError:
         return  # reported, with its reason, when the run resolves
     if schema is not None:

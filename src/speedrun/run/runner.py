@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from speedrun.config import config_from_tree
 from speedrun.distributed import world as dist
 from speedrun.errors import ConfigError, RunOutOfMemory
+from speedrun.model.registry import arch_schema
 from speedrun.paths import results_db_path
 from speedrun.records.identity import AUTO_RESUME_IGNORED, GPU_SHARED_ENV, config_identity
 from speedrun.records.lock import RunDirBusy, RunDirLock
@@ -147,7 +148,7 @@ def run_job(cfg: Any, ctx: RunContext | None = None) -> dict[str, Any]:
         with sigterm_as_interrupt():
             if refusal is not None:
                 raise refusal
-            job.run(config_from_tree(config_tree))
+            job.run(config_from_tree(config_tree, arch_schema((config_tree.get("model") or {}).get("arch"))))
     except KeyboardInterrupt as e:
         result["status"] = "interrupted"
         result["error"] = f"interrupted ({e})" if str(e) else "interrupted (Ctrl-C or SIGTERM)"
