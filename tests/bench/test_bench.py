@@ -122,6 +122,13 @@ def test_the_refusals_name_what_is_missing(tmp_path, monkeypatch):
     if shutil.which("nvidia-smi") is None:  # FlashAttention-3 is not installed on a CPU machine
         assert "--fa3-shim DIR" in why_not(CHECKS["record_vs_pgolf"], record, two)
     shim = Options(peers={"pgolf_record": script}, fa3_shim=tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert "runs pyminify, which is not on PATH" in why_not(CHECKS["record_vs_pgolf"], shim, two)
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "pyminify").write_text("#!/bin/sh\n")
+    (tools / "pyminify").chmod(0o755)
+    monkeypatch.setenv("PATH", str(tools))
     assert why_not(CHECKS["record_vs_pgolf"], shim, two) is None  # its corpus is prepared when missing
     assert why_not(CHECKS["dist_4gpu"], opts, _machine("NVIDIA H200", 4)) is None
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import shlex
+import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -43,6 +44,12 @@ def why_not(check: Check, opts: Options, machine: hw.Machine) -> str | None:
             return (
                 f"{check.name}: {arm.peer}'s script imports FlashAttention-3 (flash_attn_interface), which is not "
                 f"installed here; install it or pass --fa3-shim DIR (a folder holding a stand-in flash_attn_interface.py)"
+            )
+        missing = [c for c in arm.needs_commands if shutil.which(c) is None]
+        if missing:
+            return (
+                f"{check.name}: {arm.peer}'s script runs {', '.join(missing)}, which is not on PATH here; install it "
+                f"(pyminify: pip install python-minifier) or put its folder on PATH"
             )
     corpus = check.corpus
     if corpus.path is not None and not _has_shards(hw.REPO / corpus.path):

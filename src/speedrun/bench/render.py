@@ -89,10 +89,21 @@ def _bar_line(r: Mapping[str, Any]) -> str:
             f"`{bar.get('bar')}`: {fmt(bar.get('observed'))}{per_pass}, {'pass' if bar.get('passed') else 'fail'}"
         )
     if not r.get("all_runs_ok", True):
-        parts.append("not every run finished ok (the file keeps each run's log tail)")
+        failed = [
+            f"{name} seed {run.get('seed')}: {run.get('status')}, last line `{_last_line(run)}`"
+            for name, arm in r.get("arms", {}).items()
+            for run in arm.get("runs", [])
+            if run.get("status") != "ok"
+        ]
+        parts.append(f"not every run finished ok ({'; '.join(failed) or 'see the file'}; the file keeps each log tail)")
     if r.get("overrides"):
         parts.append(f"extra overrides `{' '.join(r['overrides'])}`: not the check's own settings")
     return "; ".join(parts)
+
+
+def _last_line(run: dict[str, Any]) -> str:
+    tail = run.get("log_tail") or [""]
+    return str(tail[-1]).strip().replace("`", "'")[:160]
 
 
 def section(check: Check, results: list[dict[str, Any]]) -> list[str]:

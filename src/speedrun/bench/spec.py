@@ -128,6 +128,9 @@ class PeerArm:
     needs_fa3: bool = False
     """The script imports FlashAttention-3's ``flash_attn_interface``: on a machine without it, ``--fa3-shim DIR``
     puts a stand-in module's folder first on PYTHONPATH."""
+    needs_commands: tuple[str, ...] = ()
+    """Programs the script runs as subprocesses, which must be on PATH: checked before any GPU time is spent (the
+    record script counts its code with python-minifier's ``pyminify`` after training, and crashes there without it)."""
 
 
 Arm = RunArm | PeerArm

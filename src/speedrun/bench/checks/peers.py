@@ -119,6 +119,7 @@ RECORD_VS_PGOLF = Check(
             source="openai/parameter-golf, records/track_10min_16mb/2026-04-29_SmearGateBOSFix_3Seed_1.06141/train_gpt.py",
             parser="pgolf_record",
             needs_fa3=True,
+            needs_commands=("pyminify",),
             env={
                 "DATA_PATH": "{data_path}",
                 "TOKENIZER_PATH": "{tokenizer}",
