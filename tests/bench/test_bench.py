@@ -122,6 +122,7 @@ def test_the_refusals_name_what_is_missing(tmp_path, monkeypatch):
     if shutil.which("nvidia-smi") is None:  # FlashAttention-3 is not installed on a CPU machine
         assert "--fa3-shim DIR" in why_not(CHECKS["record_vs_pgolf"], record, two)
     shim = Options(peers={"pgolf_record": script}, fa3_shim=tmp_path)
+    monkeypatch.setattr("speedrun.bench.readiness.importable", lambda m: True)  # triton comes with CUDA torch only
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert "runs pyminify, which is not on PATH" in why_not(CHECKS["record_vs_pgolf"], shim, two)
     tools = tmp_path / "bin"
@@ -130,6 +131,8 @@ def test_the_refusals_name_what_is_missing(tmp_path, monkeypatch):
     (tools / "pyminify").chmod(0o755)
     monkeypatch.setenv("PATH", str(tools))
     assert why_not(CHECKS["record_vs_pgolf"], shim, two) is None  # its corpus is prepared when missing
+    monkeypatch.setattr("speedrun.bench.readiness.importable", lambda m: m != "brotli")
+    assert "imports brotli, which" in why_not(CHECKS["record_vs_pgolf"], shim, two)
     assert why_not(CHECKS["dist_4gpu"], opts, _machine("NVIDIA H200", 4)) is None
 
 

@@ -45,6 +45,12 @@ def why_not(check: Check, opts: Options, machine: hw.Machine) -> str | None:
                 f"{check.name}: {arm.peer}'s script imports FlashAttention-3 (flash_attn_interface), which is not "
                 f"installed here; install it or pass --fa3-shim DIR (a folder holding a stand-in flash_attn_interface.py)"
             )
+        absent = [m for m in arm.needs_modules if not importable(m)]
+        if absent:
+            return (
+                f"{check.name}: {arm.peer}'s script imports {', '.join(absent)}, which {opts.python} cannot import; "
+                f"pip install {' '.join(absent)}"
+            )
         missing = [c for c in arm.needs_commands if shutil.which(c) is None]
         if missing:
             return (
@@ -61,6 +67,10 @@ def why_not(check: Check, opts: Options, machine: hw.Machine) -> str | None:
         if missing:
             return f"{check.name}: building {corpus.path} needs {', '.join(missing)}; {corpus.how}"
     return None
+
+
+def importable(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
 
 
 def _has_shards(path: Path) -> bool:

@@ -131,6 +131,9 @@ class PeerArm:
     needs_commands: tuple[str, ...] = ()
     """Programs the script runs as subprocesses, which must be on PATH: checked before any GPU time is spent (the
     record script counts its code with python-minifier's ``pyminify`` after training, and crashes there without it)."""
+    needs_modules: tuple[str, ...] = ()
+    """Modules the script imports beyond torch, checked likewise (the record script imports brotli only to write its
+    artifact, after training)."""
 
 
 Arm = RunArm | PeerArm

@@ -42,6 +42,7 @@ BASELINE_VS_PGOLF = Check(
             peer="pgolf_baseline",
             source="openai/parameter-golf, train_gpt.py",
             parser="pgolf_baseline",
+            needs_modules=("numpy", "sentencepiece"),
             env={
                 "DATA_PATH": "{data_path}",
                 "TOKENIZER_PATH": "{tokenizer}",
@@ -120,6 +121,7 @@ RECORD_VS_PGOLF = Check(
             parser="pgolf_record",
             needs_fa3=True,
             needs_commands=("pyminify",),
+            needs_modules=("numpy", "sentencepiece", "brotli", "triton"),
             env={
                 "DATA_PATH": "{data_path}",
                 "TOKENIZER_PATH": "{tokenizer}",
