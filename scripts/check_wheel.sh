@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The wheel works away from the repository: build it, install it with CPU torch into a fresh virtual environment,
-# and from an empty folder run a smoke job and the report with the installed code alone.
+# and from an empty folder run a smoke job and the report with the installed code alone; then re-run the smoke
+# job's self-extracting train_gpt.py in a second venv holding only torch, numpy, sentencepiece and brotli.
 #   bash scripts/check_wheel.sh [python]      (python: the interpreter to build with and base the venv on)
 # .ci/run calls it after the tests; about a minute, most of it installing torch (2.13.0, from the machine's disk).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON=${1:-python3}
+REPO=$PWD
+PYTHON=$("${1:-python3}" -c "import sys; print(sys.executable)")  # absolute: the script changes folders
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 unset PYTHONPATH  # nothing of the checkout may be importable: only the wheel
@@ -43,6 +45,26 @@ echo "check_wheel: speedrun report"
 test -f outputs/report/report.html || { echo "check_wheel: FAIL: speedrun report wrote no outputs/report/report.html"; exit 1; }
 
 echo "check_wheel: speedrun --help, speedrun run --help"
-"$VENV/speedrun" --help | grep -q "speedrun report" || { echo "check_wheel: FAIL: speedrun --help"; exit 1; }
-"$VENV/speedrun" run --help | grep -q "^experiment: .*t4_colab" || { echo "check_wheel: FAIL: speedrun run --help"; exit 1; }
+# captured first: grep -q stops reading at its match, and the writer's broken pipe would fail the pipeline
+help=$("$VENV/speedrun" --help)
+grep -q "speedrun report" <<<"$help" || { echo "check_wheel: FAIL: speedrun --help"; exit 1; }
+help=$("$VENV/speedrun" run --help)
+grep -q "^experiment: .*t4_colab" <<<"$help" || { echo "check_wheel: FAIL: speedrun run --help"; exit 1; }
+
+# The exported file needs no speedrun, Hydra or OmegaConf: a venv with the four packages its re-run imports.
+RUN_DIR=$(dirname "$(ls outputs/runs/*/*/train_gpt.py | head -n 1)")
+DATA_PATH=$("$VENV/python" -c 'from speedrun.data.layout import embedded_dir; from speedrun.paths import CACHE_DIR; print(embedded_dir(CACHE_DIR, 1024))')
+echo "check_wheel: re-running $RUN_DIR/train_gpt.py in a venv of torch, numpy, sentencepiece and brotli alone"
+"$PYTHON" -m venv "$TMP/lean"
+LEAN="$TMP/lean/bin"
+"$LEAN/python" -m pip install -q --upgrade pip
+"$LEAN/python" -m pip install -q torch==2.13.0 numpy sentencepiece brotli
+if "$LEAN/python" -c 'import omegaconf' 2>/dev/null || "$LEAN/python" -c 'import hydra' 2>/dev/null \
+  || "$LEAN/python" -c 'import speedrun' 2>/dev/null; then
+  echo "check_wheel: FAIL: the lean venv holds speedrun, hydra or omegaconf"; exit 1
+fi
+mkdir "$TMP/rerun"
+cp "$RUN_DIR/train_gpt.py" "$TMP/rerun/"
+(cd "$TMP/rerun" && DATA_PATH="$DATA_PATH" "$LEAN/python" train_gpt.py | tail -n 5)
+"$LEAN/python" "$REPO/scripts/check_rerun_matches.py" "$RUN_DIR/result.json" "$TMP/rerun"
 echo "check_wheel: ok"

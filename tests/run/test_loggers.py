@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from speedrun.config import LoggerConfig
-from speedrun.run.loggers import WandbLogger, artifact_files, artifact_metadata, make_logger, resolve_wandb_mode
+from speedrun.run.loggers import make_logger
+from speedrun.run.wandb_logger import WandbLogger, artifact_files, artifact_metadata, resolve_wandb_mode
 
 # ---------------------------------------------------------------------------------------------------------
 # never fail, never block

@@ -178,8 +178,8 @@ NOT_COUNTED: dict[str, str] = {
     "Hydra composes; training, evaluation and dequantization never reach it",
     "speedrun/task.py": "Hydra's task function around speedrun.main, returning the run's objective to the "
     "sweeper; training, evaluation and dequantization never reach it",
-    "speedrun/run/loggers.py": "reporting only (console progress lines, Weights & Biases); training, evaluation and "
-    "dequantization run the same without it",
+    "speedrun/run/loggers.py": "reporting only (console progress lines); training, evaluation and dequantization "
+    "run the same without it",
     "speedrun/run/plan_only.py": "`python -m run ... --plan` alone: prints the resolved Plan and exits before any "
     "training, evaluation or dequantization",
     "speedrun/run/preflight.py": "`python -m run`'s check that the run dir can be made, before Hydra makes it; "

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from speedrun.report.plots import make_plots
-from speedrun.run.loggers import WandbLogger, _settings, resolve_wandb_mode
+from speedrun.run.wandb_logger import WandbLogger, _settings, resolve_wandb_mode
 
 log = logging.getLogger("speedrun.logger")
 
