@@ -133,7 +133,7 @@ RECORD_VS_PGOLF = Check(
                 "MAX_WALLCLOCK_SECONDS": str(RECORD_SECONDS),
                 "TTT_ENABLED": "0",
                 "VAL_LOSS_EVERY": "0",
-                "TRAIN_LOG_EVERY": "25",
+                "TRAIN_LOG_EVERY": "10",  # finer timing of its steps (a logged step syncs once)
                 "EMA_DECAY": EMA_DECAY,
                 "MUON_MOMENTUM": MUON_MOMENTUM,
                 "MUON_MOMENTUM_WARMUP_START": MUON_WARMUP_START,
