@@ -171,6 +171,9 @@ def test_parallel_arms_get_gpus_of_their_own_and_alternating_arms_share_the_firs
     record, tuned = CHECKS["record_vs_pgolf"], CHECKS["kernel_tuned"]
     ((a, b),) = plan(record, Options(), _machine("NVIDIA H100 80GB HBM3", 4))
     assert (a.env["CUDA_VISIBLE_DEVICES"], b.env["CUDA_VISIBLE_DEVICES"]) == ("0", "1")
+    (a1, b1), (a2, b2) = plan(record, Options(repeats=2), _machine("NVIDIA H100 80GB HBM3", 2))
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in (a1, b1, a2, b2)] == ["0", "1", "1", "0"]  # swapped on pass 2
+    assert (a2.arm.name, a2.run_dir.name) == ("speedrun", "s0_p2")
     waves = plan(tuned, Options(), _machine("NVIDIA H100 80GB HBM3", 4))
     assert [[s.arm.name for s in w] for w in waves] == [["default", "tuned"], ["default", "tuned"]]
     assert {s.env["CUDA_VISIBLE_DEVICES"] for w in waves for s in w} == {"0"}

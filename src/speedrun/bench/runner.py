@@ -2,7 +2,7 @@
 
 Order. A pass runs every seed of every arm; within a pass the arms alternate (A B, A B, ... over ``repeats``
 passes), so drift in the machine (clocks, a neighbour's load) falls on both sides of a ratio. A check with
-``parallel`` runs a pass's arms at once, each on its own GPUs.
+``parallel`` runs a pass's arms at once, each on its own GPUs (given in reverse order on every second pass).
 
 Where things go. Each run gets ``<work>/<check>/<arm>/s<seed>_p<pass>/`` (speedrun's run dir, or the peer's working
 directory) and its console output in ``.log`` beside it; earlier files of the same run are removed first, so the

@@ -101,15 +101,27 @@ def plan(check: Check, opts: Options, machine: hw.Machine, data_dir: Path | None
     waves: list[list[Step]] = []
     for p in range(repeats):
         for seed in check.seeds:
-            wave, offset = [], 0
+            devices = _devices(check, ids, swapped=p % 2 == 1)
+            wave = []
             for arm in check.arms:
-                devices = ids[offset : offset + arm.gpus] if check.cards != ("cpu",) else []
-                if check.parallel:
-                    offset += arm.gpus
                 run_dir = root / arm.name / f"s{seed}_p{p + 1}"
-                wave.append(_step(check, opts, arm, seed, p, run_dir, devices, data_dir))
+                wave.append(_step(check, opts, arm, seed, p, run_dir, devices[arm.name], data_dir))
             waves.append(wave)
     return waves
+
+
+def _devices(check: Check, ids: list[str], swapped: bool) -> dict[str, list[str]]:
+    """{arm: its device ids}. A parallel check gives each arm GPUs of its own, in the arms' order, and in reverse
+    order on every second pass, so that a card's difference from its neighbour shows up in both arms alike."""
+    if check.cards == ("cpu",):
+        return {arm.name: [] for arm in check.arms}
+    if not check.parallel:
+        return {arm.name: ids[: arm.gpus] for arm in check.arms}
+    out, offset = {}, 0
+    for arm in reversed(check.arms) if swapped else check.arms:
+        out[arm.name] = ids[offset : offset + arm.gpus]
+        offset += arm.gpus
+    return out
 
 
 def _step(
