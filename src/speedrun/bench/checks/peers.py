@@ -40,7 +40,7 @@ BASELINE_VS_PGOLF = Check(
         PeerArm(
             "pgolf",
             peer="pgolf_baseline",
-            source="openai/parameter-golf, train_gpt.py",
+            source="openai/parameter-golf at 4908dc4, train_gpt.py",
             parser="pgolf_baseline",
             needs_modules=("numpy", "sentencepiece"),
             env={
@@ -117,7 +117,7 @@ RECORD_VS_PGOLF = Check(
         PeerArm(
             "record",
             peer="pgolf_record",
-            source="openai/parameter-golf, records/track_10min_16mb/2026-04-29_SmearGateBOSFix_3Seed_1.06141/train_gpt.py",
+            source="openai/parameter-golf at 4908dc4, records/track_10min_16mb/2026-04-29_SmearGateBOSFix_3Seed_1.06141/train_gpt.py",
             parser="pgolf_record",
             needs_fa3=True,
             needs_commands=("pyminify",),
