@@ -1,7 +1,7 @@
 """Hydra's task function (src/run.py): one run, and its objective for the sweeper.
 
 Apart from speedrun.main on purpose: an exported train_gpt.py re-runs through speedrun.main alone and packs what that
-imports, and a sweep's objective is no part of it (speedrun.artifact.code_count.NOT_COUNTED).
+imports, and a sweep's objective is no part of it (speedrun.artifact.raw_rule.NOT_COUNTED).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 
 The import graph is walked statically from src/run.py (every ``import`` and ``from ... import`` in a module,
 function-level ones included, and the "speedrun.x:Class" strings the attention registry imports by name), so a
-module added to, or dropped from, the path fails here until speedrun.artifact.code_count.CODE_FILES says so (the raw
+module added to, or dropped from, the path fails here until speedrun.artifact.raw_rule.CODE_FILES says so (the raw
 rule's list). What the wrapped file packs is computed per run (speedrun.artifact.closure): tests/artifact/test_closure.py.
 """
 
@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from speedrun.artifact.code_count import CODE_FILES, MANIFEST, NOT_COUNTED, SRC, WRAPPED_FILE
+from speedrun.artifact.code_count import MANIFEST, WRAPPED_FILE
+from speedrun.artifact.raw_rule import CODE_FILES, NOT_COUNTED, SRC
 from support.tiny import BOS, TTT_TINY, byte_luts, docs_stream
 
 
@@ -82,7 +83,7 @@ def test_code_files_are_exactly_what_the_run_path_imports():
     missing = reachable - counted - set(NOT_COUNTED)
     stale = counted - reachable
     assert not missing, (
-        f"on the train/eval/dequantize path but not in speedrun.artifact.code_count.CODE_FILES: {sorted(missing)}"
+        f"on the train/eval/dequantize path but not in speedrun.artifact.raw_rule.CODE_FILES: {sorted(missing)}"
     )
     assert not stale, f"in CODE_FILES but no longer imported from src/run.py: {sorted(stale)}"
     assert set(NOT_COUNTED) <= reachable, "NOT_COUNTED names a module the path does not import"

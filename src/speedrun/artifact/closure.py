@@ -67,6 +67,7 @@ SELECTED: dict[str, Callable[[Any], bool]] = {
     "speedrun.kernels.tuned": lambda plan: plan.kernel.source.startswith("tuned"),
     "speedrun.kernels.profile": lambda plan: plan.kernel.profile,
     "speedrun.run.wandb_logger": lambda plan: str(plan.logger.name) == "wandb",
+    "speedrun.artifact.raw_rule": lambda plan: str(plan.artifact.code_rule) == "raw",
     "speedrun.kernels.tiles": lambda plan: plan.attn == "flex",
     "speedrun.plan.track": lambda plan: plan.track.name is not None,
     "speedrun.run.track_verdict": lambda plan: plan.track.name is not None,

@@ -26,7 +26,7 @@ class ArtifactConfig:
     """How artifact_code_bytes counts the code (docs/export.md). wrapped: the length of the self-extracting
     train_gpt.py the run writes into its run dir (its source minified, lzma-compressed, base85-encoded, with the run's
     resolved config), the way parameter-golf's records ship their code; needs python-minifier. raw: the raw UTF-8
-    bytes of every file in speedrun.artifact.code_count.CODE_FILES, uncompressed (about six times more)."""
+    bytes of every file in speedrun.artifact.raw_rule.CODE_FILES, uncompressed (about six times more)."""
     code_file: str | None = None
     """A self-extracting file to count as the code instead of building one: an exported train_gpt.py sets it to
     itself when it re-runs, so the file that ran is the file counted. Leave unset."""

@@ -20,8 +20,7 @@ stream (speedrun.quant.compression), or with quant.compressor=pergroup split int
 compressed apart (speedrun.quant.pergroup), a blob that carries its own header.
 
 val_bpb_quant is measured on the dequantized round trip, so it is the number the artifact actually earns.
-artifact_bytes = compressed blob + code counted raw (UTF-8 bytes, uncompressed), parameter-golf's rule; which
-files count is speedrun.artifact.code_count.CODE_FILES.
+artifact_bytes = compressed blob + the code's bytes by artifact.code_rule (speedrun.artifact.code_count).
 """
 
 from __future__ import annotations
@@ -34,7 +33,6 @@ from typing import Any
 
 import torch
 
-from speedrun.artifact.code_count import code_bytes
 from speedrun.config.choices import QuantClip, QuantName
 from speedrun.config.compressors import PERGROUP, check_compressor
 from speedrun.config.quant import TENSOR_CLASSES, QuantConfig
@@ -73,16 +71,6 @@ class Artifact:
     """Compressed bytes per group (pergroup), or {"all": the blob} for a one-stream compressor."""
     extra: dict[str, Any] = field(default_factory=dict)
     """What the export measured on the way (timings, the per-tensor report): speedrun.run.finish fills it."""
-
-    @property
-    def code_bytes(self) -> int:
-        """Raw UTF-8 bytes of the code a submission needs (speedrun.artifact.code_count.CODE_FILES), uncompressed;
-        read when asked, since a re-run of a train_gpt.py carries only the modules it imports."""
-        return code_bytes()
-
-    @property
-    def total_bytes(self) -> int:
-        return len(self.blob) + self.code_bytes
 
 
 def quantize_state_dict(state: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
