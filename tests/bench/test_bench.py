@@ -93,6 +93,27 @@ def test_the_page_renders_a_result_and_keeps_the_newest_per_card(cpu_result, tmp
     assert "Not yet measured." in page.split("## cpu_default")[1]
 
 
+def test_a_failed_run_shows_its_last_line_and_the_scripts_it_ran(tmp_path):
+    failed = {"status": "exit 1", "seed": 0, "log_tail": ["step 242", "FileNotFoundError: no `pyminify`"]}
+    result = {
+        "check": "record_vs_pgolf",
+        "machine": {"card": "H200 SXM", "gpu_count": 2},
+        "date": "2026-11-28",
+        "passed": False,
+        "all_runs_ok": False,
+        "arms": {"speedrun": {"runs": [{"status": "ok", "seed": 0}]}, "record": {"runs": [failed]}},
+        "peers": {"pgolf_record": {"path": "p", "sha256": "8520ea55b64e3768aa46"}},
+        "fa3_stand_in": {"path": "s", "sha256": "7cd2b78978a080ab6658"},
+    }
+    results = tmp_path / "benchmarks" / "results"
+    (results / "record_vs_pgolf").mkdir(parents=True)
+    (results / "record_vs_pgolf" / "2026-11-28_h200-sxm_000000000.json").write_text(json.dumps(result))
+    page = render([CHECKS["record_vs_pgolf"]], results)
+    assert "record seed 0: exit 1, last line `FileNotFoundError: no 'pyminify'`" in page
+    assert "speedrun seed 0" not in page
+    assert "pgolf_record sha256 `8520ea55b64e`" in page and "stand-in sha256 `7cd2b78978a0`" in page
+
+
 def test_a_machine_that_cannot_run_a_check_says_so_and_writes_nothing(tmp_path, capsys):
     results = tmp_path / "results"
     name = "cpu_default" if GPU_HERE else "kernel_tuned"
@@ -124,7 +145,9 @@ def test_the_refusals_name_what_is_missing(tmp_path, monkeypatch):
     shim = Options(peers={"pgolf_record": script}, fa3_shim=tmp_path)
     monkeypatch.setattr("speedrun.bench.readiness.importable", lambda m: True)  # triton comes with CUDA torch only
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    assert "runs pyminify, which is not on PATH" in why_not(CHECKS["record_vs_pgolf"], shim, two)
+    assert "runs pyminify, not on PATH here (pyminify: pip install python-minifier" in why_not(
+        CHECKS["record_vs_pgolf"], shim, two
+    )
     tools = tmp_path / "bin"
     tools.mkdir()
     (tools / "pyminify").write_text("#!/bin/sh\n")

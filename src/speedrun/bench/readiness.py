@@ -14,6 +14,9 @@ from speedrun.bench import machine as hw
 from speedrun.bench.spec import Check, PeerArm
 from speedrun.bench.steps import Options, peer_path
 
+COMMAND_SOURCES = {"pyminify": "pip install python-minifier, or put the folder holding it on PATH"}
+"""How to get a command a peer's script runs."""
+
 
 def why_not(check: Check, opts: Options, machine: hw.Machine) -> str | None:
     """One line saying why this machine cannot run the check and what would let it, or None when it can."""
@@ -53,10 +56,8 @@ def why_not(check: Check, opts: Options, machine: hw.Machine) -> str | None:
             )
         missing = [c for c in arm.needs_commands if shutil.which(c) is None]
         if missing:
-            return (
-                f"{check.name}: {arm.peer}'s script runs {', '.join(missing)}, which is not on PATH here; install it "
-                f"(pyminify: pip install python-minifier) or put its folder on PATH"
-            )
+            how = "; ".join(f"{c}: {COMMAND_SOURCES.get(c, 'install it')}" for c in missing)
+            return f"{check.name}: {arm.peer}'s script runs {', '.join(missing)}, not on PATH here ({how})"
     corpus = check.corpus
     if corpus.path is not None and not _has_shards(hw.REPO / corpus.path):
         if not corpus.prepare:
