@@ -76,8 +76,8 @@ def killed(tmp_path_factory, smoke):
     cwd = tmp_path_factory.mktemp("killed")
     db, run_dir = cwd / "r.sqlite", cwd / "run"
     args = [*smoke, "checkpoint.every_steps=1", f"results_db={db}"]
-    # stalled after its 2nd of 4 steps, it is alive whatever the machine's load, and a resume of it runs 3 steps
-    # (a 400-step run kept it alive, and each resume then trained ~400 steps)
+    # stalled after its 2nd of 4 steps (fault_driver): alive until killed whatever the machine's load, and a resume
+    # of it trains the few steps left, not the hundreds a long run would need to outlive its rivals
     proc = subprocess.Popen(
         [sys.executable, DRIVER, "stall_after_checkpoints:2", *args, f"hydra.run.dir={run_dir}"],
         cwd=cwd,
