@@ -3,6 +3,8 @@
 Faults (the machine states a run must survive, made on demand):
 - ``erofs:<dir>``: every directory created under <dir> fails as on a read-only filesystem.
 - ``db_full_after:<n>``: the results database accepts <n> writes, then fails as a full disk does.
+- ``stall_after_checkpoints:<n>``: once its <n>th checkpoint is written, the run stalls (its heartbeat goes on) until
+  it is killed, or for 5 minutes, then trains on (a test that failed before killing it leaves no process behind).
 """
 
 from __future__ import annotations
@@ -42,6 +44,25 @@ def database_full_after(n: int) -> None:
     ResultsDB.upsert = upsert  # type: ignore[method-assign]
 
 
+def stall_after_checkpoints(n: int) -> None:
+    import time
+
+    from speedrun.training import checkpoint
+
+    real_save = checkpoint.save_checkpoint
+    calls = {"n": 0}
+
+    def save_checkpoint(*args, **kwargs):  # noqa: ANN002, ANN003
+        path = real_save(*args, **kwargs)
+        calls["n"] += 1
+        if calls["n"] == n:
+            time.sleep(300)
+        return path
+
+    # before run imports speedrun.training.periodic, which takes the function by name
+    checkpoint.save_checkpoint = save_checkpoint  # type: ignore[assignment]
+
+
 if __name__ == "__main__":
     fault, args = sys.argv[1], sys.argv[2:]
     kind, _, arg = fault.partition(":")
@@ -49,6 +70,8 @@ if __name__ == "__main__":
         read_only_under(arg)
     elif kind == "db_full_after":
         database_full_after(int(arg))
+    elif kind == "stall_after_checkpoints":
+        stall_after_checkpoints(int(arg))
     else:
         raise SystemExit(f"unknown fault {fault}")
     sys.argv = ["run", *args]

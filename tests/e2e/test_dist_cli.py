@@ -96,6 +96,40 @@ def _injector(tmp_path: Path, rank: int) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join([str(inject), os.environ.get("PYTHONPATH", "")])}
 
 
+def _stall_until_signalled(tmp_path: Path) -> dict[str, str]:
+    """Environment in which each task (rank) of a job's first start under submitit's local executor stalls in its
+    third Stepper call (warm-up is the first) until a stop signal reaches it, or for at most 2 minutes: the signal
+    then lands mid-training whatever the machine's speed, and the ranks wait without training (a 30 s training
+    budget kept both cores busy, and left the requeued job ~10 s of it). A marker file per rank tells the requeued
+    start, which runs through."""
+    inject = tmp_path / "stall"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(
+        "import os\n"
+        "if os.environ.get('SUBMITIT_LOCAL_GLOBALID'):  # a task of submitit's local executor\n"
+        "    import time\n"
+        "    import torch.distributed as dist\n"
+        "    import speedrun.training.loop as t\n"
+        "    import speedrun.training.preempt as p\n"
+        "    handler, call, n, signalled = p.StopRequests._handler, t.Stepper.__call__, [0], []\n"
+        "    def noting(self, signum, frame):\n"
+        "        signalled.append(signum)\n"
+        "        return handler(self, signum, frame)\n"
+        "    def stalling(self, batches):\n"
+        "        n[0] += 1\n"
+        f"        marker = os.path.join({str(inject)!r}, f'stalled-rank{{dist.get_rank()}}')\n"
+        "        if n[0] == 3 and not os.path.exists(marker):\n"
+        "            open(marker, 'w').close()\n"
+        "            deadline = time.time() + 120\n"
+        "            while not signalled and time.time() < deadline:\n"
+        "                time.sleep(0.1)\n"
+        "        return call(self, batches)\n"
+        "    p.StopRequests._handler = noting\n"
+        "    t.Stepper.__call__ = stalling\n"
+    )
+    return {"PYTHONPATH": os.pathsep.join([str(inject), os.environ.get("PYTHONPATH", "")])}
+
+
 @pytest.mark.parametrize("failing", [1, 0])
 def test_a_rank_that_raises_fails_the_run_with_its_error(tmp_path, data_cache, failing):
     start = time.time()
@@ -176,17 +210,15 @@ def test_the_slurm_path_runs_two_tasks_as_one_run_and_requeues_it(tmp_path, data
     world size 2) in the sweep's job dir, shared by both tasks. (The plain path and the requeue are one run: a
     second run of the plain path took ~17 s of the suite and checked nothing that this one does not.)
     A forced requeue, end to end: submitit's local executor sends its timeout signal (SIGUSR2) to both tasks 30 s
-    before hydra.launcher.timeout_min=1 runs out, mid-training (30 s of training budget, with the start-up before
-    it). Both ranks stop at the same step with one checkpoint; global rank 0's submitit handler requeues; the task
-    ends with the local executor's requeue status, so the executor starts the job again, which finds the
-    checkpoint in its run dir and trains the rest. One row, ok, resumed_from_step its checkpoint's step.
-    The requeued job, signalled 30 s after its own start too, must finish before that: its start-up, the rest of
-    the training (about the first start-up's length) and the final eval (a shorter signal delay failed that way
-    on a loaded machine)."""
+    before hydra.launcher.timeout_min=1 runs out, mid-training (each rank of the first start stalls in its second
+    training step until its signal comes: _stall_until_signalled). Both ranks stop at the same step with one
+    checkpoint; global rank 0's submitit handler requeues; the task ends with the local executor's requeue status,
+    so the executor starts the job again, which finds the checkpoint in its run dir and trains the rest of smoke's
+    4 steps. One row, ok, resumed_from_step its checkpoint's step. The requeued job, signalled 30 s after its own
+    start too, must finish before that: its start-up, 2 steps and the final eval."""
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
-    timed = ["hydra.launcher.timeout_min=1", "budget.max_steps=1000000", "budget.train_seconds=30"]
-    args = ["-m", "hydra/launcher=slurm_local", "dist.nproc=2", *SMOKE, *timed, f"data.cache_dir={data_cache}"]
-    proc = run_cli(args, cwd=tmp_path)
+    args = ["-m", "hydra/launcher=slurm_local", "dist.nproc=2", *SMOKE, "hydra.launcher.timeout_min=1"]
+    proc = run_cli([*args, f"data.cache_dir={data_cache}"], cwd=tmp_path, env_extra=_stall_until_signalled(tmp_path))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (row,) = rows(tmp_path)
     assert row["status"] == "ok" and row["world_size"] == 2 and row["resumed_from_step"] > 0, row

@@ -1,5 +1,6 @@
 """logger=wandb end to end: a real offline sweep (no API key, no network) leaves each job's config and summary in
-its run dir, failed jobs included."""
+its run dir, failed jobs included; its ok job logs its model and train_gpt.py as artifacts. One sweep for the file:
+a job is a run of its own, so a separate single run would check the same logging again (~8 s)."""
 
 from __future__ import annotations
 
@@ -91,9 +92,12 @@ def offline_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def test_an_offline_sweep_leaves_config_and_summary_in_each_run_dir(tmp_path, data_cache):
+@pytest.fixture(scope="module")
+def offline_sweep(tmp_path_factory, data_cache) -> tuple[subprocess.CompletedProcess, Path]:
+    """A 2-job sweep logging to W&B offline, run once for the file: its console and working dir. Job 0 is ok, job 1
+    fails on purpose after its logger started."""
     pytest.importorskip("wandb", reason="wandb is not installed (pip install -e '.[wandb]'; it is in the dev extra)")
-    env = offline_env(tmp_path)
+    cwd = tmp_path_factory.mktemp("wandb-sweep")
     proc = subprocess.run(
         [
             sys.executable,
@@ -104,20 +108,25 @@ def test_an_offline_sweep_leaves_config_and_summary_in_each_run_dir(tmp_path, da
             f"data.cache_dir={data_cache}",
             "logger=wandb",
             "logger.project=speedrun-test",
-            # job 1 fails on purpose after its logger started: fineweb_sp1024's shards are not in tmp_path
+            # job 1 fails on purpose after its logger started: fineweb_sp1024's shards are not in its working dir
             "data=embedded,fineweb_sp1024",
             "eval.every_steps=2",
             "eval.periodic_tokens=1024",
         ],
-        cwd=tmp_path,
-        env=env,
+        cwd=cwd,
+        env=offline_env(cwd),
         capture_output=True,
         text=True,
         timeout=600,
     )
+    return proc, cwd
+
+
+def test_an_offline_sweep_leaves_config_and_summary_in_each_run_dir(offline_sweep):
+    proc, cwd = offline_sweep
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-4000:]  # one job fails on purpose; the other is ok
-    (sweep,) = (tmp_path / "outputs" / "multirun").glob("*/*")
+    (sweep,) = (cwd / "outputs" / "multirun").glob("*/*")
     ok, failed = sweep / "0", sweep / "1"
     assert json.loads((ok / "result.json").read_text())["status"] == "ok"
     assert json.loads((failed / "result.json").read_text())["status"] == "failed"
@@ -155,19 +164,12 @@ def test_an_offline_sweep_leaves_config_and_summary_in_each_run_dir(tmp_path, da
     assert "val_bpb_mean" in data["columns"] and len(data["data"]) == 2
 
 
-def test_a_run_logs_its_model_and_train_gpt_as_artifacts_with_its_numbers(tmp_path, data_cache):
-    pytest.importorskip("wandb", reason="wandb is not installed (pip install -e '.[wandb]'; it is in the dev extra)")
-    run_dir = tmp_path / "run"
-    args = ["debug=smoke", "logger=wandb", f"data.cache_dir={data_cache}", f"hydra.run.dir={run_dir}"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "run", *args, f"results_db={tmp_path / 'r.sqlite'}"],
-        cwd=tmp_path,
-        env=offline_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+def test_a_run_logs_its_model_and_train_gpt_as_artifacts_with_its_numbers(offline_sweep):
+    # the sweep's ok job: a run of its own (a process, a run dir) that logs to W&B as a single run does
+    proc, cwd = offline_sweep
+    (sweep,) = (cwd / "outputs" / "multirun").glob("*/*")
+    run_dir = sweep / "0"
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "ok", (proc.stdout + proc.stderr)[-4000:]
     result = json.loads((run_dir / "result.json").read_text())
     rec = wandb_records(run_dir)
     run_id = rec["run"].run_id

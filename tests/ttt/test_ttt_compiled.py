@@ -20,7 +20,7 @@ from support.tiny import BOS, TTT_TINY, byte_luts, docs_stream
 from support.ttt import CONFIGS, ttt_gpt
 
 
-# Two cases cover both scopes, the split and the shared A product, each compiled once (~40-60 s a case on a CI
+# Two cases cover both scopes, the split and the shared A product, each compiled once (~20-35 s a case on a CI
 # core): the default path (blocks, no split, an A product per adapter), and the whole model as one graph with
 # the split and ttt.shared_attn_a (both scopes trace the attention's hook and the model's pick alike).
 @pytest.mark.parametrize("scope,split", [("blocks", None), ("model", 0.3)])
@@ -44,8 +44,11 @@ def test_compiled_ttt_scores_like_eager_with_its_warm_up_off_the_clock(scope, sp
     # Windows up to 150 tokens at a context of 192: steps 64, 128 and 192 wide (powers of two, capped at the
     # context), the compiled ones on the graphs warmed up at 64 and 192 alone.
     tokens = docs_stream([150, 37, 20, 51, 29, 44, 33, 120], seed=3)
-    # d_model 64: the narrow window is as wide as the model (a block's input is rows x 64 x 64)
-    wide = ModelShape(**{**TTT_TINY.__dict__, "seq_len": 192, "d_model": 64})
+    # d_model 64: the narrow window is as wide as the model (a block's input is rows x 64 x 64). Scope model traces
+    # the whole model into one graph, whatever its depth: one block there halves its tracing (~20 s); scope blocks
+    # keeps two, each compiled on its own.
+    layers = 1 if scope == "model" else TTT_TINY.n_layer
+    wide = ModelShape(**{**TTT_TINY.__dict__, "seq_len": 192, "d_model": 64, "n_layer": layers})
 
     def run(settings):
         torch.manual_seed(0)
