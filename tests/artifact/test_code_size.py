@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from speedrun.artifact.sizes import TARGETS, code_size
+from speedrun.artifact.sizes import TARGETS, code_size, package_costs, package_of
 from speedrun.artifact.wrap import CodeSource, build_wrapper
 
 
@@ -29,3 +29,19 @@ def test_a_file_counts_only_what_its_plan_reaches(sizes):
 @pytest.mark.parametrize("overrides", sorted(TARGETS))
 def test_the_code_fits_its_target(sizes, overrides):
     assert sizes[overrides].code_bytes <= TARGETS[overrides]
+
+
+def test_each_package_costs_what_the_file_loses_without_it():
+    assert package_of("src/speedrun/ttt/lora.py") == "speedrun/ttt/" and package_of("src/speedrun/paths.py") == (
+        "speedrun/paths.py"
+    )
+    assert package_of("conf/kernel/tuned/h100.yaml") == "conf"
+    files = {
+        "src/speedrun/__init__.py": "X = 1\n",
+        "src/speedrun/big/a.py": "".join(f"def f{i}(x):\n    return x * {i} + {i * i}\n" for i in range(300)),
+        "src/speedrun/small/b.py": "Y = 2\n",
+    }
+    size, costs = package_costs(CodeSource(files, {"seed": 0}))
+    data, _ = build_wrapper(CodeSource(files, {"seed": 0}))
+    assert size == len(data) and list(costs)[0] == "speedrun/big/"
+    assert costs["speedrun/big/"] > 10 * max(costs["speedrun/small/"], 1) and sum(costs.values()) < size

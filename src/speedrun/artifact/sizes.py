@@ -3,7 +3,7 @@ self-extracting train_gpt.py a run of it would write, and measure it.
 
     python -m speedrun.artifact.sizes                          # docs/export.md's table: every experiment, the default
     python -m speedrun.artifact.sizes --write docs/export.md   # the same, written between its marker lines
-    python -m speedrun.artifact.sizes experiment=pgolf_record  # one config, with its largest modules
+    python -m speedrun.artifact.sizes experiment=pgolf_record  # one config: the bytes each package costs
 
 A config whose hardware is auto (or cpu) is resolved for an H100 (speedrun.hardware.profiles.device_for), the card
 the records run on, so the numbers do not depend on the machine that measures them; one that names its card is
@@ -13,7 +13,7 @@ which compressors are installed (brotli), as a run's do.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import lzma
 import sys
 from dataclasses import dataclass
@@ -74,6 +74,26 @@ def code_size(overrides: list[str] | tuple[str, ...], card: str = CARD) -> CodeS
     return CodeSize(tuple(overrides), len(data), compressor_of(data), modules)
 
 
+def package_of(path: str) -> str:
+    """The package a packed file is counted under: speedrun/<package>/, a top-level module, or a non-Python file."""
+    parts = path.removeprefix("src/").split("/")
+    return "/".join(parts[:2]) + ("/" if len(parts) > 2 else "") if parts[0] == "speedrun" else parts[0]
+
+
+def package_costs(code: CodeSource) -> tuple[int, dict[str, int]]:
+    """The file ``code`` makes: its bytes, and {package: the bytes the file would lose without it}, largest first
+    (the file rebuilt with the same compressor and config, that package's files left out). Packages compress
+    together, so the costs add up to less than the file."""
+    full, _ = build_wrapper(code)
+    compressor = compressor_of(full)
+    costs = {}
+    for package in sorted({package_of(p) for p in code.files}):
+        files = {p: t for p, t in code.files.items() if package_of(p) != package}
+        without, _ = build_wrapper(dataclasses.replace(code, files=files), compressor)
+        costs[package] = len(full) - len(without)
+    return len(full), dict(sorted(costs.items(), key=lambda kv: -kv[1]))
+
+
 def experiments() -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 
@@ -115,8 +135,11 @@ def main(argv: list[str]) -> int:
         return 0
     size = code_size(argv)
     print(f"{' '.join(argv)}: {size.code_bytes:,} bytes of code ({size.compressor}, {len(size.modules)} files)")
-    largest = sorted(size.modules.items(), key=lambda kv: -kv[1])[:15]
-    print(json.dumps(dict(largest), indent=1))
+    tree, plan = resolved(argv)
+    _, costs = package_costs(CodeSource.snapshot(tree, plan))
+    print("bytes the file would lose without each package (they compress together: the sum is less):")
+    for package, cost in costs.items():
+        print(f"  {cost:>7,}  {package}")
     return 0
 
 
