@@ -52,7 +52,8 @@ help=$("$VENV/speedrun" run --help)
 grep -q "^experiment: .*t4_colab" <<<"$help" || { echo "check_wheel: FAIL: speedrun run --help"; exit 1; }
 
 # The exported file needs no speedrun, Hydra or OmegaConf: a venv with the four packages its re-run imports.
-RUN_DIR=$(dirname "$(ls outputs/runs/*/*/train_gpt.py | head -n 1)")
+files=(outputs/runs/*/*/train_gpt.py)  # the smoke run's, the only run here
+RUN_DIR=$(dirname "${files[0]}")
 DATA_PATH=$("$VENV/python" -c 'from speedrun.data.layout import embedded_dir; from speedrun.paths import CACHE_DIR; print(embedded_dir(CACHE_DIR, 1024))')
 echo "check_wheel: re-running $RUN_DIR/train_gpt.py in a venv of torch, numpy, sentencepiece and brotli alone"
 "$PYTHON" -m venv "$TMP/lean"
