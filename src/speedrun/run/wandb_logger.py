@@ -14,6 +14,7 @@ from urllib.parse import urlparse
 
 from speedrun.artifact.code_count import WRAPPED_FILE
 from speedrun.config import LoggerConfig
+from speedrun.records.identity import file_sha256
 from speedrun.run.loggers import RunLogger
 
 log = logging.getLogger("speedrun.logger")
@@ -132,7 +133,7 @@ class WandbLogger(RunLogger):
                     f"{kind}-{self.run.id}",
                     type=kind,
                     description=ARTIFACT_DESCRIPTIONS[kind],
-                    metadata={**metadata, "file": path.name, "sha256": _sha256(path)},
+                    metadata={**metadata, "file": path.name, "sha256": file_sha256(path)},
                 )
                 art.add_file(str(path), name=path.name)
                 self.run.log_artifact(art, aliases=["latest", str(result.get("status"))])
@@ -223,14 +224,6 @@ def artifact_files(run_dir: Path, result: dict[str, Any]) -> list[tuple[str, Pat
     if result.get("quant") and result.get("compressor"):
         files.insert(0, ("model", Path(run_dir) / f"model.{result['quant']}.{result['compressor']}"))
     return [(kind, path) for kind, path in files if path.is_file()]
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def settings_of(plan: dict[str, Any] | None) -> dict[str, Any]:
