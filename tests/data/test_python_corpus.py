@@ -120,6 +120,12 @@ def test_split_is_by_document_content(built, root):
         by_split[split].append(data.decode())
     assert sorted(train) == sorted(by_split["train"]) and sorted(val) == sorted(by_split["val"])
     assert len(val) >= 2 and len(train) > 5 and not set(train) & set(val)
+    # each split in the order of its documents' hashes, not the walk's (which starts with abc.py, aifc.py, ...)
+    for docs in (train, val):
+        hashes = [hashlib.sha256(doc.encode()).hexdigest() for doc in docs]
+        assert hashes == sorted(hashes)
+    walk_order = [doc for doc in (p.read_text() for p in sorted(root.glob("*.py"))) if doc in train]
+    assert [doc for doc in train if doc in walk_order] != walk_order
     # the split reads only content: the same text elsewhere, or renamed, would land in the same split
     hashes = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(20_000)]
     assert 0.008 < np.mean([is_val(h, 0.01) for h in hashes]) < 0.012

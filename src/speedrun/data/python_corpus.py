@@ -4,8 +4,10 @@ The embedded corpus (4M tokens) is small enough that a few minutes on a GPU pass
 val_bpb measures memorisation. The standard library and site-packages hold hundreds of MB of .py, .rst, .md and
 .txt files instead, on every machine that runs speedrun. They are walked in sorted order, deduplicated by content
 hash, split into train/val by document (the same hash, so a document lands in the same split wherever it sits and
-whatever else is installed), and tokenized into parameter-golf shards with a SentencePiece tokenizer trained on a
-sample. What was built from what is in dataset.json: the counts, the Python it came from, and a fingerprint over
+whatever else is installed), put in the order of that hash, and tokenized into parameter-golf shards with a
+SentencePiece tokenizer trained on a sample. Walk order would cluster a package's many tiny files (hundreds of
+documents in one 98,304-token micro-batch) and drift from package to package through a run; hash order is a
+shuffle that depends on nothing but the contents, as a web corpus's shards are shuffled. What was built from what is in dataset.json: the counts, the Python it came from, and a fingerprint over
 the files (paths relative to their root, content hashes), the split and the tokenizer. Two builds with the same
 fingerprint have the same shards.
 """
@@ -28,8 +30,9 @@ VAL_FRACTION = 0.01
 #: Characters of train documents the tokenizer is trained on: at 1024 pieces, 10M characters compress the corpus
 #: about 1% better than 4M (measured on held-out documents) and train in about 2 s on 2 cores; 20M gained nothing.
 TOKENIZER_CHARS = 10_000_000
-#: Bump when what goes into the corpus or its split changes: it is part of the fingerprint.
-CORPUS_VERSION = 1
+#: Bump when what goes into the corpus, its split or its order changes: it is part of the fingerprint.
+#: 2: documents in content-hash order (1: walk order).
+CORPUS_VERSION = 2
 
 
 def default_roots() -> list[Path]:
@@ -80,7 +83,8 @@ class PythonCorpus:
     train: list[str] = field(default_factory=list)
     val: list[str] = field(default_factory=list)
     train_hashes: list[str] = field(default_factory=list)
-    """Content sha256 of each train document, in order: the tokenizer's sample is chosen by it."""
+    """Content sha256 of each train document, in order: the shards' order and the tokenizer's sample follow it."""
+    val_hashes: list[str] = field(default_factory=list)
     files: int = 0
     """Files walked (with a SUFFIXES suffix), read or not."""
     bytes: int = 0
@@ -144,6 +148,7 @@ def collect(roots: list[Path], val_fraction: float = VAL_FRACTION, max_bytes: in
         split = "val" if is_val(sha, val_fraction) else "train"
         if split == "val":
             corpus.val.append(text)
+            corpus.val_hashes.append(sha)
         else:
             corpus.train.append(text)
             corpus.train_hashes.append(sha)
@@ -152,17 +157,21 @@ def collect(roots: list[Path], val_fraction: float = VAL_FRACTION, max_bytes: in
     return corpus
 
 
+def in_hash_order(texts: list[str], hashes: list[str]) -> list[str]:
+    """``texts`` sorted by their content hashes (``hashes``, in the same order): the order the shards hold them in."""
+    return [texts[i] for i in sorted(range(len(texts)), key=hashes.__getitem__)]
+
+
 def tokenizer_sample(corpus: PythonCorpus, chars: int) -> list[str]:
     """Train documents to train the tokenizer on: taken in the order of their content hashes (a sample that does
     not favour the packages that sort first) until about twice ``chars`` characters, from which the trainer
     samples ``chars``."""
-    order = sorted(range(len(corpus.train)), key=corpus.train_hashes.__getitem__)
     sample, size = [], 0
-    for i in order:
+    for text in in_hash_order(corpus.train, corpus.train_hashes):
         if size >= 2 * chars:
             break
-        sample.append(corpus.train[i])
-        size += len(corpus.train[i])
+        sample.append(text)
+        size += len(text)
     return sample
 
 
@@ -208,8 +217,8 @@ def build_python_corpus(
         )
     source = source_record(corpus, roots, val_fraction, max_bytes, tokenizer_chars)
     return prepare_dataset(
-        corpus.train,
-        corpus.val,
+        in_hash_order(corpus.train, corpus.train_hashes),
+        in_hash_order(corpus.val, corpus.val_hashes),
         out_dir,
         vocab_size,
         shard_tokens,
