@@ -8,6 +8,7 @@ Derived metrics (named where result.json has no key of that name):
 - ``tokens_per_s_with_loop``: the same after the switch, to the end of the training loop (``train_loop_seconds``
   where GPTQ's reserve is on, else ``train_seconds``); null without a loop.
 - ``ttt_gain``: ``val_bpb_ttt_base - val_bpb_ttt``.
+- ``stall_seconds``: train seconds lost to stalls, from the run dir's metrics.jsonl (speedrun.bench.pace).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+from speedrun.bench.pace import run_points, stall_seconds
 
 
 def _loop_stage(result: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -69,12 +72,15 @@ def read_result(run_dir: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def run_metrics(result: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
-    """``names`` from a result.json: its own key where it has one, else the derived metric of that name."""
+def run_metrics(result: Mapping[str, Any], names: tuple[str, ...], run_dir: Path | None = None) -> dict[str, Any]:
+    """``names`` from a result.json: its own key where it has one, else the derived metric of that name (those
+    read from the run's other files need ``run_dir``)."""
     out: dict[str, Any] = {}
     for name in names:
         if name in result:
             out[name] = result[name]
         elif name in DERIVED:
             out[name] = DERIVED[name](result)
+        elif name == "stall_seconds" and run_dir is not None:
+            out[name] = stall_seconds(run_points(run_dir))
     return out

@@ -4,14 +4,16 @@ Each parser takes the whole log and the environment the script ran with (a batch
 environment is not always printed) and returns metrics named as speedrun's result.json names them, so one bar
 compares both sides: ``tokens_per_s`` (training tokens / timed training seconds, compile and warm-up steps
 excluded, as speedrun counts them), ``steps``, ``train_seconds``, ``val_loss`` and ``val_bpb`` (the float model
-after training), ``val_bpb_quant`` (the artifact's round trip), ``artifact_bytes``, ``peak_mem_mb`` and
-``params``. A metric the log does not hold is left out (a run cut short prints fewer lines).
+after training), ``val_bpb_quant`` (the artifact's round trip), ``artifact_bytes``, ``peak_mem_mb``, ``params``
+and ``stall_seconds`` (speedrun.bench.pace, from the logged steps' train times). A metric the log does not hold is left out (a run cut short prints fewer lines).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
+
+from speedrun.bench.pace import stall_seconds
 
 Metrics = dict[str, float | int]
 
@@ -47,6 +49,9 @@ def pgolf_baseline(text: str, env: Mapping[str, str]) -> Metrics:
         out["tokens"] = steps * batch
         if ms > 0:
             out["tokens_per_s"] = steps * batch / (ms / 1e3)
+    points = [(int(m.group(1)), int(m.group(2)) / 1e3) for m in re.finditer(step_line, text, flags=re.MULTILINE)]
+    if (stalled := stall_seconds(points)) is not None:
+        out["stall_seconds"] = stalled
     if m := _last(rf"^step:\d+/\d+ val_loss:{_NUM} val_bpb:{_NUM}", text):
         out["val_loss"], out["val_bpb"] = float(m.group(1)), float(m.group(2))
     if m := _last(rf"^final_int8_zlib_roundtrip_exact val_loss:{_NUM} val_bpb:{_NUM}", text):
@@ -78,6 +83,18 @@ def pgolf_record(text: str, env: Mapping[str, str]) -> Metrics:
         out["train_seconds"] = seconds
         out["tokens"] = int(out["steps"]) * batch
         out["tokens_per_s"] = out["tokens"] / seconds
+    # a step line's tok/s is steps x batch over its train time, so it gives that time to far better than the
+    # line's minutes
+    rate_line = r"^(\d+)/\d+ train_loss: \S+ train_time: \S+m tok/s: (\d+)"
+    points = [
+        (int(m.group(1)), int(m.group(1)) * batch / int(m.group(2)))
+        for m in re.finditer(rate_line, text, flags=re.MULTILINE)
+        if int(m.group(2)) > 0
+    ]
+    if m := _last(r"^stopping_early: wallclock_cap train_time: (\d+)ms step: (\d+)/\d+", text):
+        points.append((int(m.group(2)), int(m.group(1)) / 1e3))
+    if (stalled := stall_seconds(points)) is not None:
+        out["stall_seconds"] = stalled
     loop = _last(r"^layer_loop:enabled step:(\d+) frac:([0-9.]+)", text)
     budget = _last(r"^gptq:reserving \S+s, effective=(\d+)ms", text)
     if loop and budget and seconds:

@@ -63,7 +63,7 @@ def collect(
     if isinstance(step.arm, RunArm):
         result = read_result(step.run_dir)
         record["status"] = "timeout" if rc is None else (result or {}).get("status") or "no result.json"
-        record["metrics"] = run_metrics(result or {}, check.metrics)
+        record["metrics"] = run_metrics(result or {}, check.metrics, step.run_dir)
         if result and result.get("error"):
             record["error"] = result["error"]
     else:
