@@ -5,7 +5,8 @@ environment is not always printed) and returns metrics named as speedrun's resul
 compares both sides: ``tokens_per_s`` (training tokens / timed training seconds, compile and warm-up steps
 excluded, as speedrun counts them), ``steps``, ``train_seconds``, ``val_loss`` and ``val_bpb`` (the float model
 after training), ``val_bpb_quant`` (the artifact's round trip), ``artifact_bytes``, ``peak_mem_mb``, ``params``
-and ``stall_seconds`` (speedrun.bench.pace, from the logged steps' train times). A metric the log does not hold is left out (a run cut short prints fewer lines).
+and ``stall_seconds`` (speedrun.bench.pace, from the logged steps' train times). A metric the log does not hold is
+left out (a run cut short prints fewer lines).
 """
 
 from __future__ import annotations
