@@ -100,8 +100,8 @@ def _stall_until_signalled(tmp_path: Path) -> dict[str, str]:
     """Environment in which each task (rank) of a job's first start under submitit's local executor stalls in its
     third Stepper call (warm-up is the first) until a stop signal reaches it, or for at most 2 minutes: the signal
     then lands mid-training whatever the machine's speed, and the ranks wait without training (a 30 s training
-    budget kept both cores busy, and left the requeued job ~10 s of it). A marker file per rank tells the requeued
-    start, which runs through."""
+    budget kept both cores busy, and left the requeued job ~10 s of it). A marker file per rank, holding that
+    task's pid, tells the requeued start, which runs through, and the test whom to signal (_signal_stalled)."""
     inject = tmp_path / "stall"
     inject.mkdir()
     (inject / "sitecustomize.py").write_text(
@@ -119,7 +119,9 @@ def _stall_until_signalled(tmp_path: Path) -> dict[str, str]:
         "        n[0] += 1\n"
         f"        marker = os.path.join({str(inject)!r}, f'stalled-rank{{dist.get_rank()}}')\n"
         "        if n[0] == 3 and not os.path.exists(marker):\n"
-        "            open(marker, 'w').close()\n"
+        "            with open(marker + '.tmp', 'w') as f:\n"
+        "                f.write(str(os.getpid()))\n"
+        "            os.replace(marker + '.tmp', marker)\n"
         "            deadline = time.time() + 120\n"
         "            while not signalled and time.time() < deadline:\n"
         "                time.sleep(0.1)\n"
@@ -128,6 +130,23 @@ def _stall_until_signalled(tmp_path: Path) -> dict[str, str]:
         "    t.Stepper.__call__ = stalling\n"
     )
     return {"PYTHONPATH": os.pathsep.join([str(inject), os.environ.get("PYTHONPATH", "")])}
+
+
+def _signal_stalled(proc: subprocess.Popen, stall: Path, ranks: int, timeout: float = 240) -> None:
+    """Once every task of the first start stalls (its marker from _stall_until_signalled names its pid), send each
+    the signal that submitit's local executor sends a job's tasks before its timeout (LocalJobEnvironment's
+    preemption signal, SIGUSR2 unless SUBMITIT_PREEMPT_SIGNAL says otherwise), as the executor would. Returns
+    without signalling when the sweep ends first or the tasks do not stall within ``timeout``."""
+    from submitit.local.local import LocalJobEnvironment
+
+    markers = [stall / f"stalled-rank{rank}" for rank in range(ranks)]
+    deadline = time.time() + timeout
+    while not all(m.exists() for m in markers):
+        if proc.poll() is not None or time.time() > deadline:
+            return
+        time.sleep(0.1)
+    for marker in markers:
+        os.kill(int(marker.read_text()), LocalJobEnvironment._usr_sig())
 
 
 @pytest.mark.parametrize("failing", [1, 0])
@@ -209,17 +228,37 @@ def test_the_slurm_path_runs_two_tasks_as_one_run_and_requeues_it(tmp_path, data
     environment, which speedrun maps to the rendezvous as it would on a SLURM cluster: one run (launch submitit,
     world size 2) in the sweep's job dir, shared by both tasks. (The plain path and the requeue are one run: a
     second run of the plain path took ~17 s of the suite and checked nothing that this one does not.)
-    A forced requeue, end to end: submitit's local executor sends its timeout signal (SIGUSR2) to both tasks 30 s
-    before hydra.launcher.timeout_min=1 runs out, mid-training (each rank of the first start stalls in its second
-    training step until its signal comes: _stall_until_signalled). Both ranks stop at the same step with one
-    checkpoint; global rank 0's submitit handler requeues; the task ends with the local executor's requeue status,
-    so the executor starts the job again, which finds the checkpoint in its run dir and trains the rest of smoke's
-    4 steps. One row, ok, resumed_from_step its checkpoint's step. The requeued job, signalled 30 s after its own
-    start too, must finish before that: its start-up, 2 steps and the final eval."""
+    A forced requeue, end to end: the timeout signal that submitit's local executor sends both tasks 30 s before
+    hydra.launcher.timeout_min=1 runs out (SIGUSR2) comes mid-training (each rank of the first start stalls in its
+    second training step until its signal comes: _stall_until_signalled); the test sends it to both tasks as soon
+    as both stall (_signal_stalled), rather than leave them idle until the executor's 30 s, which still come if the
+    test's do not. Submitit takes any such signal for a timeout with timeout_min=1 (it counts 48 s of a minute as
+    guaranteed only past 10 minutes), and says so in the run's log against the minute the launcher asked for. Both
+    ranks stop at the same step with one checkpoint; global rank 0's submitit handler requeues; the task ends with
+    the local executor's requeue status, so the executor starts the job again, which finds the checkpoint in its run
+    dir and trains the rest of smoke's 4 steps. One row, ok, resumed_from_step its checkpoint's step. The requeued
+    job, signalled by the executor 30 s after its own start, must finish before that: its start-up, 2 steps and the
+    final eval."""
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     args = ["-m", "hydra/launcher=slurm_local", "dist.nproc=2", *SMOKE, "hydra.launcher.timeout_min=1"]
-    proc = run_cli([*args, f"data.cache_dir={data_cache}"], cwd=tmp_path, env_extra=_stall_until_signalled(tmp_path))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **_stall_until_signalled(tmp_path)}
+    with open(tmp_path / "stdout.txt", "w") as out, open(tmp_path / "stderr.txt", "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "run", *args, f"data.cache_dir={data_cache}"],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=err,
+            text=True,
+        )
+        try:
+            _signal_stalled(proc, tmp_path / "stall", ranks=2)
+            proc.wait(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    console = (tmp_path / "stdout.txt").read_text()[-3000:] + (tmp_path / "stderr.txt").read_text()[-3000:]
+    assert proc.returncode == 0, console
     (row,) = rows(tmp_path)
     assert row["status"] == "ok" and row["world_size"] == 2 and row["resumed_from_step"] > 0, row
     assert json.loads(row["plan"])["dist"]["launch"] == "submitit"
@@ -228,6 +267,7 @@ def test_the_slurm_path_runs_two_tasks_as_one_run_and_requeues_it(tmp_path, data
     log = (run_dir / "run.log").read_text()
     stopped = f"checkpoints/step_{row['resumed_from_step']:08d}.pt; job requeued"
     assert stopped in log and f"resumed from {run_dir}" in log and log.count("Caught signal SIGUSR2") == 1
+    assert "Job has timed out. Ran 0 minutes out of requested 1 minutes." in log  # timeout_min reached submitit
 
 
 def test_periodic_validation_and_a_target_on_two_ranks(tmp_path, data_cache):
