@@ -130,7 +130,10 @@ def _has_cuda() -> bool:
 
 def test_a_cpu_run_records_why_it_is_no_submission_and_its_hessians_in_train_seconds(tmp_path, data_cache):
     """The record's recipe on CPU under the track (its whole-split rule lifted so the smoke run stays seconds
-    long): GPTQ's Hessians collected after the last step, inside train_seconds, before any score; track_ok false."""
+    long): GPTQ's Hessians collected after the last step, inside train_seconds, before any score; track_ok false.
+    A quarter of smoke's tokens a step (6 micro-batches, not 24: the Hessians' batches are micro-batches, the same
+    either way) and a progress line after every step, so that step 1's line, which the log order below needs, is
+    there however fast the steps run (smoke's 1 s lines printed it only because a step took more than 1 s)."""
     proc = run_cli(
         [
             "experiment=pgolf_record",
@@ -139,6 +142,8 @@ def test_a_cpu_run_records_why_it_is_no_submission_and_its_hessians_in_train_sec
             "quant=int6",
             "track=pgolf_10min_16mb",
             "track.full_validation=false",
+            "budget.tokens_per_step=1536",
+            "logger.log_every_seconds=0.001",
             f"data.cache_dir={data_cache}",
             f"hydra.run.dir={tmp_path / 'run'}",
             f"results_db={tmp_path / 'r.sqlite'}",
