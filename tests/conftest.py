@@ -75,19 +75,23 @@ _COMPOSED: dict[tuple, object] = {}
 hydra.* part records). Never handed out itself: each call gets a copy of its own."""
 
 
-def _key_overrides(overrides) -> list | None:
-    """Hydra's parse of ``overrides`` where every one is a plain ``group.key=value`` change (a dotted key outside
-    hydra.*, no +, ++ or ~ prefix, no @package, no sweep), else None. Such overrides never touch the defaults list:
-    Hydra composes the defaults, then applies them one by one (ConfigLoaderImpl._apply_overrides_to_config)."""
+def _split_key_overrides(overrides) -> tuple[list, list] | None:
+    """``overrides`` as (the ones Hydra's compose takes, Hydra's parse of the plain ``group.key=value`` changes
+    that end the list: dotted keys outside hydra.*, no +, ++ or ~ prefix, no @package, no sweep), or None when none
+    ends it so. Hydra applies such changes after it composes the defaults list, in their order, after every
+    override before them that is not a group choice (ConfigLoaderImpl._apply_overrides_to_config)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parsed = OverridesParser.create().parse_overrides(overrides=list(overrides))
-    for o in parsed:
-        key = o.key_or_group
+    n = len(parsed)
+    while n > 0:
+        o = parsed[n - 1]
         plain = not (o.is_add() or o.is_force_add() or o.is_delete() or o.is_sweep_override())
+        key = o.key_or_group
         if not plain or o.package is not None or "." not in key or "/" in key or o.is_hydra_override():
-            return None
-    return parsed
+            break
+        n -= 1
+    return (list(overrides)[:n], parsed[n:]) if n < len(parsed) else None
 
 
 @pytest.fixture
@@ -96,11 +100,12 @@ def compose():
     returns a config of its own; the same arguments composed again in this process (parametrized tests, a file's
     tests, files on this xdist worker) get a deep copy of the first composition (~5 ms, where Hydra takes ~0.25 s).
 
-    Overrides that are all plain dotted keys (optim.matrix_lr=-1, budget.tokens=2e9) are what Hydra applies to the
-    composed defaults after composing them, with its own parser and its own apply step
+    Plain dotted keys at the end of the overrides (optim.matrix_lr=-1, budget.tokens=2e9 after quant=int6) are what
+    Hydra applies to the composed config last, with its own parser and its own apply step
     (ConfigLoaderImpl._apply_overrides_to_config, in the same struct mode): here they are applied so to a copy of
-    the composition without overrides, which saves Hydra's ~0.25 s of composing the same defaults again. Group
-    choices, hydra.* keys, +, ++, ~ and the hydra node go through Hydra's compose whole."""
+    the composition of the overrides before them, which saves Hydra's ~0.25 s of composing the same defaults
+    again. Group choices, hydra.* keys, +, ++, ~ and whatever comes before them go through Hydra's compose, and
+    return_hydra_config composes the whole list there."""
     import copy
 
     from hydra import compose as hydra_compose
@@ -118,12 +123,12 @@ def compose():
     def _compose(overrides=(), return_hydra_config=False):
         key = (tuple(overrides), bool(return_hydra_config), str(CONF_DIR), os.getcwd())
         if key not in _COMPOSED:  # a compose error is raised every time: only compositions are kept
-            parsed = _key_overrides(overrides) if overrides and not return_hydra_config else None
-            if parsed is None:
+            split = _split_key_overrides(overrides) if overrides and not return_hydra_config else None
+            if split is None:
                 _COMPOSED[key] = _hydra(overrides, return_hydra_config)
             else:
-                cfg = _compose()  # the defaults, composed once (a copy of its own)
-                ConfigLoaderImpl._apply_overrides_to_config(parsed, cfg)
+                cfg = _compose(split[0])  # what comes before the keys, composed once (a copy of its own)
+                ConfigLoaderImpl._apply_overrides_to_config(split[1], cfg)
                 _COMPOSED[key] = cfg
         return copy.deepcopy(_COMPOSED[key])
 
