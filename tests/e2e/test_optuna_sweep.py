@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sqlite3
 from pathlib import Path
 
@@ -40,11 +41,42 @@ def _lr(row: dict) -> float:
     return float(lr)
 
 
+def _meet_before_training(tmp_path: Path, runs: int = 2, wait_s: float = 60) -> dict[str, str]:
+    """Environment in which a run's first Stepper call waits (at most ``wait_s``) until ``runs`` runs have reached
+    theirs. With two slots the two trials that train then overlap whichever slot the refused trial took first (it
+    ends in about a second, and the second trainer's start-up may outlast a smoke run's few seconds); one run at a
+    time would keep the first waiting out ``wait_s`` and finishing before the other starts."""
+    inject = tmp_path / "meet"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(
+        "import os, time\n"
+        "import speedrun.training.loop as t\n"
+        "call, first = t.Stepper.__call__, [True]\n"
+        "def meeting(self, batches):\n"
+        "    if first[0]:\n"
+        "        first[0] = False\n"
+        f"        open(os.path.join({str(inject)!r}, f'at-step-{{os.getpid()}}'), 'w').close()\n"
+        f"        deadline = time.time() + {wait_s}\n"
+        f"        while len([n for n in os.listdir({str(inject)!r}) if n.startswith('at-step-')]) < {runs}:\n"
+        "            if time.time() > deadline:\n"
+        "                break\n"
+        "            time.sleep(0.05)\n"
+        "    return call(self, batches)\n"
+        "t.Stepper.__call__ = meeting\n"
+    )
+    return {"PYTHONPATH": os.pathsep.join([str(inject), os.environ.get("PYTHONPATH", "")])}
+
+
 def test_an_optuna_sweep_through_the_pool_minimises_the_objective_the_runs_return(tmp_path, data_cache):
     # the study asks for its 3 trials at once (n_jobs); the pool runs 2 at a time
     args = ["optim.matrix_lr=choice(0.02,0.04,-1.0)", "hydra.sweeper.n_trials=3", "hydra.sweeper.n_jobs=3"]
     args.append("hydra.launcher.cpu_jobs=2")
-    proc = run_cli([*OPTUNA, *args, "objective=val_loss", f"data.cache_dir={data_cache}"], cwd=tmp_path, timeout=300)
+    proc = run_cli(
+        [*OPTUNA, *args, "objective=val_loss", f"data.cache_dir={data_cache}"],
+        cwd=tmp_path,
+        timeout=300,
+        env_extra=_meet_before_training(tmp_path),
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-4000:]  # the study ends, then the summary's exit status says a job failed
     sweep, study = _study(tmp_path)
@@ -54,7 +86,7 @@ def test_an_optuna_sweep_through_the_pool_minimises_the_objective_the_runs_retur
     (refused,) = (r for r in rows if r["status"] != "ok")
     assert refused["status"] == "failed" and "optim.matrix_lr=-1.0 must be >= 0" in refused["error"]
     assert _lr(refused) == -1.0 and sorted(_lr(r) for r in ok) == [0.02, 0.04]
-    # two trials ran at once: with two slots the two that train overlap, whichever slot the quickly refused one took
+    # two trials ran at once: with two slots the two that train overlap (they meet before their first step)
     assert max(r["started_at"] for r in ok) < min(r["finished_at"] for r in ok)
     # the study saw each run's val_loss (not its val_bpb), and the refused trial as no better than any
     best = min(ok, key=lambda r: r["val_loss"])
