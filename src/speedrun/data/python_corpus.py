@@ -7,9 +7,9 @@ hash, split into train/val by document (the same hash, so a document lands in th
 whatever else is installed), put in the order of that hash, and tokenized into parameter-golf shards with a
 SentencePiece tokenizer trained on a sample. Walk order would cluster a package's many tiny files (hundreds of
 documents in one 98,304-token micro-batch) and drift from package to package through a run; hash order is a
-shuffle that depends on nothing but the contents, as a web corpus's shards are shuffled. What was built from what is in dataset.json: the counts, the Python it came from, and a fingerprint over
-the files (paths relative to their root, content hashes), the split and the tokenizer. Two builds with the same
-fingerprint have the same shards.
+shuffle that depends on nothing but the contents, as a web corpus's shards are shuffled. What was built from what
+is in dataset.json: the counts, the Python it came from, and a fingerprint over the files (paths relative to their
+root, content hashes), the split and the tokenizer. Two builds with the same fingerprint have the same shards.
 """
 
 from __future__ import annotations

@@ -192,7 +192,8 @@ RECORD_VS_PGOLF = Check(
         "attention, which then times that, not FA3). Its warm-up compiles micro-batches of up to 256 document "
         "boundaries; one with more compiles again inside its timed training (the corpus's first build, in walk "
         "order, packed tiny files into micro-batches of 257 to 448 boundaries, which cost it 130 s when they came "
-        "round again with the loop on), so python_sp1024 holds its documents in content-hash order. Its export compresses one byte-shuffled brotli stream where "
+        "round again with the loop on), so python_sp1024 holds its documents in content-hash order. Its export "
+        "compresses one byte-shuffled brotli stream where "
         "speedrun compresses per group. The quality bar allows speedrun 0.02 nats per token over the record at "
         "equal time. " + STALL_NOTE + " " + PEER_BPB_NOTE
     ),
