@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -45,7 +46,9 @@ def cpu_result(tmp_path_factory):
     root = tmp_path_factory.mktemp("bench")
     lines: list[str] = []
     opts = Options(results=root / "results", work=root / "work", repeats=1, overrides=tuple(TINY), timeout_s=300)
-    status, path = run_check(CHECKS["cpu_smoke_attn"], opts, say=lines.append)
+    # with the runner's own clock of each run's start-up shown too
+    check = replace(CHECKS["cpu_smoke_attn"], metrics=(*CHECKS["cpu_smoke_attn"].metrics, "startup_seconds"))
+    status, path = run_check(check, opts, say=lines.append)
     return status, lines, path
 
 
@@ -66,6 +69,7 @@ def test_the_runner_runs_a_check_end_to_end_and_records_it(cpu_result):
         (run,) = arm["runs"]
         assert run["status"] == "ok", run["log_tail"]
         assert run["metrics"]["steps"] == 1 and run["metrics"]["tokens_per_s"] > 0
+        assert 0 < run["metrics"]["startup_seconds"] < run["seconds"]  # launch to its first step (no warm-up)
         assert arm["metrics"]["tokens_per_s"] == run["metrics"]["tokens_per_s"]
         assert 0 < len(run["log_tail"]) <= 40 and any("status:" in line for line in run["log_tail"])
         assert f"attn={name}" in arm["command"] and "seed=0" in arm["command"]
@@ -356,9 +360,10 @@ def test_every_speedrun_arm_composes():
 
 
 FAKE_PEER = """\
-import os, sys
+import os, sys, time
 import flash_attn_interface  # the stand-in module --fa3-shim puts on the path
 print("model_params:123")
+time.sleep(1.5)  # its "warm-up": startup_seconds must count it
 print("step:10/20000 train_loss:3.0000 train_time:2000ms step_avg:200.00ms")
 print("step:10/20000 val_loss:2.9000 val_bpb:1.7000 train_time:2000ms step_avg:200.00ms")
 print("final_int8_zlib_roundtrip_exact val_loss:2.91000000 val_bpb:1.71000000")
@@ -382,7 +387,7 @@ def test_a_peer_arm_runs_its_script_with_the_env_and_its_log_parsed(tmp_path):
     )  # fmt: skip
     check = Check(
         "fake_peer", "A peer alone.", (peer,), (Ratio("tokens_per_s", "peer", "peer", ">=", 1.0),),
-        ("tokens_per_s", "val_bpb", "val_bpb_quant", "steps", "epochs"), cards=("cpu",), seeds=(3,),
+        ("tokens_per_s", "val_bpb", "val_bpb_quant", "steps", "epochs", "startup_seconds"), cards=("cpu",), seeds=(3,),
     )  # fmt: skip
     opts = Options(peers={"fake": script}, fa3_shim=shim, results=tmp_path / "results", work=tmp_path / "work")
     status, path = run_check(check, opts, say=lambda line: None)
@@ -392,10 +397,12 @@ def test_a_peer_arm_runs_its_script_with_the_env_and_its_log_parsed(tmp_path):
     data_path, seed = (Path(run["run_dir"]) / "seen.txt").read_text().split("\n")
     assert Path(data_path) == Path(r["corpus"]["path"]) and (Path(data_path) / "dataset.json").is_file()
     train_tokens = json.loads((Path(data_path) / "dataset.json").read_text())["train"]["tokens"]
+    startup = run["metrics"].pop("startup_seconds")
     assert run["status"] == "ok" and run["metrics"] == {
         "tokens_per_s": 5000.0, "val_bpb": 1.7, "val_bpb_quant": 1.71, "steps": 10,
         "epochs": round(10 * 1000 / train_tokens, 3),  # 10 steps of TRAIN_BATCH_TOKENS over the corpus
     }  # fmt: skip
+    assert 1.5 <= startup <= run["seconds"]  # launch to its first step line, the pause included
     assert seed == "3"
     assert r["peers"]["fake"] == {"path": str(script), "sha256": file_sha256(script)}
     stand_in = shim / "flash_attn_interface.py"

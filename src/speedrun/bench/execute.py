@@ -1,86 +1,147 @@
 """Running steps as processes: several at once, each in a process group of its own so that a timeout or Ctrl-C
-stops all of a run (torchrun's ranks included), or one stopped with SIGTERM after its warm-up and then resumed."""
+stops all of a run (torchrun's ranks included), or one stopped with SIGTERM after its warm-up and then resumed.
+
+While a run goes, its log is read as it grows, so the moment its timed training began (the step's ``ready`` line:
+speedrun's ``warm-up done``, a peer's first training step) is known to within ``POLL_S``: the run's
+``startup_seconds``, imports, data, compiling and warm-up steps, measured alike for speedrun and a peer script,
+which prints no clock of its own."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
 
 from speedrun.bench.spec import RunArm
 from speedrun.bench.steps import Step
 
+POLL_S = 0.5
+"""How often a running step is looked at: its exit, its timeout and its log's new lines."""
 
-def execute(steps: Sequence[Step], timeout_s: float) -> list[tuple[int | None, float]]:
-    """Start ``steps`` at once and wait for all: (exit code or None for a timeout, seconds) for each."""
-    started = []
-    for step in steps:
-        if step.run_dir.exists():
-            shutil.rmtree(step.run_dir)
-        step.log.unlink(missing_ok=True)
-        step.run_dir.mkdir(parents=True)
-        f = open(step.log, "w")  # noqa: SIM115 - closed below, after the process ends
-        # a session of its own: a timeout stops the run's whole process group (torchrun's ranks included)
-        proc = subprocess.Popen(
-            step.argv,
-            cwd=step.cwd,
-            env={**os.environ, **step.env},
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        started.append((proc, f, time.monotonic()))
-    out: list[tuple[int | None, float]] = []
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a step's process ended: its exit code (None: stopped at its timeout), its seconds, and the seconds from
+    its start until its log showed its ``ready`` line (None: never, or the step names none)."""
+
+    rc: int | None
+    seconds: float
+    ready_s: float | None = None
+
+
+class ReadyWatch:
+    """Finds the first line of a growing log that matches ``pattern`` and when it was first seen."""
+
+    def __init__(self, log: Path, pattern: str | None, t0: float) -> None:
+        self.log, self.t0 = log, t0
+        self.pattern = re.compile(pattern) if pattern else None
+        self.offset, self.partial = 0, b""
+        self.ready_s: float | None = None
+
+    def poll(self) -> None:
+        if self.pattern is None or self.ready_s is not None:
+            return
+        try:
+            with open(self.log, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except OSError:
+            return
+        self.offset += len(chunk)
+        *lines, self.partial = (self.partial + chunk).split(b"\n")
+        if any(self.pattern.search(line.decode(errors="replace")) for line in lines):
+            self.ready_s = time.monotonic() - self.t0
+
+
+@dataclass
+class _Running:
+    step: Step
+    proc: subprocess.Popen[bytes]
+    log: IO[bytes]
+    t0: float
+    watch: ReadyWatch
+    outcome: Outcome | None = None
+
+
+def execute(steps: Sequence[Step], timeout_s: float) -> list[Outcome]:
+    """Start ``steps`` at once and wait for all: an Outcome for each, in order."""
+    running: list[_Running] = []
     try:
-        for proc, f, t0 in started:
-            left = max(1.0, timeout_s - (time.monotonic() - t0))
-            try:
-                rc: int | None = proc.wait(timeout=left)
-            except subprocess.TimeoutExpired:
-                _stop(proc)
-                rc = None
-            f.close()
-            out.append((rc, time.monotonic() - t0))
+        for step in steps:
+            if step.run_dir.exists():
+                shutil.rmtree(step.run_dir)
+            step.log.unlink(missing_ok=True)
+            step.run_dir.mkdir(parents=True)
+            f = open(step.log, "wb")  # noqa: SIM115 - closed below, after the process ends
+            # a session of its own: a timeout stops the run's whole process group (torchrun's ranks included)
+            proc = subprocess.Popen(
+                step.argv,
+                cwd=step.cwd,
+                env={**os.environ, **step.env},
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            t0 = time.monotonic()
+            running.append(_Running(step, proc, f, t0, ReadyWatch(step.log, step.ready, t0)))
+        while any(r.outcome is None for r in running):
+            for r in running:
+                if r.outcome is not None:
+                    continue
+                r.watch.poll()
+                rc = r.proc.poll()
+                if rc is None and time.monotonic() - r.t0 < timeout_s:
+                    continue
+                if rc is None:
+                    _stop(r.proc)
+                r.log.close()
+                r.watch.poll()  # the lines written since the last look
+                r.outcome = Outcome(rc, time.monotonic() - r.t0, r.watch.ready_s)  # rc None: stopped at its timeout
+            time.sleep(POLL_S)
     except BaseException:
         # Ctrl-C reaches this process only (each run has a session of its own): stop the runs before leaving, or
         # they would train on with nobody to read them
-        for proc, f, _ in started:
-            _stop(proc)
-            f.close()
+        for r in running:
+            _stop(r.proc)
+            r.log.close()
         raise
-    return out
+    return [r.outcome for r in running if r.outcome is not None]
 
 
-def execute_stopped(step: Step, timeout_s: float) -> tuple[int | None, float]:
-    """The run, SIGTERM ``stop_after_s`` seconds after its console says ``warm-up done``, then its resume: the
-    resume's exit code (None for a timeout) and the seconds of both parts."""
-    assert isinstance(step.arm, RunArm) and step.arm.stop_after_s is not None
+def execute_stopped(step: Step, timeout_s: float) -> Outcome:
+    """The run, SIGTERM ``stop_after_s`` seconds after its ``ready`` line (speedrun's ``warm-up done``), then its
+    resume: the resume's exit code (None for a timeout), the seconds of both parts and the first part's
+    ``ready_s``."""
+    assert isinstance(step.arm, RunArm) and step.arm.stop_after_s is not None and step.ready
     t0 = time.monotonic()
     if step.run_dir.exists():
         shutil.rmtree(step.run_dir)
     step.run_dir.mkdir(parents=True)
+    watch = ReadyWatch(step.log, step.ready, t0)
     with open(step.log, "w") as f:
         proc = subprocess.Popen(
             step.argv, cwd=step.cwd, env={**os.environ, **step.env}, stdout=f, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
-        warm = None
         try:
             while proc.poll() is None and time.monotonic() - t0 < timeout_s:
-                if warm is None and "warm-up done" in step.log.read_text(errors="replace"):
-                    warm = time.monotonic()
-                if warm is not None and time.monotonic() - warm >= step.arm.stop_after_s:
+                watch.poll()
+                if watch.ready_s is not None and time.monotonic() - t0 - watch.ready_s >= step.arm.stop_after_s:
                     # the launcher only, as a scheduler's SIGTERM reaches a job: it passes the signal to its ranks
                     os.kill(proc.pid, signal.SIGTERM)
                     break
-                time.sleep(1.0)
+                time.sleep(POLL_S)
             proc.wait(timeout=max(1.0, timeout_s - (time.monotonic() - t0)))
         except subprocess.TimeoutExpired:
             _stop(proc)
-            return None, time.monotonic() - t0
+            return Outcome(None, time.monotonic() - t0, watch.ready_s)
         except BaseException:
             _stop(proc)
             raise
@@ -99,7 +160,7 @@ def execute_stopped(step: Step, timeout_s: float) -> tuple[int | None, float]:
         except BaseException:
             _stop(proc)
             raise
-    return rc, time.monotonic() - t0
+    return Outcome(rc, time.monotonic() - t0, watch.ready_s)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

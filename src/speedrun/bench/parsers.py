@@ -116,6 +116,13 @@ def pgolf_record(text: str, env: Mapping[str, str]) -> Metrics:
     return out
 
 
+READY_LINES: dict[str, str] = {
+    "pgolf_baseline": r"^step:\d+/\d+ train_loss:",
+    "pgolf_record": r"^\d+/\d+ train_loss: ",
+}
+"""Per parser, its script's first training-step line, where the runner's ``startup_seconds`` ends: it counts that
+first step too, under a second for either script on an H100."""
+
 PARSERS: dict[str, Callable[[str, Mapping[str, str]], Metrics]] = {
     "pgolf_baseline": pgolf_baseline,
     "pgolf_record": pgolf_record,

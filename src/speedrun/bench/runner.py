@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from speedrun.bench import machine as hw
-from speedrun.bench.execute import execute, execute_stopped
+from speedrun.bench.execute import Outcome, execute, execute_stopped
 from speedrun.bench.metrics import read_result, run_metrics
 from speedrun.bench.parsers import PARSERS
 from speedrun.bench.readiness import prepare_corpus, why_not
@@ -46,12 +46,11 @@ def _tail(path: Path, lines: int = LOG_TAIL) -> list[str]:
         return []
 
 
-def collect(
-    check: Check, step: Step, rc: int | None, seconds: float, train_tokens: int | None = None
-) -> dict[str, Any]:
+def collect(check: Check, step: Step, outcome: Outcome, train_tokens: int | None = None) -> dict[str, Any]:
     """One run's record: status, metrics, where its files are and the tail of its console output. A peer's
     ``epochs`` is the tokens its log says it trained on over the corpus's ``train_tokens`` (speedrun's runs record
-    their own)."""
+    their own); ``startup_seconds`` is the runner's own clock (speedrun.bench.execute), the same for both kinds."""
+    rc, seconds = outcome.rc, outcome.seconds
     record: dict[str, Any] = {
         "seed": step.seed,
         "pass": step.pass_index + 1,
@@ -78,6 +77,8 @@ def collect(
             record["status"] = f"exit {rc}"
         else:
             record["status"] = "ok" if "tokens_per_s" in parsed else "no metrics in the log"
+    if "startup_seconds" in check.metrics and outcome.ready_s is not None:
+        record["metrics"]["startup_seconds"] = round(outcome.ready_s, 1)
     record["log_tail"] = _tail(step.log)
     return record
 
@@ -199,12 +200,13 @@ def run_waves(
                 say(f"[{_now()}] {w}/{len(waves)} {step.arm.name} seed {step.seed}: {step.shell()}")
             stopped = isinstance(group[0].arm, RunArm) and group[0].arm.stop_after_s is not None
             outcomes = [execute_stopped(group[0], timeout)] if stopped else execute(group, timeout)
-            for step, (rc, seconds) in zip(group, outcomes):
-                record = collect(check, step, rc, seconds, train_tokens)
+            for step, outcome in zip(group, outcomes):
+                record = collect(check, step, outcome, train_tokens)
                 done.runs[step.arm.name].append(record)
                 done.steps[step.arm.name] = step
                 shown = ", ".join(f"{k} {_show(v)}" for k, v in record["metrics"].items() if v is not None)
-                say(f"[{_now()}] {step.arm.name} seed {step.seed}: {record['status']} in {seconds:.0f} s; {shown}")
+                took = f"{record['status']} in {outcome.seconds:.0f} s"
+                say(f"[{_now()}] {step.arm.name} seed {step.seed}: {took}; {shown}")
     return done
 
 

@@ -10,7 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from speedrun.bench import machine as hw
+from speedrun.bench.parsers import READY_LINES
 from speedrun.bench.spec import Arm, Check, RunArm
+
+RUN_READY = r"warm-up done in|^\[[0-9:]+\] step +\d+  loss "
+"""speedrun's console line at the end of its (untimed) compile warm-up, right before its timed training; or, for a
+run without a warm-up (budget.warmup_steps=0), its first step line."""
 
 PEERS_DIR = hw.REPO / "peers"
 """Where a peer's script is looked for when ``--peer`` does not name it: peers/<peer>/train_gpt.py (git-ignored)."""
@@ -56,6 +61,8 @@ class Step:
     log: Path
     resume_argv: tuple[str, ...] = ()
     """For an arm stopped and resumed: the command that resumes it, after SIGTERM."""
+    ready: str | None = None
+    """A regex for the log line that says timed training has begun (its first sighting gives ``startup_seconds``)."""
 
     def shell(self, argv: tuple[str, ...] | None = None) -> str:
         """The step (or its resume, ``argv``) as one shell line, environment first, to copy and run by hand."""
@@ -152,7 +159,7 @@ def _step(
             f"results_db={opts.work / check.name / 'results.sqlite'}",
         )
         resume = (opts.python, "-m", "run", f"resume={run_dir}") if arm.stop_after_s else ()
-        return Step(arm, seed, p, argv, env, hw.REPO, run_dir, log, resume)
+        return Step(arm, seed, p, argv, env, hw.REPO, run_dir, log, resume, RUN_READY)
     script = peer_path(arm.peer, opts)
     script_arg = str(script.resolve()) if script else f"<{arm.peer}: --peer {arm.peer}=PATH>"
     fill = {
@@ -171,7 +178,7 @@ def _step(
         argv = (opts.python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={arm.gpus}", script_arg)
     else:
         argv = (opts.python, script_arg)
-    return Step(arm, seed, p, argv, env, run_dir, run_dir, log)
+    return Step(arm, seed, p, argv, env, run_dir, run_dir, log, ready=READY_LINES.get(arm.parser))
 
 
 def arm_command(check: Check, arm: Arm) -> str:
