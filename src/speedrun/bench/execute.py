@@ -62,7 +62,6 @@ class ReadyWatch:
 
 @dataclass
 class _Running:
-    step: Step
     proc: subprocess.Popen[bytes]
     log: IO[bytes]
     t0: float
@@ -90,7 +89,7 @@ def execute(steps: Sequence[Step], timeout_s: float) -> list[Outcome]:
                 start_new_session=True,
             )
             t0 = time.monotonic()
-            running.append(_Running(step, proc, f, t0, ReadyWatch(step.log, step.ready, t0)))
+            running.append(_Running(proc, f, t0, ReadyWatch(step.log, step.ready, t0)))
         while any(r.outcome is None for r in running):
             for r in running:
                 if r.outcome is not None:
