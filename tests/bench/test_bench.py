@@ -470,3 +470,47 @@ def test_compare_reads_the_resume_step_the_saves_and_the_loss_gap(tmp_path):
         "checkpoint_write_s": 2.5,
     }
     assert resume_check.resume_metrics(full, tmp_path / "missing")["max_train_loss_diff"] is None
+
+
+GATED_PEER = """\
+import pathlib, time
+speedrun_log = pathlib.Path("../../speedrun/s0_p1.log")  # the arm beside it, in its own run dir's log
+t0 = time.monotonic()
+while "start gate: waiting" not in (speedrun_log.read_text() if speedrun_log.exists() else ""):
+    if time.monotonic() - t0 > 120:
+        raise SystemExit("the speedrun arm never reached its start gate")
+    time.sleep(0.1)
+print("peer training starts", flush=True)
+print("step:10/20000 train_loss:3.0000 train_time:2000ms step_avg:200.00ms")
+"""
+
+
+def test_a_speedrun_arm_beside_a_peer_trains_only_once_the_peer_does(tmp_path, capsys):
+    """In a parallel wave with a peer, a speedrun arm waits at its start gate after its warm-up and starts its
+    timed training once the peer logs its first step; the fake peer here starts only after it sees speedrun
+    waiting, so a gate that opened early, or never, fails the run."""
+    if GPU_HERE:
+        pytest.skip("the check below is declared for a CPU machine")
+    script = tmp_path / "train_gpt.py"
+    script.write_text(GATED_PEER)
+    peer = PeerArm("peer", peer="fake", source="a test", parser="pgolf_baseline", env={"TRAIN_BATCH_TOKENS": "1000"})
+    check = Check(
+        "gated_pair", "speedrun beside a peer.", (RunArm("speedrun", ("debug=smoke",)), peer),
+        (Ratio("tokens_per_s", "speedrun", "peer", ">=", 0.0),), ("tokens_per_s", "startup_seconds"),
+        cards=("cpu",), parallel=True, timeout_s=180,
+    )  # fmt: skip
+    opts = Options(peers={"fake": script}, results=tmp_path / "results", work=tmp_path / "work", overrides=tuple(TINY))
+    status, path = run_check(check, opts, say=lambda line: None)
+    assert path is not None
+    r = json.loads(path.read_text())
+    for arm in ("speedrun", "peer"):
+        (run,) = r["arms"][arm]["runs"]
+        assert run["status"] == "ok", run["log_tail"]
+        assert 0 < run["metrics"]["startup_seconds"] <= run["seconds"]
+    log = Path(r["arms"]["speedrun"]["runs"][0]["log"]).read_text()
+    waiting, opened = log.index("start gate: waiting for"), log.index("start gate open after")
+    assert waiting < opened < log.index("] step ")  # (TINY runs no warm-up: the gate follows the model's build)
+    assert (tmp_path / "work" / "gated_pair" / "start_gate_s0_p1").is_file()
+    main(["--dry-run", "record_vs_pgolf"])  # the real pair: its speedrun arm is gated, the record script not
+    speedrun_line, record_line = [ln for ln in capsys.readouterr().out.splitlines() if "PYTHONUNBUFFERED" in ln]
+    assert "SPEEDRUN_START_GATE=" in speedrun_line and "SPEEDRUN_START_GATE" not in record_line

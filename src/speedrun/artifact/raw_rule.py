@@ -169,6 +169,8 @@ NOT_COUNTED: dict[str, str] = {
     "training, evaluation or dequantization",
     "speedrun/run/preflight.py": "`python -m run`'s check that the run dir can be made, before Hydra makes it; "
     "training, evaluation and dequantization never reach it",
+    "speedrun/training/start_gate.py": "a wait before timed training that only SPEEDRUN_START_GATE (set by "
+    "speedrun.bench beside a peer script) turns on; training, evaluation and dequantization run the same without it",
 }
 
 

@@ -4,7 +4,8 @@ stops all of a run (torchrun's ranks included), or one stopped with SIGTERM afte
 While a run goes, its log is read as it grows, so the moment its timed training began (the step's ``ready`` line:
 speedrun's ``warm-up done``, a peer's first training step) is known to within ``POLL_S``: the run's
 ``startup_seconds``, imports, data, compiling and warm-up steps, measured alike for speedrun and a peer script,
-which prints no clock of its own."""
+which prints no clock of its own. The same reading opens a wave's start gate (speedrun.training.start_gate): once
+every peer run has begun training, the speedrun runs beside them may begin theirs."""
 
 from __future__ import annotations
 
@@ -66,6 +67,8 @@ class _Running:
     log: IO[bytes]
     t0: float
     watch: ReadyWatch
+    opens_gate: bool
+    """A run without a start gate of its own: the gated runs of its wave wait for it to begin training."""
     outcome: Outcome | None = None
 
 
@@ -77,6 +80,8 @@ def execute(steps: Sequence[Step], timeout_s: float) -> list[Outcome]:
             if step.run_dir.exists():
                 shutil.rmtree(step.run_dir)
             step.log.unlink(missing_ok=True)
+            if step.gate is not None:
+                step.gate.unlink(missing_ok=True)
             step.run_dir.mkdir(parents=True)
             f = open(step.log, "wb")  # noqa: SIM115 - closed below, after the process ends
             # a session of its own: a timeout stops the run's whole process group (torchrun's ranks included)
@@ -89,8 +94,13 @@ def execute(steps: Sequence[Step], timeout_s: float) -> list[Outcome]:
                 start_new_session=True,
             )
             t0 = time.monotonic()
-            running.append(_Running(proc, f, t0, ReadyWatch(step.log, step.ready, t0)))
+            running.append(_Running(proc, f, t0, ReadyWatch(step.log, step.ready, t0), step.gate is None))
+        gates = {s.gate for s in steps if s.gate is not None}
         while any(r.outcome is None for r in running):
+            if gates and all(r.outcome is not None or r.watch.ready_s is not None for r in running if r.opens_gate):
+                for gate in gates:  # every ungated run has begun training (or ended): the gated ones may start
+                    gate.touch()
+                gates = set()
             for r in running:
                 if r.outcome is not None:
                     continue

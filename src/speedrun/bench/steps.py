@@ -6,12 +6,13 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from speedrun.bench import machine as hw
 from speedrun.bench.parsers import READY_LINES
-from speedrun.bench.spec import Arm, Check, RunArm
+from speedrun.bench.spec import Arm, Check, PeerArm, RunArm
+from speedrun.training.start_gate import START_GATE_ENV
 
 RUN_READY = r"warm-up done in|^\[[0-9:]+\] step +\d+  loss "
 """speedrun's console line at the end of its (untimed) compile warm-up, right before its timed training; or, for a
@@ -63,6 +64,9 @@ class Step:
     """For an arm stopped and resumed: the command that resumes it, after SIGTERM."""
     ready: str | None = None
     """A regex for the log line that says timed training has begun (its first sighting gives ``startup_seconds``)."""
+    gate: Path | None = None
+    """A speedrun run's start gate (speedrun.training.start_gate): created when every peer run of its wave has begun
+    training."""
 
     def shell(self, argv: tuple[str, ...] | None = None) -> str:
         """The step (or its resume, ``argv``) as one shell line, environment first, to copy and run by hand."""
@@ -113,8 +117,19 @@ def plan(check: Check, opts: Options, machine: hw.Machine, data_dir: Path | None
             for arm in check.arms:
                 run_dir = root / arm.name / f"s{seed}_p{p + 1}"
                 wave.append(_step(check, opts, arm, seed, p, run_dir, devices[arm.name], data_dir))
-            waves.append(wave)
+            waves.append(_gated(check, wave, root / f"start_gate_s{seed}_p{p + 1}"))
     return waves
+
+
+def _gated(check: Check, wave: list[Step], gate: Path) -> list[Step]:
+    """A parallel wave of speedrun and peer runs: the speedrun runs wait at ``gate`` after their warm-up, so that
+    they train while the peers train, not while a peer's (longer) compile still loads the host."""
+    if not check.parallel or not any(isinstance(s.arm, PeerArm) for s in wave):
+        return wave
+    return [
+        replace(s, env={**s.env, START_GATE_ENV: str(gate)}, gate=gate) if isinstance(s.arm, RunArm) else s
+        for s in wave
+    ]
 
 
 def _devices(check: Check, ids: list[str], swapped: bool) -> dict[str, list[str]]:
