@@ -510,6 +510,8 @@ def test_a_speedrun_arm_beside_a_peer_trains_only_once_the_peer_does(tmp_path, c
     log = Path(r["arms"]["speedrun"]["runs"][0]["log"]).read_text()
     waiting, opened = log.index("start gate: waiting for"), log.index("start gate open after")
     assert waiting < opened < log.index("] step ")  # (TINY runs no warm-up: the gate follows the model's build)
+    (gated,), (peer_run,) = r["arms"]["speedrun"]["runs"], r["arms"]["peer"]["runs"]
+    assert gated["start_gate_seconds"] > 0 and "start_gate_seconds" not in peer_run
     assert (tmp_path / "work" / "gated_pair" / "start_gate_s0_p1").is_file()
     main(["--dry-run", "record_vs_pgolf"])  # the real pair: its speedrun arm is gated, the record script not
     speedrun_line, record_line = [ln for ln in capsys.readouterr().out.splitlines() if "PYTHONUNBUFFERED" in ln]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import sys
 from collections.abc import Callable, Sequence
@@ -59,6 +60,8 @@ def collect(check: Check, step: Step, outcome: Outcome, train_tokens: int | None
         "run_dir": str(step.run_dir),
         "log": str(step.log),
     }
+    if step.gate is not None and (waited := _gate_wait(step.log)) is not None:
+        record["start_gate_seconds"] = waited  # how long this run held its training back for the peers beside it
     if isinstance(step.arm, RunArm):
         result = read_result(step.run_dir)
         record["status"] = "timeout" if rc is None else (result or {}).get("status") or "no result.json"
@@ -81,6 +84,15 @@ def collect(check: Check, step: Step, outcome: Outcome, train_tokens: int | None
         record["metrics"]["startup_seconds"] = round(outcome.ready_s, 1)
     record["log_tail"] = _tail(step.log)
     return record
+
+
+def _gate_wait(log: Path) -> float | None:
+    """The seconds a gated speedrun run says it waited at its start gate (speedrun.training.start_gate)."""
+    try:
+        found = re.findall(r"start gate open after ([0-9.]+) s", log.read_text(errors="replace"))
+    except OSError:
+        return None
+    return float(found[-1]) if found else None
 
 
 def add_resume_metrics(check: Check, runs: dict[str, list[dict[str, Any]]]) -> None:
