@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,13 +18,14 @@ from speedrun.bench import machine as hw
 from speedrun.bench import resume as resume_check
 from speedrun.bench.__main__ import main
 from speedrun.bench.checks import CHECKS
+from speedrun.bench.execute import POLL_S, execute
 from speedrun.bench.metrics import tokens_per_s_before_loop, tokens_per_s_with_loop
 from speedrun.bench.parsers import pgolf_baseline, pgolf_record
 from speedrun.bench.readiness import prepare_corpus, why_not
 from speedrun.bench.render import PAGE, render
 from speedrun.bench.runner import run_check
 from speedrun.bench.spec import Check, Diff, PeerArm, Ratio, RunArm, Value, judge
-from speedrun.bench.steps import Options, plan
+from speedrun.bench.steps import Options, Step, plan
 from speedrun.records.identity import file_sha256
 
 GPU_HERE = bool(hw.detect().gpus)
@@ -509,10 +511,34 @@ def test_a_speedrun_arm_beside_a_peer_trains_only_once_the_peer_does(tmp_path, c
         assert 0 < run["metrics"]["startup_seconds"] <= run["seconds"]
     log = Path(r["arms"]["speedrun"]["runs"][0]["log"]).read_text()
     waiting, opened = log.index("start gate: waiting for"), log.index("start gate open after")
-    assert waiting < opened < log.index("] step ")  # (TINY runs no warm-up: the gate follows the model's build)
+    assert log.index("] ready to train") < waiting < opened < log.index("] step ")
     (gated,), (peer_run,) = r["arms"]["speedrun"]["runs"], r["arms"]["peer"]["runs"]
     assert gated["start_gate_seconds"] > 0 and "start_gate_seconds" not in peer_run
     assert (tmp_path / "work" / "gated_pair" / "start_gate_s0_p1").is_file()
     main(["--dry-run", "record_vs_pgolf"])  # the real pair: its speedrun arm is gated, the record script not
     speedrun_line, record_line = [ln for ln in capsys.readouterr().out.splitlines() if "PYTHONUNBUFFERED" in ln]
     assert "SPEEDRUN_START_GATE=" in speedrun_line and "SPEEDRUN_START_GATE" not in record_line
+
+
+def test_a_run_past_its_timeout_is_stopped_and_its_ready_line_still_timed(tmp_path):
+    """execute(): runs start at once; one past the timeout is stopped (exit code None) with its ready time kept, one
+    that ends without its ready line has none."""
+    slow = "import time; print('loading', flush=True); time.sleep(0.6); print('GO', flush=True); time.sleep(60)"
+    steps = [
+        Step(RunArm(name, ()), 0, 0, (sys.executable, "-c", code), {}, tmp_path, tmp_path / name,
+             tmp_path / f"{name}.log", ready=r"^GO$")
+        for name, code in (("slow", slow), ("quick", "print('done')"))
+    ]  # fmt: skip
+    (stopped, quick) = execute(steps, timeout_s=3.0)
+    assert stopped.rc is None and 3.0 <= stopped.seconds < 40 and 0.6 <= stopped.ready_s <= 0.6 + 2 * POLL_S + 0.5
+    assert quick.rc == 0 and quick.ready_s is None and quick.seconds < 3.0
+
+
+def test_a_peer_with_no_ready_line_cannot_stand_beside_a_gated_speedrun_arm(tmp_path):
+    peer = PeerArm("peer", peer="fake", source="a test", parser="no_such_parser")
+    check = Check(
+        "ungateable", "speedrun beside a peer whose start nobody can see.", (RunArm("speedrun", ()), peer),
+        (Ratio("tokens_per_s", "speedrun", "peer", ">=", 0.0),), ("tokens_per_s",), cards=("cpu",), parallel=True,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="no first training-step line.*READY_LINES"):
+        plan(check, Options(work=tmp_path), hw.detect())

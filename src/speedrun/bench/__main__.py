@@ -124,8 +124,11 @@ def dry_run(check: Check, opts: Options) -> str:
         lines.append(f"# pass {w}{together}")
         for step in wave:
             lines.append(step.shell())
+            if step.gate is not None:
+                lines.append(f"#   waits after its warm-up until {step.gate} exists: the runner creates it when the "
+                             "peer logs its first step (by hand: touch it, or leave SPEEDRUN_START_GATE out)")  # fmt: skip
             if isinstance(step.arm, RunArm) and step.arm.stop_after_s is not None:
-                lines.append(f"#   SIGTERM to it {step.arm.stop_after_s:g} s after its warm-up, then:")
+                lines.append(f"#   SIGTERM to it {step.arm.stop_after_s:g} s after its `ready to train` line, then:")
                 lines.append(step.shell(step.resume_argv))
     return "\n".join(lines)
 

@@ -2,7 +2,7 @@
 stops all of a run (torchrun's ranks included), or one stopped with SIGTERM after its warm-up and then resumed.
 
 While a run goes, its log is read as it grows, so the moment its timed training began (the step's ``ready`` line:
-speedrun's ``warm-up done``, a peer's first training step) is known to within ``POLL_S``: the run's
+speedrun's ``ready to train``, a peer's first training step) is known to within ``POLL_S``: the run's
 ``startup_seconds``, imports, data, compiling and warm-up steps, measured alike for speedrun and a peer script,
 which prints no clock of its own. The same reading opens a wave's start gate (speedrun.training.start_gate): once
 every peer run has begun training, the speedrun runs beside them may begin theirs."""
@@ -125,20 +125,20 @@ def execute(steps: Sequence[Step], timeout_s: float) -> list[Outcome]:
 
 
 def execute_stopped(step: Step, timeout_s: float) -> Outcome:
-    """The run, SIGTERM ``stop_after_s`` seconds after its ``ready`` line (speedrun's ``warm-up done``), then its
+    """The run, SIGTERM ``stop_after_s`` seconds after its ``ready`` line (speedrun's ``ready to train``), then its
     resume: the resume's exit code (None for a timeout), the seconds of both parts and the first part's
     ``ready_s``."""
     assert isinstance(step.arm, RunArm) and step.arm.stop_after_s is not None and step.ready
-    t0 = time.monotonic()
     if step.run_dir.exists():
         shutil.rmtree(step.run_dir)
     step.run_dir.mkdir(parents=True)
-    watch = ReadyWatch(step.log, step.ready, t0)
     with open(step.log, "w") as f:
         proc = subprocess.Popen(
             step.argv, cwd=step.cwd, env={**os.environ, **step.env}, stdout=f, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
+        t0 = time.monotonic()
+        watch = ReadyWatch(step.log, step.ready, t0)
         try:
             while proc.poll() is None and time.monotonic() - t0 < timeout_s:
                 watch.poll()

@@ -93,7 +93,7 @@ class RunArm:
     gpus: int = 1
     """GPUs the run needs; above 1 the overrides must carry dist.nproc=<gpus>."""
     stop_after_s: float | None = None
-    """Stop the run with SIGTERM this many seconds after its warm-up, then resume it (``python -m run
+    """Stop the run with SIGTERM this many seconds after its warm-up (its ``ready to train`` line), then resume it (``python -m run
     resume=<run dir>``): its metrics are then the resumed run's, over both parts."""
     compare_with: str | None = None
     """With ``stop_after_s``: the arm that ran uninterrupted, whose loss curve the resumed one is compared with

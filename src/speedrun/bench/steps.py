@@ -12,11 +12,11 @@ from pathlib import Path
 from speedrun.bench import machine as hw
 from speedrun.bench.parsers import READY_LINES
 from speedrun.bench.spec import Arm, Check, PeerArm, RunArm
-from speedrun.training.start_gate import START_GATE_ENV
+from speedrun.training.start_gate import READY_LINE, START_GATE_ENV
 
-RUN_READY = r"warm-up done in|^\[[0-9:]+\] step +\d+  loss "
-"""speedrun's console line at the end of its (untimed) compile warm-up, right before its timed training; or, for a
-run without a warm-up (budget.warmup_steps=0), its first step line."""
+RUN_READY = rf"^\[[0-9:]+\] {READY_LINE}$"
+"""speedrun's console line once its warm-up (and GPTQ's reserve, a profile, a restore) is done, right before its
+start gate and its timed training."""
 
 PEERS_DIR = hw.REPO / "peers"
 """Where a peer's script is looked for when ``--peer`` does not name it: peers/<peer>/train_gpt.py (git-ignored)."""
@@ -126,6 +126,16 @@ def _gated(check: Check, wave: list[Step], gate: Path) -> list[Step]:
     they train while the peers train, not while a peer's (longer) compile still loads the host."""
     if not check.parallel or not any(isinstance(s.arm, PeerArm) for s in wave):
         return wave
+    for s in wave:
+        if isinstance(s.arm, PeerArm) and s.ready is None:
+            raise ValueError(
+                f"check {check.name}: parser {s.arm.parser!r} names no first training-step line, so the speedrun "
+                "arms beside it cannot wait for it: add one to speedrun.bench.parsers.READY_LINES"
+            )
+        if isinstance(s.arm, RunArm) and s.arm.stop_after_s is not None:
+            raise ValueError(
+                f"check {check.name}: arm {s.arm.name} is stopped and resumed, which a start gate cannot hold"
+            )
     return [
         replace(s, env={**s.env, START_GATE_ENV: str(gate)}, gate=gate) if isinstance(s.arm, RunArm) else s
         for s in wave

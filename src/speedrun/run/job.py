@@ -31,7 +31,7 @@ from speedrun.training.loop import Stepper, TrainState, loop_states, train, warm
 from speedrun.training.loop_setup import LoopHooks, loop_result, prepare_loop
 from speedrun.training.mfu import mfu_keys
 from speedrun.training.peak_memory import PeakMemory
-from speedrun.training.start_gate import wait_at_start_gate
+from speedrun.training.start_gate import READY_LINE, wait_at_start_gate
 
 log = logging.getLogger("speedrun")
 
@@ -167,7 +167,9 @@ class Job(JobRecord):
             extras.restore(state)
             if self.resume is not None:
                 self.release(state.steps)
-        wait_at_start_gate(log.info)  # SPEEDRUN_START_GATE: train at the same time as a run beside this one
+        log.info(READY_LINE)  # speedrun.bench's end of start-up: warm-up, GPTQ's reserve, profile, restore all done
+        if wait_at_start_gate(log.info) is not None:  # SPEEDRUN_START_GATE: train at the same time as a peer
+            self.world.agree(0.0)  # every rank leaves the gate before rank 0's clock starts
         # keeps_grads: true exactly when training replays CUDA graphs, whose pools the peak must count
         self.peak_memory = PeakMemory(plan.device, graph_pools=keeps_grads(plan))
         self.peak_memory.start()  # peak_mem_mb covers timed training only

@@ -14,6 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 START_GATE_ENV = "SPEEDRUN_START_GATE"
+READY_LINE = "ready to train"
+"""Logged once everything before timed training is done, right before the gate (speedrun.bench times start-up to
+it)."""
 POLL_S = 0.05
 MAX_WAIT_S = 3600.0
 """A gate still shut after this long has lost whoever was to open it: the run fails rather than hold its GPU."""

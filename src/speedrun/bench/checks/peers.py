@@ -30,9 +30,10 @@ PEER_BPB_NOTE = (
 )
 
 STARTUP_NOTE = (
-    "startup_seconds is the runner's clock from a run's launch to its timed training (speedrun's `warm-up done` "
+    "startup_seconds is the runner's clock from a run's launch to its timed training (speedrun's `ready to train` "
     "line, the peer's first step line): imports, data, compilation and warm-up steps, with whatever compile caches "
-    "the machine already holds."
+    "the machine already holds. A speedrun run's wait at its start gate is not in it but in the run's "
+    "start_gate_seconds, near 0 when the peer began training first."
 )
 
 STALL_NOTE = (
