@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from speedrun.records.atomic import TEMP_SUFFIX
 from support.cli import run_cli
 
 pytestmark = pytest.mark.slow
@@ -149,7 +150,10 @@ def test_a_copied_tampered_run_dir_resumes_into_this_commands_database_from_the_
     for i in range(len(data) // 2, len(data) // 2 + 512):
         data[i] ^= 0x5A
     newest.write_bytes(bytes(data))
-    orphans = [copy / ".result.json.999999.tmp", copy / "checkpoints" / ".step_00000009.pt.999999.tmp"]
+    orphans = [
+        copy / f".result.json.999999{TEMP_SUFFIX}",
+        copy / "checkpoints" / f".step_00000009.pt.999999{TEMP_SUFFIX}",
+    ]
     for orphan in orphans:
         orphan.write_text("half")
     here = tmp_path / "here"
@@ -225,7 +229,7 @@ def test_a_full_disk_fails_the_run_in_one_line_and_leaves_no_half_written_file(t
     row = rows(db)[str(run_dir.resolve())]
     assert row["status"] == "failed" and "checkpoint" in row["error"]
     assert json.loads((run_dir / "result.json").read_text())["status"] == "failed"
-    assert not list(run_dir.rglob("*.tmp"))
+    assert not list(run_dir.rglob("*tmp"))
     assert (run_dir / ".owner.lock").read_text() == ""  # released
 
 

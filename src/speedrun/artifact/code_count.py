@@ -12,10 +12,10 @@ dequantize the model, plus the compressed model bytes. How the code is counted i
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from speedrun.records.atomic import atomic_write
 from speedrun.records.store import write_json
 
 if TYPE_CHECKING:
@@ -104,7 +104,5 @@ def _wrapped(run_dir: Path, rule: ArtifactConfig, code: CodeSource | None) -> tu
             "minifier": f"python-minifier {minifier_version()}",
             "compressor": compressor_of(data),
         }
-    tmp = run_dir / f".{WRAPPED_FILE}.{os.getpid()}.tmp"
-    tmp.write_bytes(data)
-    os.replace(tmp, run_dir / WRAPPED_FILE)
+    atomic_write(run_dir / WRAPPED_FILE, data)
     return data, files, extra

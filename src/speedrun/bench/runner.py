@@ -16,7 +16,6 @@ execute.py; this module runs the passes and writes what they measured.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import sys
@@ -34,6 +33,7 @@ from speedrun.bench.readiness import prepare_corpus, why_not
 from speedrun.bench.resume import resume_metrics
 from speedrun.bench.spec import Check, PeerArm, Ratio, RunArm, judge
 from speedrun.bench.steps import Options, Step, arm_command, corpus_dir, peer_path, plan
+from speedrun.records.atomic import atomic_write
 from speedrun.records.identity import file_sha256
 
 LOG_TAIL = 40
@@ -291,12 +291,7 @@ def fa3_stand_in(check: Check, opts: Options) -> dict[str, str] | None:
 def write_atomic(path: Path, text: str) -> None:
     """``text`` into ``path`` through a temp file in the same folder and a rename: a reader never sees half."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_write(path, text)
 
 
 def _now() -> str:

@@ -6,13 +6,14 @@ zeros) followed by n_tokens little-endian uint16 token ids. Names: fineweb_{trai
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 
 from speedrun.errors import DataError
+from speedrun.records.atomic import atomic_write
 
 MAGIC = 20240520
 VERSION = 1
@@ -34,7 +35,7 @@ def shard_name(split: str, index: int) -> str:
 
 
 def write_shard(path: Path, tokens: np.ndarray) -> None:
-    """Write ``tokens`` (1-D, integer ids in [0, 65535]) as a shard, atomically (tmp + os.replace)."""
+    """Write ``tokens`` (1-D, integer ids in [0, 65535]) as a shard, atomically (speedrun.records.atomic)."""
     path = Path(path)
     tokens = np.asarray(tokens)
     if tokens.ndim != 1:
@@ -51,15 +52,12 @@ def write_shard(path: Path, tokens: np.ndarray) -> None:
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[0], header[1], header[2] = MAGIC, VERSION, tokens.size
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(header.tobytes())
-            f.write(tokens.astype(TOKEN_DTYPE, copy=False).tobytes())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+
+    def write(f: IO[bytes]) -> None:
+        f.write(header.tobytes())
+        f.write(tokens.astype(TOKEN_DTYPE, copy=False).tobytes())
+
+    atomic_write(path, write)
 
 
 def read_header(path: Path) -> int:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
-import os
 import random
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 import sentencepiece as spm
 
 from speedrun.data.tiktoken_bpe import is_tiktoken, load_encoding
+from speedrun.records.atomic import atomic_write
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 
@@ -145,19 +145,9 @@ def train_tokenizer(
     sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
     vocab = "".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.get_piece_size()))
     model_prefix.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(model_prefix.with_name(model_prefix.name + ".vocab"), vocab.encode("utf-8"))
-    _atomic_write(model_path, model.getvalue())
+    atomic_write(model_prefix.with_name(model_prefix.name + ".vocab"), vocab.encode("utf-8"))
+    atomic_write(model_path, model.getvalue())
     return model_path
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def load_tokenizer(path: Path) -> spm.SentencePieceProcessor:

@@ -28,7 +28,8 @@ from typing import Any
 
 from speedrun.distributed.environment import LAUNCHED_ENV, RANK_DIR_ENV, set_process_env
 from speedrun.plan import Plan
-from speedrun.records.store import atomic_write_text, write_json
+from speedrun.records.atomic import atomic_write_text
+from speedrun.records.store import write_json
 
 log = logging.getLogger("speedrun")
 

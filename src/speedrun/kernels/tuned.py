@@ -20,6 +20,7 @@ from typing import Any
 from speedrun.config.kernel import KernelConfig
 from speedrun.errors import ConfigError, PlanError
 from speedrun.paths import CONF_DIR
+from speedrun.records.atomic import atomic_write
 
 TABLE_DIR = CONF_DIR / "kernel" / "tuned"
 
@@ -96,7 +97,5 @@ def write_entry(
         f"# Kernel settings measured fastest on {card} by `python -m speedrun.tune` (one entry per model);\n"
         f"# read by kernel=tuned. Provenance says on what, with what and how fast. Rewritten by the tuner.\n"
     )
-    tmp = path.with_suffix(".yaml.tmp")
-    tmp.write_text(header + yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
-    tmp.replace(path)
+    atomic_write(path, header + yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
     return path

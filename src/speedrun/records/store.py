@@ -1,7 +1,7 @@
 """What a run leaves behind: run-dir files, the results database, and the environment it ran in.
 
-Every file is written to a temporary name and renamed into place, so a run killed at any moment leaves either
-the previous complete file or the new complete one. The database row is written when the run starts (status
+Every file is written whole (speedrun.records.atomic: a temporary name, fsync, rename), so a run killed at any
+moment leaves either the previous complete file or the new complete one. The database row is written when the run starts (status
 running) and completed when it ends, so a crash, Ctrl-C or error leaves a row that says so.
 """
 
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from speedrun.paths import REPO_ROOT
+from speedrun.records.atomic import atomic_write_text
 from speedrun.records.identity import code_fingerprint
 
 # The result.json contract (docs/architecture.md): add keys freely, never rename these. Each comes with the column
@@ -63,33 +64,6 @@ on the row's own host a vanished pid tells sooner (effective_status)."""
 
 ENDED = ("ok", "failed", "diverged", "oom")
 """Statuses of a run that is over: its dir is never written again (an interrupted or lost run may be resumed)."""
-
-
-def temp_name(path: Path) -> Path:
-    """The temporary name ``path`` is written under before its rename: hidden, and naming the writing process,
-    so that a later owner of the directory can tell it is an orphan (remove_orphan_temps)."""
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    tmp = temp_name(path)
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a full disk must not leave a half-written file behind
-        raise
-
-
-def remove_orphan_temps(directory: Path) -> list[Path]:
-    """Delete the temporary files (temp_name) that killed writers left in ``directory``; the caller owns the
-    directory (speedrun.records.lock), so no live writer is using them. Returns what was removed."""
-    removed = []
-    for path in Path(directory).glob(".*.tmp"):
-        if path.is_file():
-            path.unlink(missing_ok=True)
-            removed.append(path)
-    return removed
 
 
 def write_json(path: Path, obj: Any) -> None:

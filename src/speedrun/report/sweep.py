@@ -21,7 +21,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from speedrun.paths import results_db_path
-from speedrun.records.store import atomic_write_text
+from speedrun.records.atomic import atomic_write_text
 from speedrun.report.groups import Group, default_group_keys, eval_sets, group_runs
 from speedrun.report.leaderboard import (
     extra_columns,

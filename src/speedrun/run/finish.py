@@ -44,7 +44,6 @@ its global phases run on every rank with averaged gradients.
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -70,6 +69,7 @@ from speedrun.quant.model_export import (
 )
 from speedrun.quant.quantize import dequantize_state_dict, load_packed
 from speedrun.quant.report import REPORT
+from speedrun.records.atomic import atomic_write
 from speedrun.records.store import write_json
 
 if TYPE_CHECKING:
@@ -305,11 +305,12 @@ class Finish:
         q = self.plan.quant
         artifact = compress_quantized(self.plan, quantized, self.log, COMPRESS_WORKERS)
         path = self.run_dir / f"model.{q.name}.{q.compressor}"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(artifact.blob)
         # checked before it takes the artifact's name: a file that does not hold the scored codes is never one
-        check_round_trip(load_packed(tmp.read_bytes(), str(q.compressor)), packed, tmp)
-        os.replace(tmp, path)
+        atomic_write(
+            path,
+            artifact.blob,
+            check=lambda tmp: check_round_trip(load_packed(tmp.read_bytes(), str(q.compressor)), packed, tmp),
+        )
         # the code's bytes by artifact.code_rule (wrapped: train_gpt.py written beside the model); artifact_code.json
         sizes = write_manifest(self.run_dir, len(artifact.blob), q.cap_bytes, self.plan.artifact, self.code)
         write_json(self.run_dir / REPORT, {"artifact_model_bytes": len(artifact.blob), **artifact.extra["report"]})

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from speedrun.distributed import world as dist
+from speedrun.records.atomic import atomic_write_text
 from speedrun.records.lock import RunDirLock
 from speedrun.records.result_block import format_result_block
-from speedrun.records.store import MetricsLog, ResultsDB, atomic_write_text, write_json
+from speedrun.records.store import MetricsLog, ResultsDB, write_json
 from speedrun.run.heartbeat import Heartbeat
 from speedrun.run.loggers import RunLogger
 from speedrun.training.checkpoint import list_checkpoints

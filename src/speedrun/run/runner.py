@@ -25,9 +25,10 @@ from speedrun.distributed import world as dist
 from speedrun.errors import ConfigError, RunOutOfMemory
 from speedrun.model.registry import arch_schema
 from speedrun.paths import results_db_path
+from speedrun.records.atomic import remove_orphan_temps
 from speedrun.records.identity import AUTO_RESUME_IGNORED, GPU_SHARED_ENV, config_identity
 from speedrun.records.lock import RunDirBusy, RunDirLock
-from speedrun.records.store import ENDED, ResultsDB, empty_result, owner_keys, recorded_status, remove_orphan_temps
+from speedrun.records.store import ENDED, ResultsDB, empty_result, owner_keys, recorded_status
 from speedrun.run.job import Job
 from speedrun.run.job_record import write_error_file
 from speedrun.run.oom import find_oom, oom_result

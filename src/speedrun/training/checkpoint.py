@@ -38,14 +38,13 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import random
 import re
 from pathlib import Path
 from typing import Any
 
+from speedrun.records.atomic import atomic_write
 from speedrun.records.identity import file_sha256
-from speedrun.records.store import temp_name
 
 log = logging.getLogger("speedrun")
 
@@ -80,19 +79,15 @@ def latest_meta(run_dir: Path) -> dict[str, Any] | None:
 
 
 def _atomic(path: Path, write: Any) -> str:
-    """Write ``path`` through a temporary file; returns the sha256 of the bytes written."""
-    tmp = temp_name(path)
-    try:
-        with open(tmp, "wb") as f:
-            hashed = _Hashing(f)
-            write(hashed)
-            f.flush()
-            os.fsync(f.fileno())  # a preempted node may lose power: the rename must not point at unwritten bytes
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a full disk must not leave a partial file behind
-        raise
-    return hashed.sha256.hexdigest()
+    """Write ``path`` whole (records.atomic: temp, fsync, rename); returns the sha256 of the bytes written."""
+    hashed: list[_Hashing] = []
+
+    def hashing_write(f: Any) -> None:
+        hashed.append(_Hashing(f))
+        write(hashed[0])
+
+    atomic_write(path, hashing_write)
+    return hashed[0].sha256.hexdigest()
 
 
 class _Hashing:
