@@ -76,6 +76,27 @@ class LQERConfig:
 
 
 @dataclass
+class AWQConfig:
+    """quant.awq: AWQ-lite (the 2026-04 records' AWQ_LITE_*), activation-aware precision for the few most salient
+    input-column groups. Each group of group_size consecutive input columns of a GPTQ'd matrix is scored by
+    sum over its columns of rms(activation) x mean |w| (rms from the GPTQ Hessian's diagonal: H = X^T X / n); the
+    top_k groups of the whole model are rounded inside the same GPTQ solve at ``bits`` instead of the matrix's
+    bits, with a per-row scale of their own (the same clip over the finer grid)."""
+
+    top_k: int = 0
+    """How many column groups, over all GPTQ'd matrices together, get the finer grid. 0: off. The records: 1."""
+    bits: int = 8
+    """Bits of the promoted groups' codes (AWQ_LITE_BITS); must exceed the matrix's own. The records: 8."""
+    group_size: int = 64
+    """Consecutive input columns per group (AWQ_LITE_GROUP_SIZE). The records: 64."""
+
+    def __post_init__(self) -> None:
+        _require(self.top_k >= 0, f"quant.awq.top_k={self.top_k} must be >= 0 (0: off); e.g. quant.awq.top_k=1")
+        _require(2 <= self.bits <= 8, f"quant.awq.bits={self.bits} must be in 2..8 (one int8 byte per code); e.g. 8")
+        _require(self.group_size >= 1, f"quant.awq.group_size={self.group_size} must be >= 1; e.g. 64")
+
+
+@dataclass
 class QuantConfig:
     name: QuantName = QuantName.int8
     """off; int8: per-row int8 weights (parameter-golf's export); int6: GPTQ on the block matrices with
@@ -117,6 +138,14 @@ class QuantConfig:
     in the rows, so it stays round-to-nearest (speedrun.quant.gptq)."""
     lqer: LQERConfig = field(default_factory=LQERConfig)
     """int6: low-rank corrections of the top_k worst-quantized matrices (rank 0: off)."""
+    awq: AWQConfig = field(default_factory=AWQConfig)
+    """int6: AWQ-lite, the top_k most salient input-column groups at awq.bits inside GPTQ (top_k 0: off)."""
+    logit_rescale: bool = False
+    """The asymmetric logit rescale (the 2026-04 records' ASYM_LOGIT_RESCALE): the model's softcap becomes two
+    scalars, one for positive logits and one for negative (logit = c * tanh(logit / c), c = pos if logit > 0 else
+    neg), both starting at model.logit_softcap, so the trained model computes exactly what it did. Training never
+    updates them; they ship in the artifact (8 bytes, fp32) and phased global TTT (ttt.phased) fine-tunes them with
+    the rest of the weights, which is where the lever acts: without global TTT they stay at the softcap."""
     gate_bits: int | None = None
     """int6: bits of the model's small gate tensors (smear gate, attention output gate, skip gates: names
     containing ``gate``, and the smear gate's ``smear_w``), per-row round-to-nearest with an fp16 absmax scale.
@@ -161,6 +190,11 @@ class QuantConfig:
             f"quant.reserve_seconds={self.reserve_seconds} must be a number of seconds, or null to measure it in "
             "warm-up; e.g. quant.reserve_seconds=8",
         )
+        _require(
+            not self.awq.top_k or self.awq.bits > self.bits,
+            f"quant.awq.bits={self.awq.bits} must exceed quant.bits={self.bits}: AWQ-lite promotes groups to a "
+            f"finer grid; e.g. quant.awq.bits=8",
+        )
         levers = self.levers_on()
         _require(
             self.name == QuantName.int6 or not levers,
@@ -172,6 +206,7 @@ class QuantConfig:
         on = [f"quant.clip={self.clip}"] if self.clip != QuantClip.absmax_search else []
         on += ["quant.embed_gptq=true"] if self.embed_gptq else []
         on += [f"quant.lqer.rank={self.lqer.rank}"] if self.lqer.rank else []
+        on += [f"quant.awq.top_k={self.awq.top_k}"] if self.awq.top_k else []
         on += [f"quant.gate_bits={self.gate_bits}"] if self.gate_bits is not None else []
         on += [f"quant.reserve_seconds={self.reserve_seconds:g}"] if self.reserve_seconds else []
         return on
@@ -183,6 +218,7 @@ class QuantConfig:
         int6 = self.name == QuantName.int6
         sigma = int6 and self.clip == QuantClip.sigma
         lqer = int6 and self.lqer.rank > 0
+        awq = int6 and self.awq.top_k > 0
         return {
             "quant_bits": self.bits if int6 else None,
             "quant_embed_bits": self.embed_bits if int6 else None,
@@ -193,6 +229,10 @@ class QuantConfig:
             "quant_lqer_top_k": self.lqer.top_k if lqer else None,
             "quant_lqer_factor_bits": self.lqer.factor_bits if lqer else None,
             "quant_lqer_asym_group": self.lqer.asym_group if lqer else None,
+            "quant_awq_top_k": self.awq.top_k if int6 else None,
+            "quant_awq_bits": self.awq.bits if awq else None,
+            "quant_awq_group_size": self.awq.group_size if awq else None,
+            "quant_logit_rescale": True if self.logit_rescale else None,
             "quant_gate_bits": self.gate_bits if int6 else None,
             "quant_reserve_seconds": self.reserve_seconds if int6 else None,
             "quant_pergroup_codec": str(self.pergroup_codec) if on and self.compressor == Compressor.pergroup else None,

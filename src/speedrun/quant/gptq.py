@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -137,6 +138,52 @@ def qmax_of(bits: int) -> int:
     return 2 ** (bits - 1) - 1
 
 
+@dataclass(frozen=True)
+class FineColumns:
+    """AWQ-lite's promoted input columns of one matrix: groups of ``size`` columns starting at ``starts``, rounded at
+    ``bits`` with a per-row step of their own (fine_step) instead of the matrix's."""
+
+    starts: tuple[int, ...]
+    size: int
+    bits: int
+
+    def columns(self, cols: int) -> list[int]:
+        return [c for start in self.starts for c in range(start, min(cols, start + self.size))]
+
+
+def awq_groups(
+    weights: dict[str, torch.Tensor], hessians: dict[str, torch.Tensor], group_size: int, top_k: int
+) -> dict[str, list[int]]:
+    """AWQ-lite's choice: the ``top_k`` groups of ``group_size`` consecutive input columns, over all the matrices in
+    ``weights`` together, with the largest saliency sum_c rms(x_c) x mean_r |w_rc|, where rms(x_c) = sqrt(H_cc)
+    (H = X^T X / n). -> {matrix name: [group starts, ascending]}; a trailing partial group is never a candidate.
+    Ties keep the earlier matrix and column (a stable sort)."""
+    scored: list[tuple[float, int, str, int]] = []
+    for order, (name, w) in enumerate(weights.items()):
+        cols = w.shape[1]
+        n_groups = cols // group_size
+        if n_groups < 1:
+            continue
+        rms = torch.diagonal(hessians[name]).float().clamp_min(0).sqrt().cpu()
+        saliency = rms * w.detach().float().abs().mean(dim=0).cpu()
+        sums = saliency[: n_groups * group_size].reshape(n_groups, group_size).sum(dim=1)
+        scored += [(float(v), order, name, g * group_size) for g, v in enumerate(sums.tolist())]
+    scored.sort(key=lambda t: -t[0])
+    chosen: dict[str, list[int]] = {}
+    for _, _, name, start in scored[:top_k]:
+        chosen.setdefault(name, []).append(start)
+    return {name: sorted(starts) for name, starts in chosen.items()}
+
+
+def fine_step(scale: torch.Tensor, qmax: int, fine_qmax: int, sigma_scale: torch.Tensor | None) -> torch.Tensor:
+    """The per-row fp16 step of AWQ-lite's promoted columns: the matrix's own clip over the finer grid of
+    ``fine_qmax`` codes. quant.clip=sigma: k x row std / fine_qmax, computed as the records do (``sigma_scale`` is
+    sigma_scales at fine_qmax); otherwise the searched clip (scale x qmax) / fine_qmax."""
+    if sigma_scale is not None:
+        return sigma_scale
+    return (scale.float() * qmax / fine_qmax).clamp_min(1e-8).half()
+
+
 def search_scales(w: torch.Tensor, importance: torch.Tensor, qmax: int, clip_ratios: Sequence[float]) -> torch.Tensor:
     """Per-row fp16 scales: for each row the clip (ratio x row absmax) whose round-to-nearest error, weighted
     per column by ``importance`` (the Hessian diagonal; ones for embeddings), is least. Returns (rows,) fp16."""
@@ -191,13 +238,35 @@ def quantize_gptq(
     clip_ratios: Sequence[float] = (1.0,),
     sigma: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """GPTQ of one (out, in) weight given H = X^T X / n of its inputs -> (int8 values, fp16 per-row scales).
+    """GPTQ of one (out, in) weight given H = X^T X / n of its inputs -> (int8 values, fp16 per-row scales);
+    quantize_gptq_fine's solve without promoted columns."""
+    codes, scale, _ = quantize_gptq_fine(
+        w, hessian, bits=bits, damp=damp, block_size=block_size, clip_ratios=clip_ratios, sigma=sigma
+    )
+    return codes, scale
+
+
+def quantize_gptq_fine(
+    w: torch.Tensor,
+    hessian: torch.Tensor,
+    *,
+    bits: int,
+    damp: float = 0.01,
+    block_size: int = 128,
+    clip_ratios: Sequence[float] = (1.0,),
+    sigma: float | None = None,
+    fine: FineColumns | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """GPTQ of one (out, in) weight given H = X^T X / n of its inputs -> (int8 values, fp16 per-row scales, fp16
+    per-row step of the ``fine`` columns or None).
 
     Minimises ||X (W - Q)^T|| column by column: round a column, divide its error by the pivot of the upper
     Cholesky factor U of H^-1 and subtract error x U[row] from the columns to its right (within a block at
     once, then for the rest of the matrix in one matmul per block). Columns go in decreasing H diagonal
     ("act order"), so the most-used inputs are rounded first, while every later column can still compensate.
-    ``sigma``: the scales are quant.clip=sigma's, of the row as given; None: the clip search's.
+    ``sigma``: the scales are quant.clip=sigma's, of the row as given; None: the clip search's. ``fine``
+    (AWQ-lite): those input columns are rounded at fine.bits with fine.scale, in the same solve, so the columns
+    after them compensate their (smaller) error as any other's.
     """
     qmax = qmax_of(bits)
     if block_size < 1:
@@ -208,6 +277,7 @@ def quantize_gptq(
     if H.shape != (cols, cols):
         raise ValueError(f"Hessian shape {tuple(H.shape)} does not match weight {tuple(W.shape)}")
     sigma_scale = sigma_scales(W, sigma, qmax) if sigma is not None else None  # the row as trained
+    fine_sigma = sigma_scales(W, sigma, qmax_of(fine.bits)) if fine is not None and sigma is not None else None
     dead = torch.diagonal(H) == 0  # inputs that never fired: their weights cannot matter
     H[dead, dead] = 1.0
     W[:, dead] = 0.0
@@ -219,6 +289,15 @@ def quantize_gptq(
     H = H[perm][:, perm]
     U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True).float()
     Q = torch.zeros(rows, cols, dtype=torch.int8, device=W.device)
+    # per permuted column: its step and code range (a Python list: no device sync inside the loop)
+    fine_at, step = [False] * cols, None
+    if fine is not None:
+        qmax_fine = qmax_of(fine.bits)
+        step = fine_step(scale, qmax, qmax_fine, fine_sigma)
+        s_fine = step.float()[:, None]
+        mask = torch.zeros(cols, dtype=torch.bool)
+        mask[fine.columns(cols)] = True
+        fine_at = mask[perm.cpu()].tolist()
     for i1 in range(0, cols, block_size):
         i2 = min(cols, i1 + block_size)
         Wb = W[:, i1:i2].clone()
@@ -226,6 +305,13 @@ def quantize_gptq(
         Err = torch.zeros(rows, i2 - i1, device=W.device)
         for j in range(i2 - i1):
             col = Wb[:, j : j + 1]
+            if fine_at[i1 + j]:
+                q = torch.clamp(torch.round(col / s_fine), -qmax_fine, qmax_fine)
+                Q[:, i1 + j] = q[:, 0].to(torch.int8)
+                err = (col - q * s_fine) / Ub[j, j]
+                Wb[:, j:] -= err * Ub[j : j + 1, j:]
+                Err[:, j : j + 1] = err
+                continue
             q = torch.clamp(torch.round(col / s), -qmax, qmax)
             Q[:, i1 + j] = q[:, 0].to(torch.int8)
             err = (col - q * s) / Ub[j, j]
@@ -233,4 +319,4 @@ def quantize_gptq(
             Err[:, j : j + 1] = err
         if i2 < cols:
             W[:, i2:] -= Err @ U[i1:i2, i2:]
-    return Q[:, torch.argsort(perm)].contiguous(), scale
+    return Q[:, torch.argsort(perm)].contiguous(), scale, step

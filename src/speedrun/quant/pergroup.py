@@ -50,7 +50,7 @@ CODECS = ("lzma", "brotli")
 """Codec ids in the blob (index = id)."""
 CHUNK_BYTES = 4 << 20
 """Bytes of a group compressed as one stream (the unit of parallel work)."""
-SCALE_FIELDS = ("scale", "lqer_a_min", "lqer_a_step", "lqer_b_min", "lqer_b_step")
+SCALE_FIELDS = ("scale", "lqer_a_min", "lqer_a_step", "lqer_b_min", "lqer_b_step", "awq_scale")
 
 
 def group_of(entry: str, field: str, tensor: torch.Tensor) -> str:

@@ -98,6 +98,10 @@ def dequantize_entry(entry: dict[str, torch.Tensor]) -> torch.Tensor:
     if "q" in entry:
         q, scale = entry["q"], entry["scale"].float()
         w = (q.float().reshape(scale.numel(), -1) * scale[:, None]).reshape(q.shape)
+        if "awq_start" in entry:  # AWQ-lite's promoted column groups: their codes are on a finer step of their own
+            size, step = int(entry["awq_size"][0]), entry["awq_scale"].float()[:, None]
+            for start in entry["awq_start"].tolist():
+                w[:, start : start + size] = q[:, start : start + size].float() * step
         if "lqer_a" not in entry:
             return w
         from speedrun.quant.lqer import dequantize_correction  # a Plan's choice (artifact.closure)
@@ -186,11 +190,12 @@ def quantize_int6(
 ) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, dict[str, Any]]]:
     """quant=int6 -> (packed state dict in state-dict order, the rule each tensor got: class, method, bits, clip).
 
-    GPTQ for the tensors in ``hessians`` (the embedding's is there only with quant.embed_gptq), round-to-nearest
+    GPTQ for the tensors in ``hessians`` (the embedding's is there only with quant.embed_gptq; with quant.awq, the
+    most salient column groups of all of them at awq.bits inside the same solve), round-to-nearest
     at embed_bits for an embedding without one, per-row codes for the gates with quant.gate_bits, the int8 export's
     rules for everything else; then LQER corrections of the quant.lqer.top_k matrices with the largest error.
     ``progress`` is ticked after each GPTQ matrix."""
-    from speedrun.quant.gptq import quantize_gptq, quantize_rtn  # a Plan's choice (artifact.closure)
+    from speedrun.quant.gptq import FineColumns, quantize_gptq_fine, quantize_rtn  # a Plan's choice (closure)
 
     sigma = q.clip == QuantClip.sigma
     packed: dict[str, dict[str, torch.Tensor]] = {}
@@ -210,11 +215,13 @@ def quantize_int6(
         }
         return bits, k
 
+    promoted = awq_choice(state, hessians, q)
     for name, tensor in state.items():
         if name in hessians:
             H = hessians[name]
             bits, k = matrix_rule(name, "gptq")
-            codes, scale = quantize_gptq(
+            fine = FineColumns(tuple(promoted[name]), q.awq.group_size, q.awq.bits) if name in promoted else None
+            codes, scale, step = quantize_gptq_fine(
                 tensor.to(H.device),
                 H,
                 bits=bits,
@@ -222,8 +229,16 @@ def quantize_int6(
                 block_size=q.block_size,
                 clip_ratios=q.clip_ratios,
                 sigma=k,
+                fine=fine,
             )
             packed[name] = {"q": codes.cpu(), "scale": scale.cpu()}
+            if fine is not None and step is not None:
+                packed[name].update(
+                    awq_start=torch.tensor(fine.starts, dtype=torch.int16),
+                    awq_size=torch.tensor([fine.size], dtype=torch.int16),
+                    awq_scale=step.cpu(),
+                )
+                rules[name]["awq"] = {"starts": list(fine.starts), "size": fine.size, "bits": fine.bits}
             done += 1
             if progress is not None:
                 progress.tick(done, len(hessians))
@@ -249,6 +264,23 @@ def quantize_int6(
     if q.lqer.rank:
         add_lqer(state, packed, rules, q.lqer.rank, q.lqer.top_k, q.lqer.factor_bits, q.lqer.asym_group)
     return {name: packed[name] for name in state}, {name: rules[name] for name in state}
+
+
+def awq_choice(
+    state: dict[str, torch.Tensor], hessians: dict[str, torch.Tensor], q: QuantConfig
+) -> dict[str, list[int]]:
+    """quant.awq: the promoted column groups ({matrix: starts}) among the GPTQ'd matrices whose bits are below
+    awq.bits (speedrun.quant.gptq.awq_groups); {} when off."""
+    if not q.awq.top_k:
+        return {}
+    from speedrun.quant.gptq import awq_groups  # a Plan's choice (artifact.closure)
+
+    coarse = {
+        name: state[name]
+        for name in state
+        if name in hessians and (q.embed_bits if tensor_class(name) == "embed" else q.bits) < q.awq.bits
+    }
+    return awq_groups(coarse, hessians, q.awq.group_size, q.awq.top_k)
 
 
 def add_lqer(
