@@ -252,3 +252,75 @@ def test_a_read_only_outputs_dir_is_one_line_before_anything_is_written(tmp_path
     line = one_line(proc, "Read-only file system")
     assert "outputs" in line
     assert not (tmp_path / "outputs" / "runs").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A run dir cannot reach outside itself: what it holds is data, and a finished run is never written again.
+
+
+@pytest.fixture(scope="module")
+def finished(default_smoke_run):
+    """The pytest session's finished smoke run (conftest's default_smoke_run, shared: tests tamper with copies)."""
+    assert default_smoke_run.proc.returncode == 0, default_smoke_run.proc.stdout[-3000:]
+    return default_smoke_run
+
+
+def copy_of(finished, tmp_path: Path) -> tuple[Path, Path, Path]:
+    """(cwd, database, run dir): the finished run and its database copied into tmp_path/outputs, as a user's tree
+    holds them."""
+    run_dir = tmp_path / "outputs" / "runs" / "done"
+    shutil.copytree(finished.run_dir, run_dir, symlinks=True)
+    shutil.copyfile(finished.db, tmp_path / "outputs" / "results.sqlite")
+    return tmp_path, tmp_path / "outputs" / "results.sqlite", run_dir
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def export_main(args: list, capsys) -> tuple[int, str]:
+    from speedrun.export.cli import main
+
+    code = main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def test_export_force_never_deletes_the_run_dir_the_database_or_outputs(finished, tmp_path, monkeypatch, capsys):
+    cwd, db, run_dir = copy_of(finished, tmp_path)
+    monkeypatch.chdir(cwd)  # outputs/results.sqlite, the default database, is the one beside the run
+    before, outputs = snapshot(run_dir), snapshot(cwd / "outputs")
+    own = cwd / "own"
+    own.mkdir()
+    (own / "notes.txt").write_text("mine")
+    for out, says in [
+        (run_dir, "is the run dir"),
+        (run_dir / "sub", "lies inside the run dir"),
+        (cwd / "outputs", "holds"),
+        (run_dir.parent, "holds the run dir"),
+        (db, "is the results database"),
+        (own, "holds files an export does not write (notes.txt)"),
+    ]:
+        code, text = export_main([run_dir, "--out", out, "--force"], capsys)
+        assert code == 1 and says in text and len(text.strip().splitlines()) == 1, (out, text)
+    assert snapshot(cwd / "outputs") == outputs and snapshot(run_dir) == before
+    assert (own / "notes.txt").read_text() == "mine"
+    # an earlier export is what --force replaces
+    code, text = export_main([run_dir, "--out", cwd / "sub"], capsys)
+    assert code == 0, text
+    code, text = export_main([run_dir, "--out", cwd / "sub"], capsys)
+    assert code == 1 and "--force" in text
+    assert export_main([run_dir, "--out", cwd / "sub", "--force"], capsys)[0] == 0
+
+
+def test_a_plan_json_name_never_reads_a_file_outside_conf(finished, tmp_path, capsys):
+    _, _, run_dir = copy_of(finished, tmp_path)
+    secret = tmp_path / "secret"
+    secret.with_suffix(".yaml").write_text("stolen_key: do-not-publish\n")
+    (run_dir / "train_gpt.py").unlink()  # a raw-rule run: the export builds the file from plan.json's choices
+    plan = json.loads((run_dir / "plan.json").read_text())
+    plan["model_name"] = str(secret)
+    (run_dir / "plan.json").write_text(json.dumps(plan))
+    code, text = export_main([run_dir, "--out", tmp_path / "sub", "--force"], capsys)
+    assert code == 1 and "no such option" in text and "plan.json" in text, text
+    assert len(text.strip().splitlines()) == 1 and not (tmp_path / "sub").exists()

@@ -8,7 +8,8 @@ The folder holds train_gpt.py (the runs' self-extracting file: `python train_gpt
 README.md, submission.json, requirements.txt and one log per seed (train_seed<seed>.log); several runs must be
 seeds of one config, and report their mean and std. A run that is not ok or whose artifact is over its cap is
 refused unless --force; so is a train_gpt.py that is not the file the run wrote (the sha256 in its result.json), and
-an --out that exists and is not empty. submission.json claims the record track only for runs made with
+an --out that exists and holds an earlier export. An --out that is, holds or lies inside a run dir it exports, the
+results database or outputs/, or an existing folder holding other files, is refused whatever the flags. submission.json claims the record track only for runs made with
 track=pgolf_10min_16mb that meet its rules (conf/track/: 8xH100, 600 s of training, 600 s of evaluation, 16,000,000
 bytes, the whole validation split); otherwise the folder is a non-record submission and says why. The folder is built
 beside --out and renamed into place, so a failed export leaves nothing half written. docs/export.md has the whole
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -28,11 +30,13 @@ from pathlib import Path
 from speedrun.artifact.closure import recorded_plan
 from speedrun.artifact.code_count import WRAPPED_FILE
 from speedrun.artifact.wrap import CodeSource, build_wrapper
+from speedrun.errors import PlanError
 from speedrun.export.folder import Submission, log_name
 from speedrun.export.run_dirs import ExportError, Run, check_runs, expand, load_run
 from speedrun.export.track import RECORD_NAME, track_name
-from speedrun.paths import REPO_ROOT
+from speedrun.paths import REPO_ROOT, results_db_path
 from speedrun.records.identity import code_fingerprint
+from speedrun.records.rundir import is_regular, read_bytes
 from speedrun.records.store import write_json
 
 
@@ -49,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--force",
         action="store_true",
         help="export runs that are not ok or over their cap, ship a train_gpt.py that does not match the run's "
-        "record (flagged in submission.json), and replace a non-empty --out",
+        "record (flagged in submission.json), and replace an --out holding an earlier export (only its files: "
+        "never a run dir, the results database, outputs/ or a folder holding anything else)",
     )
     p.add_argument("--name", help="the submission's name (default: the runs' name)")
     p.add_argument("--author", default="", help="submission.json's author")
@@ -88,9 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def export(args: argparse.Namespace) -> str:
     """Write the folder; returns the one line that says what was written."""
     out: Path = args.out
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.force:
-        raise ExportError(f"{out} exists and is not empty; choose another --out, or pass --force to replace it")
-    runs = [load_run(p) for p in expand(list(args.runs))]
+    dirs = expand(list(args.runs))
+    check_out(out, dirs, args.force)
+    runs = [load_run(p) for p in dirs]
     check_runs(runs, args.force)
     sub = Submission(
         runs,
@@ -114,6 +119,51 @@ def export(args: argparse.Namespace) -> str:
     )
 
 
+EXPORT_FILES = (WRAPPED_FILE, "README.md", "submission.json", "requirements.txt")
+_SEED_LOG = re.compile(r"^train_seed-?\d+\.log$")
+
+
+def check_out(out: Path, run_dirs: list[Path], force: bool) -> None:
+    """Refuse an --out the export must not replace, before anything is read: one that is, holds or lies in a run dir
+    it exports, the results database or an outputs/ folder (whatever the flags), a path that is not a folder, or a
+    folder holding anything but an earlier export's files; an earlier export is replaced only with ``force``."""
+    target = out.resolve()  # `..` and symlinks resolved: aiming through a link aims at its target
+    db = results_db_path()
+    guarded = [(d.resolve(), f"the run dir {d}") for d in run_dirs]
+    guarded.append((db.resolve(), f"the results database {db}"))
+    outputs = {db.resolve().parent} | {p for d in run_dirs for p in d.resolve().parents if p.name == "outputs"}
+    guarded.extend((p, f"the outputs folder {p}") for p in sorted(outputs))
+    for place, what in guarded:
+        where = (
+            "is"
+            if target == place
+            else "lies inside"
+            if place in target.parents
+            else "holds"
+            if target in place.parents
+            else None
+        )
+        if where is not None:
+            raise ExportError(
+                f"--out {out} {where} {what}, which an export never writes into, over or above (whatever the flags); "
+                "give --out a folder of its own, e.g. --out submission"
+            )
+    if not out.exists() and not out.is_symlink():
+        return
+    if not out.is_dir() or out.is_symlink():
+        raise ExportError(f"--out {out} exists and is not a folder; give --out a new folder, e.g. --out submission")
+    names = sorted(os.listdir(out))
+    foreign = [n for n in names if not (n in EXPORT_FILES or _SEED_LOG.match(n)) or not is_regular(out / n)]
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise ExportError(
+            f"--out {out} holds files an export does not write ({shown}), which it never replaces (whatever the "
+            "flags); give --out a new folder"
+        )
+    if names and not force:
+        raise ExportError(f"{out} holds an earlier export; choose another --out, or pass --force to replace it")
+
+
 def wrapper_for(runs: list[Run], force: bool) -> bytes:
     """The first run's train_gpt.py; a raw-rule run wrote none, so one is built from the source here, which must be
     the source that ran (its code_fingerprint) unless ``force``."""
@@ -132,7 +182,10 @@ def wrapper_for(runs: list[Run], force: bool) -> bytes:
         first.code_problem = why
     env = first.env()
     versions = {"torch": str(first.result.get("torch_version")), "python": str(env.get("python"))}
-    here_code = CodeSource.snapshot(first.config, recorded_plan(first.dir))  # what a re-run of the run's Plan imports
+    try:  # what a re-run of the run's Plan imports; the plan's names are data, checked before they name a file
+        here_code = CodeSource.snapshot(first.config, recorded_plan(first.dir))
+    except (PlanError, OSError, ValueError) as e:
+        raise ExportError(f"{first.dir / 'plan.json'}: {e}; export an untouched run dir") from None
     return build_wrapper(CodeSource(here_code.files, here_code.config, {**here_code.versions, **versions}))[0]
 
 
@@ -146,8 +199,8 @@ def write_folder(out: Path, sub: Submission) -> None:
         write_json(tmp / "submission.json", sub.submission_json())
         (tmp / "requirements.txt").write_text(sub.requirements())
         for run in sub.runs:
-            if run.log.is_file():
-                shutil.copyfile(run.log, tmp / log_name(run))
+            if is_regular(run.log):  # a regular file of the run dir only: a symlinked run.log is never published
+                (tmp / log_name(run)).write_bytes(read_bytes(run.log))
         os.chmod(tmp, 0o755)  # mkdtemp's 0700 is for while it is half written
         if out.exists():
             old = out.with_name(f".{out.name}.old-{os.getpid()}")

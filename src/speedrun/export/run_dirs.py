@@ -24,6 +24,7 @@ from speedrun.artifact.code_count import WRAPPED_FILE
 from speedrun.artifact.wrap import read_wrapper
 from speedrun.config import register_configs
 from speedrun.records.identity import SWEEP_REUSE_IGNORED
+from speedrun.records.rundir import read_bytes, read_text, symlink_problem
 
 BOOKKEEPING = ("seed", "name", *SWEEP_REUSE_IGNORED)
 """Top-level config keys seeds of one submission may differ in: the seed, and what changes none of a run's numbers
@@ -76,12 +77,12 @@ class Run:
         from omegaconf import OmegaConf
 
         # as typed on the command line, never resolved: iterating the loaded list would resolve `${...}` here
-        listed = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        listed = OmegaConf.to_container(OmegaConf.create(read_text(path)), resolve=False)
         return [str(o) for o in listed] if isinstance(listed, list) else []
 
     def env(self) -> dict[str, Any]:
         try:
-            return json.loads((self.dir / "env.json").read_text())
+            return json.loads(read_text(self.dir / "env.json"))
         except (OSError, ValueError):
             return {}
 
@@ -102,15 +103,18 @@ def expand(paths: list[Path]) -> list[Path]:
 
 
 def load_run(path: Path) -> Run:
+    links = symlink_problem(path)
+    if links is not None:  # a link would publish (or read) a file from outside the run dir
+        raise ExportError(links)
     try:
-        result = json.loads((path / "result.json").read_text())
+        result = json.loads(read_text(path / "result.json"))
     except (OSError, ValueError) as e:
         raise ExportError(f"{path / 'result.json'} cannot be read ({e}); export another run") from None
     if not isinstance(result, dict):
         raise ExportError(f"{path / 'result.json'} is not a result record (a JSON object); export another run")
     wrapped = path / WRAPPED_FILE
     if wrapped.is_file():
-        data = wrapped.read_bytes()
+        data = read_bytes(wrapped)
         try:
             files, meta = read_wrapper(data)
         except (ValueError, SyntaxError) as e:  # another tool's file, or one from another speedrun format
@@ -138,9 +142,9 @@ def _hydra_config(path: Path) -> dict[str, Any]:
     from omegaconf.errors import OmegaConfBaseException
 
     try:
-        stored = OmegaConf.load(composed)
+        stored = OmegaConf.create(read_text(composed))
         raw = OmegaConf.to_container(stored, resolve=False, enum_to_str=True)
-    except (OmegaConfBaseException, yaml.YAMLError) as e:
+    except (OmegaConfBaseException, yaml.YAMLError, OSError, ValueError) as e:
         raise ExportError(f"{composed} cannot be read ({_first_line(e)}); export another run") from None
     if not isinstance(raw, dict):
         raise ExportError(f"{composed} is not a config (a mapping); export another run")
