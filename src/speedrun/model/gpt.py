@@ -107,6 +107,11 @@ class GPT(nn.Module):
             # the record's smear_gate (a (1, window) linear, zero init) and smear_lambda (zeros): identity at init
             self.smear_w = nn.Parameter(torch.zeros(self.smear_window))
             self.smear_lambda = nn.Parameter(torch.zeros(1))
+        # quant.logit_rescale: the softcap as two scalars (positive, negative logits), at the softcap: the same
+        # logits. Frozen in training (no optimizer group holds them); phased global TTT trains every weight, them too.
+        self.logit_rescale: nn.Parameter | None = None
+        if shape.logit_rescale:
+            self.logit_rescale = nn.Parameter(torch.full((2,), float(shape.logit_softcap)), requires_grad=False)
         cos, sin = rope_tables(shape.seq_len, shape.head_dim, shape.rope_base, shape.rope_dims)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -249,7 +254,10 @@ class GPT(nn.Module):
         if self.head_adapter is not None:
             logits = logits + self.head_adapter(x)
         logits = logits.float()
-        if self.shape.logit_softcap > 0:
+        if self.logit_rescale is not None:  # asymmetric: c = pos where the logit is > 0, else neg
+            caps = torch.where(logits > 0, self.logit_rescale[0], self.logit_rescale[1])
+            logits = caps * torch.tanh(logits / caps)
+        elif self.shape.logit_softcap > 0:
             cap = self.shape.logit_softcap
             logits = cap * torch.tanh(logits / cap)
         if targets is None:

@@ -76,6 +76,9 @@ class ModelShape:
     tie_embeddings: bool = True
     logit_softcap: float = 30.0
     """softcap * tanh(logits / softcap); 0 turns it off."""
+    logit_rescale: bool = False
+    """quant.logit_rescale: the softcap as two parameters, one for positive and one for negative logits, both at
+    logit_softcap (the same logits until global TTT moves them)."""
     rope_base: float = 10000.0
     qk_norm: bool = True
     """RMSNorm on q and k per head, then a learnable per-head q gain (qk_gain_init)."""
@@ -124,6 +127,11 @@ class ModelShape:
             )
         if self.logit_softcap < 0:
             raise ConfigError(f"model.logit_softcap must be >= 0 (0 = off), got {self.logit_softcap}")
+        if self.logit_rescale and not self.logit_softcap > 0:
+            raise ConfigError(
+                "quant.logit_rescale=true rescales the logit softcap, which model.logit_softcap=0 turns off; set "
+                "model.logit_softcap=30 or drop quant.logit_rescale"
+            )
         self._check_levers()
 
     def _check_levers(self) -> None:

@@ -55,7 +55,12 @@ def resolve_model(cfg: Config, profile: HardwareProfile) -> tuple[str, ModelShap
         )
     shared = {f.name for f in dataclasses.fields(ModelShape)} & {f.name for f in dataclasses.fields(ModelConfig)}
     values = {k: getattr(model_cfg, k) for k in shared if k != "vocab_size"}
-    return name, ModelShape(vocab_size=vocab, **values)
+    if cfg.quant.logit_rescale and cfg.model.arch != "gpt":
+        raise PlanError(
+            f"quant.logit_rescale=true rescales the built-in GPT's softcap; model.arch={cfg.model.arch} has none it "
+            "knows of: drop quant.logit_rescale"
+        )
+    return name, ModelShape(vocab_size=vocab, logit_rescale=cfg.quant.logit_rescale, **values)
 
 
 def resolve_arch(cfg: Config) -> tuple[str, tuple[tuple[str, Any], ...]]:
