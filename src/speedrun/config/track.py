@@ -12,6 +12,7 @@ Sources of every rule: docs/tracks.md.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,11 @@ from typing import Any
 from speedrun.errors import ConfigError
 
 ACCEPT_RULES = ("improve_by", "below")
+SCORED_LOSS = "scored_loss"
+"""acceptance.metric for the loss a parameter-golf submission is scored on: the TTT pass's when it scored every token,
+else the dequantized artifact's (SCORED_KEYS); never the float model's val_loss before export."""
+SCORED_KEYS = (("val_loss_ttt", "val_bpb_ttt"), ("val_loss_quant", "val_bpb_quant"))
+"""(loss key, bpb key) of what a submission is scored on, in the order tried (scored_keys)."""
 """improve_by: the mean must beat the standing record by ``margin`` at p < ``p_value``; below: the mean must be
 under ``threshold`` at p < ``p_value``."""
 
@@ -28,7 +34,8 @@ class AcceptanceConfig:
     """When a set of seeds counts as a result under the contest's statistics."""
 
     metric: str | None = None
-    """The result key judged (val_loss: nats per token; the contest's own score key may differ)."""
+    """The result key judged, in nats per token: val_loss (the trained model's), or scored_loss (SCORED_LOSS: what a
+    parameter-golf submission is scored on, TTT's loss else the quantized artifact's)."""
     rule: str | None = None
     """improve_by or below (ACCEPT_RULES); None: the contest states none."""
     margin: float | None = None
@@ -37,13 +44,30 @@ class AcceptanceConfig:
     """below: the value the mean must be under."""
     p_value: float | None = None
     """The one-sided test's level."""
+    min_seeds: int | None = None
+    """Seeds a record claim needs (parameter-golf: 3, "usually over 3 seeds"); None: the test's own minimum (2)."""
 
     def text(self) -> str:
         if self.rule == "improve_by":
-            return f"mean {self.metric} at least {self.margin:g} below the standing record at p < {self.p_value:g}"
+            return (
+                f"mean {self.metric} at least {self.margin:g} nats below the standing record at p < {self.p_value:g}"
+                + (f", over >= {self.min_seeds} seeds" if self.min_seeds else "")
+            )
         if self.rule == "below":
             return f"mean {self.metric} below {self.threshold:g} at p < {self.p_value:g}"
         return "none stated"
+
+
+@dataclass
+class ValidationPin:
+    """What a data setting's scores must have been computed on, as runs record it: the tokenizer's sha256 (a
+    prefix: runs keep its first 16 hex digits) and the scored validation tokens' eval_fingerprint (None: not
+    pinned, then only what is pinned is checked)."""
+
+    tokenizer_sha256: str | None = None
+    eval_fingerprint: str | None = None
+    source: str | None = None
+    """Where the pinned values come from (a file's address)."""
 
 
 @dataclass
@@ -81,6 +105,9 @@ class TrackConfig:
     """The data settings (conf/data/) whose shards and tokenizer the contest scores; empty: any."""
     tokenizer_sha256: str | None = None
     """The tokenizer's sha256 prefix as runs record it (tokenizer_sha256), where it is pinned."""
+    validation: dict[str, ValidationPin] = field(default_factory=dict)
+    """Per data setting of ``data``: the validation identity its scores must carry (checked where pinned). The export
+    claims no record on a data setting the track scores but does not pin (``unpinned``)."""
     acceptance: AcceptanceConfig = field(default_factory=AcceptanceConfig)
     sources: list[str] = field(default_factory=list)
     """Where each rule is written down (URLs), for the docs and the export."""
@@ -103,6 +130,19 @@ class TrackConfig:
     @property
     def on(self) -> bool:
         return self.name is not None
+
+    def unpinned(self, data: str | None) -> str | None:
+        """Why a run on ``data`` cannot have its shards and tokenizer verified (None where the track pins them or
+        pins nothing at all)."""
+        if not self.validation:
+            return None
+        pin = self.validation.get(str(data))
+        if pin is not None and pin.tokenizer_sha256:
+            return None
+        return (
+            f"the track pins no tokenizer sha256 for data={data} (conf/track/{self.name}.yaml, validation), so its "
+            "shards and tokenizer are unverified"
+        )
 
     def problems(self, result: dict[str, Any], card_of: Callable[[str], str | None] | None = None) -> list[str]:
         """Why a run with these result keys does not meet the rules ([] when it meets them all). ``card_of``: a GPU
@@ -154,6 +194,8 @@ class TrackConfig:
         pinned, used = self.tokenizer_sha256, result.get("tokenizer_sha256")
         if pinned is not None and (used is None or not str(pinned).startswith(str(used))):
             out.append(f"tokenizer sha256 {used}, not the track's {pinned}")
+        if self.validation and result.get("data") in self.data:
+            out += _pin_problems(str(result.get("data")), self.validation.get(str(result.get("data"))), result)
         return out
 
     def _validation_problems(self, result: dict[str, Any]) -> list[str]:
@@ -204,6 +246,39 @@ class TrackConfig:
         parts += [f"{self.val_tokens:,} validation targets"] if self.val_tokens else []
         parts += [f"data {' or '.join(self.data)}"] if self.data else []
         return f"{self.name} ({self.contest}): " + (", ".join(parts) or "no limits")
+
+
+def _pin_problems(data: str, pin: ValidationPin | None, result: dict[str, Any]) -> list[str]:
+    """Why a run's recorded validation identity is not the one the track pins for its data setting (nothing to
+    check where none is pinned: a record claim refuses that itself, speedrun.export.track)."""
+    if pin is None or pin.tokenizer_sha256 is None:
+        return []
+    out = []
+    used = result.get("tokenizer_sha256")
+    if not used or not pin.tokenizer_sha256.startswith(str(used)):
+        out.append(
+            f"tokenizer sha256 {used or 'not recorded'}, not the {pin.tokenizer_sha256[:16]} pinned for data={data}"
+        )
+    fingerprint = result.get("eval_fingerprint")
+    if pin.eval_fingerprint is not None and fingerprint != pin.eval_fingerprint:
+        out.append(
+            f"validation set eval_fingerprint {fingerprint or 'not recorded'}, not the {pin.eval_fingerprint} pinned "
+            f"for data={data}"
+        )
+    return out
+
+
+def scored_keys(result: dict[str, Any]) -> tuple[str, str] | None:
+    """(loss key, bpb key) of what a parameter-golf submission of this run is scored on: TTT's when it scored every
+    token, else the quantized artifact's; None when the run has neither (quant=off)."""
+    for loss, bpb in SCORED_KEYS:
+        if _finite(result.get(loss)) and (loss != "val_loss_ttt" or result.get("ttt_complete")):
+            return loss, bpb
+    return None
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _count(value: Any) -> str:

@@ -5,7 +5,8 @@
     python -m speedrun.report --where model.n_layer=2 --group-by attn,precision --out outputs/report
     python -m speedrun.report --target val_loss=3.28 --baseline attn=sdpa   # time to target
     python -m speedrun.report --group-by ablate --baseline ablate=none --alternative two-sided   # an ablation
-    python -m speedrun.report --baseline attn=sdpa --accept pgolf     # parameter-golf's acceptance rule
+    python -m speedrun.report --accept pgolf                          # parameter-golf's rule, against the record
+    python -m speedrun.report --accept pgolf --record 1855            # ... against a named merged record
 
 Runs are grouped by ``--group-by`` keys (default: the overrides that vary among the selected runs, seeds
 folded, plus ``hardware`` and ``device_name`` when they vary), so each group is one combination on one card and
@@ -17,8 +18,9 @@ that has KEY=VALUE and the same other keys, by a one-sided Welch t-test of H1: t
 should make it higher; ``two-sided`` for either way). Runs scored on different evaluation sets
 (``eval_fingerprint``) are never ranked or tested against each other: group by ``eval_fingerprint`` or select one
 set with ``--where``. Several groups tested against a baseline get Holm-adjusted p-values beside the raw ones, and
-the verdict reads the adjusted one. ``--accept pgolf`` judges each group by parameter-golf's rule for a record, its
-numbers read from conf/track/ (speedrun.report.accept).
+the verdict reads the adjusted one. ``--accept pgolf`` judges each group by parameter-golf's rule for a record: its
+scored loss against the standing record's published mean (conf/track/records/, or ``--record``), its numbers read
+from conf/track/ (speedrun.report.accept).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speedrun.config.track import TrackConfig
-from speedrun.report.accept import accept_table, judge, parse_accept
+from speedrun.report.accept import Reference, accept_table, judge, parse_accept, parse_record
 from speedrun.report.dashboard import preflight, run_dashboard
 from speedrun.report.groups import (
     Group,
@@ -123,9 +125,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--accept",
         metavar="TRACK",
-        help="judge each group by a contest's acceptance rule, read from conf/track/: pgolf (parameter-golf: "
-        "val_loss lower than --baseline's by the track's margin, one-sided Welch t-test), mng (modded-nanogpt: "
-        "below the track's threshold), or a track's name",
+        help="judge each group by a contest's acceptance rule, read from conf/track/: pgolf (parameter-golf: the "
+        "scored loss, TTT's else the quantized artifact's, at least the track's margin below the standing record's "
+        "published mean, one-sided one-sample t-test; Welch against --baseline's seeds when given), mng "
+        "(modded-nanogpt: below the track's threshold), or a track's name",
+    )
+    p.add_argument(
+        "--record",
+        metavar="REF",
+        help="--accept's standing record: a merged record of conf/track/records/ by folder or PR (1855), or its "
+        "numbers as val_loss=MEAN[,std=S,n=N,val_bpb=B] (default: the best merged record of the runs' data)",
+    )
+    p.add_argument(
+        "--holm",
+        action="store_true",
+        help="--accept: Holm-adjust the p-values of several candidates (the contest applies no correction)",
     )
     p.add_argument("--all", action="store_true", help="show every group, those with no ok run too, and every column")
     p.add_argument("--out", type=Path, default=Path("outputs/report"), help="where CSV, PNGs and report.html go")
@@ -154,6 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         target = parse_target(args.target) if args.target else None
         track = parse_accept(args.accept) if args.accept else None
+        record = parse_record(track, args.record) if track is not None and args.record else None
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -177,11 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sweep = runs[-1].row.get("sweep") or args.wandb_dashboard
         return run_dashboard(runs, sweep, args.wandb_project, args.wandb_entity, args.dry_run, args.out)
     problem = check_metric(args.metric, runs)
-    if track is not None and track.acceptance.rule == "improve_by" and not baseline:
-        problem = (
-            f"--accept {args.accept}: {track.contest}'s rule compares each group with a baseline (the standing "
-            "record): name its group with --baseline KEY=VALUE, e.g. --baseline attn=sdpa"
-        )
+    if args.record and track is None:
+        problem = "--record names the standing record of --accept: add --accept pgolf"
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
@@ -191,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print_board(args, board)
     target_html = time_to_target(args, runs, board.keys, target, baseline) if target is not None else None
-    accept_html = acceptance(args, board, track) if track is not None else None
+    accept_html = acceptance(args, board, track, record) if track is not None else None
     write_report(args, board, target_html, accept_html)
     return 0
 
@@ -273,12 +285,15 @@ def print_board(args: argparse.Namespace, board: Board) -> None:
         print(f"\nagainst the baseline ({TEST_NAME[args.alternative]} on {args.metric}):\n" + holm + text)
 
 
-def acceptance(args: argparse.Namespace, board: Board, track: TrackConfig) -> tuple[str, list[str], Table]:
+def acceptance(
+    args: argparse.Namespace, board: Board, track: TrackConfig, record: Reference | None
+) -> tuple[str, list[str], Table]:
     """The --accept section, printed and written to accept.csv: (heading, notes, table) for the page."""
-    judged = judge(track, [g for g in board.groups if args.all or g not in hidden_groups(board.groups)])
+    shown = [g for g in board.groups if args.all or g not in hidden_groups(board.groups)]
+    judged = judge(track, shown, record, correct=args.holm)
     notes, headers, rows = accept_table(track, judged, board.keys)
     heading = f"acceptance ({track.name})"
-    table = console_table(headers, rows, ["n", "n_base", "mean", "mean_base"], [*board.keys, "verdict"])
+    table = console_table(headers, rows, ["against", "t", "df", "mean", "mean_ref", "loss"], [*board.keys, "verdict"])
     print(f"\n{heading}:\n" + "\n".join(wrapped(notes)) + "\n" + table)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "accept.csv").write_text(csv_text(headers, [dict(zip(headers, r)) for r in rows]))
