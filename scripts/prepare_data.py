@@ -5,9 +5,16 @@
 
 Inputs: .jsonl / .jsonl.xz / .jsonl.gz (one JSON object per line, document in "text") and .txt
 (the whole file is one document), read in the order given. Documents 0, N, 2N, ... (N =
---val-every) form the val split. Writes DIR/tokenizer.model, DIR/fineweb_train_%06d.bin,
-DIR/fineweb_val_%06d.bin and DIR/dataset.json; train on it with
+--val-every) form the val split; with --val-docs N the first N documents do (the records' CaseOps prep splits
+FineWeb so). Writes DIR/tokenizer.model, DIR/fineweb_train_%06d.bin, DIR/fineweb_val_%06d.bin and
+DIR/dataset.json; train on it with
     python -m run data.path=DIR data.tokenizer=DIR/tokenizer.model data.vocab_size=<vocab>
+
+--caseops writes the documents in parameter-golf's CaseOps (lossless_caps_caseops_v1, speedrun.data.caseops): the
+tokenizer reserves the four case operators, and each val shard gets its byte sidecar DIR/fineweb_val_bytes_%06d.bin
+(per token its bytes of the original text), from which a run counts val_bpb. For the Python corpus:
+    python scripts/prepare_data.py --source python --caseops --out data/python_sp1024_caseops
+    python -m run data=python_sp1024_caseops
 
 --max-doc-chars N cuts each document (after the split) into runs of whole paragraphs of at most N characters: a
 corpus of long documents made into FineWeb-like ones, e.g. for measuring test-time training, which works per document.
@@ -108,11 +115,25 @@ def build_parser() -> argparse.ArgumentParser:
         default=1024,
         help="vocabulary of a trained sentencepiece tokenizer (default 1024)",
     )
-    parser.add_argument(
+    split = parser.add_mutually_exclusive_group()
+    split.add_argument(
         "--val-every",
         type=int,
         metavar="N",
         help="--source files: every N-th document (starting with the first) goes to val (default 20)",
+    )
+    split.add_argument(
+        "--val-docs",
+        type=int,
+        metavar="N",
+        help="--source files: the first N documents go to val, the rest to train (the records' CaseOps prep: "
+        "FineWeb's first 50,000 documents)",
+    )
+    parser.add_argument(
+        "--caseops",
+        action="store_true",
+        help="write the documents in CaseOps (parameter-golf's lossless case transform) with a tokenizer that "
+        "reserves its operators, and the val byte sidecar fineweb_val_bytes_*.bin that val_bpb is counted on",
     )
     cut = parser.add_mutually_exclusive_group()
     cut.add_argument(
@@ -149,7 +170,7 @@ def _cut_lognormal(docs: list[str], median: float, sigma: float, seed: str) -> l
 
 
 _PYTHON_ONLY = ("roots", "max_bytes", "val_fraction", "processes")
-_FILES_ONLY = ("input", "val_every", "max_doc_chars", "doc_chars_lognormal")
+_FILES_ONLY = ("input", "val_every", "val_docs", "max_doc_chars", "doc_chars_lognormal")
 
 
 def _option(dest: str) -> str:
@@ -186,6 +207,7 @@ def _main_python(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
             processes=args.processes,
             seed=args.seed,
             overwrite=args.overwrite,
+            caseops=args.caseops,
         )
     except (FileExistsError, FileNotFoundError, ValueError) as e:  # a root, --out, a split or vocabulary to change
         parser.error(str(e))
@@ -208,12 +230,35 @@ def _main_python(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
             "val_bytes": info["val"]["bytes"],
             "unigram_val_bpb": f"{info['unigram_val_bpb']:.4f}",
             "fingerprint": info["fingerprint"],
+            **_caseops_rows(info, paths),
             "seconds": f"{time.perf_counter() - t0:.1f}",
-            "train_on_it": f"python -m run data=python_sp1024 data.path={paths.directory}"
+            "train_on_it": f"python -m run data=python_sp1024{'_caseops' if args.caseops else ''} "
+            f"data.path={paths.directory}"
             + ("" if paths.vocab_size == 1024 else f" data.vocab_size={paths.vocab_size}"),
         }
     )
     return 0
+
+
+def _caseops_rows(info: dict, paths) -> dict:
+    """The rows a CaseOps build adds: its transform and byte sidecars (none for other builds)."""
+    if "text_transform" not in info:
+        return {}
+    return {"text_transform": info["text_transform"], "val_byte_sidecars": len(paths.val_bytes)}
+
+
+def _split(parser: argparse.ArgumentParser, docs: list[str], args: argparse.Namespace) -> tuple[list, list, dict]:
+    """Train and val documents by --val-docs (the first N) or --val-every, and what dataset.json records of it."""
+    if args.val_docs is not None:
+        if not 0 < args.val_docs < len(docs):
+            parser.error(
+                f"--val-docs {args.val_docs}: must be between 1 and the {len(docs)} documents read less one "
+                "(train needs a document too)"
+            )
+        return docs[args.val_docs :], docs[: args.val_docs], {"val_docs": args.val_docs}
+    val_every = 20 if args.val_every is None else args.val_every
+    train, val = split_train_val(docs, val_every)
+    return train, val, {"val_every": val_every}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -228,12 +273,15 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{_option(dest)} is for --source python; --source files reads --input")
     if not args.input:
         parser.error("--input FILE... is required (or --source python, for this machine's Python sources and docs)")
-    args.val_every = 20 if args.val_every is None else args.val_every
+    if args.caseops and is_tiktoken(args.tokenizer):
+        parser.error(
+            f"--caseops trains a sentencepiece tokenizer that reserves its operators; drop --tokenizer {args.tokenizer}"
+        )
     docs: list[str] = []
     for path in args.input:
         docs.extend(iter_documents(path))
-    train, val = split_train_val(docs, args.val_every)
-    inputs: dict = {"inputs": [str(p) for p in args.input], "val_every": args.val_every}
+    train, val, split = _split(parser, docs, args)
+    inputs: dict = {"inputs": [str(p) for p in args.input], **split}
     if args.max_doc_chars is not None:  # after the split, so that no document has pieces in both
         if args.max_doc_chars < 1:
             parser.error(f"--max-doc-chars {args.max_doc_chars}: must be >= 1 (e.g. 2500)")
@@ -266,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             overwrite=args.overwrite,
             info=inputs,
+            caseops=args.caseops,
         )
     else:  # refused by the check above
         raise AssertionError(args.tokenizer)
@@ -281,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         "val_tokens": info["val"]["tokens"],
         "val_bytes": info["val"]["bytes"],
         "unigram_val_bpb": f"{info['unigram_val_bpb']:.4f}",
+        **_caseops_rows(info, paths),
     }
     _print_rows(rows)
     return 0

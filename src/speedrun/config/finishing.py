@@ -3,6 +3,7 @@ quant (its schema is config/quant.py, re-exported here)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,10 @@ class EvalConfig:
     document_isolated: bool = False
     """Score with no attention across BOS (each token sees only its own document), through the attention
     backend's document mask: needs attn=flex or attn=math."""
+    include_tail: bool = False
+    """Score the validation tail too: the last targets that do not fill a whole window of model.seq_len, cut by
+    default (parameter-golf's EVAL_INCLUDE_TAIL=1). eval=standard scores them with one more window ending at the last
+    token, eval=sliding with its usual last window; TTT scores the same tokens."""
 
     every_steps: int | None = None
     """Periodic validation every this many optimizer steps (None: off), on the first eval.periodic_tokens validation
@@ -144,6 +149,10 @@ class TTTConfig:
     delta's scale. None: no scaling (x 1). The records: 144 at rank 96 (x 1.5)."""
     lr: float = 0.01
     """Learning rate of the adapters."""
+    local_lr_mult: float = 1.0
+    """A factor on ttt.lr for the per-document adapters' optimizer (the local, score-first updates), leaving global
+    TTT's ttt.phased.lr as it is: the 2026-04/05 records' TTT_LOCAL_LR_MULT (0.75 in parameter-golf's PR #2014,
+    whose adapters then step at 0.75 x 1e-4)."""
     optimizer: TTTOptimizer = TTTOptimizer.adam
     """adam (AdamW: ttt.beta1, ttt.beta2, ttt.eps, decoupled ttt.weight_decay) or sgd (ttt.momentum, and
     ttt.weight_decay as SGD's own, added to the gradient)."""
@@ -257,6 +266,10 @@ class TTTConfig:
             f"must be >= 1; use e.g. ttt.rank=8",
         )
         _require(self.lr > 0, f"ttt.lr={self.lr} must be > 0; use e.g. ttt.lr=0.01")
+        _require(
+            math.isfinite(self.local_lr_mult) and self.local_lr_mult > 0,
+            f"ttt.local_lr_mult={self.local_lr_mult} must be > 0 (a factor on ttt.lr); e.g. ttt.local_lr_mult=0.75",
+        )
         _require(
             self.warm_start_chains >= 1,
             f"ttt.warm_start_chains={self.warm_start_chains} must be >= 1; use e.g. 8 (at least the GPU count)",

@@ -24,6 +24,11 @@ Hazard (build_byte_luts warns): with byte fallback but no "▁" piece in the voc
 that cannot merge with the following piece is encoded as the three bytes of U+2581, which decode
 to the literal "▁" (3 bytes) rather than a space. The count then matches the decoded text but
 over-counts the original by 2 bytes per such space, which flatters BPB.
+
+A byte sidecar replaces the rule: CaseOps data (speedrun.data.caseops) is tokenized from a transformed text whose
+case operators stand for no byte of the original, so the pieces' own bytes over-count it. Its val split carries each
+token's bytes of the original text (fineweb_val_bytes_*.bin, BOS 0), and ``ByteLUTs.sidecar`` holds them per stream
+position; ``token_bytes`` then reads a target's bytes at its position instead of from its id.
 """
 
 from __future__ import annotations
@@ -45,13 +50,19 @@ class ByteLUTs:
     base_bytes: torch.Tensor  # int16: bytes of the piece, not counting its leading-space marker
     has_leading_space: torch.Tensor  # bool: piece starts with "▁"
     is_boundary: torch.Tensor  # bool: control/unknown/unused ids (BOS, EOS, PAD, <unk>)
+    sidecar: torch.Tensor | None = None
+    """int32: the original bytes of the token at each position of the val stream (a byte sidecar); None: the
+    bytes follow from the ids by the rule above."""
 
     @property
     def vocab_size(self) -> int:
         return int(self.base_bytes.numel())
 
     def to(self, device: torch.device | str) -> ByteLUTs:
-        return ByteLUTs(self.base_bytes.to(device), self.has_leading_space.to(device), self.is_boundary.to(device))
+        sidecar = None if self.sidecar is None else self.sidecar.to(device)
+        return ByteLUTs(
+            self.base_bytes.to(device), self.has_leading_space.to(device), self.is_boundary.to(device), sidecar
+        )
 
 
 def build_byte_luts(sp, vocab_size: int | None = None) -> ByteLUTs:
@@ -97,23 +108,33 @@ def _warn_if_inexact(sp) -> None:
         )
 
 
-def token_bytes(prev_ids: torch.Tensor, ids: torch.Tensor, luts: ByteLUTs) -> torch.Tensor:
-    """Bytes of each target token ``ids`` given its predecessor ``prev_ids`` (same shape), int64."""
+def token_bytes(
+    prev_ids: torch.Tensor, ids: torch.Tensor, luts: ByteLUTs, positions: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Bytes of each target token ``ids`` given its predecessor ``prev_ids`` (same shape), int64. With a byte
+    sidecar (``luts.sidecar``) they are the sidecar's at ``positions``, the targets' positions in the val stream
+    (same shape), which a caller must then give."""
     if prev_ids.shape != ids.shape:
         raise ValueError(f"prev_ids shape {tuple(prev_ids.shape)} != ids shape {tuple(ids.shape)}")
     if luts.base_bytes.device != ids.device:
         raise ValueError(f"LUTs are on {luts.base_bytes.device} but ids on {ids.device}; call luts.to(device) once")
+    if luts.sidecar is not None:
+        if positions is None or positions.shape != ids.shape:
+            raise ValueError("the byte sidecar counts bytes by stream position: pass the targets' positions")
+        return luts.sidecar[positions.long()].to(torch.int64)
     ids, prev_ids = ids.long(), prev_ids.long()
     space = luts.has_leading_space[ids] & ~luts.is_boundary[prev_ids]
     return luts.base_bytes[ids].to(torch.int64) + space.to(torch.int64)
 
 
 def stream_bytes(tokens: torch.Tensor, luts: ByteLUTs) -> int:
-    """Total bytes of the targets tokens[1:] of a 1-D token stream (documents start with BOS)."""
+    """Total bytes of the targets tokens[1:] of a 1-D token stream (documents start with BOS); with a byte
+    sidecar, the stream is the val stream from its start."""
     tokens = torch.as_tensor(tokens).reshape(-1)
     if tokens.numel() < 2:
         return 0
-    return int(token_bytes(tokens[:-1], tokens[1:], luts).sum().item())
+    positions = torch.arange(1, tokens.numel(), device=tokens.device) if luts.sidecar is not None else None
+    return int(token_bytes(tokens[:-1], tokens[1:], luts, positions).sum().item())
 
 
 def bits_per_byte(sum_nats: float, sum_bytes: int) -> float:
@@ -124,12 +145,15 @@ def bits_per_byte(sum_nats: float, sum_bytes: int) -> float:
     return float(sum_nats) / math.log(2) / sum_bytes
 
 
-def unigram_bits_per_byte(train_counts, val_tokens, luts: ByteLUTs, smoothing: float = 1.0) -> float:
+def unigram_bits_per_byte(
+    train_counts, val_tokens, luts: ByteLUTs, smoothing: float = 1.0, val_bytes: int | None = None
+) -> float:
     """BPB of a unigram model (train token counts, add-``smoothing``) scored on a val stream.
 
     ``train_counts[i]`` is how often id i occurs in train (e.g. np.bincount of the train tokens).
     Scores every target val_tokens[1:] (BOS targets included, as a model is scored): the bar a
-    trained model must clear to have learned anything beyond token frequencies.
+    trained model must clear to have learned anything beyond token frequencies. ``val_bytes``: the targets'
+    bytes where the ids do not give them (a byte sidecar's sum); None: counted with ``luts``.
     """
     counts = np.zeros(luts.vocab_size, dtype=np.float64)
     train_counts = np.asarray(train_counts, dtype=np.float64).reshape(-1)
@@ -138,4 +162,6 @@ def unigram_bits_per_byte(train_counts, val_tokens, luts: ByteLUTs, smoothing: f
     log_p = np.log(counts) - np.log(counts.sum())
     val = np.asarray(val_tokens).reshape(-1).astype(np.int64)
     nats = float(-log_p[val[1:]].sum())
-    return bits_per_byte(nats, stream_bytes(torch.from_numpy(val), luts.to("cpu")))
+    if val_bytes is None:
+        val_bytes = stream_bytes(torch.from_numpy(val), luts.to("cpu"))
+    return bits_per_byte(nats, val_bytes)

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from speedrun.data.layout import DataNotFoundError, DatasetPaths
-from speedrun.data.shards import list_shards, read_header
+from speedrun.data.shards import list_shards, list_sidecars, read_header
 from speedrun.data.tiktoken_bpe import is_tiktoken, load_encoding
 from speedrun.data.tokenizer import load_tokenizer
 from speedrun.errors import DataError
@@ -82,9 +82,10 @@ def open_dataset(path: Path, tokenizer: Path | str, vocab_size: int) -> DatasetP
             f"tokenizer {tokenizer} has {n} pieces but the configured vocab_size is {vocab_size}; "
             f"use the tokenizer that made {path} and set the vocab size to {n} (or pick the matching variant)"
         )
-    for shard in train + val:
+    sidecars = list_sidecars(path)  # CaseOps data's val bytes; speedrun.data.loader.load_val_bytes checks them
+    for shard in train + val + sidecars:
         read_header(shard)  # cheap: magic, version, size; token ids are checked as batches are read
-    return DatasetPaths(train=train, val=val, tokenizer=tokenizer, vocab_size=vocab_size)
+    return DatasetPaths(train=train, val=val, tokenizer=tokenizer, vocab_size=vocab_size, val_bytes=sidecars)
 
 
 MODDED_NANOGPT_HELP = (

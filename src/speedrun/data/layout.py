@@ -5,7 +5,7 @@ opens a dataset (every re-run of a train_gpt.py: speedrun.rerun names its data) 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from speedrun.errors import DataError
@@ -26,6 +26,9 @@ class DatasetPaths:
     val: list[Path]
     tokenizer: Path
     vocab_size: int
+    val_bytes: list[Path] = field(default_factory=list)
+    """The val shards' byte sidecars (CaseOps data: speedrun.data.shards.sidecar_name), one per val shard; [] for
+    data whose tokens count their own bytes."""
 
     @property
     def directory(self) -> Path:

@@ -1,4 +1,4 @@
-"""Batches from token shards: a deterministic infinite training stream and the val tokens."""
+"""Batches from token shards: a deterministic infinite training stream, the val tokens and their byte sidecar."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from speedrun.data.shards import ShardError, read_shard
+from speedrun.data.layout import DatasetPaths
+from speedrun.data.shards import ShardError, read_header, read_shard
 from speedrun.errors import DataError
 
 
@@ -103,10 +104,15 @@ class TokenStream:
 
 
 def load_val_tokens(
-    paths: list[Path], max_tokens: int | None, seq_len: int, vocab_size: int | None = None
+    paths: list[Path],
+    max_tokens: int | None,
+    seq_len: int,
+    vocab_size: int | None = None,
+    include_tail: bool = False,
 ) -> torch.Tensor:
     """The first N val tokens as a 1-D int64 tensor, N = min(max_tokens, available), truncated to
-    k * seq_len + 1 tokens so that it splits into k (x, y) windows of seq_len."""
+    k * seq_len + 1 tokens so that it splits into k (x, y) windows of seq_len; with ``include_tail`` (eval.include_tail)
+    not truncated: the last N - 1 - k * seq_len targets are scored too."""
     if not paths:
         raise ValueError("load_val_tokens needs at least one shard path")
     if seq_len < 1:
@@ -126,6 +132,51 @@ def load_val_tokens(
             f"only {n} val tokens available{'' if max_tokens is None else f' (max_tokens={max_tokens})'} "
             f"in {len(paths)} shard(s) starting at {paths[0]}; need at least seq_len + 1 = {seq_len + 1}"
         )
-    usable = (n - 1) // seq_len * seq_len + 1
+    usable = n if include_tail else (n - 1) // seq_len * seq_len + 1
     out = np.concatenate(parts)[:usable].astype(np.int64)
     return torch.from_numpy(out)
+
+
+def load_val_bytes(paths: DatasetPaths, n_tokens: int, sp=None) -> torch.Tensor | None:
+    """The byte sidecar of the first ``n_tokens`` val tokens as an int32 tensor (speedrun.data.bpb: BPB counts
+    these bytes), or None for data without one. Each sidecar must hold exactly as many entries as its val shard.
+    With ``sp`` (the SentencePiece tokenizer), data whose tokenizer reserves the CaseOps operators must have a
+    sidecar: counted from the pieces, an operator's 3 bytes stand for none of the original text."""
+    sidecars = paths.val_bytes
+    if not sidecars:
+        if sp is not None and _reserves_caseops(sp):
+            directory = paths.val[0].parent
+            raise DataError(
+                f"{paths.tokenizer} reserves the CaseOps case operators but {directory} has no byte sidecar "
+                "(fineweb_val_bytes_*.bin): val_bpb would count the operators' bytes; download the export with its "
+                "sidecar, or build the data with scripts/prepare_data.py --caseops"
+            )
+        return None
+    if len(sidecars) != len(paths.val):
+        raise DataError(
+            f"{paths.val[0].parent}: {len(sidecars)} byte sidecar(s) (fineweb_val_bytes_*.bin) for {len(paths.val)} "
+            "val shard(s); each val shard needs the sidecar of its index (rebuild or re-download the split whole)"
+        )
+    parts, have = [], 0
+    for shard, sidecar in zip(paths.val, sidecars):
+        if have >= n_tokens:
+            break
+        if read_header(sidecar) != read_header(shard):
+            raise DataError(
+                f"{sidecar} holds {read_header(sidecar)} byte counts but {shard.name} {read_header(shard)} tokens; "
+                "the sidecar belongs to other shards (rebuild or re-download the val split whole)"
+            )
+        counts = read_shard(sidecar)[: n_tokens - have]
+        parts.append(np.asarray(counts))
+        have += counts.size
+    return torch.from_numpy(np.concatenate(parts).astype(np.int32))
+
+
+CASEOPS_OPERATORS = "\ue001\ue002\ue003\ue004"
+"""speedrun.data.caseops.OPERATORS, spelled here so that a run's train_gpt.py, which carries this module, need not
+carry the transform too (tests/data/test_caseops.py holds the two equal)."""
+
+
+def _reserves_caseops(sp) -> bool:
+    unknown = sp.unk_id()
+    return all(sp.piece_to_id(op) != unknown for op in CASEOPS_OPERATORS)

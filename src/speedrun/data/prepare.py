@@ -3,13 +3,17 @@ documents into shards is speedrun.data.encoding's; opening directories made else
 FineWeb exports, modded-nanogpt's) is speedrun.data.existing's.
 
 A prepared directory holds tokenizer.model (+ .vocab), fineweb_{train,val}_%06d.bin and
-dataset.json (counts, tokenizer settings, val byte count, unigram baseline). It is assembled in a
-temporary sibling directory and renamed into place, so a killed build never leaves half a dataset.
+dataset.json (counts, tokenizer settings, val byte count, unigram baseline); a CaseOps build
+(``caseops=True``, speedrun.data.caseops) adds each val shard's byte sidecar fineweb_val_bytes_%06d.bin. It is
+assembled in a temporary sibling directory ``.<name>.tmp-*`` and renamed into place, so a killed build never leaves
+half a dataset; the temporary directory of a build that was killed (SIGKILL, a lost machine) is removed by the
+next build of the same directory, which knows it is dead because its lock on the directory is gone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -23,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from speedrun.data import caseops as caseops_transform
 from speedrun.data.bpb import build_byte_luts, stream_bytes, unigram_bits_per_byte
 from speedrun.data.corpus import EMBEDDED_CORPUS, load_embedded_documents, split_train_val
 from speedrun.data.encoding import (
@@ -36,9 +41,10 @@ from speedrun.data.encoding import (
     write_splits,
 )
 from speedrun.data.layout import INFO_FILE, TOKENIZER_FILE, DataNotFoundError, DatasetPaths, embedded_dir
-from speedrun.data.shards import list_shards
+from speedrun.data.shards import list_shards, list_sidecars, read_header, sidecar_name, write_shard
 from speedrun.data.tiktoken_bpe import GPT2, build_tiktoken_luts, load_encoding
 from speedrun.data.tokenizer import TRAINER_SETTINGS, load_tokenizer, train_tokenizer
+from speedrun.errors import DataError
 
 __all__ = ["INFO_FILE", "TOKENIZER_FILE", "DataNotFoundError", "DatasetPaths", "embedded_dir"]  # from data.layout
 
@@ -69,6 +75,7 @@ def prepare_dataset(
     tokenizer_chars: int = 4_000_000,
     overwrite: bool = False,
     info: dict | Callable[[dict], dict] | None = None,
+    caseops: bool = False,
 ) -> DatasetPaths:
     """Train a tokenizer on the train documents and write train/val shards into ``out_dir``.
 
@@ -79,16 +86,26 @@ def prepare_dataset(
     whole of it is cut into chunks before sampling). ``processes`` > 1 encodes in that many worker
     processes (the same ids; for corpora of hundreds of MB). ``info`` is merged into dataset.json;
     a callable is given the record (``tokenizer_sha256`` included) and returns the keys to merge.
+    ``caseops``: every text is CaseOps-encoded first (speedrun.data.caseops), the tokenizer reserves the four case
+    operators as pieces of their own (as the records' CaseOps tokenizer does), each val shard gets its byte sidecar
+    and the val bytes (dataset.json, the unigram baseline) are the original text's.
     Raises FileExistsError if ``out_dir`` exists (unless ``overwrite``).
     """
     out_dir = Path(out_dir)
     train_docs, val_docs = _documents(documents_train, documents_val, out_dir, shard_tokens, overwrite)
+    original_bytes = sum(len(d.encode("utf-8")) for d in val_docs)
+    settings: dict[str, object] = {}
+    if caseops:
+        encode = caseops_transform.encode
+        train_docs, val_docs = [encode(d) for d in train_docs], [encode(d) for d in val_docs]
+        tokenizer_texts = None if tokenizer_texts is None else [encode(t) for t in tokenizer_texts]
+        settings = {"user_defined_symbols": list(caseops_transform.OPERATORS)}
     threads = num_threads or min(os.cpu_count() or 1, 16)
     t0 = time.perf_counter()
 
     def build(tmp: Path) -> WrittenSplits:
         texts = train_docs if tokenizer_texts is None else list(tokenizer_texts)
-        model = _trained_tokenizer(texts, tmp, vocab_size, seed, tokenizer_chars)
+        model = _trained_tokenizer(texts, tmp, vocab_size, seed, tokenizer_chars, settings)
         del texts  # a large corpus's tokenizer sample is not kept through the encoding
         sp = load_tokenizer(model)
         pool = process_pool(model, processes) if processes and processes > 1 else None
@@ -105,19 +122,26 @@ def prepare_dataset(
             if pool is not None:
                 pool.terminate()
         luts = build_byte_luts(sp)
-        written.val_bytes = stream_bytes(torch.from_numpy(written.val_stream.astype(np.int64)), luts)
-        original_bytes = _checked_val_bytes(sp, written, val_docs)
+        if caseops:
+            written.val_bytes = _write_sidecars(sp, written, val_docs, tmp, original_bytes)
+        else:
+            written.val_bytes = stream_bytes(torch.from_numpy(written.val_stream.astype(np.int64)), luts)
+            _checked_val_bytes(sp, written, original_bytes)
         record = {
             "build_version": BUILD_VERSION,
             "vocab_size": vocab_size,
             "tokenizer": TOKENIZER_FILE,
-            "tokenizer_settings": {**TRAINER_SETTINGS, "seed": seed},
+            "tokenizer_settings": {**TRAINER_SETTINGS, **settings, "seed": seed},
             "tokenizer_sha256": _sha256(model),
             "shard_tokens": shard_tokens,
             **_splits_record(written, train_docs, val_docs, original_bytes),
             # -sum log2 p_train(y) / val bytes over val targets, add-one smoothed unigram of train.
-            "unigram_val_bpb": unigram_bits_per_byte(written.counts, written.val_stream, luts),
+            "unigram_val_bpb": unigram_bits_per_byte(
+                written.counts, written.val_stream, luts, val_bytes=written.val_bytes
+            ),
         }
+        if caseops:
+            record["text_transform"] = caseops_transform.NAME
         record.update(info(record) if callable(info) else info or {})
         _write_info(tmp, record)
         return written
@@ -204,17 +228,37 @@ def _documents(
     return train_docs, val_docs
 
 
-def _trained_tokenizer(texts: list[str], tmp: Path, vocab_size: int, seed: int, max_chars: int) -> Path:
+def _trained_tokenizer(
+    texts: list[str], tmp: Path, vocab_size: int, seed: int, max_chars: int, settings: dict[str, object]
+) -> Path:
     n_chars = sum(len(d) for d in texts)
     _log(f"training tokenizer (vocab {vocab_size}) on {len(texts)} documents, {n_chars:,} characters")
-    return train_tokenizer(texts, tmp / Path(TOKENIZER_FILE).stem, vocab_size, seed, max_chars=max_chars)
+    return train_tokenizer(
+        texts, tmp / Path(TOKENIZER_FILE).stem, vocab_size, seed, max_chars=max_chars, extra_settings=settings
+    )
 
 
-def _checked_val_bytes(sp, written: WrittenSplits, val_docs: list[str]) -> int:
-    """The val text's UTF-8 bytes; a warning when the counted bytes differ from the decoded text's (BPB would be
-    off), a note when they differ only from the original text's (the tokenizer does not round-trip it)."""
+def _write_sidecars(sp, written: WrittenSplits, val_docs: list[str], directory: Path, original_bytes: int) -> int:
+    """Each val shard's byte sidecar (the original bytes of its tokens, speedrun.data.caseops), written beside it
+    in ``directory``; returns their sum, which must be the original val text's UTF-8 bytes."""
+    ids, counts = caseops_transform.val_byte_sidecar(sp, val_docs)
+    if not np.array_equal(ids, written.val_stream.astype(np.int64)):  # both encode the same text with one model
+        raise DataError("the byte sidecar's tokens differ from the val shards' (a bug in the build); nothing written")
+    total = int(counts.sum(dtype=np.int64))
+    if total != original_bytes:
+        raise DataError(f"the byte sidecar sums to {total} bytes but the val text has {original_bytes} (a bug)")
+    start = 0
+    for index, shard in enumerate(written.val.paths):
+        n = read_header(shard)
+        write_shard(directory / sidecar_name(index), counts[start : start + n])
+        start += n
+    return total
+
+
+def _checked_val_bytes(sp, written: WrittenSplits, original_bytes: int) -> None:
+    """A warning when the counted val bytes differ from the decoded text's (BPB would be off), a note when they
+    differ only from the original text's (``original_bytes``: the tokenizer does not round-trip it)."""
     decoded = decoded_bytes(sp, written.val_stream)
-    original_bytes = sum(len(d.encode("utf-8")) for d in val_docs)
     if written.val_bytes != decoded:
         _log(f"WARNING: counted val bytes {written.val_bytes} != decoded val bytes {decoded} (BPB would be off)")
     elif written.val_bytes != original_bytes:
@@ -222,7 +266,6 @@ def _checked_val_bytes(sp, written: WrittenSplits, val_docs: list[str]) -> int:
             f"note: the tokenizer does not round-trip all val text ({written.val_bytes} counted bytes vs "
             f"{original_bytes} in the original; a literal U+2581 decodes to a space)"
         )
-    return original_bytes
 
 
 def _splits_record(written: WrittenSplits, train_docs: list[str], val_docs: list[str], original_bytes: int) -> dict:
@@ -247,15 +290,62 @@ def _build_in_temp(out_dir: Path, overwrite: bool, build: Callable[[Path], Writt
     """``build`` into a temporary sibling of ``out_dir``, renamed into place once complete and removed if the build
     fails or is interrupted: a killed build never leaves half a dataset."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
+    _remove_dead_builds(out_dir)
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
+    alive = _hold_build_lock(tmp)  # released by the kernel however this process ends
     try:
         written = build(tmp)
         _install(tmp, out_dir, overwrite)
     except BaseException:
         _remove_tree(tmp)
         raise
+    finally:
+        if alive is not None:
+            os.close(alive)
     return written
+
+
+#: A build's temporary directory younger than this is never removed as dead: it may be between its mkdir and lock.
+DEAD_BUILD_GRACE_S = 60.0
+
+
+def _hold_build_lock(tmp: Path) -> int | None:
+    """An exclusive lock on the build directory ``tmp`` (its open descriptor), held while the build runs; None
+    where there is no fcntl (Windows: killed builds' directories then stay)."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    fd = os.open(tmp, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def _remove_dead_builds(out_dir: Path) -> None:
+    """Remove the ``.<name>.tmp-*`` directories of builds of ``out_dir`` that were killed: those nobody holds the
+    lock of (a running build holds its own, speedrun.data.prepare._hold_build_lock)."""
+    try:
+        import fcntl
+    except ImportError:
+        return
+    for tmp in out_dir.parent.glob(f".{out_dir.name}.tmp-*"):
+        try:
+            if not tmp.is_dir() or time.time() - tmp.stat().st_mtime < DEAD_BUILD_GRACE_S:
+                continue
+            fd = os.open(tmp, os.O_RDONLY)
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+            continue  # a live build holds it
+        finally:
+            os.close(fd)
+        _log(f"removing {tmp}: left by a build that was killed")
+        _remove_tree(tmp)
 
 
 def _log_written(out_dir: Path, written: WrittenSplits, t0: float) -> None:
@@ -295,6 +385,7 @@ def _open_prepared(directory: Path) -> DatasetPaths:
         val=list_shards(directory, "val"),
         tokenizer=directory / TOKENIZER_FILE,
         vocab_size=int(info["vocab_size"]),
+        val_bytes=list_sidecars(directory),
     )
 
 

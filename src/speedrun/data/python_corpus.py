@@ -194,10 +194,12 @@ def build_python_corpus(
     tokenizer_chars: int = TOKENIZER_CHARS,
     seed: int = 0,
     overwrite: bool = False,
+    caseops: bool = False,
 ) -> DatasetPaths:
     """Build the Python-installation corpus into ``out_dir`` (see the module's docstring); ``roots`` default to
     default_roots(). dataset.json gets ``fingerprint`` and ``source`` (roots, counts, Python version and prefix)
-    besides prepare_dataset's record."""
+    besides prepare_dataset's record. ``caseops``: the documents in CaseOps, with the val byte sidecar
+    (prepare_dataset's caseops)."""
     if not 0 < val_fraction < 1:
         raise ValueError(f"val_fraction={val_fraction} must be between 0 and 1 (e.g. {VAL_FRACTION})")
     if max_bytes is not None and max_bytes < 1:
@@ -228,6 +230,7 @@ def build_python_corpus(
         tokenizer_chars=tokenizer_chars,
         overwrite=overwrite,
         info=functools.partial(_fingerprint, source),
+        caseops=caseops,
     )
 
 

@@ -2,6 +2,9 @@
 
 A shard is a 256-entry little-endian int32 header (magic 20240520, version 1, n_tokens, then
 zeros) followed by n_tokens little-endian uint16 token ids. Names: fineweb_{train,val}_%06d.bin.
+
+A byte sidecar (CaseOps data, speedrun.data.caseops) has the same header and a uint16 payload: per token of the
+val shard of the same index, its bytes of the original text (BOS 0). Names: fineweb_val_bytes_%06d.bin.
 """
 
 from __future__ import annotations
@@ -32,6 +35,11 @@ def shard_name(split: str, index: int) -> str:
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     return f"fineweb_{split}_{index:06d}.bin"
+
+
+def sidecar_name(index: int) -> str:
+    """The byte sidecar of val shard ``index``."""
+    return f"fineweb_val_bytes_{index:06d}.bin"
 
 
 def write_shard(path: Path, tokens: np.ndarray) -> None:
@@ -124,6 +132,15 @@ def validate_shard(path: Path, vocab_size: int | None = None) -> int:
 
 
 _NAME_RE = {split: re.compile(rf"fineweb_{split}_\d{{6}}\.bin") for split in SPLITS}
+_SIDECAR_RE = re.compile(r"fineweb_val_bytes_\d{6}\.bin")
+
+
+def list_sidecars(directory: Path) -> list[Path]:
+    """Sorted byte sidecars ``fineweb_val_bytes_%06d.bin`` in ``directory``; [] if there are none."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if _SIDECAR_RE.fullmatch(p.name) and p.is_file())
 
 
 def list_shards(directory: Path, split: str) -> list[Path]:

@@ -6,12 +6,17 @@ accounting for every run, so numbers compare across runs (and with parameter-gol
 Two ways to cut the token stream into windows of the model's context T (targets are positions 1..M of the
 stream, M = len(val_tokens) - 1; a window starting at a feeds inputs a..a+T-1 and predicts a+1..a+T):
 
-- standard: non-overlapping windows a = 0, T, 2T, ...; each target sees 0..T-1 tokens of context.
+- standard: non-overlapping windows a = 0, T, 2T, ...; each target sees 0..T-1 tokens of context. Where M is not
+  a multiple of T (the split's tail, kept with eval.include_tail: speedrun.data.loader.load_val_tokens otherwise
+  cuts it), one more full-length window ends exactly at M and scores only the r < T targets not yet scored.
 - sliding (stride S): windows a = 0, S, 2S, ... The first window scores all its T targets, every later one
   only its last S, so each target after the first window sees at least T - S tokens of context. Where the
   last full stride does not reach M, one more full-length window is placed to end exactly at M and scores
   only the r < S targets not yet scored (parameter-golf's loop re-scores those tail targets instead). Every
   target is scored exactly once; S == T gives the standard windows and the same sums.
+
+Bytes: each scored target's bytes by the tokenizer's rule (speedrun.data.bpb), or, with a byte sidecar (CaseOps data),
+the sidecar's at the target's stream position: val_bpb is then of the original text's bytes.
 
 Document isolation (eval.document_isolated) keeps the windows and switches on the model's document mask
 (``document_mask``): a token attends only to tokens of its own document (BOS-delimited) inside the window.
@@ -77,39 +82,47 @@ def evaluate(
 ) -> EvalResult:
     """Score non-overlapping windows of seq_len; ``forward(x, y)`` returns per-token nats of shape (B, T).
 
-    Every token after the first is scored exactly once; sums are float64 so long evaluations do not drift.
+    Every token after the first is scored exactly once (a tail shorter than seq_len by one more window ending at the
+    last token, see the module doc); sums are float64 so long evaluations do not drift.
     shard: split the batches over ranks (see the module doc); None scores them all here. progress: ticked after
     each batch with the tokens of the whole evaluation up to it (on several ranks, the ranks move in step).
     max_seconds: stop after the round of batches that spends it (see the module doc). on_token_scores: called after
     each batch with the stream positions of the targets it scored and their float64 nats (tests of causality).
     """
-    n_windows = (val_tokens.numel() - 1) // seq_len
+    n_targets = val_tokens.numel() - 1
+    n_windows = n_targets // seq_len
     if n_windows < 1:
         raise ValueError(f"need at least {seq_len + 1} validation tokens, have {val_tokens.numel()}")
+    tail = n_targets - n_windows * seq_len
     luts = luts.to(device)
-    starts = range(0, n_windows, batch_size)
+    # each batch: its first window, or None for the tail's window (its own batch, after every full one)
+    starts: list[int | None] = [*range(0, n_windows, batch_size), *([None] if tail else [])]
+    batch_targets = [tail if start is None else min(batch_size, n_windows - start) * seq_len for start in starts]
     sums = _BatchSums(len(starts), device)
-    sum_tokens = n_windows * seq_len
     deal = _Deal(starts, shard, max_seconds)
     for i, start in deal:
-        count = min(batch_size, n_windows - start)
-        span = val_tokens[start * seq_len : (start + count) * seq_len + 1].to(device, non_blocking=True)
+        if start is None:  # one window ending at the last target; only its last `tail` targets are new
+            first, count = n_targets - seq_len + 1, 1
+        else:
+            first, count = start * seq_len + 1, min(batch_size, n_windows - start)
+        span = val_tokens[first - 1 : first + count * seq_len].to(device, non_blocking=True)
         x = span[:-1].view(count, seq_len)
         y = span[1:].view(count, seq_len)
-        if autocast_dtype is not None:
-            with torch.autocast(device, dtype=autocast_dtype):
-                nats = forward(x, y)
-        else:
-            nats = forward(x, y)
-        sums.nats[i] = nats.double().sum()
-        sums.bytes[i] = token_bytes(x, y, luts).sum()
+        nats = _scores(forward, x, y, device, autocast_dtype).double()
+        positions = torch.arange(first, first + count * seq_len, device=device).view(count, seq_len)
+        n_bytes = token_bytes(x, y, luts, positions)
+        new = positions > n_targets - tail if start is None else torch.ones_like(positions, dtype=torch.bool)
+        if start is None:
+            nats, n_bytes = torch.where(new, nats, 0.0), torch.where(new, n_bytes, 0)
+        sums.nats[i] = nats.sum()
+        sums.bytes[i] = n_bytes.sum()
         if on_token_scores is not None:
-            first = start * seq_len + 1
-            on_token_scores(torch.arange(first, first + count * seq_len, device=device), nats.double().flatten())
+            on_token_scores(positions[new], nats[new])
         if progress is not None:
-            progress.tick((start + count) * seq_len, sum_tokens)
+            progress.tick(sum(batch_targets[: i + 1]), n_targets)
     total_nats, total_bytes, _ = sums.totals(shard)
-    scored = min(n_windows, deal.scored * batch_size) * seq_len  # the first deal.scored batches, on every rank
+    scored = sum(batch_targets[: deal.scored])  # the first deal.scored batches, on every rank
+    sum_tokens = n_targets
     return EvalResult(
         val_loss=total_nats / scored,
         val_bpb=total_nats / math.log(2) / total_bytes,
@@ -117,6 +130,20 @@ def evaluate(
         bytes=total_bytes,
         tokens_total=sum_tokens,
     )
+
+
+def _scores(
+    forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    device: str,
+    autocast_dtype: torch.dtype | None,
+) -> torch.Tensor:
+    """Per-token nats of a batch of windows, under autocast when the run computes in lower precision."""
+    if autocast_dtype is None:
+        return forward(x, y)
+    with torch.autocast(device, dtype=autocast_dtype):
+        return forward(x, y)
 
 
 def sliding_windows(n_targets: int, seq_len: int, stride: int) -> list[tuple[int, int]]:
@@ -221,17 +248,13 @@ def evaluate_sliding(
         score_from = torch.tensor([w[1] for w in batch], device=device)
         span = val_tokens[starts[:, None] + offsets[None, :]].to(device, non_blocking=True)
         x, y = span[:, :-1], span[:, 1:]
-        if autocast_dtype is not None:
-            with torch.autocast(device, dtype=autocast_dtype):
-                nats = forward(x, y)
-        else:
-            nats = forward(x, y)
+        nats = _scores(forward, x, y, device, autocast_dtype)
         scored = positions[None, :] >= score_from[:, None]
+        targets = starts.to(device)[:, None] + positions[None, :] + 1  # a window starting at a predicts a+1 .. a+T
         sums.nats[i] = torch.where(scored, nats.double(), 0.0).sum()
-        sums.bytes[i] = torch.where(scored, token_bytes(x, y, luts), 0).sum()
+        sums.bytes[i] = torch.where(scored, token_bytes(x, y, luts, targets), 0).sum()
         sums.tokens[i] = scored.sum()
-        if on_token_scores is not None:  # a window starting at a predicts positions a + 1 .. a + T
-            targets = starts.to(device)[:, None] + positions[None, :] + 1
+        if on_token_scores is not None:
             on_token_scores(targets[scored], nats.double()[scored])
         if progress is not None:
             progress.tick(scored_through[i], n_targets)

@@ -50,6 +50,7 @@ def resolve_eval(
         every_seconds=e.every_seconds,
         periodic_tokens=e.periodic_tokens,
         max_seconds=e.max_seconds,
+        include_tail=e.include_tail,
     )
 
 

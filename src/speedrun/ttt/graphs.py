@@ -144,7 +144,9 @@ def chunk_step(
         with torch.no_grad():  # the score: before this chunk's update
             chunk_nats = torch.where(scored, nats.detach().double(), 0.0)
             row_nats = chunk_nats.sum(dim=1)
-            n_bytes = torch.where(scored, token_bytes(x_at, y_at, luts), 0).sum()
+            # a byte sidecar (CaseOps data) counts by stream position: the target of input column c is begin + c + 1
+            positions = (begin[:, None] + at + 1).clamp(max=last) if luts.sidecar is not None else None
+            n_bytes = torch.where(scored, token_bytes(x_at, y_at, luts, positions), 0).sum()
             counts = scored.sum(dim=1)
         if training:  # one step on the chunk just scored: it can only change later chunks' scores
             per_doc = (nats * scored).sum(dim=1) / counts.clamp_min(1)
