@@ -57,6 +57,7 @@ def lora_settings(plan: Plan) -> LoRASettings:
     return LoRASettings(
         rank=t.rank,
         lr=t.lr,
+        local_lr_mult=t.local_lr_mult,
         chunk_size=t.chunk_size,
         short_chunks=t.short_chunks,
         targets=t.targets,
@@ -126,7 +127,7 @@ def ttt_setting_keys(t: TTTConfig) -> dict[str, Any]:
     them without reading the config."""
     keys: dict[str, Any] = {
         f"ttt_{name}": getattr(t, name)
-        for name in ("rank", "alpha", "lr", "beta1", "beta2", "eps", "momentum", "weight_decay")
+        for name in ("rank", "alpha", "lr", "local_lr_mult", "beta1", "beta2", "eps", "momentum", "weight_decay")
     }
     keys.update(
         ttt_optimizer=str(t.optimizer),

@@ -50,20 +50,21 @@ class AdapterOptimizer(Protocol):
 
 def adapter_optimizer(params: list[nn.Parameter], s: LoRASettings) -> AdapterOptimizer:
     """The adapters' optimizer, from LoRASettings ``s`` (optimizer, lr, beta1, beta2, eps, momentum, weight_decay):
-    one for the run, begun anew at every batch."""
+    one for the run, begun anew at every batch. Its learning rate is s.lr x s.local_lr_mult (ttt.local_lr_mult)."""
+    lr = s.lr * s.local_lr_mult
     if s.optimizer == "adam" and s.beta1 == 0 and params:
-        return RowSlotsAdam(params, lr=s.lr, beta2=s.beta2, eps=s.eps, weight_decay=s.weight_decay)
+        return RowSlotsAdam(params, lr=lr, beta2=s.beta2, eps=s.eps, weight_decay=s.weight_decay)
     # On CUDA the fused kernels: the adapters are about a hundred (slots, rank, in) tensors of fp32, gigabytes at
     # the records' 64-128 slots and rank 96, and the fused step reads and writes each of them once (as the records'
     # AdamW(fused=True)); elsewhere the default (foreach) implementation.
     fused = bool(params) and params[0].is_cuda
     if s.optimizer == "sgd":
         opt: torch.optim.Optimizer = torch.optim.SGD(
-            params, lr=s.lr, momentum=s.momentum or 0.0, weight_decay=s.weight_decay, fused=fused or None
+            params, lr=lr, momentum=s.momentum or 0.0, weight_decay=s.weight_decay, fused=fused or None
         )
     else:
         opt = torch.optim.AdamW(
-            params, lr=s.lr, betas=(s.beta1, s.beta2), eps=s.eps, weight_decay=s.weight_decay, fused=fused or None
+            params, lr=lr, betas=(s.beta1, s.beta2), eps=s.eps, weight_decay=s.weight_decay, fused=fused or None
         )
     return EverySlot(opt)
 

@@ -17,6 +17,8 @@ class LoRASettings:
     rank: int
     lr: float
     chunk_size: int
+    local_lr_mult: float = 1.0
+    """The adapters' optimizer steps at lr x local_lr_mult (ttt.local_lr_mult); global TTT keeps phased.lr."""
     short_chunks: str = ""
     """Short documents' chunk schedule, "LEN:CHUNK,..." (config.specs.parse_short_chunks); "" = off."""
     targets: str = "all"
