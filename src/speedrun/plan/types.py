@@ -60,6 +60,8 @@ class EvalPlan:
     """Validation tokens each periodic evaluation scores (standard windows of model.seq_len)."""
     max_seconds: float | None = None
     """Wall-clock budget of each final scoring pass (eval.max_seconds); None: none."""
+    include_tail: bool = False
+    """Score the split's tail that does not fill a window of model.seq_len (eval.include_tail)."""
 
     @property
     def periodic(self) -> bool:

@@ -5,6 +5,7 @@ The attention backend is looked up by name here, once; the model never sees a ba
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ import torch
 
 from speedrun.data.bpb import ByteLUTs, build_byte_luts
 from speedrun.data.layout import DatasetPaths
-from speedrun.data.loader import TokenStream, load_val_tokens
+from speedrun.data.loader import TokenStream, load_val_bytes, load_val_tokens
 from speedrun.data.shards import read_header
 from speedrun.data.tiktoken_bpe import boundary_id, build_tiktoken_luts, is_tiktoken, load_encoding
 from speedrun.data.tokenizer import load_tokenizer
@@ -55,6 +56,7 @@ def build_data(plan: Plan, log: Callable[[str], None]) -> DataBundle:
         from speedrun.data.existing import open_dataset  # data.path set, a Plan's choice (artifact.closure)
 
         paths = open_dataset(Path(d.path), Path(d.tokenizer), d.vocab_size)
+    sp = None
     if is_tiktoken(d.tokenizer):  # GPT-2's byte-level BPE (modded-nanogpt's shards)
         enc = load_encoding(cast(str, d.tokenizer))
         luts, bos_id = build_tiktoken_luts(enc), boundary_id(enc)
@@ -62,9 +64,15 @@ def build_data(plan: Plan, log: Callable[[str], None]) -> DataBundle:
         sp = load_tokenizer(paths.tokenizer)
         luts, bos_id = build_byte_luts(sp), sp.bos_id()
     seq_len = plan.model.seq_len
-    val_tokens = load_val_tokens(paths.val, plan.eval.tokens, seq_len, vocab_size=paths.vocab_size)
+    val_tokens = load_val_tokens(
+        paths.val, plan.eval.tokens, seq_len, vocab_size=paths.vocab_size, include_tail=plan.eval.include_tail
+    )
+    sidecar = load_val_bytes(paths, val_tokens.numel(), sp)  # CaseOps data: BPB on the original text's bytes
+    if sidecar is not None:
+        luts = dataclasses.replace(luts, sidecar=sidecar)
     log(
-        f"data: {len(paths.train)} train shard(s), {val_tokens.numel() - 1:,} val tokens scored, "
+        f"data: {len(paths.train)} train shard(s), {val_tokens.numel() - 1:,} val tokens scored"
+        f"{', bytes from the val byte sidecar' if sidecar is not None else ''}, "
         f"tokenizer {paths.tokenizer} (vocab {paths.vocab_size})"
     )
     pin = plan.device == "cuda"
