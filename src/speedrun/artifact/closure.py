@@ -72,6 +72,7 @@ SELECTED: dict[str, Callable[[Any], bool]] = {
     "speedrun.plan.track": lambda plan: plan.track.name is not None,
     "speedrun.run.track_verdict": lambda plan: plan.track.name is not None,
     "speedrun.training.batch_search": lambda plan: plan.micro_batch_search or plan.eval.batch_search,
+    "speedrun.hardware.threads": lambda plan: plan.device == "cpu",
     # a re-run always names its data (speedrun.rerun.rerun_data), and starts a fresh run dir that resumes nothing
     "speedrun.data.prepare": lambda plan: False,
     "speedrun.training.resume": lambda plan: False,

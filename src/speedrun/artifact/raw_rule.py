@@ -64,6 +64,7 @@ CODE_FILES: tuple[str, ...] = (
     "speedrun/hardware/__init__.py",
     "speedrun/hardware/cards.py",
     "speedrun/hardware/profiles.py",
+    "speedrun/hardware/threads.py",
     "speedrun/kernels/__init__.py",
     "speedrun/kernels/cache.py",
     "speedrun/kernels/compile.py",
@@ -163,6 +164,9 @@ NOT_COUNTED: dict[str, str] = {
     "Hydra composes; training, evaluation and dequantization never reach it",
     "speedrun/task.py": "Hydra's task function around speedrun.main, returning the run's objective to the "
     "sweeper; training, evaluation and dequantization never reach it",
+    "speedrun/sweep_trial.py": "an Optuna sweep's trial reporting its periodic validations to the study "
+    "(hydra/sweeper=optuna), installed by speedrun/task.py; training, evaluation and dequantization run the same "
+    "without it",
     "speedrun/run/loggers.py": "reporting only (console progress lines); training, evaluation and dequantization "
     "run the same without it",
     "speedrun/run/plan_only.py": "`python -m run ... --plan` alone: prints the resolved Plan and exits before any "

@@ -39,9 +39,17 @@ class HardwareConfig:
     """Record the CUDA allocation history (torch.cuda.memory._record_memory_history) and, if the run runs out of
     memory, dump it to <run dir>/memory_snapshot.pickle (open it at https://pytorch.org/memory_viz). Costs some
     speed; for diagnosis."""
+    threads: int | None = None
+    """CPU runs: torch's intra-op threads. None: $OMP_NUM_THREADS when set, else the cores free when the run starts
+    (speedrun.hardware.threads: affinity less the cores other work keeps busy, at least one). result.json records
+    the count (cpu_threads) and where it came from (cpu_threads_source)."""
 
     def __post_init__(self) -> None:
         self.micro_batch = parse_batch(self.micro_batch, f"hardware.micro_batch={self.micro_batch}")
+        _require(
+            self.threads is None or self.threads >= 1,
+            f"hardware.threads={self.threads} must be >= 1 (or null: the free cores)",
+        )
         _require(
             self.memory_cap_gb is None or self.memory_cap_gb > 0,
             f"hardware.memory_cap_gb={self.memory_cap_gb} must be > 0 (or null)",

@@ -152,6 +152,7 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
         target_metric=cfg.budget.target[0] if cfg.budget.target else None,
         target_value=cfg.budget.target[1] if cfg.budget.target else None,
         track=cfg.track,
+        threads=cfg.hardware.threads,
     )
 
 

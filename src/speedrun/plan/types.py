@@ -272,6 +272,9 @@ class Plan:
     target_value: float | None = None
     track: TrackConfig = field(default_factory=TrackConfig)
     """The contest's rules the run is held to (track=...; name None: none)."""
+    threads: int | None = None
+    """hardware.threads: a CPU run's torch threads (None: $OMP_NUM_THREADS, else the free cores when it starts,
+    speedrun.hardware.threads)."""
 
     @property
     def world_size(self) -> int:

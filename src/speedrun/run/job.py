@@ -123,7 +123,7 @@ class Job(JobRecord):
         self.result.update(plan.optim_result_keys())  # the optimizer, schedule and EMA levers
         self.result.update(plan.model.result_keys())  # the model levers (model_*)
         self.result.update(plan.quant.result_keys())  # the export's levers (quant_*)
-        configure_torch(plan)
+        self.result.update(configure_torch(plan))  # a CPU run's thread count (cpu_threads)
         if self.world.rank == 0:  # one W&B run per run, not per rank
             self.logger = make_logger(plan.logger, self.ctx.run_dir, self.result["sweep"], plan.name)
         self.guard("start", self.config_tree, plan.to_dict())

@@ -167,11 +167,24 @@ def build_model(plan: Plan, attention, bos_id: int):
     return model, forward, eval_forward, optimizers
 
 
-def configure_torch(plan: Plan) -> None:
-    """Seed, TF32 and the memory cap the Plan asks for, before anything is built."""
+def configure_torch(plan: Plan) -> dict[str, object]:
+    """Seed, TF32, the memory cap and a CPU run's threads the Plan asks for, before anything is built; returns the
+    result keys of what was chosen (cpu_threads, ...; empty on a GPU)."""
     import torch
 
     torch.manual_seed(plan.seed)
+    chosen: dict[str, object] = {}
+    if plan.device == "cpu":
+        from speedrun.hardware.threads import choose_threads  # a CPU run's alone (artifact.closure)
+
+        threads = choose_threads(plan.threads)
+        torch.set_num_threads(threads.threads)
+        chosen = threads.result_keys()
+        busy = threads.busy_line()
+        if busy:
+            log.warning(busy)
+        else:
+            log.info("torch trains on %d CPU thread(s) (%s)", threads.threads, threads.source)
     if plan.device == "cuda":
         # TF32 only where the profile has it: an emulated T4 keeps true fp32 matmuls, as the card would.
         tf32 = plan.matmul_dtype == "tf32"
@@ -182,3 +195,4 @@ def configure_torch(plan: Plan) -> None:
             fraction = min(1.0, plan.memory_cap_gb * 1e9 / total)
             torch.cuda.set_per_process_memory_fraction(fraction)
             log.info("memory capped to %.1f GB (%.3f of the device)", plan.memory_cap_gb, fraction)
+    return chosen
