@@ -169,3 +169,30 @@ def test_a_killed_builds_temporary_directory_is_removed_by_the_next_build(docs, 
         holder.kill()
         holder.wait(timeout=30)
         holder.stdout.close()
+
+
+def test_data_fineweb_sp8192_caseops_reads_the_hugging_face_export_as_it_lands(compose, built, tmp_path):
+    """conf/data/fineweb_sp8192_caseops.yaml names the paths a snapshot of romeerp/parameter-golf-caseops-v1 into
+    data/datasets/fineweb10B_sp8192_caseops has (the records' prep and READMEs): shards, sidecars and tokenizer
+    placed there open with their sidecar. Without the data, the refusal says how to download it."""
+    data = compose(["data=fineweb_sp8192_caseops"]).data
+    assert (data.name, data.vocab_size) == ("fineweb_sp8192_caseops", 8192)
+    root = "data/datasets/fineweb10B_sp8192_caseops/datasets"
+    assert data.path == f"{root}/datasets/fineweb10B_sp8192_lossless_caps_caseops_v1_reserved"
+    assert data.tokenizer == f"{root}/tokenizers/fineweb_8192_bpe_lossless_caps_caseops_v1_reserved.model"
+    with pytest.raises(DataError, match="romeerp/parameter-golf-caseops-v1"):
+        open_dataset(tmp_path / data.path, tmp_path / data.tokenizer, data.vocab_size)
+    shutil.copytree(built, tmp_path / data.path, ignore=shutil.ignore_patterns("tokenizer.*", "dataset.json"))
+    (tmp_path / data.tokenizer).parent.mkdir(parents=True)
+    shutil.copy(built / "tokenizer.model", tmp_path / data.tokenizer)
+    paths = open_dataset(tmp_path / data.path, tmp_path / data.tokenizer, 512)  # the tiny build's vocabulary
+    assert len(paths.val_bytes) == len(paths.val) >= 2
+    assert load_val_bytes(paths, 100, load_tokenizer(paths.tokenizer)) is not None
+
+
+def test_data_python_sp1024_caseops_is_the_python_corpus_built_with_caseops(compose):
+    data = compose(["data=python_sp1024_caseops"]).data
+    assert (data.name, data.path, data.vocab_size) == ("python_sp1024_caseops", "data/python_sp1024_caseops", 1024)
+    assert data.tokenizer == "data/python_sp1024_caseops/tokenizer.model"  # the build keeps its tokenizer inside
+    help_line = _cli().build_parser().format_help()
+    assert "--caseops" in help_line and "--val-docs" in help_line

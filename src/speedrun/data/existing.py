@@ -47,6 +47,28 @@ def parameter_golf_help(vocab_size: int) -> str:
     return "\n".join(lines)
 
 
+CASEOPS_REPO = "romeerp/parameter-golf-caseops-v1"
+"""The Hugging Face dataset of parameter-golf's CaseOps sp8192 export (the records' data since PR #1855)."""
+
+
+def caseops_help() -> str:
+    """How to download parameter-golf's CaseOps export to where data=fineweb_sp8192_caseops reads it."""
+    return "\n".join(
+        [
+            f"To use parameter-golf's CaseOps FineWeb export (Hugging Face dataset {CASEOPS_REPO}, ~16 GB: 80 train "
+            "shards, the 50,000-document val split and its byte sidecar):",
+            '    python -c "from huggingface_hub import snapshot_download; snapshot_download('
+            f"repo_id='{CASEOPS_REPO}', repo_type='dataset', local_dir='data/datasets/fineweb10B_sp8192_caseops')\"",
+            "  which writes datasets/datasets/fineweb10B_sp8192_lossless_caps_caseops_v1_reserved/ (fineweb_train_*.bin,",
+            "  fineweb_val_*.bin, fineweb_val_bytes_*.bin) and datasets/tokenizers/"
+            "fineweb_8192_bpe_lossless_caps_caseops_v1_reserved.model",
+            "  under it, the paths data=fineweb_sp8192_caseops names (from another directory: data.path=... "
+            "data.tokenizer=...).",
+            "  Or build CaseOps data from your own text: python scripts/prepare_data.py --caseops --input ... --out DIR",
+        ]
+    )
+
+
 def prepared_help(path: Path, vocab_size: int) -> str:
     """One line: how to build a dataset directory that keeps its tokenizer inside (scripts/prepare_data.py's)."""
     return (
@@ -65,6 +87,8 @@ def open_dataset(path: Path, tokenizer: Path | str, vocab_size: int) -> DatasetP
         # A directory that holds its own tokenizer is scripts/prepare_data.py's (parameter-golf keeps tokenizers
         # apart from the shards): name the command that builds it, on the same line.
         help_text = f"; {prepared_help(path, vocab_size)}"
+    elif "caseops" in f"{path.name}/{tokenizer.name}".lower():  # the CaseOps export's names say so
+        help_text = f"\n{caseops_help()}"
     else:
         help_text = f"\n{parameter_golf_help(vocab_size)}"
     if not path.is_dir():
