@@ -7,6 +7,7 @@ imports, and a sweep's objective is no part of it (speedrun.artifact.raw_rule.NO
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import speedrun
 from speedrun.config.objective import DEFAULT_OBJECTIVE, objective_problem
 from speedrun.records.objective import maximising, objective_of
 from speedrun.records.store import read_result
+from speedrun.sweep_trial import TRIAL_ENV
 
 log = logging.getLogger("speedrun")
 
@@ -38,6 +40,13 @@ def task(cfg: Any) -> float:
         sys.exit(1)
     hydra = HydraConfig.get() if HydraConfig.initialized() else None
     maximise = maximising(hydra.sweeper) if hydra is not None else False
+    checks: list[Any] = []
+    if os.environ.get(TRIAL_ENV):  # a trial of hydra/sweeper=optuna: its periodic validations go to the study
+        from speedrun.sweep_trial import pruning_check
+        from speedrun.training.periodic import PRUNE_CHECKS
+
+        checks = PRUNE_CHECKS
+        checks[:] = [c for c in [pruning_check()] if c is not None]
     try:
         record = speedrun.main(cfg)
     except SystemExit as e:
@@ -45,4 +54,6 @@ def task(cfg: Any) -> float:
         if hydra is None or hydra.mode != RunMode.MULTIRUN or e.code != 1 or recorded is None:
             raise
         record = recorded
+    finally:
+        checks.clear()  # the next job in this process (hydra/launcher=basic) is another trial, or none
     return objective_of(record, key, maximise)

@@ -1,14 +1,21 @@
-"""Adaptive sweeps through `python -m run -m hydra/sweeper=optuna` on CPU: the study minimises the numbers the runs
-return (their ``objective`` result key), a refused trial scores the worst value and the study goes on, through the
-pool launcher (a process per job) and in the sweep's own process (hydra/launcher=basic); and the objective keys are
-the numbers a real run records."""
+"""Adaptive sweeps through `python -m run -m hydra/sweeper=optuna` on CPU (speedrun's own sweeper on Optuna's API,
+hydra_plugins/speedrun_plugins/optuna_sweeper.py): the study minimises the numbers the runs return (their
+``objective`` result key), a refused trial scores the worst value and the study goes on, through the pool launcher (a
+process per job) and in the sweep's own process (hydra/launcher=basic); a study in a sqlite file that a killed sweep
+left after 2 of its 3 trials finishes the third when the same command runs again; a trial whose periodic
+validation is worse than the median of the trials before it is pruned; and the objective keys are the numbers a real
+run records."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import signal
 import sqlite3
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,12 +24,12 @@ import yaml
 from speedrun.config.objective import OBJECTIVES
 from support.cli import run_cli
 
-pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="pip install -e '.[optuna]'")
+optuna = pytest.importorskip("optuna", reason="pip install -e '.[optuna]'")
 pytestmark = pytest.mark.slow
 
 # a grid over three values, one of them refused by the schema (a negative learning rate): every trial runs, in order
 # of the sampler's choosing, and the refused one fails in a second
-OPTUNA = ["-m", "hydra/sweeper=optuna", "hydra/sweeper/sampler=grid", "debug=smoke", "budget.max_steps=2"]
+OPTUNA = ["-m", "hydra/sweeper=optuna", "hydra.sweeper.sampler=grid", "debug=smoke", "budget.max_steps=2"]
 
 
 def _rows(cwd: Path) -> list[dict]:
@@ -123,3 +130,89 @@ def test_every_objective_a_run_records_is_a_number(default_smoke_run):
         assert value is None or (
             isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
         ), f"{key}={value!r}"
+
+
+def _sweep_command(args: list[str], data_cache: Path) -> list[str]:
+    return [sys.executable, "-m", "run", *args, f"data.cache_dir={data_cache}"]
+
+
+def _trials(storage: str, name: str = "default") -> list:
+    return optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+
+
+def test_a_study_stopped_after_two_of_three_trials_finishes_the_third_from_its_storage(tmp_path, data_cache):
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    args = [
+        "-m",
+        "hydra/sweeper=optuna",
+        "hydra/launcher=basic",  # one process: the kill below stops the sweep and its running trial together
+        "debug=smoke",
+        "budget.max_steps=2",
+        "optim.matrix_lr=interval(0.01,0.05)",
+        "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.pruner=none",
+        f"hydra.sweeper.storage={storage}",
+    ]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    log = (tmp_path / "first.log").open("w")
+    first = subprocess.Popen(
+        _sweep_command(args, data_cache), cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    try:
+        deadline = time.time() + 300
+        while not list((tmp_path / "outputs" / "multirun").glob("*/*/2")):  # the third trial's job has started
+            assert first.poll() is None and time.time() < deadline, (tmp_path / "first.log").read_text()[-4000:]
+            time.sleep(0.1)
+    finally:
+        first.send_signal(signal.SIGKILL)  # no handler runs: the study keeps trial 3 as running
+        first.wait()
+        log.close()
+    before = _trials(storage)
+    assert [t.state.name for t in before] == ["COMPLETE", "COMPLETE", "RUNNING"]
+    abandoned = before[2].params
+
+    proc = subprocess.run(_sweep_command(args, data_cache), cwd=tmp_path, env=env, capture_output=True, text=True)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "2 of 3 trial(s) done, 1 left running by a stopped sweep to run again" in out
+    after = _trials(storage)
+    done = [t for t in after if t.state.name == "COMPLETE"]
+    # the first two as they were, and the third run again with the values the killed sweep had asked for
+    assert [(t.number, t.value, t.params) for t in done[:2]] == [(t.number, t.value, t.params) for t in before[:2]]
+    assert len(done) == 3 and done[2].params == abandoned
+    assert after[2].state.name == "FAIL" and after[2].user_attrs["retried"] is True
+    # the seeded sampler proposed three different learning rates
+    assert len({t.params["optim.matrix_lr"] for t in done}) == 3
+    (second_sweep,) = [d for d in (tmp_path / "outputs" / "multirun").glob("*/*") if (d / "0").is_dir()][-1:]
+    rerun = json.loads((second_sweep / "0" / "result.json").read_text())
+    assert rerun["status"] == "ok" and rerun["val_bpb"] == pytest.approx(done[2].value, rel=1e-12)
+    study = yaml.safe_load((second_sweep / "optimization_results.yaml").read_text())
+    assert study["best_value"] == pytest.approx(min(t.value for t in done), rel=1e-12)
+
+
+def test_a_trial_worse_than_the_median_at_a_periodic_validation_is_pruned(tmp_path, data_cache):
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    common = [
+        "-m",
+        "hydra/sweeper=optuna",
+        "hydra/launcher=basic",
+        "debug=smoke",
+        "budget.max_steps=6",
+        "eval.every_steps=2",
+        "hydra.sweeper.pruner_startup_trials=1",
+        f"hydra.sweeper.storage={storage}",
+    ]
+    good = run_cli([*common, "hydra.sweeper.n_trials=1", f"data.cache_dir={data_cache}"], cwd=tmp_path)
+    assert good.returncode == 0, (good.stdout + good.stderr)[-4000:]
+    # every learning rate 0: the model never moves, so its first validation is worse than the trained run's
+    frozen = [f"optim.{k}=0" for k in ("matrix_lr", "scalar_lr", "embed_lr", "tied_embed_lr", "head_lr")]
+    bad = run_cli([*common, *frozen, "hydra.sweeper.n_trials=2", f"data.cache_dir={data_cache}"], cwd=tmp_path)
+    out = bad.stdout + bad.stderr
+    assert bad.returncode == 0, out[-4000:]
+    first, second = _trials(storage)
+    assert first.state.name == "COMPLETE" and sorted(first.intermediate_values) == [2, 4, 6]
+    assert second.state.name == "PRUNED" and sorted(second.intermediate_values) == [2]
+    assert "pruned at step 2" in out
+    (run_dir,) = [Path(p) for p in [second.user_attrs["run_dir"]]]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert (result["status"], result["budget_end"], result["steps"]) == ("ok", "pruned", 2)

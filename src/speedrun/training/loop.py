@@ -257,6 +257,8 @@ class _Loop:
             if self.plan.target_metric is not None and self.agree(float(state.target_steps is not None)):
                 state.budget_end = "target"
                 return False
+            if state.budget_end == "pruned":  # an Optuna trial its study pruned (one process: nothing to agree)
+                return False
         return True
 
     def flush(self, line: bool) -> bool:

@@ -34,6 +34,10 @@ from speedrun.training.preempt import NONE, StopRequests
 
 log = logging.getLogger("speedrun")
 
+PRUNE_CHECKS: list[Callable[[int, Any], bool]] = []
+"""Asked after each periodic validation of a single-process run with (step, the validation's result): True ends
+training there (budget_end pruned). speedrun.task adds an Optuna trial's (speedrun.sweep_trial); empty otherwise."""
+
 
 class PeriodicEval:
     """Standard windows of model.seq_len over the first eval.periodic_tokens validation tokens. On several ranks
@@ -214,6 +218,9 @@ class LoopExtras:
                 f"({res.tokens:,} tokens, {seconds:.1f}s, not in train time)"
             )
         self._check_target(state, res)  # the same verdict on every rank: the result is all-reduced
+        if PRUNE_CHECKS and self.plan.world_size == 1 and any(check(state.steps, res) for check in PRUNE_CHECKS):
+            state.budget_end = "pruned"
+            self.log(f"pruned at step {state.steps}: the sweep's study ends this trial here")
 
     def _check_target(self, state: Any, res: Any) -> None:
         """budget.target_*: the first evaluation at or below the target records where training got there (the
