@@ -48,7 +48,7 @@ def test_an_ok_run_without_a_number_for_the_key_is_the_worst(caplog):
     assert "objective=val_bpb_ttt" in caplog.text and "worst" in caplog.text
 
 
-class Direction(Enum):  # as hydra-optuna-sweeper's config spells a direction
+class Direction(Enum):  # as a sweeper's config may spell a direction (hydra-optuna-sweeper did)
     minimize = 1
     maximize = 2
 
@@ -65,7 +65,7 @@ def test_the_direction_is_read_from_each_sweeper():
 
 
 def test_the_direction_of_a_composed_optuna_sweep(compose):
-    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="pip install -e '.[optuna]'")
+    pytest.importorskip("optuna", reason="pip install -e '.[optuna]'")
     assert not maximising(compose(["hydra/sweeper=optuna"], return_hydra_config=True).hydra.sweeper)
     up = compose(["hydra/sweeper=optuna", "hydra.sweeper.direction=maximize"], return_hydra_config=True)
     assert maximising(up.hydra.sweeper)

@@ -182,6 +182,10 @@ class OptunaSweeper(Sweeper):
             results = self.launcher.launch(batch, initial_job_idx=job_idx)
             job_idx += len(batch)
             returns.append(list(results))
+            if getattr(self.launcher, "interrupted", False):  # Ctrl-C in the pool: the rest waits for a resume
+                left = _requeue_unrun(optuna, study, trials, results)
+                log.info(f"optuna: interrupted; {left} trial(s) not run are queued for the same command run again")
+                break
             for trial, ret in zip(trials, results):
                 _tell(optuna, study, trial, ret)
         self._report(optuna, study, sweep_dir)
@@ -293,6 +297,21 @@ def _tell(optuna: Any, study: Any, trial: Any, ret: Any) -> None:
 def _finished(study: Any) -> list[Any]:
     """The trials that count towards n_trials: finished, less those a stopped sweep abandoned (run again)."""
     return [t for t in study.get_trials(deepcopy=False) if t.state.is_finished() and not t.user_attrs.get("retried")]
+
+
+def _requeue_unrun(optuna: Any, study: Any, trials: list[Any], results: Any) -> int:
+    """After an interrupted batch: each trial's outcome as usual where its job completed; one that did not run (or
+    was stopped) is failed and its values queued again, so a resumed study runs it."""
+    left = 0
+    for trial, ret in zip(trials, results):
+        if ret.status == JobStatus.COMPLETED and (getattr(ret.return_value, "record", {}) or {}).get("status") == "ok":
+            _tell(optuna, study, trial, ret)
+            continue
+        trial.set_user_attr("retried", True)
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        study.enqueue_trial(trial.params, skip_if_exists=False)
+        left += 1
+    return left
 
 
 def _retry_abandoned(optuna: Any, study: Any) -> int:
