@@ -40,7 +40,7 @@ def test_torchrun_two_ranks_make_one_run_like_one_process(tmp_path, data_cache, 
     torchrun = Path(sys.executable).with_name("torchrun")
     if not torchrun.exists():
         pytest.skip(f"no torchrun beside {sys.executable}")
-    # the 4 steps decide (smoke's 120 s is only a safety cap), the same data as conftest's default_smoke_run
+    # smoke's 4 steps end it (it has no time limit), the same data as conftest's default_smoke_run
     args = [*SMOKE, f"data.cache_dir={data_cache}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
