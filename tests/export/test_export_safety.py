@@ -203,7 +203,7 @@ def test_submission_json_has_a_blurb_and_says_why_a_smoke_run_is_no_record(tmp_p
     assert (sub["track"], sub["record_track"]) == (None, False)
     for says in (
         "made with track=none",
-        "CPU process(s), not 8",
+        "ran on 1 CPU process, not 8 GPUs",
         result["device_name"],
         "data=embedded",
         "first 8,064",
@@ -237,15 +237,20 @@ RECORD_RUN = {
     "val_tokens_total": 40_540_160,
     "artifact_bytes": 15_000_000,
 }
-NON_RECORD_FOLDER, RECORD_FOLDER = load_track(NON_RECORD_NAME).folder, load_track(RECORD_NAME).folder
+# as the records' submission.json spell the tracks: their records/ folder less "track_"
+NON_RECORD_FOLDER, RECORD_FOLDER = "non_record_16mb", "10min_16mb"
+assert (load_track(NON_RECORD_NAME).folder, load_track(RECORD_NAME).folder) == (
+    "track_non_record_16mb",
+    "track_10min_16mb",
+)
 
 
 @pytest.mark.parametrize(
     "changes, size, says",
     [
         ({}, 16_000_000, None),  # every limit met exactly
-        ({"world_size": 1, "gpu_names": None}, 15_000_000, "1 GPU(s), not 8"),
-        ({"world_size": 16, "gpu_names": [H100] * 16}, 15_000_000, "16 GPU(s), not 8"),
+        ({"world_size": 1, "gpu_names": None}, 15_000_000, "ran on 1 GPU, not 8 GPUs"),
+        ({"world_size": 16, "gpu_names": [H100] * 16}, 15_000_000, "ran on 16 GPUs, not 8 GPUs"),
         ({"device_name": "NVIDIA H200", "gpu_names": ["NVIDIA H200"] * 8}, 15_000_000, "ran on NVIDIA H200, not H100"),
         ({"gpu_names": [H100] * 7 + ["NVIDIA A100-SXM4-80GB"]}, 15_000_000, "ran on NVIDIA A100-SXM4-80GB"),
         ({"train_seconds": 600.2}, 15_000_000, "trained 600.2 s (Hessians included), over 600 s"),
@@ -265,7 +270,8 @@ NON_RECORD_FOLDER, RECORD_FOLDER = load_track(NON_RECORD_NAME).folder, load_trac
 def test_the_record_track_is_claimed_only_when_every_rule_is_met(changes, size, says):
     result = {**RECORD_RUN, **changes}
     problems = record_problems(result, size)
-    fields = claim([("seed 0", result, size)])
+    # the runs' joint evidence (seeds, significance, cross-checks) held: tests/export/test_export_claims.py
+    fields = claim([("seed 0", result, size)], evidence=[])
     if says is None:
         assert problems == [] and fields["track"] == RECORD_FOLDER and fields["record_track"] is True
         return
@@ -279,11 +285,12 @@ def test_the_record_track_is_claimed_only_when_every_rule_is_met(changes, size, 
 
 def test_one_seed_off_the_rules_makes_the_submission_non_record():
     good, slow = dict(RECORD_RUN), {**RECORD_RUN, "train_seconds": 640.0}
-    assert claim([("seed 0", good, 15_000_000), ("seed 1", good, 15_000_000)])["record_track"] is True
-    fields = claim([("seed 0", good, 15_000_000), ("seed 1", slow, 15_000_000)])
+    assert claim([("seed 0", good, 15_000_000), ("seed 1", good, 15_000_000)], evidence=[])["record_track"] is True
+    fields = claim([("seed 0", good, 15_000_000), ("seed 1", slow, 15_000_000)], evidence=[])
     assert fields["track"] == NON_RECORD_FOLDER and "seed 1: trained 640.0 s" in fields["track_reason"]
     assert "seed 0" not in fields["track_reason"]
-    assert claim([("seed 0", good, 15_000_000)], unverified=True)["record_track"] is False
+    assert claim([("seed 0", good, 15_000_000)], unverified=True, evidence=[])["record_track"] is False
+    assert claim([("seed 0", good, 15_000_000)])["record_track"] is False  # evidence never judged: no record
     asked = claim([("seed 0", good, 15_000_000)], wanted=NON_RECORD_NAME)
     assert (asked["track"], asked["record_track"]) == (NON_RECORD_FOLDER, False) and "--track" in asked["track_reason"]
 

@@ -165,9 +165,9 @@ class TrackConfig:
         out = []
         world = int(result.get("world_size") or 1)
         if self.gpus is not None and (world != self.gpus or result.get("hardware") == "cpu"):
-            out.append(
-                f"ran on {world} {'CPU process' if result.get('hardware') == 'cpu' else 'GPU'}(s), not {self.gpus}"
-            )
+            unit = "CPU process" if result.get("hardware") == "cpu" else "GPU"
+            plural = "" if world == 1 else "es" if unit.endswith("s") else "s"
+            out.append(f"ran on {world} {unit}{plural}, not {self.gpus} GPUs")
         if self.card is not None:
             names = [str(n) for n in (result.get("gpu_names") or [result.get("device_name")])]
             other = sorted({n for n in names if self.card not in n})

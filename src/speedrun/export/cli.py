@@ -11,7 +11,9 @@ refused unless --force; so is a train_gpt.py that is not the file the run wrote 
 an --out that exists and holds an earlier export. An --out that is, holds or lies inside a run dir it exports, the
 results database or outputs/, or an existing folder holding other files, is refused whatever the flags. submission.json claims the record track only for runs made with
 track=pgolf_10min_16mb that meet its rules (conf/track/: 8xH100, 600 s of training, 600 s of evaluation, 16,000,000
-bytes, the whole validation split); otherwise the folder is a non-record submission and says why. The folder is built
+bytes, the whole validation split), at least 3 seeds whose scored loss beats the standing record (conf/track/records/,
+or --record) by 0.005 nats at p < 0.01, and a result.json its packed config and run.log confirm; otherwise the folder
+is a non-record submission and says why. The folder is built
 beside --out and renamed into place, so a failed export leaves nothing half written. docs/export.md has the whole
 workflow.
 """
@@ -33,11 +35,12 @@ from speedrun.artifact.wrap import CodeSource, build_wrapper
 from speedrun.errors import PlanError
 from speedrun.export.folder import Submission, log_name
 from speedrun.export.run_dirs import ExportError, Run, check_runs, expand, load_run
-from speedrun.export.track import RECORD_NAME, track_name
+from speedrun.export.track import RECORD_NAME, load_track, track_name
 from speedrun.paths import REPO_ROOT, results_db_path
 from speedrun.records.identity import code_fingerprint
 from speedrun.records.rundir import is_regular, read_bytes
 from speedrun.records.store import write_json
+from speedrun.report.accept import Reference, parse_record
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,6 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
         f"with track={RECORD_NAME} and meets its "
         "rules; else track_non_record_16mb, saying why)",
     )
+    p.add_argument(
+        "--record",
+        metavar="REF",
+        help="the standing record the acceptance test compares with: a merged record of conf/track/records/ by "
+        "folder or PR (1855), or val_loss=MEAN[,std=S,n=N,val_bpb=B] (default: the best merged record of the data)",
+    )
     p.add_argument("--blurb", default="", help="submission.json's blurb (default: one line of the runs' numbers)")
     p.add_argument("--summary", default="", help="submission.json's technique_summary (default: the settings)")
     return p
@@ -77,6 +86,15 @@ def _track(spelling: str) -> str:
         return track_name(spelling)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _record(text: str | None) -> Reference | None:
+    if text is None:
+        return None
+    try:
+        return parse_record(load_track(RECORD_NAME), text)
+    except ValueError as e:
+        raise ExportError(str(e)) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -106,6 +124,7 @@ def export(args: argparse.Namespace) -> str:
         track=args.track,
         summary=args.summary,
         blurb=args.blurb,
+        record=_record(args.record),
     )
     write_folder(out, sub)
     for problem in sub.code_problems():

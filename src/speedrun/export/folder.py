@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from speedrun.artifact.code_count import MANIFEST, WRAPPED_FILE
 from speedrun.artifact.wrap import OPTIONAL, compressor_of, requirements
+from speedrun.config.track_rules import levers_used, load_track
 from speedrun.export.run_dirs import ExportError, Run
-from speedrun.export.track import RECORD_NAME, claim, limits_table
+from speedrun.export.track import RECORD_NAME, claim, limits_table, record_evidence
+from speedrun.report.accept import Judged, Reference, judge_results
 from speedrun.stats import mean, std
 from speedrun.tables import format_table, mean_std_cell
 
@@ -49,10 +53,13 @@ class Submission:
     summary: str = ""
     blurb: str = ""
     """submission.json's short description; default_blurb() when empty."""
+    record: Reference | None = None
+    """The standing record the acceptance test compares with (--record); None: the best merged one of the data."""
 
     def __post_init__(self) -> None:
         self.bpb_key, self.loss_key = headline(self.runs[0].result)
-        self.date = time.strftime("%Y-%m-%d")
+        self.date, self.date_source = run_date(self.runs)
+        self.acceptance: Judged = judge_results(load_track(RECORD_NAME), [r.result for r in self.runs], self.record)
 
     # -- numbers ------------------------------------------------------------------------------------------------
     def values(self, key: str) -> list[float]:
@@ -87,8 +94,70 @@ class Submission:
         return [(f"seed {run.seed}", run.result, self.total(run)) for run in self.runs]
 
     def track_claim(self) -> dict[str, Any]:
-        """track, record_track and track_reason (speedrun.export.track.claim)."""
-        return claim(self.labelled(), self.track, unverified=bool(self.code_problems()))
+        """track, record_track and track_reason (speedrun.export.track.claim), the runs' evidence judged."""
+        evidence = record_evidence(self.runs, self.acceptance) if self.track == RECORD_NAME else []
+        return claim(self.labelled(), self.track, unverified=bool(self.code_problems()), evidence=evidence)
+
+    def significance(self) -> dict[str, Any]:
+        """The records' comparison fields: the record tested against, the delta in nats and bpb, t and p, how."""
+        j = self.acceptance
+        ref = j.reference
+        return {
+            "comparison_record": None
+            if ref is None
+            else {
+                "name": ref.label,
+                "val_loss": ref.val_loss,
+                "val_bpb": ref.val_bpb,
+                "val_loss_std": ref.std,
+                "n": ref.n,
+                "source": ref.source,
+            },
+            "scored_loss": j.loss_key,
+            "delta_vs_record_nats": _round(j.diff),
+            "delta_vs_record_bpb": _round(j.diff_bpb),
+            "t_statistic": None if j.test is None else _round(j.test.t),
+            "p_value": None if j.test is None else j.test.p,
+            "significance_test": (
+                f"one-sided one-sample t-test over {len(j.values)} seeds of H1 mean {j.loss_key} < the record's "
+                f"published mean - {load_track(RECORD_NAME).acceptance.margin:g} nats"
+                if j.test is not None
+                else f"not tested: {j.untested or 'fewer than 2 seeds'}"
+            ),
+        }
+
+    def compliance(self) -> dict[str, Any]:
+        """The records' compliance block: each rule of the record track, measured on every seed."""
+        record = load_track(RECORD_NAME)
+        results = [r.result for r in self.runs]
+        train = [r.get("train_seconds") for r in results]
+        evals = [r.get("eval_seconds") for r in results]
+        sizes = [self.total(run) for run in self.runs]
+        ttt = any(r.get("val_bpb_ttt") is not None for r in results)
+
+        def within(xs: list[Any], limit: float | None) -> bool:
+            return limit is not None and all(x is not None and float(x) <= limit for x in xs)
+
+        return {
+            "train_under_600s": within(train, record.train_seconds),
+            "eval_under_600s": within(evals, record.eval_seconds),
+            "artifact_under_16mb": within(sizes, record.artifact_cap_bytes),
+            "full_validation": all(r.get("eval_whole_split") is True for r in results),
+            "score_first_ttt": True if ttt else None,  # speedrun's TTT scores each chunk before it learns from it
+            "three_seeds": len(self.runs) >= (record.acceptance.min_seeds or 3),
+            "track_rules_every_seed": all(r.get("track") == RECORD_NAME and r.get("track_ok") for r in results),
+            "train_time_max_s": max((float(x) for x in train if x is not None), default=None),
+            "eval_time_max_s": max((float(x) for x in evals if x is not None), default=None),
+            "artifact_bytes_max": max(sizes),
+        }
+
+    def levers(self) -> list[tuple[str, tuple[Any, ...]]]:
+        """(lever, credits) of each lever the runs' config turns on, from conf/track/attribution/."""
+        return levers_used(RECORD_NAME, self.runs[0].config)
+
+    def attribution(self) -> dict[str, str]:
+        """The records' attribution block: each lever used -> the merged records (PRs) that introduced it."""
+        return {lever: ", ".join(_credit(c) for c in credits) for lever, credits in self.levers()}
 
     def limits_lines(self) -> list[str]:
         """The README's times and bytes against the record track's limits, and any projection the runs made."""
@@ -124,6 +193,10 @@ class Submission:
         )
 
     def submission_json(self) -> dict[str, Any]:
+        """The fields parameter-golf's records carry; never NaN or infinity (JSON has neither: null instead)."""
+        return _no_nan(self._submission_json())
+
+    def _submission_json(self) -> dict[str, Any]:
         first = self.runs[0].result
         bpb, loss = self.values(self.bpb_key), self.values(self.loss_key)
         steps = mean(self.values("steps"))
@@ -137,6 +210,10 @@ class Submission:
             "val_bpb": _round(mean(bpb)),
             "val_bpb_std": _round(std(bpb)),
             "val_loss": _round(mean(loss)),
+            "val_loss_std": _round(std(loss)),
+            **self.significance(),
+            "compliance": self.compliance(),
+            "attribution": self.attribution(),
             "metric": self.bpb_key,
             "bytes_total": max(self.total(run) for run in self.runs),
             "bytes_code": len(self.code),
@@ -149,6 +226,7 @@ class Submission:
             "pytorch_version": first.get("torch_version"),
             "technique_summary": self.summary or self.settings_line(),
             "speedrun": {
+                "date_source": self.date_source,
                 "code_rule": "wrapped",
                 "run_code_rule": first.get("artifact_code_rule"),
                 "git_sha": first.get("git_sha"),
@@ -186,6 +264,8 @@ class Submission:
             [
                 *self._head_lines(sub),
                 *self._results_lines(sub),
+                *self._record_lines(sub),
+                *self._technique_lines(),
                 *self.limits_lines(),
                 *self._settings_lines(sub),
                 *self._command_lines(),
@@ -197,11 +277,12 @@ class Submission:
         """The title, the headline numbers, the blurb, the track claim and any unverified file."""
         n = len(self.runs)
         spread = f"{n}-seed mean ± {sub['val_bpb_std']:.6f}" if n > 1 else "1 seed"
-        track = (
-            f"Track: `{sub['track']}` ({sub['track_reason']})."
-            if sub["record_track"]
-            else f"Track: `{sub['track']}`; {sub['track_reason']}."
-        )
+        if sub["record_track"]:
+            track = f"Track: `{sub['track']}` ({sub['track_reason']})."
+        elif sub["track"] is None:
+            track = f"Track: none of parameter-golf's; {sub['track_reason']}."
+        else:
+            track = f"Track: `{sub['track']}`; {sub['track_reason']}."
         unverified = [
             f"**{WRAPPED_FILE} is not verified as the runs' own file** (exported with --force): {problem}."
             for problem in self.code_problems()
@@ -217,7 +298,8 @@ class Submission:
             track,
             "",
             *[line for problem in unverified for line in (problem, "")],
-            f"Exported by speedrun (`python -m speedrun.export`) on {self.date} from {n} run(s).",
+            f"Run on {self.date} ({self.date_source}); exported by speedrun (`python -m speedrun.export`) on "
+            f"{time.strftime('%Y-%m-%d')} from {n} run(s).",
             "",
         ]
 
@@ -259,6 +341,37 @@ class Submission:
             f"`val_bpb` is `{self.bpb_key}`: {meaning}",
             "",
         ]
+
+    def _record_lines(self, sub: dict[str, Any]) -> list[str]:
+        """The delta against the standing record and its significance, as the records' READMEs give them."""
+        ref = sub["comparison_record"]
+        if ref is None:
+            return ["## Against the record", "", f"{sub['significance_test']}.", ""]
+        bpb = f" ({sub['delta_vs_record_bpb']:+.5f} bpb)" if sub["delta_vs_record_bpb"] is not None else ""
+        delta = f"{sub['delta_vs_record_nats']:+.5f} nats{bpb}" if sub["delta_vs_record_nats"] is not None else "?"
+        p = "" if sub["p_value"] is None else f", t = {sub['t_statistic']:.3f}, p = {sub['p_value']:.3g}"
+        published = f"val_loss {ref['val_loss']:.5f}" if ref["val_loss"] is not None else "no val_loss published"
+        return [
+            "## Against the record",
+            "",
+            f"Standing record: {ref['name']}, {published}"
+            + (f", val_bpb {ref['val_bpb']:.5f}" if ref["val_bpb"] is not None else "")
+            + (f", {ref['n']} seeds" if ref["n"] else "")
+            + f" ({ref['source']}).",
+            "",
+            f"This submission's `{sub['scored_loss']}`: {delta} against it{p} ({sub['significance_test']}); "
+            f"parameter-golf asks {load_track(RECORD_NAME).acceptance.text()}.",
+            "",
+        ]
+
+    def _technique_lines(self) -> list[str]:
+        """What the recipe does, lever by lever, with the merged records that introduced each (the credits)."""
+        levers = self.levers()
+        if not levers:
+            return ["## Technique", "", f"- {self.settings_line()}", ""]
+        lines = ["## Technique", "", f"{self.settings_line()}. The levers it turns on, and where each comes from:", ""]
+        lines += [f"- {lever}: {', '.join(_credit(c) for c in credits)}" for lever, credits in levers]
+        return [*lines, "", "Credits: conf/track/attribution/pgolf_10min_16mb.yaml in speedrun.", ""]
 
     def _settings_lines(self, sub: dict[str, Any]) -> list[str]:
         """What was run: the levers, the budget, the data, the command line, and the card."""
@@ -365,4 +478,39 @@ def _seconds(x: Any) -> str:
 
 
 def _round(x: float | None) -> float | None:
-    return None if x is None else round(x, 8)
+    return None if x is None or not math.isfinite(x) else round(x, 8)
+
+
+def _credit(c: Any) -> str:
+    return (
+        f"PR #{c.pr} ({c.what}; records/track_10min_16mb/{c.folder})"
+        if c.pr
+        else f"{c.what} (records/track_10min_16mb/{c.folder})"
+    )
+
+
+def _no_nan(tree: Any) -> Any:
+    """The tree with every NaN or infinite float as None: json.dumps would write NaN, which JSON does not have."""
+    if isinstance(tree, float):
+        return tree if math.isfinite(tree) else None
+    if isinstance(tree, dict):
+        return {k: _no_nan(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return [_no_nan(v) for v in tree]
+    return tree
+
+
+_RUN_DIR_DATE = re.compile(r"(\d{4}-\d{2}-\d{2})")
+
+
+def run_date(runs: list[Run]) -> tuple[str, str]:
+    """(YYYY-MM-DD, where it comes from) of the runs: the last one's end (result.json's heartbeat_at), else the date
+    in its run dir's path (Hydra's outputs/runs/<date>/...), else today (the export's)."""
+    stamps = [r.result.get("heartbeat_at") for r in runs]
+    known = [float(t) for t in stamps if isinstance(t, (int, float)) and math.isfinite(t)]
+    if known:
+        return time.strftime("%Y-%m-%d", time.gmtime(max(known))), "the last run's end, UTC"
+    for run in reversed(runs):
+        if (m := _RUN_DIR_DATE.search(str(run.result.get("run_dir") or run.dir))) is not None:
+            return m.group(1), "the run dir's date"
+    return time.strftime("%Y-%m-%d"), "the export's date: the runs record none"
