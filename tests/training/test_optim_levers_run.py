@@ -45,6 +45,9 @@ def test_levers_compose_resolve_into_the_plan_and_its_result_keys(compose):
         "embed_wd": 0.0,
         "min_lr": 0.0,
         "ema_decay": None,
+        "ema_horizon": None,
+        "muon_momentum_warmup_steps": 500,
+        "muon_momentum_warmup_frac": None,
     }
     assert "levers" not in off.describe()
     plan = resolve(to_config(compose(LEVERS)), fake_device("cpu"))
@@ -56,9 +59,12 @@ def test_levers_compose_resolve_into_the_plan_and_its_result_keys(compose):
         "embed_wd": 0.085,
         "min_lr": 0.1,
         "ema_decay": 0.9965,
+        "ema_horizon": None,
+        "muon_momentum_warmup_steps": 500,
+        "muon_momentum_warmup_frac": None,
     }
     d = plan.to_dict()
-    assert d["optim"]["ns_coefficients"] == "polar_express" and d["ema"] == {"decay": 0.9965}
+    assert d["optim"]["ns_coefficients"] == "polar_express" and d["ema"] == {"decay": 0.9965, "horizon": None}
     assert d["schedule"]["min_lr"] == 0.1
     assert "polar_express" in plan.describe() and "EMA 0.9965" in plan.describe()
     assert resolve(to_config(compose(["ema.decay=0"])), fake_device("cpu")).ema.decay is None

@@ -140,8 +140,13 @@ class OptimConfig:
     """Muon momentum after warm-up."""
     muon_momentum_warmup_start: float = 0.85
     """Muon momentum at step 0, ramped linearly to muon_momentum."""
-    muon_momentum_warmup_steps: int = 500
-    """Steps of that ramp."""
+    muon_momentum_warmup_steps: int | None = None
+    """Steps of that ramp (0: none). None: 500, or optim.muon_momentum_warmup_frac of the run when that is set."""
+    muon_momentum_warmup_frac: float | None = None
+    """The ramp as a fraction of the steps the run will make (speedrun.training.run_steps: the step count of a step
+    or token budget, or the steps a time budget's warm-up projects), so a recipe keeps its meaning on another
+    budget; the steps used are recorded (plan.json, result.json's muon_momentum_warmup_steps). The record: 1500 of
+    ~4,900 steps, 0.306."""
     muon_backend_steps: int = 5
     """Newton-Schulz iterations."""
     beta1: float = 0.9
@@ -188,7 +193,23 @@ class OptimConfig:
             check(key, getattr(self, key) >= 0, ">= 0 (0 freezes those weights)")
         for key in ("muon_momentum", "muon_momentum_warmup_start", "beta1", "beta2"):
             check(key, 0 <= getattr(self, key) < 1, "in [0, 1)")
-        check("muon_momentum_warmup_steps", self.muon_momentum_warmup_steps >= 0, ">= 0 (0: no ramp)")
+        frac = self.muon_momentum_warmup_frac
+        _require(
+            frac is None or self.muon_momentum_warmup_steps is None,
+            f"optim.muon_momentum_warmup_steps={self.muon_momentum_warmup_steps} and optim.muon_momentum_warmup_frac="
+            f"{frac} both set the momentum warm-up: set the other to null",
+        )
+        _require(
+            frac is None or (math.isfinite(frac) and 0 <= frac <= 1),
+            f"optim.muon_momentum_warmup_frac={frac} must be in [0, 1] (a fraction of the run's steps); e.g. 0.3",
+        )
+        if frac is None and self.muon_momentum_warmup_steps is None:
+            self.muon_momentum_warmup_steps = 500  # parameter-golf's baseline
+        _require(
+            self.muon_momentum_warmup_steps is None or self.muon_momentum_warmup_steps >= 0,
+            f"optim.muon_momentum_warmup_steps={self.muon_momentum_warmup_steps} must be >= 0 (0: no ramp); e.g. "
+            f"optim.muon_momentum_warmup_steps=500",
+        )
         check("muon_backend_steps", self.muon_backend_steps >= 1, ">= 1")
         # eps = 0 divides by zero in Adam wherever a gradient has always been 0 (an unused embedding row)
         check("eps", self.eps > 0, "> 0")
@@ -222,6 +243,8 @@ class OptimConfig:
             "ns_coefficients": str(self.ns_coefficients),
             "adam_wd": self.adam_wd,
             "embed_wd": self.embed_wd,
+            "muon_momentum_warmup_steps": self.muon_momentum_warmup_steps,
+            "muon_momentum_warmup_frac": self.muon_momentum_warmup_frac,
         }
 
 
@@ -301,20 +324,34 @@ class EMAConfig:
     fp32 copies of the parameters started from the initial weights (speedrun.model.optim.WeightEMA). The final
     evaluation, the quantized artifact and TTT use the EMA weights; periodic validation scores the live weights.
     It averages over about 1 / (1 - decay) steps. None or 0: off. The record: 0.9965."""
+    horizon: float | None = None
+    """The EMA's horizon 1 / (1 - decay) as a fraction of the steps the run will make (speedrun.training.run_steps),
+    instead of ema.decay: decay = 1 - 1 / (horizon x steps), so a recipe keeps its averaging window on another budget;
+    the decay used is recorded (plan.json, result.json's ema_decay). The record: 0.9965 over ~4,900 steps, a horizon
+    of ~286 steps, 0.0583."""
 
     def __post_init__(self) -> None:
         _require(
             self.decay is None or (0 <= self.decay < 1 and math.isfinite(self.decay)),
             f"ema.decay={self.decay} must be in [0, 1) (null or 0: off); e.g. ema.decay=0.9965",
         )
+        _require(
+            self.horizon is None or (math.isfinite(self.horizon) and 0 < self.horizon <= 1),
+            f"ema.horizon={self.horizon} must be in (0, 1] (a fraction of the run's steps); e.g. ema.horizon=0.06",
+        )
+        _require(
+            self.horizon is None or self.decay is None,
+            f"ema.decay={self.decay} and ema.horizon={self.horizon} both set the EMA: set the other to null",
+        )
 
     @property
     def on(self) -> bool:
-        return bool(self.decay)
+        return bool(self.decay) or self.horizon is not None
 
     def result_keys(self) -> dict[str, Any]:
-        """ema_decay: the decay that ran, or None when off."""
-        return {"ema_decay": self.decay if self.on else None}
+        """ema_decay: the decay that ran (ema.horizon's, once the run's steps resolved it), or None when off;
+        ema_horizon: the fraction it came from."""
+        return {"ema_decay": self.decay if self.decay else None, "ema_horizon": self.horizon}
 
 
 @dataclass

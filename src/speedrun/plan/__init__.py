@@ -147,7 +147,7 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
         micro_batch_search=batch.search,
         dist=batch.dist,
         kernel=kernel,
-        ema=EMAConfig(decay=cfg.ema.decay or None),  # 0 is off too: plan.json says null
+        ema=EMAConfig(decay=cfg.ema.decay or None, horizon=cfg.ema.horizon),  # 0 is off too: plan.json says null
         artifact=cfg.artifact,
         target_metric=cfg.budget.target[0] if cfg.budget.target else None,
         target_value=cfg.budget.target[1] if cfg.budget.target else None,

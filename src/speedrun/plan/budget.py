@@ -37,6 +37,7 @@ def resolve_budget(cfg: Config, profile: HardwareProfile) -> BudgetPlan:
         seconds = None if (b.tokens or b.flops) else profile.train_seconds
     else:
         seconds = b.train_seconds if 0 < b.train_seconds < math.inf else None
+    _check_run_fractions(cfg, seconds)
     return BudgetPlan(
         seconds=None if seconds is None else float(seconds),
         steps=b.max_steps,
@@ -72,3 +73,23 @@ def _hessian_reserve(quant: QuantConfig, seconds: float | None) -> float | None:
             f"and must leave training some of it: raise budget.train_seconds, or lower quant.reserve_seconds"
         )
     return float(reserve)
+
+
+def _check_run_fractions(cfg: Config, seconds: float | None) -> None:
+    """Settings given as fractions of the run (speedrun.training.run_steps) need a run length in steps: a step or
+    token budget, or a time budget whose warm-up times the steps."""
+    fractions = [f"ema.horizon={cfg.ema.horizon:g}"] if cfg.ema.horizon is not None else []
+    frac = cfg.optim.muon_momentum_warmup_frac
+    fractions += [f"optim.muon_momentum_warmup_frac={frac:g}"] if frac is not None else []
+    if not fractions or cfg.budget.max_steps or cfg.budget.tokens:
+        return
+    if seconds is None:
+        raise PlanError(
+            f"{' and '.join(fractions)} count in the run's steps, and this run has no step, token or time budget to "
+            f"count them from: set budget.max_steps, budget.tokens or budget.train_seconds, or give them in steps"
+        )
+    if cfg.budget.warmup_steps == 0:
+        raise PlanError(
+            f"{' and '.join(fractions)} count in the steps a time budget makes, which warm-up projects from its step "
+            f"times, and budget.warmup_steps=0 skips it: set budget.warmup_steps=1 or more, or give them in steps"
+        )

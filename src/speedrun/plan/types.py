@@ -303,7 +303,11 @@ class Plan:
         on += [f"adam_wd {o.adam_wd:g}"] if o.adam_wd else []
         on += [f"embed_wd {o.embed_wd:g}"] if o.embed_wd else []
         on += [f"min_lr {self.schedule.min_lr:g}"] if self.schedule.min_lr else []
-        on += [f"EMA {self.ema.decay:g} (eval and export on the average)"] if self.ema.on else []
+        if self.ema.on:
+            ema = f"{self.ema.decay:g}" if self.ema.decay else f"over {self.ema.horizon:g} of the run's steps"
+            on += [f"EMA {ema} (eval and export on the average)"]
+        if self.optim.muon_momentum_warmup_frac is not None:
+            on += [f"momentum warm-up over {self.optim.muon_momentum_warmup_frac:g} of the run's steps"]
         return ", ".join(on)
 
     def budget_text(self) -> str:

@@ -17,6 +17,7 @@ from speedrun.errors import PlanError
 from speedrun.hardware import profiles as hardware
 from speedrun.kernels.cache import cache_stats
 from speedrun.kernels.compile import keeps_grads
+from speedrun.model.optim import WeightEMA
 from speedrun.plan import Plan, plan_json, resolve
 from speedrun.plan.budget import reads_training_data
 from speedrun.quant.calibration import Calibration, collect_after_training, measure_reserve
@@ -26,6 +27,7 @@ from speedrun.run.finish import evaluate_and_export
 from speedrun.run.job_record import JobRecord
 from speedrun.run.loggers import make_logger
 from speedrun.run.oom import start_history
+from speedrun.training import run_steps
 from speedrun.training.build import build_attention, build_data, build_model, configure_torch
 from speedrun.training.loop import Stepper, TrainState, loop_states, train, warm_up
 from speedrun.training.loop_setup import LoopHooks, loop_result, prepare_loop
@@ -151,10 +153,11 @@ class Job(JobRecord):
         # batch search, periodic validation, checkpoints and stop signals: on every rank, agreed between them
         plan, extras = self._prepare_loop(plan, stepper, eval_forward, data)
         self.on_phase("warmup")
-        warm_up(stepper, batches, state, log.info)
+        step_times = warm_up(stepper, batches, state, log.info, time_steps=run_steps.needs_projection(plan))
         if extras is not None:
             state.compile_seconds += extras.warm()
         state.hessian_reserve_seconds = self._hessian_reserve(plan, model, data)
+        plan = self._run_steps(plan, stepper, step_times, state.hessian_reserve_seconds)
         if plan.kernel.profile:  # untimed and undone, like warm-up: trace.json + top-kernels table in run.log
             from speedrun.kernels.profile import profile_steps  # a Plan's choice (artifact.closure)
 
@@ -194,6 +197,31 @@ class Job(JobRecord):
                 f"budget.train_seconds={seconds:g}: raise budget.train_seconds, or lower quant.calib_batches"
             )
         return reserve
+
+    def _run_steps(self, plan: Plan, stepper: Any, step_times: dict[tuple[int, bool], float], reserve: float) -> Plan:
+        """The steps the run will make (speedrun.training.run_steps): settings given as fractions of the run become
+        steps (a new plan.json, result.json's run_steps), and each step-counted setting longer than the run is a
+        warning. A time budget's projection is rank 0's, so every rank trains with the same settings."""
+        run = run_steps.known_steps(plan)
+        if run is None and step_times:
+            projected = run_steps.project_steps(plan, plan.budget.loop_seconds(reserve) or 0.0, step_times)
+            run = run_steps.RunSteps(int(self.world.agree(float(projected.steps))), projected.source)
+        if run is None:
+            return plan
+        resolved, warnings = run_steps.resolve(plan, run)
+        log.info(run_steps.describe(plan, resolved, run))
+        for line in warnings:
+            log.info(line)
+        # kept to re-apply after the loop's keys, which come from the resolved plan (its fractions are null)
+        self.run_step_keys = {**run_steps.result_keys(plan, resolved, run), "run_steps_warnings": warnings or None}
+        self.result.update(self.run_step_keys)
+        if resolved == plan:
+            return plan
+        stepper.plan = self.plan = resolved
+        if resolved.ema.on and stepper.ema is None:  # ema.horizon: the average starts from the restored weights
+            stepper.ema = WeightEMA(stepper.model, float(resolved.ema.decay or 0.0))
+        self.write_file("plan.json", plan_json(resolved) + "\n")
+        return resolved
 
     def calibrate(self, data: Any, model: Any) -> None:
         """GPTQ's Hessians, right after the last step (rank 0, which exports): the last read of training data, so
@@ -290,6 +318,7 @@ class Job(JobRecord):
             tokens_per_s=round(tok_s, 1) if tok_s else None,
         )
         result.update(loop_result(plan, state))
+        result.update(getattr(self, "run_step_keys", {}))  # the fractions of the run the settings came from
         result.update(mfu_keys(plan, state.stages, state.steps, state.train_seconds))
         result.update((self.peak_memory or PeakMemory(plan.device)).read())
 

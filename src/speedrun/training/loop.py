@@ -71,13 +71,22 @@ def _switch_loop(stepper: Stepper, state: TrainState, on: bool, seconds: float, 
     return plan.tokens_per_step * plan_flops_per_token(plan, seq_len, looped=on)
 
 
-def warm_up(stepper: Stepper, make_batches: MakeBatches, state: TrainState, log: Callable[[str], None]) -> None:
+def warm_up(
+    stepper: Stepper,
+    make_batches: MakeBatches,
+    state: TrainState,
+    log: Callable[[str], None],
+    time_steps: bool = False,
+) -> dict[tuple[int, bool], float]:
     """Compile and autotune with Plan.warmup_steps real steps at every context length of the plan (with model.loop,
     in each loop state training will run: off and on), then restore the initial model and optimizer state, so
-    training starts from the same weights whatever the warm-up did."""
+    training starts from the same weights whatever the warm-up did. ``time_steps``: one more step of each, timed
+    (compiled by then), returned as {(stage index, loop on): seconds}, what speedrun.training.run_steps projects a
+    time budget's steps from."""
     steps = stepper.plan.warmup_steps
+    timed: dict[tuple[int, bool], float] = {}
     if steps <= 0:
-        return
+        return timed
     saved_model = copy.deepcopy(stepper.model.state_dict())
     saved_opts = [copy.deepcopy(opt.state_dict()) for opt in stepper.optimizers]
     saved_scaler = copy.deepcopy(stepper.scaler.state_dict()) if stepper.scaler else None
@@ -87,13 +96,19 @@ def warm_up(stepper: Stepper, make_batches: MakeBatches, state: TrainState, log:
     described = f" x {len(states)} layer-loop state(s)" if looping else ""
     log(f"warm-up: {steps} step(s) x {len(stages)} context length(s){described} to compile and autotune (not timed)")
     t0 = time.perf_counter()
-    for stage in stages:
+    for index, stage in enumerate(stages):
         batches = make_batches(stage.seq_len, stage.micro_batch)
         for looped in states:
             if looping:
                 _set_loop(stepper.model, looped)
             for _ in range(steps):
                 stepper(batches)
+            if time_steps:
+                sync_device(stepper.plan.device)
+                t = time.perf_counter()
+                stepper(batches)
+                sync_device(stepper.plan.device)
+                timed[(index, looped)] = time.perf_counter() - t
     if looping:
         _set_loop(stepper.model, False)  # train() switches it when the budget says
     sync_device(stepper.plan.device)
@@ -104,6 +119,7 @@ def warm_up(stepper: Stepper, make_batches: MakeBatches, state: TrainState, log:
     if stepper.scaler and saved_scaler:
         stepper.scaler.load_state_dict(saved_scaler)
     log(f"warm-up done in {state.compile_seconds:.1f}s")
+    return timed
 
 
 def train(

@@ -83,9 +83,11 @@ def lr_multiplier(progress: float, schedule: ScheduleConfig) -> float:
 
 
 def muon_momentum(step: int, optim: OptimConfig) -> float:
-    if optim.muon_momentum_warmup_steps <= 0:
+    # None: a fraction of the run not resolved into steps (speedrun.training.run_steps), which training never sees
+    warm = optim.muon_momentum_warmup_steps or 0
+    if warm <= 0:
         return optim.muon_momentum
-    frac = min(step / optim.muon_momentum_warmup_steps, 1.0)
+    frac = min(step / warm, 1.0)
     return optim.muon_momentum_warmup_start + frac * (optim.muon_momentum - optim.muon_momentum_warmup_start)
 
 

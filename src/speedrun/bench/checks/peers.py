@@ -120,9 +120,12 @@ RECORD_VS_PGOLF = Check(
                 "experiment=pgolf_record",
                 "ttt=off",
                 f"budget.train_seconds={RECORD_SECONDS}",
+                # the same settings in steps on both sides: pgolf_record's fractions of the run made null
+                "ema.horizon=null",
                 f"ema.decay={EMA_DECAY}",
                 f"optim.muon_momentum={MUON_MOMENTUM}",
                 f"optim.muon_momentum_warmup_start={MUON_WARMUP_START}",
+                "optim.muon_momentum_warmup_frac=null",
                 f"optim.muon_momentum_warmup_steps={MUON_WARMUP_STEPS}",
                 "quant.embed_bits=8",
                 "quant.reserve_seconds=10",
