@@ -21,8 +21,9 @@ from speedrun.data import caseops
 from speedrun.data.corpus import load_embedded_documents
 from speedrun.data.existing import open_dataset
 from speedrun.data.loader import load_val_bytes, load_val_tokens
-from speedrun.data.prepare import DEAD_BUILD_GRACE_S, prepare_dataset
+from speedrun.data.prepare import prepare_dataset
 from speedrun.data.shards import HEADER_BYTES, MAGIC, read_header, read_shard, sidecar_name, write_shard
+from speedrun.data.staging import DEAD_BUILD_GRACE_S
 from speedrun.data.tokenizer import load_tokenizer
 from speedrun.errors import DataError
 

@@ -12,15 +12,11 @@ next build of the same directory, which knows it is dead because its lock on the
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import hashlib
 import json
 import os
-import shutil
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -42,6 +38,7 @@ from speedrun.data.encoding import (
 )
 from speedrun.data.layout import INFO_FILE, TOKENIZER_FILE, DataNotFoundError, DatasetPaths, embedded_dir
 from speedrun.data.shards import list_shards, list_sidecars, read_header, sidecar_name, write_shard
+from speedrun.data.staging import build_in_temp, exclusive_lock, remove_tree
 from speedrun.data.tiktoken_bpe import GPT2, build_tiktoken_luts, load_encoding
 from speedrun.data.tokenizer import TRAINER_SETTINGS, load_tokenizer, train_tokenizer
 from speedrun.errors import DataError
@@ -55,10 +52,6 @@ EMBEDDED_VAL_EVERY = 20
 
 def _log(msg: str) -> None:
     print(f"[speedrun.data] {msg}", file=sys.stderr, flush=True)
-
-
-def _remove_tree(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def prepare_dataset(
@@ -77,28 +70,22 @@ def prepare_dataset(
     info: dict | Callable[[dict], dict] | None = None,
     caseops: bool = False,
 ) -> DatasetPaths:
-    """Train a tokenizer on the train documents and write train/val shards into ``out_dir``.
-
-    Each document becomes [BOS] + its ids; documents may span shard boundaries. Everything is
-    written to a temporary sibling directory that is renamed to ``out_dir`` at the end.
-    The tokenizer is trained on a seeded sample of ``tokenizer_chars`` characters of
-    ``tokenizer_texts`` (default: the train documents; pass a subset for a large corpus, since the
-    whole of it is cut into chunks before sampling). ``processes`` > 1 encodes in that many worker
-    processes (the same ids; for corpora of hundreds of MB). ``info`` is merged into dataset.json;
-    a callable is given the record (``tokenizer_sha256`` included) and returns the keys to merge.
-    ``caseops``: every text is CaseOps-encoded first (speedrun.data.caseops), the tokenizer reserves the four case
-    operators as pieces of their own (as the records' CaseOps tokenizer does), each val shard gets its byte sidecar
-    and the val bytes (dataset.json, the unigram baseline) are the original text's.
-    Raises FileExistsError if ``out_dir`` exists (unless ``overwrite``).
-    """
+    """Train a tokenizer on the train documents and write train/val shards into ``out_dir`` (built in a temporary
+    sibling, speedrun.data.staging). Each document becomes [BOS] + its ids; documents may span shard boundaries.
+    The tokenizer is trained on a seeded sample of ``tokenizer_chars`` characters of ``tokenizer_texts`` (default:
+    the train documents; pass a subset for a large corpus, since the whole of it is cut into chunks before
+    sampling). ``processes`` > 1 encodes in that many worker processes (the same ids). ``info`` is merged into
+    dataset.json; a callable is given the record (``tokenizer_sha256`` included) and returns the keys to merge.
+    ``caseops``: every text in CaseOps first (speedrun.data.caseops), the operators reserved as pieces, each val
+    shard with its byte sidecar, and the val bytes (dataset.json, the unigram baseline) the original text's.
+    Raises FileExistsError if ``out_dir`` exists (unless ``overwrite``)."""
     out_dir = Path(out_dir)
     train_docs, val_docs = _documents(documents_train, documents_val, out_dir, shard_tokens, overwrite)
     original_bytes = sum(len(d.encode("utf-8")) for d in val_docs)
     settings: dict[str, object] = {}
-    if caseops:
-        encode = caseops_transform.encode
-        train_docs, val_docs = [encode(d) for d in train_docs], [encode(d) for d in val_docs]
-        tokenizer_texts = None if tokenizer_texts is None else [encode(t) for t in tokenizer_texts]
+    if caseops:  # the tokenizer reserves the operators as pieces of their own, as the records' does
+        train_docs, val_docs = _in_caseops(train_docs), _in_caseops(val_docs)
+        tokenizer_texts = None if tokenizer_texts is None else _in_caseops(tokenizer_texts)
         settings = {"user_defined_symbols": list(caseops_transform.OPERATORS)}
     threads = num_threads or min(os.cpu_count() or 1, 16)
     t0 = time.perf_counter()
@@ -125,8 +112,7 @@ def prepare_dataset(
         if caseops:
             written.val_bytes = _write_sidecars(sp, written, val_docs, tmp, original_bytes)
         else:
-            written.val_bytes = stream_bytes(torch.from_numpy(written.val_stream.astype(np.int64)), luts)
-            _checked_val_bytes(sp, written, original_bytes)
+            _count_val_bytes(sp, luts, written, original_bytes)
         record = {
             "build_version": BUILD_VERSION,
             "vocab_size": vocab_size,
@@ -146,7 +132,7 @@ def prepare_dataset(
         _write_info(tmp, record)
         return written
 
-    _log_written(out_dir, _build_in_temp(out_dir, overwrite, build), t0)
+    _log_written(out_dir, build_in_temp(out_dir, overwrite, build), t0)
     return _open_prepared(out_dir)
 
 
@@ -202,7 +188,7 @@ def prepare_tiktoken_dataset(
         _write_info(tmp, record)
         return written
 
-    _log_written(out_dir, _build_in_temp(out_dir, overwrite, build), t0)
+    _log_written(out_dir, build_in_temp(out_dir, overwrite, build), t0)
     return DatasetPaths(
         train=list_shards(out_dir, "train"),
         val=list_shards(out_dir, "val"),
@@ -238,6 +224,10 @@ def _trained_tokenizer(
     )
 
 
+def _in_caseops(texts: Iterable[str]) -> list[str]:
+    return [caseops_transform.encode(t) for t in texts]
+
+
 def _write_sidecars(sp, written: WrittenSplits, val_docs: list[str], directory: Path, original_bytes: int) -> int:
     """Each val shard's byte sidecar (the original bytes of its tokens, speedrun.data.caseops), written beside it
     in ``directory``; returns their sum, which must be the original val text's UTF-8 bytes."""
@@ -255,9 +245,11 @@ def _write_sidecars(sp, written: WrittenSplits, val_docs: list[str], directory: 
     return total
 
 
-def _checked_val_bytes(sp, written: WrittenSplits, original_bytes: int) -> None:
-    """A warning when the counted val bytes differ from the decoded text's (BPB would be off), a note when they
-    differ only from the original text's (``original_bytes``: the tokenizer does not round-trip it)."""
+def _count_val_bytes(sp, luts, written: WrittenSplits, original_bytes: int) -> None:
+    """The val bytes by the tokenizer's rule, into ``written``; a warning when they differ from the decoded text's
+    (BPB would be off), a note when they differ only from the original text's (``original_bytes``: the tokenizer
+    does not round-trip it)."""
+    written.val_bytes = stream_bytes(torch.from_numpy(written.val_stream.astype(np.int64)), luts)
     decoded = decoded_bytes(sp, written.val_stream)
     if written.val_bytes != decoded:
         _log(f"WARNING: counted val bytes {written.val_bytes} != decoded val bytes {decoded} (BPB would be off)")
@@ -286,90 +278,11 @@ def _write_info(directory: Path, record: dict) -> None:
     (directory / INFO_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def _build_in_temp(out_dir: Path, overwrite: bool, build: Callable[[Path], WrittenSplits]) -> WrittenSplits:
-    """``build`` into a temporary sibling of ``out_dir``, renamed into place once complete and removed if the build
-    fails or is interrupted: a killed build never leaves half a dataset."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    _remove_dead_builds(out_dir)
-    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    alive = _hold_build_lock(tmp)  # released by the kernel however this process ends
-    try:
-        written = build(tmp)
-        _install(tmp, out_dir, overwrite)
-    except BaseException:
-        _remove_tree(tmp)
-        raise
-    finally:
-        if alive is not None:
-            os.close(alive)
-    return written
-
-
-#: A build's temporary directory younger than this is never removed as dead: it may be between its mkdir and lock.
-DEAD_BUILD_GRACE_S = 60.0
-
-
-def _hold_build_lock(tmp: Path) -> int | None:
-    """An exclusive lock on the build directory ``tmp`` (its open descriptor), held while the build runs; None
-    where there is no fcntl (Windows: killed builds' directories then stay)."""
-    try:
-        import fcntl
-    except ImportError:
-        return None
-    fd = os.open(tmp, os.O_RDONLY)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    return fd
-
-
-def _remove_dead_builds(out_dir: Path) -> None:
-    """Remove the ``.<name>.tmp-*`` directories of builds of ``out_dir`` that were killed: those nobody holds the
-    lock of (a running build holds its own, speedrun.data.prepare._hold_build_lock)."""
-    try:
-        import fcntl
-    except ImportError:
-        return
-    for tmp in out_dir.parent.glob(f".{out_dir.name}.tmp-*"):
-        try:
-            if not tmp.is_dir() or time.time() - tmp.stat().st_mtime < DEAD_BUILD_GRACE_S:
-                continue
-            fd = os.open(tmp, os.O_RDONLY)
-        except OSError:  # gone meanwhile, or not ours to read
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise
-            continue  # a live build holds it
-        finally:
-            os.close(fd)
-        _log(f"removing {tmp}: left by a build that was killed")
-        _remove_tree(tmp)
-
-
 def _log_written(out_dir: Path, written: WrittenSplits, t0: float) -> None:
     _log(
         f"wrote {out_dir}: {written.train.tokens:,} train tokens in {len(written.train.paths)} shard(s), "
         f"{written.val.tokens:,} val tokens ({written.val_bytes:,} bytes) in {time.perf_counter() - t0:.1f}s"
     )
-
-
-def _install(tmp: Path, out_dir: Path, overwrite: bool) -> None:
-    """Rename the finished ``tmp`` to ``out_dir``; with overwrite, swap out an existing one."""
-    old = None
-    if out_dir.exists() and overwrite:
-        old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        os.rename(out_dir, old)
-    try:
-        os.rename(tmp, out_dir)
-    except OSError as e:
-        if out_dir.exists():
-            raise FileExistsError(f"{out_dir} appeared while building (another process?)") from e
-        raise
-    finally:
-        if old is not None:
-            _remove_tree(old)
 
 
 def read_dataset_info(directory: Path) -> dict:
@@ -393,22 +306,6 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-@contextlib.contextmanager
-def _exclusive_lock(path: Path):
-    """Hold an exclusive fcntl lock on ``path`` (no-op where fcntl does not exist)."""
-    try:
-        import fcntl
-    except ImportError:  # Windows: fall back to the atomic rename alone
-        yield
-        return
-    with open(path, "a+b") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def ensure_embedded_dataset(cache_dir: Path, vocab_size: int = 1024) -> DatasetPaths:
     """The embedded Python-docs corpus as a dataset in cache_dir/embedded_pydoc311_sp{vocab}/.
 
@@ -420,12 +317,12 @@ def ensure_embedded_dataset(cache_dir: Path, vocab_size: int = 1024) -> DatasetP
     cache_dir.mkdir(parents=True, exist_ok=True)
     target = embedded_dir(cache_dir, vocab_size)
     stamp = {"corpus": EMBEDDED_CORPUS.name, "corpus_sha256": _sha256(EMBEDDED_CORPUS), "build_version": BUILD_VERSION}
-    with _exclusive_lock(cache_dir / f".{target.name}.lock"):
+    with exclusive_lock(cache_dir / f".{target.name}.lock"):
         info = read_dataset_info(target)
         if info and all(info.get(k) == v for k, v in stamp.items()):
             return _open_prepared(target)
         for stale in cache_dir.glob(f".{target.name}.tmp-*"):  # left by a killed build (we hold the lock)
-            _remove_tree(stale)
+            remove_tree(stale)
         train, val = split_train_val(load_embedded_documents(), EMBEDDED_VAL_EVERY)
         _log(f"building the embedded dataset in {target} (once)")
         try:
