@@ -7,7 +7,7 @@ import pytest
 
 from speedrun.config import to_config
 from speedrun.config.track import TrackConfig
-from speedrun.errors import PlanError
+from speedrun.errors import ConfigError, PlanError
 from speedrun.export.track import NON_RECORD_NAME, RECORD_NAME, load_track
 from speedrun.paths import CONF_DIR
 from speedrun.plan import resolve
@@ -17,13 +17,29 @@ from support.devices import fake_device
 TRACKS = sorted(p.stem for p in (CONF_DIR / "track").glob("*.yaml"))
 
 
+TRACK_DATA = {
+    "pgolf_10min_16mb": "fineweb_sp8192",
+    "pgolf_non_record_16mb": "fineweb_sp8192",
+    "mng_124m": "fineweb10B_gpt2",
+}
+"""A data setting each track scores: composing one needs no shard (nothing is read before the run)."""
+
+
+def with_data(overrides):
+    """The overrides, plus the track's data where they name a track and no data (a track refuses data=embedded)."""
+    tracks = [o.split("=", 1)[1] for o in overrides if o.startswith("track=")]
+    if tracks and tracks[0] in TRACK_DATA and not any(o.startswith("data=") for o in overrides):
+        return [*overrides, f"data={TRACK_DATA[tracks[0]]}"]
+    return list(overrides)
+
+
 def plan_for(compose, *overrides, device="cpu"):
-    return resolve(to_config(compose([*overrides])), fake_device(device))
+    return resolve(to_config(compose(with_data(overrides))), fake_device(device))
 
 
 @pytest.mark.parametrize("name", TRACKS)
 def test_every_track_composes_and_names_its_sources(compose, name):
-    track = to_config(compose([f"track={name}"])).track
+    track = to_config(compose(with_data([f"track={name}"]))).track
     assert isinstance(track, TrackConfig)
     if name == "none":
         assert track.name is None and not track.on
@@ -53,6 +69,35 @@ def test_the_rules_of_parameter_golf_and_modded_nanogpt():
 def test_a_run_that_cannot_comply_is_refused_at_compose(compose, overrides, says):
     with pytest.raises(PlanError, match=says.replace("(", r"\(").replace(")", r"\)")):
         plan_for(compose, "track=pgolf_10min_16mb", "budget.train_seconds=600", *overrides)
+
+
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        (["data=embedded"], "data=embedded is not one: set data=fineweb_sp1024"),
+        (["quant=off"], "quant=off writes none: set quant=int6"),
+        (["eval.max_seconds=30"], "eval.max_seconds=30 may stop one early: set eval.max_seconds=null"),
+        (
+            ["budget.target_val_bpb=1.1", "eval.every_steps=50"],
+            "budget.target_val_bpb=1.1 stops training on a validation score, which the contest does not allow",
+        ),
+    ],
+)
+def test_what_the_config_already_breaks_is_refused_when_it_is_composed(compose, overrides, says):
+    """Refused by the config itself (Config.__post_init__), before the resolver looks at a device."""
+    with pytest.raises(ConfigError, match=says):
+        to_config(compose(with_data(["track=pgolf_10min_16mb", "quant=int6", *overrides])))
+    # without the track the same settings compose
+    to_config(compose(["quant=int6", *overrides]))
+
+
+def test_mng_may_stop_at_its_target_and_a_track_turns_ttts_base_scoring_off(compose):
+    """modded-nanogpt's metric is the time to a target; TTT's scoring of the unadapted model is a diagnostic that
+    would spend parameter-golf's evaluation time."""
+    cfg = to_config(compose(with_data(["track=mng_124m", "budget.target_val_loss=3.28", "eval.every_steps=50"])))
+    assert cfg.budget.target == ("val_loss", 3.28)
+    assert to_config(compose(["ttt=record"])).ttt.score_base is True
+    assert to_config(compose(with_data(["track=pgolf_10min_16mb", "ttt=record", "quant=int6"]))).ttt.score_base is False
 
 
 def test_mng_needs_its_validation_targets(compose):

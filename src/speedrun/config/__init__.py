@@ -127,6 +127,12 @@ class Config:
                 f"budget.target_{target[0]}={target[1]:g} is checked at periodic evaluations, and none is set: add "
                 "eval.every_steps=N or eval.every_seconds=S (the clock pauses during them)"
             )
+        track = self.track.compose_problems(str(self.data.name), str(self.quant.name), self.eval.max_seconds, target)
+        if track:
+            raise ConfigError(f"track={self.track.name} cannot accept this run: " + "; ".join(track))
+        if self.track.on and self.track.eval_seconds is not None:
+            # scoring the unadapted model beside TTT is a diagnostic that spends the track's evaluation time
+            self.ttt.score_base = False
 
 
 GROUPS = {

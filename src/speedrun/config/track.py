@@ -108,6 +108,9 @@ class TrackConfig:
     validation: dict[str, ValidationPin] = field(default_factory=dict)
     """Per data setting of ``data``: the validation identity its scores must carry (checked where pinned). The export
     claims no record on a data setting the track scores but does not pin (``unpinned``)."""
+    validation_target: bool = True
+    """Whether training may stop on a validation score (budget.target_val_*): modded-nanogpt's time to target does;
+    parameter-golf's fixed budget does not (validation data would steer training)."""
     acceptance: AcceptanceConfig = field(default_factory=AcceptanceConfig)
     sources: list[str] = field(default_factory=list)
     """Where each rule is written down (URLs), for the docs and the export."""
@@ -143,6 +146,34 @@ class TrackConfig:
             f"the track pins no tokenizer sha256 for data={data} (conf/track/{self.name}.yaml, validation), so its "
             "shards and tokenizer are unverified"
         )
+
+    def compose_problems(
+        self, data: str, quant: str, eval_max_seconds: float | None, target: tuple[str, float] | None
+    ) -> list[str]:
+        """What the composed config already breaks, before any device is looked at (Config.__post_init__ refuses
+        it): data outside the track's list, no artifact where the track counts one, an evaluation allowed to stop
+        before the whole split, validation loss steering training."""
+        if not self.on:
+            return []
+        out = []
+        if self.data and data not in self.data:
+            out.append(f"it scores data {' or '.join(self.data)}, and data={data} is not one: set data={self.data[0]}")
+        if self.artifact_cap_bytes is not None and quant == "off":
+            out.append(
+                f"it counts a compressed artifact of at most {self.artifact_cap_bytes:,} bytes, and quant=off writes "
+                "none: set quant=int6 (or int8)"
+            )
+        if (self.full_validation or self.val_tokens is not None) and eval_max_seconds is not None:
+            out.append(
+                f"every score must cover its validation tokens, and eval.max_seconds={eval_max_seconds:g} may stop "
+                "one early: set eval.max_seconds=null"
+            )
+        if not self.validation_target and target is not None:
+            out.append(
+                f"budget.target_{target[0]}={target[1]:g} stops training on a validation score, which the contest "
+                f"does not allow: set budget.target_{target[0]}=null"
+            )
+        return out
 
     def problems(self, result: dict[str, Any], card_of: Callable[[str], str | None] | None = None) -> list[str]:
         """Why a run with these result keys does not meet the rules ([] when it meets them all). ``card_of``: a GPU
