@@ -26,11 +26,17 @@ def test_every_group_has_options():
 
 @pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_every_option_composes_into_the_typed_config(compose, group, option):
-    cfg = to_config(compose([f"{group}={option}"]))
+    cfg = to_config(compose([f"{group}={option}", *WITH.get((group, option), [])]))
     assert isinstance(cfg, Config)
     assert getattr(cfg, group).name == PRESETS.get((group, option), option)
 
 
+WITH = {
+    ("track", "pgolf_10min_16mb"): ["data=fineweb_sp8192"],
+    ("track", "pgolf_non_record_16mb"): ["data=fineweb_sp8192"],
+    ("track", "mng_124m"): ["data=fineweb10B_gpt2"],
+}
+"""Options that compose only beside another: a contest's track refuses the default embedded corpus."""
 PRESETS = {("quant", "record"): "int6", ("track", "none"): None}
 """Options that preset the levers of a scheme and carry that scheme's name: quant=record is int6 as the 2026-04-29
 record exports it (quant.name picks the quantizer; the artifact is model.int6.<compressor>). track=none holds no
