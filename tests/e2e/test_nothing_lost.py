@@ -73,8 +73,8 @@ def finished(tmp_path_factory):
 @pytest.mark.parametrize(
     "extra,needle",
     [
-        (["model.n_layer=2"], "holds no checkpoint"),  # the case: also an override it never had
-        ([], "holds no checkpoint"),
+        (["model.n_layer=2"], "holds a finished run (status ok)"),  # also an override it never had
+        ([], "holds a finished run (status ok)"),
     ],
 )
 def test_a_refused_resume_leaves_the_finished_run_as_it_was(finished, extra, needle):

@@ -139,16 +139,21 @@ def test_runs_that_are_not_seeds_of_one_config_are_refused_naming_the_keys(tmp_p
     assert not (tmp_path / "X").exists()
 
 
-def test_an_existing_folder_is_replaced_only_with_force(tmp_path, capsys):
+def test_an_earlier_export_is_replaced_only_with_force_and_other_files_never(tmp_path, capsys):
     run = fake_run(tmp_path, 0)
     out = tmp_path / "X"
     out.mkdir()
     (out / "old.txt").write_text("keep me")
-    code, text = export([run, "--out", out], capsys)
-    assert code == 1 and "exists and is not empty" in text and "--force" in text
+    for flags in ([], ["--force"]):  # a folder holding what an export does not write is never replaced
+        code, text = export([run, "--out", out, *flags], capsys)
+        assert code == 1 and "holds files an export does not write (old.txt)" in text
     assert (out / "old.txt").read_text() == "keep me"
+    (out / "old.txt").unlink()
+    assert export([run, "--out", out], capsys)[0] == 0
+    code, text = export([run, "--out", out], capsys)
+    assert code == 1 and "holds an earlier export" in text and "--force" in text
     code, text = export([run, "--out", out, "--force"], capsys)
-    assert code == 0 and not (out / "old.txt").exists() and (out / "submission.json").is_file()
+    assert code == 0 and (out / "submission.json").is_file()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".X.")]  # no temporary left beside it
 
 

@@ -86,3 +86,65 @@ def symlink_problem(run_dir: Path) -> str | None:
         f"{run_dir} holds symlinks ({shown}{more}), which speedrun never follows out of a run dir; replace them "
         "with the files themselves, or use another run dir"
     )
+
+
+OWN_NAMES = frozenset(
+    {
+        ".hydra",
+        ".owner.lock",
+        "run.log",
+        "console.log",
+        "env.json",
+        "plan.json",
+        "metrics.jsonl",
+        "checkpoints",
+        "error.txt",
+        "refused_attempts",
+        "resume_attempts",
+    }
+)
+"""What a run dir may hold before its first result.json: Hydra's files, the pool launcher's console.log, the lock and
+what a run writes while it sets up. A folder holding anything else and no result.json is not a speedrun run dir."""
+
+
+def read_status(run_dir: Path) -> str | None:
+    """The status a run dir's result.json records (read without following a symlink), or None."""
+    import json
+
+    try:
+        result = json.loads(read_text(Path(run_dir) / "result.json"))
+    except (OSError, ValueError):
+        return None
+    status = result.get("status") if isinstance(result, dict) else None
+    return status if isinstance(status, str) else None
+
+
+def new_run_refusal(run_dir: Path) -> str | None:
+    """Why a new run must not start in ``run_dir`` (one line naming the fix), from the dir alone, or None: it holds
+    a symlink, a finished run (never written again), or other files and no speedrun record. Hydra's resolvers ask
+    it before writing .hydra/ or run.log there (speedrun.training.resume), the runner again before the run opens."""
+    from speedrun.records.atomic import is_temp_name
+    from speedrun.records.store import ENDED
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return None
+    links = symlink_problem(run_dir)
+    if links is not None:
+        return links
+    status = read_status(run_dir)
+    if status in ENDED:
+        return (
+            f"{run_dir} holds a finished run (status {status}), which is never written again; give this run another "
+            f"dir (hydra.run.dir=...), and export that one with `python -m speedrun.export {run_dir}` if it is a "
+            "result"
+        )
+    if status is None:
+        foreign = sorted(n for n in os.listdir(run_dir) if n not in OWN_NAMES and not is_temp_name(n))
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+            return (
+                f"{run_dir} is not a speedrun run dir and is not empty (it holds {shown}); give hydra.run.dir= a new "
+                "or empty folder"
+            )
+    return None

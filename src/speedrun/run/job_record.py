@@ -67,6 +67,9 @@ class JobRecord:
         self.attempts_dirname = "resume_attempts"
         """Where a job that holds (a resume refused before its restore, or a job refused a dir another run owns)
         keeps its own record, inside the dir it was refused."""
+        self.writes_files = True
+        """False for a job refused a dir (another run's, a folder of other files): its record is its row alone,
+        and nothing is written into that dir."""
         self.heartbeat: Heartbeat | None = None
         self.lock: RunDirLock | None = None
         """This job's ownership of its run dir (speedrun.records.lock), released when the record is final."""
@@ -212,7 +215,8 @@ class JobRecord:
                 )
         if self.holding:  # a resume that ended before its restore: its own record, the original untouched
             out_dir = self.error_dir()
-            out_dir.mkdir(parents=True, exist_ok=True)
+            if self.writes_files:
+                out_dir.mkdir(parents=True, exist_ok=True)
             run_id = str(out_dir.resolve())
             self.result.update(run_dir=run_id, resume_of=self.run_id)
             self.start_keys = {"started_at": started, "overrides": " ".join(self.ctx.overrides)}
@@ -220,8 +224,9 @@ class JobRecord:
         # result.json, then the row, each whatever the other did: a run dir that cannot hold its record (a full or
         # read-only disk) fails the run, and the row says so
         try:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            write_json(out_dir / "result.json", self.result)
+            if self.writes_files:
+                out_dir.mkdir(parents=True, exist_ok=True)
+                write_json(out_dir / "result.json", self.result)
         except OSError as e:
             log.error("could not write %s: %s", out_dir / "result.json", e)
             self._result_file_failed = True

@@ -28,6 +28,7 @@ from speedrun.paths import results_db_path
 from speedrun.records.atomic import remove_orphan_temps
 from speedrun.records.identity import AUTO_RESUME_IGNORED, GPU_SHARED_ENV, config_identity
 from speedrun.records.lock import RunDirBusy, RunDirLock
+from speedrun.records.rundir import new_run_refusal, symlink_problem
 from speedrun.records.store import ENDED, ResultsDB, empty_result, owner_keys, recorded_status
 from speedrun.run.job import Job
 from speedrun.run.job_record import write_error_file
@@ -117,7 +118,7 @@ def run_job(cfg: Any, ctx: RunContext | None = None) -> dict[str, Any]:
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
     # the results database is the one this command names, from where it was started (never the run dir's own)
     db = _results_db(config_tree, ctx) if world.rank == 0 else dist.NoRecords()
-    resume, refusal = _find_resume(config_tree, ctx)
+    resume, refusal = _find_resume(config_tree, ctx, db)
     if resume is not None:  # the original job's config, dir and row (speedrun.training.resume)
         config_tree = config_tree_of(resume.config)  # plain values: resume refused any interpolation in them
         # a rank > 0 keeps its private dir: rank 0 alone writes the run's files and row (and picks the checkpoint)
@@ -130,6 +131,8 @@ def run_job(cfg: Any, ctx: RunContext | None = None) -> dict[str, Any]:
     if world.rank == 0 and refusal is None:
         lock, refusal = own_run_dir(ctx.run_dir, db, run_id, config_tree, resume)
         held, attempts = isinstance(refusal, ConfigError), "refused_attempts"  # another run's dir
+        if held:  # a refused command writes nothing into the dir it was refused: no log line, no record file
+            _detach_file_logs(ctx.run_dir)
     elif refusal is not None:  # a refused resume of the run in this dir (auto-resume, or a resume= the resolver
         held = (ctx.run_dir / "result.json").exists()  # let through): recorded beside that run, never over it
     result = _opening_result(config_tree, ctx, run_id, resume)
@@ -139,8 +142,9 @@ def run_job(cfg: Any, ctx: RunContext | None = None) -> dict[str, Any]:
     start = {"resumed_at": started, "resumed_from_step": resume.steps} if resume else fresh
     job = Job(ctx, result, config_tree, db, run_id, resume, world)
     job.start_keys, job.fresh_start_keys, job.lock = start, fresh, lock
-    if held:  # refused another run's dir: recorded apart, inside it, leaving that run's files and row
+    if held:  # refused another run's dir: a row of its own (named under the dir), leaving that run's files and row
         job.holding, job.attempts_dirname = True, attempts
+        job.writes_files = attempts != "refused_attempts"
     if resume is None and not held:  # a resume writes nothing into the original record until its restore
         _open_record(db, run_id, {**result, **start})
         job.start_heartbeat()
@@ -197,7 +201,7 @@ def _record_failure(job: Job, e: BaseException, run_dir: Path) -> RunOutOfMemory
     """Record the failure ``e`` in the job's result and tell the other ranks to stop; for running out of GPU
     memory (an outcome with its own status and fix, not a bug), the RunOutOfMemory to raise in its place."""
     result, world = job.result, job.world
-    if not job.delegated:  # a launching process keeps rank 0's error.txt
+    if not job.delegated and job.writes_files:  # a launching process keeps rank 0's error.txt
         write_error_file(job.error_dir(), traceback.format_exc())
     oom = find_oom(e)
     if oom is not None:
@@ -224,6 +228,13 @@ def own_run_dir(
     and, for a job that does not resume it, a dir holding another run: a finished one, or one of another config
     (the same job started again, e.g. requeued before its first checkpoint, starts afresh). Owned: the temporary
     files killed writers left there are removed."""
+    links = symlink_problem(run_dir)
+    if links is not None:  # checked before the lock: a symlinked .owner.lock is never opened
+        return None, ConfigError(links)
+    if resume is None:
+        problem = new_run_refusal(run_dir)
+        if problem is not None:
+            return None, ConfigError(problem)
     lock = RunDirLock(run_dir)
     try:
         warning = lock.acquire(parent=os.getppid())  # rank 0 shares its launching process's lock
@@ -248,13 +259,28 @@ def _other_run_in(run_dir: Path, db: ResultsDB | dist.NoRecords, run_id: str, co
     if status is None:
         return None  # no record there yet
     fix = f"give this run another dir (hydra.run.dir=...) or continue that one (resume={run_dir})"
-    if status in ENDED:
-        return ConfigError(f"{run_dir} holds a finished run (status {status}), which is never overwritten; {fix}")
     rows = db.rows("run_id = ?", (run_id,))
+    if rows and rows[0].get("status") in ENDED:  # its result.json could not take the final status; the row did
+        return ConfigError(
+            f"{run_dir} holds a finished run (status {rows[0]['status']}), which is never written "
+            "again; give this run another dir (hydra.run.dir=...)"
+        )
     stored = rows[0].get("config") if rows else None
     if config_identity(stored, AUTO_RESUME_IGNORED) != config_identity(config_tree, AUTO_RESUME_IGNORED):
         return ConfigError(f"{run_dir} holds another run (status {status}, another config); {fix}")
     return None
+
+
+def _detach_file_logs(run_dir: Path) -> None:
+    """Stop the log files Hydra opened inside ``run_dir`` (its run.log): a refused job logs to the console only."""
+    root, inside = logging.getLogger(), Path(run_dir).resolve()
+    for handler in list(root.handlers):
+        if not isinstance(handler, logging.FileHandler):
+            continue
+        folder = Path(os.path.realpath(os.path.dirname(handler.baseFilename)))  # the link itself, not its target
+        if folder == inside or inside in folder.parents:
+            root.removeHandler(handler)
+            handler.close()
 
 
 def _note_where_recorded(e: BaseException | None) -> None:
@@ -293,13 +319,20 @@ def _results_db(tree: dict[str, Any], ctx: RunContext) -> ResultsDB:
         ) from e
 
 
-def _find_resume(tree: dict[str, Any], ctx: RunContext) -> tuple[Resume | None, Exception | None]:
+def _find_resume(
+    tree: dict[str, Any], ctx: RunContext, db: ResultsDB | dist.NoRecords
+) -> tuple[Resume | None, Exception | None]:
     """(the Resume this job does, or None; a refusal to raise once the record is open, or None)."""
     if not tree.get("resume") and not checkpoint_dir(ctx.run_dir).is_dir():
         return None, None  # nothing to continue (a re-run's fresh dir): its file need not carry training.resume
-    from speedrun.training.resume import find_resume
+    from speedrun.training.resume import find_resume, finished_refusal, training_unfinished
 
     try:
-        return find_resume(tree, ctx.overrides, ctx.run_dir, ctx.original_cwd), None
+        resume = find_resume(tree, ctx.overrides, ctx.run_dir, ctx.original_cwd)
     except ConfigError as e:
         return None, e
+    if resume is not None:  # the row may say finished where result.json could not (its last write failed)
+        rows = db.rows("run_id = ?", (str(resume.run_dir),))
+        if rows and rows[0].get("status") in ENDED and not training_unfinished(rows[0]):
+            return None, finished_refusal(str(tree.get("resume") or resume.run_dir), resume.run_dir, rows[0]["status"])
+    return resume, None

@@ -40,7 +40,8 @@ from speedrun.errors import ConfigError
 from speedrun.paths import REPO_ROOT
 from speedrun.records.identity import AUTO_RESUME_IGNORED, code_fingerprint, config_identity
 from speedrun.records.lock import RunDirLock
-from speedrun.records.store import ENDED, recorded_status
+from speedrun.records.rundir import new_run_refusal, symlink_problem
+from speedrun.records.store import ENDED, read_result, recorded_status
 from speedrun.training.checkpoint import DIRNAME, latest_meta
 
 
@@ -68,6 +69,7 @@ def register_resolvers() -> None:
 
     OmegaConf.register_new_resolver("speedrun_run_dir", run_dir_resolver, replace=True)
     OmegaConf.register_new_resolver("speedrun_hydra_subdir", hydra_subdir_resolver, replace=True)
+    OmegaConf.register_new_resolver("speedrun_log_file", log_file_resolver, replace=True)
 
 
 def run_dir_resolver(resume: str | None, overrides: Any, default: str) -> str:
@@ -82,15 +84,47 @@ def run_dir_resolver(resume: str | None, overrides: Any, default: str) -> str:
     return default
 
 
-def hydra_subdir_resolver(run_dir: str, resume: str | None) -> str:
+def _resumes(run_dir: str, resume: str | None) -> bool:
+    return bool(resume) and Path(str(resume)).expanduser().resolve() == Path(run_dir).resolve()
+
+
+def hydra_subdir_resolver(run_dir: str, resume: str | None) -> str | None:
     """Hydra's files for a resumed invocation go to .hydra/resume/, beside the original job's .hydra/; any other
     invocation in a dir that already has them (a requeued job, or one refused a dir another run owns) writes its
-    own beside them, never over them."""
-    if resume and Path(str(resume)).expanduser().resolve() == Path(run_dir).resolve():
+    own beside them, never over them. None (Hydra writes no .hydra/) in a dir a new run is refused (a finished
+    run's, a folder of other files, one holding symlinks): a refused command writes nothing there."""
+    if _resumes(run_dir, resume):
         return ".hydra/resume"
+    if new_run_refusal(Path(run_dir)) is not None:
+        return None
     if (Path(run_dir) / ".hydra" / "config.yaml").exists():
         return f".hydra/{time.strftime('%Y-%m-%d_%H-%M-%S')}"
     return ".hydra"
+
+
+def log_file_resolver(run_dir: str, resume: str | None) -> str:
+    """hydra.job_logging's file: <run dir>/run.log, or os.devnull in a dir a new run is refused (as above), so that a
+    refused command appends nothing to a finished run's log (which an export publishes) or through a symlink."""
+    if not _resumes(run_dir, resume) and new_run_refusal(Path(run_dir)) is not None:
+        return os.devnull
+    return str(Path(run_dir) / "run.log")
+
+
+def training_unfinished(result: dict[str, Any]) -> bool:
+    """A run that ended (failed, oom) while it trained, before any evaluation: its checkpoints continue it. A run
+    that ended after training (ok, diverged, or a failure in evaluation or export) is finished for good."""
+    return (
+        result.get("status") in ("failed", "oom")
+        and result.get("phase") in ("setup", "warmup", "train")
+        and result.get("val_loss") is None
+    )
+
+
+def finished_refusal(asked: str, path: Path, status: str | None) -> ConfigError:
+    return ConfigError(
+        f"resume={asked}: {path} holds a finished run (status {status}), which is never written again; start a new "
+        f"run (the same command without resume=), or export it with `python -m speedrun.export {path}`"
+    )
 
 
 def accepted_resume(asked: str, overrides: list[str], cwd: Path) -> tuple[Path, dict[str, Any]]:
@@ -107,6 +141,12 @@ def accepted_resume(asked: str, overrides: list[str], cwd: Path) -> tuple[Path, 
             f"resume={asked}: {path} is not a speedrun run dir (it has no plan.json or .hydra/"
             f"config.yaml); give the dir a `python -m run` job wrote"
         )
+    links = symlink_problem(path)
+    if links is not None:
+        raise ConfigError(f"resume={asked}: {links}")
+    result = read_result(path) or {}
+    if result.get("status") in ENDED and not training_unfinished(result):
+        raise finished_refusal(asked, path, result.get("status"))
     try:
         meta = latest_meta(path)
     except (OSError, ValueError) as e:
