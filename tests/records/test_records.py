@@ -100,7 +100,7 @@ def test_gpu_identity_names_the_physical_card(monkeypatch):
 
 
 def test_a_row_that_is_not_utf8_does_not_stop_the_next_run_from_marking_lost_rows(tmp_path):
-    from speedrun.records.store import ResultsDB
+    from speedrun.records.store import LOST_AFTER_SECONDS, ResultsDB
 
     db = ResultsDB(tmp_path / "r.sqlite")
     db.upsert("gone", {"status": "running", "host": "elsewhere", "pid": 1, "heartbeat_at": 0.0})
@@ -109,7 +109,11 @@ def test_a_row_that_is_not_utf8_does_not_stop_the_next_run_from_marking_lost_row
     con.execute("UPDATE runs SET name = CAST(X'FF00' AS TEXT)")  # bytes another tool wrote
     con.commit()
     con.close()
-    assert db.mark_lost() == ["gone"]  # another host's row: lost only by its heartbeat
+    # another machine's rows: judged by their heartbeats as this machine sees them, first seen now, lost once the
+    # same heartbeat has stood still here for longer than LOST_AFTER_SECONDS
+    assert db.mark_lost() == []
+    db.upsert("alive", {"heartbeat_at": time.time() + 1})  # it beat meanwhile
+    assert db.mark_lost(now=time.time() + LOST_AFTER_SECONDS + 1) == ["gone"]
     statuses = {r["run_id"]: (r["status"], r["error"]) for r in db.rows()}
     assert statuses["alive"] == ("running", None)
     assert statuses["gone"][0] == "lost" and "pid 1 on elsewhere" in statuses["gone"][1]

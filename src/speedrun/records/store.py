@@ -20,6 +20,7 @@ from typing import Any
 from speedrun.paths import REPO_ROOT
 from speedrun.records.atomic import atomic_write_text
 from speedrun.records.identity import code_fingerprint
+from speedrun.records.rundir import read_text
 
 # The result.json contract (docs/architecture.md): add keys freely, never rename these. Each comes with the column
 # type the results database declares for it.
@@ -73,7 +74,7 @@ def write_json(path: Path, obj: Any) -> None:
 def read_result(run_dir: Path) -> dict[str, Any] | None:
     """The run dir's result.json, or None where there is none (or it cannot be read)."""
     try:
-        result = json.loads((Path(run_dir) / "result.json").read_text())
+        result = json.loads(read_text(Path(run_dir) / "result.json"))  # never through a symlink
     except (OSError, ValueError):
         return None
     return result if isinstance(result, dict) else None
@@ -99,7 +100,10 @@ class MetricsLog:
         if after_step is not None and path.exists():
             keep = [line for line in path.read_text().splitlines() if _step_of(line) <= after_step]
             atomic_write_text(path, "".join(line + "\n" for line in keep))
-        self._f = open(path, "a" if after_step is not None else "w", buffering=1)
+        # never through a symlink planted at metrics.jsonl: it would truncate or append to the link's target
+        how = os.O_APPEND if after_step is not None else os.O_TRUNC
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | how | os.O_NOFOLLOW, 0o644)
+        self._f = open(fd, "a" if after_step is not None else "w", buffering=1)
 
     def write(self, record: dict[str, Any]) -> None:
         self._f.write(json.dumps(record, default=float) + "\n")
@@ -187,12 +191,34 @@ class ResultsDB:
         finally:
             con.close()
 
-    def mark_lost(self) -> list[str]:
+    def mark_lost(self, now: float | None = None) -> list[str]:
         """Write ``lost`` into every ``running`` row whose process is gone (effective_status), with an error saying
         so; returns their run ids. The next run on the database does this, so a dead run's row stops saying
-        running."""
-        now = time.time()
-        lost = [r for r in self.rows("status = 'running'") if effective_status(r, now) == "lost"]
+        running. A row's run dir is read first: where its result.json holds a final status, that record wins and
+        the row is rewritten from it (its last row write failed: a full disk, a lock held too long). A row from
+        another kernel (another boot_id) is judged by its heartbeat as this machine saw it (``seen_*`` columns,
+        written here), never by comparing two machines' clocks."""
+        now = time.time() if now is None else now
+        me = process_identity()
+        lost, changed = [], []
+        for r in self.rows("status = 'running'"):
+            if r.get("boot_id") != me["boot_id"] and (r.get("seen_beat"), r.get("seen_by")) != (
+                r.get("heartbeat_at"),
+                me["boot_id"],
+            ):
+                changed.append(
+                    (r["run_id"], {"seen_beat": r.get("heartbeat_at"), "seen_at": now, "seen_by": me["boot_id"]})
+                )
+                continue  # first sight of this heartbeat here: its age is counted from now, on this clock
+            if effective_status(r, now) != "lost":
+                continue
+            final = read_result(Path(str(r.get("run_dir") or r["run_id"])))
+            if final is not None and final.get("status") in (*ENDED, "interrupted"):
+                changed.append((r["run_id"], _result_row(final)))
+                continue
+            lost.append(r)
+        for run_id, keys in changed:
+            self.upsert(run_id, keys)
         con = self._connect()
         try:
             for r in lost:
@@ -208,6 +234,20 @@ class ResultsDB:
         finally:
             con.close()
         return [r["run_id"] for r in lost]
+
+    def resync(self) -> list[tuple[str, Any, Any]]:
+        """Rewrite every row whose run dir's result.json holds another status from that result.json (its final
+        record wins over a row whose last write failed, or a row marked lost); returns (run id, row status, result
+        status) for each row rewritten. Rows of runs still running, or without a readable result.json, stay."""
+        out = []
+        for r in self.rows():
+            final = read_result(Path(str(r.get("run_dir") or r["run_id"])))
+            status = (final or {}).get("status")
+            if final is None or status == r.get("status") or status not in (*ENDED, "interrupted"):
+                continue
+            self.upsert(r["run_id"], _result_row(final))
+            out.append((r["run_id"], r.get("status"), status))
+        return out
 
     def rows(self, where: str = "1=1", params: tuple = ()) -> list[dict[str, Any]]:
         if not self.path.exists():
@@ -226,22 +266,57 @@ class ResultsDB:
             con.close()
 
 
+def _result_row(result: dict[str, Any]) -> dict[str, Any]:
+    """A row's keys from a run dir's result.json: its own values, of the names a column may take."""
+    return {str(k): v for k, v in result.items() if isinstance(k, str) and k.replace("_", "").isalnum()}
+
+
+def _read_first_line(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.readline().strip() or None
+    except OSError:
+        return None
+
+
+def process_identity() -> dict[str, Any]:
+    """What tells this process's machine and pid namespace apart: host name, the kernel's boot id (one per boot of
+    one kernel, shared by its containers) and the pid namespace (a container's own, where pids repeat)."""
+    try:
+        pid_ns: str | None = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        pid_ns = None
+    return {"host": platform.node(), "boot_id": _read_first_line("/proc/sys/kernel/random/boot_id"), "pid_ns": pid_ns}
+
+
 def owner_keys() -> dict[str, Any]:
-    """The row's keys that tell whether its process still lives: host, pid and a first heartbeat."""
-    return {"host": platform.node(), "pid": os.getpid(), "heartbeat_at": time.time()}
+    """The row's keys that tell whether its process still lives: host, boot id, pid namespace, pid and a first
+    heartbeat."""
+    return {**process_identity(), "pid": os.getpid(), "heartbeat_at": time.time()}
 
 
 def effective_status(row: dict[str, Any], now: float | None = None) -> str | None:
-    """The row's status, with ``lost`` for a ``running`` row whose process is gone: its pid no longer exists on
-    this host, or its heartbeat stopped more than LOST_AFTER_SECONDS ago. Rows from before heartbeats (no
-    heartbeat_at) keep what they say."""
+    """The row's status, with ``lost`` for a ``running`` row whose process is gone: its pid no longer exists in
+    this kernel and pid namespace, or its heartbeat stopped more than LOST_AFTER_SECONDS ago. A heartbeat is aged
+    on one clock only: this kernel's, for a row written under this boot id; else from when this machine first saw
+    that heartbeat (the ``seen_*`` columns mark_lost writes). Rows from before heartbeats (no heartbeat_at) keep
+    what they say."""
     status = row.get("status")
     if status != "running":
         return status
-    host, pid, beat = row.get("host"), row.get("pid"), row.get("heartbeat_at")
-    if host == platform.node() and isinstance(pid, int) and not pid_alive(pid):
+    me = process_identity()
+    now = now if now is not None else time.time()
+    pid, beat = row.get("pid"), row.get("heartbeat_at")
+    same_kernel = row.get("boot_id") is not None and row.get("boot_id") == me["boot_id"]
+    if same_kernel and row.get("pid_ns") == me["pid_ns"] and isinstance(pid, int) and not pid_alive(pid):
         return "lost"
-    if isinstance(beat, (int, float)) and (now if now is not None else time.time()) - beat > LOST_AFTER_SECONDS:
+    if same_kernel:
+        age = now - beat if isinstance(beat, (int, float)) else None
+    elif row.get("seen_by") == me["boot_id"] and row.get("seen_beat") == beat and row.get("seen_at") is not None:
+        age = now - float(row["seen_at"])  # seen_at is this machine's clock, as now is
+    else:
+        age = None
+    if age is not None and age > LOST_AFTER_SECONDS:
         return "lost"
     return status
 

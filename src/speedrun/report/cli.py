@@ -155,11 +155,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wandb-project", default="speedrun", help="W&B project of --wandb-dashboard")
     p.add_argument("--wandb-entity", help="W&B entity of --wandb-dashboard")
     p.add_argument("--dry-run", action="store_true", help="--wandb-dashboard: print and save the layout only")
+    p.add_argument(
+        "--resync",
+        action="store_true",
+        help="rewrite every row whose run dir's result.json holds another final status from that result.json "
+        "(its record wins over a row whose last write failed or that was marked lost), say which, and exit",
+    )
     return p
+
+
+def resync(db: Path) -> int:
+    """``--resync``: rows rewritten from their run dirs' result.json (speedrun.records.store.ResultsDB.resync)."""
+    import sqlite3
+
+    from speedrun.records.store import ResultsDB
+
+    if not db.is_file():
+        print(f"error: no results database at {db}; give --db <path>", file=sys.stderr)
+        return 2
+    try:
+        changed = ResultsDB(db).resync()
+    except (sqlite3.Error, OSError) as e:
+        print(f"error: {db} cannot be rewritten ({type(e).__name__}: {e}); check its permissions", file=sys.stderr)
+        return 1
+    for run_id, was, now in changed:
+        print(f"{run_id}: {was} -> {now} (its result.json)")
+    print(f"{len(changed)} row(s) rewritten from result.json in {db}")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.resync:
+        return resync(args.db)
     if args.wandb_dashboard and not args.dry_run:
         problem = preflight(args.wandb_entity)  # before any work: no credentials is one line, not a traceback
         if problem:
