@@ -324,3 +324,116 @@ def test_a_plan_json_name_never_reads_a_file_outside_conf(finished, tmp_path, ca
     code, text = export_main([run_dir, "--out", tmp_path / "sub", "--force"], capsys)
     assert code == 1 and "no such option" in text and "plan.json" in text, text
     assert len(text.strip().splitlines()) == 1 and not (tmp_path / "sub").exists()
+
+
+def test_a_symlink_in_a_run_dir_is_never_followed_by_a_run_a_resume_or_an_export(
+    finished, killed, smoke, tmp_path, capsys
+):
+    from speedrun.errors import ConfigError
+    from speedrun.training.resume import accepted_resume
+
+    cwd, db, run_dir = copy_of(finished, tmp_path)
+    target = tmp_path / "precious.txt"
+    target.write_text("precious\n")
+    (run_dir / "run.log").unlink()
+    (run_dir / "run.log").symlink_to(target)
+    (run_dir / ".owner.lock").unlink()
+    (run_dir / ".owner.lock").symlink_to(target)
+    before = snapshot(run_dir)
+    # a fresh run given that dir: refused before its lock is opened, nothing appended to the link's target
+    proc = run_cli([*smoke, f"results_db={db}", f"hydra.run.dir={run_dir}"], cwd=cwd)
+    line = one_line(proc, "holds symlinks")
+    assert ".owner.lock -> " in line and "run.log -> " in line
+    assert target.read_text() == "precious\n" and snapshot(run_dir) == before
+    assert sorted(p.name for p in (run_dir / ".hydra").iterdir()) == ["config.yaml", "hydra.yaml", "overrides.yaml"]
+    # the export publishes no link's target
+    code, text = export_main([run_dir, "--out", tmp_path / "sub"], capsys)
+    assert code == 1 and "holds symlinks" in text and not (tmp_path / "sub").exists()
+    # a resume of an interrupted run whose run.log is a link: refused by the check Hydra's resolver makes
+    _, _, killed_dir, _, _ = killed
+    copy = tmp_path / "killed"
+    shutil.copytree(killed_dir, copy, symlinks=True)
+    (copy / "run.log").unlink()
+    (copy / "run.log").symlink_to(target)
+    with pytest.raises(ConfigError, match="holds symlinks"):
+        accepted_resume(str(copy), [], tmp_path)
+
+
+def test_a_finished_run_is_never_resumed_and_a_refused_command_writes_nothing_into_it(killed, smoke, tmp_path):
+    _, _, killed_dir, _, _ = killed
+    run_dir = tmp_path / "done"
+    shutil.copytree(killed_dir, run_dir, symlinks=True)
+    result = json.loads((run_dir / "result.json").read_text())
+    result.update(status="ok", phase="done", val_loss=5.0, val_bpb=3.0)  # training ended, then evaluation
+    (run_dir / "result.json").write_text(json.dumps(result))
+    (run_dir / ".owner.lock").write_text("")
+    before = snapshot(run_dir)
+    db = tmp_path / "r.sqlite"
+    proc = run_cli([f"resume={run_dir}", f"results_db={db}"], cwd=tmp_path)
+    line = one_line(proc, "holds a finished run (status ok)")
+    assert "never written again" in line and "speedrun.export" in line
+    assert snapshot(run_dir) == before
+    # a fresh run refused that dir is told to go elsewhere, not to resume it, and writes nothing there either
+    proc = run_cli([*smoke, "checkpoint.every_steps=1", f"results_db={db}", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    line = one_line(proc, "holds a finished run (status ok)")
+    assert "resume=" not in line and "hydra.run.dir=" in line
+    assert snapshot(run_dir) == before and sorted(os.listdir(run_dir)) == sorted(os.listdir(killed_dir))
+
+
+def test_a_folder_that_is_no_run_dir_is_refused_and_keeps_its_files(smoke, tmp_path):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "train_gpt.py").write_text("print('my own script')\n")
+    (folder / "result.json").write_text('{"score": 1}\n')
+    (folder / ".notes.tmp").write_text("draft\n")
+    before = snapshot(folder)
+    proc = run_cli([*smoke, f"results_db={tmp_path / 'r.sqlite'}", f"hydra.run.dir={folder}"], cwd=tmp_path)
+    line = one_line(proc, "is not a speedrun run dir")
+    assert "new or empty folder" in line
+    assert snapshot(folder) == before and sorted(os.listdir(folder)) == [".notes.tmp", "result.json", "train_gpt.py"]
+
+
+def test_a_row_and_its_result_json_never_disagree_for_long(finished, tmp_path, capsys):
+    """A run whose last row write failed (its row says running, its pid is gone, result.json says ok) is not lost:
+    the next run's mark_lost takes result.json's status, and `report --resync` rewrites such rows."""
+    from speedrun.records.store import LOST_AFTER_SECONDS, ResultsDB, process_identity
+    from speedrun.report.cli import main as report_main
+
+    cwd, db_path, run_dir = copy_of(finished, tmp_path)
+    db = ResultsDB(db_path)
+    (row,) = db.rows()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    me = process_identity()
+    here = {**me, "run_dir": str(run_dir), "pid": int(dead.stdout), "heartbeat_at": time.time()}
+    db.upsert(row["run_id"], {**here, "status": "running"})
+    assert db.mark_lost() == [] and db.rows()[0]["status"] == "ok"  # the dead pid's result.json says ok
+    # live runs are not lost: one in another pid namespace of this kernel, one of a machine whose clock differs
+    db.upsert("container", {**here, "status": "running", "pid_ns": "pid:[1]", "run_dir": str(tmp_path / "c")})
+    other = {**here, "boot_id": "another-kernel", "heartbeat_at": time.time() - 700, "run_dir": str(tmp_path / "o")}
+    db.upsert("skewed", {**other, "status": "running"})
+    assert db.mark_lost() == [] and db.mark_lost(now=time.time() + 60) == []
+    # once their heartbeats stood still for LOST_AFTER_SECONDS: this kernel's clock, the other's as seen here
+    assert sorted(db.mark_lost(now=time.time() + LOST_AFTER_SECONDS + 5)) == ["container", "skewed"]
+    # a row marked lost by an older speedrun is rewritten from result.json by `report --resync`
+    db.upsert(row["run_id"], {"status": "lost", "error": "lost: pid 1"})
+    assert report_main(["--db", str(db_path), "--resync"]) == 0
+    assert f"{row['run_id']}: lost -> ok" in capsys.readouterr().out
+    fixed = {r["run_id"]: r for r in db.rows()}[row["run_id"]]
+    assert fixed["status"] == "ok" and fixed["error"] is None and fixed["val_bpb"] == row["val_bpb"]
+
+
+def test_a_sweep_dir_is_owned_by_one_sweep_whose_summary_counts_its_own_jobs(finished, tmp_path):
+    from hydra_plugins.speedrun_plugins.sweeper import SWEEP_LOCK, SweepDirRefused, own_sweep_dir
+    from speedrun.report.manifest import JobEntry, job_result
+
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    own_sweep_dir(sweep)  # the first sweep: held until this process ends
+    with pytest.raises(SweepDirRefused, match="in use by pid .* wait for that sweep to end") as refused:
+        own_sweep_dir(sweep)  # a second sweep on the same dir (its own open file: flock refuses it too)
+    assert len(str(refused.value).splitlines()) == 1 and str(os.getpid()) in str(refused.value)
+    assert sorted(os.listdir(sweep)) == [SWEEP_LOCK]  # refused before anything else is written
+    # a job refused its dir, which holds another sweep's ok run: its summary row is its own failure
+    job = JobEntry(index=0, overrides=["seed=0"], state="launched", status="failed", error="ConfigError: in use")
+    job.run_dir = str(finished.run_dir)
+    assert job_result(job) == {"status": "failed", "error": "ConfigError: in use"}

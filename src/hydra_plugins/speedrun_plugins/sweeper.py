@@ -29,8 +29,10 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn, JobStatus
+from hydra.errors import CompactHydraException
 from omegaconf import OmegaConf, open_dict, read_write
 
+from speedrun.errors import ConfigError
 from speedrun.paths import REPO_ROOT, results_db_path
 from speedrun.records.identity import SWEEP_REUSE_IGNORED, code_fingerprint, config_identity, current_device_name
 
@@ -82,6 +84,7 @@ class SpeedrunSweeper(BasicSweeper):
         combos = self.split_arguments(parser.parse_overrides(params), None)[0]
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
         sweep_dir.mkdir(parents=True, exist_ok=True)
+        own_sweep_dir(sweep_dir)  # before anything is written there: one sweep per sweep dir
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         manifest = Manifest(
             sweep=sweep_dir.name,
@@ -175,6 +178,31 @@ class SpeedrunSweeper(BasicSweeper):
         if db.is_absolute():
             return db
         return Path(str(OmegaConf.select(self.config, "hydra.runtime.cwd", default=".") or ".")) / db
+
+
+SWEEP_LOCK = ".sweep.lock"
+
+
+class SweepDirRefused(ConfigError, CompactHydraException):
+    """A sweep dir another live sweep owns: Hydra prints a CompactHydraException as its message alone (one line)."""
+
+
+def own_sweep_dir(sweep_dir: Path) -> None:
+    """Hold ``<sweep dir>/.sweep.lock`` (speedrun.records.lock) until this process ends, or raise a ConfigError naming
+    the sweep that holds it: two sweeps on one dir would run each other's job dirs, overwrite each other's
+    console.log and summarise the other's rows as their own."""
+    import atexit
+
+    from speedrun.records.lock import RunDirBusy, RunDirLock
+
+    lock = RunDirLock(sweep_dir, SWEEP_LOCK, "wait for that sweep to end, or give this one another hydra.sweep.dir=...")
+    try:
+        warning = lock.acquire()
+    except (RunDirBusy, OSError) as e:
+        raise SweepDirRefused(f"error: sweep dir {e}" if isinstance(e, RunDirBusy) else f"error: {e}") from None
+    if warning:
+        log.warning("%s", warning.replace("the run dir", "the sweep dir"))
+    atexit.register(lock.release)  # after the summary callback, which writes into the dir too
 
 
 def _chunks(items: list[_T], n: int | None) -> Iterator[list[_T]]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from speedrun.errors import ConfigError
+from speedrun.records.rundir import NotRegularFile, open_regular
 from speedrun.records.store import LOST_AFTER_SECONDS
 
 LOCK_NAME = ".owner.lock"
@@ -28,15 +29,20 @@ class RunDirBusy(ConfigError):
 
 
 class RunDirLock:
-    def __init__(self, run_dir: Path):
-        self.path = Path(run_dir) / LOCK_NAME
+    def __init__(self, run_dir: Path, name: str = LOCK_NAME, fix: str | None = None):
+        """``name``, ``fix``: the lock file and the refusal's advice, for a folder other than a run dir (a sweep's)."""
+        self.path = Path(run_dir) / name
+        self.fix = fix or _FIX
         self._fd: int | None = None
 
     def acquire(self, parent: int | None = None) -> str | None:
         """Own the dir, or raise RunDirBusy naming the owner. ``parent``: a pid whose ownership this process shares
         (rank 0 of a run whose launching process holds the lock). Returns a warning line when a stale lock was
         taken over, else None."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # never through a symlink: a planted `.owner.lock -> ~/file` would be truncated below
+            fd = open_regular(self.path, os.O_RDWR | os.O_CREAT)
+        except NotRegularFile as e:
+            raise RunDirBusy(f"{e.strerror or e}; delete it, or {self.fix.split(', or ', 1)[-1]}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -44,7 +50,7 @@ class RunDirLock:
             os.close(fd)
             if parent is not None and owner.get("pid") == parent and owner.get("host") == platform.node():
                 return None  # the launching process owns it on this rank's behalf
-            raise RunDirBusy(f"{self.path.parent} is in use by {_describe(owner)}; {_FIX}") from None
+            raise RunDirBusy(f"{self.path.parent} is in use by {_describe(owner)}; {self.fix}") from None
         owner = _read_owner(fd)
         warning = None
         if owner:
@@ -53,7 +59,7 @@ class RunDirLock:
                 if age < LOST_AFTER_SECONDS:
                     os.close(fd)
                     raise RunDirBusy(
-                        f"{self.path.parent} is in use by {_describe(owner)} (heartbeat {age:.0f} s ago); {_FIX}, "
+                        f"{self.path.parent} is in use by {_describe(owner)} (heartbeat {age:.0f} s ago); {self.fix}, "
                         f"or delete {self.path} if that process is gone"
                     )
             warning = f"took over the run dir from {_describe(owner)}, which ended without releasing it"
@@ -66,7 +72,9 @@ class RunDirLock:
         """Who owns the dir now, described (a live process holding the lock), or None; takes nothing. ``allow``: a
         pid whose ownership does not count (a rank's launching process, as in ``acquire``)."""
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            fd = open_regular(self.path)
+        except NotRegularFile:
+            return f"a symlink at {self.path}, not a lock file"
         except OSError:
             return None  # no lock file: never owned
         try:
@@ -82,7 +90,7 @@ class RunDirLock:
     def touch(self) -> None:
         """The heartbeat a lock on a shared filesystem is judged by."""
         if self._fd is not None:
-            os.utime(self.path)
+            os.utime(self._fd)  # the descriptor: never a symlink planted at the path since
 
     def release(self) -> None:
         """Give the dir up: an empty lock file is a released one (no takeover warning for the next owner)."""

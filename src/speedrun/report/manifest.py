@@ -168,6 +168,10 @@ def job_result(job: JobEntry, db_path: Path | None = None) -> dict[str, Any]:
         # a job the launcher saw end whose record still says running was killed before it could record itself (a
         # second Ctrl-C, SIGKILL): the launcher's word on how it ended is the true one
         return {**record, "status": job.status, "error": job.error}
+    if record.get("status") == "ok" and job.status not in (None, "running", "ok"):
+        # the job failed (refused its dir, say) while the dir holds another process's ok record: this sweep's
+        # summary counts its own job's return, never another run's numbers
+        return {"status": job.status, "error": job.error}
     return record
 
 
