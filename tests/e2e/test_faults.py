@@ -437,3 +437,44 @@ def test_a_sweep_dir_is_owned_by_one_sweep_whose_summary_counts_its_own_jobs(fin
     job = JobEntry(index=0, overrides=["seed=0"], state="launched", status="failed", error="ConfigError: in use")
     job.run_dir = str(finished.run_dir)
     assert job_result(job) == {"status": "failed", "error": "ConfigError: in use"}
+
+
+@pytest.mark.parametrize(
+    "newest", ['{"steps": "abc", "config": {}}', '{"steps": 3, "config": []}', "[1, 2]", '{"steps": 3, "conf']
+)
+def test_a_malformed_checkpoint_json_falls_back_to_the_older_one_or_is_one_line(killed, tmp_path, newest):
+    from speedrun.errors import ConfigError
+    from speedrun.training.resume import accepted_resume
+
+    _, _, killed_dir, _, _ = killed
+    copy = tmp_path / "run"
+    shutil.copytree(killed_dir, copy, symlinks=True)
+    metas = sorted((copy / "checkpoints").glob("step_*.json"))
+    older = json.loads(metas[-2].read_text())
+    metas[-1].write_text(newest)
+    assert accepted_resume(str(copy), [], tmp_path)[1]["steps"] == older["steps"]  # as a bad .pt falls back
+    for meta in metas:
+        meta.write_text(newest)
+    with pytest.raises(ConfigError, match="unreadable") as refused:
+        accepted_resume(str(copy), [], tmp_path)
+    assert len(str(refused.value).splitlines()) == 1
+
+
+def test_a_swapped_or_garbage_tokenizer_in_the_dataset_cache_is_one_line_never_used(smoke, data_cache, tmp_path):
+    from speedrun.data import ensure_embedded_dataset
+    from speedrun.errors import DataError
+
+    cache = tmp_path / "cache"
+    shutil.copytree(data_cache, cache, ignore=shutil.ignore_patterns(".*"))
+    (model,) = cache.glob("*/tokenizer.model")
+    data = bytearray(model.read_bytes())
+    data[-40] ^= 0x01  # one piece's score differs: another tokenizer of the same size
+    model.write_bytes(bytes(data))
+    with pytest.raises(DataError, match="is not the tokenizer .* was built with") as refused:
+        ensure_embedded_dataset(cache, vocab_size=1024)
+    assert "delete" in str(refused.value) and len(str(refused.value).splitlines()) == 1
+    from speedrun.data.tokenizer import load_tokenizer
+
+    model.write_bytes(b"garbage")
+    with pytest.raises(DataError, match="not a valid SentencePiece model"):
+        load_tokenizer(model)

@@ -9,7 +9,7 @@ from pathlib import Path
 from speedrun.data.layout import DataNotFoundError, DatasetPaths
 from speedrun.data.shards import list_shards, list_sidecars, read_header
 from speedrun.data.tiktoken_bpe import is_tiktoken, load_encoding
-from speedrun.data.tokenizer import load_tokenizer
+from speedrun.data.tokenizer import check_recorded_sha256, load_tokenizer
 from speedrun.errors import DataError
 
 # Published parameter-golf exports: vocab size -> (variant, Hugging Face dataset repo).
@@ -99,6 +99,8 @@ def open_dataset(path: Path, tokenizer: Path | str, vocab_size: int) -> DatasetP
         raise DataNotFoundError(f"{e}{help_text}") from None
     if not tokenizer.is_file():
         raise DataNotFoundError(f"tokenizer not found: {tokenizer} (the SentencePiece .model of {path}){help_text}")
+    if os.path.abspath(tokenizer.parent) == os.path.abspath(path):  # a prepared dir: dataset.json names its bytes
+        check_recorded_sha256(tokenizer, path)
     sp = load_tokenizer(tokenizer)
     n = int(sp.get_piece_size())
     if n != vocab_size:

@@ -40,7 +40,7 @@ from speedrun.data.layout import INFO_FILE, TOKENIZER_FILE, DataNotFoundError, D
 from speedrun.data.shards import list_shards, list_sidecars, read_header, sidecar_name, write_shard
 from speedrun.data.staging import build_in_temp, exclusive_lock, remove_tree
 from speedrun.data.tiktoken_bpe import GPT2, build_tiktoken_luts, load_encoding
-from speedrun.data.tokenizer import TRAINER_SETTINGS, load_tokenizer, train_tokenizer
+from speedrun.data.tokenizer import TRAINER_SETTINGS, check_recorded_sha256, load_tokenizer, train_tokenizer
 from speedrun.errors import DataError
 
 __all__ = ["INFO_FILE", "TOKENIZER_FILE", "DataNotFoundError", "DatasetPaths", "embedded_dir"]  # from data.layout
@@ -320,6 +320,7 @@ def ensure_embedded_dataset(cache_dir: Path, vocab_size: int = 1024) -> DatasetP
     with exclusive_lock(cache_dir / f".{target.name}.lock"):
         info = read_dataset_info(target)
         if info and all(info.get(k) == v for k, v in stamp.items()):
+            check_recorded_sha256(target / TOKENIZER_FILE, target)  # a swapped tokenizer.model is never used
             return _open_prepared(target)
         for stale in cache_dir.glob(f".{target.name}.tmp-*"):  # left by a killed build (we hold the lock)
             remove_tree(stale)

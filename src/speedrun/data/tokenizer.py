@@ -26,6 +26,7 @@ from typing import Any
 import sentencepiece as spm
 
 from speedrun.data.tiktoken_bpe import is_tiktoken, load_encoding
+from speedrun.errors import DataError
 from speedrun.records.atomic import atomic_write
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
@@ -162,8 +163,31 @@ def load_tokenizer(path: Path) -> spm.SentencePieceProcessor:
     try:
         sp.load(str(path))
     except (OSError, RuntimeError) as e:
-        raise ValueError(f"{path}: not a valid SentencePiece model ({e})") from None
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise DataError(
+            f"{path}: not a valid SentencePiece model ({first}); restore the .model file the dataset was built with"
+        ) from None
     return sp
+
+
+def check_recorded_sha256(tokenizer: Path, directory: Path) -> None:
+    """Refuse (DataError) a tokenizer whose bytes are not those ``directory``'s dataset.json recorded when its
+    shards were made (``tokenizer_sha256``): ids of a swapped tokenizer decode to other bytes, and every val_bpb
+    would be wrong. A directory with no such record (parameter-golf's shards) has nothing to check."""
+    import json
+
+    try:
+        recorded = json.loads((Path(directory) / "dataset.json").read_text()).get("tokenizer_sha256")
+    except (OSError, ValueError, AttributeError):
+        return
+    if not isinstance(recorded, str):
+        return
+    found = tokenizer_sha256(tokenizer)
+    if found != recorded:
+        raise DataError(
+            f"{tokenizer} is not the tokenizer {directory} was built with (sha256 {found[:16]}..., its dataset.json "
+            f"records {recorded[:16]}...); restore that file, or delete {directory} to build the dataset again"
+        )
 
 
 def tokenizer_sha256(spec: str | Path) -> str:

@@ -73,9 +73,37 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
 
 
 def latest_meta(run_dir: Path) -> dict[str, Any] | None:
-    """The .json of the newest complete checkpoint (config, overrides, plan, progress), or None."""
+    """The .json of the newest complete checkpoint (config, overrides, plan, progress) that reads as one, or None
+    when there is no checkpoint. A newest .json cut short or malformed is skipped for the previous checkpoint with
+    one warning, as a bad .pt is (load_checkpoint); ValueError naming the newest one's problem when none reads."""
     paths = list_checkpoints(run_dir)
-    return json.loads(paths[-1].with_suffix(".json").read_text()) if paths else None
+    first: str | None = None
+    for path in reversed(paths):
+        try:
+            return read_meta(path.with_suffix(".json"))
+        except (OSError, ValueError) as e:
+            first = first or f"{path.with_suffix('.json')}: {e}"
+            log.warning("checkpoint %s unreadable (%s); trying an older one", path.with_suffix(".json"), e)
+    if first is not None:
+        raise ValueError(f"no checkpoint's .json is readable ({first})")
+    return None
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    """One checkpoint .json, checked for what resume reads: an object with a config (object), steps (a count)
+    and overrides (a list of strings); ValueError naming the first that is not."""
+    meta = json.loads(path.read_text())
+    if not isinstance(meta, dict):
+        raise ValueError(f"holds a JSON {type(meta).__name__}, not an object")
+    if not isinstance(meta.get("config"), dict):
+        raise ValueError(f"its config is {type(meta.get('config')).__name__}, not an object")
+    steps = meta.get("steps")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"its steps is {steps!r}, not a count")
+    overrides = meta.get("overrides") or []
+    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+        raise ValueError(f"its overrides is {overrides!r}, not a list of strings")
+    return meta
 
 
 def _atomic(path: Path, write: Any) -> str:

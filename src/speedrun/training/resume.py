@@ -264,10 +264,13 @@ def find_resume(config: dict[str, Any], overrides: list[str], run_dir: Path, cwd
     asked = config.get("resume")
     accept = bool(config.get("accept_code_change"))
     if not asked:
-        meta = latest_meta(run_dir) if (config.get("checkpoint") or {}).get("auto_resume", True) else None
         # a run that ended is never continued by being started again
-        if meta is not None and recorded_status(run_dir) in ENDED:
+        if not (config.get("checkpoint") or {}).get("auto_resume", True) or recorded_status(run_dir) in ENDED:
             return None
+        try:
+            meta = latest_meta(run_dir)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"{run_dir / DIRNAME}: {e}; move that folder aside to start afresh") from e
         # the same config, this job's own: nothing of the run dir's is used that this command did not compose
         if meta is None or config_identity(meta.get("config"), AUTO_RESUME_IGNORED) != config_identity(
             config, AUTO_RESUME_IGNORED
