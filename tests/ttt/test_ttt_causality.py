@@ -11,6 +11,11 @@ document) and compares every per-token score, bit for bit, with the unchanged st
   other.
 
 The checker is shown to fail: each known way to break score-first is patched in (test-only) and must be caught.
+
+That rule cannot see a score that depends on its own target (an input equal to the target changes no *other*
+score): a second check, InputWitness, watches every forward the model runs and asserts that each row's input is the
+stream's tokens before its targets (x[j] = tokens[s + j] where y[j] = tokens[s + j + 1], zeros only as padding
+after them), in both eval paths and in TTT; a label leak patched in must fail it, while the first checker passes.
 """
 
 from __future__ import annotations
@@ -369,3 +374,101 @@ def test_the_eval_checker_fails_under_mutation(mutation, monkeypatch):
         found = eval_violations(mutation(ttt_gpt(), monkeypatch), 8)
     assert found and all(EARLIER in line for line in found)
     print(f"\n{mutation.__name__}: {found[0]}")
+
+
+# ---- label leaks: each scored position's input is the tokens before it -----------------------------------------
+
+
+class InputWitness:
+    """Records every per-token forward of the built-in GPT (reduction="none": the scoring passes, TTT's steps and
+    its global phases) and says which rows are not a window of ``tokens``: a row must read x[j] = tokens[s + j] and
+    y[j] = tokens[s + j + 1] for some start s over its first columns, then only zeros (padding) in both."""
+
+    def __init__(self, tokens: torch.Tensor):
+        self.tokens = tokens.cpu()
+        self.rows = 0
+        self.problems: list[str] = []
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        forward = GPT.forward
+
+        def watched(model, idx, targets=None, reduction="mean", **kw):
+            if targets is not None and reduction == "none":
+                self.check(idx, targets)
+            return forward(model, idx, targets, reduction, **kw)
+
+        monkeypatch.setattr(GPT, "forward", watched)
+
+    def check(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        for row_x, row_y in zip(x.detach().cpu(), y.detach().cpu()):
+            self.rows += 1
+            if not (row_x.any() or row_y.any()):
+                continue  # a padding row
+            if not any(self._window_at(int(s), row_x, row_y) for s in self._starts(row_x, row_y)):
+                self.problems.append(
+                    f"inputs {row_x[:6].tolist()}... are not the tokens before targets {row_y[:6].tolist()}..."
+                )
+
+    def _starts(self, row_x: torch.Tensor, row_y: torch.Tensor) -> torch.Tensor:
+        t = self.tokens
+        return ((t[:-1] == row_x[0]) & (t[1:] == row_y[0])).nonzero().flatten()
+
+    def _window_at(self, s: int, row_x: torch.Tensor, row_y: torch.Tensor) -> bool:
+        n = min(row_x.numel(), self.tokens.numel() - 1 - s)
+        same = (row_x[:n] == self.tokens[s : s + n]) & (row_y[:n] == self.tokens[s + 1 : s + 1 + n])
+        length = int(same.long().cumprod(0).sum())  # the matching prefix
+        return not (row_x[length:].any() or row_y[length:].any())
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_each_ttt_score_reads_the_tokens_before_its_target(config, monkeypatch):
+    tokens = docs_stream(LENGTHS, seed=1)
+    witness = InputWitness(tokens)
+    witness.install(monkeypatch)
+    ttt_scores(tokens, CONFIGS[config])
+    assert witness.rows > 0 and witness.problems == []
+
+
+@pytest.mark.parametrize("stride", [8, None], ids=["sliding8", "standard"])
+def test_each_eval_score_reads_the_tokens_before_its_target(stride, monkeypatch):
+    tokens = docs_stream([60, 41, 30], seed=2)[: 24 * 5 + 1]
+    witness = InputWitness(tokens)
+    witness.install(monkeypatch)
+    with torch.no_grad():
+        assert eval_scores(_forward(ttt_gpt()), tokens, stride).complete()
+    assert witness.rows > 0 and witness.problems == []
+
+
+def inputs_are_the_targets_in_ttt(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TTT's step feeds each window its targets as inputs."""
+
+    def step(forward, tokens, luts, rows, width, training, nats_of, *args, **kw):
+        leaky = lambda fn, x, y, pick: nats_of(fn, y, y, pick)  # noqa: E731
+        return chunk_step(forward, tokens, luts, rows, width, training, leaky, *args, **kw)
+
+    monkeypatch.setattr(steps, "chunk_step", step)
+
+
+@pytest.mark.parametrize("path", ["ttt", "sliding8", "standard"])
+def test_a_label_leak_fails_the_input_check_and_passes_the_later_target_check(path, monkeypatch):
+    """The input equal to the target: no later target moves any score (the first checker passes, as it did before
+    this check), and the witness fails."""
+    if path == "ttt":
+        tokens = docs_stream(LENGTHS, seed=1)
+        inputs_are_the_targets_in_ttt(monkeypatch)
+        witness = InputWitness(tokens)
+        witness.install(monkeypatch)
+        ttt_scores(tokens, CONFIGS["lora"])
+    else:
+        stride = 8 if path == "sliding8" else None
+        m = ttt_gpt()
+        leak = lambda x, y: m(y, y, reduction="none")  # noqa: E731
+        with torch.no_grad():
+            assert eval_violations(leak, stride) == []  # blind to it
+        tokens = docs_stream([60, 41, 30], seed=2)[: 24 * 5 + 1]
+        witness = InputWitness(tokens)
+        witness.install(monkeypatch)
+        with torch.no_grad():
+            eval_scores(leak, tokens, stride)
+    assert witness.problems, "a label leak went unseen"
+    print(f"\n{path}: {witness.problems[0]}")
