@@ -25,6 +25,19 @@ if __name__ == "__main__":
     from speedrun.config.did_you_mean import unknown_override
     from speedrun.run.plan_only import print_plan, wants_plan
 
+    if "--version" in sys.argv[1:]:  # speedrun's version, not Hydra's alone (Hydra's own flag prints only its)
+        from speedrun.cli import version_line
+
+        sys.exit(print(version_line()))
+    if "--hydra-help" in sys.argv[1:]:  # Hydra's own page would advertise its shell completion (-sc)
+        from speedrun.cli import hydra_help
+
+        sys.exit(print(hydra_help(), end=""))
+    if {"-sc", "--shell-completion"} & set(sys.argv[1:]):
+        sys.exit(
+            "error: shell completion (-sc) is not offered: Hydra's script completes `python <file>.py` command lines "
+            "only, not `python -m run` or `speedrun run`; `python -m run --help` lists the config groups and options"
+        )
     typo = unknown_override(sys.argv[1:], model_arch=arch_from_argv(sys.argv))  # before Hydra's "+key" advice
     if typo is not None:
         sys.exit(f"error: {typo}")

@@ -31,12 +31,58 @@ def usage() -> str:
     return f"usage: speedrun {{run,report,export,tune,bench}} [arguments ...]   (python -m speedrun: the same)\n\n{header}\n"
 
 
+HYDRA_HELP = """\
+Hydra {hydra}, as speedrun's `python -m run` (and `speedrun run`) uses it; more at https://hydra.cc
+
+flags:
+  --help, -h              speedrun's help: its flags, commands, examples and config groups
+  --hydra-help            this page
+  --version               speedrun's version and Hydra's
+  --cfg, -c job|hydra|all show the composed config instead of running
+  --resolve               with --cfg: resolve the config's interpolations before printing it
+  --package, -p PKG       with --cfg: only this package of the config
+  --multirun, -m          a sweep: every combination, with the configured launcher and sweeper
+  --config-dir, -cd DIR   add a folder of your own configs (DIR/experiment/mine.yaml composes as experiment=mine)
+  --info, -i [all|config|defaults|defaults-tree|plugins|searchpath]   what Hydra composed and from where
+
+Hydra's own groups, chosen as hydra/<group>=<option> on the command line:
+  hydra/launcher          pool (the default: the local GPU pool), basic (jobs in this process), slurm, slurm_local
+  hydra/sweeper           speedrun (the default: resume, fail-fast), optuna (adaptive: pip install -e '.[optuna]'), basic
+
+Not offered: Hydra's shell completion (-sc), whose script completes `python <file>.py` command lines only.
+"""
+"""``python -m run --hydra-help``: Hydra's page of flags, less the shell completion it would advertise."""
+
+
+def _hydra_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hydra-core")
+    except PackageNotFoundError:  # a copy of the source without an installed Hydra
+        return "not installed"
+
+
+def hydra_help() -> str:
+    return HYDRA_HELP.format(hydra=_hydra_version())
+
+
+def version_line() -> str:
+    """``speedrun --version`` and ``python -m run --version``: speedrun's version, then Hydra's (the composer)."""
+    from speedrun.version import __version__
+
+    return f"speedrun {__version__} (Hydra {_hydra_version()})"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Hand ``argv`` (the process's arguments by default) to the named command; its exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):
         print(usage(), end="")
         return 0 if args else 2
+    if args[0] in ("-V", "--version"):
+        print(version_line())
+        return 0
     command, rest = args[0], args[1:]
     if command == "run":
         return run(rest)

@@ -178,7 +178,8 @@ class OptunaSweeper(Sweeper):
                 trial.set_user_attr("sweeper", f"{socket.gethostname()}:{os.getpid()}")
                 values = [f"{key}={Override._get_value_element_as_str(trial.params[key])}" for key in space]
                 env = _quote(f"{trial.number}:{study_file}")
-                batch.append([*fixed, *values, f"++hydra.job.env_set.{TRIAL_ENV}={env}"])
+                # the trial's values first: the summary and the logs name a job by its leading overrides
+                batch.append([*values, *fixed, f"++hydra.job.env_set.{TRIAL_ENV}={env}"])
             results = self.launcher.launch(batch, initial_job_idx=job_idx)
             job_idx += len(batch)
             returns.append(list(results))

@@ -164,6 +164,8 @@ NOT_COUNTED: dict[str, str] = {
     "Hydra composes; training, evaluation and dequantization never reach it",
     "speedrun/task.py": "Hydra's task function around speedrun.main, returning the run's objective to the "
     "sweeper; training, evaluation and dequantization never reach it",
+    "speedrun/cli.py": "`python -m run --version` and `--hydra-help` alone (src/run.py's command line): they print "
+    "and exit before any training, evaluation or dequantization",
     "speedrun/sweep_trial.py": "an Optuna sweep's trial reporting its periodic validations to the study "
     "(hydra/sweeper=optuna), installed by speedrun/task.py; training, evaluation and dequantization run the same "
     "without it",

@@ -1,0 +1,34 @@
+"""The flags a newcomer tries first: `--version` says speedrun's version (Hydra's own flag printed only Hydra's),
+`--hydra-help` lists Hydra's flags without the shell completion that cannot complete `python -m run`, and `-sc`
+is refused in one line instead of as an unknown key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from speedrun import cli
+from speedrun.version import __version__
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "run", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_version_is_speedruns(capsys):
+    assert cli.main(["--version"]) == 0 and cli.main(["-V"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == lines[1] and lines[0].startswith(f"speedrun {__version__} (Hydra ")
+    proc = _run("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == lines[0], proc.stderr
+
+
+def test_hydra_help_advertises_no_shell_completion_and_sc_is_refused_in_one_line():
+    proc = _run("--hydra-help")
+    assert proc.returncode == 0, proc.stderr
+    assert "--multirun" in proc.stdout and "hydra/sweeper" in proc.stdout and "optuna" in proc.stdout
+    assert "install=bash" not in proc.stdout
+    refused = _run("-sc", "install=bash")
+    assert refused.returncode == 1 and refused.stdout == ""
+    (line,) = refused.stderr.strip().splitlines()
+    assert line.startswith("error: shell completion (-sc) is not offered") and "unknown key" not in line
