@@ -478,3 +478,19 @@ def test_a_swapped_or_garbage_tokenizer_in_the_dataset_cache_is_one_line_never_u
     model.write_bytes(b"garbage")
     with pytest.raises(DataError, match="not a valid SentencePiece model"):
         load_tokenizer(model)
+
+
+def test_a_path_holding_quotes_or_backslashes_reaches_a_job_and_the_ranks_unchanged():
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from hydra_plugins.speedrun_plugins.pool_launcher import quote
+    from speedrun.config.quoting import hydra_quote
+    from speedrun.distributed.launch import _quote
+    from speedrun.errors import ConfigError
+
+    parser = OverridesParser.create()
+    for path in ["/home/o'brien/sweep", "/data/a\\b", "/trailing\\", "/x\\'y", "/a b/c=d,e[f]{g}"]:
+        assert parser.parse_override(f"hydra.sweep.dir={quote(path)}").value() == path  # a sweep's jobs
+        assert parser.parse_override(f"hydra.run.dir={_quote(path)}").value() == path  # a run's ranks
+    with pytest.raises(ConfigError, match="interpolation"):
+        hydra_quote("/tmp/${oc.env:HOME}")

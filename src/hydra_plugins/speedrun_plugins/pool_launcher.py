@@ -40,6 +40,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from speedrun.config.objective import DEFAULT_OBJECTIVE, objective_problem
+from speedrun.config.quoting import hydra_quote
 from speedrun.errors import ConfigError
 from speedrun.kernels.cache import cache_env
 from speedrun.records.objective import maximising
@@ -89,10 +90,8 @@ def stop_signals() -> list[int]:
 
 
 def quote(value: str) -> str:
-    """A value as one quoted Hydra override value (paths may hold characters the grammar reserves)."""
-    if "'" in value or "\\" in value or "${" in value:
-        raise ValueError(f"cannot pass {value!r} to a job: quotes, backslashes and '${{' are not supported")
-    return f"'{value}'"
+    """A value as one quoted Hydra override value (speedrun.config.quoting)."""
+    return hydra_quote(value)
 
 
 # Hydra overrides of the sweep itself: meaningless (or wrong: hydra.mode=MULTIRUN) in a job's RUN-mode process.

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from speedrun.config.quoting import hydra_quote
 from speedrun.distributed.environment import LAUNCHED_ENV, RANK_DIR_ENV, set_process_env
 from speedrun.plan import Plan
 from speedrun.records.atomic import atomic_write_text
@@ -104,10 +105,8 @@ def _key(override: str) -> str:
 
 
 def _quote(value: str) -> str:
-    """A path as one quoted Hydra override value (the grammar reserves characters a path may hold)."""
-    if "'" in value or "\\" in value or "${" in value:
-        raise ValueError(f"cannot pass {value!r} to the ranks: quotes, backslashes and '${{' are not supported")
-    return f"'{value}'"
+    """A path as one quoted Hydra override value (speedrun.config.quoting)."""
+    return hydra_quote(value)
 
 
 def worker_argv(argv: list[str], environ: dict | None = None) -> list[str]:
