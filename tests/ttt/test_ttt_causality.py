@@ -450,9 +450,9 @@ def inputs_are_the_targets_in_ttt(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("path", ["ttt", "sliding8", "standard"])
-def test_a_label_leak_fails_the_input_check_and_passes_the_later_target_check(path, monkeypatch):
-    """The input equal to the target: no later target moves any score (the first checker passes, as it did before
-    this check), and the witness fails."""
+def test_a_label_leak_fails_the_input_check(path, monkeypatch):
+    """The input equal to the target: the witness fails; in the eval paths the later-target checker is shown blind
+    to it (no later target moves any score), as every check was before the witness."""
     if path == "ttt":
         tokens = docs_stream(LENGTHS, seed=1)
         inputs_are_the_targets_in_ttt(monkeypatch)
