@@ -494,3 +494,27 @@ def test_a_path_holding_quotes_or_backslashes_reaches_a_job_and_the_ranks_unchan
         assert parser.parse_override(f"hydra.run.dir={_quote(path)}").value() == path  # a run's ranks
     with pytest.raises(ConfigError, match="interpolation"):
         hydra_quote("/tmp/${oc.env:HOME}")
+
+
+def test_the_bench_records_a_command_a_shell_reads_back_word_for_word(tmp_path):
+    import shlex
+
+    from speedrun.bench.checks import CHECKS
+    from speedrun.bench.runner import reproduce
+    from speedrun.bench.steps import Options
+
+    check = next(c for c in CHECKS.values() if c.peers)
+    odd = tmp_path / "it's a dir" / "train_gpt.py"
+    opts = Options(peers=dict.fromkeys(check.peers, odd), overrides=("model.n_layer=2",))
+    words = shlex.split(reproduce(check, opts, dict.fromkeys(check.peers, odd)))
+    assert [w for w in words if w.endswith(str(odd))] == [f"{p}={odd}" for p in check.peers]
+    assert words[:4] == ["python", "-m", "speedrun.bench", check.name]
+
+
+def test_speedrun_variables_left_in_the_shell_are_said_at_the_start_of_a_run():
+    from speedrun.run.runner import environment_notes
+
+    assert environment_notes({"SPEEDRUN_GPU_SHARED": "0", "PATH": "/bin"}) == []  # the pool's own default
+    notes = environment_notes({"SPEEDRUN_GPU_SHARED": "1", "SPEEDRUN_START_GATE": "/tmp/gate"})
+    assert len(notes) == 2 and "gpu_shared" in notes[0] and "/tmp/gate" in notes[1]
+    assert all("unset it" in n for n in notes)

@@ -145,11 +145,12 @@ def pass_ratios(check: Check, runs: dict[str, list[dict[str, Any]]]) -> dict[str
 
 def reproduce(check: Check, opts: Options, peers: dict[str, Path] | None = None) -> str:
     """The command line that reruns this check as it ran (its flags included)."""
-    parts = ["python -m speedrun.bench", check.name]
+    parts = ["python -m speedrun.bench", shlex.quote(check.name)]  # each word quoted: paths may hold anything
     for peer in check.peers:
-        parts.append(f"--peer {peer}={(peers or {}).get(peer, '<path>')}")
+        where = (peers or {}).get(peer, "<path>")
+        parts.append(f"--peer {shlex.quote(f'{peer}={where}')}")
     if any(isinstance(a, PeerArm) and a.needs_fa3 for a in check.arms) and opts.fa3_shim is not None:
-        parts.append(f"--fa3-shim {opts.fa3_shim}")
+        parts.append(f"--fa3-shim {shlex.quote(str(opts.fa3_shim))}")
     if opts.repeats:
         parts.append(f"--repeats {opts.repeats}")
     parts += [f"--override {shlex.quote(o)}" for o in opts.overrides]

@@ -209,7 +209,7 @@ def _step(
 def arm_command(check: Check, arm: Arm) -> str:
     """What an arm runs, without the per-run parts (seed, run dir): the docs' reproduction line for it."""
     if isinstance(arm, RunArm):
-        return " ".join(["python -m run", *arm.overrides, *check.corpus.overrides()])
-    env = " ".join(f"{k}={v}" for k, v in arm.env.items())
+        return " ".join(["python -m run", *(shlex.quote(o) for o in [*arm.overrides, *check.corpus.overrides()])])
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in arm.env.items())
     launch = "python" if arm.gpus == 1 else f"torchrun --standalone --nproc_per_node={arm.gpus}"
     return f"{env} {launch} <{arm.peer}: {arm.source}>"

@@ -136,6 +136,9 @@ def run_job(cfg: Any, ctx: RunContext | None = None) -> dict[str, Any]:
     elif refusal is not None:  # a refused resume of the run in this dir (auto-resume, or a resume= the resolver
         held = (ctx.run_dir / "result.json").exists()  # let through): recorded beside that run, never over it
     result = _opening_result(config_tree, ctx, run_id, resume)
+    if world.rank == 0:
+        for note in environment_notes():  # a variable left in the shell must never change a run unseen
+            log.warning("%s", note)
     started = time.time()
     fresh = {"started_at": started, "overrides": " ".join(ctx.overrides), "config": config_tree}
     # a resumed run keeps its row's start, overrides and config, and counts its resumptions
@@ -195,6 +198,25 @@ def _opening_result(tree: dict[str, Any], ctx: RunContext, run_id: str, resume: 
     if resume is not None and resume.code_change:
         result["resume_code_change"] = resume.code_change  # accepted with accept_code_change=true
     return result
+
+
+def environment_notes(environ: dict[str, str] | None = None) -> list[str]:
+    """One line per SPEEDRUN_* variable set in this process's environment that changes the run or its record."""
+    from speedrun.training.start_gate import START_GATE_ENV
+
+    env = os.environ if environ is None else environ
+    notes = []
+    if env.get(GPU_SHARED_ENV) == "1":
+        notes.append(
+            f"{GPU_SHARED_ENV}=1 in the environment: this run is recorded as sharing its GPU (gpu_shared); a launcher "
+            "running several jobs per GPU sets it, unset it otherwise"
+        )
+    if env.get(START_GATE_ENV):
+        notes.append(
+            f"{START_GATE_ENV}={env[START_GATE_ENV]} in the environment: timed training waits until that file exists "
+            "(speedrun.bench sets it), unset it otherwise"
+        )
+    return notes
 
 
 def _record_failure(job: Job, e: BaseException, run_dir: Path) -> RunOutOfMemory | None:
