@@ -1,6 +1,8 @@
 """Size limits of the source: no module over MAX_MODULE_LINES lines and no function over MAX_FUNCTION_LINES
 (from its ``def`` line to its last line, decorators not counted), over every .py file under src/ (speedrun, the
-Hydra plugins and run.py). A module or function past them is split along its phases or jobs, not cut anywhere."""
+Hydra plugins and run.py). The limits catch a file that holds several ideas and a function that does several jobs;
+they are not a target: one algorithm stays one module (and one loop one function) well past a few hundred lines,
+since cutting it to fit a count scatters what a reader needs in one place."""
 
 from __future__ import annotations
 
@@ -9,8 +11,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src"
-MAX_MODULE_LINES = 400
-MAX_FUNCTION_LINES = 80
+MAX_MODULE_LINES = 1000
+MAX_FUNCTION_LINES = 300
 
 
 def offenders(root: Path = SRC) -> dict[str, list[str]]:
