@@ -518,3 +518,15 @@ def test_speedrun_variables_left_in_the_shell_are_said_at_the_start_of_a_run():
     notes = environment_notes({"SPEEDRUN_GPU_SHARED": "1", "SPEEDRUN_START_GATE": "/tmp/gate"})
     assert len(notes) == 2 and "gpu_shared" in notes[0] and "/tmp/gate" in notes[1]
     assert all("unset it" in n for n in notes)
+
+
+def test_rank_variables_left_in_the_shell_are_one_line():
+    from speedrun.distributed.environment import world_from_env
+    from speedrun.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="MASTER_ADDR and MASTER_PORT not.*unset RANK and WORLD_SIZE"):
+        world_from_env({"RANK": "0", "WORLD_SIZE": "2"})
+    with pytest.raises(ConfigError, match="not numbers"):
+        world_from_env({"RANK": "zero", "WORLD_SIZE": "2"})
+    ranked = world_from_env({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"})
+    assert (ranked.rank, ranked.world_size) == (1, 2)  # torchrun's full set still starts a rank

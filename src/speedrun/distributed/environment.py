@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+from speedrun.errors import ConfigError
 from speedrun.plan.dist_choice import WorldInfo
 
 NVLS_ENV = {
@@ -68,9 +69,22 @@ def submitit_rendezvous() -> dict[str, str] | None:
 def world_from_env(environ: dict | None = None, visible_gpus: int = 0) -> WorldInfo:
     """This process's place in a run, from torchrun's variables (after ``submitit_rendezvous`` set them)."""
     env = os.environ if environ is None else environ
-    world_size = int(env.get("WORLD_SIZE") or 1)
+    try:
+        world_size = int(env.get("WORLD_SIZE") or 1)
+        int(env.get("RANK") or 0)
+    except ValueError:
+        raise ConfigError(
+            f"RANK={env.get('RANK')!r} WORLD_SIZE={env.get('WORLD_SIZE')!r} in the environment are not numbers; "
+            "unset RANK and WORLD_SIZE (dist.nproc=N starts the ranks)"
+        ) from None
     if "RANK" not in env or world_size <= 1:
         return WorldInfo(visible_gpus=visible_gpus)
+    missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if not env.get(k)]
+    if missing:  # torchrun, torch's elastic launch and submitit_rendezvous set all of them: these are left over
+        raise ConfigError(
+            f"RANK={env['RANK']} WORLD_SIZE={world_size} are set but {' and '.join(missing)} not, as a shell keeps "
+            "them from an earlier job; unset RANK and WORLD_SIZE, or start the ranks with torchrun or dist.nproc=N"
+        )
     launcher = "submitit" if env.get("SUBMITIT_EXECUTOR") else "elastic" if env.get(LAUNCHED_ENV) else "torchrun"
     return WorldInfo(
         launcher=launcher,
