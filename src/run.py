@@ -1,6 +1,17 @@
 """`python -m run [group=option ...]`: compose the config with Hydra and hand it to speedrun. Nothing else."""
 
+# ruff: noqa: E402 - the imports below come after the sys.path line, which must run before any can reach the cwd
+import os
 import sys
+
+# `python -m run` puts the current directory first on sys.path: started inside a run dir (data, perhaps from
+# elsewhere) a hydra.py or torch.py there would be imported in place of the real one, so there it is dropped first
+# (elsewhere it stays: a model.arch=mymodule:Class of one's own may live there)
+_CWD = os.getcwd()
+if any(
+    os.path.lexists(os.path.join(_CWD, name)) for name in ("result.json", "plan.json", ".owner.lock", "checkpoints")
+):
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or _CWD) != _CWD]
 
 import hydra
 from omegaconf import DictConfig

@@ -530,3 +530,10 @@ def test_rank_variables_left_in_the_shell_are_one_line():
         world_from_env({"RANK": "zero", "WORLD_SIZE": "2"})
     ranked = world_from_env({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"})
     assert (ranked.rank, ranked.world_size) == (1, 2)  # torchrun's full set still starts a rank
+
+
+def test_a_module_planted_in_a_run_dir_is_not_imported_by_a_command_started_there(tmp_path):
+    (tmp_path / "result.json").write_text('{"status": "ok"}\n')  # a run dir, as a user may cd into one
+    (tmp_path / "hydra.py").write_text("raise SystemExit('planted module imported')\n")
+    proc = run_cli(["--help"], cwd=tmp_path)
+    assert proc.returncode == 0 and "planted" not in proc.stdout + proc.stderr, proc.stderr[-2000:]
