@@ -79,8 +79,17 @@ RECORD_EXPORT = Check(
     bars=(
         Value("record", "artifact_bytes", "<=", 16_000_000),
         Value("record", "val_bpb_quant", "<=", 0.01, minus="val_bpb"),
+        # pgolf_record's EMA horizon and momentum warm-up are fractions of the run: on this budget they must do as
+        # well as the same settings scaled by hand (record_vs_pgolf's speedrun arm, EMA 0.95 and a 90-step warm-up:
+        # val_loss 1.1179 on one H200, corpus daeca0aa), to 0.02 nats
+        Value("record", "val_loss", "<=", 1.1379),
     ),
     metrics=(
+        "val_loss",
+        "val_loss_quant",
+        "run_steps",
+        "ema_decay",
+        "muon_momentum_warmup_steps",
         "artifact_bytes",
         "artifact_model_bytes",
         "artifact_code_bytes",
