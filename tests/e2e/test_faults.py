@@ -537,3 +537,19 @@ def test_a_module_planted_in_a_run_dir_is_not_imported_by_a_command_started_ther
     (tmp_path / "hydra.py").write_text("raise SystemExit('planted module imported')\n")
     proc = run_cli(["--help"], cwd=tmp_path)
     assert proc.returncode == 0 and "planted" not in proc.stdout + proc.stderr, proc.stderr[-2000:]
+
+
+def test_a_damaged_wrapper_payload_or_a_non_numeric_result_is_one_line_at_export(finished, tmp_path, capsys):
+    _, _, run_dir = copy_of(finished, tmp_path)
+    result = json.loads((run_dir / "result.json").read_text())
+    (run_dir / "result.json").write_text(json.dumps({**result, "artifact_bytes": "lots"}))
+    code, text = export_main([run_dir, "--out", tmp_path / "a", "--force"], capsys)
+    assert code == 1 and "artifact_bytes is 'lots', not a number" in text and len(text.strip().splitlines()) == 1
+    (run_dir / "result.json").write_text(json.dumps(result))
+    wrapped = run_dir / "train_gpt.py"
+    lines = wrapped.read_bytes().split(b"\n")
+    at = next(i for i, ln in enumerate(lines) if ln.startswith(b'P="'))
+    lines[at] = lines[at][:40] + b"garbage" + lines[at][47:]  # bytes of the compressed payload changed
+    wrapped.write_bytes(b"\n".join(lines))
+    code, text = export_main([run_dir, "--out", tmp_path / "b", "--force"], capsys)
+    assert code == 1 and "payload is damaged" in text and len(text.strip().splitlines()) == 1, text

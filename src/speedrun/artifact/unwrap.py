@@ -43,14 +43,16 @@ def unwrap_payload(data: bytes) -> str:
     line = next((ln for ln in data.split(b"\n") if ln.startswith(b'P="')), None)
     if line is None:
         raise ValueError('not a speedrun self-extracting file: no P="<payload>" line in it')
-    if b"b85decode" in data:  # the first format: base85 text, lzma
-        blob = base64.b85decode(line[3:-1])
-        return lzma.decompress(blob, format=lzma.FORMAT_RAW, filters=[{"id": lzma.FILTER_LZMA2}]).decode("utf-8")
-    text = ast.literal_eval(line[2:].decode("latin-1"))
-    name = compressor_of(data)
+    name = "lzma" if b"b85decode" in data else compressor_of(data)
     if name not in DECODERS:
         raise ValueError(f"not a speedrun self-extracting file: it imports {name}, no compressor of speedrun's")
-    return DECODERS[name](text.encode("latin-1")).decode("utf-8")
+    try:
+        if b"b85decode" in data:  # the first format: base85 text, lzma
+            return DECODERS["lzma"](base64.b85decode(line[3:-1])).decode("utf-8")
+        text = ast.literal_eval(line[2:].decode("latin-1"))
+        return DECODERS[name](text.encode("latin-1")).decode("utf-8")
+    except Exception as e:  # noqa: BLE001 - lzma.LZMAError, zlib.error, brotli.error: a damaged payload, one line
+        raise ValueError(f"its {name} payload is damaged ({type(e).__name__}: {e})") from None
 
 
 def read_wrapper(data: bytes) -> tuple[dict[str, str], dict[str, Any]]:

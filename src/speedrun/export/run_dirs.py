@@ -25,6 +25,7 @@ from speedrun.artifact.wrap import read_wrapper
 from speedrun.config import register_configs
 from speedrun.records.identity import SWEEP_REUSE_IGNORED
 from speedrun.records.rundir import read_bytes, read_text, symlink_problem
+from speedrun.records.store import CONTRACT_TYPES
 
 BOOKKEEPING = ("seed", "name", *SWEEP_REUSE_IGNORED)
 """Top-level config keys seeds of one submission may differ in: the seed, and what changes none of a run's numbers
@@ -43,6 +44,10 @@ or a call of a PURE_RESOLVERS resolver (its arguments are checked at their own `
 
 CODE_SHA_KEY = "artifact_code_sha256"
 """The result key holding the sha256 of the train_gpt.py the run wrote (speedrun.artifact.code_count)."""
+
+
+NUMERIC = tuple(k for k, t in CONTRACT_TYPES.items() if t in ("REAL", "INTEGER"))
+"""result.json keys the export computes with (and *_bytes): a number or null in a record speedrun wrote."""
 
 
 class ExportError(ValueError):
@@ -112,6 +117,12 @@ def load_run(path: Path) -> Run:
         raise ExportError(f"{path / 'result.json'} cannot be read ({e}); export another run") from None
     if not isinstance(result, dict):
         raise ExportError(f"{path / 'result.json'} is not a result record (a JSON object); export another run")
+    for key, value in result.items():
+        if (key in NUMERIC or key.endswith("_bytes")) and value is not None:
+            if not isinstance(value, (int, float)):  # emulated is a bool, an int too
+                raise ExportError(
+                    f"{path / 'result.json'}: {key} is {_show(str(value))}, not a number; export an untouched run dir"
+                )
     wrapped = path / WRAPPED_FILE
     if wrapped.is_file():
         data = read_bytes(wrapped)
