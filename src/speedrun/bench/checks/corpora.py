@@ -26,6 +26,27 @@ tokens at vocabulary 1024, by what is installed), built on the machine that runs
 enough that minutes of training on a GPU do not repeat it, so quality figures mean something. Each machine's Python
 differs: the result records the build's fingerprint, and two results compare only on one fingerprint."""
 
+PYTHON_SP1024_CASEOPS = Corpus(
+    data="python_sp1024_caseops",
+    path="data/python_sp1024_caseops",
+    tokenizer="data/python_sp1024_caseops/tokenizer.model",
+    vocab_size=1024,
+    prepare=(
+        "python",
+        "scripts/prepare_data.py",
+        "--source",
+        "python",
+        "--caseops",
+        "--out",
+        "data/python_sp1024_caseops",
+        "--vocab",
+        "1024",
+        "--overwrite",
+    ),
+)
+"""PYTHON_SP1024 written in CaseOps (conf/data/python_sp1024_caseops.yaml), with its val byte sidecar: the records'
+CaseOps recipes on text every machine has, their val_bpb counted on the original bytes."""
+
 FINEWEB_LENGTHS_SP8192 = Corpus(
     data="embedded",
     path="data/bench/pydoc_fwlen_sp8192",
