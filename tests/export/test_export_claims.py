@@ -195,3 +195,21 @@ def test_submission_json_holds_no_nan(tmp_path):
     sub = json.loads(text, parse_constant=refuse)
     assert sub["seed_results"]["0"]["tokens_per_s"] is None and sub["seed_results"]["0"]["val_bpb_prequant"] is None
     assert sub["compliance"]["train_under_600s"] is False
+
+
+def test_the_record_compared_with_can_be_named(tmp_path):
+    """--record: a merged record by PR, or the numbers; a record of another tokenizer is not tested against."""
+    from speedrun.config.track_rules import load_track
+    from speedrun.report.accept import parse_record
+
+    track = load_track("pgolf_10min_16mb")
+    by_pr = Submission(three(tmp_path / "a"), CODE, name="t", record=parse_record(track, "1787"))
+    assert by_pr.submission_json()["comparison_record"]["name"].endswith("(PR #1787)")
+    given = Submission(three(tmp_path / "b"), CODE, name="t", record=parse_record(track, "val_loss=2.20,n=3"))
+    sub = given.submission_json()
+    assert sub["comparison_record"]["name"] == "--record" and sub["delta_vs_record_nats"] > 0.1
+    assert sub["record_track"] is False and "not accepted" in sub["track_reason"]
+    other = Submission(three(tmp_path / "c"), CODE, name="t", record=parse_record(track, "2026-03-17_NaiveBaseline"))
+    sub = other.submission_json()
+    assert sub["record_track"] is False and "do not compare across tokenizers" in sub["track_reason"]
+    assert "not tested: " in sub["significance_test"]

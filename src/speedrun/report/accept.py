@@ -360,7 +360,6 @@ def accept_notes(track: TrackConfig, judged: Sequence[Judged], several: bool) ->
         )
     if not judged:
         notes.append("no group to judge")
-    notes += [verdict_line(j, track) for j in judged]
     return notes
 
 

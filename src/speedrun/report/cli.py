@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speedrun.config.track import TrackConfig
-from speedrun.report.accept import Reference, accept_table, judge, parse_accept, parse_record
+from speedrun.report.accept import Reference, accept_table, judge, parse_accept, parse_record, verdict_line
 from speedrun.report.dashboard import preflight, run_dashboard
 from speedrun.report.groups import (
     Group,
@@ -322,10 +322,11 @@ def acceptance(
     notes, headers, rows = accept_table(track, judged, board.keys)
     heading = f"acceptance ({track.name})"
     table = console_table(headers, rows, ["against", "t", "df", "mean", "mean_ref", "loss"], [*board.keys, "verdict"])
-    print(f"\n{heading}:\n" + "\n".join(wrapped(notes)) + "\n" + table)
+    verdicts = [verdict_line(j, track) for j in judged]  # one line per group a judge can sign, under the table
+    print(f"\n{heading}:\n" + "\n".join(wrapped(notes)) + "\n" + table + "\n" + "\n".join(wrapped(verdicts)))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "accept.csv").write_text(csv_text(headers, [dict(zip(headers, r)) for r in rows]))
-    return heading, notes, (headers, rows)
+    return heading, notes + verdicts, (headers, rows)
 
 
 def time_to_target(
