@@ -94,7 +94,8 @@ class PrecisionConfig:
 class DataConfig:
     name: str = "embedded"
     """embedded (Python docs shipped in the repo), python_sp1024 (built from the Python installation), fineweb_sp1024,
-    fineweb_sp8192, fineweb10B_gpt2, or a custom name."""
+    fineweb_sp8192, fineweb10B_gpt2, the CaseOps fineweb_sp8192_caseops and python_sp1024_caseops (val_bpb on their
+    val byte sidecar), or a custom name."""
     path: str | None = None
     """Directory holding fineweb_{train,val}_%06d.bin shards. None for the embedded corpus."""
     tokenizer: str | None = None
