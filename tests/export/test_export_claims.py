@@ -213,3 +213,25 @@ def test_the_record_compared_with_can_be_named(tmp_path):
     sub = other.submission_json()
     assert sub["record_track"] is False and "do not compare across tokenizers" in sub["track_reason"]
     assert "not tested: " in sub["significance_test"]
+
+
+def test_every_lever_of_the_attribution_table_names_a_real_key_and_a_merged_record(compose):
+    """conf/track/attribution/: each `when` key exists in the composed config (a renamed lever fails here), and
+    each credited record is one of the merged records, with the PR the records table gives it."""
+    from omegaconf import OmegaConf
+
+    from speedrun.config.track_rules import load_attribution, load_records
+
+    records = {r.folder: r.pr for r in load_records("pgolf_10min_16mb")}
+    config = OmegaConf.to_container(compose(["experiment=pgolf_record"]), resolve=True)
+    assert isinstance(config, dict)
+    levers = load_attribution("pgolf_10min_16mb")
+    assert len(levers) >= 20
+    for lever, when, credits in levers:
+        for key in when:
+            node: Any = config
+            for part in key.split("."):
+                assert isinstance(node, dict) and part in node, (lever, key)
+                node = node[part]
+        for c in credits:
+            assert c.folder in records and records[c.folder] == c.pr, (lever, c)
