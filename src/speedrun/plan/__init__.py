@@ -244,7 +244,11 @@ def _check_precision(precision: str, profile: HardwareProfile) -> None:
     if precision == "fp8" and (profile.capability or (0, 0)) < (8, 9):
         raise PlanError(
             f"precision=fp8 needs compute capability >= 8.9 (torch._scaled_mm); {profile.name} is "
-            f"sm{_sm(profile.capability)} - use precision=bf16" + ("" if profile.has_bf16 else " or fp16")
+            f"sm{_sm(profile.capability)} - use precision=bf16"
+            # a card without bf16 (a T4) is offered only what its own precision check accepts
+            if profile.has_bf16
+            else f"precision=fp8 needs compute capability >= 8.9 (torch._scaled_mm) and {profile.name} is "
+            f"sm{_sm(profile.capability)}, which has no bf16 either - use precision=fp16 (autocast + GradScaler) or fp32"
         )
     if precision == "bf16" and not profile.has_bf16:
         raise PlanError(

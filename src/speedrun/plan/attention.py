@@ -31,8 +31,10 @@ def resolve_attention(
             and not backend_class(other).capabilities.problems(profile, precision, model, **wants)
         ]
         why = backend_class(name).capabilities.why
+        # each reason whole, in order, so two of them read as two: "it needs X (t4 is sm75), and it runs Y only"
+        reasons = problems[0] if len(problems) == 1 else ", and it ".join(problems)
         raise PlanError(
-            f"attn={name} {'; '.join(problems)}{f' ({why})' if why else ''} - "
+            f"attn={name} {reasons}{f' ({why})' if why else ''} - "
             + (f"use attn={' or attn='.join(fits)}" if fits else "no backend fits; change the request")
         )
     options, kernel = backend_class(name).plan_options(request, profile, precision, model)

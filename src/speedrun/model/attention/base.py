@@ -67,9 +67,9 @@ class Capabilities:
         if profile.device_type not in self.devices:
             out.append(f"does not run on {profile.device_type} (runs on {', '.join(self.devices)})")
         elif cap is not None and self.min_capability and cap < self.min_capability:
-            out.append(f"needs compute capability >= {_sm(self.min_capability)}; {profile.name} is {_sm(cap)}")
+            out.append(f"needs compute capability >= {_sm(self.min_capability)} ({profile.name} is {_sm(cap)})")
         elif cap is not None and self.max_capability and cap > self.max_capability:
-            out.append(f"has no build beyond {_sm(self.max_capability)}; {profile.name} is {_sm(cap)}")
+            out.append(f"has no build beyond {_sm(self.max_capability)} ({profile.name} is {_sm(cap)})")
         if precision not in self.precisions:
             out.append(f"runs {', '.join(self.precisions)} only, not precision={precision}")
         if model.n_kv_head != model.n_head and not self.gqa:
