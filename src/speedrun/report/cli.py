@@ -144,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="show every group, those with no ok run too, and every column")
     p.add_argument("--out", type=Path, default=Path("outputs/report"), help="where CSV, PNGs and report.html go")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--open", action="store_true", help="open report.html in the web browser once written")
     p.add_argument(
         "--curve-x", choices=("tokens", "seconds"), default="tokens", help="x-axis of the train and validation curves"
     )
@@ -233,6 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     target_html = time_to_target(args, runs, board.keys, target, baseline) if target is not None else None
     accept_html = acceptance(args, board, track, record) if track is not None else None
     write_report(args, board, target_html, accept_html)
+    if args.open:
+        open_page(args.out / "report.html")
     return 0
 
 
@@ -386,6 +389,19 @@ def write_report(
     )
     (out / "report.html").write_text(page)
     print(f"\nwrote {out / 'leaderboard.csv'}" + "".join(f", {p}" for p in plots.values()) + f", {out / 'report.html'}")
+
+
+def open_page(page: Path) -> bool:
+    """``--open``: the page in the default web browser; one line instead where this machine has none (a server)."""
+    import webbrowser
+
+    try:
+        opened = webbrowser.open(page.resolve().as_uri())
+    except webbrowser.Error:
+        opened = False
+    if not opened:
+        print(f"--open: no web browser to open it here; open {page.resolve()} on a machine with one")
+    return opened
 
 
 def _better(g: Group, alpha: float, holm: bool) -> bool:
