@@ -553,3 +553,26 @@ def test_a_damaged_wrapper_payload_or_a_non_numeric_result_is_one_line_at_export
     wrapped.write_bytes(b"\n".join(lines))
     code, text = export_main([run_dir, "--out", tmp_path / "b", "--force"], capsys)
     assert code == 1 and "payload is damaged" in text and len(text.strip().splitlines()) == 1, text
+
+
+def test_the_report_reads_a_wal_database_on_a_read_only_disk(finished, tmp_path, monkeypatch):
+    from speedrun.report import run_rows
+
+    _, db, _ = copy_of(finished, tmp_path)
+    real = sqlite3.connect
+
+    class ReadOnlyDisk:  # what a plain open gives when the database's -shm cannot be created
+        text_factory = None
+
+        def execute(self, *args):
+            raise sqlite3.OperationalError("unable to open database file")
+
+        def close(self):
+            pass
+
+    def connect(target, *args, uri=False, **kwargs):
+        return real(target, *args, uri=uri, **kwargs) if uri else ReadOnlyDisk()
+
+    monkeypatch.setattr(run_rows.sqlite3, "connect", connect)
+    found, skipped = run_rows.read_rows(db)
+    assert [r["status"] for r in found] == ["ok"] and skipped == []

@@ -62,6 +62,30 @@ def _text(raw: bytes) -> str | bytes:
         return value
 
 
+def _read_only_problem(e: sqlite3.OperationalError) -> bool:
+    text = str(e).lower()
+    return any(s in text for s in ("unable to open", "readonly", "read-only", "attempt to write"))
+
+
+def _connect_read_only(path: Path) -> sqlite3.Connection:
+    """The database opened read-only (``mode=ro``: a WAL file beside it is still read), else as immutable (no lock,
+    no -shm: a database on read-only media whose last writer closed it cleanly)."""
+    from urllib.parse import quote
+
+    uri = f"file:{quote(str(Path(path).resolve()))}"
+    for flags in ("?mode=ro", "?mode=ro&immutable=1"):
+        con = sqlite3.connect(uri + flags, uri=True, timeout=60.0)
+        con.text_factory = _text
+        try:
+            con.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+            return con
+        except sqlite3.OperationalError as e:
+            con.close()
+            if flags.endswith("immutable=1") or not _read_only_problem(e):
+                raise
+    raise AssertionError("unreachable")
+
+
 def read_rows(path: Path, where: str = "1=1", params: tuple = ()) -> tuple[list[dict[str, Any]], list[str]]:
     """The rows of ``runs`` in the database at ``path`` that match ``where``, and one line per row that could not
     be read (a TEXT value that is not UTF-8), which is left out. Raises UnreadableDatabase when the file is not a
@@ -73,7 +97,15 @@ def read_rows(path: Path, where: str = "1=1", params: tuple = ()) -> tuple[list[
     con.text_factory = _text
     try:
         try:
-            cur = con.execute(f"SELECT rowid, * FROM runs WHERE {where}", params)
+            try:
+                cur = con.execute(f"SELECT rowid, * FROM runs WHERE {where}", params)
+            except sqlite3.OperationalError as e:
+                if not _read_only_problem(e):
+                    raise
+                # a WAL database on a read-only disk (its -shm cannot be made): read it without writing anything
+                con.close()
+                con = _connect_read_only(path)
+                cur = con.execute(f"SELECT rowid, * FROM runs WHERE {where}", params)
             names = [d[0] for d in cur.description][1:]
             fetched = cur.fetchall()
         except sqlite3.OperationalError as e:
