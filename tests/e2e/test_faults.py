@@ -576,3 +576,26 @@ def test_the_report_reads_a_wal_database_on_a_read_only_disk(finished, tmp_path,
     monkeypatch.setattr(run_rows.sqlite3, "connect", connect)
     found, skipped = run_rows.read_rows(db)
     assert [r["status"] for r in found] == ["ok"] and skipped == []
+
+
+def test_a_result_json_that_could_not_be_written_is_written_again_with_the_rows_status(tmp_path, monkeypatch):
+    from speedrun.records.store import ResultsDB, empty_result
+    from speedrun.run import job_record
+    from speedrun.run.runner import RunContext
+
+    db, run_dir = ResultsDB(tmp_path / "r.sqlite"), tmp_path / "run"
+    result = {**empty_result(), "status": "ok", "phase": "done", "run_dir": str(run_dir)}
+    job = job_record.JobRecord(RunContext(run_dir, [], None, tmp_path), result, {}, db, str(run_dir))
+    real, calls = job_record.write_json, []
+
+    def full_once(path, obj):  # the disk is full for the first write (a quantized artifact's temp filled it)
+        calls.append(obj["status"])
+        if len(calls) == 1:
+            raise OSError(28, "No space left on device")
+        real(path, obj)
+
+    monkeypatch.setattr(job_record, "write_json", full_once)
+    job.finish(db, time.time())
+    (row,) = db.rows()
+    assert row["status"] == "failed" and "result.json could not be written" in row["error"]
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "failed" == calls[-1]

@@ -238,6 +238,13 @@ class JobRecord:
         except Exception as e:  # noqa: BLE001 - the run ends saying so (speedrun.run.runner)
             log.error("could not update the results database %s: %s", getattr(db, "path", None), e)
             self.record_id = None
+        if self._result_file_failed and self.writes_files:
+            # once more, now with the row's final status: the failed write removed its temp file (a full disk may
+            # have room for this small one), and a result.json left saying running would contradict the row
+            try:
+                write_json(out_dir / "result.json", self.result)
+            except OSError:
+                pass  # the row says failed and why
         self.guard("log_result", self.result)
         self.guard("finish", self.result["status"])
         # a run that never trained (refused, or stopped before its model was built) has no block to show: the
