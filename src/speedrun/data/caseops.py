@@ -13,7 +13,8 @@ The transform moves the case of ASCII letters into four private-use operator cha
 
 The operators are U+E001 (TITLE), U+E002 (ALLCAPS), U+E003 (CAPNEXT) and U+E004 (ESC): those of the records' CaseOps
 data and their tokenizer (which reserves the four as pieces of their own). ``decode(encode(t)) == t`` for every
-string ``t``; decode refuses (CaseOpsError) a string encode cannot produce.
+string ``t``; decode reads any string parameter-golf's decoder reads, to the same text, and refuses (CaseOpsError)
+those it refuses.
 
 BPB on such data must count the bytes of the original text: an operator stands for no byte (the case it carries is
 part of its letter's byte), a letter is its one byte whatever its case, an escaped operator is its own 3 bytes.
@@ -65,51 +66,53 @@ def encode(text: str) -> str:
 
 
 def decode(text: str) -> str:
-    """The original of a CaseOps-encoded ``text``; CaseOpsError (naming the position) for a string encode does
-    not write, so that ``encode(decode(s)) == s`` whenever decode returns."""
+    """The original of a CaseOps text, as parameter-golf's decoder reads it (``decode(encode(t)) == t``).
+
+    A case operator applies to the ASCII letters after it: TITLE and ALLCAPS open a word (the first letter, or every
+    letter of the word, uppercase), CAPNEXT uppercases the next letter; ESC keeps the next character as it is. Like
+    that decoder it also reads operator sequences encode never writes (CAPNEXT on a word's first letter, TITLE then
+    CAPNEXTs for an all-caps word, a letter already uppercase), as a model's samples may hold them, and refuses
+    (CaseOpsError, naming the position) an operator with nothing to apply to: TITLE or ALLCAPS inside a word or after
+    another operator, CAPNEXT twice, an operator before a character that is not an ASCII letter, or at the end.
+    """
     out: list[str] = []
-    i, n = 0, len(text)
-    while i < n:
-        ch = text[i]
-        if ch == ESC:
-            if i + 1 >= n or text[i + 1] not in OPERATORS:
-                raise CaseOpsError(f"not a CaseOps text: ESC at {i} is not followed by an operator character")
-            out.append(text[i + 1])
-            i += 2
-        elif ch in OPERATORS or "a" <= ch <= "z":
-            i = _decode_word(text, i, out)
-        elif "A" <= ch <= "Z":
-            raise CaseOpsError(f"not a CaseOps text: uppercase ASCII letter {ch!r} at {i} (encode lowercases them)")
-        else:
+    word_mode: str | None = None  # TITLE or ALLCAPS, waiting for its word's first letter
+    capnext = escaped = in_word = all_caps = False
+    for i, ch in enumerate(text):
+        letter = _is_letter(ch)
+        if escaped:
+            if word_mode is not None and not letter:
+                raise CaseOpsError(f"not a CaseOps text: the word operator before {i} meets an escaped {ch!r}")
             out.append(ch)
-            i += 1
-    return "".join(out)
-
-
-def _decode_word(text: str, start: int, out: list[str]) -> int:
-    """Append the word whose encoding starts at ``start``; return where its encoding ends."""
-    i, n = start, len(text)
-    upper_all = text[i] == ALLCAPS
-    upper_next = text[i] == TITLE or upper_all
-    i += text[i] in (TITLE, ALLCAPS)
-    letters: list[str] = []
-    while i < n:
-        if text[i] == CAPNEXT:
-            upper_next, i = True, i + 1
-        if i < n and "a" <= text[i] <= "z":
-            letters.append(text[i].upper() if upper_next or upper_all else text[i])
-            upper_next, i = False, i + 1
-        elif upper_next:
-            raise CaseOpsError(f"not a CaseOps text: the case operator before {i} has no lowercase ASCII letter")
+            escaped, in_word = False, letter
+            all_caps = all_caps and letter
+        elif ch == ESC:
+            escaped = True
+        elif ch in (TITLE, ALLCAPS):
+            if word_mode is not None or in_word or capnext:
+                raise CaseOpsError(f"not a CaseOps text: a word operator at {i} inside a word or after an operator")
+            word_mode = ch
+        elif ch == CAPNEXT:
+            if capnext:
+                raise CaseOpsError(f"not a CaseOps text: CAPNEXT twice at {i}")
+            capnext = True
+        elif letter:
+            if not in_word:  # a word's first letter takes the word operator before it
+                all_caps = word_mode == ALLCAPS
+                upper = word_mode is not None or capnext
+                word_mode, in_word = None, True
+            else:
+                upper = all_caps or capnext
+            out.append(ch.upper() if upper else ch)
+            capnext = False
         else:
-            break
-    word = "".join(letters)
-    # the one encoding of this word, not just one that decodes to it (TITLE "a" CAPNEXT "b" is ALLCAPS "ab"),
-    # and a word that does not run on from letters before it (those would be one word)
-    if encode(word) != text[start:i] or (out and _is_letter(out[-1][-1:])):
-        raise CaseOpsError(f"not a CaseOps text: {text[start:i]!r} at {start} is not how encode writes a word")
-    out.append(word)
-    return i
+            if word_mode is not None or capnext:
+                raise CaseOpsError(f"not a CaseOps text: a case operator before {ch!r} at {i}, not a letter")
+            out.append(ch)
+            in_word = all_caps = False
+    if escaped or word_mode is not None or capnext:
+        raise CaseOpsError("not a CaseOps text: it ends with an operator that has nothing to apply to")
+    return "".join(out)
 
 
 def _is_letter(ch: str) -> bool:
