@@ -21,6 +21,7 @@ workflow.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -127,6 +128,11 @@ def export(args: argparse.Namespace) -> str:
         record=_record(args.record),
     )
     write_folder(out, sub)
+    if any(_logged_to_wandb(r.dir) for r in runs):  # the folder beside the run's curves (run.wandb_logger)
+        from speedrun.run.wandb_logger import log_export
+
+        for r in runs:
+            log_export(r.dir, out, say=lambda line: print(line, file=sys.stderr))
     for problem in sub.code_problems():
         print(f"warning: {problem}; shipped anyway (--force), as submission.json's code_check says", file=sys.stderr)
     meta = sub.submission_json()
@@ -136,6 +142,14 @@ def export(args: argparse.Namespace) -> str:
         f"{len(runs)} log(s); val_bpb {meta['val_bpb']:.6f}{spread} ({sub.bpb_key}), {meta['bytes_total']:,} bytes; "
         f"track {meta['track']}" + ("" if meta["record_track"] else " (not a record: submission.json's track_reason)")
     )
+
+
+def _logged_to_wandb(run_dir: Path) -> bool:
+    """Whether the run logged to W&B (its plan.json's logger), read without importing wandb."""
+    try:
+        return (json.loads((Path(run_dir) / "plan.json").read_text()).get("logger") or {}).get("name") == "wandb"
+    except (OSError, ValueError):
+        return False
 
 
 EXPORT_FILES = (WRAPPED_FILE, "README.md", "submission.json", "requirements.txt")

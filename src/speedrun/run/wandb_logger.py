@@ -4,6 +4,7 @@ result as its summary, and the compressed model and train_gpt.py as artifacts.""
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
 import os
@@ -84,7 +85,8 @@ class WandbLogger(RunLogger):
             entity=self.settings.entity,
             group=self.group,
             job_type="train",
-            name=f"{self.group}/{self.run_dir.name}" if self.group else self.run_dir.name,
+            # W&B shows the group (the sweep) beside the name already: a sweep's job is its run name and job number
+            name=f"{self.name}/{self.run_dir.name}" if self.group else self.run_dir.name,
             dir=str(self.run_dir),
             config={**config, "plan": plan, "settings": settings_of(plan)},
             id=wandb_run_id(self.run_dir),
@@ -224,6 +226,45 @@ def artifact_files(run_dir: Path, result: dict[str, Any]) -> list[tuple[str, Pat
     if result.get("quant") and result.get("compressor"):
         files.insert(0, ("model", Path(run_dir) / f"model.{result['quant']}.{result['compressor']}"))
     return [(kind, path) for kind, path in files if path.is_file()]
+
+
+def log_export(run_dir: Path, folder: Path, say: Any = log.info) -> bool:
+    """``python -m speedrun.export``: the submission folder as a W&B artifact (type ``submission``) of the run it
+    came from, when that run logged to W&B (its plan.json's logger); the same W&B run, resumed by its id. False
+    when the run did not use W&B; a W&B problem is a warning (the folder is written either way)."""
+    try:
+        plan = json.loads((Path(run_dir) / "plan.json").read_text())
+    except (OSError, ValueError):
+        return False
+    settings = plan.get("logger") or {}
+    if settings.get("name") != "wandb":
+        return False
+    try:
+        import wandb
+
+        mode = resolve_wandb_mode(str(settings.get("mode") or "auto"))
+        run = wandb.init(
+            project=settings.get("project"),
+            entity=settings.get("entity"),
+            dir=str(run_dir),
+            id=wandb_run_id(Path(run_dir)),
+            resume="allow",
+            mode=mode,
+            settings=_settings(wandb, WandbLogger.INIT_TIMEOUT_S),
+        )
+        art = wandb.Artifact(
+            f"submission-{wandb_run_id(Path(run_dir))}",
+            type="submission",
+            description="the parameter-golf submission folder python -m speedrun.export wrote from this run",
+        )
+        art.add_dir(str(folder))
+        run.log_artifact(art, aliases=["latest"])
+        run.finish()
+    except Exception as e:  # noqa: BLE001 - W&B is a mirror: the folder on disk is the export
+        log.warning("logger=wandb: logging the export folder failed (%s: %s)", type(e).__name__, e)
+        return False
+    say(f"logger=wandb: {folder} logged as a submission artifact of W&B run {wandb_run_id(Path(run_dir))}")
+    return True
 
 
 def settings_of(plan: dict[str, Any] | None) -> dict[str, Any]:
