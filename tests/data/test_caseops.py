@@ -10,9 +10,8 @@ a word whose first letter is uppercase and whose rest is lowercase is TITLE + lo
 lowercase letters with TITLE before an uppercase first letter and CAPNEXT before each later uppercase one; an
 operator character already in the text is ESC + itself. The decodings follow its ``decode_lossless_caps_v2`` (which
 reads some sequences encode never writes, and refuses an operator with nothing to apply to). The byte counts follow
-its
-``surface_piece_original_byte_counts``: operators 0, a letter 1, an escaped operator its 3 bytes, anything else its
-UTF-8 length.
+its ``surface_piece_original_byte_counts``: operators 0, a letter 1, an escaped operator its 3 bytes, anything else
+its UTF-8 length.
 """
 
 from __future__ import annotations
