@@ -15,6 +15,7 @@ from speedrun.config.tree import from_tree
 from speedrun.errors import ConfigError
 
 CONFIGS = [[], ["model=pgolf_baseline"], ["ttt=lora", "eval=sliding"], ["quant=int6"], ["kernel=tuned"]]
+CONFIGS += [["track=pgolf_10min_16mb", "data=fineweb_sp8192"]]  # track.validation: a dict of schemas
 CONFIGS += [[f"experiment={name}"] for name in experiments()]
 
 

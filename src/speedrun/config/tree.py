@@ -59,7 +59,9 @@ def _value(hint: Any, value: Any, where: str) -> Any:
         item = args[0] if args else Any
         return [_value(item, v, where) for v in value] if origin is list else tuple(value)
     if origin is dict and isinstance(value, dict):
-        return dict(value)
+        # dict[str, Schema]: each value built as its schema (track.validation)
+        item = args[1] if len(args) == 2 else Any
+        return {k: _value(item, v, f"{where}.{k}") for k, v in value.items()}
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)  # OmegaConf's FloatNode takes an int
     return value
