@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from speedrun.records.atomic import TEMP_SUFFIX
 from support.cli import run_cli
 
 pytestmark = pytest.mark.slow
@@ -136,6 +135,8 @@ def test_a_killed_run_reads_lost_and_the_next_run_on_its_database_says_so(killed
 def test_a_copied_tampered_run_dir_resumes_into_this_commands_database_from_the_step_that_loads(killed, tmp_path):
     """The dir moves to another place and another working directory; its checkpoints name another machine's
     directory and other code; its newest checkpoint has bit flips; killed writers left temp files."""
+    from speedrun.records.atomic import TEMP_SUFFIX
+
     _, _, run_dir, _, _ = killed
     copy = tmp_path / "moved" / "run"
     shutil.copytree(run_dir, copy)
@@ -324,6 +325,11 @@ def test_a_plan_json_name_never_reads_a_file_outside_conf(finished, tmp_path, ca
     code, text = export_main([run_dir, "--out", tmp_path / "sub", "--force"], capsys)
     assert code == 1 and "no such option" in text and "plan.json" in text, text
     assert len(text.strip().splitlines()) == 1 and not (tmp_path / "sub").exists()
+    from speedrun.config.track_rules import load_attribution, load_records, load_track
+
+    with pytest.raises(ValueError, match="no track"):  # a track name a run recorded, aimed outside conf/track/
+        load_track(str(secret))
+    assert load_records(str(secret)) == () and load_attribution(str(secret)) == ()
 
 
 def test_a_symlink_in_a_run_dir_is_never_followed_by_a_run_a_resume_or_an_export(

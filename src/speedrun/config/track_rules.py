@@ -29,7 +29,7 @@ def load_track(name: str) -> TrackConfig:
     so a run cannot bring laxer rules of its own under the same name). ValueError naming the shipped tracks for
     another name."""
     path = CONF_DIR / "track" / f"{name}.yaml"
-    if not path.is_file():
+    if name not in track_names():  # a name read from a run dir is data: checked before it becomes a path
         raise ValueError(f"no track {name!r} in {CONF_DIR / 'track'}; the tracks: {', '.join(track_names())}")
     raw = OmegaConf.to_container(OmegaConf.load(path))
     assert isinstance(raw, dict)
@@ -66,7 +66,7 @@ class PublishedRecord:
 def load_records(track: str) -> tuple[PublishedRecord, ...]:
     """conf/track/records/<track>.yaml: the track's merged records; () where speedrun ships none."""
     path = CONF_DIR / "track" / "records" / f"{track}.yaml"
-    if not path.is_file():
+    if track not in track_names() or not path.is_file():
         return ()
     raw = OmegaConf.to_container(OmegaConf.load(path))
     assert isinstance(raw, dict)
@@ -105,7 +105,7 @@ class Credit:
 def load_attribution(track: str) -> tuple[tuple[str, dict[str, Any], tuple[Credit, ...]], ...]:
     """conf/track/attribution/<track>.yaml: (lever, when, credits) for each lever; () where none ships."""
     path = CONF_DIR / "track" / "attribution" / f"{track}.yaml"
-    if not path.is_file():
+    if track not in track_names() or not path.is_file():
         return ()
     raw = OmegaConf.to_container(OmegaConf.load(path))
     assert isinstance(raw, dict)
