@@ -12,7 +12,9 @@ DIR/dataset.json; train on it with
 
 --caseops writes the documents in parameter-golf's CaseOps (lossless_caps_caseops_v1, speedrun.data.caseops): the
 tokenizer reserves the four case operators, and each val shard gets its byte sidecar DIR/fineweb_val_bytes_%06d.bin
-(per token its bytes of the original text), from which a run counts val_bpb. For the Python corpus:
+(per token its bytes of the original text), from which a run counts val_bpb. --tokenizer PATH.model encodes with that
+SentencePiece model instead of training one (with --caseops it must reserve the operators: the records' CaseOps
+tokenizer does). For the Python corpus:
     python scripts/prepare_data.py --source python --caseops --out data/python_sp1024_caseops
     python -m run data=python_sp1024_caseops
 
@@ -105,8 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--tokenizer",
         default="sentencepiece",
         metavar="KIND",
-        help="sentencepiece (default: train one of --vocab-size on the train split), gpt2 (tiktoken's GPT-2 "
-        "encoding, modded-nanogpt's) or PATH.tiktoken (a local GPT-2 vocabulary, for offline machines)",
+        help="sentencepiece (default: train one of --vocab-size on the train split), PATH.model (encode with this "
+        "SentencePiece model, e.g. the records' CaseOps tokenizer with --caseops; nothing trained), gpt2 (tiktoken's "
+        "GPT-2 encoding, modded-nanogpt's) or PATH.tiktoken (a local GPT-2 vocabulary, for offline machines)",
     )
     parser.add_argument(
         "--vocab-size",
@@ -261,11 +264,21 @@ def _split(parser: argparse.ArgumentParser, docs: list[str], args: argparse.Name
     return train, val, {"val_every": val_every}
 
 
+def _model_size(model: Path) -> int:
+    """A given SentencePiece model's vocabulary (0 when it is missing: prepare_dataset names that)."""
+    if not model.is_file():
+        return 0
+    from speedrun.data.tokenizer import load_tokenizer
+
+    return int(load_tokenizer(model).get_piece_size())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.tokenizer != "sentencepiece" and not is_tiktoken(args.tokenizer):
-        parser.error(f"--tokenizer {args.tokenizer}: use sentencepiece, gpt2 or a path ending in .tiktoken")
+    given = args.tokenizer.endswith(".model")  # an existing SentencePiece model: encode with it, train nothing
+    if args.tokenizer != "sentencepiece" and not given and not is_tiktoken(args.tokenizer):
+        parser.error(f"--tokenizer {args.tokenizer}: use sentencepiece, PATH.model, gpt2 or a path ending in .tiktoken")
     if args.source == "python":
         return _main_python(parser, args)
     for dest in _PYTHON_ONLY:
@@ -304,18 +317,23 @@ def main(argv: list[str] | None = None) -> int:
         paths = prepare_tiktoken_dataset(
             train, val, args.out, args.tokenizer, args.shard_tokens, overwrite=args.overwrite, info=inputs
         )
-    elif args.tokenizer == "sentencepiece":
-        paths = prepare_dataset(
-            train,
-            val,
-            args.out,
-            args.vocab_size,
-            args.shard_tokens,
-            seed=args.seed,
-            overwrite=args.overwrite,
-            info=inputs,
-            caseops=args.caseops,
-        )
+    elif args.tokenizer == "sentencepiece" or given:
+        model = Path(args.tokenizer) if given else None
+        try:
+            paths = prepare_dataset(
+                train,
+                val,
+                args.out,
+                _model_size(model) if model is not None else args.vocab_size,
+                args.shard_tokens,
+                seed=args.seed,
+                overwrite=args.overwrite,
+                info=inputs,
+                caseops=args.caseops,
+                tokenizer_model=model,
+            )
+        except (FileNotFoundError, ValueError) as e:  # the given model: missing, or no CaseOps operators
+            parser.error(str(e))
     else:  # refused by the check above
         raise AssertionError(args.tokenizer)
     info = read_dataset_info(paths.directory)

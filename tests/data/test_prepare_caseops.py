@@ -197,3 +197,25 @@ def test_data_python_sp1024_caseops_is_the_python_corpus_built_with_caseops(comp
     assert data.tokenizer == "data/python_sp1024_caseops/tokenizer.model"  # the build keeps its tokenizer inside
     help_line = _cli().build_parser().format_help()
     assert "--caseops" in help_line and "--val-docs" in help_line
+
+
+def test_a_given_caseops_tokenizer_encodes_the_same_shards_and_sidecars(built, docs, tmp_path, capsys):
+    """--tokenizer PATH.model encodes with an existing model (the records' CaseOps tokenizer, say) and trains
+    nothing: with the model the first build trained, the val shards and sidecars come out byte for byte the same."""
+    source = tmp_path / "docs.jsonl"
+    source.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs), encoding="utf-8")
+    model = tmp_path / "given.model"
+    shutil.copy(built / "tokenizer.model", model)
+    out = tmp_path / "again"
+    argv = ["--input", str(source), "--out", str(out), "--caseops", "--val-docs", str(VAL_DOCS), "--tokenizer"]
+    assert _cli().main([*argv, str(model), "--shard-tokens", "1500"]) == 0
+    for name in ["tokenizer.model", *(p.name for p in built.glob("fineweb_val*.bin"))]:
+        assert (out / name).read_bytes() == (built / name).read_bytes(), name
+    assert json.loads((out / "dataset.json").read_text())["tokenizer_settings"] == {"given": str(model)}
+    # a model without the operators as pieces would count them as 3 bytes of text: refused before any work
+    plain = tmp_path / "plain"
+    prepare_dataset(docs[4:], docs[:4], plain, 512, shard_tokens=5000)
+    with pytest.raises(SystemExit):
+        _cli().main([*argv, str(plain / "tokenizer.model"), "--out", str(tmp_path / "refused")])
+    assert "does not reserve the CaseOps operators" in capsys.readouterr().err
+    assert not (tmp_path / "refused").exists()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -69,6 +70,7 @@ def prepare_dataset(
     overwrite: bool = False,
     info: dict | Callable[[dict], dict] | None = None,
     caseops: bool = False,
+    tokenizer_model: Path | None = None,
 ) -> DatasetPaths:
     """Train a tokenizer on the train documents and write train/val shards into ``out_dir`` (built in a temporary
     sibling, speedrun.data.staging). Each document becomes [BOS] + its ids; documents may span shard boundaries.
@@ -78,8 +80,11 @@ def prepare_dataset(
     dataset.json; a callable is given the record (``tokenizer_sha256`` included) and returns the keys to merge.
     ``caseops``: every text in CaseOps first (speedrun.data.caseops), the operators reserved as pieces, each val
     shard with its byte sidecar, and the val bytes (dataset.json, the unigram baseline) the original text's.
-    Raises FileExistsError if ``out_dir`` exists (unless ``overwrite``)."""
+    ``tokenizer_model``: encode with this SentencePiece model (copied in) instead of training one; ``vocab_size``
+    must be its size. Raises FileExistsError if ``out_dir`` exists (unless ``overwrite``)."""
     out_dir = Path(out_dir)
+    if tokenizer_model is not None:
+        _check_given_model(Path(tokenizer_model), vocab_size, caseops)
     train_docs, val_docs = _documents(documents_train, documents_val, out_dir, shard_tokens, overwrite)
     original_bytes = sum(len(d.encode("utf-8")) for d in val_docs)
     settings: dict[str, object] = {}
@@ -91,9 +96,12 @@ def prepare_dataset(
     t0 = time.perf_counter()
 
     def build(tmp: Path) -> WrittenSplits:
-        texts = train_docs if tokenizer_texts is None else list(tokenizer_texts)
-        model = _trained_tokenizer(texts, tmp, vocab_size, seed, tokenizer_chars, settings)
-        del texts  # a large corpus's tokenizer sample is not kept through the encoding
+        if tokenizer_model is None:
+            texts = train_docs if tokenizer_texts is None else list(tokenizer_texts)
+            model = _trained_tokenizer(texts, tmp, vocab_size, seed, tokenizer_chars, settings)
+            del texts  # a large corpus's tokenizer sample is not kept through the encoding
+        else:
+            model = Path(shutil.copyfile(tokenizer_model, tmp / TOKENIZER_FILE))
         sp = load_tokenizer(model)
         pool = process_pool(model, processes) if processes and processes > 1 else None
         where = f" in {processes} processes" if pool else ""
@@ -117,7 +125,11 @@ def prepare_dataset(
             "build_version": BUILD_VERSION,
             "vocab_size": vocab_size,
             "tokenizer": TOKENIZER_FILE,
-            "tokenizer_settings": {**TRAINER_SETTINGS, **settings, "seed": seed},
+            "tokenizer_settings": (
+                {**TRAINER_SETTINGS, **settings, "seed": seed}
+                if tokenizer_model is None
+                else {"given": str(tokenizer_model)}
+            ),
             "tokenizer_sha256": _sha256(model),
             "shard_tokens": shard_tokens,
             **_splits_record(written, train_docs, val_docs, original_bytes),
@@ -222,6 +234,21 @@ def _trained_tokenizer(
     return train_tokenizer(
         texts, tmp / Path(TOKENIZER_FILE).stem, vocab_size, seed, max_chars=max_chars, extra_settings=settings
     )
+
+
+def _check_given_model(model: Path, vocab_size: int, caseops: bool) -> None:
+    """Refuse, before any work, a given tokenizer that is missing, of another size, or (``caseops``) without the
+    case operators as pieces of their own."""
+    if not model.is_file():
+        raise FileNotFoundError(f"tokenizer {model} not found")
+    sp = load_tokenizer(model)
+    if int(sp.get_piece_size()) != vocab_size:
+        raise ValueError(f"tokenizer {model} has {sp.get_piece_size()} pieces, not vocab_size {vocab_size}")
+    if caseops and any(sp.piece_to_id(op) == sp.unk_id() for op in caseops_transform.OPERATORS):
+        raise ValueError(
+            f"tokenizer {model} does not reserve the CaseOps operators U+E001..U+E004 as pieces; use a CaseOps "
+            "tokenizer (the records' *_lossless_caps_caseops_v1_reserved.model) or let --caseops train one"
+        )
 
 
 def _in_caseops(texts: Iterable[str]) -> list[str]:
