@@ -32,7 +32,7 @@ move between packages and a link to one would break silently on GitHub."""
 SKIP_COMPOSE: dict[str, str] = {
     # "<page>:<line>": "why this documented command cannot compose here"
     # (placeholders such as <run dir> are filled in below)
-    "README.md:52": "experiment=mine is the reader's own option, in the --config-dir folder the line above makes",
+    "README.md:56": "experiment=mine is the reader's own option, in the --config-dir folder the line above makes",
 }
 
 RUN_FLAGS = {"-m", "--multirun", "--plan", "--plan=json", "--resolve"}

@@ -30,8 +30,9 @@ LAYERS = [
     {"training"},
     {"run"},
     {"report"},
-    # entry points (rerun: an exported train_gpt.py's; task: src/run.py's; cli and __main__: the `speedrun` command)
-    {"__init__", "tune", "task", "export", "rerun", "bench", "cli", "__main__"},
+    # entry points (rerun: an exported train_gpt.py's; task: src/run.py's, with sweep_trial, an Optuna trial's
+    # reporting that it installs; cli and __main__: the `speedrun` command)
+    {"__init__", "tune", "task", "sweep_trial", "export", "rerun", "bench", "cli", "__main__"},
 ]
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 
