@@ -4,6 +4,9 @@ modules (a run whose Plan is unknown) counts the most."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from speedrun.artifact.sizes import TARGETS, code_size, package_costs, package_of
@@ -48,3 +51,21 @@ def test_each_package_costs_what_the_file_loses_without_it():
     data, _ = build_wrapper(CodeSource(files, {"seed": 0}))
     assert size == len(data) and list(costs)[0] == "speedrun/big/"
     assert costs["speedrun/big/"] > 10 * max(costs["speedrun/small/"], 1) and sum(costs.values()) < size
+
+
+DOCS_TOLERANCE = 0.05
+"""How far docs/export.md's table may drift from what the code counts now before it is stale: code changes every
+day by a few hundred bytes, and regenerating the table each time would churn the page; a package's worth (5%) is
+the point at which a reader is misled."""
+
+
+def test_docs_export_md_table_is_not_stale(sizes):
+    page = (Path(__file__).resolve().parents[2] / "docs" / "export.md").read_text()
+    documented = {m[0]: int(m[1].replace(",", "")) for m in re.findall(r"^\| `([^`]+)` \| ([\d,]+) \|", page, re.M)}
+    for overrides, size in sizes.items():
+        assert overrides in documented, f"docs/export.md has no row for {overrides}"
+        drift = abs(documented[overrides] - size.code_bytes) / size.code_bytes
+        assert drift <= DOCS_TOLERANCE, (
+            f"docs/export.md says {documented[overrides]:,} code bytes for {overrides}, the code counts "
+            f"{size.code_bytes:,} ({drift:.0%} off): python -m speedrun.artifact.sizes --write docs/export.md"
+        )
