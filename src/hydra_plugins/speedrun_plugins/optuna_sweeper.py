@@ -15,8 +15,8 @@ database storage fails under SQLAlchemy 2. What it adds to a plain loop:
 - a run that did not end ok scores the worst value (speedrun.records.objective) and the study goes on; a job the
   launcher could not run is a failed trial, and the study goes on too.
 
-Search space, as Hydra's override grammar writes it: ``key=interval(a,b)`` (float, or int when both ends are
-ints; ``tag(log,interval(a,b))`` for a log scale), ``key=choice(a,b,c)`` or ``key=a,b,c`` (categorical),
+Search space, as Hydra's override grammar writes it: ``key=interval(a,b)`` (a float; ``int(interval(a,b))`` an
+int; ``tag(log,interval(a,b))`` for a log scale), ``key=choice(a,b,c)`` or ``key=a,b,c`` (categorical),
 ``key=range(a,b,step)`` (categorical of its values); a plain ``key=value`` is fixed for every trial.
 """
 
