@@ -80,9 +80,14 @@ ConfigStore.instance().store(group="hydra/sweeper", name="optuna", node=OptunaSw
 
 def _require(ok: bool, message: str) -> None:
     if not ok:
+        from hydra.errors import CompactHydraException
+
         from speedrun.errors import ConfigError  # here: Hydra imports its plugins on every start
 
-        raise ConfigError(message)
+        class SweeperSettingError(ConfigError, CompactHydraException):
+            """A bad hydra.sweeper.* setting: Hydra prints a CompactHydraException as its one line, no traceback."""
+
+        raise SweeperSettingError(f"error: {message}")
 
 
 class OptunaSweeper(Sweeper):
