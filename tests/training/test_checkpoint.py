@@ -117,6 +117,12 @@ def test_the_equivalence_check_can_fail(compose, tmp_path, data_cache):
     torch.save(payload, path)
     meta_path = path.with_suffix(".json")  # re-hashed: an edit on purpose, not the bit flips a checksum catches
     meta_path.write_text(json.dumps({**json.loads(meta_path.read_text()), "sha256": checkpoint.file_sha256(path)}))
+    # as if stopped at that step: a finished run is never resumed, so the twin's record says interrupted
+    from speedrun.records.store import ResultsDB
+
+    result = {**json.loads((twin / "result.json").read_text()), "status": "interrupted", "phase": "train"}
+    (twin / "result.json").write_text(json.dumps(result))
+    ResultsDB(tmp_path / "r.sqlite").upsert(str(twin.resolve()), {"status": "interrupted"})
     broken = run(compose, tmp_path, "again", [f"resume={twin}"])
     assert broken["steps"] == full["steps"] and broken["val_loss"] != full["val_loss"]
 
