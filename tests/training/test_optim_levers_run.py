@@ -228,6 +228,17 @@ def test_a_resumed_run_with_an_ema_ends_where_an_uninterrupted_one_does(compose,
         path.with_suffix(".json").unlink()
         path.unlink()
     assert torch.load(checkpoint.list_checkpoints(tmp_path / "twin")[0], weights_only=True)["ema"] is not None
+
+    def stopped_at_step_3() -> None:  # a finished run is never resumed: the twin's record says it was interrupted
+        from speedrun.records.store import ResultsDB
+
+        result = json.loads((tmp_path / "twin" / "result.json").read_text())
+        (tmp_path / "twin" / "result.json").write_text(json.dumps({**result, "status": "interrupted"}))
+        for db in (tmp_path / "r.sqlite", tmp_path / "outputs" / "results.sqlite"):  # its row, where a run wrote one
+            if db.exists():
+                ResultsDB(db).upsert(str((tmp_path / "twin").resolve()), {"status": "interrupted"})
+
+    stopped_at_step_3()
     resumed = run("again", [f"resume={tmp_path / 'twin'}"])
     assert resumed["status"] == "ok" and resumed["steps"] == 6 and resumed["val_loss"] == full["val_loss"]
     assert resumed["ema_decay"] == 0.5
@@ -237,5 +248,6 @@ def test_a_resumed_run_with_an_ema_ends_where_an_uninterrupted_one_does(compose,
         path.unlink()
     original = checkpoint.restore
     monkeypatch.setattr("speedrun.training.loop_setup.restore", lambda *a, ema=None, **k: original(*a, ema=None, **k))
+    stopped_at_step_3()
     broken = run("broken", [f"resume={tmp_path / 'twin'}"])
     assert broken["steps"] == 6 and broken["val_loss"] != full["val_loss"]
