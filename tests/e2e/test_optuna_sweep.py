@@ -184,7 +184,8 @@ def test_a_study_stopped_after_two_of_three_trials_finishes_the_third_from_its_s
     assert after[2].state.name == "FAIL" and after[2].user_attrs["retried"] is True
     # the seeded sampler proposed three different learning rates
     assert len({t.params["optim.matrix_lr"] for t in done}) == 3
-    (second_sweep,) = [d for d in (tmp_path / "outputs" / "multirun").glob("*/*") if (d / "0").is_dir()][-1:]
+    first_sweep, second_sweep = sorted((tmp_path / "outputs" / "multirun").glob("*/*"))  # named by start time
+    assert not (second_sweep / "1").exists()  # the restart ran one trial
     rerun = json.loads((second_sweep / "0" / "result.json").read_text())
     assert rerun["status"] == "ok" and rerun["val_bpb"] == pytest.approx(done[2].value, rel=1e-12)
     study = yaml.safe_load((second_sweep / "optimization_results.yaml").read_text())
