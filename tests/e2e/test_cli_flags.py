@@ -19,6 +19,7 @@ def test_version_is_speedruns(capsys):
     assert cli.main(["--version"]) == 0 and cli.main(["-V"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == lines[1] and lines[0].startswith(f"speedrun {__version__} (Hydra ")
+    assert "--version" in cli.usage()  # speedrun --help names it
     proc = _run("--version")
     assert proc.returncode == 0 and proc.stdout.strip() == lines[0], proc.stderr
 
