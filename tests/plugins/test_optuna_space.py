@@ -71,3 +71,58 @@ def test_the_grid_is_queued_in_the_seeds_order_and_caps_n_trials():
 def test_bad_settings_are_refused_in_one_line(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         OptunaSweeper(**kwargs)._check()
+
+
+class _Launcher:
+    """Stands in for the pool: each batch's jobs end ok with val_bpb = the learning rate, except those past
+    ``run_first`` when ``interrupted`` (Ctrl-C: the pool starts no more)."""
+
+    def __init__(self, interrupted: bool, run_first: int = 1):
+        self.interrupted, self.run_first, self.batches = interrupted, run_first, []
+
+    def launch(self, batch, initial_job_idx):
+        from hydra.core.utils import JobReturn, JobStatus
+
+        from hydra_plugins.speedrun_plugins.job_pool import JobNotRun
+        from speedrun.records.objective import Objective
+
+        self.batches.append(batch)
+        out = []
+        for i, overrides in enumerate(batch):
+            ret = JobReturn()
+            if self.interrupted and i >= self.run_first:
+                ret.status, ret._return_value = JobStatus.FAILED, JobNotRun("not run: interrupted")
+            else:
+                (lr,) = (float(o.split("=")[1]) for o in overrides if o.startswith("lr="))
+                ret.status, ret._return_value = JobStatus.COMPLETED, Objective(lr, {"status": "ok"})
+            out.append(ret)
+        return out
+
+
+def test_an_interrupted_pool_leaves_its_unrun_trials_queued_for_the_same_command(tmp_path):
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "s1")}}, "name": "t", "objective": "val_bpb"})
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+
+    def sweeper(launcher, sweep_dir):
+        s = OptunaSweeper(n_trials=3, n_jobs=2, storage=storage, pruner="none")
+        s.config = OmegaConf.merge(config, {"hydra": {"sweep": {"dir": str(tmp_path / sweep_dir)}}})
+        s.launcher, s.hydra_context = launcher, SimpleNamespace(config_loader=None)
+        return s
+
+    first = _Launcher(interrupted=True)
+    sweeper(first, "s1").sweep(["lr=interval(0.01,0.05)"])
+    assert len(first.batches) == 1  # stopped after the interrupted batch
+    trials = optuna.load_study(study_name="t", storage=storage).trials
+    assert [t.state.name for t in trials] == ["COMPLETE", "FAIL", "WAITING"]
+    assert trials[2].params == {} and trials[2].system_attrs["fixed_params"] == trials[1].params
+
+    second = _Launcher(interrupted=False)
+    sweeper(second, "s2").sweep(["lr=interval(0.01,0.05)"])
+    trials = optuna.load_study(study_name="t", storage=storage).trials
+    done = [t for t in trials if t.state.name == "COMPLETE"]
+    assert len(done) == 3 and done[1].params == trials[1].params  # the unrun trial ran first, with its values
+    assert [o for o in second.batches[0][0] if o.startswith("lr=")] == [f"lr={trials[1].params['lr']}"]
