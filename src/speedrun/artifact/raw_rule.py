@@ -141,6 +141,7 @@ CODE_FILES: tuple[str, ...] = (
     "speedrun/training/periodic.py",
     "speedrun/training/preempt.py",
     "speedrun/training/resume.py",
+    "speedrun/training/run_steps.py",
     "speedrun/training/stepper.py",
     "speedrun/ttt/__init__.py",
     "speedrun/ttt/adapt.py",
