@@ -112,8 +112,10 @@ def test_a_second_owner_is_refused_in_one_line_and_leaves_the_run_alone(killed):
     refused = [r for r in rows(db).values() if r["run_id"] != run_id]
     assert len(refused) == 2 and {r["status"] for r in refused} == {"failed"}
     assert all("in use by pid" in r["error"] for r in refused)
-    assert any(r["run_id"].startswith(run_id + "/refused_attempts/") for r in refused)  # Hydra wrote there already
-    assert [p.name for p in (run_dir / ".hydra").iterdir() if p.is_dir()] != []  # its files beside the owner's
+    assert any(r["run_id"].startswith(run_id + "/refused_attempts/") for r in refused)  # a row named under it
+    # a refused command writes nothing into the owner's dir: no .hydra/<time>/ of its own, no line in its run.log
+    assert [p.name for p in (run_dir / ".hydra").iterdir() if p.is_dir()] == []
+    assert not (run_dir / "refused_attempts").exists() and "in use by pid" not in (run_dir / "run.log").read_text()
 
 
 def test_a_killed_run_reads_lost_and_the_next_run_on_its_database_says_so(killed, smoke, tmp_path):

@@ -90,12 +90,12 @@ def _resumes(run_dir: str, resume: str | None) -> bool:
 
 def hydra_subdir_resolver(run_dir: str, resume: str | None) -> str | None:
     """Hydra's files for a resumed invocation go to .hydra/resume/, beside the original job's .hydra/; any other
-    invocation in a dir that already has them (a requeued job, or one refused a dir another run owns) writes its
-    own beside them, never over them. None (Hydra writes no .hydra/) in a dir a new run is refused (a finished
-    run's, a folder of other files, one holding symlinks): a refused command writes nothing there."""
+    invocation in a dir that already has them (a requeued job) writes its own beside them, never over them. None (Hydra writes no .hydra/) in a dir a new run is refused (a finished
+    run's, a folder of other files, one holding symlinks, one a live process owns): a refused command writes
+    nothing there."""
     if _resumes(run_dir, resume):
         return ".hydra/resume"
-    if new_run_refusal(Path(run_dir)) is not None:
+    if _refused_here(run_dir):
         return None
     if (Path(run_dir) / ".hydra" / "config.yaml").exists():
         return f".hydra/{time.strftime('%Y-%m-%d_%H-%M-%S')}"
@@ -105,9 +105,18 @@ def hydra_subdir_resolver(run_dir: str, resume: str | None) -> str | None:
 def log_file_resolver(run_dir: str, resume: str | None) -> str:
     """hydra.job_logging's file: <run dir>/run.log, or os.devnull in a dir a new run is refused (as above), so that a
     refused command appends nothing to a finished run's log (which an export publishes) or through a symlink."""
-    if not _resumes(run_dir, resume) and new_run_refusal(Path(run_dir)) is not None:
+    if not _resumes(run_dir, resume) and _refused_here(run_dir):
         return os.devnull
     return str(Path(run_dir) / "run.log")
+
+
+def _refused_here(run_dir: str) -> bool:
+    """A new run in ``run_dir`` will be refused: new_run_refusal, or another live process owns the dir (a rank's
+    own launching process, which holds the lock for it, does not count)."""
+    if new_run_refusal(Path(run_dir)) is not None:
+        return True
+    lock = RunDirLock(Path(run_dir))  # this process, or the one that launched it as a rank, may own it already
+    return all(lock.owner(allow=pid) is not None for pid in (os.getpid(), os.getppid()))
 
 
 def training_unfinished(result: dict[str, Any]) -> bool:
