@@ -37,10 +37,16 @@ WITH = {
     ("track", "mng_124m"): ["data=fineweb10B_gpt2"],
 }
 """Options that compose only beside another: a contest's track refuses the default embedded corpus."""
-PRESETS = {("quant", "record"): "int6", ("track", "none"): None}
+PRESETS = {
+    ("quant", "record"): "int6",
+    ("quant", "pr2014"): "int6",
+    ("ttt", "pr2014"): "record",
+    ("track", "none"): None,
+}
 """Options that preset the levers of a scheme and carry that scheme's name: quant=record is int6 as the 2026-04-29
-record exports it (quant.name picks the quantizer; the artifact is model.int6.<compressor>). track=none holds no
-rules, so its name is None."""
+record exports it (quant.name picks the quantizer; the artifact is model.int6.<compressor>), quant=pr2014 as PR #2014
+does, and ttt=pr2014 is the records' TTT (ttt.name=record) with PR #2014's settings. track=none holds no rules, so
+its name is None."""
 
 
 def test_hydra_lists_the_options_of_each_group_and_no_schema(compose):
