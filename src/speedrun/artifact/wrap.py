@@ -158,6 +158,14 @@ class CodeSource:
             config = pin_choices(config, plan)
         return cls(files, config, versions)
 
+    def with_threads(self, threads: int) -> CodeSource:
+        """This source with a CPU run's thread count pinned in its config: a sum over another number of threads
+        rounds differently, so a re-run on a machine of other load would miss the run's val_bpb."""
+        if self.config is None or (self.config.get("hardware") or {}).get("threads") is not None:
+            return self
+        hardware = {**(self.config.get("hardware") or {}), "threads": threads}
+        return CodeSource(self.files, {**self.config, "hardware": hardware}, self.versions)
+
 
 REQUIRED = {"torch": "torch", "numpy": "numpy>=1.24", "sentencepiece": "sentencepiece>=0.2"}
 """What every re-run imports beyond the standard library (pyproject.toml's dependencies, less python-minifier: a

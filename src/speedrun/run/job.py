@@ -126,6 +126,8 @@ class Job(JobRecord):
         self.result.update(plan.model.result_keys())  # the model levers (model_*)
         self.result.update(plan.quant.result_keys())  # the export's levers (quant_*)
         self.result.update(configure_torch(plan))  # a CPU run's thread count (cpu_threads)
+        if self.result.get("cpu_threads") is not None and self.code is not None:
+            self.code = self.code.with_threads(int(self.result["cpu_threads"]))  # its re-run sums as it did
         if self.world.rank == 0:  # one W&B run per run, not per rank
             self.logger = make_logger(plan.logger, self.ctx.run_dir, self.result["sweep"], plan.name)
         self.guard("start", self.config_tree, plan.to_dict())
