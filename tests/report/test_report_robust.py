@@ -110,6 +110,8 @@ def test_a_running_row_whose_process_is_gone_is_reported_lost(tmp_path, capsys):
     import sys
     import time
 
+    from speedrun.records.store import process_identity
+
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()  # its pid is free now: no process of this host has it
     now = time.time()
@@ -117,8 +119,15 @@ def test_a_running_row_whose_process_is_gone_is_reported_lost(tmp_path, capsys):
         "ok": {"val_bpb": 1.3, "seed": 0},
         # died on this host: its pid is gone, its heartbeat still recent
         "dead-pid": {"status": "running", "seed": 1, "host": platform.node(), "pid": gone.pid, "heartbeat_at": now},
-        # on another host: known lost by its heartbeat, silent for two hours
-        "silent": {"status": "running", "seed": 2, "host": "elsewhere", "pid": 1, "heartbeat_at": now - 7200},
+        # on another host: known lost by its heartbeat, which this machine has seen stand still for two hours
+        "silent": {
+            "status": "running",
+            "seed": 2,
+            "host": "elsewhere",
+            "pid": 1,
+            "heartbeat_at": now - 7200,
+            **{"seen_beat": now - 7200, "seen_at": now - 7200, "seen_by": process_identity()["boot_id"]},
+        },
         # alive: this process, beating now
         "alive": {"status": "running", "seed": 3, "host": platform.node(), "pid": os.getpid(), "heartbeat_at": now},
     }

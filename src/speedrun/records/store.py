@@ -206,10 +206,11 @@ class ResultsDB:
                 r.get("heartbeat_at"),
                 me["boot_id"],
             ):
-                changed.append(
-                    (r["run_id"], {"seen_beat": r.get("heartbeat_at"), "seen_at": now, "seen_by": me["boot_id"]})
-                )
-                continue  # first sight of this heartbeat here: its age is counted from now, on this clock
+                # first sight of this heartbeat here: its age is counted from now, on this clock (a vanished pid of
+                # a row without boot_id on this host still tells at once)
+                seen = {"seen_beat": r.get("heartbeat_at"), "seen_at": now, "seen_by": me["boot_id"]}
+                changed.append((r["run_id"], seen))
+                r = {**r, **seen}
             if effective_status(r, now) != "lost":
                 continue
             final = read_result(Path(str(r.get("run_dir") or r["run_id"])))
@@ -299,14 +300,17 @@ def effective_status(row: dict[str, Any], now: float | None = None) -> str | Non
     """The row's status, with ``lost`` for a ``running`` row whose process is gone: its pid no longer exists in
     this kernel and pid namespace, or its heartbeat stopped more than LOST_AFTER_SECONDS ago. A heartbeat is aged
     on one clock only: this kernel's, for a row written under this boot id; else from when this machine first saw
-    that heartbeat (the ``seen_*`` columns mark_lost writes). Rows from before heartbeats (no heartbeat_at) keep
-    what they say."""
+    that heartbeat (the ``seen_*`` columns mark_lost writes). A row from before boot ids (no boot_id) under this host
+    name whose pid is gone reads lost, as it did then; its heartbeat is aged as another kernel's. Rows from before
+    heartbeats (no heartbeat_at) keep what they say."""
     status = row.get("status")
     if status != "running":
         return status
     me = process_identity()
     now = now if now is not None else time.time()
     pid, beat = row.get("pid"), row.get("heartbeat_at")
+    if row.get("boot_id") is None and row.get("host") == me["host"] and isinstance(pid, int) and not pid_alive(pid):
+        return "lost"  # a row from before boot ids: its host name is the identity it has, as then
     same_kernel = row.get("boot_id") is not None and row.get("boot_id") == me["boot_id"]
     if same_kernel and row.get("pid_ns") == me["pid_ns"] and isinstance(pid, int) and not pid_alive(pid):
         return "lost"
