@@ -36,6 +36,7 @@ CODE_FILES: tuple[str, ...] = (
     "speedrun/config/distributed.py",
     "speedrun/config/finishing.py",
     "speedrun/config/kernel.py",
+    "speedrun/config/quoting.py",
     "speedrun/config/model.py",
     "speedrun/config/quant.py",
     "speedrun/config/specs.py",
@@ -44,6 +45,7 @@ CODE_FILES: tuple[str, ...] = (
     "speedrun/config/tree.py",
     "speedrun/data/__init__.py",
     "speedrun/data/bpb.py",
+    "speedrun/data/caseops.py",
     "speedrun/data/corpus.py",
     "speedrun/data/encoding.py",
     "speedrun/data/existing.py",
@@ -51,6 +53,7 @@ CODE_FILES: tuple[str, ...] = (
     "speedrun/data/loader.py",
     "speedrun/data/prepare.py",
     "speedrun/data/shards.py",
+    "speedrun/data/staging.py",
     "speedrun/data/tiktoken_bpe.py",
     "speedrun/data/tokenizer.py",
     "speedrun/distributed/__init__.py",
@@ -113,9 +116,11 @@ CODE_FILES: tuple[str, ...] = (
     "speedrun/quant/quantize.py",
     "speedrun/quant/report.py",
     "speedrun/records/__init__.py",
+    "speedrun/records/atomic.py",
     "speedrun/records/identity.py",
     "speedrun/records/lock.py",
     "speedrun/records/result_block.py",
+    "speedrun/records/rundir.py",
     "speedrun/records/store.py",
     "speedrun/run/__init__.py",
     "speedrun/run/finish.py",
@@ -167,9 +172,6 @@ NOT_COUNTED: dict[str, str] = {
     "sweeper; training, evaluation and dequantization never reach it",
     "speedrun/cli.py": "`python -m run --version` and `--hydra-help` alone (src/run.py's command line): they print "
     "and exit before any training, evaluation or dequantization",
-    "speedrun/sweep_trial.py": "an Optuna sweep's trial reporting its periodic validations to the study "
-    "(hydra/sweeper=optuna), installed by speedrun/task.py; training, evaluation and dequantization run the same "
-    "without it",
     "speedrun/run/loggers.py": "reporting only (console progress lines); training, evaluation and dequantization "
     "run the same without it",
     "speedrun/run/plan_only.py": "`python -m run ... --plan` alone: prints the resolved Plan and exits before any "
