@@ -35,16 +35,28 @@ from speedrun.bench.spec import Check, PeerArm, Ratio, RunArm, judge
 from speedrun.bench.steps import Options, Step, arm_command, corpus_dir, peer_path, plan
 from speedrun.records.atomic import atomic_write
 from speedrun.records.identity import file_sha256
+from speedrun.records.result_block import BLOCK_KEYS
 
 LOG_TAIL = 40
 """Lines of each run's console output kept in the result file."""
 
 
 def _tail(path: Path, lines: int = LOG_TAIL) -> list[str]:
+    """At most ``lines`` lines ending the log. A speedrun run's result block (its last BLOCK_KEYS lines, found by
+    its first key) keeps its status line and the keys that hold a value, whatever the block's length, and the
+    lines before it fill the rest: what the run printed last is what tells why it failed."""
     try:
-        return path.read_text(errors="replace").splitlines()[-lines:]
+        text = path.read_text(errors="replace").splitlines()
     except OSError:
         return []
+    first = f"{BLOCK_KEYS[0]}:"
+    start = next((i for i in range(len(text) - 1, -1, -1) if text[i].startswith(first)), None)
+    if start is None or len(text) - start > len(BLOCK_KEYS):
+        return text[-lines:]
+    block = [text[start]] + [line for line in text[start + 1 :] if line.split(":", 1)[-1].strip() != "None"]
+    block = block if len(block) <= lines else [block[0], *block[len(block) - lines + 1 :]]
+    before = text[max(0, start - (lines - len(block))) : start] if len(block) < lines else []
+    return before + block
 
 
 def collect(check: Check, step: Step, outcome: Outcome, train_tokens: int | None = None) -> dict[str, Any]:
