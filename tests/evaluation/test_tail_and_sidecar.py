@@ -57,8 +57,11 @@ def test_load_val_tokens_keeps_the_tail_only_when_asked(tmp_path):
 @pytest.mark.parametrize("n", [3 * T + 1, 3 * T + 4, 5 * T + T - 1])
 def test_standard_eval_scores_the_tail_once_with_a_window_ending_at_the_last_token(n):
     tokens = torch.arange(n)
-    counts, res = positions_scored(evaluate, tokens, seq_len=T, batch_size=2)
+    counts, res = positions_scored(evaluate, tokens, seq_len=T, batch_size=2, include_tail=True)
     m = n - 1
+    # without include_tail (the default) the targets past the last full window are not read
+    default_counts, default = positions_scored(evaluate, tokens, seq_len=T, batch_size=2)
+    assert default.tokens == m // T * T and int(default_counts[m // T * T + 1 :].sum()) == 0
     assert counts[0] == 0 and bool((counts[1:] == 1).all())
     # forward's 'loss' is the target id = its position: the sum is 1 + ... + M only with the tail scored once
     assert res.tokens == res.tokens_total == m and res.bytes == m
@@ -82,7 +85,8 @@ def test_the_tail_window_has_full_context_and_the_tail_changes_the_score():
 
     kw = dict(seq_len=T, batch_size=4, device="cpu", autocast_dtype=None)
     cut = evaluate(forward, full[: 2 * T + 1], luts, **kw)
-    kept = evaluate(forward, full, luts, **kw)
+    kept = evaluate(forward, full, luts, include_tail=True, **kw)
+    assert evaluate(forward, full, luts, **kw).tokens == cut.tokens  # the default leaves the tail unscored
     tail_nats = forward(full[-T - 1 : -1][None], full[-T:][None])[0, -8:].double().sum().item()
     tail_bytes = int(luts.base_bytes[full[-8:]].sum())
     assert (cut.tokens, kept.tokens) == (2 * T, 2 * T + 8)
@@ -125,7 +129,7 @@ def test_standard_and_sliding_scores_count_the_sidecars_bytes(stride):
     luts = with_sidecar(ones(64), sidecar)
     kw = dict(seq_len=T, batch_size=3, device="cpu", autocast_dtype=None)
     if stride is None:
-        res = evaluate(lambda x, y: torch.ones_like(y, dtype=torch.float32), tokens, luts, **kw)
+        res = evaluate(lambda x, y: torch.ones_like(y, dtype=torch.float32), tokens, luts, include_tail=True, **kw)
     else:
         res = evaluate_sliding(lambda x, y: torch.ones_like(y, dtype=torch.float32), tokens, luts, stride=stride, **kw)
     assert res.tokens == n - 1 and res.bytes == int(sidecar[1:].sum())

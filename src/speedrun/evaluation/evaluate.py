@@ -79,11 +79,13 @@ def evaluate(
     progress: Progress | None = None,
     max_seconds: float | None = None,
     on_token_scores: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+    include_tail: bool = False,
 ) -> EvalResult:
     """Score non-overlapping windows of seq_len; ``forward(x, y)`` returns per-token nats of shape (B, T).
 
-    Every token after the first is scored exactly once (a tail shorter than seq_len by one more window ending at the
-    last token, see the module doc); sums are float64 so long evaluations do not drift.
+    Every token after the first is scored exactly once; a tail shorter than seq_len is scored only with
+    ``include_tail`` (eval.include_tail: one more window ending at the last token, see the module doc), else the
+    targets past the last full window are not read; sums are float64 so long evaluations do not drift.
     shard: split the batches over ranks (see the module doc); None scores them all here. progress: ticked after
     each batch with the tokens of the whole evaluation up to it (on several ranks, the ranks move in step).
     max_seconds: stop after the round of batches that spends it (see the module doc). on_token_scores: called after
@@ -93,6 +95,8 @@ def evaluate(
     n_windows = n_targets // seq_len
     if n_windows < 1:
         raise ValueError(f"need at least {seq_len + 1} validation tokens, have {val_tokens.numel()}")
+    if not include_tail:  # the default scores full windows only, whatever the stream's length
+        n_targets = n_windows * seq_len
     tail = n_targets - n_windows * seq_len
     luts = luts.to(device)
     # each batch: its first window, or None for the tail's window (its own batch, after every full one)
@@ -294,6 +298,7 @@ def run_eval(
     shard: Any = None,
     progress: Progress | None = None,
     max_seconds: float | None = None,
+    include_tail: bool = False,
 ) -> EvalResult:
     """The eval group's dispatch: ``standard`` or ``sliding`` (with ``stride``); ``shard`` splits it over ranks;
     ``progress`` prints a throttled progress line (speedrun.progress.Progress); ``max_seconds`` cuts it short after
@@ -308,7 +313,7 @@ def run_eval(
         max_seconds=max_seconds,
     )
     if name == "standard":
-        return evaluate(forward, val_tokens, luts, **kwargs)
+        return evaluate(forward, val_tokens, luts, include_tail=include_tail, **kwargs)
     if name == "sliding":
         if stride is None:
             raise ValueError("eval=sliding needs eval.stride")

@@ -179,6 +179,7 @@ class Finish:
                 shard=self.world,
                 progress=_ScoreProgress(label, self.log, lambda: self._collect_artifact(block=False)),
                 max_seconds=plan.eval.max_seconds,
+                include_tail=plan.eval.include_tail,
             )
         seconds = time.perf_counter() - t0
         if not res.complete:
