@@ -91,6 +91,18 @@ def record_death(job: "Job", status: str, why: str) -> None:
         log.warning(f"could not record job #{job.num} as {status} in {db_path}: {e}")
 
 
+def row_still_running(job: "Job") -> bool:
+    """Whether the job's results.sqlite row still says running: a job killed between writing its result.json and
+    its row (a second Ctrl-C) leaves the two apart, and only the launcher can close the row."""
+    try:
+        rows = ResultsDB(results_db_path(job.config.get("results_db"))).rows(
+            "run_id = ?", (str(job.job_dir.resolve()),)
+        )
+    except Exception:  # noqa: BLE001 - unreadable: record_death says why if it cannot write either
+        return True
+    return any(r.get("status") == "running" for r in rows)
+
+
 @dataclass
 class Job:
     num: int
@@ -295,7 +307,7 @@ class Pool:
             else:
                 status = status if status not in (None, "running", "ok") else "failed"
                 why = (result or {}).get("error") or f"exited with code {rc}: see {job.job_dir / 'console.log'}"
-            if not result or result.get("status") == "running":
+            if not result or result.get("status") == "running" or row_still_running(job):
                 record_death(job, status, why)
             if status in SCORED_FAILURES:
                 ret = _scored(job, {**(result or {}), "status": status, "error": why})
