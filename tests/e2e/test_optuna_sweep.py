@@ -29,7 +29,8 @@ pytestmark = pytest.mark.slow
 
 # a grid over three values, one of them refused by the schema (a negative learning rate): every trial runs, in order
 # of the sampler's choosing, and the refused one fails in a second
-OPTUNA = ["-m", "hydra/sweeper=optuna", "hydra.sweeper.sampler=grid", "debug=smoke", "budget.max_steps=2"]
+# quant=off: the objectives here are val_loss and val_bpb, scored before any export, so no trial exports
+OPTUNA = ["-m", "hydra/sweeper=optuna", "hydra.sweeper.sampler=grid", "debug=smoke", "budget.max_steps=2", "quant=off"]
 
 
 def _rows(cwd: Path) -> list[dict]:
@@ -148,6 +149,7 @@ def test_a_study_stopped_after_two_of_three_trials_finishes_the_third_from_its_s
         "hydra/launcher=basic",  # one process: the kill below stops the sweep and its running trial together
         "debug=smoke",
         "budget.max_steps=2",
+        "quant=off",
         "optim.matrix_lr=interval(0.01,0.05)",
         "hydra.sweeper.n_trials=3",
         "hydra.sweeper.pruner=none",
@@ -200,6 +202,7 @@ def test_a_trial_worse_than_the_median_at_a_periodic_validation_is_pruned(tmp_pa
         "hydra/launcher=basic",
         "debug=smoke",
         "budget.max_steps=6",
+        "quant=off",
         "eval.every_steps=2",
         "hydra.sweeper.pruner_startup_trials=1",
         f"hydra.sweeper.storage={storage}",
