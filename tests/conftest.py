@@ -38,7 +38,7 @@ FIRST = {"tests/e2e/test_busy_cpu.py"}
 the default job trains beside them, so it runs at the start, not beside the long tail."""
 
 MEASURED = {
-    "tests/e2e/test_optuna_sweep.py": 146.0,
+    "tests/e2e/test_optuna_sweep.py": 114.0,
     "tests/ttt/test_ttt_compiled.py": 140.0,
     "tests/e2e/test_faults.py": 135.0,
     "tests/ttt/test_ttt_causality.py": 30.0,
