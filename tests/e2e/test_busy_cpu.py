@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -47,6 +48,8 @@ def test_the_default_cpu_job_meets_its_bar_beside_two_busy_processes(tmp_path, d
             text=True,
         )
         assert proc.stdout is not None
+        watchdog = threading.Timer(600, proc.kill)  # a hung run fails the test instead of hanging the suite
+        watchdog.start()
         for line in proc.stdout:
             lines.append(line)
             if "eval (standard)" in line:
@@ -56,6 +59,8 @@ def test_the_default_cpu_job_meets_its_bar_beside_two_busy_processes(tmp_path, d
         proc.wait(timeout=600)
     finally:
         _stop(spinners)
+        if "watchdog" in locals():
+            watchdog.cancel()
     out = "".join(lines)
     assert proc.returncode == 0, out[-4000:]
     (result_file,) = (tmp_path / "outputs" / "runs").glob("*/*/result.json")
