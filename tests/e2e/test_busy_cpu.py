@@ -35,6 +35,7 @@ def test_the_default_cpu_job_meets_its_bar_beside_two_busy_processes(tmp_path, d
     (bar,) = CPU_DEFAULT.bars
     lines: list[str] = []
     spinners = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(2)]
+    watchdog: threading.Timer | None = None
     try:
         # the default job as written in the README; its evaluation on the first 64 Ki validation tokens rather than
         # all 252 Ki keeps the test short (training, which the load slows, is the default's 60 s)
@@ -59,7 +60,7 @@ def test_the_default_cpu_job_meets_its_bar_beside_two_busy_processes(tmp_path, d
         proc.wait(timeout=600)
     finally:
         _stop(spinners)
-        if "watchdog" in locals():
+        if watchdog is not None:
             watchdog.cancel()
     out = "".join(lines)
     assert proc.returncode == 0, out[-4000:]
