@@ -470,11 +470,12 @@ def test_a_malformed_checkpoint_json_falls_back_to_the_older_one_or_is_one_line(
 
 def test_a_swapped_or_garbage_tokenizer_in_the_dataset_cache_is_one_line_never_used(smoke, data_cache, tmp_path):
     from speedrun.data import ensure_embedded_dataset
+    from speedrun.data.prepare import embedded_dir
     from speedrun.errors import DataError
 
     cache = tmp_path / "cache"
     shutil.copytree(data_cache, cache, ignore=shutil.ignore_patterns(".*"))
-    (model,) = cache.glob("*/tokenizer.model")
+    model = embedded_dir(cache, 1024) / "tokenizer.model"  # the shared cache may hold other vocabularies too
     data = bytearray(model.read_bytes())
     data[-40] ^= 0x01  # one piece's score differs: another tokenizer of the same size
     model.write_bytes(bytes(data))

@@ -219,7 +219,9 @@ def wrapper_for(runs: list[Run], force: bool) -> bytes:
         here_code = CodeSource.snapshot(first.config, recorded_plan(first.dir))
     except (PlanError, OSError, ValueError) as e:
         raise ExportError(f"{first.dir / 'plan.json'}: {e}; export an untouched run dir") from None
-    return build_wrapper(CodeSource(here_code.files, here_code.config, {**here_code.versions, **versions}))[0]
+    code = CodeSource(here_code.files, here_code.config, {**here_code.versions, **versions})
+    threads = first.result.get("cpu_threads")  # pinned as the run pinned its own file (Job.start)
+    return build_wrapper(code.with_threads(int(threads)) if isinstance(threads, int) else code)[0]
 
 
 def write_folder(out: Path, sub: Submission) -> None:
