@@ -1,4 +1,5 @@
-"""Progress lines for long phases (evaluation, GPTQ, compression, TTT), so a phase of minutes is never silent.
+"""Progress lines for long phases (evaluation, GPTQ, compression, TTT), so a phase of minutes is never silent, and
+the one callback (``Report``) through which the core tells its shell what happened.
 
 Torch-free and below every package, so each phase can use it."""
 
@@ -6,6 +7,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
+
+# How the core reports to its shell: report(kind, values). Kinds: "line" ({"text": ...}, a human line), "metrics"
+# (one training record: step, train_loss, lr, seconds, tokens) and "phase" ({"name": ..., values}, when a phase
+# ends). `python -m run` writes run.log, metrics.jsonl, the loggers and result.json from it; the driver prints.
+Report = Callable[[str, dict[str, Any]], None]
 
 
 class Progress:

@@ -15,6 +15,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "src" / "speedrun"
 LAYERS = [
     # shared modules: import nothing of speedrun's above them
     {"errors", "paths", "tables", "stats", "progress", "version"},
+    # the run's math (model, data, step, eval, quant, TTT): one floor, importing only the shared modules it needs
+    {"core"},
     {"config"},
     {"hardware"},
     {"records"},
@@ -99,6 +101,43 @@ def edges() -> list[tuple[str, str, str]]:
             if dst != src:
                 out.append((src, dst, f"{path.relative_to(PACKAGE.parent)}:{line}"))
     return out
+
+
+CORE_MAY_IMPORT = {"core", "progress", "tables", "errors"}
+"""What speedrun.core imports of speedrun: itself and three shared modules. An exported train_gpt.py carries the
+linked core and exactly these, so anything else the core imported would be missing from it."""
+
+
+def core_imports_outside(package: Path = PACKAGE) -> list[str]:
+    """'file:line: imports speedrun.unit' for each speedrun import of a module under ``package``/core outside
+    CORE_MAY_IMPORT."""
+    out = []
+    for path in sorted((package / "core").rglob("*.py")):
+        module = path.relative_to(package.parent).with_suffix("").parts
+        for unit, line in sorted(imported_units(path.read_text(), module)):
+            if unit not in CORE_MAY_IMPORT:
+                out.append(f"{path.relative_to(package.parent)}:{line}: imports speedrun.{unit}")
+    return out
+
+
+def test_core_imports_only_the_shared_modules_it_ships_with():
+    outside = core_imports_outside()
+    assert not outside, "speedrun.core imports outside core/progress/tables/errors:\n" + "\n".join(outside)
+
+
+def test_the_core_check_names_an_import_outside(tmp_path):
+    """The check itself, on a toy tree: the shared and core imports pass, the config one is named with its line
+    (a function-local one too)."""
+    core = tmp_path / "speedrun" / "core"
+    core.mkdir(parents=True)
+    (core / "m.py").write_text(
+        "import torch\nfrom speedrun.errors import E\nfrom speedrun.core.x import y\nfrom speedrun.config import C\n"
+        "def f():\n    from speedrun.plan import P\n"
+    )
+    assert core_imports_outside(tmp_path / "speedrun") == [
+        "speedrun/core/m.py:4: imports speedrun.config",
+        "speedrun/core/m.py:6: imports speedrun.plan",
+    ]
 
 
 def test_every_unit_has_a_layer():

@@ -1,0 +1,68 @@
+"""settings(cls, cfg): a core settings dataclass filled from a config (or Plan) part by its same-named fields.
+
+The core's settings types (ModelShape, QuantSettings, TTTSettings, ...) hold plain values and no checks; config/
+keeps the checks and the docs. One generic copy builds them all, so a field added to a settings type is read from
+the config part of the same name with no code here."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Mapping
+from enum import Enum
+from functools import cache
+from typing import Any, TypeVar
+
+__all__ = ["settings", "plain"]
+
+S = TypeVar("S")
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def plain(value: Any) -> Any:
+    """A config value as the core holds it: an Enum as its value, a list as a tuple (settings are frozen), a
+    mapping's and a sequence's items likewise; anything else as is."""
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, (list, tuple)):
+        return tuple(plain(v) for v in value)
+    if isinstance(value, Mapping):
+        return {k: plain(v) for k, v in value.items()}
+    return value
+
+
+def settings(cls: type[S], cfg: Any, **overrides: Any) -> S:
+    """``cls`` (a dataclass) with each field taken from ``cfg``'s attribute (or key) of the same name, converted by
+    ``plain``; a field whose type is itself a dataclass is built the same way from the part of that name.
+    ``overrides`` win over ``cfg``. A field ``cfg`` lacks takes its default; one without a default is a TypeError
+    naming it (a settings type asked of the wrong part)."""
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"settings() builds dataclasses; {cls!r} is not one")
+    hints = _hints(cls)
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        if f.name in overrides:
+            values[f.name] = overrides[f.name]
+            continue
+        if isinstance(cfg, Mapping):
+            found, value = f.name in cfg, cfg.get(f.name)
+        else:
+            found, value = hasattr(cfg, f.name), getattr(cfg, f.name, None)
+        if not found:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise TypeError(f"settings({cls.__name__}): {type(cfg).__name__} has no field {f.name!r}")
+            continue
+        kind = hints.get(f.name)
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind) and not isinstance(value, kind):
+            value = settings(kind, value)
+        values[f.name] = plain(value)
+    unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
+    if unknown:
+        raise TypeError(f"settings({cls.__name__}): no field {sorted(unknown)}")
+    return cls(**values)
