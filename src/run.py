@@ -17,7 +17,7 @@ import hydra
 from omegaconf import DictConfig
 
 from speedrun.config import CONF_DIR, register_configs
-from speedrun.model.registry import arch_from_argv, register_model_schema
+from speedrun.plan.model_choice import arch_from_argv, register_model_schema
 from speedrun.task import task
 from speedrun.training.resume import register_resolvers
 

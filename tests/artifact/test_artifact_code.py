@@ -95,8 +95,8 @@ def test_code_files_are_exactly_what_the_run_path_imports():
 def _finalize(compose, tmp_path, overrides, code=None):
     """evaluate_and_export of a tiny GPT on CPU, with these overrides on top of a tiny config."""
     from speedrun.config import to_config
-    from speedrun.model.attention import get_backend
-    from speedrun.model.gpt import GPT
+    from speedrun.core.attention import get_backend
+    from speedrun.core.model import GPT
     from speedrun.plan import resolve
     from speedrun.run.finish import evaluate_and_export
     from support.devices import fake_device

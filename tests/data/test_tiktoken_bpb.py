@@ -180,7 +180,7 @@ def test_mng_124m_on_gpt2_data_pads_the_vocab_to_50304(compose):
     assert (plan.model.n_layer, plan.model.d_model, plan.model.n_head, plan.model.n_kv_head) == (11, 768, 6, 6)
     assert plan.model.seq_len == 2048 and plan.model.tie_embeddings
     # its half-truncated RoPE: frequencies 1024^(-i/31), i = 0..31, on 64 of the 128 channels of a head
-    from speedrun.model.layers import rope_tables
+    from speedrun.core.model import rope_tables
 
     assert (plan.model.rope_dims, plan.model.rope_base) == (64, 1280.58)
     cos, sin = rope_tables(2, 128, plan.model.rope_base, plan.model.rope_dims)

@@ -49,8 +49,8 @@ def test_the_fingerprint_tells_tokenizers_of_one_vocab_size_apart(tokenizers):
 def test_a_run_records_the_tokenizer_and_its_fingerprint(compose, tmp_path, tokenizers):
     """Through the eval phase: one model, the same val ids, two tokenizers: val_loss equal, val_bpb not, and the
     fingerprints and tokenizer_sha256 differ; the byte copy gives the first one's keys exactly."""
-    from speedrun.model.attention import get_backend
-    from speedrun.model.gpt import GPT
+    from speedrun.core.attention import get_backend
+    from speedrun.core.model import GPT
     from speedrun.run.finish import evaluate_and_export
 
     a, b, copy, text = tokenizers

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from speedrun.config import to_config
+from speedrun.core.attention import get_backend
+from speedrun.core.model import GPT
 from speedrun.data.bpb import ByteLUTs
 from speedrun.errors import ConfigError
 from speedrun.evaluation.evaluate import document_mask, evaluate, evaluate_sliding, run_eval, sliding_windows
-from speedrun.model.attention import get_backend
-from speedrun.model.gpt import GPT
 from speedrun.plan import resolve
 from speedrun.run.finish import eval_fingerprint
 from support.devices import fake_device

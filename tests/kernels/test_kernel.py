@@ -216,7 +216,7 @@ def test_tile_choice_prefers_two_programs_per_sm_then_one():
 
 
 def test_flex_backend_takes_prefixed_options_and_checks_them():
-    from speedrun.model.attention import get_backend
+    from speedrun.core.attention import get_backend
 
     flex = get_backend("flex", kernel_options={"fwd_BLOCK_M": 64, "bwd_BLOCK_N1": 32, "bwd_num_warps": 4})
     assert flex.kernel_options == {"fwd_BLOCK_M": 64, "bwd_BLOCK_N1": 32, "bwd_num_warps": 4}

@@ -223,10 +223,9 @@ def test_profile_steps_profiles_the_layer_loop_states_that_training_runs(compose
     ],
 )
 def test_fp8_targets_convert_the_named_linears(targets, per_block):
-    from speedrun.model.attention import get_backend
-    from speedrun.model.fp8 import FP8Linear, convert_linears
-    from speedrun.model.gpt import GPT
-    from speedrun.model.shape import ModelShape
+    from speedrun.core.attention import get_backend
+    from speedrun.core.fp8 import FP8Linear, convert_linears
+    from speedrun.core.model import GPT, ModelShape
 
     model = GPT(
         ModelShape(vocab_size=64, n_layer=2, d_model=32, n_head=2, n_kv_head=1, mlp_mult=2, seq_len=16),
@@ -262,7 +261,7 @@ def test_sweep_summary_reports_wall_overhead():
 
 
 def test_fa3_trusts_only_the_builds_it_names(compose, monkeypatch):
-    from speedrun.model.attention.fa3 import KernelUnavailable, load_fa3
+    from speedrun.core.attention import KernelUnavailable, load_fa3
 
     def opts(*overrides):
         return dict(resolve(to_config(compose(["attn=fa3", *overrides])), fake_device("h100")).attn_options)

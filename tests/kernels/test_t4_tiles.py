@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from speedrun.core.attention import get_backend
 from speedrun.kernels.tiles import choose_tiles
-from speedrun.model.attention import get_backend
 
 pytestmark = pytest.mark.gpu
 
@@ -74,8 +74,8 @@ def test_math_scores_estimate_matches_a_measured_peak():
     test prints the ratio)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from speedrun.model.attention.base import materialized_scores_bytes
-    from speedrun.model.shape import ModelShape
+    from speedrun.core.attention import materialized_scores_bytes
+    from speedrun.core.model import ModelShape
 
     t, head_dim, layers = 2048, 80, 1
     shape = ModelShape(

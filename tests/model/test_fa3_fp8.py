@@ -9,9 +9,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from speedrun.model.attention import get_backend
-from speedrun.model.attention.fa3 import FA3Attention, KernelUnavailable, load_fa3
-from speedrun.model.fp8 import FP8Linear, convert_linears
+from speedrun.core.attention import FA3Attention, KernelUnavailable, get_backend, load_fa3
+from speedrun.core.fp8 import FP8Linear, convert_linears
 from speedrun.plan import PlanError
 from support.devices import fake_device
 
@@ -132,8 +131,7 @@ def test_fp8_eval_mode_is_the_plain_matmul():
 
 
 def test_convert_linears_keeps_parameters_and_keys():
-    from speedrun.model.gpt import GPT
-    from speedrun.model.shape import ModelShape
+    from speedrun.core.model import GPT, ModelShape
 
     cfg = ModelShape(
         vocab_size=64,

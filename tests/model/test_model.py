@@ -8,9 +8,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from speedrun.model.attention import get_backend
-from speedrun.model.gpt import GPT
-from speedrun.model.shape import ModelShape
+from speedrun.core.attention import get_backend
+from speedrun.core.model import GPT, ModelShape
 from support.tiny import TINY, tiny_gpt
 
 SHAPE = replace(TINY, n_layer=3)

@@ -15,7 +15,7 @@ ARCH = "external.tiny_lm:TinyLM"
 
 
 def test_the_contract_check_names_what_is_missing(monkeypatch):
-    from speedrun.model.registry import model_class
+    from speedrun.plan.model_choice import model_class
 
     monkeypatch.syspath_prepend(str(TESTS))
     with pytest.raises(PlanError, match="Incomplete lacks head, param_groups"):
@@ -24,13 +24,13 @@ def test_the_contract_check_names_what_is_missing(monkeypatch):
         model_class("no_such_pkg.mod:Model")
     with pytest.raises(PlanError, match="not a registered model"):
         model_class("gpt2")
-    from speedrun.model.gpt import GPT
+    from speedrun.core.model import GPT
 
-    assert model_class("gpt") is GPT and model_class("speedrun.model.gpt:GPT") is GPT
+    assert model_class("gpt") is GPT and model_class("speedrun.core.model:GPT") is GPT
 
 
 def test_own_options_are_the_fields_beyond_model_config(monkeypatch):
-    from speedrun.model.registry import model_schema, own_options
+    from speedrun.plan.model_choice import model_schema, own_options
 
     monkeypatch.syspath_prepend(str(TESTS))
     from external.tiny_lm import TinyLM, TinyLMConfig
@@ -40,7 +40,7 @@ def test_own_options_are_the_fields_beyond_model_config(monkeypatch):
 
 
 def test_arch_is_read_from_the_command_line_before_hydra():
-    from speedrun.model.registry import arch_from_argv
+    from speedrun.plan.model_choice import arch_from_argv
 
     assert arch_from_argv(["run", "seed=1", f"model.arch={ARCH}"]) == ARCH
     assert arch_from_argv(["run", "model.arch=a:B", "model.arch=c:D"]) == "c:D"  # the last one wins, as in Hydra

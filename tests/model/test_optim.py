@@ -7,14 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from speedrun.model.optim import (
-    Muon,
-    build_optimizers,
-    muon_update,
-    newton_schulz,
-    set_lr_multiplier,
-    set_muon_momentum,
-)
+from speedrun.core.optim import Muon, build_optimizers, muon_update, newton_schulz, set_lr_multiplier, set_muon_momentum
 from support.tiny import PGOLF, TINY, tiny_gpt
 
 

@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from speedrun.config import EMAConfig, OptimConfig, ScheduleConfig
-from speedrun.errors import ConfigError
-from speedrun.model.optim import (
+from speedrun.core.optim import (
     NS_COEFFS,
     POLAR_EXPRESS_COEFFS,
     Muon,
@@ -25,6 +24,7 @@ from speedrun.model.optim import (
     row_normalize,
     set_lr_multiplier,
 )
+from speedrun.errors import ConfigError
 from speedrun.training.loop import lr_multiplier
 from support.tiny import PGOLF, TINY, tiny_gpt
 

@@ -203,8 +203,8 @@ def test_the_default_eval_scores_the_whole_split_on_every_card(compose):
 def test_eval_fingerprint_names_exactly_the_scored_tokens(compose, tmp_path):
     """16 hex digits of blake2b over the int32 ids the windows read: a token past the last window changes nothing,
     a scored one changes it."""
-    from speedrun.model.attention import get_backend
-    from speedrun.model.gpt import GPT
+    from speedrun.core.attention import get_backend
+    from speedrun.core.model import GPT
     from speedrun.run.finish import evaluate_and_export
 
     plan = resolve(

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import torch
 
-from speedrun.model.shape import AttnOutGate, LayerLoop, ModelShape, SmearGate
+from speedrun.core.model import AttnOutGate, LayerLoop, ModelShape, SmearGate
 
 BOS = 0
 """The documents' first token in the tiny streams."""
@@ -74,8 +74,8 @@ def tiny_gpt(shape: ModelShape = TINY, *, seed: int = 0, noise: float = 0.05, at
     """A GPT of ``shape`` (attention: sdpa's math kernel unless given; ``kwargs`` go to GPT), its weights drawn from
     ``seed`` and each nudged by ``noise`` x N(0, 1): off the init, whose zero output projections would hide what
     attention and the MLPs do (noise=0: the init itself)."""
-    from speedrun.model.attention import get_backend
-    from speedrun.model.gpt import GPT
+    from speedrun.core.attention import get_backend
+    from speedrun.core.model import GPT
 
     torch.manual_seed(seed)
     model = GPT(shape, attention or get_backend("sdpa", kernel="math"), **kwargs)

@@ -100,8 +100,8 @@ def test_the_real_search_runs_on_cuda(compose):
     """On a GPU: the eager tries run, a tiny model fits every candidate, and an impossible size is reported."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
+    from speedrun.core.attention import get_backend
     from speedrun.hardware import profiles as hardware
-    from speedrun.model.attention import get_backend
     from speedrun.training.build import build_model
 
     plan = resolve(

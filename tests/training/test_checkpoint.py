@@ -282,7 +282,7 @@ def test_train_starts_the_checkpoint_clock_once_before_its_first_step(compose):
     import torch
 
     from speedrun.config import to_config
-    from speedrun.model.attention import get_backend
+    from speedrun.core.attention import get_backend
     from speedrun.plan import resolve
     from speedrun.training.build import build_model
     from speedrun.training.loop import Stepper, TrainState, train

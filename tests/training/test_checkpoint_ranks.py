@@ -49,8 +49,8 @@ def _loop(
     """Train with the real Stepper, loop and ResumableExtras (periodic checkpoints, deferred stop signals, restore):
     this rank's losses per step, where it stopped and why. ``signal_at``: ``signum`` to this process during that
     step (of this run)."""
+    from speedrun.core.attention import get_backend
     from speedrun.data.loader import TokenStream
-    from speedrun.model.attention import get_backend
     from speedrun.training.build import build_model
     from speedrun.training.loop import Stepper, TrainState, train
     from speedrun.training.loop_setup import ResumableExtras

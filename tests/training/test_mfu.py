@@ -93,7 +93,7 @@ def test_progressive_schedule_charges_each_token_its_own_stage(compose):
 
 
 def test_a_sliding_window_charges_the_window_and_a_document_mask_the_full_context():
-    from speedrun.model.shape import ModelShape
+    from speedrun.core.model import ModelShape
 
     m = ModelShape(vocab_size=1024, n_layer=2, d_model=64, n_head=2, n_kv_head=1, mlp_mult=2, seq_len=2048)
     assert training_flops(m, [(2048, 10)], window=256) == 10 * m.flops_per_token(256)

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from speedrun.config import to_config
+from speedrun.core.attention import get_backend
 from speedrun.errors import ConfigError
-from speedrun.model.attention import get_backend
 from speedrun.plan import resolve
 from support.devices import fake_device
 
@@ -99,7 +99,7 @@ def test_bad_lever_values_are_refused_naming_the_key(compose, override, needle):
 def test_a_smoke_run_with_every_lever_evaluates_the_ema_and_records_it(compose, tmp_path, data_cache, monkeypatch):
     """debug=smoke with the whole record stack: the run ends ok, result.json and plan.json carry the levers, and
     the final evaluation scores the EMA's weights (checked as it starts), which are not the live ones."""
-    from speedrun.model import optim
+    from speedrun.core import optim
     from speedrun.run import job
     from speedrun.run.runner import RunContext, run_job
 

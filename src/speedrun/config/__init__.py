@@ -211,7 +211,7 @@ def to_config(cfg: DictConfig | dict[str, Any]) -> Config:
 def config_from_tree(tree: dict[str, Any], model_schema: type | None = None) -> Config:
     """A resolved config tree (plain values, Enums as their names) -> typed Config, without OmegaConf: what the run
     builds its Config from, whether Hydra composed the tree or an exported train_gpt.py carries it. ``model_schema``:
-    a model.arch's own ModelConfig subclass (speedrun.model.registry.arch_schema), whose knobs the model holds."""
+    a model.arch's own ModelConfig subclass (speedrun.plan.model_choice.arch_schema), whose knobs the model holds."""
     if model_schema is not None and isinstance(tree.get("model"), dict):
         tree = {**tree, "model": from_tree(model_schema, tree["model"], "model")}
     return from_tree(Config, tree)

@@ -101,7 +101,7 @@ class KernelConfig:
     """FP8 targets (any of mlp_down, mlp, attn_proj, attn_qkv, all; [] or [none]: no FP8), e.g.
     kernel.fp8='[mlp_down]'. sm89+, with precision=bf16 (or fp8). None: all under precision=fp8, else none."""
     fp8_impl: str | None = None
-    """speedrun (speedrun.model.fp8: torch._scaled_mm, tensorwise scales) or torchao (torchao.float8's tensorwise
+    """speedrun (speedrun.core.fp8: torch._scaled_mm, tensorwise scales) or torchao (torchao.float8's tensorwise
     recipe; needs the torchao package). None: speedrun."""
     micro_batch: int | None = None
     """Sequences per micro-batch, chosen for speed (the tuner searches it): the same tokens per step in fewer or

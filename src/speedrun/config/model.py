@@ -1,5 +1,5 @@
 """The model group's schema: the GPT's shape and its levers (parameter-golf's April record stack), each documented
-beside its field; `model.arch` names the class that is built (speedrun.model.registry)."""
+beside its field; `model.arch` names the class that is built (speedrun.plan.model_choice)."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ class ModelConfig:
     fields set on the command line (model.n_layer=6) override the preset's."""
     arch: str = "gpt"
     """The model class: a registered name (gpt: the built-in GPT) or "package.module:Class" of your own, which
-    must meet the pipeline's contract (speedrun/model/protocol.py, docs/extending.md). A class with a `config`
+    must meet the pipeline's contract (speedrun/plan/model_choice.py, docs/extending.md). A class with a `config`
     dataclass (a ModelConfig subclass) adds its own typed knobs: `model.arch=pkg.mod:MyGPT model.my_knob=3`."""
     vocab_size: int | None = None
     """Token vocabulary. None: the data's tokenizer vocabulary, padded up to a multiple of vocab_multiple."""

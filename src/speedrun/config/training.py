@@ -60,7 +60,7 @@ class HardwareConfig:
 class AttnConfig:
     name: str = "auto"
     """Attention backend: auto, sdpa, flex, math (the explicit reference), fa3 (FlashAttention-3 via `kernels`), or
-    any backend registered in speedrun.model.attention (one module + one conf/attn YAML; see README "Extending")."""
+    any backend in speedrun.core.attention.BACKENDS (a class + one conf/attn YAML; see README "Extending")."""
     kernel: SdpaKernel = SdpaKernel.auto
     """For sdpa: auto, flash, cudnn, efficient, math. The chosen kernel is pinned, never a silent fallback."""
     window: int | None = None
@@ -322,7 +322,7 @@ class EMAConfig:
 
     decay: float | None = None
     """Exponential moving average of the weights: after every optimizer step ema = decay * ema + (1 - decay) * w,
-    fp32 copies of the parameters started from the initial weights (speedrun.model.optim.WeightEMA). The final
+    fp32 copies of the parameters started from the initial weights (speedrun.core.optim.WeightEMA). The final
     evaluation, the quantized artifact and TTT use the EMA weights; periodic validation scores the live weights.
     It averages over about 1 / (1 - decay) steps. None or 0: off. The record: 0.9965."""
     horizon: float | None = None

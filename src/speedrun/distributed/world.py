@@ -34,9 +34,9 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
+from speedrun.core.optim import Muon
 from speedrun.distributed.environment import RANK_DIR_ENV, set_process_env, submitit_rendezvous, world_from_env
 from speedrun.distributed.guard import Guard
-from speedrun.model.optim import Muon
 from speedrun.plan import Plan
 from speedrun.plan.dist_choice import WorldInfo
 from speedrun.records.identity import gpu_uuid

@@ -11,7 +11,7 @@ import torch
 from speedrun.config.kernel import GRAPHING_MODES
 
 if TYPE_CHECKING:
-    from speedrun.model.gpt import GPT
+    from speedrun.core.model import GPT
 
 
 class CompileSettings(Protocol):

@@ -16,13 +16,12 @@ from speedrun.config import ArtifactConfig, Config, DataConfig, EMAConfig, Quant
 from speedrun.config.choices import PrecisionName, QuantName
 from speedrun.config.code_rule import check_code_rule
 from speedrun.config.compressors import check_compressor
+from speedrun.core.model import ModelShape
 from speedrun.data.tiktoken_bpe import GPT2, is_tiktoken, require_tiktoken
 from speedrun.errors import PlanError
 from speedrun.hardware.cards import card_for
 from speedrun.hardware.profiles import PROFILES, DetectedDevice, HardwareProfile
-from speedrun.model.attention import backend_class
-from speedrun.model.shape import ModelShape
-from speedrun.plan.attention import check_scores_memory, resolve_attention
+from speedrun.plan.attention import backend_class, check_scores_memory, resolve_attention
 from speedrun.plan.batch import StepSplit, resolve_batch, stages_of
 from speedrun.plan.budget import resolve_budget
 from speedrun.plan.dist_choice import DistPlan, WorldInfo

@@ -5,10 +5,25 @@ from __future__ import annotations
 from typing import Any
 
 from speedrun.config import Config
+from speedrun.core.attention import BACKENDS, AttentionBackend
+from speedrun.core.model import ModelShape
 from speedrun.errors import PlanError
 from speedrun.hardware.profiles import HardwareProfile
-from speedrun.model.attention import REGISTRY, backend_class
-from speedrun.model.shape import ModelShape
+
+
+def backend_class(name: str) -> type[AttentionBackend]:
+    """The class ``attn=name`` builds; PlanError listing the registered names for another."""
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise PlanError(f"attn={name}: no such backend; registered: {', '.join(sorted(BACKENDS))}") from None
+
+
+def register_backend(name: str, backend: type[AttentionBackend]) -> None:
+    """Add an attention backend class under ``name`` (from a package of one's own); refuses to overwrite."""
+    if name in BACKENDS:
+        raise ValueError(f"attention backend {name!r} is already registered")
+    BACKENDS[name] = backend
 
 
 def resolve_attention(
@@ -18,17 +33,15 @@ def resolve_attention(
 
     request = cfg.attn
     name = profile.attn if request.name == "auto" else request.name
-    if name not in REGISTRY:
-        raise PlanError(f"attn={name}: no such backend; registered: {', '.join(sorted(REGISTRY))}")
+    if name not in BACKENDS:
+        raise PlanError(f"attn={name}: no such backend; registered: {', '.join(sorted(BACKENDS))}")
     wants = dict(document_mask=request.document_mask, window=request.window is not None)
     problems = backend_class(name).capabilities.problems(profile, precision, model, **wants)
     if problems:
         fits = [
             other
-            for other in sorted(REGISTRY)
-            if other != name
-            and _loads(other)
-            and not backend_class(other).capabilities.problems(profile, precision, model, **wants)
+            for other in sorted(BACKENDS)
+            if other != name and not backend_class(other).capabilities.problems(profile, precision, model, **wants)
         ]
         why = backend_class(name).capabilities.why
         # each reason whole, in order, so two of them read as two: "it needs X (t4 is sm75), and it runs Y only"
@@ -55,13 +68,3 @@ def check_scores_memory(
             f"({micro_batch} x {model.n_head} x {model.seq_len}^2 x {model.n_layer} layers) on a "
             f"{profile.memory_gb:g} GB {profile.name}; use attn=flex or attn=sdpa, or lower hardware.micro_batch"
         )
-
-
-def _loads(name: str) -> bool:
-    """Whether backend ``name`` can be imported here: a train_gpt.py carries only the backend its run used
-    (speedrun.artifact.closure), so a refusal there names the others only where they exist."""
-    try:
-        backend_class(name)
-    except ImportError:
-        return False
-    return True

@@ -7,9 +7,9 @@ import dataclasses
 from typing import Any
 
 from speedrun.config import Config
+from speedrun.core.model import ModelShape
 from speedrun.errors import PlanError
 from speedrun.hardware.profiles import HardwareProfile
-from speedrun.model.shape import ModelShape
 from speedrun.plan.dist_choice import DistPlan, WorldInfo, check_step_split, resolve_dist
 from speedrun.plan.kernel_choice import kernel_micro_batch, kernel_settings
 from speedrun.plan.types import Stage

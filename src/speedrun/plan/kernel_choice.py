@@ -10,10 +10,10 @@ from typing import Any
 
 from speedrun.config import Config
 from speedrun.config.kernel import FP8_TARGETS, GRAPHING_MODES
+from speedrun.core.model import ModelShape
 from speedrun.errors import PlanError
 from speedrun.hardware.profiles import HardwareProfile
 from speedrun.kernels import GRAPH_EAGER_CALLS
-from speedrun.model.shape import ModelShape
 from speedrun.plan.types import KernelPlan
 
 _TILE_KEYS = {

@@ -17,7 +17,7 @@ scores grow with T). For pgolf_baseline it reads 9.4 GB, against a peak of 11.9 
 
 from __future__ import annotations
 
-from speedrun.model.shape import ModelShape
+from speedrun.core.model import ModelShape
 
 
 def training_memory_bytes(model: ModelShape, micro_batch: int, precision: str, scores_bytes: int, params: int) -> int:

@@ -7,10 +7,10 @@ import dataclasses
 
 from speedrun.config import Config, TTTConfig
 from speedrun.config.choices import EvalName, TTTName
+from speedrun.core.model import ModelShape
 from speedrun.errors import PlanError
 from speedrun.hardware.profiles import HardwareProfile
-from speedrun.model.attention import backend_class
-from speedrun.model.shape import ModelShape
+from speedrun.plan.attention import backend_class
 from speedrun.plan.types import EvalPlan
 
 

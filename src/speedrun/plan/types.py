@@ -19,7 +19,7 @@ from speedrun.config import (
 )
 from speedrun.config.choices import NSCoefficients
 from speedrun.config.track import TrackConfig
-from speedrun.model.shape import ModelShape
+from speedrun.core.model import ModelShape
 from speedrun.plan.dist_choice import DistPlan
 
 
@@ -99,11 +99,11 @@ class KernelPlan:
     coordinate_descent_tuning: bool = False
     """inductor tunes its generated Triton kernels by coordinate descent."""
     fused_qkv: bool = False
-    """Each block's q, k and v projections run as one matmul in training (speedrun.model.gpt.CausalSelfAttention)."""
+    """Each block's q, k and v projections run as one matmul in training (speedrun.core.model.CausalSelfAttention)."""
     fp8: tuple[str, ...] = ()
     """FP8 targets among the block linears (mlp_down, mlp, attn_proj, attn_qkv, all); () for none."""
     fp8_impl: str = "speedrun"
-    """speedrun (speedrun.model.fp8) or torchao (torchao.float8)."""
+    """speedrun (speedrun.core.fp8) or torchao (torchao.float8)."""
     flex_tiles: str | None = None
     """attn=flex: the tiles passed to both kernels (their kernel_options are in attn_options), or None."""
     flex_smem: tuple[tuple[str, int], ...] = ()
@@ -217,7 +217,7 @@ class Plan:
     """Dtype of Muon's Newton-Schulz iterations."""
     attn: str
     attn_options: tuple[tuple[str, Any], ...]
-    """Constructor options of the attention backend (speedrun.model.attention.get_backend)."""
+    """Constructor options of the attention backend (speedrun.core.attention.get_backend)."""
     attn_kernel: str
     """The kernel that will run, e.g. sdpa:flash."""
     document_mask: bool
@@ -252,7 +252,7 @@ class Plan:
     logger: LoggerConfig
     checkpoint: CheckpointConfig
     model_arch: str = "gpt"
-    """model.arch: the class the run builds (speedrun.model.registry)."""
+    """model.arch: the class the run builds (speedrun.plan.model_choice)."""
     model_options: tuple[tuple[str, Any], ...] = ()
     """The model class's own knobs (its schema's fields beyond ModelConfig's), sorted (name, value) pairs."""
     micro_batch_search: bool = False

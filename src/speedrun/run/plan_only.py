@@ -17,9 +17,9 @@ from speedrun.config.did_you_mean import CONFIG_DIR_FLAGS, unknown_override
 from speedrun.distributed.environment import world_from_env
 from speedrun.errors import ConfigError, PlanError
 from speedrun.hardware import profiles as hardware
-from speedrun.model.registry import arch_from_argv, register_model_schema
 from speedrun.plan import choose_profile, plan_json, resolve
 from speedrun.plan.dist_choice import WorldInfo
+from speedrun.plan.model_choice import arch_from_argv, register_model_schema
 
 FLAG = "--plan"
 FORMATS = ("summary", "json")

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 from speedrun.config import config_from_tree
 from speedrun.distributed import world as dist
 from speedrun.errors import ConfigError, RunOutOfMemory
-from speedrun.model.registry import arch_schema
 from speedrun.paths import results_db_path
+from speedrun.plan.model_choice import arch_schema
 from speedrun.records.atomic import remove_orphan_temps
 from speedrun.records.identity import AUTO_RESUME_IGNORED, GPU_SHARED_ENV, config_identity
 from speedrun.records.lock import RunDirBusy, RunDirLock

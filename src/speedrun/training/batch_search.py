@@ -34,7 +34,7 @@ from speedrun.plan import Plan
 from speedrun.plan.dtypes import autocast_dtype
 
 if TYPE_CHECKING:
-    from speedrun.model.gpt import GPT
+    from speedrun.core.model import GPT
 
 OOM = (torch.cuda.OutOfMemoryError,)
 """What "does not fit" looks like (torch.OutOfMemoryError: the caching allocator's refusal, the memory cap included)."""

@@ -14,6 +14,8 @@ from typing import cast
 
 import torch
 
+from speedrun.core.attention import get_backend
+from speedrun.core.optim import build_optimizers
 from speedrun.data.bpb import ByteLUTs, build_byte_luts
 from speedrun.data.layout import DatasetPaths
 from speedrun.data.loader import TokenStream, load_val_bytes, load_val_tokens
@@ -21,11 +23,8 @@ from speedrun.data.shards import read_header
 from speedrun.data.tiktoken_bpe import boundary_id, build_tiktoken_luts, is_tiktoken, load_encoding
 from speedrun.data.tokenizer import load_tokenizer
 from speedrun.kernels.compile import compile_model
-from speedrun.model.attention import get_backend
-from speedrun.model.optim import build_optimizers
-from speedrun.model.protocol import check_instance
-from speedrun.model.registry import model_class
 from speedrun.plan import Plan
+from speedrun.plan.model_choice import check_instance, model_class
 
 log = logging.getLogger("speedrun")
 
@@ -126,7 +125,7 @@ def build_model(plan: Plan, attention, bos_id: int):
     )
     check_instance(model, plan.model_arch)
     if plan.kernel.fp8:  # precision=fp8 resolves to every block linear; kernel.fp8 picks some
-        from speedrun.model.fp8 import convert_linears, convert_torchao  # a Plan's choice (artifact.closure)
+        from speedrun.core.fp8 import convert_linears, convert_torchao  # a Plan's choice (artifact.closure)
 
         (convert_torchao if plan.kernel.fp8_impl == "torchao" else convert_linears)(model.blocks, plan.kernel.fp8)
     model = model.to(plan.device)

@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from speedrun.core.optim import set_lr_multiplier, set_muon_momentum
 from speedrun.kernels.compile import graphs_compiled
-from speedrun.model.optim import set_lr_multiplier, set_muon_momentum
 from speedrun.plan import Plan
 from speedrun.training.budget import Budget, Clock, StepPace
 from speedrun.training.dense_metrics import SMOOTH_STEPS, Divergence, LossBuffer, divergence, non_finite, progress_line

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from speedrun.model.shape import ModelShape
+from speedrun.core.model import ModelShape
 
 if TYPE_CHECKING:  # the Plan only as a type: the FLOPs arithmetic imports no torch
     from speedrun.plan.types import Plan

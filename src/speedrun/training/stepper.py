@@ -11,10 +11,10 @@ from typing import Any
 import torch
 
 from speedrun.config import OptimConfig, ScheduleConfig
+from speedrun.core.optim import WeightEMA
 from speedrun.distributed.world import SINGLE
 from speedrun.kernels.compile import keeps_grads
 from speedrun.kernels.graphs import GraphedMicroStep
-from speedrun.model.optim import WeightEMA
 from speedrun.plan import Plan
 from speedrun.plan.dtypes import autocast_dtype
 
@@ -95,7 +95,7 @@ class Stepper:
     """One optimizer step: grad accumulation over micro-batches, autocast, GradScaler, clipping. On several ranks
     (``world``, speedrun.distributed.world) each runs its own micro-batches; gradients and the loss are averaged over them.
 
-    ``ema`` (plan.ema on): the weights' moving average (speedrun.model.optim.WeightEMA), started from the weights the
+    ``ema`` (plan.ema on): the weights' moving average (speedrun.core.optim.WeightEMA), started from the weights the
     Stepper is made with (those warm-up restores); train() updates it after each timed step, never warm-up's."""
 
     def __init__(self, model: torch.nn.Module, forward: Callable, optimizers: list, plan: Plan, world: Any = None):
