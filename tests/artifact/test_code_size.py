@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from speedrun.artifact.sizes import TARGETS, code_size, package_costs, package_of
+from speedrun.artifact.sizes import RECORD, RECORD_LINES, ROLES, TARGETS, code_roles, code_size, role_of, role_table
 from speedrun.artifact.wrap import CodeSource, build_wrapper
 
 
@@ -37,20 +37,54 @@ def test_the_code_fits_its_target(sizes, overrides):
     assert sizes[overrides].code_bytes <= TARGETS[overrides]
 
 
-def test_each_package_costs_what_the_file_loses_without_it():
-    assert package_of("src/speedrun/ttt/lora.py") == "speedrun/ttt/" and package_of("src/speedrun/paths.py") == (
-        "speedrun/paths.py"
-    )
-    assert package_of("conf/kernel/tuned/h100.yaml") == "conf"
+def test_each_file_has_its_role_in_todays_layout_and_the_cores():
+    roles = {
+        "src/speedrun/model/gpt.py": "model",
+        "src/speedrun/core/attention.py": "model",
+        "src/speedrun/core/optim.py": "model",
+        "src/speedrun/data/loader.py": "data",
+        "src/speedrun/core/data.py": "data",
+        "src/speedrun/training/loop.py": "step",
+        "src/speedrun/distributed/world.py": "step",
+        "src/speedrun/distributed/launch.py": "driver",
+        "src/speedrun/core/pipeline.py": "step",
+        "src/speedrun/evaluation/evaluate.py": "eval",
+        "src/speedrun/core/evaluate.py": "eval",
+        "src/speedrun/quant/gptq.py": "quant",
+        "src/speedrun/core/pergroup.py": "quant",
+        "src/speedrun/ttt/lora.py": "TTT",
+        "src/speedrun/run/finish_ttt.py": "TTT",
+        "src/speedrun/core/ttt_score.py": "TTT",
+        "src/speedrun/run/job.py": "driver",
+        "src/speedrun/driver.py": "driver",
+        "src/speedrun/core/__init__.py": "driver",
+        "src/speedrun/progress.py": "driver",
+        "conf/kernel/tuned/h100.yaml": "driver",
+    }
+    assert {path: role_of(path) for path in roles} == roles
+    assert set(roles.values()) == set(ROLES) == set(RECORD) == set(RECORD_LINES)
+
+
+def test_each_role_costs_what_it_weighs_alone_and_what_the_file_loses_without_it():
     files = {
         "src/speedrun/__init__.py": "X = 1\n",
-        "src/speedrun/big/a.py": "".join(f"def f{i}(x):\n    return x * {i} + {i * i}\n" for i in range(300)),
-        "src/speedrun/small/b.py": "Y = 2\n",
+        "src/speedrun/model/a.py": "".join(f"def f{i}(x):\n    return x * {i} + {i * i}\n" for i in range(300)),
+        "src/speedrun/ttt/b.py": "Y = 2\n",
     }
-    size, costs = package_costs(CodeSource(files, {"seed": 0}))
-    data, _ = build_wrapper(CodeSource(files, {"seed": 0}))
-    assert size == len(data) and list(costs)[0] == "speedrun/big/"
-    assert costs["speedrun/big/"] > 10 * max(costs["speedrun/small/"], 1) and sum(costs.values()) < size
+    code = CodeSource(files, {"seed": 0})
+    full, empty, roles = code_roles(code)
+    assert full == len(build_wrapper(code)[0]) and list(roles) == ["driver", "model", "TTT"]
+    assert all(cost.files == 1 for cost in roles.values())
+    assert roles["model"].alone > 10 * max(roles["TTT"].alone, 1) and roles["model"].lose > 10 * roles["TTT"].lose
+    assert roles["model"].lose <= roles["model"].alone <= full - empty
+    table = role_table(full, empty, roles, 40_000)
+    assert f"{full:,} (target 40,000)" in table and f"{RECORD['TTT'].alone:,}" in table
+
+
+def test_the_record_lines_cut_its_script_into_roles_once():
+    """RECORD_LINES: every line of the record's 3,575 in exactly one role."""
+    lines = sorted(n for spans in RECORD_LINES.values() for a, b in spans for n in range(a, b + 1))
+    assert lines == list(range(1, 3576))
 
 
 DOCS_TOLERANCE = 0.05

@@ -3,7 +3,9 @@ self-extracting train_gpt.py a run of it would write, and measure it.
 
     python -m speedrun.artifact.sizes                          # docs/export.md's table: every experiment, the default
     python -m speedrun.artifact.sizes --write docs/export.md   # the same, written between its marker lines
-    python -m speedrun.artifact.sizes experiment=pgolf_record  # one config: the bytes each package costs
+    python -m speedrun.artifact.sizes experiment=pgolf_record  # one config: the bytes each role costs, beside the
+                                                               # 2026-04-29 record script's for the same role
+    python -m speedrun.artifact.sizes --record train_gpt.py    # that record script's roles, measured again
 
 A config whose hardware is auto (or cpu) is resolved for an H100 (speedrun.hardware.profiles.device_for), the card
 the records run on, so the numbers do not depend on the machine that measures them; one that names its card is
@@ -14,8 +16,10 @@ which compressors are installed (brotli), as a run's do.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import lzma
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,24 +78,146 @@ def code_size(overrides: list[str] | tuple[str, ...], card: str = CARD) -> CodeS
     return CodeSize(tuple(overrides), len(data), compressor_of(data), modules)
 
 
-def package_of(path: str) -> str:
-    """The package a packed file is counted under: speedrun/<package>/, a top-level module, or a non-Python file."""
-    parts = path.removeprefix("src/").split("/")
-    return "/".join(parts[:2]) + ("/" if len(parts) > 2 else "") if parts[0] == "speedrun" else parts[0]
+ROLES = ("driver", "model", "data", "step", "eval", "quant", "TTT")
+"""What each part of the file does, as a record's train_gpt.py is read: the driver (settings, logging, main), the
+model with its optimizers, the data streams, the training step and loop, evaluation, quantization and compression,
+and test-time training."""
+
+CORE_ROLES = {
+    **dict.fromkeys(("model", "attention", "fp8", "optim"), "model"),
+    "data": "data",
+    **dict.fromkeys(("train", "compile", "dist", "pipeline"), "step"),
+    "evaluate": "eval",
+    **dict.fromkeys(("quant", "gptq", "pergroup"), "quant"),
+}
+"""speedrun/core/<module>.py -> its role; core/ttt_*.py are TTT, anything else of the file (driver.py, progress,
+tables, errors, core/__init__.py) is the driver's."""
+
+PACKAGE_ROLES = {
+    "model": "model",
+    "data": "data",
+    "training": "step",
+    "kernels": "step",
+    "distributed/world.py": "step",
+    "evaluation": "eval",
+    "quant": "quant",
+    "ttt": "TTT",
+    "run/finish_ttt.py": "TTT",
+}
+"""speedrun/<package>/ (or one file of a package) -> its role, for files outside speedrun/core/."""
 
 
-def package_costs(code: CodeSource) -> tuple[int, dict[str, int]]:
-    """The file ``code`` makes: its bytes, and {package: the bytes the file would lose without it}, largest first
-    (the file rebuilt with the same compressor and config, that package's files left out). Packages compress
-    together, so the costs add up to less than the file."""
-    full, _ = build_wrapper(code)
-    compressor = compressor_of(full)
-    costs = {}
-    for package in sorted({package_of(p) for p in code.files}):
-        files = {p: t for p, t in code.files.items() if package_of(p) != package}
-        without, _ = build_wrapper(dataclasses.replace(code, files=files), compressor)
-        costs[package] = len(full) - len(without)
-    return len(full), dict(sorted(costs.items(), key=lambda kv: -kv[1]))
+def role_of(path: str) -> str:
+    """The role a packed file (a path in the repository, src/speedrun/...) counts under."""
+    rel = path.removeprefix("src/").removeprefix("speedrun/")
+    if rel.startswith("core/"):
+        name = rel.removeprefix("core/").removesuffix(".py")
+        return "TTT" if name.startswith("ttt_") else CORE_ROLES.get(name, "driver")
+    package = rel.split("/")[0]
+    return PACKAGE_ROLES.get(rel, PACKAGE_ROLES.get(package, "driver") if "/" in rel else "driver")
+
+
+@dataclass(frozen=True)
+class RoleCost:
+    files: int
+    alone: int
+    """The file built from this role's parts only, less the file built from none (the wrapper and settings)."""
+    lose: int
+    """What the whole file loses without this role's parts. Roles compress together, so these add up to less than
+    the file."""
+
+
+RECORD = {
+    "driver": RoleCost(1, 4_471, 3_544),
+    "model": RoleCost(1, 8_126, 6_829),
+    "data": RoleCost(1, 2_563, 1_962),
+    "step": RoleCost(1, 1_860, 1_270),
+    "eval": RoleCost(1, 951, 398),
+    "quant": RoleCost(1, 3_855, 3_182),
+    "TTT": RoleCost(1, 5_667, 4_132),
+}
+"""The 2026-04-29 record script's roles, counted as this module counts speedrun's (speedrun's minifier and
+wrapper, brotli): openai/parameter-golf 4908dc46f, records/track_10min_16mb/2026-04-29_SmearGateBOSFix_3Seed_1.06141/
+train_gpt.py (RECORD_SHA256), cut by RECORD_LINES. ``--record FILE`` measures them again."""
+RECORD_WRAPPER = 898
+"""Its wrapper with no code (the record has no settings file: its defaults are in the code)."""
+RECORD_BYTES = 24_493
+"""The record script whole, packed the same way (its log counts 31,385 B in its own lzma+base85 wrapper)."""
+RECORD_SHA256 = "8520ea55b64e3768aa46ac12f663ec8be31a236b73d17c42a23648541762595f"
+RECORD_LINES = {
+    "driver": ((1, 14), (227, 449), (3136, 3147), (3359, 3575)),
+    "model": ((15, 226), (754, 1426), (1720, 2036)),  # fused CE, GPT, then Muon and the optimizer groups
+    "data": ((450, 753),),
+    "step": ((3148, 3358),),
+    "eval": ((2531, 2614),),
+    "quant": ((2037, 2530),),
+    "TTT": ((1636, 1719), (1427, 1635), (2615, 3135)),  # LoRA, GPT's forward_ttt & co., the TTT pass
+}
+"""The record script's lines (1-based, inclusive) of each role. GPT's TTT methods (1427-1635) go under a class
+header of their own so the part parses alone."""
+
+
+def record_parts(source: str) -> dict[str, str]:
+    """The record script cut into its roles' sources. Its one ``vars(type(h))`` is written ``type(h).__dict__``: a
+    ``vars`` call anywhere stops python-minifier renaming locals in the whole module (+1.9 KB counted)."""
+    lines = source.replace("vars(type(h))", "type(h).__dict__").splitlines(keepends=True)
+    parts = {}
+    for role, spans in RECORD_LINES.items():
+        texts = ["".join(lines[a - 1 : b]) for a, b in spans]
+        if role == "TTT":
+            texts[1] = "class _GPTTTT:\n" + texts[1]
+        parts[role] = "".join(texts)
+    return parts
+
+
+def role_costs(
+    parts: dict[str, str], pack: Callable[[dict[str, str]], bytes], role: Callable[[str], str] = role_of
+) -> tuple[int, int, dict[str, RoleCost]]:
+    """(the file's bytes, the bytes of the file with no parts, {role: RoleCost} in ROLES order) for a file that
+    ``pack`` builds from ``parts`` ({path: source}) or any subset of them."""
+    full, empty = len(pack(parts)), len(pack({}))
+    groups: dict[str, list[str]] = {}
+    for path in parts:
+        groups.setdefault(role(path), []).append(path)
+    out = {}
+    for name in sorted(groups, key=lambda r: ROLES.index(r) if r in ROLES else len(ROLES)):
+        mine = set(groups[name])
+        alone = len(pack({p: t for p, t in parts.items() if p in mine})) - empty
+        lose = full - len(pack({p: t for p, t in parts.items() if p not in mine}))
+        out[name] = RoleCost(len(mine), alone, lose)
+    return full, empty, out
+
+
+def role_table(full: int, empty: int, roles: dict[str, RoleCost], target: int | None = None) -> str:
+    """The role table as text: each role's files, alone and lose, beside the record script's."""
+    head = f"{'role':<20} {'files':>5} {'alone':>8} {'lose':>8}   {'record alone':>12} {'record lose':>11}"
+    lines = [head]
+    for name, cost in roles.items():
+        rec = RECORD.get(name)
+        rec_text = f"{rec.alone:>12,} {rec.lose:>11,}" if rec else f"{'':>12} {'':>11}"
+        lines.append(f"{name:<20} {cost.files:>5} {cost.alone:>8,} {cost.lose:>8,}   {rec_text}")
+    lines.append(f"{'wrapper + settings':<20} {'':>5} {empty:>8,} {'':>8}   {RECORD_WRAPPER:>12,}")
+    goal = f" (target {target:,})" if target else ""
+    lines.append(f"{'the file':<20} {'':>5} {full:>8,}{goal}   {'':>1}record script whole: {RECORD_BYTES:,}")
+    return "\n".join(lines)
+
+
+def code_roles(code: CodeSource) -> tuple[int, int, dict[str, RoleCost]]:
+    """role_costs of the file ``code`` makes, every subset packed with the whole file's compressor."""
+    compressor = compressor_of(build_wrapper(code)[0])
+    return role_costs(code.files, lambda files: build_wrapper(dataclasses.replace(code, files=files), compressor)[0])
+
+
+def record_roles(path: Path) -> tuple[int, int, dict[str, RoleCost]]:
+    """role_costs of the record script at ``path`` (checked against RECORD_SHA256), cut by RECORD_LINES."""
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != RECORD_SHA256:
+        raise SystemExit(f"error: {path} is not the 2026-04-29 record's train_gpt.py (sha256 {RECORD_SHA256[:16]}…)")
+    parts = {f"{role}.py": text for role, text in record_parts(data.decode("utf-8")).items()}  # .py: minified
+    compressor = compressor_of(build_wrapper(CodeSource(parts))[0])
+    return role_costs(
+        parts, lambda files: build_wrapper(CodeSource(files), compressor)[0], role=lambda p: p.removesuffix(".py")
+    )
 
 
 def experiments() -> list[str]:
@@ -133,13 +259,19 @@ def main(argv: list[str]) -> int:
             write_table(Path(argv[1]), table)
         print(table)
         return 0
-    size = code_size(argv)
-    print(f"{' '.join(argv)}: {size.code_bytes:,} bytes of code ({size.compressor}, {len(size.modules)} files)")
+    if argv[0] == "--record":
+        if len(argv) != 2:
+            raise SystemExit("error: --record takes the record's train_gpt.py, e.g. --record train_gpt.py")
+        full, empty, roles = record_roles(Path(argv[1]))
+        print(f"{argv[1]}: {full:,} bytes by role (its parts packed as speedrun packs its own)")
+        print(role_table(full, empty, roles))
+        return 0
     tree, plan = resolved(argv)
-    _, costs = package_costs(CodeSource.snapshot(tree, plan))
-    print("bytes the file would lose without each package (they compress together: the sum is less):")
-    for package, cost in costs.items():
-        print(f"  {cost:>7,}  {package}")
+    code = CodeSource.snapshot(tree, plan)
+    full, empty, roles = code_roles(code)
+    label = " ".join(argv)
+    print(f"{label}: {full:,} bytes of code ({compressor_of(build_wrapper(code)[0])}, {len(code.files)} files)")
+    print(role_table(full, empty, roles, TARGETS.get(label)))
     return 0
 
 
