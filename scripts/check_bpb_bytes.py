@@ -3,7 +3,7 @@
     python scripts/check_bpb_bytes.py --data DIR [--tokenizer gpt2|PATH.tiktoken] [--seq-len 2048] [--tokens N]
 
 val_bpb divides the summed loss by the bytes of the scored target tokens. For tiktoken shards speedrun counts
-each target token through its byte tables (speedrun.data.tiktoken_bpe.build_tiktoken_luts, summed by
+each target token through its byte tables (speedrun.core.data.build_tiktoken_luts, summed by
 speedrun.data.bpb.token_bytes, as the final evaluation does). This script counts the same targets a second,
 independent way: it cuts the val stream at <|endoftext|>, decodes each document's tokens with tiktoken
 (Encoding.decode_bytes) and sums the UTF-8 lengths, checking that every document decodes to valid UTF-8. It prints
@@ -11,7 +11,7 @@ both, and dataset.json's count of the original text when the directory has one (
 exits 1 if they differ.
 
 Two spans are checked: the whole val split, and what the evaluation scores with --seq-len (the first --tokens
-tokens, or all, cut to k * seq_len + 1 tokens: speedrun.data.loader.load_val_tokens).
+tokens, or all, cut to k * seq_len + 1 tokens: speedrun.core.data.load_val_tokens).
 """
 
 from __future__ import annotations
@@ -29,10 +29,15 @@ except ImportError:  # running from a checkout without `pip install -e .`
 import numpy as np
 import torch
 
-from speedrun.data.bpb import token_bytes
-from speedrun.data.loader import load_val_tokens
-from speedrun.data.shards import list_shards, read_shard
-from speedrun.data.tiktoken_bpe import boundary_id, build_tiktoken_luts, load_encoding
+from speedrun.core.data import (
+    boundary_id,
+    build_tiktoken_luts,
+    list_shards,
+    load_encoding,
+    load_val_tokens,
+    read_shard,
+    token_bytes,
+)
 
 
 def speedrun_bytes(tokens: np.ndarray, luts) -> int:

@@ -49,10 +49,10 @@ try:
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from speedrun.core.data import is_tiktoken
 from speedrun.data.corpus import cut_at_paragraphs, iter_documents, lognormal_caps, split_train_val
 from speedrun.data.prepare import prepare_dataset, prepare_tiktoken_dataset, read_dataset_info
 from speedrun.data.python_corpus import VAL_FRACTION, build_python_corpus
-from speedrun.data.tiktoken_bpe import is_tiktoken
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -268,7 +268,7 @@ def _model_size(model: Path) -> int:
     """A given SentencePiece model's vocabulary (0 when it is missing: prepare_dataset names that)."""
     if not model.is_file():
         return 0
-    from speedrun.data.tokenizer import load_tokenizer
+    from speedrun.core.data import load_tokenizer
 
     return int(load_tokenizer(model).get_piece_size())
 

@@ -33,7 +33,7 @@ PGOLF_TOKENIZER = "data/tokenizers/fineweb_{vocab}_bpe.model"
 """Where parameter-golf's repository keeps its shards and tokenizers (its train_gpt.py's defaults), relative to the
 directory a record is run from."""
 GPT2_TOKENIZER = "gpt2"
-"""speedrun.data.tiktoken_bpe.GPT2, data.tokenizer's name for GPT-2's vocabulary (not imported from there: that
+"""speedrun.core.data.GPT2, data.tokenizer's name for GPT-2's vocabulary (not imported from there: that
 module imports torch, which this one checks before importing)."""
 
 

@@ -15,14 +15,8 @@ import pytest
 import sentencepiece as spm
 import torch
 
-from speedrun.data.bpb import (
-    ByteLUTs,
-    bits_per_byte,
-    build_byte_luts,
-    stream_bytes,
-    token_bytes,
-    unigram_bits_per_byte,
-)
+from speedrun.core.data import ByteLUTs, build_byte_luts, token_bytes
+from speedrun.data.bpb import bits_per_byte, stream_bytes, unigram_bits_per_byte
 from speedrun.data.corpus import load_embedded_documents, split_train_val
 from speedrun.data.tokenizer import train_tokenizer
 

@@ -45,7 +45,7 @@ CANONICAL = [
 def test_the_operators_are_the_records_private_use_characters():
     assert (TITLE, ALLCAPS, CAPNEXT, ESC) == (T, A, C, E)
     assert caseops.NAME == "lossless_caps_caseops_v1"
-    from speedrun.data.loader import CASEOPS_OPERATORS
+    from speedrun.core.data import CASEOPS_OPERATORS
 
     assert CASEOPS_OPERATORS == "".join(caseops.OPERATORS)  # the loader's own spelling of them
 
@@ -142,8 +142,9 @@ def test_token_original_bytes_counts_each_span_as_the_canonical_counter():
 
 @pytest.fixture(scope="module")
 def caseops_tokenizer(tmp_path_factory):
+    from speedrun.core.data import load_tokenizer
     from speedrun.data.corpus import load_embedded_documents
-    from speedrun.data.tokenizer import load_tokenizer, train_tokenizer
+    from speedrun.data.tokenizer import train_tokenizer
 
     docs = [encode(d) for d in load_embedded_documents()[:60]]
     settings = {"user_defined_symbols": list(caseops.OPERATORS)}

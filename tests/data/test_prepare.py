@@ -16,6 +16,7 @@ import pytest
 import sentencepiece as spm
 import torch
 
+from speedrun.core.data import ShardError, TokenStream, load_val_tokens, read_shard
 from speedrun.data import encoding as encoding_mod
 from speedrun.data.corpus import (
     cut_at_paragraphs,
@@ -25,14 +26,13 @@ from speedrun.data.corpus import (
     split_train_val,
 )
 from speedrun.data.existing import open_dataset
-from speedrun.data.loader import TokenStream, load_val_tokens
 from speedrun.data.prepare import (
     DataNotFoundError,
     ensure_embedded_dataset,
     prepare_dataset,
     read_dataset_info,
 )
-from speedrun.data.shards import ShardError, read_shard, write_shard
+from speedrun.data.shards import write_shard
 from speedrun.data.tokenizer import train_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,14 +17,22 @@ import numpy as np
 import pytest
 import torch
 
+from speedrun.core.data import (
+    HEADER_BYTES,
+    SHARD_MAGIC,
+    load_tokenizer,
+    load_val_bytes,
+    load_val_tokens,
+    read_header,
+    read_shard,
+    sidecar_name,
+)
 from speedrun.data import caseops
 from speedrun.data.corpus import load_embedded_documents
 from speedrun.data.existing import open_dataset
-from speedrun.data.loader import load_val_bytes, load_val_tokens
 from speedrun.data.prepare import prepare_dataset
-from speedrun.data.shards import HEADER_BYTES, MAGIC, read_header, read_shard, sidecar_name, write_shard
+from speedrun.data.shards import write_shard
 from speedrun.data.staging import DEAD_BUILD_GRACE_S
-from speedrun.data.tokenizer import load_tokenizer
 from speedrun.errors import DataError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,7 +71,7 @@ def test_the_layout_is_the_records(built, docs):
     assert len(paths.val) >= 2 and [p.name for p in paths.val_bytes] == [sidecar_name(i) for i in range(len(paths.val))]
     for shard, sidecar in zip(paths.val, paths.val_bytes, strict=True):
         header = np.fromfile(sidecar, dtype="<i4", count=256)  # the token shards' 256-int32 header
-        assert header[0] == MAGIC and header[1] == 1 and header[2] == read_header(shard)
+        assert header[0] == SHARD_MAGIC and header[1] == 1 and header[2] == read_header(shard)
         assert sidecar.stat().st_size == HEADER_BYTES + 2 * read_header(shard)  # a uint16 payload
     info = json.loads((built / "dataset.json").read_text())
     assert info["text_transform"] == "lossless_caps_caseops_v1" and info["val_docs"] == VAL_DOCS

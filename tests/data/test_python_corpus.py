@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
+from speedrun.core.data import HEADER_INTS, SHARD_MAGIC, SHARD_VERSION, read_shard
 from speedrun.data.existing import open_dataset
 from speedrun.data.prepare import DataNotFoundError, read_dataset_info
 from speedrun.data.python_corpus import SUFFIXES, build_python_corpus, collect, default_roots, is_val, walk_files
-from speedrun.data.shards import HEADER_INTS, MAGIC, VERSION, read_shard
 
 REPO = Path(__file__).resolve().parents[2]
 VOCAB = 1024  # data=python_sp1024's, so the build-data test reads the same directory
@@ -84,7 +84,7 @@ def test_shards_and_manifest(built, root):
     shard_tokens = {}
     for shard in paths.train + paths.val:
         header = _raw_header(shard)
-        assert (header[0], header[1]) == (MAGIC, VERSION) and not header[3:].any()
+        assert (header[0], header[1]) == (SHARD_MAGIC, SHARD_VERSION) and not header[3:].any()
         assert shard.stat().st_size == HEADER_INTS * 4 + 2 * int(header[2])  # uint16 tokens after the header
         shard_tokens[shard] = int(header[2])
     assert all(shard_tokens[p] == 200_000 for p in paths.train[:-1])

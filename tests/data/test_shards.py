@@ -5,18 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from speedrun.data.shards import (
-    HEADER_BYTES,
-    MAGIC,
-    ShardError,
-    list_shards,
-    read_shard,
-    validate_shard,
-    write_shard,
-)
+from speedrun.core.data import HEADER_BYTES, SHARD_MAGIC, ShardError, list_shards, read_shard
+from speedrun.data.shards import validate_shard, write_shard
 
 
-def _write(path, tokens, magic=MAGIC, version=1, n_tokens=None):
+def _write(path, tokens, magic=SHARD_MAGIC, version=1, n_tokens=None):
     """Write a shard by hand (so malformed ones can be made)."""
     header = np.zeros(256, dtype="<i4")
     header[:3] = magic, version, len(tokens) if n_tokens is None else n_tokens

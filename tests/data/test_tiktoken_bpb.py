@@ -18,18 +18,20 @@ import torch
 
 tiktoken = pytest.importorskip("tiktoken", reason="tiktoken is not installed (pip install 'speedrun[gpt2]')")
 
-from speedrun.data.bpb import stream_bytes, token_bytes  # noqa: E402
-from speedrun.data.existing import open_dataset  # noqa: E402
-from speedrun.data.prepare import prepare_tiktoken_dataset, read_dataset_info  # noqa: E402
-from speedrun.data.shards import list_shards, read_shard  # noqa: E402
-from speedrun.data.tiktoken_bpe import (  # noqa: E402
+from speedrun.core.data import (  # noqa: E402
     ENDOFTEXT,
     GPT2,
     boundary_id,
     build_tiktoken_luts,
     is_tiktoken,
+    list_shards,
     load_encoding,
+    read_shard,
+    token_bytes,
 )
+from speedrun.data.bpb import stream_bytes  # noqa: E402
+from speedrun.data.existing import open_dataset  # noqa: E402
+from speedrun.data.prepare import prepare_tiktoken_dataset, read_dataset_info  # noqa: E402
 from support.bpe import DOCS, MERGES, small_ranks, write_tiktoken_file  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -205,7 +207,7 @@ def test_mng_124m_budget_and_validation_are_modded_nanogpts(compose, tmp_path):
     assert plan.tokens_per_step == 262144 == 128 * plan.model.seq_len
     assert (plan.eval.every_steps, plan.eval.periodic_tokens, plan.eval.tokens) == (250, 10485760, 10485761)
     # its val_tokens are targets: the evaluation scores exactly its first 10,485,760 (5120 windows of 2048)
-    from speedrun.data.loader import load_val_tokens
+    from speedrun.core.data import load_val_tokens
     from speedrun.data.shards import write_shard
 
     write_shard(tmp_path / "fineweb_val_000000.bin", np.zeros(10_500_000, dtype=np.uint16))

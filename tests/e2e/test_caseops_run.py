@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from speedrun.data.bpb import build_byte_luts, stream_bytes
+from speedrun.core.data import build_byte_luts, list_shards, load_tokenizer, read_shard
+from speedrun.data.bpb import stream_bytes
 from speedrun.data.corpus import load_embedded_documents
-from speedrun.data.shards import list_shards, read_shard
-from speedrun.data.tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 VAL_DOCS = 3

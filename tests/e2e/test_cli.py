@@ -178,10 +178,9 @@ def test_a_smoke_run_trains_and_scores_on_tiktoken_shards(tmp_path):
     import numpy as np
     import torch
 
+    from speedrun.core.data import build_tiktoken_luts, list_shards, load_encoding, read_shard
     from speedrun.data.bpb import stream_bytes
     from speedrun.data.prepare import prepare_tiktoken_dataset
-    from speedrun.data.shards import list_shards, read_shard
-    from speedrun.data.tiktoken_bpe import build_tiktoken_luts, load_encoding
 
     vocab = write_tiktoken_file(tmp_path / "small.tiktoken")
     docs = [f"{d} {i}" * 8 for i in range(12) for d in DOCS]

@@ -22,7 +22,9 @@ from support.cli import run_cli
 
 pytestmark = pytest.mark.slow
 
-SMOKE = ["debug=smoke", "budget.warmup_steps=0", "eval.tokens=1024"]
+# debug=smoke with 2 micro-batches a step (512 tokens, not its 6144), no warm-up step and a short eval: what these
+# tests check is what a run leaves on disk and in its row, not what it trains to
+SMOKE = ["debug=smoke", "budget.warmup_steps=0", "budget.tokens_per_step=512", "eval.tokens=1024"]
 
 
 @pytest.fixture(scope="module")
@@ -482,7 +484,7 @@ def test_a_swapped_or_garbage_tokenizer_in_the_dataset_cache_is_one_line_never_u
     with pytest.raises(DataError, match="is not the tokenizer .* was built with") as refused:
         ensure_embedded_dataset(cache, vocab_size=1024)
     assert "delete" in str(refused.value) and len(str(refused.value).splitlines()) == 1
-    from speedrun.data.tokenizer import load_tokenizer
+    from speedrun.core.data import load_tokenizer
 
     model.write_bytes(b"garbage")
     with pytest.raises(DataError, match="not a valid SentencePiece model"):

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from speedrun.config import to_config
-from speedrun.data.bpb import build_byte_luts
+from speedrun.core.data import build_byte_luts, load_tokenizer
 from speedrun.data.corpus import load_embedded_documents
-from speedrun.data.tokenizer import load_tokenizer, tokenizer_sha256, train_tokenizer
+from speedrun.data.tokenizer import tokenizer_sha256, train_tokenizer
 from speedrun.plan import resolve
 from speedrun.run.finish import eval_fingerprint
 from support.devices import fake_device

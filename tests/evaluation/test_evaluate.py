@@ -10,8 +10,8 @@ import torch
 
 from speedrun.config import to_config
 from speedrun.core.attention import get_backend
+from speedrun.core.data import ByteLUTs
 from speedrun.core.model import GPT
-from speedrun.data.bpb import ByteLUTs
 from speedrun.errors import ConfigError
 from speedrun.evaluation.evaluate import document_mask, evaluate, evaluate_sliding, run_eval, sliding_windows
 from speedrun.plan import resolve

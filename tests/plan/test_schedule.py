@@ -63,7 +63,7 @@ def test_every_length_is_compiled_in_warm_up_and_nothing_recompiles(compose, tmp
     """A compiled tiny GPT trains through three context stages (switching by step); dynamo's graph counter does
     not move after warm-up, the stages start where the schedule says, and each stage's batches have its shape."""
     from speedrun.core.attention import get_backend
-    from speedrun.data.loader import TokenStream
+    from speedrun.core.data import TokenStream
     from speedrun.data.shards import write_shard
     from speedrun.training.build import build_model
     from speedrun.training.loop import Stepper, TrainState, train, warm_up

@@ -96,7 +96,7 @@ def calibration_batches(n: int = 3) -> list[tuple[torch.Tensor, torch.Tensor]]:
 def byte_luts(vocab: int = 64):
     """ByteLUTs of a made-up tokenizer: 2 bytes a token, BOS none (and a boundary), every third token leading with a
     space."""
-    from speedrun.data.bpb import ByteLUTs
+    from speedrun.core.data import ByteLUTs
 
     base = torch.full((vocab,), 2, dtype=torch.int16)
     base[BOS] = 0

@@ -43,7 +43,7 @@ def plan_for(compose, *overrides):
 def train_plan(plan, tmp_path):
     """Train a plan on random tokens; returns (TrainState, metrics records)."""
     from speedrun.core.attention import get_backend
-    from speedrun.data.loader import TokenStream
+    from speedrun.core.data import TokenStream
     from speedrun.data.shards import write_shard
     from speedrun.training.build import build_model
     from speedrun.training.loop import Stepper, TrainState, train

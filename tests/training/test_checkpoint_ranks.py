@@ -50,7 +50,7 @@ def _loop(
     this rank's losses per step, where it stopped and why. ``signal_at``: ``signum`` to this process during that
     step (of this run)."""
     from speedrun.core.attention import get_backend
-    from speedrun.data.loader import TokenStream
+    from speedrun.core.data import TokenStream
     from speedrun.training.build import build_model
     from speedrun.training.loop import Stepper, TrainState, train
     from speedrun.training.loop_setup import ResumableExtras

@@ -34,97 +34,11 @@ position; ``token_bytes`` then reads a target's bytes at its position instead of
 from __future__ import annotations
 
 import math
-import warnings
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-SPACE_SYMBOL = "\u2581"
-
-
-@dataclass(frozen=True)
-class ByteLUTs:
-    """Per-token-id tables for byte accounting (index with token ids)."""
-
-    base_bytes: torch.Tensor  # int16: bytes of the piece, not counting its leading-space marker
-    has_leading_space: torch.Tensor  # bool: piece starts with "▁"
-    is_boundary: torch.Tensor  # bool: control/unknown/unused ids (BOS, EOS, PAD, <unk>)
-    sidecar: torch.Tensor | None = None
-    """int32: the original bytes of the token at each position of the val stream (a byte sidecar); None: the
-    bytes follow from the ids by the rule above."""
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.base_bytes.numel())
-
-    def to(self, device: torch.device | str) -> ByteLUTs:
-        sidecar = None if self.sidecar is None else self.sidecar.to(device)
-        return ByteLUTs(
-            self.base_bytes.to(device), self.has_leading_space.to(device), self.is_boundary.to(device), sidecar
-        )
-
-
-def build_byte_luts(sp, vocab_size: int | None = None) -> ByteLUTs:
-    """Tables for a SentencePiece processor. Ids in [sp size, vocab_size) (a padded model vocab)
-    are boundaries with 0 bytes."""
-    n_sp = int(sp.get_piece_size())
-    size = max(n_sp, vocab_size or 0)
-    base = np.zeros(size, dtype=np.int16)
-    lead = np.zeros(size, dtype=np.bool_)
-    boundary = np.ones(size, dtype=np.bool_)
-    for i in range(n_sp):
-        if sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i):
-            continue
-        boundary[i] = False
-        if sp.is_byte(i):
-            base[i] = 1
-            continue
-        piece = sp.id_to_piece(i)
-        if piece.startswith(SPACE_SYMBOL):
-            lead[i] = True
-            piece = piece[1:]
-        base[i] = len(piece.replace(SPACE_SYMBOL, " ").encode("utf-8"))
-    _warn_if_inexact(sp)
-    return ByteLUTs(torch.from_numpy(base), torch.from_numpy(lead), torch.from_numpy(boundary))
-
-
-def _warn_if_inexact(sp) -> None:
-    space_id = sp.piece_to_id(SPACE_SYMBOL)
-    plain_space = not (sp.is_unknown(space_id) or sp.is_control(space_id) or sp.is_unused(space_id))
-    has_bytes = any(sp.is_byte(i) for i in range(int(sp.get_piece_size())))
-    if has_bytes and not plain_space:
-        warnings.warn(
-            "tokenizer has byte fallback but no standalone '\u2581' piece: spaces that do not merge with the "
-            "next piece are encoded as the 3 bytes of U+2581 and decode to '\u2581', so byte counts (and BPB) "
-            "match the decoded text but over-count the original by 2 bytes per such space",
-            stacklevel=3,
-        )
-    if plain_space and sp.decode([space_id]) != "":
-        warnings.warn(
-            "tokenizer keeps the leading space of a text when decoding (no dummy prefix, no whitespace "
-            "removal): a document that starts with a space is under-counted by 1 byte",
-            stacklevel=3,
-        )
-
-
-def token_bytes(
-    prev_ids: torch.Tensor, ids: torch.Tensor, luts: ByteLUTs, positions: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Bytes of each target token ``ids`` given its predecessor ``prev_ids`` (same shape), int64. With a byte
-    sidecar (``luts.sidecar``) they are the sidecar's at ``positions``, the targets' positions in the val stream
-    (same shape), which a caller must then give."""
-    if prev_ids.shape != ids.shape:
-        raise ValueError(f"prev_ids shape {tuple(prev_ids.shape)} != ids shape {tuple(ids.shape)}")
-    if luts.base_bytes.device != ids.device:
-        raise ValueError(f"LUTs are on {luts.base_bytes.device} but ids on {ids.device}; call luts.to(device) once")
-    if luts.sidecar is not None:
-        if positions is None or positions.shape != ids.shape:
-            raise ValueError("the byte sidecar counts bytes by stream position: pass the targets' positions")
-        return luts.sidecar[positions.long()].to(torch.int64)
-    ids, prev_ids = ids.long(), prev_ids.long()
-    space = luts.has_leading_space[ids] & ~luts.is_boundary[prev_ids]
-    return luts.base_bytes[ids].to(torch.int64) + space.to(torch.int64)
+from speedrun.core.data import ByteLUTs, token_bytes
 
 
 def stream_bytes(tokens: torch.Tensor, luts: ByteLUTs) -> int:

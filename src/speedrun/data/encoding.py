@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from speedrun.data.shards import shard_name, write_shard
-from speedrun.data.tiktoken_bpe import boundary_id
+from speedrun.core.data import boundary_id, shard_name
+from speedrun.data.shards import write_shard
 
 ENCODE_BATCH_DOCS = 256
 

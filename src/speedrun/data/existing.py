@@ -6,10 +6,17 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from speedrun.data.layout import DataNotFoundError, DatasetPaths
-from speedrun.data.shards import list_shards, list_sidecars, read_header
-from speedrun.data.tiktoken_bpe import is_tiktoken, load_encoding
-from speedrun.data.tokenizer import check_recorded_sha256, load_tokenizer
+from speedrun.core.data import (
+    DatasetPaths,
+    is_tiktoken,
+    list_shards,
+    list_sidecars,
+    load_encoding,
+    load_tokenizer,
+    read_header,
+)
+from speedrun.data.layout import DataNotFoundError
+from speedrun.data.tokenizer import check_recorded_sha256
 from speedrun.errors import DataError
 
 # Published parameter-golf exports: vocab size -> (variant, Hugging Face dataset repo).
@@ -108,7 +115,7 @@ def open_dataset(path: Path, tokenizer: Path | str, vocab_size: int) -> DatasetP
             f"tokenizer {tokenizer} has {n} pieces but the configured vocab_size is {vocab_size}; "
             f"use the tokenizer that made {path} and set the vocab size to {n} (or pick the matching variant)"
         )
-    sidecars = list_sidecars(path)  # CaseOps data's val bytes; speedrun.data.loader.load_val_bytes checks them
+    sidecars = list_sidecars(path)  # CaseOps data's val bytes; speedrun.core.data.load_val_bytes checks them
     for shard in train + val + sidecars:
         read_header(shard)  # cheap: magic, version, size; token ids are checked as batches are read
     return DatasetPaths(train=train, val=val, tokenizer=tokenizer, vocab_size=vocab_size, val_bytes=sidecars)

@@ -5,7 +5,6 @@ opens a dataset (every re-run of a train_gpt.py: speedrun.rerun names its data) 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from speedrun.errors import DataError
@@ -16,23 +15,6 @@ INFO_FILE = "dataset.json"
 
 class DataNotFoundError(DataError, FileNotFoundError):
     """A dataset or tokenizer path is missing; the message says what was expected and how to get it."""
-
-
-@dataclass(frozen=True)
-class DatasetPaths:
-    """Shards and tokenizer of one dataset."""
-
-    train: list[Path]
-    val: list[Path]
-    tokenizer: Path
-    vocab_size: int
-    val_bytes: list[Path] = field(default_factory=list)
-    """The val shards' byte sidecars (CaseOps data: speedrun.data.shards.sidecar_name), one per val shard; [] for
-    data whose tokens count their own bytes."""
-
-    @property
-    def directory(self) -> Path:
-        return self.train[0].parent
 
 
 def embedded_dir(cache_dir: Path, vocab_size: int) -> Path:

@@ -24,8 +24,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from speedrun.core.data import (
+    GPT2,
+    DatasetPaths,
+    build_byte_luts,
+    build_tiktoken_luts,
+    list_shards,
+    list_sidecars,
+    load_encoding,
+    load_tokenizer,
+    read_header,
+    sidecar_name,
+)
 from speedrun.data import caseops as caseops_transform
-from speedrun.data.bpb import build_byte_luts, stream_bytes, unigram_bits_per_byte
+from speedrun.data.bpb import stream_bytes, unigram_bits_per_byte
 from speedrun.data.corpus import EMBEDDED_CORPUS, load_embedded_documents, split_train_val
 from speedrun.data.encoding import (
     ShardTarget,
@@ -37,11 +49,10 @@ from speedrun.data.encoding import (
     process_pool,
     write_splits,
 )
-from speedrun.data.layout import INFO_FILE, TOKENIZER_FILE, DataNotFoundError, DatasetPaths, embedded_dir
-from speedrun.data.shards import list_shards, list_sidecars, read_header, sidecar_name, write_shard
+from speedrun.data.layout import INFO_FILE, TOKENIZER_FILE, DataNotFoundError, embedded_dir
+from speedrun.data.shards import write_shard
 from speedrun.data.staging import build_in_temp, exclusive_lock, remove_tree
-from speedrun.data.tiktoken_bpe import GPT2, build_tiktoken_luts, load_encoding
-from speedrun.data.tokenizer import TRAINER_SETTINGS, check_recorded_sha256, load_tokenizer, train_tokenizer
+from speedrun.data.tokenizer import TRAINER_SETTINGS, check_recorded_sha256, train_tokenizer
 from speedrun.errors import DataError
 
 __all__ = ["INFO_FILE", "TOKENIZER_FILE", "DataNotFoundError", "DatasetPaths", "embedded_dir"]  # from data.layout

@@ -1,4 +1,4 @@
-"""SentencePiece BPE tokenizers: training (deterministic, fast) and loading.
+"""SentencePiece BPE tokenizers: training (deterministic, fast; loading one is speedrun.core.data.load_tokenizer).
 
 Settings and why:
 - byte_fallback: characters outside the vocabulary become <0xNN> byte pieces instead of <unk>.
@@ -25,7 +25,7 @@ from typing import Any
 
 import sentencepiece as spm
 
-from speedrun.data.tiktoken_bpe import is_tiktoken, load_encoding
+from speedrun.core.data import is_tiktoken, load_encoding
 from speedrun.errors import DataError
 from speedrun.records.atomic import atomic_write
 
@@ -149,25 +149,6 @@ def train_tokenizer(
     atomic_write(model_prefix.with_name(model_prefix.name + ".vocab"), vocab.encode("utf-8"))
     atomic_write(model_path, model.getvalue())
     return model_path
-
-
-def load_tokenizer(path: Path) -> spm.SentencePieceProcessor:
-    """Load a SentencePiece model file; FileNotFoundError with the path if it is missing."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"SentencePiece tokenizer not found: {path} (expected a .model file; "
-            "build one with scripts/prepare_data.py or point data.tokenizer at an existing model)"
-        )
-    sp = spm.SentencePieceProcessor()
-    try:
-        sp.load(str(path))
-    except (OSError, RuntimeError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise DataError(
-            f"{path}: not a valid SentencePiece model ({first}); restore the .model file the dataset was built with"
-        ) from None
-    return sp
 
 
 def check_recorded_sha256(tokenizer: Path, directory: Path) -> None:

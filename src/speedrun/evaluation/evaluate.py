@@ -7,7 +7,7 @@ Two ways to cut the token stream into windows of the model's context T (targets 
 stream, M = len(val_tokens) - 1; a window starting at a feeds inputs a..a+T-1 and predicts a+1..a+T):
 
 - standard: non-overlapping windows a = 0, T, 2T, ...; each target sees 0..T-1 tokens of context. Where M is not
-  a multiple of T (the split's tail, kept with eval.include_tail: speedrun.data.loader.load_val_tokens otherwise
+  a multiple of T (the split's tail, kept with eval.include_tail: speedrun.core.data.load_val_tokens otherwise
   cuts it), one more full-length window ends exactly at M and scores only the r < T targets not yet scored.
 - sliding (stride S): windows a = 0, S, 2S, ... The first window scores all its T targets, every later one
   only its last S, so each target after the first window sees at least T - S tokens of context. Where the
@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from speedrun.data.bpb import ByteLUTs, token_bytes
+from speedrun.core.data import ByteLUTs, token_bytes
 from speedrun.progress import Progress
 
 

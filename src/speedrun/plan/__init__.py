@@ -16,8 +16,8 @@ from speedrun.config import ArtifactConfig, Config, DataConfig, EMAConfig, Quant
 from speedrun.config.choices import PrecisionName, QuantName
 from speedrun.config.code_rule import check_code_rule
 from speedrun.config.compressors import check_compressor
+from speedrun.core.data import GPT2, is_tiktoken, require_tiktoken
 from speedrun.core.model import ModelShape
-from speedrun.data.tiktoken_bpe import GPT2, is_tiktoken, require_tiktoken
 from speedrun.errors import PlanError
 from speedrun.hardware.cards import card_for
 from speedrun.hardware.profiles import PROFILES, DetectedDevice, HardwareProfile
@@ -297,4 +297,5 @@ def _resolve_data(data: DataConfig, cwd: Path) -> DataPlan:
         vocab_size=data.vocab_size,
         cache_dir=str(absolute(data.cache_dir)),
         name=data.name,
+        tokenizer_kind="tiktoken" if is_tiktoken(data.tokenizer) else "sentencepiece",
     )

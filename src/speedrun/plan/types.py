@@ -79,6 +79,9 @@ class DataPlan:
     """Absolute directory where the embedded dataset is built."""
     name: str = "embedded"
     """The data setting's name (data.name): what a track's rules name the contest's data by."""
+    tokenizer_kind: str = "sentencepiece"
+    """sentencepiece, or tiktoken (data.tokenizer gpt2 or a .tiktoken file): which of speedrun.core.data.TOKENIZERS
+    loads it."""
 
 
 @dataclass(frozen=True)

@@ -10,18 +10,20 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
 
 import torch
 
 from speedrun.core.attention import get_backend
+from speedrun.core.data import (
+    TOKENIZERS,
+    ByteLUTs,
+    DatasetPaths,
+    TokenStream,
+    load_val_bytes,
+    load_val_tokens,
+    read_header,
+)
 from speedrun.core.optim import build_optimizers
-from speedrun.data.bpb import ByteLUTs, build_byte_luts
-from speedrun.data.layout import DatasetPaths
-from speedrun.data.loader import TokenStream, load_val_bytes, load_val_tokens
-from speedrun.data.shards import read_header
-from speedrun.data.tiktoken_bpe import boundary_id, build_tiktoken_luts, is_tiktoken, load_encoding
-from speedrun.data.tokenizer import load_tokenizer
 from speedrun.kernels.compile import compile_model
 from speedrun.plan import Plan
 from speedrun.plan.model_choice import check_instance, model_class
@@ -55,13 +57,7 @@ def build_data(plan: Plan, log: Callable[[str], None]) -> DataBundle:
         from speedrun.data.existing import open_dataset  # data.path set, a Plan's choice (artifact.closure)
 
         paths = open_dataset(Path(d.path), Path(d.tokenizer), d.vocab_size)
-    sp = None
-    if is_tiktoken(d.tokenizer):  # GPT-2's byte-level BPE (modded-nanogpt's shards)
-        enc = load_encoding(cast(str, d.tokenizer))
-        luts, bos_id = build_tiktoken_luts(enc), boundary_id(enc)
-    else:
-        sp = load_tokenizer(paths.tokenizer)
-        luts, bos_id = build_byte_luts(sp), sp.bos_id()
+    luts, bos_id, sp = TOKENIZERS[d.tokenizer_kind](paths, d.tokenizer)
     seq_len = plan.model.seq_len
     val_tokens = load_val_tokens(
         paths.val, plan.eval.tokens, seq_len, vocab_size=paths.vocab_size, include_tail=plan.eval.include_tail
