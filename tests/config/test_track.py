@@ -154,7 +154,7 @@ def test_a_measured_reserve_as_large_as_the_budget_is_refused_before_training(co
     import types
 
     import speedrun.run.job as job
-    from speedrun.distributed.world import SINGLE
+    from speedrun.core.dist import SINGLE
 
     plan = plan_for(compose, "quant=int6", "budget.train_seconds=5")
     assert plan.budget.measures_reserve

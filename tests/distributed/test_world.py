@@ -147,7 +147,7 @@ def test_dist_nvls_sets_nvlink_multicast_only_when_asked(compose, monkeypatch):
 
     monkeypatch.setattr(torch.distributed, "init_process_group", init_process_group)
     with pytest.raises(RuntimeError, match="stopped before"):
-        dist.World(WorldInfo("torchrun", 0, 2, 0, 2, 0)).init(plan)
+        dist.RunWorld(WorldInfo("torchrun", 0, 2, 0, 2, 0)).init(plan)
     assert seen == {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
 
 

@@ -158,8 +158,8 @@ def _stop_and_resume(rank: int, world, plan, shard: str, tmp: str) -> dict:
 
 
 def test_two_ranks_stop_together_checkpoint_and_resume_on_two_or_one(compose, tmp_path):
+    from speedrun.core.dist import SINGLE
     from speedrun.data.shards import write_shard
-    from speedrun.distributed.world import SINGLE
     from speedrun.training.checkpoint import list_checkpoints, load_checkpoint
 
     shard = tmp_path / "fineweb_train_000000.bin"

@@ -128,7 +128,7 @@ class Scripted:
     """A Stepper whose steps return the given losses (device tensors, as the real one does)."""
 
     def __init__(self, plan, losses):
-        from speedrun.distributed.world import SINGLE
+        from speedrun.core.dist import SINGLE
 
         self.plan, self.losses, self.optimizers, self.world = plan, iter(losses), [], SINGLE
         self.ema = None  # the loop updates a Stepper's weight average after each step; these steps have none

@@ -176,7 +176,7 @@ class Muon(torch.optim.Optimizer):
         self.row_normalize = row_normalize
         self.ns_coefficients = str(ns_coefficients)
         self.distribute: Callable[[Callable[..., Tensor]], Callable[..., Tensor]] | None = None
-        """Set on a multi-rank run (speedrun.distributed.world.World.prepare): wraps the Newton-Schulz function so that each
+        """Set on a multi-rank run (speedrun.core.dist.World.prepare): wraps the Newton-Schulz function so that each
         rank orthogonalises its share of every stack and the ranks all-gather the rest."""
 
     # GradScaler (fp16) hands an optimizer that says so its found_inf (and grad_scale, None once unscaled) as

@@ -111,7 +111,7 @@ def _quote(value: str) -> str:
 
 def worker_argv(argv: list[str], environ: dict | None = None) -> list[str]:
     """argv for Hydra in this process: unchanged except in a rank > 0 of a torchrun/elastic launch, which gets a
-    private run dir (removed at exit, see dist.World.private_dir) and no .hydra/ copy, so the only run dir is
+    private run dir (removed at exit, see speedrun.distributed.world.RunWorld.private_dir) and no .hydra/ copy, so the only run dir is
     rank 0's. A sweep inside a rank is refused: every rank would run the whole sweep."""
     env = os.environ if environ is None else environ
     if int(env.get("WORLD_SIZE") or 1) <= 1 or "RANK" not in env:

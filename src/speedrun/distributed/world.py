@@ -1,40 +1,25 @@
-"""One run on several processes: this process's rank, its process groups, and the few collectives a run needs.
+"""The shell's side of a run on several processes: which processes exist (``current``, from the environment), the
+failure guard, the ranks' record, their directories and logs, and leaving the process group. The collectives are
+speedrun.core.dist's ``World``, which ``RunWorld`` extends.
 
-A run of N ranks is N copies of the same pipeline (resolve -> build -> train -> evaluate -> finalize), each on its
-own GPU (``cuda:LOCAL_RANK``), that stay in lock step through these calls:
-
-- ``sync_grads``: after a step's micro-batches, every gradient is averaged over the ranks (bucketed all-reduce).
-- ``split_newton_schulz``: Muon's orthogonalisation of a stack of matrices is split over the ranks (each does
-  its share, then an all-gather), instead of every rank repeating all of it.
-- ``mean``: the step's loss over all ranks (what is logged, and what "diverged" is decided on).
-- ``agree``: rank 0's clock, broadcast, so every time-based decision (stop, LR, context stage, logging) is the
-  same on every rank and all ranks stop at the same step.
-- ``agree_with_flags``: the same, with flags every rank may raise (a stop signal on one rank) folded into the
-  same collective, so all ranks stop at the same step.
-- ``sum_``, ``max``, ``min``, ``from_rank0``, ``gather``: eval sums, peak memory, the batch size every rank fits,
-  rank 0's artifact and checkpoint path, GPU names and every rank's RNG state.
-
-On one process (``World(WorldInfo())``, the default everywhere) each call is the identity or a no-op, so the
-training code has a single path. Which processes exist is read from the environment (``current``, with
-speedrun.distributed.environment): torchrun / torch's elastic launch set RANK, WORLD_SIZE, LOCAL_RANK...; a submitit
-(SLURM) job of several tasks gets the same variables from submitit's own mapping of its job environment.
-Failures are the guard's (speedrun.distributed.guard).
+Which processes exist is read from the environment (with speedrun.distributed.environment): torchrun / torch's
+elastic launch set RANK, WORLD_SIZE, LOCAL_RANK...; a submitit (SLURM) job of several tasks gets the same variables
+from submitit's own mapping of its job environment. Failures are the guard's (speedrun.distributed.guard).
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import logging
 import os
 import shutil
 import socket
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from speedrun.core.optim import Muon
+from speedrun.core.dist import World
 from speedrun.distributed.environment import RANK_DIR_ENV, set_process_env, submitit_rendezvous, world_from_env
 from speedrun.distributed.guard import Guard
 from speedrun.plan import Plan
@@ -43,11 +28,8 @@ from speedrun.records.identity import gpu_uuid
 
 log = logging.getLogger("speedrun")
 
-BUCKET_BYTES = 64 << 20
-"""Gradient all-reduce bucket: one collective per 64 MB of fp32 gradients (pgolf_baseline: one bucket)."""
 
-
-def current() -> World:
+def current() -> RunWorld:
     """This process's World, from its environment. A rank binds its GPU (cuda:LOCAL_RANK) here, before anything
     touches CUDA, so that ``detect()`` and every later allocation land on it."""
     import torch
@@ -60,41 +42,28 @@ def current() -> World:
         set_process_env()
         if info.visible_gpus > info.local_rank:
             torch.cuda.set_device(info.local_rank)
-    return World(info)
+    return RunWorld(info)
 
 
-class World:
-    """This process's rank and the collectives of the run (identities on one process)."""
+class RunWorld(World):
+    """A run's World as ``python -m run`` holds it: the collectives, plus where the ranks came from (``info``), the
+    failure guard and what rank 0 records about them."""
 
     def __init__(self, info: WorldInfo):
+        super().__init__(info.rank, info.world_size, info.local_rank)
         self.info = info
-        self.rank, self.world_size, self.local_rank = info.rank, info.world_size, info.local_rank
-        self.ctrl: Any = None
-        """Process group for CPU-side agreement (gloo): rank 0's clock, objects. The default group on CPU."""
-        self.guard: Any = None
         self.on_stop: Callable[[str, str, str], None] | None = None
         """Rank 0: called from the guard's thread with (status, error, traceback) when a peer failed or a stop
         signal came, so the run's row is closed even if this process is killed before it can finish."""
         self._private_dir: str | None = None
 
-    @property
-    def single(self) -> bool:
-        return self.world_size == 1
-
     def init(self, plan: Plan) -> None:
         """Join the run's process group (NCCL on GPUs, gloo on CPU) and start the failure guard."""
         if self.single:
             return
-        import torch
-        import torch.distributed as dist
-
         # before NCCL reads its environment (a rank started by torchrun or SLURM has not seen dist.nvls yet)
         set_process_env(nvls=plan.dist.nvls)
-        timeout = timedelta(seconds=plan.dist.timeout_s)
-        device_id = torch.device("cuda", self.local_rank) if plan.dist.backend == "nccl" else None
-        dist.init_process_group(plan.dist.backend, timeout=timeout, device_id=device_id)
-        # Scalars that steer the loop (rank 0's clock) and pickled objects go over gloo on the CPU: no GPU sync.
-        self.ctrl = dist.new_group(backend="gloo", timeout=timeout) if plan.dist.backend == "nccl" else None
+        self.join(plan.dist.backend, plan.dist.timeout_s)
         self.guard = Guard(self, nccl=plan.dist.backend == "nccl")
         self.guard.start()
 
@@ -118,192 +87,6 @@ class World:
             "hosts": sorted({r["host"] for r in ranks}),
         }
 
-    # -- collectives (no-ops on one process) ------------------------------------------------------------
-    def agree(self, value: float) -> float:
-        """Rank 0's value on every rank (a float64 broadcast over gloo, no GPU sync)."""
-        if self.single:
-            return value
-        import torch
-        import torch.distributed as dist
-
-        t = torch.tensor([value], dtype=torch.float64)
-        dist.broadcast(t, src=0, group=self.ctrl)
-        return float(t.item())
-
-    def max(self, value: float | None) -> float | None:
-        """The largest value over the ranks (None counts as missing)."""
-        if self.single:
-            return value
-        import torch
-        import torch.distributed as dist
-
-        t = torch.tensor([float("-inf") if value is None else float(value)], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.ctrl)
-        return None if t.item() == float("-inf") else float(t.item())
-
-    def min(self, value: float) -> float:
-        """The smallest value over the ranks (what every rank can do, e.g. the batch that fits on all of them)."""
-        if self.single:
-            return value
-        import torch
-        import torch.distributed as dist
-
-        t = torch.tensor([float(value)], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.ctrl)
-        return float(t.item())
-
-    def agree_with_flags(self, value: float, flags: list[float]) -> tuple[float, list[float]]:
-        """(rank 0's ``value``, the largest of each flag over the ranks), in one all-reduce: what the loop does
-        after every step, so a stop signal that reached any one rank (a flag) costs no collective of its own
-        beside rank 0's clock. Every rank gets the same numbers, so every rank takes the same decision."""
-        if self.single:
-            return value, list(flags)
-        import torch
-        import torch.distributed as dist
-
-        # MAX over [rank 0's value, -inf elsewhere] is rank 0's value: a broadcast folded into the flags' reduce
-        mine = value if self.rank == 0 else float("-inf")
-        t = torch.tensor([mine, *flags], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.ctrl)
-        out = t.tolist()
-        return out[0], out[1:]
-
-    @contextlib.contextmanager
-    def stops_deferred(self) -> Iterator[None]:
-        """While training defers stop signals to a step boundary (speedrun.training.preempt), the guard lets the
-        first one through to the loop instead of ending the run (a second still ends it at once)."""
-        if self.guard is None:
-            yield
-            return
-        self.guard.set_deferring(True)
-        try:
-            yield
-        finally:
-            self.guard.set_deferring(False)
-
-    def stops_handled(self) -> None:
-        """The loop acted on the deferred stop signals and trains on (SIGTERM under submitit): the next one is the
-        loop's again, not the guard's."""
-        if self.guard is not None:
-            self.guard.set_deferring(True)
-
-    def sum_(self, tensor: Any) -> Any:
-        """All-reduce (sum) in place, on the tensor's device; returns it."""
-        if not self.single:
-            import torch.distributed as dist
-
-            dist.all_reduce(tensor)
-        return tensor
-
-    def mean(self, tensor: Any) -> Any:
-        """The mean of a tensor over the ranks (a new tensor; no host sync on GPUs)."""
-        if self.single:
-            return tensor
-        return self.sum_(tensor.detach().clone()) / self.world_size
-
-    def gather(self, obj: Any) -> list[Any]:
-        """Every rank's ``obj``, in rank order."""
-        if self.single:
-            return [obj]
-        import torch.distributed as dist
-
-        out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj, group=self.ctrl)
-        return out
-
-    def from_rank0(self, make: Callable[[], Any]) -> Any:
-        """``make()`` run on rank 0 alone, its result sent to every rank (the others wait)."""
-        if self.single:
-            return make()
-        import torch.distributed as dist
-
-        box = [make() if self.rank == 0 else None]
-        dist.broadcast_object_list(box, src=0, group=self.ctrl)
-        return box[0]
-
-    def barrier(self) -> None:
-        if not self.single:
-            import torch.distributed as dist
-
-            dist.barrier(group=self.ctrl)
-
-    # -- training ---------------------------------------------------------------------------------------
-    def prepare(self, model: Any, optimizers: list) -> None:
-        """Rank 0's initial weights on every rank, and Muon's Newton-Schulz split over the ranks."""
-        if self.single:
-            return
-        import torch
-        import torch.distributed as dist
-
-        with torch.no_grad():
-            for tensor in [*model.parameters(), *model.buffers()]:
-                dist.broadcast(tensor, src=0)
-        for opt in optimizers:
-            if isinstance(opt, Muon):
-                opt.distribute = self.split_newton_schulz
-
-    def sync_grads(self, params: list) -> None:
-        """Average every gradient over the ranks: fixed buckets of the parameters in model order (a missing grad
-        counts as zeros, so every rank sends the same layout), all-reduced asynchronously, then copied back.
-
-        An explicit all-reduce after the step's micro-batches rather than DDP: a compiled model's backward is one
-        graph whose gradients all appear at its end, so DDP could overlap only the last micro-batch's backward
-        (and only by splitting the graph per bucket); the one all-reduce per step costs well under 1% of a step
-        (checks dist_2gpu and dist_4gpu measure the scaling), and the compiled model and the Stepper stay as they
-        are."""
-        if self.single:
-            return
-        import torch
-        import torch.distributed as dist
-
-        grads = []
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            grads.append(p.grad)
-        buckets: list[list] = [[]]
-        size = 0
-        for g in grads:
-            if buckets[-1] and (size + g.numel() * g.element_size() > BUCKET_BYTES or g.dtype != buckets[-1][0].dtype):
-                buckets.append([])
-                size = 0
-            buckets[-1].append(g)
-            size += g.numel() * g.element_size()
-        flats = [torch.cat([g.reshape(-1) for g in bucket]) for bucket in buckets]
-        works = [dist.all_reduce(flat, async_op=True) for flat in flats]  # bucket k+1 flattens while k reduces
-        for bucket, flat, work in zip(buckets, flats, works):
-            work.wait()
-            flat.div_(self.world_size)
-            pieces = torch.split(flat, [g.numel() for g in bucket])
-            torch._foreach_copy_(bucket, [piece.view_as(g) for g, piece in zip(bucket, pieces)])
-
-    def split_newton_schulz(self, orthogonalize: Callable) -> Callable:
-        """Wrap a Newton-Schulz function (stack (n, rows, cols) -> stack) so that rank r orthogonalises matrices
-        [r * k, (r + 1) * k) of the stack (k = ceil(n / world_size), zero-padded at the end; a zero matrix stays
-        zero) and the ranks all-gather the results. Every rank then applies the same update to every matrix;
-        the momentum buffers stay whole on every rank (elementwise work), so Muon's state is the same everywhere
-        and a checkpoint of rank 0's optimizer is complete."""
-        if self.single:
-            return orthogonalize
-        import torch
-        import torch.distributed as dist
-
-        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-        def split(G: Any, steps: int = 5, dtype: Any = torch.float32) -> Any:
-            n = G.size(0)
-            k = -(-n // self.world_size)
-            mine = G[self.rank * k : (self.rank + 1) * k]
-            if mine.size(0) < k:
-                mine = torch.cat([mine, mine.new_zeros((k - mine.size(0), *G.shape[1:]))])
-            local = orthogonalize(mine, steps=steps, dtype=dtype).contiguous()
-            out = local.new_empty((k * self.world_size, *local.shape[1:]))
-            gather(out, local)
-            return out[:n]
-
-        return split
-
-    # -- the end ----------------------------------------------------------------------------------------
     def private_dir(self) -> str:
         """A rank > 0's own directory (its Hydra output dir when launch.worker_argv made one), removed at exit:
         the ranks share rank 0's run dir and row, and only rank 0 writes them."""
@@ -369,5 +152,5 @@ class NoRecords:
         return []
 
 
-SINGLE = World(WorldInfo())
-"""The world of a one-process run (and of tools and tests that call the pipeline's parts directly)."""
+SINGLE_RUN = RunWorld(WorldInfo())
+"""The world of a one-process ``python -m run`` (a JobRecord's default)."""

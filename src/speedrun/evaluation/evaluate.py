@@ -21,7 +21,7 @@ the sidecar's at the target's stream position: val_bpb is then of the original t
 Document isolation (eval.document_isolated) keeps the windows and switches on the model's document mask
 (``document_mask``): a token attends only to tokens of its own document (BOS-delimited) inside the window.
 
-On several ranks (``shard``, a speedrun.distributed.world.World) the batches of windows are dealt round-robin, each rank puts
+On several ranks (``shard``, a speedrun.core.dist.World) the batches of windows are dealt round-robin, each rank puts
 every batch's float64 nats and int64 bytes in that batch's slot of a vector (zeros elsewhere), and the vectors are
 all-reduced: each slot has one non-zero term, so the sum is exact, and adding the slots in batch order on the host
 gives the same sums, bit for bit, as one rank scoring every batch (the batches, and so the kernels' shapes, are

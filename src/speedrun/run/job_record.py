@@ -43,7 +43,7 @@ class JobRecord:
         db: ResultsDB | dist.NoRecords | None = None,
         run_id: str | None = None,
         resume: Any = None,
-        world: dist.World = dist.SINGLE,
+        world: dist.RunWorld = dist.SINGLE_RUN,
     ):
         self.ctx, self.result, self.config_tree, self.resume, self.world = ctx, result, config_tree, resume, world
         self.db, self.run_id = db, run_id

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from speedrun.distributed.world import World
+from speedrun.core.dist import World
 from speedrun.plan import Plan
 from speedrun.plan.dtypes import autocast_dtype
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from speedrun.distributed.world import SINGLE
+from speedrun.core.dist import SINGLE
 from speedrun.evaluation.evaluate import run_eval
 from speedrun.plan import Plan
 from speedrun.plan.dtypes import autocast_dtype
@@ -41,7 +41,7 @@ training there (budget_end pruned). speedrun.task adds an Optuna trial's (speedr
 
 class PeriodicEval:
     """Standard windows of model.seq_len over the first eval.periodic_tokens validation tokens. On several ranks
-    (``shard``, a speedrun.distributed.world.World) the batches of windows are split over the ranks and the sums
+    (``shard``, a speedrun.core.dist.World) the batches of windows are split over the ranks and the sums
     all-reduced in float64, as the final evaluation does (evaluation.evaluate): every rank gets the same val_loss and
     val_bpb, equal to one rank scoring every window."""
 

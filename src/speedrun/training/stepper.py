@@ -11,8 +11,8 @@ from typing import Any
 import torch
 
 from speedrun.config import OptimConfig, ScheduleConfig
+from speedrun.core.dist import SINGLE
 from speedrun.core.optim import WeightEMA
-from speedrun.distributed.world import SINGLE
 from speedrun.kernels.compile import keeps_grads
 from speedrun.kernels.graphs import GraphedMicroStep
 from speedrun.plan import Plan
