@@ -7,7 +7,15 @@ from dataclasses import replace
 import pytest
 import torch
 
-from speedrun.core.optim import Muon, build_optimizers, muon_update, newton_schulz, set_lr_multiplier, set_muon_momentum
+from speedrun.core.optim import (
+    Muon,
+    OptimSettings,
+    build_optimizers,
+    muon_update,
+    newton_schulz,
+    set_lr_multiplier,
+    set_muon_momentum,
+)
 from support.tiny import PGOLF, TINY, tiny_gpt
 
 
@@ -61,7 +69,7 @@ def test_steps_reduce_loss_on_fixed_batch(tied):
     g = torch.Generator().manual_seed(0)
     idx = torch.randint(0, 64, (4, 32), generator=g)
     tgt = torch.roll(idx, -1, dims=1)
-    opts = build_optimizers(model, **PGOLF)
+    opts = build_optimizers(model, OptimSettings(**PGOLF))
     assert len(opts) == (3 if tied else 4)
     losses = []
     for _ in range(8):
@@ -76,7 +84,7 @@ def test_steps_reduce_loss_on_fixed_batch(tied):
 
 def test_build_optimizers_groups_and_lrs():
     model = _model(tied=False)
-    opts = build_optimizers(model, **PGOLF, weight_decay=0.1)
+    opts = build_optimizers(model, OptimSettings(**PGOLF, muon_wd=0.1))
     embed, head, muon, scalar = opts
     groups = model.param_groups()
     assert isinstance(muon, Muon) and muon.param_groups[0]["params"] == groups["matrix"]
@@ -85,12 +93,12 @@ def test_build_optimizers_groups_and_lrs():
     assert head.param_groups[0]["base_lr"] == 0.008
     assert scalar.param_groups[0]["params"] == groups["scalar"]
     assert all(g["betas"] == (0.9, 0.95) and g["eps"] == 1e-8 for o in (embed, head, scalar) for g in o.param_groups)
-    tied_opts = build_optimizers(_model(tied=True), **PGOLF)
+    tied_opts = build_optimizers(_model(tied=True), OptimSettings(**PGOLF))
     assert tied_opts[0].param_groups[0]["base_lr"] == 0.05  # tied: tied_embed_lr
 
 
 def test_set_lr_multiplier_and_momentum():
-    opts = build_optimizers(_model(tied=False), **PGOLF)
+    opts = build_optimizers(_model(tied=False), OptimSettings(**PGOLF))
     set_lr_multiplier(opts, 0.25)
     lrs = [g["lr"] for o in opts for g in o.param_groups]
     assert lrs == pytest.approx([0.6 * 0.25, 0.008 * 0.25, 0.04 * 0.25, 0.04 * 0.25])

@@ -16,8 +16,10 @@ from speedrun.core.optim import (
     NS_COEFFS,
     POLAR_EXPRESS_COEFFS,
     Muon,
+    OptimSettings,
     WeightEMA,
     build_optimizers,
+    lr_multiplier,
     muon_update,
     newton_schulz,
     ns_schedule,
@@ -25,7 +27,6 @@ from speedrun.core.optim import (
     set_lr_multiplier,
 )
 from speedrun.errors import ConfigError
-from speedrun.training.loop import lr_multiplier
 from support.tiny import PGOLF, TINY, tiny_gpt
 
 # The record's _PE_COEFFS, copied by hand from its train_gpt.py (the reference the implementation must match).
@@ -105,7 +106,7 @@ def test_defaults_off_equal_todays_step_exactly():
     )
     assert ScheduleConfig().min_lr == 0.0 and EMAConfig().decay is None
     model, ref = _model(), _model()
-    opts = build_optimizers(model, **PGOLF)
+    opts = build_optimizers(model, OptimSettings(**PGOLF))
     assert [type(o) for o in opts] == [torch.optim.Adam, torch.optim.Adam, Muon, torch.optim.Adam]
     groups = ref.param_groups()
     betas = (PGOLF["beta1"], PGOLF["beta2"])
@@ -271,7 +272,7 @@ def test_adam_wd_and_embed_wd_are_adamw_on_their_groups():
     adam_wd on the untied head and the scalars, none on the matrices (Muon, muon_wd 0)."""
     model = _model(tied=False)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    opts = build_optimizers(model, **PGOLF, adam_wd=0.1, embed_wd=0.2)
+    opts = build_optimizers(model, OptimSettings(**PGOLF, adam_wd=0.1, embed_wd=0.2))
     assert [type(o) for o in opts] == [torch.optim.AdamW, torch.optim.AdamW, Muon, torch.optim.AdamW]
     torch.manual_seed(3)
     for p in model.parameters():
@@ -287,7 +288,7 @@ def test_adam_wd_and_embed_wd_are_adamw_on_their_groups():
             g = grads[n]
             expected = before[n] * (1 - lr * wd) - lr * g / (g.abs() + 1e-8)
             torch.testing.assert_close(p.detach(), expected, atol=1e-6, rtol=1e-5, msg=n)
-    tied = build_optimizers(_model(tied=True), **PGOLF, adam_wd=0.1, embed_wd=0.2)
+    tied = build_optimizers(_model(tied=True), OptimSettings(**PGOLF, adam_wd=0.1, embed_wd=0.2))
     assert tied[0].param_groups[0]["weight_decay"] == 0.2 and tied[-1].param_groups[0]["weight_decay"] == 0.1
 
 
@@ -337,11 +338,11 @@ def test_ema_after_k_steps_is_the_closed_form():
 def test_ema_checkpoint_round_trip(tmp_path):
     """capture -> save_checkpoint -> load_checkpoint (weights_only) -> restore keeps the average; a run with an EMA
     refuses a checkpoint without one."""
-    from speedrun.training.checkpoint import capture, load_checkpoint, restore, save_checkpoint
-    from speedrun.training.loop import TrainState
+    from speedrun.run.checkpoint import capture, load_checkpoint, restore, save_checkpoint
+    from speedrun.core.train import TrainState
 
     model = _model()
-    opts = build_optimizers(model, **PGOLF)
+    opts = build_optimizers(model, OptimSettings(**PGOLF))
     ema = WeightEMA(model, 0.99)
     idx, tgt = _batch()
     for _ in range(2):
@@ -355,10 +356,10 @@ def test_ema_checkpoint_round_trip(tmp_path):
     payload = load_checkpoint(tmp_path)
     fresh = _model(seed=5)
     fresh_ema = WeightEMA(fresh, 0.99)
-    restore(payload, fresh, build_optimizers(fresh, **PGOLF), None, TrainState(), ema=fresh_ema)
+    restore(payload, fresh, build_optimizers(fresh, OptimSettings(**PGOLF)), None, TrainState(), ema=fresh_ema)
     for a, b in zip(ema.shadow, fresh_ema.shadow):
         assert torch.equal(a, b)
     assert any(not torch.equal(a, p) for a, p in zip(fresh_ema.shadow, fresh.parameters()))  # not the weights
     payload["ema"] = None
     with pytest.raises(ValueError, match="has none"):
-        restore(payload, fresh, build_optimizers(fresh, **PGOLF), None, TrainState(), ema=fresh_ema)
+        restore(payload, fresh, build_optimizers(fresh, OptimSettings(**PGOLF)), None, TrainState(), ema=fresh_ema)

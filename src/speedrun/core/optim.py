@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -248,26 +249,51 @@ class Muon(torch.optim.Optimizer):
         return loss
 
 
+@dataclass(frozen=True)
+class OptimSettings:
+    """What the optimizers read of the optim group (config.training.OptimConfig documents and checks each field):
+    parameter-golf's baseline by default."""
+
+    matrix_lr: float = 0.04
+    scalar_lr: float = 0.04
+    embed_lr: float = 0.6
+    tied_embed_lr: float = 0.05
+    head_lr: float = 0.008
+    muon_momentum: float = 0.95
+    muon_momentum_warmup_start: float = 0.85
+    muon_momentum_warmup_steps: int | None = None
+    muon_backend_steps: int = 5
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 0.0
+    muon_wd: float = 0.0
+    muon_row_normalize: bool = False
+    ns_coefficients: str = "quintic"
+    adam_wd: float = 0.0
+    embed_wd: float = 0.0
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The learning-rate schedule's shape (config.training.ScheduleConfig): warm-up and warm-down as fractions of the
+    budget, the floor the warm-down holds at, and the steps of the re-warm-up after a context stage switch."""
+
+    warmup_frac: float = 0.0
+    warmdown_frac: float = 0.2
+    min_lr: float = 0.0
+    rewarmup_steps: int = 10
+
+
+@dataclass(frozen=True)
+class EMASettings:
+    """ema.decay as the run uses it (ema.horizon resolved into it once the run's steps are known); None or 0: off."""
+
+    decay: float | None = None
+
+
 def build_optimizers(
-    model,
-    *,
-    matrix_lr: float,
-    scalar_lr: float,
-    embed_lr: float,
-    tied_embed_lr: float,
-    head_lr: float,
-    muon_momentum: float,
-    muon_backend_steps: int,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float = 0.0,
-    ns_dtype: torch.dtype = torch.float32,
-    fused: bool | None = None,
-    row_normalize: bool = False,
-    ns_coefficients: str = "quintic",
-    adam_wd: float = 0.0,
-    embed_wd: float = 0.0,
+    model, s: OptimSettings, ns_dtype: torch.dtype = torch.float32, fused: bool | None = None
 ) -> list[torch.optim.Optimizer]:
     """Optimizers for a GPT, split by ``model.param_groups()``:
 
@@ -276,15 +302,10 @@ def build_optimizers(
     - block matrices: Muon, matrix_lr, momentum muon_momentum, muon_backend_steps NS iterations
     - scalars/vectors (scales, mixes, q gains, skip weights): Adam, scalar_lr
 
-    parameter-golf baseline (train_gpt.py) defaults: matrix_lr 0.04, scalar_lr 0.04, tied_embed_lr 0.05,
-    embed_lr 0.6, head_lr 0.008, muon_momentum 0.95 (warmed up from 0.85 over 500 steps by the trainer, see
-    set_muon_momentum), muon_backend_steps 5, beta1 0.9, beta2 0.95, eps 1e-8, no weight decay, fused Adam.
-
-    weight_decay (optim.muon_wd) is the Muon matrices' decoupled decay; row_normalize (MuonEq-R) and
-    ns_coefficients are Muon's too. embed_wd decays the token embedding, adam_wd the other Adam parameters (an
-    untied head and the scalars), both decoupled as AdamW does (p *= 1 - lr * wd, the record's
-    ``torch.optim.AdamW(..., weight_decay=h.embed_wd)`` and ``h.adam_wd``); a group whose decay is 0 gets plain
-    Adam, as before those levers existed.
+    muon_wd is the Muon matrices' decoupled decay; muon_row_normalize (MuonEq-R) and ns_coefficients are Muon's
+    too. embed_wd decays the token embedding, adam_wd the other Adam parameters (an untied head and the scalars),
+    both decoupled as AdamW does (p *= 1 - lr * wd, the record's ``torch.optim.AdamW(..., weight_decay=h.embed_wd)``
+    and ``h.adam_wd``); a group whose decay is 0 gets plain Adam, as before those levers existed.
     ns_dtype: Newton-Schulz dtype (bf16 where the GPU has it, fp32 on CPU/T4). fused: fused Adam
     (None: when the parameters are on CUDA). Every param group records its "base_lr" for set_lr_multiplier.
     Returns [embed Adam, (head Adam), Muon, scalar Adam], the order parameter-golf steps them in.
@@ -292,31 +313,52 @@ def build_optimizers(
     groups = model.param_groups()
     if fused is None:
         fused = next(model.parameters()).is_cuda
-    betas = (beta1, beta2)
+    betas = (s.beta1, s.beta2)
 
     def adam(params: list[Tensor], lr: float, wd: float = 0.0) -> torch.optim.Optimizer:
         group = [{"params": params, "lr": lr, "base_lr": lr}]
         if wd > 0:  # decoupled, scaled by the scheduled lr: param *= 1 - lr * wd, then the Adam step
-            return torch.optim.AdamW(group, betas=betas, eps=eps, weight_decay=wd, fused=fused)
-        return torch.optim.Adam(group, betas=betas, eps=eps, weight_decay=0.0, fused=fused)
+            return torch.optim.AdamW(group, betas=betas, eps=s.eps, weight_decay=wd, fused=fused)
+        return torch.optim.Adam(group, betas=betas, eps=s.eps, weight_decay=0.0, fused=fused)
 
-    token_lr = tied_embed_lr if not groups["head"] else embed_lr
-    optimizers: list[torch.optim.Optimizer] = [adam(groups["embed"], token_lr, embed_wd)]
+    token_lr = s.tied_embed_lr if not groups["head"] else s.embed_lr
+    optimizers: list[torch.optim.Optimizer] = [adam(groups["embed"], token_lr, s.embed_wd)]
     if groups["head"]:
-        optimizers.append(adam(groups["head"], head_lr, adam_wd))
+        optimizers.append(adam(groups["head"], s.head_lr, s.adam_wd))
     muon = Muon(
-        [{"params": groups["matrix"], "base_lr": matrix_lr}],
-        lr=matrix_lr,
-        momentum=muon_momentum,
-        backend_steps=muon_backend_steps,
-        weight_decay=weight_decay,
+        [{"params": groups["matrix"], "base_lr": s.matrix_lr}],
+        lr=s.matrix_lr,
+        momentum=s.muon_momentum,
+        backend_steps=s.muon_backend_steps,
+        weight_decay=s.muon_wd,
         ns_dtype=ns_dtype,
-        row_normalize=row_normalize,
-        ns_coefficients=ns_coefficients,
+        row_normalize=s.muon_row_normalize,
+        ns_coefficients=s.ns_coefficients,
     )
     optimizers.append(muon)
-    optimizers.append(adam(groups["scalar"], scalar_lr, adam_wd))
+    optimizers.append(adam(groups["scalar"], s.scalar_lr, s.adam_wd))
     return optimizers
+
+
+def lr_multiplier(progress: float, schedule: Schedule) -> float:
+    """Linear warm-up over the first warmup_frac of the budget, linear warm-down to 0 over the last warmdown_frac,
+    held at schedule.min_lr once it gets there (the record's ``max((1 - frac) / warmdown_frac, min_lr)``)."""
+    if schedule.warmup_frac > 0 and progress < schedule.warmup_frac:
+        return max(progress / schedule.warmup_frac, 1e-3)
+    if schedule.warmdown_frac > 0 and progress > 1 - schedule.warmdown_frac:
+        return max((1 - progress) / schedule.warmdown_frac, schedule.min_lr)
+    return 1.0
+
+
+def muon_momentum(step: int, s: OptimSettings) -> float:
+    """Muon's momentum at ``step``: ramped linearly from muon_momentum_warmup_start over muon_momentum_warmup_steps
+    (parameter-golf: 0.85 -> 0.95 over 500 steps), then muon_momentum."""
+    # None: a fraction of the run not resolved into steps (speedrun.run.run_steps), which training never sees
+    warm = s.muon_momentum_warmup_steps or 0
+    if warm <= 0:
+        return s.muon_momentum
+    frac = min(step / warm, 1.0)
+    return s.muon_momentum_warmup_start + frac * (s.muon_momentum - s.muon_momentum_warmup_start)
 
 
 def set_lr_multiplier(optimizers: Iterable[torch.optim.Optimizer], mult: float) -> None:
@@ -376,18 +418,3 @@ class WeightEMA:
             raise ValueError(f"EMA state has parameters {list(saved)[:3]}..., the model {self.names[:3]}...")
         for s, name in zip(self.shadow, self.names):
             s.copy_(saved[name])
-
-
-__all__ = [
-    "Muon",
-    "WeightEMA",
-    "newton_schulz",
-    "ns_schedule",
-    "row_normalize",
-    "muon_update",
-    "build_optimizers",
-    "set_lr_multiplier",
-    "set_muon_momentum",
-    "NS_COEFFS",
-    "POLAR_EXPRESS_COEFFS",
-]

@@ -23,10 +23,11 @@ from speedrun.core.data import (
     load_val_tokens,
     read_header,
 )
-from speedrun.core.optim import build_optimizers
-from speedrun.kernels.compile import compile_model
+from speedrun.core.optim import OptimSettings, build_optimizers
+from speedrun.core.compile import compile_model
 from speedrun.plan import Plan
 from speedrun.plan.model_choice import check_instance, model_class
+from speedrun.plan.settings import settings
 
 log = logging.getLogger("speedrun")
 
@@ -125,25 +126,10 @@ def build_model(plan: Plan, attention, bos_id: int):
 
         (convert_torchao if plan.kernel.fp8_impl == "torchao" else convert_linears)(model.blocks, plan.kernel.fp8)
     model = model.to(plan.device)
-    o = plan.optim
     optimizers = build_optimizers(
         model,
-        matrix_lr=o.matrix_lr,
-        scalar_lr=o.scalar_lr,
-        embed_lr=o.embed_lr,
-        tied_embed_lr=o.tied_embed_lr,
-        head_lr=o.head_lr,
-        muon_momentum=o.muon_momentum,
-        muon_backend_steps=o.muon_backend_steps,
-        beta1=o.beta1,
-        beta2=o.beta2,
-        eps=o.eps,
+        settings(OptimSettings, plan.optim),
         ns_dtype=torch.bfloat16 if plan.ns_dtype == "bf16" else torch.float32,
-        weight_decay=o.muon_wd,
-        row_normalize=o.muon_row_normalize,
-        ns_coefficients=str(o.ns_coefficients),
-        adam_wd=o.adam_wd,
-        embed_wd=o.embed_wd,
     )
     if plan.compile:
         # Static shapes: one graph per context length, all compiled during warm-up (progressive schedules
