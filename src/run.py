@@ -18,8 +18,8 @@ from omegaconf import DictConfig
 
 from speedrun.config import CONF_DIR, register_configs
 from speedrun.plan.model_choice import arch_from_argv, register_model_schema
+from speedrun.run.resume import register_resolvers
 from speedrun.task import task
-from speedrun.training.resume import register_resolvers
 
 register_configs()
 register_resolvers()

@@ -4,7 +4,7 @@ stops training when the study's pruner says so.
 The sweeper sets ``SPEEDRUN_OPTUNA_TRIAL=<trial number>:<study file>`` in the job's environment (hydra.job.env_set);
 the study file names the storage, the study and the metric (the run's ``objective``: val_bpb or val_loss, what a
 periodic validation measures). speedrun.task installs the check before the run; the training loop calls it after
-each periodic validation (speedrun.training.periodic.PRUNE_CHECKS) and a pruned trial ends training there,
+each periodic validation (speedrun.run.periodic.PRUNE_CHECKS) and a pruned trial ends training there,
 recorded as ``budget_end: pruned``. Single-process runs only: several ranks would each need the verdict.
 """
 

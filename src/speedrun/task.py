@@ -42,8 +42,8 @@ def task(cfg: Any) -> float:
     maximise = maximising(hydra.sweeper) if hydra is not None else False
     checks: list[Any] = []
     if os.environ.get(TRIAL_ENV):  # a trial of hydra/sweeper=optuna: its periodic validations go to the study
+        from speedrun.run.periodic import PRUNE_CHECKS
         from speedrun.sweep_trial import pruning_check
-        from speedrun.training.periodic import PRUNE_CHECKS
 
         checks = PRUNE_CHECKS
         checks[:] = [c for c in [pruning_check()] if c is not None]

@@ -30,13 +30,14 @@ from pathlib import Path
 from typing import Any
 
 from speedrun.config import CONF_DIR, register_configs, to_config
+from speedrun.core.train import Stepper, TrainState, warm_up
 from speedrun.errors import ConfigError
 from speedrun.hardware.profiles import PROFILES, detect
 from speedrun.kernels.tuned import write_entry
 from speedrun.plan import Plan, PlanError, resolve
+from speedrun.run.loop_setup import train_settings
 from speedrun.tables import format_table
 from speedrun.training.build import build_attention, build_data, build_model, configure_torch
-from speedrun.training.loop import Stepper, TrainState, warm_up
 
 DEFAULT_ATOL, DEFAULT_RTOL = 0.03, 0.01
 
@@ -221,7 +222,7 @@ def measure(candidate: Candidate, data: Any, steps: int, log: Callable[[str], No
     torch.manual_seed(plan.seed)
     attention = build_attention(plan)
     model, forward, _, optimizers = build_model(plan, attention, data.bos_id)
-    stepper = Stepper(model, forward, optimizers, plan)
+    stepper = Stepper(model, forward, optimizers, train_settings(plan))
     warm_up(stepper, data.train_batches, TrainState(), log)
     stage = plan.stages[-1]
     batches = data.train_batches(stage.seq_len, stage.micro_batch)

@@ -9,7 +9,7 @@ import pytest
 from speedrun.config import to_config
 from speedrun.config.specs import TTT_PRESETS
 from speedrun.plan import resolve
-from speedrun.training import run_steps
+from speedrun.run import run_steps
 from support.devices import fake_device
 
 NOT_CARRIED = object()

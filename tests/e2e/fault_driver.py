@@ -47,7 +47,7 @@ def database_full_after(n: int) -> None:
 def stall_after_checkpoints(n: int) -> None:
     import time
 
-    from speedrun.training import checkpoint
+    from speedrun.run import checkpoint
 
     real_save = checkpoint.save_checkpoint
     calls = {"n": 0}
@@ -59,7 +59,7 @@ def stall_after_checkpoints(n: int) -> None:
             time.sleep(300)
         return path
 
-    # before run imports speedrun.training.periodic, which takes the function by name
+    # before run imports speedrun.run.periodic, which takes the function by name
     checkpoint.save_checkpoint = save_checkpoint  # type: ignore[assignment]
 
 

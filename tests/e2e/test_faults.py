@@ -198,7 +198,7 @@ def test_a_model_class_or_an_interpolation_planted_in_a_run_dir_is_refused_befor
 
     # an interpolation is refused, never resolved (checked without a process: the same function the run calls)
     from speedrun.errors import ConfigError
-    from speedrun.training.resume import accepted_resume
+    from speedrun.run.resume import accepted_resume
 
     monkeypatch.setenv("SPEEDRUN_TEST_SECRET", "hunter2")
     for meta_path in (planted / "checkpoints").glob("step_*.json"):
@@ -340,7 +340,7 @@ def test_a_symlink_in_a_run_dir_is_never_followed_by_a_run_a_resume_or_an_export
     finished, killed, smoke, tmp_path, capsys
 ):
     from speedrun.errors import ConfigError
-    from speedrun.training.resume import accepted_resume
+    from speedrun.run.resume import accepted_resume
 
     cwd, db, run_dir = copy_of(finished, tmp_path)
     target = tmp_path / "precious.txt"
@@ -454,7 +454,7 @@ def test_a_sweep_dir_is_owned_by_one_sweep_whose_summary_counts_its_own_jobs(fin
 )
 def test_a_malformed_checkpoint_json_falls_back_to_the_older_one_or_is_one_line(killed, tmp_path, newest):
     from speedrun.errors import ConfigError
-    from speedrun.training.resume import accepted_resume
+    from speedrun.run.resume import accepted_resume
 
     _, _, killed_dir, _, _ = killed
     copy = tmp_path / "run"

@@ -11,9 +11,9 @@ import torch
 from speedrun.config import to_config
 from speedrun.core.attention import get_backend
 from speedrun.core.data import ByteLUTs
+from speedrun.core.evaluate import document_mask, evaluate, evaluate_sliding, run_eval, sliding_windows
 from speedrun.core.model import GPT
 from speedrun.errors import ConfigError
-from speedrun.evaluation.evaluate import document_mask, evaluate, evaluate_sliding, run_eval, sliding_windows
 from speedrun.plan import resolve
 from speedrun.run.finish import eval_fingerprint
 from support.devices import fake_device
@@ -184,7 +184,7 @@ def test_cuda_document_isolated_sliding_eval_flex_matches_math():
 def test_a_time_budget_stops_after_the_batch_that_spends_it_and_says_so(monkeypatch, mode):
     """Each batch costs one second of a fake clock and 'scores' its targets' positions: with 2.5 s the pass stops
     after its third batch, and the sums are those of targets 1..tokens exactly (a prefix, each once)."""
-    import speedrun.evaluation.evaluate as E
+    import speedrun.core.evaluate as E
 
     clock = [0.0]
     monkeypatch.setattr(E, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))

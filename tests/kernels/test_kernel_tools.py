@@ -162,9 +162,9 @@ def test_top_kernels_table():
 
 
 def test_profile_steps_on_cpu_writes_a_trace_and_undoes_its_steps(compose, tmp_path, data_cache):
+    from speedrun.core.train import Stepper
     from speedrun.kernels.profile import profile_steps
     from speedrun.training.build import build_attention, build_data, build_model
-    from speedrun.training.loop import Stepper
 
     plan = resolve(to_config(compose([*SMALL, f"data.cache_dir={data_cache}"])), fake_device("cpu"))
     data = build_data(plan, lambda m: None)
@@ -186,9 +186,9 @@ def _calls(table: str, op: str) -> int:
 def test_profile_steps_profiles_the_layer_loop_states_that_training_runs(compose, tmp_path, data_cache, enable_at):
     """A loop switched on mid-run: both states, each labelled (the looped step runs more layer passes); a loop on
     from the first step: that state alone (profiling the other one would time its compile). The loop is left off."""
+    from speedrun.core.train import Stepper, loop_states
     from speedrun.kernels.profile import profile_steps
     from speedrun.training.build import build_attention, build_data, build_model
-    from speedrun.training.loop import Stepper, loop_states
 
     loop = ["model.n_layer=2", "model.loop.start=0", "model.loop.end=0", "model.loop.num=2"]
     overrides = [*SMALL, *loop, f"model.loop.enable_at={enable_at}", f"data.cache_dir={data_cache}"]
@@ -291,9 +291,9 @@ def test_graphed_step_matches_the_plain_step(compose, data_cache, monkeypatch):
     and gradients kept allocated (zeroed in place) between steps."""
     import dataclasses
 
-    from speedrun.kernels.graphs import GraphedMicroStep
+    from speedrun.core.compile import GraphedMicroStep
+    from speedrun.core.train import Stepper
     from speedrun.training.build import build_attention, build_data, build_model
-    from speedrun.training.loop import Stepper
 
     class Replay:
         def __init__(self, fn, out):
@@ -367,7 +367,7 @@ def test_tuner_candidates_resolve_and_include_a_bigger_micro_batch(compose):
 
 def test_peak_memory_counts_reserved_memory_under_cuda_graphs(monkeypatch):
     """A graph's private pool is missed by max_memory_allocated: graphed runs record reserved memory, and say so."""
-    from speedrun.training.peak_memory import PeakMemory
+    from speedrun.run.peak_memory import PeakMemory
 
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: None)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 559 * 2**20)

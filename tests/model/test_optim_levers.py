@@ -338,8 +338,8 @@ def test_ema_after_k_steps_is_the_closed_form():
 def test_ema_checkpoint_round_trip(tmp_path):
     """capture -> save_checkpoint -> load_checkpoint (weights_only) -> restore keeps the average; a run with an EMA
     refuses a checkpoint without one."""
-    from speedrun.run.checkpoint import capture, load_checkpoint, restore, save_checkpoint
     from speedrun.core.train import TrainState
+    from speedrun.run.checkpoint import capture, load_checkpoint, restore, save_checkpoint
 
     model = _model()
     opts = build_optimizers(model, OptimSettings(**PGOLF))

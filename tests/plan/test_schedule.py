@@ -64,9 +64,9 @@ def test_every_length_is_compiled_in_warm_up_and_nothing_recompiles(compose, tmp
     not move after warm-up, the stages start where the schedule says, and each stage's batches have its shape."""
     from speedrun.core.attention import get_backend
     from speedrun.core.data import TokenStream
+    from speedrun.core.train import Stepper, TrainState, train, warm_up
     from speedrun.data.shards import write_shard
     from speedrun.training.build import build_model
-    from speedrun.training.loop import Stepper, TrainState, train, warm_up
 
     plan = plan_for(
         compose,
@@ -117,7 +117,7 @@ def test_every_length_is_compiled_in_warm_up_and_nothing_recompiles(compose, tmp
 
 def test_the_recompile_counter_can_fail():
     """The counter the test above relies on does move when a new shape compiles."""
-    from speedrun.kernels.compile import graphs_compiled
+    from speedrun.core.compile import graphs_compiled
 
     torch._dynamo.reset()
     f = torch.compile(lambda x: x * 2, backend="eager", dynamic=False)

@@ -77,7 +77,7 @@ def test_a_run_whose_loss_blows_up_is_diverged_and_not_evaluated(compose, tmp_pa
     """A run whose training loss rises far above where it started (pgolf_baseline on CPU can go 6.9 -> 15.0 in 3
     steps, worse than uniform) is not ok. Here the second step's loss is pushed 8 nats up: the run is diverged,
     says why, and is not evaluated or exported."""
-    from speedrun.training.loop import Stepper
+    from speedrun.core.train import Stepper
 
     step = Stepper.__call__
     calls = []

@@ -9,7 +9,7 @@ import torch
 from speedrun.config import to_config
 from speedrun.errors import ConfigError
 from speedrun.plan import resolve
-from speedrun.training.batch_search import fits_probe, largest_fitting, plan_with_batches, search_batches
+from speedrun.run.batch_search import fits_probe, largest_fitting, plan_with_batches, search_batches
 from support.devices import fake_device
 
 

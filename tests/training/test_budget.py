@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from speedrun.config import to_config
+from speedrun.core.optim import lr_multiplier
+from speedrun.core.train import Budget, Clock
 from speedrun.errors import ConfigError
 from speedrun.plan import resolve
-from speedrun.training.budget import Budget, Clock
-from speedrun.training.loop import lr_multiplier
 from support.devices import fake_device
 
 TINY = [
@@ -44,9 +44,9 @@ def train_plan(plan, tmp_path):
     """Train a plan on random tokens; returns (TrainState, metrics records)."""
     from speedrun.core.attention import get_backend
     from speedrun.core.data import TokenStream
+    from speedrun.core.train import Stepper, TrainState, train
     from speedrun.data.shards import write_shard
     from speedrun.training.build import build_model
-    from speedrun.training.loop import Stepper, TrainState, train
 
     torch.manual_seed(0)
     model, forward, _, optimizers = build_model(plan, get_backend("sdpa", kernel="math"), bos_id=1)
@@ -195,9 +195,9 @@ def test_an_unreachable_target_ends_ok_at_the_budget(compose, tmp_path, data_cac
 
 
 def test_no_target_keys_without_a_target(compose, tmp_path):
+    from speedrun.core.train import TrainState
     from speedrun.plan import resolve
-    from speedrun.training.loop import TrainState
-    from speedrun.training.loop_setup import target_keys
+    from speedrun.run.loop_setup import target_keys
     from support.devices import fake_device
 
     plan = resolve(to_config(compose(["debug=smoke"])), fake_device("cpu"))
@@ -230,7 +230,7 @@ def test_a_target_with_periodic_evaluation_resolves(compose):
 
 def test_a_run_resumed_after_reaching_its_target_trains_no_further(compose, tmp_path, monkeypatch):
     # its last checkpoint (written when training finished) holds target_steps: the loop ends at once, on target
-    from speedrun.training import loop
+    from speedrun.core import train as loop
 
     plan = plan_for(compose, "budget.max_steps=20", "budget.target_val_loss=3.28", "eval.every_steps=5")
     restored = loop.TrainState(steps=5, tokens=5 * 256, target_steps=5, target_tokens=5 * 256, target_seconds=1.0)

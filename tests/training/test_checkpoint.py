@@ -17,8 +17,8 @@ import torch
 from speedrun.errors import ConfigError
 from speedrun.paths import REPO_ROOT
 from speedrun.records.identity import code_fingerprint
-from speedrun.training import periodic
-from speedrun.training.periodic import LoopExtras
+from speedrun.run import periodic
+from speedrun.run.periodic import LoopExtras
 
 # A tiny CPU run on a step budget (the time budget never governs), with a flush every 3 steps so that the
 # signal lands between flushes, and periodic validation so its records are checked too.
@@ -50,7 +50,7 @@ def test_sigterm_checkpoints_and_resume_matches_an_uninterrupted_run_exactly(
     common = [*RUN, f"data.cache_dir={data_cache}", f"results_db={tmp_path / 'r.sqlite'}"]
     full = run(compose, tmp_path, "full", common)
 
-    from speedrun.training.loop import Stepper
+    from speedrun.core.train import Stepper
 
     calls = {"n": 0}
     original = Stepper.__call__
@@ -95,7 +95,7 @@ def test_sigterm_checkpoints_and_resume_matches_an_uninterrupted_run_exactly(
 
 def test_the_equivalence_check_can_fail(compose, tmp_path, data_cache):
     """A resume that lost the optimizer state would not match: the comparison above is sensitive to it."""
-    from speedrun.training import checkpoint
+    from speedrun.run import checkpoint
 
     common = [
         *RUN,
@@ -139,7 +139,7 @@ def test_the_equivalence_check_can_fail(compose, tmp_path, data_cache):
     ],
 )
 def test_resume_of_a_missing_foreign_or_checkpointless_dir_is_a_clear_error(tmp_path, make, needle):
-    from speedrun.training.resume import find_resume
+    from speedrun.run.resume import find_resume
 
     target = make(tmp_path)
     with pytest.raises(ConfigError, match=needle):
@@ -147,8 +147,8 @@ def test_resume_of_a_missing_foreign_or_checkpointless_dir_is_a_clear_error(tmp_
 
 
 def test_resume_refuses_overrides_the_run_did_not_have(tmp_path):
-    from speedrun.training.checkpoint import save_checkpoint
-    from speedrun.training.resume import find_resume
+    from speedrun.run.checkpoint import save_checkpoint
+    from speedrun.run.resume import find_resume
 
     run_dir = tmp_path / "r"
     run_dir.mkdir()
@@ -166,7 +166,7 @@ def test_resume_refuses_overrides_the_run_did_not_have(tmp_path):
 
 def test_a_run_killed_before_its_first_checkpoint_is_not_said_to_have_had_checkpointing_off(tmp_path):
     from speedrun.errors import ConfigError
-    from speedrun.training.resume import accepted_resume
+    from speedrun.run.resume import accepted_resume
 
     run_dir = tmp_path / "run"
     (run_dir / ".hydra").mkdir(parents=True)
@@ -179,7 +179,7 @@ def test_a_run_killed_before_its_first_checkpoint_is_not_said_to_have_had_checkp
 
 
 def test_checkpoints_are_atomic_pruned_and_load_with_weights_only(tmp_path):
-    from speedrun.training.checkpoint import (
+    from speedrun.run.checkpoint import (
         list_checkpoints,
         load_checkpoint,
         rng_state,
@@ -211,7 +211,7 @@ def test_checkpoints_are_atomic_pruned_and_load_with_weights_only(tmp_path):
 
 def test_a_pickled_object_is_refused_on_load(tmp_path):
     """weights_only=True: a checkpoint carrying an arbitrary object does not unpickle it."""
-    from speedrun.training.checkpoint import load_checkpoint, save_checkpoint
+    from speedrun.run.checkpoint import load_checkpoint, save_checkpoint
 
     save_checkpoint(tmp_path, {"format": 1, "progress": {"steps": 1}, "evil": Path("/")}, {"steps": 1}, keep=1)
     assert load_checkpoint(tmp_path) is None  # refused (warned), no older one to fall back to
@@ -227,7 +227,7 @@ def test_rng_state_restores_from_a_checkpoint_loaded_onto_the_gpu(tmp_path):
 
     import numpy as np
 
-    from speedrun.training.checkpoint import rng_state, set_rng_state
+    from speedrun.run.checkpoint import rng_state, set_rng_state
 
     torch.manual_seed(3)
     np.random.seed(3)  # noqa: NPY002 - the global legacy RNG is what checkpoints save
@@ -283,9 +283,9 @@ def test_train_starts_the_checkpoint_clock_once_before_its_first_step(compose):
 
     from speedrun.config import to_config
     from speedrun.core.attention import get_backend
+    from speedrun.core.train import Stepper, TrainState, train
     from speedrun.plan import resolve
     from speedrun.training.build import build_model
-    from speedrun.training.loop import Stepper, TrainState, train
     from support.devices import fake_device
 
     plan = resolve(

@@ -51,10 +51,10 @@ def _loop(
     step (of this run)."""
     from speedrun.core.attention import get_backend
     from speedrun.core.data import TokenStream
+    from speedrun.core.train import Stepper, TrainState, train
+    from speedrun.run.loop_setup import ResumableExtras
+    from speedrun.run.periodic import checkpoint_meta
     from speedrun.training.build import build_model
-    from speedrun.training.loop import Stepper, TrainState, train
-    from speedrun.training.loop_setup import ResumableExtras
-    from speedrun.training.periodic import checkpoint_meta
 
     torch.manual_seed(world.rank)  # World.prepare gives every rank rank 0's weights; a restore overwrites them
     model, forward, _, optimizers = build_model(plan, get_backend("sdpa", kernel="math"), bos_id=1)
@@ -121,7 +121,7 @@ def _under_submitit(plan, data: Path, world, own) -> dict:
 
 def _disk_full(plan, data: Path, world, own) -> str:
     """Rank 0's checkpoint write fails (a full disk): every rank stops with rank 0's error, none waits for it."""
-    from speedrun.training import periodic
+    from speedrun.run import periodic
 
     original = periodic.save_checkpoint
 
@@ -160,7 +160,7 @@ def _stop_and_resume(rank: int, world, plan, shard: str, tmp: str) -> dict:
 def test_two_ranks_stop_together_checkpoint_and_resume_on_two_or_one(compose, tmp_path):
     from speedrun.core.dist import SINGLE
     from speedrun.data.shards import write_shard
-    from speedrun.training.checkpoint import list_checkpoints, load_checkpoint
+    from speedrun.run.checkpoint import list_checkpoints, load_checkpoint
 
     shard = tmp_path / "fineweb_train_000000.bin"
     write_shard(shard, torch.randint(0, 1024, (40_000,), generator=torch.Generator().manual_seed(2)).numpy())
@@ -230,7 +230,7 @@ FITS = {0: 256, 1: 128}
 
 
 def _search(rank: int, world, plan) -> dict:
-    from speedrun.training.batch_search import agree_batches, plan_with_batches
+    from speedrun.run.batch_search import agree_batches, plan_with_batches
 
     def train_fits(seq_len: int, micro_batch: int) -> None:
         if seq_len * micro_batch > FITS[rank]:
@@ -276,8 +276,8 @@ def test_a_resume_may_change_the_number_of_ranks_and_nothing_else(tmp_path):
     """dist.nproc / dist.nodes beside resume= replace the run's own (in the config the resumed job runs and in its
     overrides); any other override the run did not have is still refused."""
     from speedrun.errors import ConfigError
-    from speedrun.training.checkpoint import save_checkpoint
-    from speedrun.training.resume import find_resume
+    from speedrun.run.checkpoint import save_checkpoint
+    from speedrun.run.resume import find_resume
 
     run_dir = tmp_path / "r"
     run_dir.mkdir()
@@ -333,7 +333,7 @@ def _compose(overrides: list[str]):
 
 def _signal_during_step(step: int) -> None:
     """SIGTERM to this process during training step ``step`` (as SLURM's or a user's kill of one rank)."""
-    from speedrun.training.loop import Stepper
+    from speedrun.core.train import Stepper
 
     original, calls = Stepper.__call__, [0]
 
@@ -424,8 +424,8 @@ def test_a_job_requeued_into_its_run_dir_resumes_on_two_ranks(tmp_path, data_cac
     checkpoint there, rank 1 (in a private dir of its own, where there is none) follows it and loads the file rank 0
     picks; the job continues the row from its checkpoint. Here the checkpoint is a one-process job's, stopped by SIGTERM
     at step 3, so the requeued job also changes the number of ranks."""
+    from speedrun.core.train import Stepper
     from speedrun.run.runner import RunContext, run_job
-    from speedrun.training.loop import Stepper
 
     db = tmp_path / "r.sqlite"
     common = [*JOB, f"data.cache_dir={data_cache}", f"results_db={db}"]

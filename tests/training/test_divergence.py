@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from speedrun.config import to_config
+from speedrun.core.train import DIVERGENCE_MARGIN, EARLY_MARGIN, SMOOTH_STEPS, divergence
 from speedrun.plan import resolve
-from speedrun.training.dense_metrics import DIVERGENCE_MARGIN, EARLY_MARGIN, SMOOTH_STEPS, divergence
 from support.devices import fake_device
 
 LN_1024 = math.log(1024)
@@ -153,7 +153,7 @@ def plan_for(compose, steps: int, *overrides: str):
 
 
 def train_on(plan, losses, state=None):
-    from speedrun.training.loop import TrainState, train
+    from speedrun.core.train import TrainState, train
 
     records = []
     state = train(
@@ -204,7 +204,7 @@ def test_every_step_is_judged_when_metrics_keep_one_record_per_flush(compose):
 
 
 def test_a_resumed_run_is_judged_against_the_first_loss_of_the_whole_run(compose):
-    from speedrun.training.loop import TrainState
+    from speedrun.core.train import TrainState
 
     state, _ = train_on(plan_for(compose, 5), [6.93, 6.0, 5.0, 4.5, 4.0])
     assert not state.diverged

@@ -8,7 +8,7 @@ import types
 
 from speedrun.config import to_config
 from speedrun.plan import resolve
-from speedrun.training.mfu import stage_tokens, training_flops
+from speedrun.run.mfu import stage_tokens, training_flops
 from support.devices import fake_device
 
 
@@ -32,8 +32,8 @@ def test_h100_profile_on_an_h200_is_emulation_with_the_h200s_peak(compose):
 
 def _record(plan, stages, steps, seconds, caplog=None):
     """The runner's own recording of a finished training (Job.record_training) on a fake state."""
+    from speedrun.core.train import TrainState
     from speedrun.run.job import Job
-    from speedrun.training.loop import TrainState
 
     job = Job(types.SimpleNamespace(run_dir=None), {}, None)
     job.plan = plan

@@ -152,8 +152,8 @@ def test_a_smoke_run_with_every_lever_evaluates_the_ema_and_records_it(compose, 
 def test_train_updates_the_ema_after_each_timed_step_only(compose):
     """Warm-up's steps are undone and never reach the average; the timed steps do, one update each; the
     model ends holding the average."""
+    from speedrun.core.train import Stepper, TrainState, train, warm_up
     from speedrun.training.build import build_model
-    from speedrun.training.loop import Stepper, TrainState, train, warm_up
 
     plan = resolve(
         to_config(compose(["debug=smoke", "budget.max_steps=3", "budget.tokens_per_step=512", "ema.decay=0.8"])),
@@ -204,8 +204,8 @@ def test_train_updates_the_ema_after_each_timed_step_only(compose):
 def test_a_resumed_run_with_an_ema_ends_where_an_uninterrupted_one_does(compose, tmp_path, data_cache, monkeypatch):
     """Checkpoints carry the EMA: a run resumed from its step-3 checkpoint scores (on the average) exactly what the
     uninterrupted run scores; dropping the EMA from the restore would not."""
+    from speedrun.run import checkpoint
     from speedrun.run.runner import RunContext, run_job
-    from speedrun.training import checkpoint
 
     common = [
         "debug=smoke",
@@ -247,7 +247,7 @@ def test_a_resumed_run_with_an_ema_ends_where_an_uninterrupted_one_does(compose,
         path.with_suffix(".json").unlink()
         path.unlink()
     original = checkpoint.restore
-    monkeypatch.setattr("speedrun.training.loop_setup.restore", lambda *a, ema=None, **k: original(*a, ema=None, **k))
+    monkeypatch.setattr("speedrun.run.loop_setup.restore", lambda *a, ema=None, **k: original(*a, ema=None, **k))
     stopped_at_step_3()
     broken = run("broken", [f"resume={tmp_path / 'twin'}"])
     assert broken["steps"] == 6 and broken["val_loss"] != full["val_loss"]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from speedrun.training.preempt import Preempted
+from speedrun.run.preempt import Preempted
 
 RUN = [
     "debug=smoke",
@@ -26,7 +26,7 @@ RUN = [
 
 
 def signal_at_step(monkeypatch, step: int, signum: int) -> None:
-    from speedrun.training.loop import Stepper
+    from speedrun.core.train import Stepper
 
     calls = {"n": 0}
     original = Stepper.__call__
@@ -87,7 +87,7 @@ def test_sigterm_under_submitit_checkpoints_and_goes_on(compose, tmp_path, data_
 
 def test_requeue_adds_resume_only_when_the_run_dir_holds_a_checkpoint(tmp_path):
     from hydra_plugins.speedrun_plugins.slurm_launcher import requeue_overrides
-    from speedrun.training.checkpoint import save_checkpoint
+    from speedrun.run.checkpoint import save_checkpoint
 
     assert requeue_overrides(["attn=flex", "seed=1"], tmp_path) == ["attn=flex", "seed=1"]  # nothing to resume
     assert requeue_overrides(["seed=1"], None) == ["seed=1"]
@@ -100,7 +100,7 @@ def test_the_slurm_launcher_is_ours_and_its_checkpoint_requeues_with_resume(comp
     import submitit
 
     from hydra_plugins.speedrun_plugins import slurm_launcher
-    from speedrun.training.checkpoint import save_checkpoint
+    from speedrun.run.checkpoint import save_checkpoint
 
     cfg = compose(["hydra/launcher=slurm"], return_hydra_config=True)
     assert cfg.hydra.launcher._target_.endswith("slurm_launcher.SpeedrunSlurmLauncher")
@@ -132,7 +132,7 @@ def test_main_ends_a_requeued_job_with_submitits_status(monkeypatch):
 def test_a_signal_after_the_boundarys_agreement_waits_for_the_next_boundary(monkeypatch):
     """Under submitit a SIGTERM (carry on) is agreed at a step boundary; a SIGUSR2 that lands while that boundary
     evaluates or checkpoints is not consumed with it: it is still pending, and the next boundary preempts."""
-    from speedrun.training.preempt import CARRY_ON, PREEMPT, StopRequests
+    from speedrun.run.preempt import CARRY_ON, PREEMPT, StopRequests
 
     monkeypatch.setenv("SUBMITIT_FOLDER", "/tmp/submitit")
     stop = StopRequests()

@@ -1,4 +1,4 @@
-"""Step-counted settings in units of the run (speedrun.training.run_steps): the run's steps from each kind of budget
+"""Step-counted settings in units of the run (speedrun.run.run_steps): the run's steps from each kind of budget
 (a time budget's projected from warm-up's step times against the hand computation), ema.horizon and
 optim.muon_momentum_warmup_frac turned into the decay and the steps used, the record's fractions giving back its
 own settings on its home budget, the warnings for settings longer than the run, the refusals, and a whole run that
@@ -14,8 +14,8 @@ import pytest
 from speedrun.config import to_config
 from speedrun.errors import ConfigError, PlanError
 from speedrun.plan import resolve
-from speedrun.training import run_steps
-from speedrun.training.run_steps import RunSteps
+from speedrun.run import run_steps
+from speedrun.run.run_steps import RunSteps
 from support.devices import fake_device
 
 HOME_STEPS = 4_900

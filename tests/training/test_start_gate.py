@@ -1,4 +1,4 @@
-"""speedrun.training.start_gate: a run waits before timed training until its gate exists, or not at all."""
+"""speedrun.run.hooks: a run waits before timed training until its gate exists, or not at all."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from speedrun.training import start_gate
-from speedrun.training.start_gate import START_GATE_ENV, wait_at_start_gate
+from speedrun.run import hooks as start_gate
+from speedrun.run.hooks import START_GATE_ENV, wait_at_start_gate
 
 
 def test_without_a_gate_nothing_waits_or_logs(monkeypatch):

@@ -4,7 +4,7 @@ submitit's checkpointing protocol: when SLURM signals a job that it is preempted
 ``--signal=USR2@<delay>``), submitit calls ``checkpoint`` on the submitted callable (the launcher, here) for a
 DelayedSubmission to requeue, requeues the job and exits. The stock launcher requeues the same call, so the job
 would start over. Ours adds ``resume=<run dir>`` when the job's run dir holds a checkpoint, so the requeued job
-continues it (speedrun.training.resume) and completes the same results row. The training loop (speedrun.training.preempt) defers
+continues it (speedrun.run.resume) and completes the same results row. The training loop (speedrun.run.preempt) defers
 the signal to the end of the current step, writes that checkpoint, and only then lets submitit's handler run.
 
 Imported by Hydra's plugin scan on every start: nothing heavy at import, and nothing at all without the extra.
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from speedrun.training.checkpoint import list_checkpoints
+from speedrun.run.checkpoint import list_checkpoints
 
 try:
     from hydra_plugins.hydra_submitit_launcher import submitit_launcher as _submitit

@@ -4,7 +4,7 @@ stops all of a run (torchrun's ranks included), or one stopped with SIGTERM afte
 While a run goes, its log is read as it grows, so the moment its timed training began (the step's ``ready`` line:
 speedrun's ``ready to train``, a peer's first training step) is known to within ``POLL_S``: the run's
 ``startup_seconds``, imports, data, compiling and warm-up steps, measured alike for speedrun and a peer script,
-which prints no clock of its own. The same reading opens a wave's start gate (speedrun.training.start_gate): once
+which prints no clock of its own. The same reading opens a wave's start gate (speedrun.run.hooks): once
 every peer run has begun training, the speedrun runs beside them may begin theirs."""
 
 from __future__ import annotations

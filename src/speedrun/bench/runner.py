@@ -99,7 +99,7 @@ def collect(check: Check, step: Step, outcome: Outcome, train_tokens: int | None
 
 
 def _gate_wait(log: Path) -> float | None:
-    """The seconds a gated speedrun run says it waited at its start gate (speedrun.training.start_gate)."""
+    """The seconds a gated speedrun run says it waited at its start gate (speedrun.run.hooks)."""
     try:
         found = re.findall(r"start gate open after ([0-9.]+) s", log.read_text(errors="replace"))
     except OSError:

@@ -12,7 +12,7 @@ from pathlib import Path
 from speedrun.bench import machine as hw
 from speedrun.bench.parsers import READY_LINES
 from speedrun.bench.spec import Arm, Check, PeerArm, RunArm
-from speedrun.training.start_gate import READY_LINE, START_GATE_ENV
+from speedrun.run.hooks import READY_LINE, START_GATE_ENV
 
 RUN_READY = rf"^\[[0-9:]+\] {READY_LINE}$"
 """speedrun's console line once its warm-up (and GPTQ's reserve, a profile, a restore) is done, right before its
@@ -65,7 +65,7 @@ class Step:
     ready: str | None = None
     """A regex for the log line that says timed training has begun (its first sighting gives ``startup_seconds``)."""
     gate: Path | None = None
-    """A speedrun run's start gate (speedrun.training.start_gate): created when every peer run of its wave has begun
+    """A speedrun run's start gate (speedrun.run.hooks): created when every peer run of its wave has begun
     training."""
 
     def shell(self, argv: tuple[str, ...] | None = None) -> str:

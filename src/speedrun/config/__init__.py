@@ -113,7 +113,7 @@ class Config:
     (speedrun.config.objective: the keys), not here: a re-run of an exported train_gpt.py never reads it."""
     resume: str | None = None
     """A run dir to continue from its latest checkpoint, to its original budget, recorded in the same row:
-    `python -m run resume=<run dir>`. The run's own config is used (speedrun.training.resume)."""
+    `python -m run resume=<run dir>`. The run's own config is used (speedrun.run.resume)."""
     accept_code_change: bool = False
     """With resume (or a requeued job's auto-resume): continue a checkpoint written by other code than this (another
     code_fingerprint). Off: such a resume is refused, naming both fingerprints; on: the row records the change

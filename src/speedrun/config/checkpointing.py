@@ -1,8 +1,8 @@
 """Schema of the loop's keeping: checkpoints during training and what a resumed run reads.
 
 Checkpoints hold everything the loop needs to continue bit for bit (model, optimizers, GradScaler, data position,
-RNG states, schedule progress and the elapsed budget); speedrun.training.checkpoint writes and reads them, and
-speedrun.training.resume turns ``resume=<run dir>`` into the run's own config.
+RNG states, schedule progress and the elapsed budget); speedrun.run.checkpoint writes and reads them, and
+speedrun.run.resume turns ``resume=<run dir>`` into the run's own config.
 """
 
 from __future__ import annotations

@@ -144,7 +144,7 @@ class OptimConfig:
     muon_momentum_warmup_steps: int | None = None
     """Steps of that ramp (0: none). None: 500, or optim.muon_momentum_warmup_frac of the run when that is set."""
     muon_momentum_warmup_frac: float | None = None
-    """The ramp as a fraction of the steps the run will make (speedrun.training.run_steps: the step count of a step
+    """The ramp as a fraction of the steps the run will make (speedrun.run.run_steps: the step count of a step
     or token budget, or the steps a time budget's warm-up projects), so a recipe keeps its meaning on another
     budget; the steps used are recorded (plan.json, result.json's muon_momentum_warmup_steps). The record: 1500 of
     ~4,900 steps, 0.306."""
@@ -326,7 +326,7 @@ class EMAConfig:
     evaluation, the quantized artifact and TTT use the EMA weights; periodic validation scores the live weights.
     It averages over about 1 / (1 - decay) steps. None or 0: off. The record: 0.9965."""
     horizon: float | None = None
-    """The EMA's horizon 1 / (1 - decay) as a fraction of the steps the run will make (speedrun.training.run_steps),
+    """The EMA's horizon 1 / (1 - decay) as a fraction of the steps the run will make (speedrun.run.run_steps),
     instead of ema.decay: decay = 1 - 1 / (horizon x steps), so a recipe keeps its averaging window on another budget;
     the decay used is recorded (plan.json, result.json's ema_decay). The record: 0.9965 over ~4,900 steps, a horizon
     of ~286 steps, 0.0583."""

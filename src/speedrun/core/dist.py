@@ -97,7 +97,7 @@ class World:
 
     @contextlib.contextmanager
     def stops_deferred(self) -> Iterator[None]:
-        """While training defers stop signals to a step boundary (speedrun.training.preempt), the guard lets the
+        """While training defers stop signals to a step boundary (speedrun.run.preempt), the guard lets the
         first one through to the loop instead of ending the run (a second still ends it at once)."""
         if self.guard is None:
             yield

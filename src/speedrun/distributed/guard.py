@@ -11,7 +11,7 @@ outside the main thread:
 - stop signals (Ctrl-C, SIGTERM from torchrun, SLURM or the sweep pool), through ``signal.set_wakeup_fd``, which
   Python's C-level handler writes even while the main thread is blocked. During training (``set_deferring``) the
   first stop signal is left to the loop, which agrees on it with the other ranks at the next step boundary,
-  checkpoints and stops every rank there (speedrun.training.periodic); a second one is acted on here as always.
+  checkpoints and stops every rank there (speedrun.run.periodic); a second one is acted on here as always.
 
 On either it aborts the NCCL communicators, so the blocked collective returns with an error and the main thread
 records the run and exits, and on rank 0 it closes the row at once (World.on_stop), in case this process is

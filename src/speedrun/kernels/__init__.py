@@ -4,6 +4,6 @@ step profile (profile), the shared compile cache (cache) and the tuned tables (t
 does no work."""
 
 GRAPH_EAGER_CALLS = 2
-"""Micro-batches run eagerly at a new shape before its CUDA graph is captured (speedrun.kernels.graphs): the
+"""Micro-batches run eagerly at a new shape before its CUDA graph is captured (speedrun.core.compile): the
 compiled code and its autotuning must have run before capture. The resolver (speedrun.plan.kernel_choice) sizes the
 warm-up from it."""

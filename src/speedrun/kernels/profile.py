@@ -93,14 +93,14 @@ def profile_steps(
     loop_states: Sequence[bool] = (False,),
 ) -> dict[str, Any]:
     """Profile ``steps`` optimizer steps at the longest context length in each model.loop state training will run
-    (``loop_states``, speedrun.training.loop.loop_states: off, then on; or on alone when the loop is on from the first
+    (``loop_states``, speedrun.core.train.loop_states: off, then on; or on alone when the loop is on from the first
     step), then restore model, optimizers and scaler (as warm-up does), so training starts from the same state; the
     loop is left off, as warm-up leaves it. Returns result keys: profile_trace and profile_step_ms for the state
     training starts in (profile_layer_loop says whether the loop was on in it), profile_trace_looped and
     profile_step_ms_looped for the loop switched on mid-run."""
     from torch.profiler import ProfilerActivity, profile
 
-    plan = stepper.plan
+    plan = stepper.settings
     cuda = plan.device == "cuda"
     looping = plan.model.loop.on
     saved_model = copy.deepcopy(stepper.model.state_dict())

@@ -76,7 +76,7 @@ def _hessian_reserve(quant: QuantConfig, seconds: float | None) -> float | None:
 
 
 def _check_run_fractions(cfg: Config, seconds: float | None) -> None:
-    """Settings given as fractions of the run (speedrun.training.run_steps) need a run length in steps: a step or
+    """Settings given as fractions of the run (speedrun.run.run_steps) need a run length in steps: a step or
     token budget, or a time budget whose warm-up times the steps."""
     fractions = [f"ema.horizon={cfg.ema.horizon:g}"] if cfg.ema.horizon is not None else []
     frac = cfg.optim.muon_momentum_warmup_frac

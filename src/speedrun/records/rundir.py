@@ -122,7 +122,7 @@ def read_status(run_dir: Path) -> str | None:
 def new_run_refusal(run_dir: Path) -> str | None:
     """Why a new run must not start in ``run_dir`` (one line naming the fix), from the dir alone, or None: it holds
     a symlink, a finished run (never written again), or other files and no speedrun record. Hydra's resolvers ask
-    it before writing .hydra/ or run.log there (speedrun.training.resume), the runner again before the run opens."""
+    it before writing .hydra/ or run.log there (speedrun.run.resume), the runner again before the run opens."""
     from speedrun.records.atomic import is_temp_name
     from speedrun.records.store import ENDED
 

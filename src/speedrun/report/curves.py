@@ -1,5 +1,5 @@
 """Train-loss and validation curves per group: the mean over a group's runs (its seeds) with a ± std band, against
-training tokens or train seconds, read from each run's metrics.jsonl (speedrun.training.dense_metrics).
+training tokens or train seconds, read from each run's metrics.jsonl (speedrun.core.train).
 
 One line per group rather than per run keeps a plot of many runs readable; the dense per-step train loss is
 smoothed (an exponential moving average over about 2% of the points) before averaging. Each run's curve is

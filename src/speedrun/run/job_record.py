@@ -20,14 +20,14 @@ from speedrun.records.atomic import atomic_write_text
 from speedrun.records.lock import RunDirLock
 from speedrun.records.result_block import format_result_block
 from speedrun.records.store import MetricsLog, ResultsDB, write_json
+from speedrun.run.checkpoint import list_checkpoints
 from speedrun.run.heartbeat import Heartbeat
 from speedrun.run.loggers import RunLogger
-from speedrun.training.checkpoint import list_checkpoints
 
 if TYPE_CHECKING:
+    from speedrun.core.train import TrainState
     from speedrun.plan.types import Plan
     from speedrun.run.runner import RunContext
-    from speedrun.training.loop import TrainState
 
 log = logging.getLogger("speedrun")
 

@@ -30,14 +30,14 @@ from speedrun.records.identity import AUTO_RESUME_IGNORED, GPU_SHARED_ENV, confi
 from speedrun.records.lock import RunDirBusy, RunDirLock
 from speedrun.records.rundir import new_run_refusal, symlink_problem
 from speedrun.records.store import ENDED, ResultsDB, empty_result, owner_keys, recorded_status
+from speedrun.run.checkpoint import checkpoint_dir
 from speedrun.run.job import Job
 from speedrun.run.job_record import write_error_file
 from speedrun.run.oom import find_oom, oom_result
 from speedrun.run.signals import sigterm_as_interrupt, stop_signals_deferred
-from speedrun.training.checkpoint import checkpoint_dir
 
 if TYPE_CHECKING:
-    from speedrun.training.resume import Resume
+    from speedrun.run.resume import Resume
 
 log = logging.getLogger("speedrun")
 
@@ -119,7 +119,7 @@ def run_job(cfg: Any, ctx: RunContext | None = None) -> dict[str, Any]:
     # the results database is the one this command names, from where it was started (never the run dir's own)
     db = _results_db(config_tree, ctx) if world.rank == 0 else dist.NoRecords()
     resume, refusal = _find_resume(config_tree, ctx, db)
-    if resume is not None:  # the original job's config, dir and row (speedrun.training.resume)
+    if resume is not None:  # the original job's config, dir and row (speedrun.run.resume)
         config_tree = config_tree_of(resume.config)  # plain values: resume refused any interpolation in them
         # a rank > 0 keeps its private dir: rank 0 alone writes the run's files and row (and picks the checkpoint)
         run_dir = resume.run_dir if world.rank == 0 else ctx.run_dir
@@ -202,7 +202,7 @@ def _opening_result(tree: dict[str, Any], ctx: RunContext, run_id: str, resume: 
 
 def environment_notes(environ: dict[str, str] | None = None) -> list[str]:
     """One line per SPEEDRUN_* variable set in this process's environment that changes the run or its record."""
-    from speedrun.training.start_gate import START_GATE_ENV
+    from speedrun.run.hooks import START_GATE_ENV
 
     env = os.environ if environ is None else environ
     notes = []
@@ -347,7 +347,7 @@ def _find_resume(
     """(the Resume this job does, or None; a refusal to raise once the record is open, or None)."""
     if not tree.get("resume") and not checkpoint_dir(ctx.run_dir).is_dir():
         return None, None  # nothing to continue (a re-run's fresh dir): its file need not carry training.resume
-    from speedrun.training.resume import find_resume, finished_refusal, training_unfinished
+    from speedrun.run.resume import find_resume, finished_refusal, training_unfinished
 
     try:
         resume = find_resume(tree, ctx.overrides, ctx.run_dir, ctx.original_cwd)

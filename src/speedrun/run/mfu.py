@@ -41,13 +41,6 @@ def stage_tokens(
     return out
 
 
-def plan_flops_per_token(plan: Plan, seq_len: int, looped: bool = False) -> int:
-    """FLOPs per token of the plan's model trained at ``seq_len`` (``looped``: with model.loop on), its attention
-    window applied: what budget.flops counts step by step and what MFU divides, so the two never disagree."""
-    window = dict(plan.attn_options).get("window")
-    return plan.model.flops_per_token(min(seq_len, window) if window else seq_len, looped=looped)
-
-
 def training_flops(model: ModelShape, per_stage: Sequence[tuple[int, ...]], window: int | None = None) -> int:
     """Model FLOPs of training ``per_stage`` = [(seq_len, tokens), ...] by the convention above; an entry
     (seq_len, tokens, True) was trained with model.loop on."""

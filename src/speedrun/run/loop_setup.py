@@ -13,10 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from speedrun.core.train import Stage, TrainSettings
 from speedrun.errors import ConfigError
 from speedrun.plan import Plan, plan_json
-from speedrun.training.checkpoint import load_checkpoint, load_checkpoint_file, restore
-from speedrun.training.periodic import LoopExtras, PeriodicEval, checkpoint_meta
+from speedrun.plan.settings import settings
+from speedrun.run.checkpoint import load_checkpoint, load_checkpoint_file, restore
+from speedrun.run.periodic import LoopExtras, PeriodicEval, checkpoint_meta
 
 log = logging.getLogger("speedrun")
 
@@ -32,6 +34,11 @@ _SAME_PLAN = (
     "target_value",
 )
 """Plan fields a checkpoint must agree on to be continued (the config is the same; the device may not be)."""
+
+
+def train_settings(plan: Plan) -> TrainSettings:
+    """The step's and the loop's settings (speedrun.core.train.TrainSettings) from the Plan's same-named fields."""
+    return settings(TrainSettings, plan, stages=tuple(settings(Stage, stage) for stage in plan.stages))
 
 
 @dataclass
@@ -60,10 +67,10 @@ def prepare_loop(
     world = getattr(stepper, "world", None)
     if plan.micro_batch_search or plan.eval.batch_search:
         # every rank searches its own memory; the smallest choice over the ranks is what every rank runs
-        from speedrun.training.batch_search import search_batches  # a Plan's choice (artifact.closure)
+        from speedrun.run.batch_search import search_batches  # a Plan's choice (artifact.closure)
 
         plan, searched = search_batches(plan, stepper.model, log.info, world=world)
-        stepper.plan = plan
+        stepper.settings = train_settings(plan)
         hooks.write_file("plan.json", plan_json(plan) + "\n")
     evaluator = (
         PeriodicEval(plan, stepper.model, eval_forward, data.val_tokens, data.luts, shard=world)

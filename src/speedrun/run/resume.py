@@ -42,7 +42,7 @@ from speedrun.records.identity import AUTO_RESUME_IGNORED, code_fingerprint, con
 from speedrun.records.lock import RunDirLock
 from speedrun.records.rundir import new_run_refusal, symlink_problem
 from speedrun.records.store import ENDED, read_result, recorded_status
-from speedrun.training.checkpoint import DIRNAME, latest_meta
+from speedrun.run.checkpoint import DIRNAME, latest_meta
 
 
 @dataclass

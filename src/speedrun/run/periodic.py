@@ -25,12 +25,11 @@ from typing import Any
 import torch
 
 from speedrun.core.dist import SINGLE
-from speedrun.evaluation.evaluate import run_eval
+from speedrun.core.evaluate import run_eval
+from speedrun.core.train import autocast_dtype
 from speedrun.plan import Plan
-from speedrun.plan.dtypes import autocast_dtype
-from speedrun.training.checkpoint import capture, rank_state, save_checkpoint
-from speedrun.training.dense_metrics import val_record
-from speedrun.training.preempt import NONE, StopRequests
+from speedrun.run.checkpoint import capture, rank_state, save_checkpoint
+from speedrun.run.preempt import NONE, StopRequests
 
 log = logging.getLogger("speedrun")
 
@@ -73,7 +72,7 @@ class PeriodicEval:
                 stride=None,
                 batch_size=self.plan.eval.batch_size,
                 device=self.plan.device,
-                autocast_dtype=autocast_dtype(self.plan),
+                autocast_dtype=autocast_dtype(self.plan.autocast),
                 shard=self.shard,
             )
         finally:
@@ -310,4 +309,21 @@ def checkpoint_meta(
         "cwd": str(cwd),
         "code_fingerprint": code,
         "plan": json.loads(json.dumps(plan.to_dict())),
+    }
+
+
+def val_record(
+    step: int, tokens: int, elapsed: float, val_loss: float, val_bpb: float, val_tokens: int, seconds: float
+) -> dict[str, Any]:
+    """A periodic validation's metrics.jsonl record: ``{"kind": "val", "step", "tokens", "val_loss", "val_bpb",
+    "val_tokens", "elapsed_s", "val_seconds"}``."""
+    return {
+        "kind": "val",
+        "step": step,
+        "tokens": tokens,
+        "val_loss": round(val_loss, 6),
+        "val_bpb": round(val_bpb, 6),
+        "val_tokens": val_tokens,
+        "elapsed_s": round(elapsed, 3),
+        "val_seconds": round(seconds, 3),
     }

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from speedrun.core.dist import World
+from speedrun.core.train import autocast_dtype
 from speedrun.plan import Plan
-from speedrun.plan.dtypes import autocast_dtype
 
 if TYPE_CHECKING:
     from speedrun.core.model import GPT
@@ -170,7 +170,7 @@ def _search_here(plan: Plan, model: GPT, log: Callable[[str], None]) -> tuple[Pl
             f"{plan.micro_batch} and eval batch {plan.eval.batch_size} on {plan.device}"
         )
         return plan, {"skipped": plan.device}
-    dtype = autocast_dtype(plan)
+    dtype = autocast_dtype(plan.autocast)
     vocab = plan.model.vocab_size
 
     def tokens(batch: int, seq_len: int) -> torch.Tensor:
