@@ -17,7 +17,9 @@ from support.cli import run_cli
 
 pytestmark = pytest.mark.slow
 
-SMOKE = ["debug=smoke", "budget.warmup_steps=0", "eval.tokens=1024"]
+# debug=smoke with 2 micro-batches a step (512 tokens, not its 6144), no warm-up step and a short eval: no case here
+# checks what training reaches
+SMOKE = ["debug=smoke", "budget.warmup_steps=0", "budget.tokens_per_step=512", "eval.tokens=1024"]
 
 
 def rows(cwd: Path):
@@ -118,7 +120,7 @@ def test_corrupt_shard(tmp_path, dataset):
 
 def test_ids_past_the_vocabulary_in_a_training_shard_fail_while_training(tmp_path, dataset):
     """Token ids are checked as batches are read: the error comes from inside the training loop."""
-    put_id(dataset / "fineweb_train_000000.bin", 3000, 2000)
+    put_id(dataset / "fineweb_train_000000.bin", 300, 2000)  # in the first step's second micro-batch
     proc = run_cli(with_data(dataset), cwd=tmp_path)
     row = assert_user_error(proc, tmp_path, "token id 2000 >= vocab_size 1024")
     assert row["phase"] == "train" and "ShardError" in row["error"]
