@@ -20,6 +20,8 @@ from speedrun.hardware import profiles as hardware
 from speedrun.plan import choose_profile, plan_json, resolve
 from speedrun.plan.dist_choice import WorldInfo
 from speedrun.plan.model_choice import arch_from_argv, register_model_schema
+from speedrun.plan.types import Plan
+from speedrun.run import run_steps
 
 FLAG = "--plan"
 FORMATS = ("summary", "json")
@@ -60,7 +62,17 @@ def print_plan(argv: list[str]) -> int:
     except (ConfigError, HydraException, OmegaConfBaseException) as e:
         return _refuse(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
     print(plan_json(plan) if formats[-1] == "json" else plan.describe())
+    for line in step_warnings(plan):  # on stderr where stdout must stay JSON
+        print(line, file=sys.stderr if formats[-1] == "json" else sys.stdout)
     return 0
+
+
+def step_warnings(plan: Plan) -> list[str]:
+    """The run's warnings for step-counted settings longer than the run (speedrun.run.run_steps), where the plan
+    alone fixes its steps (a step or token budget), so they come before any GPU time. A time budget's steps are
+    projected from warm-up's step times: the run says them then."""
+    run = run_steps.known_steps(plan)
+    return run_steps.resolve(plan, run)[1] if run is not None else []
 
 
 def _config_dirs_as_override(args: list[str]) -> tuple[list[str], list[str]]:
