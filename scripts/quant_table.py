@@ -12,7 +12,8 @@ the EMA's where it kept one), said so on the console. Without ``--setting`` the 
 levers added one at a time. Each setting runs the export exactly as a run does (speedrun.run.finish.Finish:
 Hessians from training batches, GPTQ, compression, the round trip scored on the eval tokens) into
 ``<run dir>/quant_table/<n>/``, whose ``artifact_tensors.json`` holds the per-tensor report; the table is also written
-to ``<run dir>/quant_table/table.md``.
+to ``<run dir>/quant_table/table.md``. A setting that changes the model's shape (``quant.logit_rescale``'s two softcap
+scalars) gets a model of its own, the parameters the run did not train at their start value.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ OFF = [
     "quant.embed_bits=8",
     "quant.lqer.rank=0",
     "quant.gate_bits=null",
-    "quant.reserve_seconds=0",
     "quant.compressor=brotli",
     "quant.level=11",
 ]
@@ -91,8 +91,8 @@ def load_config(run_dir: Path, overrides: list[str]) -> Any:
 def float_weights(run_dir: Path, log: Any) -> dict[str, Any]:
     import torch
 
-    from speedrun.quant.model_export import FLOAT_WEIGHTS
-    from speedrun.training.checkpoint import load_checkpoint
+    from speedrun.run.checkpoint import load_checkpoint
+    from speedrun.run.quant_phase import FLOAT_WEIGHTS
 
     if (run_dir / FLOAT_WEIGHTS).is_file():
         return torch.load(run_dir / FLOAT_WEIGHTS, map_location="cpu", weights_only=True)
@@ -133,21 +133,40 @@ def main(argv: list[str] | None = None) -> int:
     plans = [resolve(load_config(run_dir, [*args.overrides, *extra]), device, cwd=Path.cwd()) for _, extra in settings]
     first = plans[0]
     data = build_data(first, log)
-    model, _, eval_forward, _ = build_model(first, build_attention(first), data.bos_id)
-    state = {k: v.to(model.state_dict()[k].dtype) for k, v in float_weights(run_dir, log).items()}
+    weights = float_weights(run_dir, log)
     result = json.loads((run_dir / "result.json").read_text()) if (run_dir / "result.json").is_file() else {}
-    if first.model.loop.on and (result.get("stages") or [{}])[-1].get("loop"):
-        model.set_loop(True)  # the run ended with its loop on: score the model as it was exported
-    model.load_state_dict(state)
-    model.eval()
+    # the run ended with its loop on: score the model as it was exported
+    loop = bool(first.model.loop.on and (result.get("stages") or [{}])[-1].get("loop"))
+    built: dict[Any, tuple[Any, Any, dict[str, Any]]] = {}
+
+    def model_for(plan: Any) -> tuple[Any, Any]:
+        """The model of a setting's shape, holding the run's float weights. A setting that adds parameters to the
+        shape (quant.logit_rescale's two softcap scalars) keeps them at their init, which gives the same logits."""
+        if plan.model not in built:
+            model, _, eval_forward, _ = build_model(plan, build_attention(plan), data.bos_id)
+            own = model.state_dict()
+            extra = set(own) - set(weights)
+            if unknown := set(weights) - set(own):
+                raise SystemExit(f"{run_dir}: its weights hold {sorted(unknown)[:3]}, which this setting's model lacks")
+            state = {k: v.to(own[k].dtype) for k, v in weights.items()}
+            state.update({k: own[k].detach().clone() for k in extra})
+            if loop:
+                model.set_loop(True)
+            model.eval()
+            built[plan.model] = (model, eval_forward, state)
+        model, eval_forward, state = built[plan.model]
+        model.load_state_dict(state)
+        return model, eval_forward
+
     out = run_dir / "quant_table"
+    model, eval_forward = model_for(first)
     base = Finish(first, model, eval_forward, data, out, log)
     out.mkdir(exist_ok=True)
     base.evaluate()
     val_bpb = base.out["val_bpb"]
     rows = []
     for i, ((label, _), plan) in enumerate(zip(settings, plans)):
-        model.load_state_dict(state)
+        model, eval_forward = model_for(plan)
         where = out / str(i)
         where.mkdir(exist_ok=True)
         finish = Finish(plan, model, eval_forward, data, where, log)

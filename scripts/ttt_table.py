@@ -70,12 +70,14 @@ def parse_setting(text: str) -> tuple[str, list[str]]:
 
 def exported_weights(run_dir: Path, plan: Any, log: Any) -> tuple[dict[str, Any], str]:
     """The weights a run's TTT phase adapts: the artifact's round trip if the run wrote one, else the float ones."""
-    from speedrun.quant.quantize import load_artifact
+    from speedrun.core.quant import dequantize_state_dict, load_packed
 
     q = plan.quant
     artifact = run_dir / f"model.{q.name}.{q.compressor}"
     if q.name != "off" and artifact.is_file():
-        return load_artifact(artifact.read_bytes(), str(q.compressor)), f"the dequantized {artifact.name}"
+        return dequantize_state_dict(
+            load_packed(artifact.read_bytes(), str(q.compressor))
+        ), f"the dequantized {artifact.name}"
     return float_weights(run_dir, log), "the float weights (no artifact in the run dir)"
 
 

@@ -18,7 +18,7 @@ from support.ranks import STEPS, TINY_RUN, on_ranks, plan_for
 
 
 def _luts(vocab: int):
-    from speedrun.data.bpb import ByteLUTs
+    from speedrun.core.data import ByteLUTs
 
     g = torch.Generator().manual_seed(0)
     base = torch.randint(1, 5, (vocab,), generator=g).to(torch.int16)
@@ -35,12 +35,13 @@ def _val_tokens(vocab: int) -> torch.Tensor:
 
 def _run(plan, shard: Path, world, state=None) -> dict:
     """Train STEPS steps with the real loop, then score: what a rank (or the single process) reports."""
-    from speedrun.data.loader import TokenStream
-    from speedrun.evaluation.evaluate import run_eval
-    from speedrun.model.attention import get_backend
+    from speedrun.core.attention import get_backend
+    from speedrun.core.data import TokenStream
+    from speedrun.core.evaluate import run_eval
+    from speedrun.core.train import Stepper, TrainState, train
+    from speedrun.core.ttt_lora import TTTSettings
+    from speedrun.core.ttt_score import ttt_evaluate
     from speedrun.training.build import build_model
-    from speedrun.training.loop import Stepper, TrainState, train
-    from speedrun.ttt.score_first import LoRASettings, ttt_evaluate
 
     torch.manual_seed(world.rank)  # different seeds: World.prepare must give every rank rank 0's weights
     model, forward, eval_forward, optimizers = build_model(plan, get_backend("sdpa", kernel="math"), bos_id=1)
@@ -84,7 +85,7 @@ def _run(plan, shard: Path, world, state=None) -> dict:
             autocast_dtype=None,
             shard=world,
         )
-    settings = LoRASettings(rank=2, lr=0.01, chunk_size=8, batch_size=2, seed=0)
+    settings = TTTSettings(rank=2, lr=0.01, chunk_size=8, batch_size=2, seed=0)
     out["ttt"] = ttt_evaluate(model, val, luts, settings, bos_id=1, seq_len=32, shard=world)
     return out
 
@@ -100,8 +101,8 @@ def test_two_ranks_train_and_score_like_one_process(compose, tmp_path):
     final weights 8e-6 apart); the same final weights to 1e-5; eval sums of the same weights identical bit for bit
     (standard and sliding); TTT to 1e-12. Without the gradient all-reduce the losses differ by 5e-3 relative, with
     every rank orthogonalising the same share of Muon's matrices by 1e-4."""
+    from speedrun.core.dist import SINGLE
     from speedrun.data.shards import write_shard
-    from speedrun.distributed.world import SINGLE
 
     shard = tmp_path / "fineweb_train_000000.bin"
     write_shard(shard, torch.randint(0, 1024, (40_000,), generator=torch.Generator().manual_seed(2)).numpy())
@@ -134,11 +135,11 @@ def _train_with_periodic_eval(plan, shard: Path, world) -> dict:
     """Train with the real loop and LoopExtras (real PeriodicEval, sharded over ``world``); returns every result
     the evaluator computed on this rank (step 0: before training, the same weights everywhere) and the records
     this rank wrote."""
-    from speedrun.data.loader import TokenStream
-    from speedrun.model.attention import get_backend
+    from speedrun.core.attention import get_backend
+    from speedrun.core.data import TokenStream
+    from speedrun.core.train import Stepper, TrainState, train
+    from speedrun.run.periodic import LoopExtras, PeriodicEval
     from speedrun.training.build import build_model
-    from speedrun.training.loop import Stepper, TrainState, train
-    from speedrun.training.periodic import LoopExtras, PeriodicEval
 
     torch.manual_seed(world.rank)  # World.prepare gives every rank rank 0's weights
     model, forward, eval_forward, optimizers = build_model(plan, get_backend("sdpa", kernel="math"), bos_id=1)
@@ -168,7 +169,7 @@ def _train_with_periodic_eval(plan, shard: Path, world) -> dict:
     records: list = []
     extras = LoopExtras(plan, shard.parent, stepper=stepper, evaluator=evaluator, meta={}, on_metrics=records.append)
     extras.warm()  # step 0: what the loop's warm-up scores
-    state = train(stepper, batches, state=TrainState(), log=lambda _: None, on_metrics=records.append, extras=extras)
+    state = train(stepper, batches, state=TrainState(), log=lambda _: None, on_metrics=records.append, between_steps=extras)
     vals = [(r["step"], r["val_loss"], r["val_bpb"]) for r in records if "val_bpb" in r]
     return {"results": results, "vals": vals, "steps": state.steps}
 
@@ -182,8 +183,8 @@ def test_two_ranks_validate_periodically_like_one_process(compose, tmp_path):
     first (warm-up, step 0: the same weights) equals one process's to 1e-12 (the sharded sums are exact; measured:
     bit for bit); after training the weights differ by the gradient sums' order (test_dist: losses within 2e-6
     relative), so the periodic val_loss / val_bpb are held to 1e-5 relative (measured: equal here). Only rank 0 writes val records."""
+    from speedrun.core.dist import SINGLE
     from speedrun.data.shards import write_shard
-    from speedrun.distributed.world import SINGLE
 
     shard = tmp_path / "fineweb_train_000000.bin"
     write_shard(shard, torch.randint(0, 1024, (40_000,), generator=torch.Generator().manual_seed(2)).numpy())

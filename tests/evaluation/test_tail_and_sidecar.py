@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from speedrun.config import to_config
-from speedrun.data.bpb import ByteLUTs, stream_bytes, token_bytes
-from speedrun.data.loader import load_val_tokens
+from speedrun.core.data import ByteLUTs, load_val_tokens, token_bytes
+from speedrun.core.evaluate import evaluate, evaluate_sliding
+from speedrun.data.bpb import stream_bytes
 from speedrun.data.shards import write_shard
-from speedrun.evaluation.evaluate import evaluate, evaluate_sliding
 from speedrun.plan import resolve
 from support.devices import fake_device
 from support.tiny import TINY, tiny_gpt
@@ -138,7 +138,7 @@ def test_standard_and_sliding_scores_count_the_sidecars_bytes(stride):
 def test_ttt_chunk_steps_count_the_sidecars_bytes():
     """speedrun.ttt.graphs.chunk_step scores chunks of rows (window begin, length, first scored column): with a
     sidecar the bytes are those of the scored targets' positions."""
-    from speedrun.ttt.graphs import chunk_step
+    from speedrun.core.ttt_graphs import chunk_step
 
     g = torch.Generator().manual_seed(7)
     tokens = torch.randint(1, 64, (100,), generator=g)

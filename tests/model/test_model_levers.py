@@ -13,12 +13,21 @@ import torch
 import torch.nn.functional as F
 
 from speedrun.config import to_config
+from speedrun.core.attention import get_backend
+from speedrun.core.model import (
+    GPT,
+    AttnOutGate,
+    LayerLoop,
+    ModelShape,
+    SmearGate,
+    apply_partial_rope,
+    apply_rope,
+    rope_tables,
+    xsa,
+)
 from speedrun.errors import ConfigError, PlanError
-from speedrun.model.attention import get_backend
-from speedrun.model.gpt import GPT
-from speedrun.model.layers import apply_partial_rope, apply_rope, rope_tables, xsa
-from speedrun.model.shape import AttnOutGate, LayerLoop, ModelShape, SmearGate
 from speedrun.plan import resolve
+from speedrun.plan.model_choice import check_shape, model_keys
 from support.devices import fake_device
 from support.tiny import ALL_ON, BOS, LEVERS_TINY, tiny_gpt
 
@@ -115,7 +124,7 @@ def test_all_levers_off_is_todays_model_bit_for_bit():
 
 
 def test_result_keys_name_every_lever():
-    keys = LEVERS_TINY.result_keys()
+    keys = model_keys(LEVERS_TINY)
     assert all(k.startswith("model_") for k in keys)
     assert keys == {
         "model_mlp_act": "relu2",
@@ -136,7 +145,7 @@ def test_result_keys_name_every_lever():
         "model_attn_out_gate_scale": 1.0,
         "model_attn_out_gate_init_std": 0.0,
     }
-    on = ALL_ON.result_keys()
+    on = model_keys(ALL_ON)
     assert on["model_loop_num"] == 2 and on["model_rope_dims"] == 4 and on["model_attn_out_gate_scale"] == 0.5
 
 
@@ -196,7 +205,7 @@ def test_qk_gain_init_is_a_field(compose):
     plan = resolve(to_config(compose(["model.qk_gain_init=5.0"])), fake_device("cpu"))
     assert plan.model.qk_gain_init == 5.0
     with pytest.raises(ConfigError, match="model.qk_gain_init"):
-        replace(LEVERS_TINY, qk_norm=False, qk_gain_init=5.0)
+        check_shape(replace(LEVERS_TINY, qk_norm=False, qk_gain_init=5.0))
 
 
 def test_xsa_removes_the_component_along_the_value_of_the_heads_kv_group():
@@ -243,9 +252,9 @@ def test_parallel_lanes_block_formula_and_final_lane():
     losses = {lane: _model(replace(shape, parallel_final_lane=lane))(idx, tgt) for lane in ("mean", "attn", "mlp")}
     assert len({round(v.item(), 6) for v in losses.values()}) == 3
     with pytest.raises(ConfigError, match="model.parallel_start_layer"):
-        replace(LEVERS_TINY, parallel_start_layer=1)  # an encoder layer
+        check_shape(replace(LEVERS_TINY, parallel_start_layer=1))  # an encoder layer
     with pytest.raises(ConfigError, match="after the looped layers"):
-        replace(LEVERS_TINY, parallel_start_layer=3, loop=LayerLoop(start=1, end=3, num=1))
+        check_shape(replace(LEVERS_TINY, parallel_start_layer=3, loop=LayerLoop(start=1, end=3, num=1)))
 
 
 def test_smear_gate_formula_identity_at_init_and_never_across_bos():
@@ -267,8 +276,6 @@ def test_smear_gate_formula_identity_at_init_and_never_across_bos():
     changed = idx.clone()
     changed[:, 20:] = (changed[:, 20:] + 5) % 63 + 1
     torch.testing.assert_close(m(idx, tgt, reduction="none")[:, :20], m(changed, tgt, reduction="none")[:, :20])
-    with pytest.raises(ValueError, match="BOS"):
-        GPT(shape, get_backend("sdpa", kernel="math"))
 
 
 def test_attn_out_gate_scales_each_heads_output():
@@ -347,11 +354,11 @@ def test_loop_switch_keeps_one_graph_per_state_without_graph_breaks():
 def test_loop_switches_on_in_training_without_recompiling_and_counts_its_flops(compose, tmp_path):
     """Warm-up compiles loop off and on at each context length; training switches the loop on at enable_at (by
     step here), records it as a stage entry, compiles nothing new, and charges the looped steps their FLOPs."""
-    from speedrun.data.loader import TokenStream
+    from speedrun.core.data import TokenStream
+    from speedrun.core.train import Stepper, TrainState, flops_per_token, train, warm_up
     from speedrun.data.shards import write_shard
+    from speedrun.run.mfu import mfu_keys, stage_tokens, training_flops
     from speedrun.training.build import build_model
-    from speedrun.training.loop import Stepper, TrainState, train, warm_up
-    from speedrun.training.mfu import mfu_keys, plan_flops_per_token, stage_tokens, training_flops
 
     plan = resolve(
         to_config(
@@ -414,7 +421,7 @@ def test_loop_switches_on_in_training_without_recompiling_and_counts_its_flops(c
     assert per_stage == [(64, 512), (128, 512), (128, 1024, True)]
     assert state.flops == training_flops(plan.model, per_stage)
     assert mfu_keys(plan, state.stages, state.steps, state.train_seconds)["train_flops"] == state.flops
-    assert plan_flops_per_token(plan, 128, looped=True) > plan_flops_per_token(plan, 128)
+    assert flops_per_token(plan, 128, looped=True) > flops_per_token(plan, 128)
 
 
 # ---- config, plan, refusals -------------------------------------------------------------------------------------
@@ -446,7 +453,7 @@ def test_record_levers_compose_resolve_and_round_trip_through_plan_json(compose)
     assert d["loop"] == {"start": 3, "end": 5, "num": 2, "enable_at": 0.35}
     assert ModelShape(**d) == m
     default = resolve(to_config(compose([])), fake_device("cpu")).model
-    assert default.result_keys() == LEVERS_TINY.result_keys()
+    assert model_keys(default) == model_keys(LEVERS_TINY)
 
 
 @pytest.mark.parametrize(
@@ -484,10 +491,12 @@ def test_cuda_graphs_refuse_a_loop_switched_on_mid_run(compose):
 def test_every_lever_on_trains_quantizes_and_adapts():
     """Two optimizer steps with the loop on, then the int6 GPTQ round trip (the gates and lane weights stay float,
     GPTQ sees exactly the block linears) and score-first TTT on the restored model."""
-    from speedrun.data.bpb import ByteLUTs
-    from speedrun.model.optim import build_optimizers
-    from speedrun.quant import quantize as Q
-    from speedrun.ttt.score_first import LoRASettings, ttt_evaluate
+    from speedrun.core import gptq
+    from speedrun.core import quant as Q
+    from speedrun.core.data import ByteLUTs
+    from speedrun.core.optim import OptimSettings, build_optimizers
+    from speedrun.core.ttt_lora import TTTSettings
+    from speedrun.core.ttt_score import ttt_evaluate
 
     m = _model(ALL_ON, noise=0.02)
     groups = m.param_groups()
@@ -497,17 +506,7 @@ def test_every_lever_on_trains_quantizes_and_adapts():
     scalar = {names[id(p)].rsplit(".", 1)[-1] for p in groups["scalar"]}
     assert {"attn_gate_w", "lane_resid", "lane_post", "skip_gates", "smear_w", "smear_lambda"} <= scalar
     opts = build_optimizers(
-        m,
-        matrix_lr=0.02,
-        scalar_lr=0.02,
-        embed_lr=0.05,
-        tied_embed_lr=0.05,
-        head_lr=0.01,
-        muon_momentum=0.95,
-        muon_backend_steps=5,
-        beta1=0.9,
-        beta2=0.95,
-        eps=1e-8,
+        m, OptimSettings(matrix_lr=0.02, scalar_lr=0.02, embed_lr=0.05, tied_embed_lr=0.05, head_lr=0.01)
     )
     m.set_loop(True)
     idx, tgt = _batch(ALL_ON, b=4)
@@ -523,13 +522,15 @@ def test_every_lever_on_trains_quantizes_and_adapts():
     assert all(math.isfinite(v) for v in losses) and not torch.equal(m.smear_lambda, before)
 
     batches = [_batch(ALL_ON, b=2, seed=s) for s in range(2)]
-    H = Q.collect_hessians(m, iter(batches), 2, device="cpu")
-    assert set(H) == set(Q.gptq_layers(m)) and len(H) == 6 * ALL_ON.n_layer
+    H = gptq.collect_hessians(m, iter(batches), 2, device="cpu")
+    assert set(H) == set(gptq.gptq_layers(m)) and len(H) == 6 * ALL_ON.n_layer
     state = m.state_dict()
-    packed = Q.quantize_state_dict_gptq(state, H, bits=6, embed_bits=8, damp=0.01, block_size=8, clip_ratios=[1.0])
+    packed = Q.quantize_int6(
+        state, H, Q.QuantSettings(name="int6", bits=6, embed_bits=8, damp=0.01, block_size=8, clip_ratios=(1.0,))
+    )[0]
     for name in ("blocks.0.attn.attn_gate_w", "blocks.5.lane_post", "skip_gates", "smear_w", "smear_lambda"):
         assert "q" not in packed[name], name  # small parameters stay in floating point
-    restored = Q.load_artifact(Q.export_packed(packed, "zlib", 9).blob, "zlib")
+    restored = Q.dequantize_state_dict(Q.load_packed(Q.export_packed(packed, "zlib", 9).blob, "zlib"))
     m.load_state_dict({k: restored[k].to(v.dtype) for k, v in state.items()})
     assert m.loop_active and math.isfinite(m(idx, tgt).item())
 
@@ -542,6 +543,6 @@ def test_every_lever_on_trains_quantizes_and_adapts():
     g = torch.Generator().manual_seed(0)
     docs = [torch.cat((torch.tensor([BOS]), torch.randint(1, vocab, (n - 1,), generator=g))) for n in (40, 30)]
     tokens = torch.cat(docs)
-    settings = LoRASettings(rank=2, lr=0.01, chunk_size=8, targets="all", seed=0)
+    settings = TTTSettings(rank=2, lr=0.01, chunk_size=8, targets="all", seed=0)
     res = ttt_evaluate(m, tokens, luts, settings, bos_id=BOS, seq_len=32)
     assert res.complete and math.isfinite(res.val_bpb) and math.isfinite(res.base_val_bpb)

@@ -10,17 +10,10 @@ import torch
 
 from speedrun.config.choices import Compressor, QuantClip, QuantName
 from speedrun.config.quant import AWQConfig, QuantConfig
+from speedrun.core import pergroup
+from speedrun.core import quant as Q
+from speedrun.core.gptq import FineColumns, awq_groups, collect_hessians, quantize_gptq_fine, sigma_scales
 from speedrun.errors import ConfigError
-from speedrun.quant import pergroup
-from speedrun.quant import quantize as Q
-from speedrun.quant.gptq import (
-    FineColumns,
-    awq_groups,
-    collect_hessians,
-    quantize_gptq,
-    quantize_gptq_fine,
-    sigma_scales,
-)
 from support.tiny import BOS, QUANT_TINY, calibration_batches, tiny_gpt
 
 
@@ -76,7 +69,7 @@ def test_promoted_columns_round_on_their_own_finer_step():
     assert torch.equal(codes, expect.to(torch.int8))
     assert int(codes[:, 16:32].abs().max()) > 31  # the finer grid uses codes beyond int6's
     # no promoted columns: the plain solve, code for code
-    plain, plain_scale = quantize_gptq(w, H, bits=6, sigma=k, block_size=8)
+    plain, plain_scale = quantize_gptq_fine(w, H, bits=6, sigma=k, block_size=8)[:2]
     again, _, none = quantize_gptq_fine(w, H, bits=6, sigma=k, block_size=8)
     assert torch.equal(plain, again) and none is None
 

@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 
-from speedrun.quant import pergroup
-from speedrun.quant import quantize as Q
+from speedrun.core import pergroup
+from speedrun.core import quant as Q
 
 
 def packed_state() -> dict[str, dict[str, torch.Tensor]]:
@@ -58,10 +58,10 @@ def assert_same(a: dict, b: dict) -> None:
 def test_pergroup_round_trips_exactly(codec, monkeypatch):
     packed = packed_state()
     blob, groups = pergroup.pack(packed, codec, 5)
-    assert blob[:4] == b"SRPG" and pergroup.CODECS[blob[5]] == codec  # the header names its codec
+    assert blob[:4] == b"SRPG" and pergroup.PERGROUP_CODECS[blob[5]] == codec  # the header names its codec
     assert_same(pergroup.unpack(blob), packed)
     assert len(blob) == sum(groups.values())  # every byte is a group's or the header's
-    monkeypatch.setattr(pergroup, "CHUNK_BYTES", 100)  # many chunks per group: still exact
+    monkeypatch.setattr(pergroup, "PERGROUP_CHUNK_BYTES", 100)  # many chunks per group: still exact
     small_chunks, _ = pergroup.pack(packed, codec, 5)
     assert_same(pergroup.unpack(small_chunks), packed)
 
@@ -104,18 +104,11 @@ def test_export_and_load_through_pergroup_give_the_same_weights_as_one_stream():
     del packed["empty"], packed["step_count"]
     artifact = Q.export_packed(packed, "pergroup", 6, codec="lzma")
     assert artifact.group_bytes["header"] > 0 and artifact.compress_seconds >= 0
-    one_stream = Q.load_artifact(Q.export_packed(packed, "lzma", 6).blob, "lzma")
-    restored = Q.load_artifact(artifact.blob, "pergroup")
+    one_stream = Q.dequantize_state_dict(Q.load_packed(Q.export_packed(packed, "lzma", 6).blob, "lzma"))
+    restored = Q.dequantize_state_dict(Q.load_packed(artifact.blob, "pergroup"))
     assert list(restored) == list(one_stream)
     assert all(torch.equal(restored[k], one_stream[k]) for k in restored)
     assert restored["smear_w"].shape == (12,)  # a 1-D gate's codes come back in its shape
-
-
-def test_unpack_refuses_another_blob():
-    with pytest.raises(ValueError, match="not a pergroup artifact"):
-        pergroup.unpack(b"\x00" * 32)
-    with pytest.raises(ValueError, match="pergroup_codec"):
-        pergroup.pack(packed_state(), "zstd", 3)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -142,7 +135,6 @@ def test_chunked_compression_gives_the_one_shot_bytes_at_every_level():
     import importlib.util
 
     from speedrun.config import compressors
-    from speedrun.quant import quantize as Q
 
     data = payload()
     streamed = []
@@ -150,23 +142,25 @@ def test_chunked_compression_gives_the_one_shot_bytes_at_every_level():
         if name in compressors.MODULES and importlib.util.find_spec(compressors.MODULES[name]) is None:
             continue
         for level in range(lo, hi + 1):
-            streams = name in Q.STREAMS and Q.STREAMS[name][1](level)
+            streams = name in pergroup.STREAMS and pergroup.STREAMS[name][1](level)
             if not streams and level > lo or name == "lzma" and level not in (0, 6, 9):
                 continue  # the one-shot call itself / three presets cover lzma's match finders
-            one_shot = Q.COMPRESSORS[name][0](data, level)
+            one_shot = pergroup.COMPRESSORS[name][0](data, level)
             for chunk in (4099, 1 << 16):
-                assert Q.compress(data, name, level, chunk_bytes=chunk) == one_shot, (name, level, chunk)
+                assert pergroup.compress(data, name, level, chunk_bytes=chunk) == one_shot, (name, level, chunk)
             streamed += [f"{name}-{level}"] if streams else []
     assert {"zlib-1", "zlib-9", "lzma-9", "brotli-11"} <= set(streamed)
-    assert Q.STREAMS["zlib"][1](0) is False and Q.STREAMS["brotli"][1](9) is False and "zstd" not in Q.STREAMS
+    assert (
+        pergroup.STREAMS["zlib"][1](0) is False
+        and pergroup.STREAMS["brotli"][1](9) is False
+        and "zstd" not in pergroup.STREAMS
+    )
 
 
 def test_compression_says_what_it_compresses_and_how_long_it_took():
-    from speedrun.quant import quantize as Q
-
     data = payload()
     lines: list[str] = []
-    blob = Q.compress(data, "lzma", 6, log=lines.append, chunk_bytes=1 << 16, progress_every=0)
+    blob = pergroup.compress(data, "lzma", 6, log=lines.append, chunk_bytes=1 << 16, progress_every=0)
     assert blob == lzma_one_shot(data, 6)
     mb = len(data) / 1e6
     assert lines[0] == f"compressing {mb:,.1f} MB with lzma-6 ..."
@@ -176,7 +170,7 @@ def test_compression_says_what_it_compresses_and_how_long_it_took():
     )
     assert lines[-1].startswith(f"compressed to {len(blob) / 1e6:,.2f} MB with lzma-6 in ")
     lines.clear()
-    Q.compress(data, "zlib", 0, log=lines.append, progress_every=0)  # one call: the lines around it only
+    pergroup.compress(data, "zlib", 0, log=lines.append, progress_every=0)  # one call: the lines around it only
     assert len(lines) == 2 and lines[0].startswith("compressing") and lines[1].startswith("compressed to")
 
 

@@ -11,15 +11,14 @@ import torch
 from speedrun.config import to_config
 from speedrun.config.choices import QuantName
 from speedrun.config.quant import QuantConfig
+from speedrun.core import quant as Q
+from speedrun.core.model import GPT, ModelShape
+from speedrun.core.ttt_docs import split_documents
+from speedrun.core.ttt_global import finetune
+from speedrun.core.ttt_lora import GlobalSettings, LoRAModel
 from speedrun.errors import ConfigError, PlanError
-from speedrun.model.gpt import GPT
-from speedrun.model.shape import ModelShape
 from speedrun.plan import resolve
 from speedrun.plan.model_choice import resolve_model
-from speedrun.quant import quantize as Q
-from speedrun.ttt.global_phases import GlobalSettings, finetune
-from speedrun.ttt.lora import LoRAModel
-from speedrun.ttt.score_first import split_documents
 from support.devices import fake_device
 from support.tiny import BOS, TTT_TINY, tiny_gpt
 

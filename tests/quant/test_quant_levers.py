@@ -16,13 +16,13 @@ from speedrun.config import QuantConfig, to_config
 from speedrun.config.choices import Compressor, QuantClip, QuantName
 from speedrun.config.model import AttnOutGateConfig, SmearGateConfig
 from speedrun.config.quant import ClipSigmas, LQERConfig
+from speedrun.core import gptq as lqer
+from speedrun.core import quant as Q
+from speedrun.core.gptq import collect_hessians, quantize_gptq_fine, quantize_rtn, sigma_scales
+from speedrun.core.pergroup import tensor_class
+from speedrun.core.train import Budget
 from speedrun.errors import ConfigError, PlanError
 from speedrun.plan import resolve
-from speedrun.quant import lqer
-from speedrun.quant import quantize as Q
-from speedrun.quant.classes import tensor_class
-from speedrun.quant.gptq import collect_hessians, quantize_gptq, quantize_rtn, sigma_scales
-from speedrun.training.budget import Budget
 from support.devices import fake_device
 from support.tiny import BOS, QUANT_TINY, QUANT_TINY_RUN, byte_luts, calibration_batches, docs_stream, tiny_gpt
 
@@ -55,7 +55,7 @@ def test_sigma_scale_is_k_row_std_over_qmax_and_codes_round_to_it():
     assert torch.equal(q, torch.clamp(torch.round(w / reference.float()[:, None]), -qmax, qmax).to(torch.int8))
     # GPTQ fixes the same scales first, then spreads its rounding error
     H = torch.eye(64) + 0.1
-    _, gptq_scale = quantize_gptq(w, H, bits=6, sigma=k)
+    _, gptq_scale = quantize_gptq_fine(w, H, bits=6, sigma=k)[:2]
     assert torch.equal(gptq_scale, reference)
 
 
@@ -124,7 +124,7 @@ def test_gptq_with_an_identity_hessian_is_round_to_nearest():
     couples no two columns, and GPTQ with uncoupled columns rounds each to nearest."""
     torch.manual_seed(0)
     w = torch.randn(24, 40)
-    q_gptq, s_gptq = quantize_gptq(w, torch.eye(40), bits=6, sigma=10.0)
+    q_gptq, s_gptq = quantize_gptq_fine(w, torch.eye(40), bits=6, sigma=10.0)[:2]
     q_rtn, s_rtn = quantize_rtn(w, 6, sigma=10.0)
     assert torch.equal(s_gptq, s_rtn) and torch.equal(q_gptq, q_rtn)
 
@@ -192,7 +192,7 @@ def test_lqer_corrects_the_worst_matrices_and_dequantization_applies_it():
         before, after = err[name], float((state[name] - Q.dequantize_entry(packed[name])).norm())
         assert after < before, (name, after, before)
         assert rules[name]["lqer"] == {"rank": 4, "factor_bits": 4, "group": 64}
-    restored = Q.load_artifact(Q.export_packed(packed, "lzma", 6).blob, "lzma")
+    restored = Q.dequantize_state_dict(Q.load_packed(Q.export_packed(packed, "lzma", 6).blob, "lzma"))
     torch.testing.assert_close(restored[worst[0]], Q.dequantize_entry(packed[worst[0]]))
 
 
@@ -225,7 +225,7 @@ def test_gates_are_quantized_per_row_only_with_gate_bits():
 
 
 def test_tensor_report_errors_and_bytes():
-    from speedrun.quant.report import tensor_report
+    from speedrun.records.quant_report import tensor_report
 
     model = gpt()
     state = model.state_dict()

@@ -65,7 +65,7 @@ def done_counts(lines: list[str]) -> list[str]:
 
 @pytest.mark.parametrize("mode", ["standard", "sliding"])
 def test_evaluation_ticks_after_every_batch_and_scores_the_same(mode):
-    from speedrun.evaluation.evaluate import run_eval
+    from speedrun.core.evaluate import run_eval
 
     model = tiny_gpt(replace(TINY, seq_len=16)).eval()
     tokens = torch.randint(1, 64, (16 * 10 + 1,), generator=torch.Generator().manual_seed(1))
@@ -84,39 +84,32 @@ def test_evaluation_ticks_after_every_batch_and_scores_the_same(mode):
 
 
 def test_gptq_ticks_per_calibration_batch_and_per_matrix():
-    from speedrun.quant import quantize as Q
+    from speedrun.core import gptq
+    from speedrun.core import quant as Q
 
     model = tiny_gpt(replace(TINY, seq_len=16)).eval()
     batches = [(torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))) for _ in range(3)]
     lines: list[str] = []
-    H = Q.collect_hessians(model, iter(batches), 3, device="cpu", progress=every_tick("hessians", lines, "batches"))
-    Q.quantize_state_dict_gptq(
-        model.state_dict(),
-        H,
-        bits=6,
-        embed_bits=8,
-        damp=0.01,
-        block_size=8,
-        clip_ratios=[1.0],
-        progress=every_tick("gptq", lines, "matrices"),
-    )
+    H = gptq.collect_hessians(model, iter(batches), 3, device="cpu", progress=every_tick("hessians", lines, "batches"))
+    settings = Q.QuantSettings(name="int6", bits=6, embed_bits=8, damp=0.01, block_size=8, clip_ratios=(1.0,))
+    Q.quantize_int6(model.state_dict(), H, settings, every_tick("gptq", lines, "matrices"))
     assert done_counts(lines) == ["1/3", "2/3", "3/3"] + [f"{i}/{len(H)}" for i in range(1, len(H) + 1)]
 
 
 def test_ttt_ticks_its_share_of_tokens(monkeypatch):
     import functools
 
-    import speedrun.ttt.score_first
+    import speedrun.core.ttt_score
 
-    monkeypatch.setattr(speedrun.ttt.score_first, "Progress", functools.partial(Progress, every=0))
+    monkeypatch.setattr(speedrun.core.ttt_score, "Progress", functools.partial(Progress, every=0))
     g = torch.Generator().manual_seed(0)
     parts = []
     for n in (9, 30, 17):
         parts += [torch.tensor([0]), torch.randint(1, 64, (n - 1,), generator=g)]
     tokens = torch.cat(parts)
     lines: list[str] = []
-    settings = speedrun.ttt.score_first.LoRASettings(rank=2, lr=0.01, chunk_size=8)
-    res = speedrun.ttt.score_first.ttt_evaluate(
+    settings = speedrun.core.ttt_score.TTTSettings(rank=2, lr=0.01, chunk_size=8)
+    res = speedrun.core.ttt_score.ttt_evaluate(
         tiny_gpt(replace(TINY, seq_len=24)).eval(),
         tokens,
         byte_luts(),

@@ -7,30 +7,30 @@ import dataclasses
 
 import torch
 
-from speedrun.ttt.global_phases import GlobalSettings
-from speedrun.ttt.graphs import StepKey, StepOut, store_rows_grads
-from speedrun.ttt.score_first import LoRASettings, ttt_evaluate
+from speedrun.core.ttt_graphs import StepKey, StepOut, store_rows_grads
+from speedrun.core.ttt_lora import GlobalSettings, TTTSettings
+from speedrun.core.ttt_score import ttt_evaluate
 from support.tiny import BOS, TTT_TINY, byte_luts, tiny_gpt
 
 CHUNK = 8
 PHASED = GlobalSettings(phases=2, prefix_docs=4, lr=0.05, momentum=0.5, chunk_tokens=40, batch_seqs=3)
 CONFIGS = {
     # per-document adapters only: a document's scores depend on nothing but its own earlier tokens
-    "lora": LoRASettings(rank=4, lr=0.05, chunk_size=CHUNK, batch_size=2, score_base=False),
+    "lora": TTTSettings(rank=4, lr=0.05, chunk_size=CHUNK, batch_size=2, score_base=False),
     # the model fine-tuned after batches 0 and 1 (4 documents, 2 phases), adapters on the head and beside sublayers
-    "phased": LoRASettings(
+    "phased": TTTSettings(
         rank=4, lr=0.05, chunk_size=CHUNK, batch_size=2, targets="q,v,head,attn_bypass,mlp_bypass", alpha=8.0,
         optimizer="sgd", momentum=0.9, phased=PHASED, score_base=False,
     ),
     # A carried from batch to batch, with the records' adapters and Adam (beta1 0, weight decay): and phases
-    "warm": LoRASettings(
+    "warm": TTTSettings(
         rank=4, lr=0.05, chunk_size=CHUNK, batch_size=2, targets="record", alpha=8.0, warm_start_a=True,
         beta1=0.0, beta2=0.999, eps=1e-10, weight_decay=1.0, phased=PHASED, score_base=False,
     ),
 }  # fmt: skip
 """Score-first TTT's settings, by what they carry across documents."""
 
-LORA_KEYS = {f.name for f in dataclasses.fields(LoRASettings)}
+LORA_KEYS = {f.name for f in dataclasses.fields(TTTSettings)}
 KW = dict(bos_id=BOS, seq_len=TTT_TINY.seq_len, rank=4, lr=0.05, chunk_size=8, targets="all", seed=0)
 
 
@@ -40,9 +40,9 @@ def ttt_gpt(seed: int = 0, tied: bool = True):
 
 
 def run(m, tokens, **kw):
-    """ttt_evaluate with KW and ``kw``: the LoRA settings' keys become its LoRASettings, the rest stay keywords."""
+    """ttt_evaluate with KW and ``kw``: the LoRA settings' keys become its TTTSettings, the rest stay keywords."""
     kw = {**KW, **kw, "record_chunks": True}
-    settings = LoRASettings(**{k: kw.pop(k) for k in list(kw) if k in LORA_KEYS})
+    settings = TTTSettings(**{k: kw.pop(k) for k in list(kw) if k in LORA_KEYS})
     return ttt_evaluate(m, tokens, byte_luts(), settings, **kw)
 
 

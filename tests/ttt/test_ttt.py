@@ -10,16 +10,13 @@ import pytest
 import torch
 
 from speedrun.config import to_config
+from speedrun.config.specs import TTT_PRESETS, parse_short_chunks, parse_targets
+from speedrun.core.attention import get_backend
+from speedrun.core.model import GPT
+from speedrun.core.ttt_docs import chunk_size_for, short_chunks_of, split_documents
+from speedrun.core.ttt_lora import targets_of
 from speedrun.errors import ConfigError
-from speedrun.model.attention import get_backend
-from speedrun.model.gpt import GPT
 from speedrun.plan import resolve
-from speedrun.ttt.score_first import (
-    chunk_size_for,
-    parse_short_chunks,
-    parse_targets,
-    split_documents,
-)
 from support.devices import fake_device
 from support.tiny import BOS, TINY, byte_luts, docs_stream
 from support.ttt import run, ttt_gpt
@@ -111,7 +108,8 @@ def test_time_budget_stops_cleanly_and_says_how_much_was_scored():
 def test_short_document_chunk_schedule():
     assert parse_short_chunks("") == []
     steps = parse_short_chunks("2000:24, 256:8")
-    assert steps == [(256, 8), (2000, 24)]
+    assert steps == [(256, 8), (2000, 24)] == short_chunks_of("2000:24, 256:8")  # the core reads what config checked
+    assert short_chunks_of("") == []
     assert [chunk_size_for(n, 48, steps) for n in (1, 256, 257, 2000, 2001)] == [8, 8, 24, 24, 48]
     for bad in ("256-8", "0:8", "256:0", "a:b", "256:8:1", "256:8,256:4"):
         with pytest.raises(ValueError, match="ttt.short_chunks"):
@@ -132,6 +130,9 @@ def test_targets_and_documents():
     assert parse_targets("record") == ("q", "k", "v", "attn_bypass", "mlp_bypass", "head")
     with pytest.raises(ValueError, match="unknown target"):
         parse_targets("q,x")
+    # the core expands what config checked the same way (its own table: the core imports no config)
+    for spec in [*TTT_PRESETS, "q, v,mlp", "q,head,mlp_bypass", "mlp,up,q"]:
+        assert targets_of(spec) == parse_targets(spec), spec
     assert split_documents(torch.tensor([0, 5, 6, 0, 7, 0, 8]), 0) == [(0, 3), (3, 2), (5, 1)]
     assert split_documents(torch.tensor([5, 6, 0, 7]), 0) == [(0, 2), (2, 1)]  # a leading fragment
     lora_only_qv = run(ttt_gpt(), docs_stream([30]), targets="qv")

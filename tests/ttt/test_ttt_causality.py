@@ -28,15 +28,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from speedrun.evaluation.evaluate import evaluate, evaluate_sliding
-from speedrun.model.attention import sdpa
-from speedrun.model.gpt import GPT
-from speedrun.ttt import graphs, schedule, scorers, steps
-from speedrun.ttt.documents import split_documents
-from speedrun.ttt.global_phases import phase_schedule
-from speedrun.ttt.graphs import chunk_step
-from speedrun.ttt.lora import LoRAModel
-from speedrun.ttt.score_first import LoRASettings, ttt_evaluate
+from speedrun.core import attention as sdpa
+from speedrun.core import ttt_docs as schedule
+from speedrun.core import ttt_graphs as graphs
+from speedrun.core import ttt_score as steps
+from speedrun.core import ttt_scorers as scorers
+from speedrun.core.evaluate import evaluate, evaluate_sliding
+from speedrun.core.model import GPT
+from speedrun.core.ttt_docs import phase_schedule, split_documents
+from speedrun.core.ttt_graphs import chunk_step
+from speedrun.core.ttt_lora import LoRAModel, TTTSettings
+from speedrun.core.ttt_score import ttt_evaluate
 from support.tiny import BOS, TTT_TINY, byte_luts, docs_stream
 from support.ttt import CHUNK, CONFIGS, PHASED, ttt_gpt
 
@@ -137,7 +139,7 @@ def changed(tokens: torch.Tensor, t: int) -> torch.Tensor:
     return out
 
 
-def ttt_scores(tokens: torch.Tensor, settings: LoRASettings) -> tuple[TokenScores, dict[int, int]]:
+def ttt_scores(tokens: torch.Tensor, settings: TTTSettings) -> tuple[TokenScores, dict[int, int]]:
     """Per-token scores of a TTT pass, and each document's batch in the scoring order."""
     scores = TokenScores(tokens.numel() - 1)
     res = ttt_evaluate(
@@ -285,8 +287,8 @@ def slots_kept_between_batches(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def phase_on_unscored_document(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each phase trains on one document more: the first one of the next batch, not scored yet."""
-    scored, phases = schedule.Schedule.scored_documents, schedule.phase_schedule
-    monkeypatch.setattr(schedule.Schedule, "scored_documents", lambda self, b: scored(self, b + 1))
+    scored, phases = schedule.PassSchedule.scored_documents, schedule.phase_schedule
+    monkeypatch.setattr(schedule.PassSchedule, "scored_documents", lambda self, b: scored(self, b + 1))
     monkeypatch.setattr(
         schedule, "phase_schedule", lambda sizes, g: {b: [n + 1 for n in ns] for b, ns in phases(sizes, g).items()}
     )

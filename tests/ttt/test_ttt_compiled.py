@@ -9,13 +9,13 @@ from collections import Counter
 import pytest
 import torch
 
-from speedrun.kernels.compile import graphs_compiled
-from speedrun.model.attention import get_backend
-from speedrun.model.gpt import GPT
-from speedrun.model.shape import ModelShape
-from speedrun.ttt import global_phases, scorers
-from speedrun.ttt import score_first as ttt_module
-from speedrun.ttt.score_first import ttt_evaluate
+from speedrun.core import ttt_global as global_phases
+from speedrun.core import ttt_score as ttt_module
+from speedrun.core import ttt_scorers as scorers
+from speedrun.core.attention import get_backend
+from speedrun.core.compile import graphs_compiled
+from speedrun.core.model import GPT, ModelShape
+from speedrun.core.ttt_score import ttt_evaluate
 from support.tiny import BOS, TTT_TINY, byte_luts, docs_stream
 from support.ttt import CONFIGS, ttt_gpt
 

@@ -9,16 +9,16 @@ import pytest
 import torch
 
 from speedrun.config import to_config
+from speedrun.core import ttt_lora
+from speedrun.core import ttt_score as ttt_module
+from speedrun.core import ttt_scorers as scorers
+from speedrun.core.attention import get_backend
+from speedrun.core.model import GPT
+from speedrun.core.ttt_docs import base_windows, pad_rows, row_width, split_documents
+from speedrun.core.ttt_graphs import store_rows_grads
+from speedrun.core.ttt_scorers import BaseScores
 from speedrun.errors import ConfigError
-from speedrun.model.attention import get_backend
-from speedrun.model.gpt import GPT
 from speedrun.plan import resolve
-from speedrun.ttt import score_first as ttt_module
-from speedrun.ttt import scorers
-from speedrun.ttt.base_scores import BaseScores, base_windows
-from speedrun.ttt.documents import split_documents
-from speedrun.ttt.global_phases import row_width
-from speedrun.ttt.graphs import pad_rows, store_rows_grads
 from support.devices import fake_device
 from support.tiny import BOS, TTT_TINY, byte_luts, docs_stream
 from support.ttt import RecordingGraphs, run, ttt_gpt
@@ -62,7 +62,7 @@ def test_graphed_steps_score_as_the_direct_steps_and_every_shape_is_captured_bef
     tokens = docs_stream([200, 90, 300, 40, 17, 120, 64, 9], seed=3)
     kw = dict(batch_size=3, warm_start_a=True, short_chunks="64:4", optimizer="adam", beta1=beta1, weight_decay=0.5)
     if phases:
-        kw.update(phased=ttt_module.GlobalSettings(phases=phases, prefix_docs=4, lr=1e-3, chunk_tokens=64))
+        kw.update(phased=ttt_lora.GlobalSettings(phases=phases, prefix_docs=4, lr=1e-3, chunk_tokens=64))
     direct = run(ttt_gpt(), tokens, **kw)
     graphed = run(ttt_gpt(), tokens, cuda_graphs=True, **kw)
     (graphs,) = RecordingGraphs.instances
@@ -168,10 +168,14 @@ def test_other_paddings_change_no_score(monkeypatch):
         assert other.tokens_scored == base.tokens_scored
         assert other.val_loss == pytest.approx(base.val_loss, rel=1e-5)
         assert other.base_val_loss == pytest.approx(base.base_val_loss, rel=1e-5)
-    with pytest.raises(ValueError, match="ttt.row_widths must be pow2, half_octave or a multiple"):
-        run(m, tokens, row_widths="pow3", **kw)
-    with pytest.raises(ValueError, match="ttt.graph_rows must be pow2 or half_octave"):
-        run(m, tokens, graph_rows="3", **kw)
+
+
+def test_paddings_the_steps_cannot_run_are_refused_by_the_config(compose):
+    """TTT's core takes ttt.row_widths and ttt.graph_rows as the config checked them."""
+    with pytest.raises(ConfigError, match="ttt.row_widths='pow3' is not one of"):
+        to_config(compose(["ttt=lora", "ttt.row_widths=pow3"]))
+    with pytest.raises(ConfigError, match="ttt.graph_rows='3' is not one of"):
+        to_config(compose(["ttt=lora", "ttt.graph_rows=3"]))
 
 
 def test_cuda_graphs_need_a_gpu_and_come_with_compiled_ttt_on_one(compose):
@@ -201,7 +205,7 @@ def test_cuda_graphed_ttt_scores_as_direct_ttt(autocast, beta1):
     tokens = docs_stream([200, 90, 300, 40, 17, 120, 64, 9], seed=3)
     kw = dict(batch_size=3, device="cuda", autocast_dtype=autocast, warm_start_a=True, short_chunks="64:4")
     kw.update(beta1=beta1)
-    kw.update(phased=ttt_module.GlobalSettings(phases=2, prefix_docs=4, lr=1e-2, chunk_tokens=64))
+    kw.update(phased=ttt_lora.GlobalSettings(phases=2, prefix_docs=4, lr=1e-2, chunk_tokens=64))
     direct = run(ttt_gpt().cuda(), tokens, **kw)
     graphed = run(ttt_gpt().cuda(), tokens, cuda_graphs=True, **kw)
     assert graphed.cuda_graphs > 0 and graphed.cuda_graphs_late == 0 and graphed.phases_done == 2
@@ -217,10 +221,10 @@ def test_a_steps_head_at_its_chunk_scores_and_learns_as_the_head_at_every_column
     of context before it. The scores, the bytes and the adapters' gradients are those of the head at every column
     (what the window's other columns would add is never read, and their gradient is zero), for windows at a
     document's start and later ones, a last chunk shorter than the others and a padding row."""
-    from speedrun.ttt.graphs import chunk_step
-    from speedrun.ttt.lora import LoRAModel
-    from speedrun.ttt.scorers import Scorer
-    from speedrun.ttt.steps import batch_steps, longest_first
+    from speedrun.core.ttt_docs import batch_steps, longest_first
+    from speedrun.core.ttt_graphs import chunk_step
+    from speedrun.core.ttt_lora import LoRAModel
+    from speedrun.core.ttt_scorers import Scorer
 
     torch.manual_seed(0)
     seq, chunk = 48, 8
@@ -261,11 +265,11 @@ def test_a_steps_gradients_of_its_rows_slots_are_the_backwards_gradients():
     at the step's rows, written into .grad, are what a backward into the whole parameters gives at those slots, for
     every adapter and the head's, with a looped layer's adapter called twice; past the rows, zeros. Nothing stays
     bound after the step."""
-    from speedrun.model.shape import LayerLoop
-    from speedrun.ttt.graphs import chunk_step
-    from speedrun.ttt.lora import LoRAModel
-    from speedrun.ttt.scorers import Scorer
-    from speedrun.ttt.steps import batch_steps, longest_first
+    from speedrun.core.model import LayerLoop
+    from speedrun.core.ttt_docs import batch_steps, longest_first
+    from speedrun.core.ttt_graphs import chunk_step
+    from speedrun.core.ttt_lora import LoRAModel
+    from speedrun.core.ttt_scorers import Scorer
 
     torch.manual_seed(0)
     seq, chunk, slots = 48, 8, 6
@@ -314,8 +318,8 @@ def test_a_steps_gradients_of_its_rows_slots_are_the_backwards_gradients():
 def test_capturing_leaves_the_adapters_and_the_optimizer_as_it_found_them():
     """A capture runs its step (and, with the update in the graph, the optimizer's step) on dummy rows: prepare puts
     the adapters and the optimizer's moments and counts back as they were, whatever the captures changed."""
-    from speedrun.ttt.graphs import GraphedChunkSteps
-    from speedrun.ttt.optim import RowSlotsAdam
+    from speedrun.core.ttt_graphs import GraphedChunkSteps
+    from speedrun.core.ttt_lora import RowSlotsAdam
 
     params = [torch.nn.Parameter(torch.randn(4, 3, 5)), torch.nn.Parameter(torch.randn(4, 7, 3))]
     opt = RowSlotsAdam(params, lr=0.1, beta2=0.999, eps=1e-8, weight_decay=0.5)
@@ -340,8 +344,8 @@ def test_a_capture_that_runs_out_of_memory_says_what_to_change():
     """Capturing is before TTT's clock: a shape that does not fit raises an OutOfMemoryError (so the run records an
     out-of-memory failure) that names the shape, how many were captured, and the settings that need fewer shapes.
     Shapes are captured largest first (a smaller one reuses what a larger one freed in the shared pool)."""
+    from speedrun.core.ttt_graphs import GraphedChunkSteps
     from speedrun.run.oom import find_oom
-    from speedrun.ttt.graphs import GraphedChunkSteps
 
     graphs = object.__new__(GraphedChunkSteps)  # no CUDA here: the capture itself is stood in for
     graphs.graphs, graphs.params, graphs.grads, graphs.late, graphs.pool, graphs.update = {}, [], [], 0, None, None
@@ -370,15 +374,15 @@ def test_one_a_product_for_the_attentions_input_scores_as_an_a_product_each(monk
     attention's adapter hook) and score, learn and step as the same adapters wrapped one by one do: directly and on
     the graphed path (the rows' slots optimizer inside the step), with the head at the chunk's columns (the last
     layer at the picked columns), warm-started A and global phases (which run the model without the hook)."""
-    from speedrun.ttt.lora import Adapted, InputAdapters
+    from speedrun.core.ttt_lora import Adapted, InputAdapters
 
     monkeypatch.setattr(ttt_module, "GraphedChunkSteps", RecordingGraphs)
     tokens = docs_stream([200, 90, 300, 40, 17, 120, 64, 9], seed=3)
     kw = dict(batch_size=3, warm_start_a=True, short_chunks="64:4", optimizer="adam", beta1=0.0, weight_decay=0.5,
               targets="record", alpha=8.0, cuda_graphs=graphed, lr=1e-2,
-              phased=ttt_module.GlobalSettings(phases=2, prefix_docs=4, lr=1e-2, chunk_tokens=64))  # fmt: skip
+              phased=ttt_lora.GlobalSettings(phases=2, prefix_docs=4, lr=1e-2, chunk_tokens=64))  # fmt: skip
     built = []
-    lora_class = ttt_module.LoRAModel
+    lora_class = ttt_lora.LoRAModel
     monkeypatch.setattr(ttt_module, "LoRAModel", lambda *a, **k: built.append(lora_class(*a, **k)) or built[-1])
     each = run(ttt_gpt(), tokens, **kw)
     shared = run(ttt_gpt(), tokens, shared_attn_a=True, **kw)
@@ -415,7 +419,7 @@ def test_cuda_graphed_ttt_with_one_a_product_scores_as_separate_adapters():
     tokens = docs_stream([200, 90, 300, 40, 17, 120, 64, 9], seed=3)
     kw = dict(batch_size=3, device="cuda", autocast_dtype=torch.bfloat16, warm_start_a=True, short_chunks="64:4",
               beta1=0.0, targets="record", alpha=8.0, lr=1e-2, cuda_graphs=True,
-              phased=ttt_module.GlobalSettings(phases=2, prefix_docs=4, lr=1e-2, chunk_tokens=64))  # fmt: skip
+              phased=ttt_lora.GlobalSettings(phases=2, prefix_docs=4, lr=1e-2, chunk_tokens=64))  # fmt: skip
     each = run(ttt_gpt().cuda(), tokens, **kw)
     shared = run(ttt_gpt().cuda(), tokens, shared_attn_a=True, **kw)
     assert shared.cuda_graphs > 0 and shared.cuda_graphs_late == 0 and shared.phases_done == 2
@@ -424,7 +428,7 @@ def test_cuda_graphed_ttt_with_one_a_product_scores_as_separate_adapters():
 
 
 def test_a_model_without_the_attention_hook_is_refused_for_shared_attn_a():
-    from speedrun.ttt.lora import LoRAModel
+    from speedrun.core.ttt_lora import LoRAModel
 
     m = ttt_gpt()
     for block in m.blocks:

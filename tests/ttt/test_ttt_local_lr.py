@@ -10,11 +10,10 @@ import torch
 
 from speedrun.config import to_config
 from speedrun.config.finishing import TTTConfig
+from speedrun.core.ttt_lora import EverySlot, RowSlotsAdam, TTTSettings, adapter_optimizer
 from speedrun.errors import ConfigError
 from speedrun.plan import resolve
-from speedrun.run.finish_ttt import lora_settings, ttt_setting_keys
-from speedrun.ttt.optim import EverySlot, RowSlotsAdam, adapter_optimizer
-from speedrun.ttt.score_first import LoRASettings
+from speedrun.run.finish_ttt import ttt_setting_keys, ttt_settings
 from support.devices import fake_device
 
 LR = 0.05
@@ -28,7 +27,7 @@ def adapters():
     ]
 
 
-def stepped(settings: LoRASettings) -> list[torch.Tensor]:
+def stepped(settings: TTTSettings) -> list[torch.Tensor]:
     params = adapters()
     opt = adapter_optimizer(params, settings)
     g = torch.Generator().manual_seed(1)
@@ -47,7 +46,7 @@ def stepped(settings: LoRASettings) -> list[torch.Tensor]:
     [dict(optimizer="adam", beta1=0.0, weight_decay=1.0), dict(optimizer="adam", beta1=0.9), dict(optimizer="sgd")],
 )
 def test_the_adapters_step_as_with_lr_times_the_factor(optimizer):
-    base = LoRASettings(rank=3, lr=LR, chunk_size=8, **optimizer)
+    base = TTTSettings(rank=3, lr=LR, chunk_size=8, **optimizer)
     scaled = stepped(dataclasses.replace(base, local_lr_mult=0.75))
     same = stepped(dataclasses.replace(base, lr=LR * 0.75))
     plain = stepped(base)
@@ -62,7 +61,7 @@ def test_global_ttt_keeps_its_own_lr_and_the_factor_is_recorded(compose):
     plan = resolve(
         to_config(compose(["debug=smoke", "ttt=record", "ttt.lr=1e-4", "ttt.local_lr_mult=0.75"])), fake_device("cpu")
     )
-    s = lora_settings(plan)
+    s = ttt_settings(plan)
     assert (s.lr, s.local_lr_mult, s.phased.lr) == (1e-4, 0.75, plan.ttt.phased.lr) and s.phased.lr == 1e-3
     assert ttt_setting_keys(plan.ttt)["ttt_local_lr_mult"] == 0.75
 

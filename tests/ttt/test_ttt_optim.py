@@ -8,9 +8,8 @@ import dataclasses
 import pytest
 import torch
 
-from speedrun.ttt import score_first as ttt_module
-from speedrun.ttt.optim import EverySlot, RowSlotsAdam, adapter_optimizer
-from speedrun.ttt.score_first import LoRASettings
+from speedrun.core import ttt_score as ttt_module
+from speedrun.core.ttt_lora import EverySlot, RowSlotsAdam, TTTSettings, adapter_optimizer
 from support.tiny import docs_stream
 from support.ttt import RecordingGraphs, run, ttt_gpt
 
@@ -92,7 +91,7 @@ def test_the_left_out_slots_decay_is_settled_only_by_finish():
 
 def test_only_adam_without_momentum_steps_the_rows_slots_alone():
     params = adapters()
-    s = LoRASettings(rank=3, lr=LR, chunk_size=8, optimizer="adam", beta1=0.0, weight_decay=WD)
+    s = TTTSettings(rank=3, lr=LR, chunk_size=8, optimizer="adam", beta1=0.0, weight_decay=WD)
     assert isinstance(adapter_optimizer(params, s), RowSlotsAdam)
     for other in (dict(beta1=0.9), dict(optimizer="sgd", momentum=0.9), dict(optimizer="sgd")):
         opt = adapter_optimizer(params, dataclasses.replace(s, **other))

@@ -12,10 +12,9 @@ import time
 import pytest
 import torch
 
-from speedrun.evaluation.evaluate import run_eval
-from speedrun.ttt.documents import BASE_TOKEN_COST, STEP_COST_TOKENS, batch_cost, deal_batches, split_heavy_batches
-from speedrun.ttt.global_phases import GlobalSettings
-from speedrun.ttt.score_first import LoRASettings
+from speedrun.core.evaluate import run_eval
+from speedrun.core.ttt_docs import BASE_TOKEN_COST, STEP_COST_TOKENS, batch_cost, deal_batches, split_heavy_batches
+from speedrun.core.ttt_lora import GlobalSettings, TTTSettings
 from support.ranks import on_ranks
 from support.tiny import BOS, TTT_TINY, byte_luts, docs_stream
 from support.ttt import RecordingGraphs, run, ttt_gpt
@@ -138,8 +137,8 @@ def test_batch_cost_counts_the_rows_and_widths_ttt_runs(mode, widths, half_rows)
     (base_scores.BaseScores, through a scorer that only counts), for every mode and padding, on random batches."""
     import torch
 
-    from speedrun.ttt import steps as ttt_steps
-    from speedrun.ttt.base_scores import BaseScores
+    from speedrun.core import ttt_docs
+    from speedrun.core.ttt_scorers import BaseScores
 
     rng = random.Random(0)
     seq, chunk, slots = 512, 32, 6
@@ -147,8 +146,8 @@ def test_batch_cost_counts_the_rows_and_widths_ttt_runs(mode, widths, half_rows)
         lengths = [rng.choice([rng.randint(1, 100), rng.randint(100, 1500)]) for _ in range(rng.randint(1, slots))]
         starts = [sum(lengths[:i]) + i for i in range(len(lengths))]
         docs = list(zip(starts, lengths))
-        ordered = [docs[i] for i in ttt_steps.longest_first(docs, chunk)]
-        steps = list(ttt_steps.batch_steps(ordered, chunk, seq, mode, slots, widths, half_rows))
+        ordered = [docs[i] for i in ttt_docs.longest_first(docs, chunk)]
+        steps = list(ttt_docs.batch_steps(ordered, chunk, seq, mode, slots, widths, half_rows))
         step_tokens = sum(len(table[0]) * width for _, table, width, _ in steps)
         passes: list[int] = []
 
@@ -157,7 +156,7 @@ def test_batch_cost_counts_the_rows_and_widths_ttt_runs(mode, widths, half_rows)
             return torch.zeros(x.shape if pick is None else pick.shape)
 
         rows_for = (
-            (lambda n: slots) if mode == "eager" else (lambda n: ttt_steps.rows_for(n, slots, mode, slots, half_rows))
+            (lambda n: slots) if mode == "eager" else (lambda n: ttt_docs.rows_for(n, slots, mode, slots, half_rows))
         )
         tokens = torch.zeros(starts[-1] + lengths[-1] + 1, dtype=torch.long)
         base = BaseScores(None, count, tokens, ordered, chunk, seq, slots, rows_for, widths=widths)
@@ -186,10 +185,10 @@ def test_ttt_cuts_its_chains_by_one_cost_whatever_the_speed_settings(monkeypatch
     """ttt_evaluate hands deal_batches the same chain costs whether the base is scored, how rows are padded and
     whether the steps run eager or from (stand-in) graphs, while its own costs differ: the chains of A, and so
     val_bpb_ttt, do not depend on what only changes speed."""
-    from speedrun.model.attention import get_backend
-    from speedrun.model.gpt import GPT
-    from speedrun.ttt import schedule
-    from speedrun.ttt import score_first as ttt_module
+    from speedrun.core import ttt_docs as schedule
+    from speedrun.core import ttt_score as ttt_module
+    from speedrun.core.attention import get_backend
+    from speedrun.core.model import GPT
 
     monkeypatch.setattr(ttt_module, "GraphedChunkSteps", RecordingGraphs)
     seen = []
@@ -221,7 +220,7 @@ def test_ttt_cuts_its_chains_by_one_cost_whatever_the_speed_settings(monkeypatch
 # two gloo ranks against one process
 
 SEQ = 24
-PHASED = LoRASettings(
+PHASED = TTTSettings(
     rank=4, lr=0.05, chunk_size=8, batch_size=2, targets="q,v,head,mlp_bypass", alpha=8.0, beta1=0.0, beta2=0.999,
     weight_decay=0.5, phased=GlobalSettings(phases=2, prefix_docs=6, lr=0.05, chunk_tokens=64, batch_seqs=3),
     warm_start_a=True, warm_start_chains=2, max_batch_share=0.2,
@@ -238,9 +237,10 @@ def _tokens() -> torch.Tensor:
 
 def _score(world) -> dict:
     """What a rank (or the one process, world None) measures: evals, a direct global fine-tune, phased TTT."""
-    from speedrun.ttt.global_phases import finetune
-    from speedrun.ttt.lora import LoRAModel
-    from speedrun.ttt.score_first import split_documents, ttt_evaluate
+    from speedrun.core.ttt_docs import split_documents
+    from speedrun.core.ttt_global import finetune
+    from speedrun.core.ttt_lora import LoRAModel
+    from speedrun.core.ttt_score import ttt_evaluate
 
     torch.set_num_threads(1)
     m, tokens = ttt_gpt(), _tokens()
@@ -256,7 +256,7 @@ def _score(world) -> dict:
                  autocast_dtype=None, shard=world)  # fmt: skip
         out["tuned"] = torch.cat([p.detach().flatten() for p in lora.base_parameters()])
     if world is not None and world.rank == 1:  # a rank whose compile warm-up takes longer than the other's
-        from speedrun.ttt import score_first as ttt_module
+        from speedrun.core import ttt_score as ttt_module
 
         warm_up = ttt_module.make_scorers
         ttt_module.make_scorers = lambda *a, **k: (time.sleep(SLOW_WARM_UP), warm_up(*a, **k))[1]

@@ -10,11 +10,11 @@ import random
 import pytest
 import torch
 
-from speedrun.ttt import global_phases
-from speedrun.ttt.documents import batch_cost, deal_batches, document_batches
-from speedrun.ttt.global_phases import GlobalSettings, chunks_of, document_rows, finetune, phase_schedule
-from speedrun.ttt.lora import LoRAModel
-from speedrun.ttt.score_first import LoRASettings, split_documents, ttt_evaluate
+from speedrun.core import ttt_global as global_phases
+from speedrun.core.ttt_docs import batch_cost, deal_batches, document_batches, phase_schedule, split_documents
+from speedrun.core.ttt_global import chunks_of, document_rows, finetune
+from speedrun.core.ttt_lora import GlobalSettings, LoRAModel, TTTSettings
+from speedrun.core.ttt_score import ttt_evaluate
 from support.tiny import BOS, TTT_TINY, byte_luts, docs_stream
 from support.ttt import CHUNK, CONFIGS, ttt_gpt
 
@@ -132,7 +132,7 @@ class _Shapes:
 
 @pytest.mark.parametrize("rank,world,micro", [(0, 1, None), (1, 2, None), (0, 1, 2)])
 def test_phase_shapes_are_the_shapes_finetune_runs_and_the_warm_up_runs_them_without_a_step(rank, world, micro):
-    """The phases' warm-up (global_phases.warm_up, before TTT's clock) runs exactly the (rows, width) forwards that
+    """The phases' warm-up (global_phases.warm_up_phases, before TTT's clock) runs exactly the (rows, width) forwards that
     finetune then runs, on any rank and with micro-batches, and leaves the weights as they were, bit for bit."""
     lengths = [37, 20, 90, 9, 44, 33, 26, 48, 5, 70]
     tokens = docs_stream(lengths)
@@ -143,7 +143,7 @@ def test_phase_shapes_are_the_shapes_finetune_runs_and_the_warm_up_runs_them_wit
     recorder = _Shapes(lora.model)
     with lora.bare() as bare:
         before = {k: v.clone() for k, v in bare.state_dict().items()}
-        global_phases.warm_up(bare, shapes, vocab=64, device="cpu", autocast_dtype=None)
+        global_phases.warm_up_phases(bare, shapes, vocab=64, device="cpu", autocast_dtype=None)
         assert all(torch.equal(before[k], v) for k, v in bare.state_dict().items())  # no step
         assert all(p.grad is None for p in bare.parameters())
         assert sorted(recorder.seen) == sorted(shapes)  # one forward a shape
@@ -196,10 +196,10 @@ def test_every_target_adapts_and_fresh_adapters_add_nothing(tied):
     g = torch.Generator().manual_seed(3)
     tokens = torch.cat([torch.tensor([BOS]), torch.randint(1, 64, (6,), generator=g).repeat(12)])
     for target in TTT_TARGETS:
-        s = LoRASettings(rank=4, lr=0.05, chunk_size=CHUNK, targets=target, alpha=8.0)
+        s = TTTSettings(rank=4, lr=0.05, chunk_size=CHUNK, targets=target, alpha=8.0)
         res = ttt_evaluate(m, tokens, byte_luts(), s, bos_id=BOS, seq_len=24)
         assert res.val_loss < res.base_val_loss - 0.02, (target, res.val_loss, res.base_val_loss)  # q, k: 0.04+
-        frozen = ttt_evaluate(m, tokens, byte_luts(), LoRASettings(rank=4, lr=0.0, chunk_size=CHUNK, targets=target),
+        frozen = ttt_evaluate(m, tokens, byte_luts(), TTTSettings(rank=4, lr=0.0, chunk_size=CHUNK, targets=target),
                               bos_id=BOS, seq_len=24)  # fmt: skip
         # the steps' last layer call runs at the chunk's columns (GPT.forward's pick: another attention kernel),
         # the base passes over documents' starts at every column: equal up to float rounding, where any adapter's

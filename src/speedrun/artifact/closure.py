@@ -5,7 +5,7 @@ The walk starts at the file's entry point (speedrun.rerun) and follows every ``i
 module's top or inside a function (a re-run may call it), but not those under ``if TYPE_CHECKING:``. It does not
 follow an import into a SELECTED module: those are the modules a run reaches only when its Plan chooses them (the
 attention backend, test-time training, GPTQ and its levers, a data source, a launcher), each with the Plan's test
-beside it. The model class, which speedrun.model.registry imports by name, is a root of the walk beside the entry
+beside it. The model class, which speedrun.plan.model_choice imports by name (speedrun.core.model.BUILTIN), is a root of the walk beside the entry
 point. A selected module is packed, and walked from, when the test holds for the run's Plan. The code imports a
 selected module only inside the function that needs it, under the same choice, so a module the file leaves out is
 never imported; tests/artifact/test_closure.py runs an exported file with only its own modules importable.
@@ -23,8 +23,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from speedrun.model.attention import REGISTRY
-from speedrun.model.registry import BUILTIN
+from speedrun.core.model import BUILTIN
 
 SRC = Path(__file__).resolve().parents[2]
 """src/: the packed files are src/<module path>."""
@@ -37,32 +36,10 @@ def _ttt(plan: Any) -> bool:
     return str(plan.ttt.name) != "off"
 
 
-def _quant(plan: Any) -> bool:
-    return str(plan.quant.name) != "off"
-
-
-def _gptq(plan: Any) -> bool:
-    return _quant(plan) and str(plan.quant.name) != "int8"
-
-
-def _backend(name: str) -> Callable[[Any], bool]:
-    return lambda plan: plan.attn == name
-
-
-def _backend_module(entry: Any) -> str:
-    """The module of an attention REGISTRY entry: "module:Class", or the class once imported."""
-    return entry.partition(":")[0] if isinstance(entry, str) else entry.__module__
-
-
 SELECTED: dict[str, Callable[[Any], bool]] = {
-    # one attention backend, the Plan's, of those the registry names (a new one is selected as it is registered)
-    **{_backend_module(entry): _backend(name) for name, entry in REGISTRY.items()},
-    "speedrun.ttt": _ttt,
+    **{f"speedrun.core.ttt_{m}": _ttt for m in ("lora", "docs", "global", "graphs", "scorers", "score")},
     "speedrun.run.finish_ttt": _ttt,
-    "speedrun.quant.gptq": _gptq,
-    "speedrun.quant.lqer": lambda plan: _gptq(plan) and bool(plan.quant.lqer.rank),
-    "speedrun.quant.pergroup": lambda plan: _quant(plan) and str(plan.quant.compressor) == "pergroup",
-    "speedrun.model.fp8": lambda plan: bool(plan.kernel.fp8),
+    "speedrun.core.fp8": lambda plan: bool(plan.kernel.fp8),
     "speedrun.distributed.launch": lambda plan: plan.dist.launch == "self",  # torchrun's ranks need no launcher
     "speedrun.kernels.tuned": lambda plan: plan.kernel.source.startswith("tuned"),
     "speedrun.kernels.profile": lambda plan: plan.kernel.profile,
@@ -71,11 +48,11 @@ SELECTED: dict[str, Callable[[Any], bool]] = {
     "speedrun.kernels.tiles": lambda plan: plan.attn == "flex",
     "speedrun.plan.track": lambda plan: plan.track.name is not None,
     "speedrun.run.track_verdict": lambda plan: plan.track.name is not None,
-    "speedrun.training.batch_search": lambda plan: plan.micro_batch_search or plan.eval.batch_search,
+    "speedrun.run.batch_search": lambda plan: plan.micro_batch_search or plan.eval.batch_search,
     "speedrun.hardware.threads": lambda plan: plan.device == "cpu",
     # a re-run always names its data (speedrun.rerun.rerun_data), and starts a fresh run dir that resumes nothing
     "speedrun.data.prepare": lambda plan: False,
-    "speedrun.training.resume": lambda plan: False,
+    "speedrun.run.resume": lambda plan: False,
     # a re-run counts the file that ran (artifact.code_file): it makes none, so minifies nothing
     "speedrun.artifact.wrap": lambda plan: False,
     "speedrun.artifact.minify": lambda plan: False,

@@ -34,7 +34,7 @@ the tokenizer's sha256 (``tokenizer_sha256``, recorded too) and the int32 ids of
 cover (targets 1..eval_tokens and the context token 0). Runs with the same fingerprint scored the same tokens with
 the same byte accounting; the report and sweep summary compare only those.
 
-On several ranks (``world``): every score is split over the ranks and all-reduced (speedrun.evaluation.evaluate), so it
+On several ranks (``world``): every score is split over the ranks and all-reduced (speedrun.core.evaluate), so it
 equals a one-rank score of the same weights; the export (GPTQ, compression) runs on rank 0 alone, with
 the Hessians rank 0 collected from the one-rank calibration stream, and its artifact is broadcast, so every rank scores the same dequantized
 weights; TTT deals its document batches over the ranks (each batch is independent: fresh adapters per batch), and
@@ -54,23 +54,17 @@ import torch
 
 from speedrun.artifact.code_count import write_manifest
 from speedrun.config.choices import QuantName, TTTName
+from speedrun.core.compile import graphs_compiled
+from speedrun.core.evaluate import EvalResult, document_mask, run_eval
+from speedrun.core.quant import Quantized, check_round_trip, dequantize_state_dict, load_packed
+from speedrun.core.train import autocast_dtype
 from speedrun.data.tokenizer import tokenizer_sha256
-from speedrun.evaluation.evaluate import EvalResult, document_mask, run_eval
-from speedrun.kernels.compile import graphs_compiled
 from speedrun.plan import Plan
-from speedrun.plan.dtypes import autocast_dtype
 from speedrun.progress import Progress
-from speedrun.quant.model_export import (
-    COMPRESS_WORKERS,
-    Quantized,
-    check_round_trip,
-    compress_quantized,
-    quantize_model,
-)
-from speedrun.quant.quantize import dequantize_state_dict, load_packed
-from speedrun.quant.report import REPORT
 from speedrun.records.atomic import atomic_write
+from speedrun.records.quant_report import REPORT
 from speedrun.records.store import write_json
+from speedrun.run.quant_phase import COMPRESS_WORKERS, compress_quantized, quantize_model
 
 if TYPE_CHECKING:
     from speedrun.artifact.wrap import CodeSource
@@ -150,7 +144,7 @@ class Finish:
         self.run_dir, self.log, self.world, self.code = run_dir, log, world, code
         self.hessians = hessians
         self.report: PhaseCallback = on_phase or (lambda name, keys=None: None)
-        self.amp_dtype = autocast_dtype(plan)
+        self.amp_dtype = autocast_dtype(plan.autocast)
         self.out: dict[str, Any] = {"eval_mode": plan.eval.label}
         self.t0 = started if started is not None else time.perf_counter()
         self.graphs0 = graphs_compiled()

@@ -9,9 +9,10 @@ from typing import Any
 import torch
 
 from speedrun.config import TTTConfig
+from speedrun.core.ttt_lora import GlobalSettings, TTTSettings
+from speedrun.core.ttt_score import ttt_evaluate
+from speedrun.plan.settings import settings
 from speedrun.plan.types import Plan
-from speedrun.ttt.global_phases import GlobalSettings
-from speedrun.ttt.score_first import LoRASettings, ttt_evaluate
 
 
 def run_ttt(
@@ -28,7 +29,7 @@ def run_ttt(
         model,
         data.val_tokens,
         data.luts,
-        lora_settings(plan),
+        ttt_settings(plan),
         bos_id=data.bos_id,
         seq_len=plan.model.seq_len,
         device=plan.device,
@@ -50,48 +51,18 @@ def run_ttt(
     return ttt_keys(res, t)
 
 
-def lora_settings(plan: Plan) -> LoRASettings:
+def ttt_settings(plan: Plan) -> TTTSettings:
     """The plan's ttt block as ttt_evaluate takes it."""
     t = plan.ttt
-    g = t.phased
-    return LoRASettings(
-        rank=t.rank,
-        lr=t.lr,
-        local_lr_mult=t.local_lr_mult,
-        chunk_size=t.chunk_size,
-        short_chunks=t.short_chunks,
-        targets=t.targets,
-        batch_size=t.batch_size or plan.eval.batch_size,  # the resolver fills it; None only in a hand-made plan
-        beta1=t.beta1,
-        beta2=t.beta2,
-        weight_decay=t.weight_decay,
-        max_seconds=t.max_seconds,
+    return settings(
+        TTTSettings,
+        t,
         seed=plan.seed,
-        score_base=t.score_base,
-        alpha=t.alpha,
-        optimizer=str(t.optimizer),
-        eps=t.eps,
-        momentum=t.momentum,
-        warm_start_a=t.warm_start_a,
-        warm_start_chains=t.warm_start_chains,
+        batch_size=t.batch_size or plan.eval.batch_size,  # the resolver fills it; None only in a hand-made plan
         compile="inductor" if t.compile else None,
-        compile_scope=t.compile_scope,
         cuda_graphs=bool(t.cuda_graphs),
-        row_widths=t.row_widths,
-        graph_rows=t.graph_rows,
-        shared_attn_a=t.shared_attn_a,
-        max_batch_share=t.max_batch_share,
-        phased=GlobalSettings(
-            phases=g.phases,
-            prefix_docs=g.prefix_docs,
-            lr=g.lr,
-            momentum=g.momentum,
-            chunk_tokens=g.chunk_tokens,
-            batch_seqs=g.batch_seqs,
-            grad_clip=g.grad_clip,
-            epochs=g.epochs,
-            micro_rows=plan.micro_batch,  # a step's activations never exceed a training micro-step's
-        ),
+        # a step's activations never exceed a training micro-step's
+        phased=settings(GlobalSettings, t.phased, micro_rows=plan.micro_batch),
     )
 
 

@@ -13,27 +13,28 @@ import time
 from typing import Any
 
 from speedrun.config import Config
+from speedrun.core.compile import keeps_grads
+from speedrun.core.gptq import Calibration
+from speedrun.core.train import Hooks, Stepper, TrainSettings, TrainState, fit, loop_states
 from speedrun.errors import PlanError
 from speedrun.hardware import profiles as hardware
 from speedrun.kernels.cache import cache_stats
-from speedrun.kernels.compile import keeps_grads
-from speedrun.model.optim import WeightEMA
 from speedrun.plan import Plan, plan_json, resolve
 from speedrun.plan.budget import reads_training_data
-from speedrun.quant.calibration import Calibration, collect_after_training, measure_reserve
+from speedrun.plan.model_choice import model_keys
 from speedrun.records.identity import gpu_identity
 from speedrun.records.store import MetricsLog, capture_environment
+from speedrun.run import run_steps
 from speedrun.run.finish import evaluate_and_export
+from speedrun.run.hooks import READY_LINE, wait_at_start_gate
 from speedrun.run.job_record import JobRecord
 from speedrun.run.loggers import make_logger
+from speedrun.run.loop_setup import LoopHooks, loop_result, prepare_loop, train_settings
+from speedrun.run.mfu import mfu_keys
 from speedrun.run.oom import start_history
-from speedrun.training import run_steps
+from speedrun.run.peak_memory import PeakMemory
+from speedrun.run.quant_phase import collect_after_training, measure_reserve
 from speedrun.training.build import build_attention, build_data, build_model, configure_torch
-from speedrun.training.loop import Stepper, TrainState, loop_states, train, warm_up
-from speedrun.training.loop_setup import LoopHooks, loop_result, prepare_loop
-from speedrun.training.mfu import mfu_keys
-from speedrun.training.peak_memory import PeakMemory
-from speedrun.training.start_gate import READY_LINE, wait_at_start_gate
 
 log = logging.getLogger("speedrun")
 
@@ -123,7 +124,7 @@ class Job(JobRecord):
         self.result.update(self.world.describe(plan.device_name))  # world_size, nodes, each rank's GPU
         self.result.update(plan.kernel.result_keys())  # kernel_* settings that ran, so sweeps over kernel= group
         self.result.update(plan.optim_result_keys())  # the optimizer, schedule and EMA levers
-        self.result.update(plan.model.result_keys())  # the model levers (model_*)
+        self.result.update(model_keys(plan.model))  # the model levers (model_*)
         self.result.update(plan.quant.result_keys())  # the export's levers (quant_*)
         self.result.update(configure_torch(plan))  # a CPU run's thread count (cpu_threads)
         if self.result.get("cpu_threads") is not None and self.code is not None:
@@ -149,39 +150,54 @@ class Job(JobRecord):
         self.state = state = TrainState()
         if self.resume is None:  # a resume opens its metrics (dropping steps after its checkpoint) once restored
             self.metrics = MetricsLog(self.ctx.run_dir / "metrics.jsonl")
-        stepper = Stepper(model, forward, optimizers, plan, world=self.world)
+        stepper = Stepper(model, forward, optimizers, train_settings(plan), world=self.world)
         # each rank reads its own micro-batches of every step (data.loader.TokenStream)
         batches = functools.partial(data.train_batches, rank=self.world.rank, world_size=self.world.world_size)
         # batch search, periodic validation, checkpoints and stop signals: on every rank, agreed between them
         plan, extras = self._prepare_loop(plan, stepper, eval_forward, data)
         self.on_phase("warmup")
-        step_times = warm_up(stepper, batches, state, log.info, time_steps=run_steps.needs_projection(plan))
-        if extras is not None:
-            state.compile_seconds += extras.warm()
-        state.hessian_reserve_seconds = self._hessian_reserve(plan, model, data)
-        plan = self._run_steps(plan, stepper, step_times, state.hessian_reserve_seconds)
-        if plan.kernel.profile:  # untimed and undone, like warm-up: trace.json + top-kernels table in run.log
-            from speedrun.kernels.profile import profile_steps  # a Plan's choice (artifact.closure)
 
-            self.result.update(
-                profile_steps(
-                    stepper, batches, self.ctx.run_dir, log.info, plan.kernel.profile_steps, loop_states(plan)
+        def after_warmup(step_times: dict[tuple[int, bool], float], state: TrainState) -> TrainSettings | None:
+            if extras is not None:  # step 0's periodic validation: the weights warm-up restored
+                state.compile_seconds += extras.warm()
+            state.hessian_reserve_seconds = self._hessian_reserve(plan, model, data)
+            resolved = self._run_steps(plan, step_times, state.hessian_reserve_seconds)
+            return None if resolved == plan else train_settings(resolved)
+
+        def before_clock(state: TrainState) -> None:
+            plan = self.plan
+            assert plan is not None
+            if plan.kernel.profile:  # untimed and undone, like warm-up: trace.json + top-kernels table in run.log
+                from speedrun.kernels.profile import profile_steps  # a Plan's choice (artifact.closure)
+
+                self.result.update(
+                    profile_steps(
+                        stepper,
+                        batches,
+                        self.ctx.run_dir,
+                        log.info,
+                        plan.kernel.profile_steps,
+                        loop_states(stepper.settings),
+                    )
                 )
-            )
-        if self._resuming():
-            extras.restore(state)
-            if self.resume is not None:
-                self.release(state.steps)
-        log.info(READY_LINE)  # speedrun.bench's end of start-up: warm-up, GPTQ's reserve, profile, restore all done
-        if wait_at_start_gate(log.info) is not None:  # SPEEDRUN_START_GATE: train at the same time as a peer
-            self.world.agree(0.0)  # every rank leaves the gate before rank 0's clock starts
-        # keeps_grads: true exactly when training replays CUDA graphs, whose pools the peak must count
-        self.peak_memory = PeakMemory(plan.device, graph_pools=keeps_grads(plan))
-        self.peak_memory.start()  # peak_mem_mb covers timed training only
-        self.on_phase("train")
-        train(stepper, batches, state=state, log=log.info, on_metrics=self.on_metrics, extras=extras)
+            if self._resuming():
+                extras.restore(state)
+                if self.resume is not None:
+                    self.release(state.steps)
+            log.info(READY_LINE)  # speedrun.bench's end of start-up: warm-up, GPTQ's reserve, profile, restore done
+            if wait_at_start_gate(log.info) is not None:  # SPEEDRUN_START_GATE: train at the same time as a peer
+                self.world.agree(0.0)  # every rank leaves the gate before rank 0's clock starts
+            # keeps_grads: true exactly when training replays CUDA graphs, whose pools the peak must count
+            graphs = keeps_grads(plan.compile, plan.kernel.compile_mode, plan.kernel.cuda_graphs)
+            self.peak_memory = PeakMemory(plan.device, graph_pools=graphs)
+            self.peak_memory.start()  # peak_mem_mb covers timed training only
+            self.on_phase("train")
+
+        hooks = Hooks(after_warmup=after_warmup, before_clock=before_clock, between_steps=extras)
+        time_steps = run_steps.needs_projection(plan)
+        fit(stepper, batches, state=state, log=log.info, on_metrics=self.on_metrics, hooks=hooks, time_steps=time_steps)
         self.loop_ended = time.perf_counter()
-        if plan.compile:
+        if self.plan is not None and self.plan.compile:
             self.result.update(cache_stats())
         return state
 
@@ -200,8 +216,8 @@ class Job(JobRecord):
             )
         return reserve
 
-    def _run_steps(self, plan: Plan, stepper: Any, step_times: dict[tuple[int, bool], float], reserve: float) -> Plan:
-        """The steps the run will make (speedrun.training.run_steps): settings given as fractions of the run become
+    def _run_steps(self, plan: Plan, step_times: dict[tuple[int, bool], float], reserve: float) -> Plan:
+        """The steps the run will make (speedrun.run.run_steps): settings given as fractions of the run become
         steps (a new plan.json, result.json's run_steps), and each step-counted setting longer than the run is a
         warning. A time budget's projection is rank 0's, so every rank trains with the same settings."""
         run = run_steps.known_steps(plan)
@@ -219,9 +235,7 @@ class Job(JobRecord):
         self.result.update(self.run_step_keys)
         if resolved == plan:
             return plan
-        stepper.plan = self.plan = resolved
-        if resolved.ema.on and stepper.ema is None:  # ema.horizon: the average starts from the restored weights
-            stepper.ema = WeightEMA(stepper.model, float(resolved.ema.decay or 0.0))
+        self.plan = resolved  # training takes its settings (an ema.horizon's decay starts the average: core.train.fit)
         self.write_file("plan.json", plan_json(resolved) + "\n")
         return resolved
 

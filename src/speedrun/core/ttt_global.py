@@ -1,4 +1,4 @@
-"""Phased global TTT: between batches of score-first LoRA TTT (speedrun.ttt.score_first), the model's own weights are
+"""Phased global TTT: between batches of score-first LoRA TTT (speedrun.core.ttt_score), the model's own weights are
 fine-tuned with SGD on documents that are already scored, as parameter-golf's 2026-04 records do (their
 PHASED_TTT_* and GLOBAL_TTT_* settings).
 
@@ -23,8 +23,6 @@ checked before every step on rank 0's clock, so all ranks stop at the same step.
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -34,27 +32,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from speedrun.core.ttt_docs import row_width
+from speedrun.core.ttt_lora import GlobalSettings
+
 if TYPE_CHECKING:  # annotations only: TTT is handed a World, it never makes one
-    from speedrun.distributed.world import World
-
-
-@dataclass(frozen=True)
-class GlobalSettings:
-    """What ``ttt.phased.*`` resolves to (speedrun.config.finishing.PhasedTTTConfig has each knob's meaning)."""
-
-    phases: int = 0
-    """Global fine-tunes; 0: off."""
-    prefix_docs: int = 2000
-    lr: float = 1e-3
-    momentum: float = 0.9
-    chunk_tokens: int = 32768
-    batch_seqs: int = 32
-    grad_clip: float = 1.0
-    epochs: int = 1
-    micro_rows: int | None = None
-    """A forward's budget within a step, in rows of seq_len: a forward holds as many of the step's rows as fit in
-    micro_rows x seq_len padded tokens (their gradients add up); None: a rank's whole share of a step at once. The
-    run passes its training micro-batch, so a step never holds more activations than a training micro-step."""
+    from speedrun.core.dist import World
 
 
 @dataclass
@@ -65,37 +47,6 @@ class FinetuneStats:
     seconds: float = 0.0
     stopped: bool = False
     """The time budget ran out during the fine-tune."""
-
-
-def phase_schedule(batch_docs: list[int], settings: GlobalSettings) -> dict[int, list[int]]:
-    """{batch index: [documents the phases ending with that batch train on]}, from the number of documents of each
-    batch in scoring order (see the module doc). Several phases may end with one batch when it is larger than a
-    phase's group; they then run one after the other."""
-    if settings.phases == 0 or not batch_docs:
-        return {}
-    cumulative = list(itertools.accumulate(batch_docs))
-    prefix = min(settings.prefix_docs, cumulative[-1])
-    out: dict[int, list[int]] = {}
-    for p in range(settings.phases):
-        boundary = prefix * (p + 1) // settings.phases
-        ends = bisect.bisect_left(cumulative, boundary)  # the batch that scores document number `boundary`
-        if boundary > 0 and ends < len(batch_docs) - 1:
-            out.setdefault(ends, []).append(boundary)
-    return out
-
-
-def row_width(n: int, seq_len: int, widths: str = "pow2") -> int:
-    """Pad a batch of rows of at most n tokens to one of a few widths (at most seq_len), so kernels that compile or
-    plan per shape (flex, cuDNN) do so a few times, not once per batch (ttt.row_widths): ``pow2``, a power of two
-    of at least 64; ``half_octave``, those and the widths halfway up each octave (96, 192, 384, ...: 3/4 of the
-    next power of two), twice the shapes for less padding; a number N (e.g. "128"), a multiple of N."""
-    if widths.isdigit():
-        step = int(widths)
-        return min(seq_len, max(step, -(-n // step) * step))
-    width = max(64, 1 << max(0, n - 1).bit_length())
-    if widths == "half_octave" and width > 64 and n <= width * 3 // 4:
-        width = width * 3 // 4
-    return min(seq_len, width)
 
 
 def document_rows(docs: list[tuple[int, int]], seq_len: int) -> list[tuple[int, int]]:
@@ -173,7 +124,7 @@ def phase_shapes(
     }
 
 
-def warm_up(
+def warm_up_phases(
     model: nn.Module,
     shapes: set[tuple[int, int]],
     *,
@@ -184,7 +135,7 @@ def warm_up(
     """A forward and backward of ``model`` at each (rows, width) of ``shapes``, on random tokens (never validation
     data), as ``finetune`` runs them, without a step: the gradients are dropped and the weights stay as they were.
     Why: the first call at a shape pays for its plans (cuDNN's attention graphs, cuBLAS's heuristics) and every
-    phase's rows are a new shape; TTT runs this before its clock (speedrun.ttt.score_first), as it captures its steps."""
+    phase's rows are a new shape; TTT runs this before its clock (speedrun.core.ttt_score), as it captures its steps."""
     gen = torch.Generator().manual_seed(0)
     for rows, width in sorted(shapes, reverse=True):
         x, y = (torch.randint(0, vocab, (rows, width), generator=gen).to(device) for _ in range(2))

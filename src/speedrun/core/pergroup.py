@@ -1,9 +1,23 @@
-"""quant.compressor=pergroup: the packed state dict as groups of like tensors, each reordered for its entropy coder
-and compressed apart, in parallel threads.
+"""The artifact's bytes: which class each tensor is, the byte compressors, and quant.compressor=pergroup's container.
 
-One compressor over a serialized state dict sees int8 codes, fp16 scales, fp32 gains and pickle framing
-interleaved, and its adaptive models keep relearning which one they are in. Here every tensor goes to a group of
-its kind and class (speedrun.quant.classes):
+Tensor classes, by state-dict name: what picks a matrix's clip sigma (quant.sigmas), its bits, the group its bytes
+are compressed in, and its line in the per-tensor report.
+
+    attn    a linear inside an attention module: ``blocks.<i>.attn.{c_q,c_k,c_v,proj}.weight``
+    mlp     a linear inside an MLP module: ``blocks.<i>.mlp.{fc,proj}.weight``
+    embed   the token embedding ``tok_emb.weight`` and an untied ``lm_head.weight``
+    gate    the small gate tensors: a name containing ``gate`` (``blocks.<i>.attn.attn_gate_w``, ``skip_gates``)
+            and the smear gate's ``smear_w``; checked before attn, whose module holds attn_gate_w
+    matrix  any other 2-D tensor the export quantizes (a model of one's own may name its linears otherwise)
+
+Compressors: zlib, lzma, brotli and zstd, one library call on the bytes given; where the streaming interface gives
+the same bytes as that call (``STREAMS``: zlib at levels 1-9, lzma, brotli at quality 10-11; tested in
+tests/quant/test_compression.py) they are fed in chunks, so a compression of minutes prints its progress.
+
+quant.compressor=pergroup: the packed state dict as groups of like tensors, each reordered for its entropy coder and
+compressed apart, in parallel threads. One compressor over a serialized state dict sees int8 codes, fp16 scales,
+fp32 gains and pickle framing interleaved, and its adaptive models keep relearning which one they are in. Here every
+tensor goes to a group of its kind and class:
 
     q.<class>   int8 codes of quantized matrices, one group per class (attn, mlp, embed, matrix, gate)
     lqer        uint8 codes of LQER factors
@@ -14,11 +28,12 @@ its kind and class (speedrun.quant.classes):
 and each group is laid out for its coder: multi-byte values are split into byte planes (all first bytes, then all
 second bytes: the high bytes of fp16 scales, sign, exponent and top mantissa bits, take few values and compress
 apart from their noisy low bytes); int8 codes are stored column by column (each matrix transposed), which compresses
-smaller with brotli-11 on matrices whose input columns differ in scale. Each group is cut into chunks of CHUNK_BYTES
-(brotli's default window is 4 MiB, so a chunk that size loses almost no context) and the chunks are compressed
-concurrently with quant.pergroup_codec at quant.level; brotli and lzma release the GIL, so threads use every core.
+smaller with brotli-11 on matrices whose input columns differ in scale. Each group is cut into chunks of
+PERGROUP_CHUNK_BYTES (brotli's default window is 4 MiB, so a chunk that size loses almost no context) and the chunks
+are compressed concurrently with quant.pergroup_codec at quant.level; brotli and lzma release the GIL, so threads use
+every core.
 
-The blob carries its own header, so speedrun.quant.quantize.load_artifact reads it without being told the codec:
+The blob carries its own header, so it is read without being told the codec:
 
     b"SRPG" | version (1 byte) | codec (1 byte: 0 lzma, 1 brotli) | header size (4 bytes, little-endian)
     | header: compressed JSON {"groups": [[name, layout, raw bytes, [chunk sizes]]...],
@@ -28,11 +43,14 @@ The blob carries its own header, so speedrun.quant.quantize.load_artifact reads 
 
 from __future__ import annotations
 
+import importlib
 import json
+import lzma
 import math
 import os
 import struct
 import time
+import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -41,14 +59,104 @@ import numpy as np
 import torch
 
 from speedrun.progress import Progress
-from speedrun.quant.classes import tensor_class
-from speedrun.quant.compression import COMPRESSORS, decompress
 
-MAGIC = b"SRPG"
-VERSION = 1
-CODECS = ("lzma", "brotli")
+EMBED_NAMES = ("tok_emb.weight", "lm_head.weight")
+"""The embedding class: input and (untied) output embedding tables; also the weights that may be the output head's
+(applied with F.linear in GPT.head: speedrun.core.gptq.head_weights)."""
+GATE_MARKERS = ("gate", "smear_w")
+"""Substrings that make a parameter a gate (quant.gate_bits): the record's quantized gates are its attn_gate_w; the
+smear gate's weight is called smear_w here (the record's smear_gate.weight)."""
+
+
+def is_gate(name: str) -> bool:
+    leaf = name.rsplit(".", 1)[-1]
+    return any(marker in leaf for marker in GATE_MARKERS)
+
+
+def tensor_class(name: str) -> str:
+    """attn, mlp, embed, gate or matrix (see the module docstring); the caller decides whether it is quantized."""
+    if is_gate(name):
+        return "gate"
+    if name in EMBED_NAMES:
+        return "embed"
+    if ".attn." in f".{name}":
+        return "attn"
+    if ".mlp." in f".{name}":
+        return "mlp"
+    return "matrix"
+
+
+def _brotli() -> Any:
+    return importlib.import_module("brotli")
+
+
+def _zstd() -> Any:
+    return importlib.import_module("zstandard")
+
+
+COMPRESSORS: dict[str, tuple[Callable[[bytes, int], bytes], Callable[[bytes], bytes]]] = {
+    "zlib": (lambda data, level: zlib.compress(data, level), zlib.decompress),
+    "lzma": (lambda data, level: lzma.compress(data, preset=level), lzma.decompress),
+    "brotli": (lambda data, level: _brotli().compress(data, quality=level), lambda blob: _brotli().decompress(blob)),
+    "zstd": (
+        lambda data, level: _zstd().ZstdCompressor(level=level).compress(data),
+        lambda blob: _zstd().ZstdDecompressor().decompress(blob),
+    ),
+}
+STREAMS: dict[str, tuple[Callable[[int], Any], Callable[[int], bool]]] = {
+    "zlib": (lambda level: zlib.compressobj(level), lambda level: level >= 1),
+    "lzma": (lambda level: lzma.LZMACompressor(preset=level), lambda level: True),
+    "brotli": (lambda level: _brotli().Compressor(quality=level), lambda level: level >= 10),
+}
+"""Streaming compressors (make(level), and at which levels its output equals COMPRESSORS' one-shot call byte for
+byte). zlib's level 0 cuts its stored blocks where the input chunks end; brotli below quality 10 adapts to how much
+input it was handed at once (other bytes with 64 KB chunks at qualities 1-9); zstd's one-shot frame records the
+content size a stream does not know. Those compress in one call, with a line before and after."""
+STREAM_CHUNK_BYTES = 1 << 20
+"""Bytes fed to a streaming compressor at a time: a progress tick after each."""
+
+
+def compress(
+    data: bytes,
+    compressor: str,
+    level: int,
+    log: Callable[[str], None] | None = None,
+    chunk_bytes: int = STREAM_CHUNK_BYTES,
+    progress_every: float = 30.0,
+) -> bytes:
+    """``data`` compressed: the same bytes as the compressor's one-shot call, with ``log`` a line before, progress
+    at most every ``progress_every`` seconds where the compressor streams identically (STREAMS), and one after."""
+    name = f"{compressor}-{level}"
+    if log is not None:
+        log(f"compressing {len(data) / 1e6:,.1f} MB with {name} ...")
+    t0 = time.perf_counter()
+    stream = STREAMS.get(compressor)
+    if stream is not None and stream[1](level):
+        progress = Progress(f"compress ({name})", log, unit="MB", every=progress_every)
+        comp, parts = stream[0](level), []
+        feed, finish = (comp.process, comp.finish) if compressor == "brotli" else (comp.compress, comp.flush)
+        view = memoryview(data)
+        for start in range(0, len(data), chunk_bytes):
+            parts.append(feed(view[start : start + chunk_bytes]))
+            progress.tick(min(start + chunk_bytes, len(data)) / 1e6, len(data) / 1e6)
+        parts.append(finish())
+        blob = b"".join(parts)
+    else:
+        blob = COMPRESSORS[compressor][0](data, level)
+    if log is not None:
+        log(f"compressed to {len(blob) / 1e6:,.2f} MB with {name} in {time.perf_counter() - t0:.1f}s")
+    return blob
+
+
+def decompress(blob: bytes, compressor: str) -> bytes:
+    return COMPRESSORS[compressor][1](blob)
+
+
+PERGROUP_MAGIC = b"SRPG"
+PERGROUP_VERSION = 1
+PERGROUP_CODECS = ("lzma", "brotli")
 """Codec ids in the blob (index = id)."""
-CHUNK_BYTES = 4 << 20
+PERGROUP_CHUNK_BYTES = 4 << 20
 """Bytes of a group compressed as one stream (the unit of parallel work)."""
 SCALE_FIELDS = ("scale", "lqer_a_min", "lqer_a_step", "lqer_b_min", "lqer_b_step", "awq_scale")
 
@@ -111,8 +219,6 @@ def pack(
 ) -> tuple[bytes, dict[str, int]]:
     """The pergroup blob of a packed state dict, and each group's compressed bytes (its chunks; the header apart,
     as ``header``)."""
-    if codec not in CODECS:
-        raise ValueError(f"quant.pergroup_codec={codec}: choose one of {', '.join(CODECS)}")
     groups: dict[str, list[tuple[str, str, torch.Tensor]]] = {}
     listing = []  # every tensor in the packed dict's order, with its group: the header's "tensors"
     for entry, fields in packed.items():
@@ -123,7 +229,11 @@ def pack(
     names = list(groups)
     layouts = [_layout(g, groups[g][0][2].element_size()) for g in names]
     streams = [_encode([t for _, _, t in groups[g]], layout) for g, layout in zip(names, layouts)]
-    jobs = [(i, s[o : o + CHUNK_BYTES]) for i, s in enumerate(streams) for o in range(0, max(len(s), 1), CHUNK_BYTES)]
+    jobs = [
+        (i, s[o : o + PERGROUP_CHUNK_BYTES])
+        for i, s in enumerate(streams)
+        for o in range(0, max(len(s), 1), PERGROUP_CHUNK_BYTES)
+    ]
     total = sum(len(s) for s in streams)
     if log is not None:
         log(f"compressing {total / 1e6:,.1f} MB in {len(names)} groups ({len(jobs)} chunks) with {codec}-{level} ...")
@@ -146,24 +256,24 @@ def pack(
         ],
     }
     head = compress_one(json.dumps(header, separators=(",", ":")).encode(), level)
-    blob = MAGIC + bytes([VERSION, CODECS.index(codec)]) + struct.pack("<I", len(head)) + head + b"".join(chunks)
+    blob = (
+        PERGROUP_MAGIC
+        + bytes([PERGROUP_VERSION, PERGROUP_CODECS.index(codec)])
+        + struct.pack("<I", len(head))
+        + head
+        + b"".join(chunks)
+    )
     if log is not None:
         log(f"compressed to {len(blob) / 1e6:,.2f} MB with pergroup {codec}-{level} in {time.perf_counter() - t0:.1f}s")
     group_bytes = {g: sum(sizes[i]) for i, g in enumerate(names)}
-    return blob, {**group_bytes, "header": len(head) + len(MAGIC) + 6}
-
-
-def is_pergroup(blob: bytes) -> bool:
-    return blob[: len(MAGIC)] == MAGIC
+    return blob, {**group_bytes, "header": len(head) + len(PERGROUP_MAGIC) + 6}
 
 
 def unpack(blob: bytes, workers: int | None = None) -> dict[str, dict[str, torch.Tensor]]:
     """The packed state dict of a pergroup blob, in the order it was packed."""
-    if not is_pergroup(blob) or blob[len(MAGIC)] != VERSION:
-        raise ValueError("not a pergroup artifact of this version (quant.compressor=pergroup writes b'SRPG' + 1)")
-    codec = CODECS[blob[len(MAGIC) + 1]]
-    (size,) = struct.unpack("<I", blob[len(MAGIC) + 2 : len(MAGIC) + 6])
-    start = len(MAGIC) + 6
+    codec = PERGROUP_CODECS[blob[len(PERGROUP_MAGIC) + 1]]
+    (size,) = struct.unpack("<I", blob[len(PERGROUP_MAGIC) + 2 : len(PERGROUP_MAGIC) + 6])
+    start = len(PERGROUP_MAGIC) + 6
     header: dict[str, Any] = json.loads(decompress(blob[start : start + size], codec))
     offset, spans = start + size, []
     for _, _, _, chunk_sizes in header["groups"]:

@@ -1,58 +1,96 @@
-"""The artifact: quantized weights, compressed, plus the code that trains, evaluates and reads them (raw bytes).
+"""The artifact's weights: quantized, packed, compressed, and read back.
 
 ``quant=int8`` follows parameter-golf's baseline export: 2-D float tensors large enough to matter become
 per-row int8 with a clipped absmax scale (fp16 scales); small tensors are kept in fp16, scalar controls in fp32.
 
 ``quant=int6`` quantizes every block matrix (attention q/k/v/proj, MLP fc/proj) with GPTQ at ``quant.bits``
-(speedrun.quant.gptq: Hessians from training batches, per-row fp16 scales by quant.clip). The token embedding
+(speedrun.core.gptq: Hessians from training batches, per-row fp16 scales by quant.clip). The token embedding
 and an untied lm_head get round-to-nearest at ``quant.embed_bits`` with the same clip rule, or GPTQ against the
 output head's Hessian with quant.embed_gptq. The record's other levers, each off by default: LQER corrections of the
-worst-quantized matrices (quant.lqer, speedrun.quant.lqer) and per-row codes for the small gate tensors
-(quant.gate_bits). Values are stored one per int8 byte (6 bits used) and the compressor's entropy coder removes the
-unused bits: on the tiny model's 458,752 int6 block weights (empirical entropy 5.50 bits/value = 315,500 bytes)
-the int8 containers compress to 316,226 bytes with brotli-11 and 321,844 with lzma-9, against 333,309 and 337,452
-for the same values bit-packed 4-in-3 bytes first: packing splits values across byte boundaries, which
-byte-oriented LZ matching and entropy models cannot see through.
+worst-quantized matrices (quant.lqer) and per-row codes for the small gate tensors (quant.gate_bits). Values are
+stored one per int8 byte (6 bits used) and the compressor's entropy coder removes the unused bits: on the tiny
+model's 458,752 int6 block weights (empirical entropy 5.50 bits/value = 315,500 bytes) the int8 containers compress
+to 316,226 bytes with brotli-11 and 321,844 with lzma-9, against 333,309 and 337,452 for the same values bit-packed
+4-in-3 bytes first: packing splits values across byte boundaries, which byte-oriented LZ matching and entropy
+models cannot see through.
 
 The packed state dict maps each name to its fields: ``q`` + ``scale`` (codes and per-row fp16 scales; plus the
-LQER fields), ``half`` (fp16) or ``raw`` (as it was). It is serialized with torch.save and compressed as one
-stream (speedrun.quant.compression), or with quant.compressor=pergroup split into groups of like tensors
-compressed apart (speedrun.quant.pergroup), a blob that carries its own header.
+LQER and AWQ fields), ``half`` (fp16) or ``raw`` (as it was). It is serialized with torch.save and compressed as one
+stream, or with quant.compressor=pergroup split into groups of like tensors compressed apart
+(speedrun.core.pergroup), a blob that carries its own header.
 
 val_bpb_quant is measured on the dequantized round trip, so it is the number the artifact actually earns.
-artifact_bytes = compressed blob + the code's bytes by artifact.code_rule (speedrun.artifact.code_count).
 """
 
 from __future__ import annotations
 
 import io
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from speedrun.config.choices import QuantClip, QuantName
-from speedrun.config.compressors import PERGROUP, check_compressor
-from speedrun.config.quant import TENSOR_CLASSES, QuantConfig
+from speedrun.core import choice
+from speedrun.core.gptq import (
+    FineColumns,
+    awq_groups,
+    correction,
+    dequantize_correction,
+    qmax_of,
+    quantize_gptq_fine,
+    quantize_rtn,
+)
+from speedrun.core.pergroup import EMBED_NAMES, compress, decompress, pack, tensor_class, unpack
 from speedrun.progress import Progress
-from speedrun.quant.classes import EMBED_NAMES, tensor_class
-from speedrun.quant.compression import CHUNK_BYTES, COMPRESSORS, STREAMS, compress, decompress
-
-__all__ = ["CHUNK_BYTES", "COMPRESSORS", "STREAMS", "check_compressor", "compress", "decompress"]
-# GPTQ (speedrun.quant.gptq), LQER (lqer) and the per-group container (pergroup) are imported where a Plan that
-# chooses them reaches them: a run's train_gpt.py carries only the modules its Plan uses (speedrun.artifact.closure)
-GPTQ_NAMES = ("collect_hessians", "gptq_layers", "qmax_of", "quantize_gptq", "quantize_rtn", "search_scales")
-"""speedrun.quant.gptq's names, importable from here too, loaded on first use."""
 
 
-def __getattr__(name: str) -> Any:
-    if name in GPTQ_NAMES + ("sigma_scales",):
-        from speedrun.quant import gptq  # on first use, as above
+@dataclass(frozen=True)
+class Sigmas:
+    """quant.sigmas: k of quant.clip=sigma per tensor class (clip = k x the row's standard deviation)."""
 
-        return getattr(gptq, name)
-    raise AttributeError(f"module 'speedrun.quant.quantize' has no attribute {name!r}")
+    matrix: float = 12.85
+    mlp: float = 12.0
+    attn: float = 13.0
+    embed: float = 15.0
+
+
+@dataclass(frozen=True)
+class LQERSettings:
+    rank: int = 0
+    top_k: int = 3
+    factor_bits: int = 4
+    asym_group: int = 64
+
+
+@dataclass(frozen=True)
+class AWQSettings:
+    top_k: int = 0
+    bits: int = 8
+    group_size: int = 64
+
+
+@dataclass(frozen=True)
+class QuantSettings:
+    """What the export reads of ``quant.*`` (speedrun.config.quant.QuantConfig has each knob's meaning and checks)."""
+
+    name: str = "int8"
+    compressor: str = "zlib"
+    level: int = 9
+    bits: int = 6
+    embed_bits: int = 8
+    calib_batches: int = 8
+    damp: float = 0.01
+    block_size: int = 128
+    clip_ratios: tuple[float, ...] = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7)
+    clip: str = "absmax_search"
+    sigmas: Sigmas = Sigmas()
+    embed_gptq: bool = False
+    lqer: LQERSettings = LQERSettings()
+    awq: AWQSettings = AWQSettings()
+    gate_bits: int | None = None
+    pergroup_codec: str = "brotli"
 
 
 KEEP_FLOAT_MAX_NUMEL = 65_536
@@ -70,10 +108,11 @@ class Artifact:
     group_bytes: dict[str, int] = field(default_factory=dict)
     """Compressed bytes per group (pergroup), or {"all": the blob} for a one-stream compressor."""
     extra: dict[str, Any] = field(default_factory=dict)
-    """What the export measured on the way (timings, the per-tensor report): speedrun.run.finish fills it."""
+    """What the export measured on the way (timings, the per-tensor report), filled by the shell."""
 
 
 def quantize_state_dict(state: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
+    """quant=int8 (see the module doc)."""
     packed: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in state.items():
         t = tensor.detach().to("cpu")
@@ -102,11 +141,9 @@ def dequantize_entry(entry: dict[str, torch.Tensor]) -> torch.Tensor:
             size, step = int(entry["awq_size"][0]), entry["awq_scale"].float()[:, None]
             for start in entry["awq_start"].tolist():
                 w[:, start : start + size] = q[:, start : start + size].float() * step
-        if "lqer_a" not in entry:
-            return w
-        from speedrun.quant.lqer import dequantize_correction  # a Plan's choice (artifact.closure)
-
-        return w + dequantize_correction(entry)
+        if "lqer_a" in entry:
+            w = w + LQER["on"][1](entry)
+        return w
     if "half" in entry:
         return entry["half"].float()
     return entry["raw"]
@@ -114,17 +151,6 @@ def dequantize_entry(entry: dict[str, torch.Tensor]) -> torch.Tensor:
 
 def dequantize_state_dict(packed: dict[str, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     return {name: dequantize_entry(entry) for name, entry in packed.items()}
-
-
-def export(
-    state: dict[str, torch.Tensor],
-    compressor: str,
-    level: int,
-    log: Callable[[str], None] | None = None,
-    codec: str = "brotli",
-) -> Artifact:
-    """quant=int8: quantize, serialize, compress."""
-    return export_packed(quantize_state_dict(state), compressor, level, log, codec)
 
 
 def export_packed(
@@ -137,33 +163,26 @@ def export_packed(
 ) -> Artifact:
     """Serialize and compress a packed state dict; ``codec`` is quant.pergroup_codec and ``workers`` its threads
     (compressor=pergroup only; default every core)."""
-
     t0 = time.perf_counter()
-    if compressor == PERGROUP:
-        from speedrun.quant import pergroup  # a Plan's choice (artifact.closure)
-
-        check_compressor(compressor, level, codec)
-        blob, groups = pergroup.pack(packed, codec, level, log, workers)
+    if compressor in PERGROUP:
+        blob, groups = PERGROUP[compressor][0](packed, codec, level, log, workers)
     else:
         buf = io.BytesIO()
         torch.save(packed, buf)
         blob = compress(buf.getvalue(), compressor, level, log)
         groups = {"all": len(blob)}
-    seconds = round(time.perf_counter() - t0, 3)
-    return Artifact(blob=blob, compress_seconds=seconds, group_bytes=groups)
+    return Artifact(blob=blob, compress_seconds=round(time.perf_counter() - t0, 3), group_bytes=groups)
 
 
 def load_packed(blob: bytes, compressor: str) -> dict[str, dict[str, torch.Tensor]]:
     """The packed state dict of an artifact (a pergroup blob names its codec in its header)."""
-    if compressor == PERGROUP:
-        from speedrun.quant import pergroup  # a Plan's choice (artifact.closure)
-
-        return pergroup.unpack(blob)
+    if compressor in PERGROUP:
+        return PERGROUP[compressor][1](blob)
     return torch.load(io.BytesIO(decompress(blob, compressor)), map_location="cpu", weights_only=True)
 
 
-def load_artifact(blob: bytes, compressor: str) -> dict[str, torch.Tensor]:
-    return dequantize_state_dict(load_packed(blob, compressor))
+PERGROUP = choice("quant.compressor", {"pergroup": (pack, unpack)})
+"""The per-group container (speedrun.core.pergroup); any other compressor packs one torch.save stream."""
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -173,8 +192,6 @@ def load_artifact(blob: bytes, compressor: str) -> dict[str, torch.Tensor]:
 def quantize_rows(w: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
     """quant.gate_bits: round-to-nearest with one fp16 absmax scale per row (the first dimension; a vector is one
     row) -> (int8 codes in w's shape, fp16 scales)."""
-    from speedrun.quant.gptq import qmax_of  # a Plan's choice (artifact.closure)
-
     qmax = qmax_of(bits)
     rows = w.detach().float().reshape(w.shape[0] if w.ndim > 1 else 1, -1)
     scale = (rows.abs().amax(dim=1) / qmax).clamp_min(1e-8).half()
@@ -185,7 +202,7 @@ def quantize_rows(w: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tenso
 def quantize_int6(
     state: dict[str, torch.Tensor],
     hessians: dict[str, torch.Tensor],
-    q: QuantConfig,
+    q: QuantSettings,
     progress: Progress | None = None,
 ) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, dict[str, Any]]]:
     """quant=int6 -> (packed state dict in state-dict order, the rule each tensor got: class, method, bits, clip).
@@ -195,9 +212,7 @@ def quantize_int6(
     at embed_bits for an embedding without one, per-row codes for the gates with quant.gate_bits, the int8 export's
     rules for everything else; then LQER corrections of the quant.lqer.top_k matrices with the largest error.
     ``progress`` is ticked after each GPTQ matrix."""
-    from speedrun.quant.gptq import FineColumns, quantize_gptq_fine, quantize_rtn  # a Plan's choice (closure)
-
-    sigma = q.clip == QuantClip.sigma
+    sigma = q.clip == "sigma"
     packed: dict[str, dict[str, torch.Tensor]] = {}
     rules: dict[str, dict[str, Any]] = {}
     rest: dict[str, torch.Tensor] = {}
@@ -206,7 +221,7 @@ def quantize_int6(
     def matrix_rule(name: str, method: str) -> tuple[int, float | None]:
         cls = tensor_class(name)
         bits = q.embed_bits if cls == "embed" or method == "rtn" else q.bits
-        k = q.sigmas.of(cls if cls in TENSOR_CLASSES else "matrix") if sigma else None  # a large gate: matrix
+        k = float(getattr(q.sigmas, "matrix" if cls == "gate" else cls)) if sigma else None  # a large gate: matrix
         rules[name] = {
             "class": cls,
             "method": method,
@@ -215,7 +230,7 @@ def quantize_int6(
         }
         return bits, k
 
-    promoted = awq_choice(state, hessians, q)
+    promoted = AWQ["on"](state, hessians, q) if q.awq.top_k else {}
     for name, tensor in state.items():
         if name in hessians:
             H = hessians[name]
@@ -262,19 +277,15 @@ def quantize_int6(
             rules[name] = {"class": "float", "method": kind, "bits": entry[kind].element_size() * 8, "clip": None}
         packed[name] = entry
     if q.lqer.rank:
-        add_lqer(state, packed, rules, q.lqer.rank, q.lqer.top_k, q.lqer.factor_bits, q.lqer.asym_group)
+        LQER["on"][0](state, packed, rules, q.lqer.rank, q.lqer.top_k, q.lqer.factor_bits, q.lqer.asym_group)
     return {name: packed[name] for name in state}, {name: rules[name] for name in state}
 
 
 def awq_choice(
-    state: dict[str, torch.Tensor], hessians: dict[str, torch.Tensor], q: QuantConfig
+    state: dict[str, torch.Tensor], hessians: dict[str, torch.Tensor], q: QuantSettings
 ) -> dict[str, list[int]]:
     """quant.awq: the promoted column groups ({matrix: starts}) among the GPTQ'd matrices whose bits are below
-    awq.bits (speedrun.quant.gptq.awq_groups); {} when off."""
-    if not q.awq.top_k:
-        return {}
-    from speedrun.quant.gptq import awq_groups  # a Plan's choice (artifact.closure)
-
+    awq.bits (speedrun.core.gptq.awq_groups)."""
     coarse = {
         name: state[name]
         for name in state
@@ -294,8 +305,6 @@ def add_lqer(
 ) -> list[str]:
     """Add LQER correction fields to the ``top_k`` quantized matrices (gates aside) whose ||W - dequant(Q)||_F is
     largest; returns their names, worst first."""
-    from speedrun.quant.lqer import correction  # a Plan's choice (artifact.closure)
-
     errors = {
         name: float((state[name].detach().float().cpu() - dequantize_entry(entry)).norm())
         for name, entry in packed.items()
@@ -309,24 +318,67 @@ def add_lqer(
     return chosen
 
 
-def quantize_state_dict_gptq(
-    state: dict[str, torch.Tensor],
+AWQ = choice("quant.awq.top_k", {"on": awq_choice})
+LQER = choice("quant.lqer.rank", {"on": (add_lqer, dequantize_correction)})
+"""LQER's corrections: added to the packed matrices (add_lqer), and read back (dequantize_correction)."""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the model's export
+
+
+@dataclass
+class Quantized:
+    """What the export computed before compression (rank 0): the codes and what the per-tensor report needs."""
+
+    packed: dict[str, dict[str, torch.Tensor]]
+    """The packed state dict (codes, scales, LQER factors, fp16 and raw tensors), on the CPU."""
+    state: dict[str, torch.Tensor]
+    """The float weights that were quantized: a CPU copy, since the model's own tensors take the dequantized ones."""
+    rules: dict[str, dict[str, Any]]
+    hessians: dict[str, torch.Tensor]
+    extra: dict[str, Any] = field(default_factory=dict)
+    """What the shell measured on the way (quant_hessian_seconds)."""
+
+
+QUANTIZERS: dict[str, Callable[..., tuple[dict[str, dict[str, torch.Tensor]], dict[str, dict[str, Any]]]]] = choice(
+    "quant.name",
+    {"int8": lambda state, hessians, q, progress: (quantize_state_dict(state), {}), "int6": quantize_int6},
+)
+"""quant.name -> (state, hessians, settings, progress) -> (packed, rules)."""
+
+
+def quantize_model(
+    q: QuantSettings,
+    model: torch.nn.Module,
     hessians: dict[str, torch.Tensor],
-    *,
-    bits: int,
-    embed_bits: int,
-    damp: float,
-    block_size: int,
-    clip_ratios: Sequence[float],
     progress: Progress | None = None,
-) -> dict[str, dict[str, torch.Tensor]]:
-    """quant=int6 with every lever off (quantize_int6's packed state dict)."""
-    settings = QuantConfig(
-        name=QuantName.int6,
-        bits=bits,
-        embed_bits=embed_bits,
-        damp=damp,
-        block_size=block_size,
-        clip_ratios=list(clip_ratios),
-    )
-    return quantize_int6(state, hessians, settings, progress)[0]
+) -> Quantized:
+    """Quantize the model's weights where they are (GPTQ and the clip searches on its device), rank 0; the codes,
+    the Hessians and a float copy of the weights come back on the CPU (the report's thread touches no GPU)."""
+    state = model.state_dict()
+    float_state = {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+    packed, rules = QUANTIZERS[q.name](state, hessians, q, progress)
+    packed = {name: {f: t.detach().cpu() for f, t in entry.items()} for name, entry in packed.items()}
+    used = {name: h.detach().cpu() for name, h in hessians.items()} if q.name != "int8" else {}
+    return Quantized(packed, float_state, rules, used)
+
+
+def check_round_trip(
+    read: dict[str, dict[str, torch.Tensor]], scored: dict[str, dict[str, torch.Tensor]], path: Any
+) -> None:
+    """The artifact read back must hold exactly the codes whose dequantized weights were scored (val_bpb_quant is
+    a claim about the file), tensor for tensor, bit for bit."""
+    if list(read) != list(scored):
+        missing, extra = sorted(set(scored) - set(read)), sorted(set(read) - set(scored))
+        raise RuntimeError(
+            f"{path}: the artifact's tensors differ from those scored (missing {missing}, extra {extra})"
+        )
+    for name, entry in scored.items():
+        got = read[name]
+        for f, t in entry.items():
+            if f not in got or got[f].dtype != t.dtype or not torch.equal(got[f], t):
+                raise RuntimeError(
+                    f"{path}: {name}.{f} read back from the artifact differs from the codes scored; the compressor "
+                    f"({type(got.get(f)).__name__}) did not round-trip, so val_bpb_quant would not be the file's"
+                )

@@ -12,18 +12,30 @@ documents rather than the shortest or longest; it is also the scoring order the 
 
 On several ranks, deal_batches gives each rank its batches (and, with warm_start_a, each batch its chain); a rank
 runs its own in the scoring order.
+
+The order of a TTT pass, fixed before it starts: the documents' batches in scoring order, each batch's chunk size,
+the global phases' boundaries, which rank runs each batch and along which chain of A (speedrun.core.ttt_docs has
+how each is chosen). It depends on the settings and the document lengths only, never on a score.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 
-from speedrun.ttt.base_scores import base_windows
-from speedrun.ttt.global_phases import row_width
-from speedrun.ttt.graphs import pad_rows
+from speedrun.core.ttt_lora import GlobalSettings, TTTSettings
+
+
+def short_chunks_of(spec: str) -> list[tuple[int, int]]:
+    """ttt.short_chunks "256:8,2000:24" -> [(256, 8), (2000, 24)]: (max scored tokens of a document, chunk size),
+    ascending; "" -> [] (speedrun.config.specs checks a command line's)."""
+    return sorted((int(a), int(b)) for a, b in (item.split(":") for item in spec.replace(" ", "").split(",") if item))
 
 
 def chunk_size_for(n_targets: int, chunk_size: int, short_chunks: list[tuple[int, int]]) -> int:
@@ -68,6 +80,95 @@ def document_batches(
     return batches
 
 
+def row_width(n: int, seq_len: int, widths: str = "pow2") -> int:
+    """Pad a batch of rows of at most n tokens to one of a few widths (at most seq_len), so kernels that compile or
+    plan per shape (flex, cuDNN) do so a few times, not once per batch (ttt.row_widths): ``pow2``, a power of two
+    of at least 64; ``half_octave``, those and the widths halfway up each octave (96, 192, 384, ...: 3/4 of the
+    next power of two), twice the shapes for less padding; a number N (e.g. "128"), a multiple of N."""
+    if widths.isdigit():
+        step = int(widths)
+        return min(seq_len, max(step, -(-n // step) * step))
+    width = max(64, 1 << max(0, n - 1).bit_length())
+    if widths == "half_octave" and width > 64 and n <= width * 3 // 4:
+        width = width * 3 // 4
+    return min(seq_len, width)
+
+
+def pad_rows(going: int, slots: int, half_octaves: bool = False) -> int:
+    """Rows a graphed step runs for ``going`` documents still going: the next power of two, at least 2 (a size-1
+    dimension would specialize a compiled graph of its own), at most ``slots``. ``half_octaves`` (ttt.graph_rows)
+    adds 3/4 of each power of two (3, 6, 12, 24, 48, ...): less padding for more shapes to capture."""
+    rows = max(2, 1 << max(0, going - 1).bit_length())
+    if half_octaves and rows > 2 and going <= rows * 3 // 4:
+        rows = rows * 3 // 4
+    return min(slots, rows)
+
+
+def rows_for(going: int, n_docs: int, mode: str, slots: int, half_rows: bool = False) -> int:
+    """Rows a step runs: eager, one per document of the batch (eager flex compiles per shape); compiled, the
+    documents still going, at least 2 (dynamic shapes: a size-1 dimension would be specialized into graphs of its
+    own); graphed, that padded to a power of two, or with ``half_rows`` a half octave (graphs.pad_rows: a few
+    shapes to capture)."""
+    if mode == "graphs":
+        return pad_rows(going, slots, half_rows)
+    return max(going, min(2, slots)) if mode == "compact" else n_docs
+
+
+def batch_steps(
+    docs: list[tuple[int, int]],
+    chunk: int,
+    seq_len: int,
+    mode: str,
+    slots: int,
+    widths: str = "pow2",
+    half_rows: bool = False,
+) -> Iterator[tuple[int, list[list[int]], int, bool]]:
+    """A batch's steps, its documents sorted longest first (so the documents still going are the first rows):
+    (k, the (4, rows) row table of chunk_step, width, training) for every chunk index k."""
+    n_chunks = [math.ceil(n / chunk) for _, n in docs]
+    for k in range(max(n_chunks)):
+        going = sum(k < nc for nc in n_chunks)  # the first `going` rows: n_chunks is non-increasing
+        rows = rows_for(going, len(docs), mode, slots, half_rows)
+        # per row: inputs [lo, hi) of its document (relative to the document start), scored from offset `first`;
+        # rows past the documents still going (or past the batch, when padded) are all padding
+        table = [[0] * rows for _ in range(4)]
+        for i, ((start, n), nc) in enumerate(zip(docs[:rows], n_chunks)):
+            if k < nc:
+                hi = min((k + 1) * chunk, n)
+                lo = max(0, hi - seq_len)
+                table[0][i], table[1][i], table[2][i] = start + lo, hi - lo, k * chunk - lo
+                table[3][i] = 1 if k < nc - 1 else 0  # no update after a document's last chunk
+        yield k, table, row_width(max(table[1]), seq_len, widths), any(table[3])
+
+
+def longest_first(docs: list[tuple[int, int]], chunk: int) -> list[int]:
+    return sorted(range(len(docs)), key=lambda i: -math.ceil(docs[i][1] / chunk))  # stable: ties keep order
+
+
+Window = tuple[int, int, int, list[tuple[int, int, int]]]
+"""(document, first input position in the stream, length, [(chunk k, first column, end column) scored from it])."""
+
+
+def base_windows(docs: list[tuple[int, int]], chunk: int, seq_len: int) -> tuple[list[Window], dict[int, list[Window]]]:
+    """The windows that score every chunk of ``docs`` (start, n_targets) as TTT's windows do: (one window over each
+    document's start, for the chunks whose window starts there; per chunk index k, the windows of the chunks k whose
+    window starts later, one each)."""
+    at_start: list[Window] = []
+    later: dict[int, list[Window]] = {}
+    for d, (start, n) in enumerate(docs):
+        first: list[tuple[int, int, int]] = []
+        for k in range(math.ceil(n / chunk)):
+            hi = min((k + 1) * chunk, n)
+            lo = max(0, hi - seq_len)
+            if lo == 0:
+                first.append((k, k * chunk, hi))
+            else:
+                later.setdefault(k, []).append((d, start + lo, seq_len, [(k, k * chunk - lo, hi - lo)]))
+        if first:
+            at_start.append((d, start, first[-1][2], first))
+    return at_start, later
+
+
 STEP_COST_TOKENS = {"eager": 20_000, "compact": 36_000, "graphs": 6_600}
 """A chunk step's fixed cost (its launches, the optimizer, the host's work) in padded tokens of compute, per way of
 running the steps (steps.rows_for). eager: fitted to eager TTT on H100s; graphs and compact: fitted on an H200
@@ -99,7 +200,7 @@ def batch_cost(
 ) -> float:
     """A batch's TTT time in steps' fixed costs: per chunk step, 1 plus its padded tokens / STEP_COST_TOKENS[mode].
     A step's rows are padded to the width of its longest window (global_phases.row_width; at most seq_len tokens).
-    ``mode`` says which rows a step runs (speedrun.ttt.steps.rows_for): eager every document of the batch,
+    ``mode`` says which rows a step runs (speedrun.core.ttt_docs.rows_for): eager every document of the batch,
     compact (compiled) the documents still going, at least 2, graphs that padded to a power of two within ``slots``
     (default: the batch). ``score_base`` adds the base passes' padded tokens (base_scores), at BASE_TOKEN_COST.
     ``step_tokens`` replaces the mode's STEP_COST_TOKENS; ``widths`` and ``half_rows`` are ttt.row_widths and
@@ -208,3 +309,94 @@ def _longest_first(costs: list[float], capacity: list[int]) -> list[int]:
         j = min(range(len(capacity)), key=lambda j: (loads[j] / capacity[j], j))
         where[i], loads[j] = j, loads[j] + costs[i]
     return where
+
+
+def phase_schedule(batch_docs: list[int], settings: GlobalSettings) -> dict[int, list[int]]:
+    """{batch index: [documents the phases ending with that batch train on]}, from the number of documents of each
+    batch in scoring order (see the module doc). Several phases may end with one batch when it is larger than a
+    phase's group; they then run one after the other."""
+    if settings.phases == 0 or not batch_docs:
+        return {}
+    cumulative = list(itertools.accumulate(batch_docs))
+    prefix = min(settings.prefix_docs, cumulative[-1])
+    out: dict[int, list[int]] = {}
+    for p in range(settings.phases):
+        boundary = prefix * (p + 1) // settings.phases
+        ends = bisect.bisect_left(cumulative, boundary)  # the batch that scores document number `boundary`
+        if boundary > 0 and ends < len(batch_docs) - 1:
+            out.setdefault(ends, []).append(boundary)
+    return out
+
+
+@dataclass(frozen=True)
+class PassSchedule:
+    docs: list[tuple[int, int]]
+    """(start, n_targets) of every document of the stream (documents.split_documents)."""
+    batches: list[list[int]]
+    """Document indices per batch, in scoring order."""
+    sizes: list[int]
+    """Each batch's chunk size."""
+    phases: dict[int, list[int]]
+    """{batch: the documents (a count, in scoring order) each phase after it trains on} (phase_schedule)."""
+    costs: list[float]
+    """Each batch's predicted cost under the run's own settings (documents.batch_cost)."""
+    owner: list[int]
+    """The rank that runs each batch."""
+    chain_of: list[int]
+    """Each batch's chain of A (warm_start_a; 0 without)."""
+    mode: str
+    """How steps run: eager, compact (compiled) or graphs (ttt.cuda_graphs)."""
+    widths: str
+    half_rows: bool
+
+    @property
+    def last_phase(self) -> int:
+        """The last batch a global phase follows (-1: none)."""
+        return max(self.phases, default=-1)
+
+    def mine(self, rank: int) -> list[int]:
+        """The batches ``rank`` runs, in scoring order."""
+        return [b for b in range(len(self.batches)) if self.owner[b] == rank]
+
+    def share(self, rank: int) -> int:
+        """The targets of the documents ``rank`` scores (its progress line's total)."""
+        return sum(self.docs[i][1] for b in self.mine(rank) for i in self.batches[b])
+
+    def scored_documents(self, b: int) -> list[tuple[int, int]]:
+        """The documents scored up to batch b included, in scoring order: what a phase after batch b trains on."""
+        return [self.docs[i] for done in self.batches[: b + 1] for i in done]
+
+
+def make_schedule(
+    val_tokens: torch.Tensor, s: TTTSettings, steps: list[tuple[int, int]], *, bos_id: int, seq_len: int, world: int
+) -> PassSchedule:
+    """The pass's schedule over ``world`` ranks (see the module doc); ``steps`` is ttt.short_chunks, parsed."""
+    docs = split_documents(val_tokens, bos_id)
+    widths, half_rows = s.row_widths, s.graph_rows == "half_octave"
+    mode = "graphs" if s.cuda_graphs else "compact" if s.compile is not None else "eager"
+    slots = min(s.batch_size, len(docs))
+
+    def cost(
+        batch: list[int],
+        mode: str = mode,
+        base: bool = s.score_base,
+        widths: str = widths,
+        half_rows: bool = half_rows,
+        step: float | None = None,
+    ) -> float:
+        chunk = chunk_size_for(docs[batch[0]][1], s.chunk_size, steps)
+        return batch_cost(docs, batch, chunk, seq_len, mode, widths, slots, base, step, half_rows)
+
+    # one cost model whatever the settings, for what changes the scores (the batches, the chains of A): every way of
+    # running TTT splits and chains alike
+    frozen = lambda b: cost(b, "graphs", False, "pow2", False, SPLIT_STEP_COST_TOKENS)  # noqa: E731
+    batches = document_batches(docs, s.chunk_size, steps, s.batch_size, s.seed)
+    if s.max_batch_share is not None:
+        batches = split_heavy_batches(batches, frozen, s.max_batch_share)
+    phases = phase_schedule([len(b) for b in batches], s.phased)
+    costs = [cost(batch) for batch in batches]
+    owner, chain_of = deal_batches(
+        costs, list(phases), world, s.warm_start_chains if s.warm_start_a else 0, [frozen(b) for b in batches]
+    )
+    sizes = [chunk_size_for(docs[batch[0]][1], s.chunk_size, steps) for batch in batches]
+    return PassSchedule(docs, batches, sizes, phases, costs, owner, chain_of, mode, widths, half_rows)

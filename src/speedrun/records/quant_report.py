@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from speedrun.quant.classes import tensor_class
-from speedrun.quant.quantize import dequantize_entry
+from speedrun.core.pergroup import group_of, tensor_class
+from speedrun.core.quant import dequantize_entry
 
 REPORT = "artifact_tensors.json"
 
@@ -100,7 +100,7 @@ def tensor_report(
             row["lqer"] = rule.get("lqer")
             row["rel_error_before_lqer"] = round(float((w - dequantize_entry(plain)).norm()) / norm, 6)
         for field, t in entry.items():
-            fields.append((len(rows), _group_of(name, field, t) if pergroup else "all", byte_entropy(t)))
+            fields.append((len(rows), group_of(name, field, t) if pergroup else "all", byte_entropy(t)))
         rows.append(row)
     weight: dict[str, float] = {}
     for _, group, h in fields:
@@ -122,9 +122,3 @@ def tensor_report(
         c["stored_bytes"] += row["stored_bytes"]
         c["est_bytes"] += round(b)
     return {"tensors": rows, "classes": classes, "groups": group_bytes}
-
-
-def _group_of(name: str, field: str, t: torch.Tensor) -> str:
-    from speedrun.quant.pergroup import group_of  # quant.compressor=pergroup, a Plan's choice (artifact.closure)
-
-    return group_of(name, field, t)

@@ -1,4 +1,6 @@
-"""GPTQ (quant=int6): Hessians from training batches, per-row scales, and the column-by-column rounding.
+"""GPTQ (quant=int6): Hessians from training batches, per-row scales, the column-by-column rounding, AWQ-lite's
+promoted columns and LQER's low-rank corrections: the math on one matrix (speedrun.core.quant applies it to a state
+dict).
 
 The Hessian H = X^T X / n of each layer's inputs comes from forward hooks over a few *training* micro-batches
 (never validation data). Columns are taken in order of decreasing H diagonal, each is rounded and its error spread
@@ -20,11 +22,29 @@ record's Hessian for its tied embedding. An embedding that is only looked up (un
 rows: its Hessian is diagonal over the vocabulary and couples no two entries of a row, so GPTQ has nothing to
 propagate and it stays round-to-nearest. For a tied embedding the lookup role adds the same kind of per-row
 identity term, which we leave out as the record does (GPTQ already damps H by quant.damp x its mean diagonal).
+
+LQER (quant.lqer): lQER (quant.lqer): a low-rank correction of a quantized matrix, stored in the artifact and added back when it is
+dequantized.
+
+The quantization error E = W - dequant(Q) of a matrix is not noise-like after GPTQ and clipping: a few directions
+carry much of it. Its best rank-r approximation (Eckart-Young: the top r singular triplets, E_r = U_r S_r V_r^T)
+costs r x (rows + cols) values, a fraction of a percent of the matrix, and removes the most error any rank-r term
+can. The two factors are balanced (A = S^1/2 U^T, r x rows; B = S^1/2 V^T, r x cols), so both have the same
+range, and each is stored at quant.lqer.factor_bits: every factor row is cut into ceil(n / asym_group) equal
+groups, each with an fp16 minimum and an fp16 step, and codes 0..2^bits - 1 (asymmetric: a group's codes span
+exactly its [min, max], whatever its sign balance). The record also corrects its top 3 matrices at rank 4 with
+4-bit groups of 64; its first factor it keeps at 2 bits with one scale per matrix, where ours is quantized the
+same way as the second.
+
+Packed entry fields, beside a matrix's ``q`` and ``scale``: ``lqer_a``/``lqer_b`` (uint8 codes, r x rows and
+r x cols), ``lqer_a_min``/``lqer_a_step`` and ``lqer_b_min``/``lqer_b_step`` (fp16, r x groups).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,10 +53,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from speedrun.core.pergroup import EMBED_NAMES
 from speedrun.progress import Progress
-
-HEAD_NAMES = ("tok_emb.weight", "lm_head.weight")
-"""Weights that may be the output head's (applied with F.linear in GPT.head)."""
 
 
 def gptq_layers(model: torch.nn.Module) -> dict[str, torch.nn.Linear]:
@@ -52,7 +70,7 @@ def gptq_layers(model: torch.nn.Module) -> dict[str, torch.nn.Linear]:
 def head_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The embedding tables that may multiply the final hidden state, by state-dict name (quant.embed_gptq)."""
     params = dict(model.named_parameters())
-    return {name: params[name] for name in HEAD_NAMES if name in params}
+    return {name: params[name] for name in EMBED_NAMES if name in params}
 
 
 class _LinearInputs(TorchFunctionMode):
@@ -91,8 +109,6 @@ def collect_hessians(
     Pass a fresh *training* stream: GPTQ fits the weights to these activations, so validation data here would
     leak into the score. Forward hooks on the eager model; the model is left unchanged.
     """
-    if n_batches < 1:
-        raise ValueError(f"quant.calib_batches must be >= 1, got {n_batches}")
     layers = gptq_layers(model)
     sums: dict[str, torch.Tensor] = {}
     counts: dict[str, int] = {}
@@ -133,8 +149,6 @@ def _autocast(device: str, dtype: torch.dtype | None) -> Any:
 
 
 def qmax_of(bits: int) -> int:
-    if not 2 <= bits <= 8:
-        raise ValueError(f"quantization bits must be in 2..8 (stored in int8), got {bits}")
     return 2 ** (bits - 1) - 1
 
 
@@ -187,8 +201,6 @@ def fine_step(scale: torch.Tensor, qmax: int, fine_qmax: int, sigma_scale: torch
 def search_scales(w: torch.Tensor, importance: torch.Tensor, qmax: int, clip_ratios: Sequence[float]) -> torch.Tensor:
     """Per-row fp16 scales: for each row the clip (ratio x row absmax) whose round-to-nearest error, weighted
     per column by ``importance`` (the Hessian diagonal; ones for embeddings), is least. Returns (rows,) fp16."""
-    if not clip_ratios or any(not 0 < r <= 1 for r in clip_ratios):
-        raise ValueError(f"quant.clip_ratios must be a non-empty list of fractions in (0, 1], got {list(clip_ratios)}")
     w = w.float()
     absmax = w.abs().amax(dim=1).clamp_min(1e-8)
     best_err = torch.full_like(absmax, float("inf"))
@@ -228,24 +240,6 @@ def quantize_rtn(
     return q, scale
 
 
-def quantize_gptq(
-    w: torch.Tensor,
-    hessian: torch.Tensor,
-    *,
-    bits: int,
-    damp: float = 0.01,
-    block_size: int = 128,
-    clip_ratios: Sequence[float] = (1.0,),
-    sigma: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """GPTQ of one (out, in) weight given H = X^T X / n of its inputs -> (int8 values, fp16 per-row scales);
-    quantize_gptq_fine's solve without promoted columns."""
-    codes, scale, _ = quantize_gptq_fine(
-        w, hessian, bits=bits, damp=damp, block_size=block_size, clip_ratios=clip_ratios, sigma=sigma
-    )
-    return codes, scale
-
-
 def quantize_gptq_fine(
     w: torch.Tensor,
     hessian: torch.Tensor,
@@ -269,13 +263,9 @@ def quantize_gptq_fine(
     after them compensate their (smaller) error as any other's.
     """
     qmax = qmax_of(bits)
-    if block_size < 1:
-        raise ValueError(f"quant.block_size must be >= 1, got {block_size}")
     W = w.detach().float().clone()
     H = hessian.detach().to(device=W.device, dtype=torch.float64).clone()
     rows, cols = W.shape
-    if H.shape != (cols, cols):
-        raise ValueError(f"Hessian shape {tuple(H.shape)} does not match weight {tuple(W.shape)}")
     sigma_scale = sigma_scales(W, sigma, qmax) if sigma is not None else None  # the row as trained
     fine_sigma = sigma_scales(W, sigma, qmax_of(fine.bits)) if fine is not None and sigma is not None else None
     dead = torch.diagonal(H) == 0  # inputs that never fired: their weights cannot matter
@@ -320,3 +310,92 @@ def quantize_gptq_fine(
         if i2 < cols:
             W[:, i2:] -= Err @ U[i1:i2, i2:]
     return Q[:, torch.argsort(perm)].contiguous(), scale, step
+
+
+# ---------------------------------------------------------------------------------------------------------
+# LQER: low-rank corrections of the quantization error
+
+LQER_FIELDS = ("lqer_a", "lqer_a_min", "lqer_a_step", "lqer_b", "lqer_b_min", "lqer_b_step")
+
+
+def low_rank(error: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The best rank-``rank`` approximation of ``error`` as balanced factors (A, B), A^T B = U_r S_r V_r^T:
+    A (r, rows) and B (r, cols), float32. r is capped by the matrix's smaller side."""
+    U, S, Vh = torch.linalg.svd(error.float(), full_matrices=False)
+    r = min(rank, S.numel())
+    root = S[:r].sqrt()
+    return (U[:, :r] * root).T.contiguous(), (root[:, None] * Vh[:r]).contiguous()
+
+
+def _groups(n: int, group: int) -> tuple[int, int]:
+    """(number of groups, values per group) of a row of n values: ceil(n / group) groups of equal size."""
+    count = max(1, math.ceil(n / group))
+    return count, math.ceil(n / count)
+
+
+def quantize_groups(m: torch.Tensor, bits: int, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric per-group quantization of each row of ``m`` (r, n) -> (uint8 codes (r, n), fp16 min (r, g),
+    fp16 step (r, g)): value ~ min + code x step, codes in 0..2^bits - 1, min and step as stored (fp16)."""
+    rows, n = m.shape
+    count, size = _groups(n, group)
+    pad = count * size - n
+    # the last group is padded with its own last value, which moves neither its minimum nor its maximum
+    full = torch.cat([m.float(), m[:, -1:].float().expand(rows, pad)], dim=1).view(rows, count, size)
+    levels = 2**bits - 1
+    lo = full.amin(dim=2).half()
+    step = ((full.amax(dim=2) - lo.float()) / levels).half()
+    safe = torch.where(step.float() > 0, step.float(), torch.ones_like(step.float()))  # a constant group: code 0
+    codes = torch.clamp(torch.round((full - lo.float()[..., None]) / safe[..., None]), 0, levels)
+    return codes.view(rows, count * size)[:, :n].to(torch.uint8).contiguous(), lo, step
+
+
+def dequantize_groups(codes: torch.Tensor, lo: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """The values quantize_groups stored: min + code x step, per group, as float32 (r, n)."""
+    n = codes.size(1)
+    index = torch.arange(n, device=codes.device) // math.ceil(n / lo.size(1))  # each value's group, as stored
+    return lo.float()[:, index] + codes.float() * step.float()[:, index]
+
+
+def correction(error: torch.Tensor, rank: int, bits: int, group: int) -> dict[str, torch.Tensor]:
+    """The packed fields (LQER_FIELDS) of the rank-``rank`` correction of ``error`` = W - dequant(Q)."""
+    a, b = low_rank(error, rank)
+    qa, a_min, a_step = quantize_groups(a, bits, group)
+    qb, b_min, b_step = quantize_groups(b, bits, group)
+    return dict(zip(LQER_FIELDS, (qa, a_min, a_step, qb, b_min, b_step)))
+
+
+def dequantize_correction(entry: dict[str, torch.Tensor]) -> torch.Tensor:
+    """A^T B of a packed entry's correction fields: the (rows, cols) term added to dequant(Q)."""
+    a = dequantize_groups(entry["lqer_a"], entry["lqer_a_min"], entry["lqer_a_step"])
+    b = dequantize_groups(entry["lqer_b"], entry["lqer_b_min"], entry["lqer_b_step"])
+    return a.T @ b
+
+
+@dataclass
+class Calibration:
+    """GPTQ's Hessians collected after training, and the seconds they took (on the training clock: they read
+    training data, so parameter-golf counts them as training)."""
+
+    hessians: dict[str, torch.Tensor]
+    seconds: float
+
+
+def calibrate(
+    model: torch.nn.Module,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    n_batches: int,
+    *,
+    device: str,
+    autocast_dtype: torch.dtype | None,
+    head: bool,
+    log: Callable[[str], None] | None,
+) -> Calibration:
+    """collect_hessians over ``n_batches`` of a fresh training stream, timed up to the device's last kernel."""
+    t0 = time.perf_counter()
+    progress = Progress("gptq: Hessians", log, unit="batches") if log is not None else None
+    hessians = collect_hessians(
+        model, batches, n_batches, device=device, autocast_dtype=autocast_dtype, progress=progress, head=head
+    )
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return Calibration(hessians, time.perf_counter() - t0)

@@ -3,7 +3,7 @@
 A step (``chunk_step``) takes, per row of the batch, where its window starts in the token stream, how long it is,
 from which column its chunk is scored, and whether the adapters learn from it; it gathers the window's inputs and
 targets, scores the chunk, and backpropagates the chunk's mean loss per document into the adapters (the unadapted
-model's score, val_bpb_ttt_base, comes from speedrun.ttt.base_scores, outside the steps). It reads nothing back
+model's score, val_bpb_ttt_base, comes from speedrun.core.ttt_scorers, outside the steps). It reads nothing back
 to the host, so it can be captured in a CUDA graph. The gradients it takes are those of the adapters' slots at its
 rows only; replayed, it hands them to the rows' slots optimizer inside the graph (its learning rate a constant of
 the capture), or, for an optimizer over every slot, writes them into ``.grad`` for that optimizer to step after.
@@ -12,7 +12,7 @@ Why graphs: compiled TTT at the records' settings is launch-bound. A step of 17 
 each a compiled region with its guards and autograd bookkeeping, costs the host more than its kernels cost the GPU.
 A replay launches them all at once.
 
-How (torch.cuda.graphs, as speedrun.kernels.graphs does for training): one graph per step shape, the key
+How (torch.cuda.graphs, as speedrun.core.compile does for training): one graph per step shape, the key
 (rows, width, training); rows are padded up to a power of two (at least 2, at most the adapter slots) and
 widths are already few (global_phases.row_width, ttt.row_widths), so a run has a few dozen shapes, all captured before
 TTT's clock starts (``GraphedChunkSteps.prepare``) from the batches this rank will run. Each shape runs once
@@ -31,7 +31,7 @@ from typing import Any, Protocol, cast
 
 import torch
 
-from speedrun.data.bpb import ByteLUTs, token_bytes
+from speedrun.core.data import ByteLUTs, token_bytes
 
 StepKey = tuple[int, int, bool]
 """(rows, width, training): one graph each."""
@@ -71,23 +71,13 @@ def token_scores(rows: torch.Tensor, out: StepOut) -> tuple[torch.Tensor, torch.
     return targets.expand_as(out.scored)[out.scored], out.token_nats[out.scored]
 
 
-def pad_rows(going: int, slots: int, half_octaves: bool = False) -> int:
-    """Rows a graphed step runs for ``going`` documents still going: the next power of two, at least 2 (a size-1
-    dimension would specialize a compiled graph of its own), at most ``slots``. ``half_octaves`` (ttt.graph_rows)
-    adds 3/4 of each power of two (3, 6, 12, 24, 48, ...): less padding for more shapes to capture."""
-    rows = max(2, 1 << max(0, going - 1).bit_length())
-    if half_octaves and rows > 2 and going <= rows * 3 // 4:
-        rows = rows * 3 // 4
-    return min(slots, rows)
-
-
 GradSink = Callable[[int, Sequence["torch.Tensor | None"]], "tuple[int, ...] | None"]
 """Takes a step's row count and the gradients of the adapters' views at those rows (None: no gradient reached it);
 returns the adapters it stepped (StepOut.updated), or None when it only stored the gradients."""
 
 
 class InGraphUpdate(Protocol):
-    """An optimizer whose step a CUDA graph of the chunk step can hold (speedrun.ttt.optim.RowSlotsAdam)."""
+    """An optimizer whose step a CUDA graph of the chunk step can hold (speedrun.core.ttt_lora.RowSlotsAdam)."""
 
     def apply(self, rows: int, grads: Sequence[torch.Tensor | None]) -> tuple[int, ...]: ...
 
@@ -287,16 +277,3 @@ class GraphedChunkSteps:
         graph.replay()  # capture records without running: this is the step's own run
         self.graphs[key] = (graph, static_rows, out)
         return self.graphs[key]
-
-
-__all__ = [
-    "GradSink",
-    "GraphedChunkSteps",
-    "InGraphUpdate",
-    "StepKey",
-    "StepOut",
-    "chunk_step",
-    "pad_rows",
-    "TokenScoresHook",
-    "token_scores",
-]
