@@ -1,6 +1,6 @@
 """The export's acceptance test: a smoke run, its export (`python -m speedrun.export`), and the exported
 train_gpt.py run where speedrun is not installed, reaching the run's val_bpb to 1e-6 (CPU is deterministic) and
-counting itself as the run counted it."""
+counting itself as the run counted it; then the readable train_gpt_human.py beside it, reaching the same val_bpb."""
 
 from __future__ import annotations
 
@@ -46,8 +46,14 @@ def test_an_exported_run_reruns_where_speedrun_is_not_installed(tmp_path, data_c
         "requirements.txt",
         "submission.json",
         "train_gpt.py",
+        "train_gpt_human.py",
         "train_seed0.log",
     ]
+    readme = (out / "README.md").read_text()
+    assert "`train_gpt.py`: the self-extracting run, the code counted" in readme
+    assert "`train_gpt_human.py`: the same code to read (not counted)" in readme
+    human = (out / "train_gpt_human.py").read_text()
+    assert "# ---- src/speedrun/core/model.py ----" in human and "\n# " in human  # modules as written, comments kept
     assert result["artifact_code_bytes"] == os.path.getsize(out / "train_gpt.py")
     submission = json.loads((out / "submission.json").read_text())
     assert submission["bytes_code"] == result["artifact_code_bytes"] and submission["seeds"] == [0]
@@ -76,3 +82,13 @@ def test_an_exported_run_reruns_where_speedrun_is_not_installed(tmp_path, data_c
     assert again["artifact_code_bytes"] == os.path.getsize(clean / "X" / "train_gpt.py")
     assert (again_path.parent / "train_gpt.py").read_bytes() == (clean / "X" / "train_gpt.py").read_bytes()
     assert re.search(r"^val_bpb:\s+\d+\.\d+\s*$", rerun.stdout, re.M) and (again_path.parent / "run.log").is_file()
+
+    # 4. the readable file re-runs the same run: the same val_bpb, exactly
+    shutil.rmtree(clean / "runs")
+    readable = subprocess.run(
+        [sys.executable, "-S", "X/train_gpt_human.py"], cwd=clean, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert readable.returncode == 0, readable.stderr[-3000:] + readable.stdout[-3000:]
+    (human_path,) = (clean / "runs").glob("*/result.json")
+    from_human = json.loads(human_path.read_text())
+    assert from_human["val_bpb"] == again["val_bpb"] and from_human["val_bpb_quant"] == again["val_bpb_quant"]

@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from speedrun.artifact.wrap import CodeSource, build_wrapper, packed_files, read_wrapper
+from speedrun.artifact.wrap import CodeSource, build_wrapper, linked_files, packed_files, read_wrapper
 from speedrun.export.cli import main as export_main
 from support.export import CONFIG, bare_env, fake_run
 
@@ -26,7 +26,10 @@ def test_the_file_round_trips_the_sources_minified_and_they_compile():
     code = CodeSource.snapshot({"seed": 3, "name": "x"})
     data, minified = build_wrapper(code)
     files, meta = read_wrapper(data)
-    assert list(files) == list(packed_files()) and files == minified == minify_files(code.files)  # byte-exact
+    # byte-exact: the packed modules with the core linked down to what they import from it, minified
+    assert list(files) == list(packed_files()) and files == minified == minify_files(linked_files(code))
+    linked, core = linked_files(code), [p for p in code.files if p.startswith("src/speedrun/core/")]
+    assert core and sum(map(len, (linked[p] for p in core))) < sum(map(len, (code.files[p] for p in core)))
     for path, text in files.items():
         if path.endswith(".py"):
             compile(text, path, "exec")

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 WRAPPED_FILE = "train_gpt.py"
 """The self-extracting file in the run dir (the wrapped rule), under parameter-golf's name for a submission's code."""
+HUMAN_FILE = "train_gpt_human.py"
+"""Beside it, the same code to read (parameter-golf's records ship a *_human.py the same way): not counted."""
 
 MANIFEST = "artifact_code.json"
 """The run-dir file saying how the code was counted, with each packed file's raw and minified bytes."""
@@ -89,13 +91,18 @@ def _wrapped(run_dir: Path, rule: ArtifactConfig, code: CodeSource | None) -> tu
             "compressor": compressor_of(data),
         }
     else:
-        from speedrun.artifact.wrap import CodeSource, build_wrapper  # making a file: never in a re-run (code_file)
+        from speedrun.artifact.wrap import (  # making a file: never in a re-run (code_file)
+            CodeSource,
+            build_wrapper,
+            readable_file,
+        )
 
         code = code or CodeSource.snapshot()
         data, minified = build_wrapper(code)
+        atomic_write(run_dir / HUMAN_FILE, readable_file(code, HUMAN_FILE).encode("utf-8"))
         files = [
             {"path": p, "raw_bytes": len(code.files[p].encode()), "minified_bytes": len(minified[p].encode())}
-            for p in code.files  # paths in the repository: src/... and the conf/ files the resolver reads
+            for p in minified  # paths in the repository: src/... and the conf/ files the resolver reads
         ]
         from speedrun.artifact.minify import minifier_version  # a file is made here, so the minifier ran
 

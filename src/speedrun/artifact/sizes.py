@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from speedrun.artifact.wrap import CodeSource, build_wrapper, compressor_of
+from speedrun.artifact.wrap import CodeSource, build_wrapper, compressor_of, linked_files
 from speedrun.config import CONF_DIR, register_configs, to_config
 from speedrun.config.choices import HardwareName
 from speedrun.hardware.profiles import device_for
@@ -204,8 +204,11 @@ def role_table(full: int, empty: int, roles: dict[str, RoleCost], target: int | 
 
 def code_roles(code: CodeSource) -> tuple[int, int, dict[str, RoleCost]]:
     """role_costs of the file ``code`` makes, every subset packed with the whole file's compressor."""
-    compressor = compressor_of(build_wrapper(code)[0])
-    return role_costs(code.files, lambda files: build_wrapper(dataclasses.replace(code, files=files), compressor)[0])
+    code = dataclasses.replace(code, files=linked_files(code))  # linked once, as the whole file is
+    compressor = compressor_of(build_wrapper(code, link=False)[0])
+    return role_costs(
+        code.files, lambda files: build_wrapper(dataclasses.replace(code, files=files), compressor, link=False)[0]
+    )
 
 
 def record_roles(path: Path) -> tuple[int, int, dict[str, RoleCost]]:
@@ -214,9 +217,11 @@ def record_roles(path: Path) -> tuple[int, int, dict[str, RoleCost]]:
     if hashlib.sha256(data).hexdigest() != RECORD_SHA256:
         raise SystemExit(f"error: {path} is not the 2026-04-29 record's train_gpt.py (sha256 {RECORD_SHA256[:16]}…)")
     parts = {f"{role}.py": text for role, text in record_parts(data.decode("utf-8")).items()}  # .py: minified
-    compressor = compressor_of(build_wrapper(CodeSource(parts))[0])
+    compressor = compressor_of(build_wrapper(CodeSource(parts), link=False)[0])
     return role_costs(
-        parts, lambda files: build_wrapper(CodeSource(files), compressor)[0], role=lambda p: p.removesuffix(".py")
+        parts,
+        lambda files: build_wrapper(CodeSource(files), compressor, link=False)[0],
+        role=lambda p: p.removesuffix(".py"),
     )
 
 

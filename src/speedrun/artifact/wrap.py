@@ -25,6 +25,7 @@ compressor). ``read_wrapper`` takes a file apart again without running it (the e
 
 from __future__ import annotations
 
+import ast
 import importlib
 import json
 import lzma
@@ -199,23 +200,67 @@ def requirements(config: dict[str, Any] | None, torch_version: str | None = None
     return out
 
 
-def build_wrapper(code: CodeSource, compressor: str | None = None) -> tuple[bytes, dict[str, str]]:
-    """The self-extracting file's bytes, and the minified sources it carries ({path: minified source}).
-    ``compressor``: one of COMPRESSORS; None: whichever available gives the smaller file."""
-    from speedrun.artifact.minify import minify_files  # when a file is made, never when one re-runs
+def linked_files(code: CodeSource) -> dict[str, str]:
+    """The files the file carries: ``code``'s, with its speedrun/core/ modules linked down to what the rest of the
+    packed modules import from them (speedrun.artifact.link.link_shell), comments kept."""
+    from speedrun.artifact.link import link_shell  # when a file is made, never when one re-runs
 
-    minified = minify_files(code.files)
+    return link_shell(code.files)
+
+
+def _meta_lines(code: CodeSource) -> tuple[str, dict[str, str]]:
     meta = {"format": FORMAT, "config": code.config, "versions": code.versions}
     needs = requirements(code.config, code.versions.get("torch"))
-    payload = (
-        f"F={minified!r}\nM={json.dumps(meta, sort_keys=True, separators=(',', ':'))!r}\n"
-        f"R={json.dumps(needs, separators=(',', ':'))}\n{BOOT}"
-    ).encode()
+    return (
+        f"M={json.dumps(meta, sort_keys=True, separators=(',', ':'))!r}\nR={json.dumps(needs, separators=(',', ':'))}\n",
+        needs,
+    )
+
+
+def build_wrapper(code: CodeSource, compressor: str | None = None, link: bool = True) -> tuple[bytes, dict[str, str]]:
+    """The self-extracting file's bytes, and the minified sources it carries ({path: minified source}).
+    ``compressor``: one of COMPRESSORS; None: whichever available gives the smaller file. ``link``: link the core
+    first (linked_files); False for files linked already."""
+    from speedrun.artifact.minify import minify_files  # when a file is made, never when one re-runs
+
+    minified = minify_files(linked_files(code) if link else code.files)
+    meta, needs = _meta_lines(code)
+    payload = f"F={minified!r}\n{meta}{BOOT}".encode()
     names = [compressor] if compressor else available_compressors()
     data = min((_file(payload, name, needs) for name in names), key=len)
     if unwrap_payload(data) != payload.decode("utf-8"):  # the outer lines decode with defaults: prove it, per file
         raise RuntimeError("the self-extracting file does not decode to its payload (speedrun.artifact.wrap)")
     return data, minified
+
+
+HUMAN_HEADER = """# {name}: the code of train_gpt.py to read: the same modules, before they were minified and
+# compressed, comments kept, each under its path. It runs as train_gpt.py does (python {name}, or torchrun) and
+# re-runs the same run, counting the train_gpt.py beside it: that is the file whose bytes are counted.
+"""
+
+
+def readable_file(code: CodeSource, name: str = "train_gpt_human.py") -> str:
+    """The readable companion of the file ``build_wrapper(code)`` makes: its payload uncompressed, each module's
+    linked source as written (a raw string where it can be one) under a ``# ---- <path> ----`` line."""
+    # the re-run counts the file whose bytes are the run's code: train_gpt.py beside this one
+    counted = (
+        'c=os.path.join(os.path.dirname(os.path.abspath(__file__)),"train_gpt.py")\n'
+        'if not os.path.isfile(c):sys.exit(f"error: {c} is missing: this file re-runs as the train_gpt.py beside it, '
+        'whose bytes are the code counted")\nmain(M,c)\n'
+    )
+    boot = BOOT.replace("main(M,__file__)\n", counted)
+    parts = [HUMAN_HEADER.format(name=name), "F = {}\n"]
+    for path, text in linked_files(code).items():
+        literal = f"r'''{text}'''"
+        try:
+            raw = ast.literal_eval(literal) == text
+        except SyntaxError:
+            raw = False
+        literal = literal if raw else repr(text)
+        parts.append(f"# ---- {path} ----\nF[{path!r}] = {literal}\n")
+    meta, _ = _meta_lines(code)
+    parts.append(f"# ---- the run's resolved config (M) and the packages it needs (R) ----\n{meta}\n{boot}")
+    return "\n".join(parts)
 
 
 def _file(payload: bytes, compressor: str, needs: dict[str, str]) -> bytes:
@@ -251,6 +296,8 @@ __all__ = [
     "CodeSource",
     "build_wrapper",
     "compressor_of",
+    "linked_files",
+    "readable_file",
     "packed_files",
     "read_wrapper",
     "requirements",

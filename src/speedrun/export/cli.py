@@ -4,7 +4,8 @@
     python -m speedrun.export <run seed 0> <run seed 1> <run seed 2> --out submission --name "My record"
     python -m speedrun.export outputs/multirun/2026-11-26/10-00-00-000000_default --out submission   # a sweep's jobs
 
-The folder holds train_gpt.py (the runs' self-extracting file: `python train_gpt.py` or torchrun re-runs them),
+The folder holds train_gpt.py (the runs' self-extracting file: `python train_gpt.py` or torchrun re-runs them; its
+bytes are the code counted), train_gpt_human.py (the same code to read, comments kept; it re-runs the same),
 README.md, submission.json, requirements.txt and one log per seed (train_seed<seed>.log); several runs must be
 seeds of one config, and report their mean and std. A run that is not ok or whose artifact is over its cap is
 refused unless --force; so is a train_gpt.py that is not the file the run wrote (the sha256 in its result.json), and
@@ -31,8 +32,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from speedrun.artifact.closure import recorded_plan
-from speedrun.artifact.code_count import WRAPPED_FILE
-from speedrun.artifact.wrap import CodeSource, build_wrapper
+from speedrun.artifact.code_count import HUMAN_FILE, WRAPPED_FILE
+from speedrun.artifact.minify import minify_files
+from speedrun.artifact.wrap import CodeSource, build_wrapper, read_wrapper, readable_file
 from speedrun.errors import PlanError
 from speedrun.export.folder import Submission, log_name
 from speedrun.export.run_dirs import ExportError, Run, check_runs, expand, load_run
@@ -116,9 +118,11 @@ def export(args: argparse.Namespace) -> str:
     check_out(out, dirs, args.force)
     runs = [load_run(p) for p in dirs]
     check_runs(runs, args.force)
+    code, human = wrapper_for(runs, args.force)
     sub = Submission(
         runs,
-        wrapper_for(runs, args.force),
+        code,
+        human=human,
         name=args.name or str(runs[0].config.get("name")),
         author=args.author,
         github_id=args.github_id,
@@ -138,7 +142,9 @@ def export(args: argparse.Namespace) -> str:
     meta = sub.submission_json()
     spread = f" ± {meta['val_bpb_std']:.6f}" if meta["val_bpb_std"] is not None else ""
     return (
-        f"wrote {out}: {WRAPPED_FILE} ({meta['bytes_code']:,} bytes), README.md, submission.json, requirements.txt, "
+        f"wrote {out}: {WRAPPED_FILE} ({meta['bytes_code']:,} bytes)"
+        + (f", {HUMAN_FILE}" if human is not None else "")
+        + ", README.md, submission.json, requirements.txt, "
         f"{len(runs)} log(s); val_bpb {meta['val_bpb']:.6f}{spread} ({sub.bpb_key}), {meta['bytes_total']:,} bytes; "
         f"track {meta['track']}" + ("" if meta["record_track"] else " (not a record: submission.json's track_reason)")
     )
@@ -152,7 +158,7 @@ def _logged_to_wandb(run_dir: Path) -> bool:
         return False
 
 
-EXPORT_FILES = (WRAPPED_FILE, "README.md", "submission.json", "requirements.txt")
+EXPORT_FILES = (WRAPPED_FILE, HUMAN_FILE, "README.md", "submission.json", "requirements.txt")
 _SEED_LOG = re.compile(r"^train_seed-?\d+\.log$")
 
 
@@ -197,12 +203,13 @@ def check_out(out: Path, run_dirs: list[Path], force: bool) -> None:
         raise ExportError(f"{out} holds an earlier export; choose another --out, or pass --force to replace it")
 
 
-def wrapper_for(runs: list[Run], force: bool) -> bytes:
-    """The first run's train_gpt.py; a raw-rule run wrote none, so one is built from the source here, which must be
-    the source that ran (its code_fingerprint) unless ``force``."""
+def wrapper_for(runs: list[Run], force: bool) -> tuple[bytes, str | None]:
+    """The first run's train_gpt.py and train_gpt_human.py (None for a run that wrote none); a raw-rule run wrote
+    neither, so both are built from the source here, which must be the source that ran (its code_fingerprint) unless
+    ``force``."""
     first = runs[0]
     if first.wrapper is not None:
-        return first.wrapper
+        return first.wrapper, human_of(first, force)
 
     recorded, here = first.result.get("code_fingerprint"), code_fingerprint(REPO_ROOT)
     if recorded != here:
@@ -221,7 +228,44 @@ def wrapper_for(runs: list[Run], force: bool) -> bytes:
         raise ExportError(f"{first.dir / 'plan.json'}: {e}; export an untouched run dir") from None
     code = CodeSource(here_code.files, here_code.config, {**here_code.versions, **versions})
     threads = first.result.get("cpu_threads")  # pinned as the run pinned its own file (Job.start)
-    return build_wrapper(code.with_threads(int(threads)) if isinstance(threads, int) else code)[0]
+    code = code.with_threads(int(threads)) if isinstance(threads, int) else code
+    return build_wrapper(code)[0], readable_file(code, HUMAN_FILE)
+
+
+def human_of(run: Run, force: bool) -> str | None:
+    """<run>/train_gpt_human.py, checked to be the code of its train_gpt.py (each module minified is what that file
+    carries); None when the run wrote none (a run made before it did)."""
+    path = run.dir / HUMAN_FILE
+    if not is_regular(path):
+        return None
+    text = read_bytes(path).decode("utf-8")
+    try:
+        same = minify_files(readable_modules(text)) == read_wrapper(run.wrapper or b"")[0]
+    except (SyntaxError, ValueError, RuntimeError):
+        same = False
+    if not same:
+        why = f"{path} is not the code of {run.dir / WRAPPED_FILE} (edited after the run?)"
+        if not force:
+            raise ExportError(f"{why}: re-run, or pass --force to ship {WRAPPED_FILE} without it")
+        run.code_problem = run.code_problem or why
+        return None
+    return text
+
+
+def readable_modules(text: str) -> dict[str, str]:
+    """{path: source} of a train_gpt_human.py: its ``F[path] = "..."`` lines, read without running it."""
+    import ast
+
+    out = {}
+    for node in ast.parse(text).body:
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.targets[0], ast.Subscript)
+            and isinstance(node.targets[0].value, ast.Name)
+            and node.targets[0].value.id == "F"
+        ):
+            out[ast.literal_eval(node.targets[0].slice)] = ast.literal_eval(node.value)
+    return out
 
 
 def write_folder(out: Path, sub: Submission) -> None:
@@ -230,6 +274,8 @@ def write_folder(out: Path, sub: Submission) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         (tmp / WRAPPED_FILE).write_bytes(sub.code)
+        if sub.human is not None:
+            (tmp / HUMAN_FILE).write_text(sub.human, encoding="utf-8")
         (tmp / "README.md").write_text(sub.readme())
         write_json(tmp / "submission.json", sub.submission_json())
         (tmp / "requirements.txt").write_text(sub.requirements())

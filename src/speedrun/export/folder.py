@@ -1,5 +1,5 @@
 """The files of a submission folder, as parameter-golf's records lay them out: train_gpt.py (the self-extracting
-file), README.md (numbers, settings, card, command), submission.json (the fields the records carry), one log per
+file, whose bytes are counted), train_gpt_human.py (the same code to read), README.md (numbers, settings, card, command), submission.json (the fields the records carry), one log per
 seed and requirements.txt (what parameter-golf's image lacks).
 """
 
@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from speedrun.artifact.code_count import MANIFEST, WRAPPED_FILE
+from speedrun.artifact.code_count import HUMAN_FILE, MANIFEST, WRAPPED_FILE
 from speedrun.artifact.wrap import OPTIONAL, compressor_of, requirements
 from speedrun.config.track_rules import levers_used, load_track
 from speedrun.export.run_dirs import ExportError, Run
@@ -55,6 +55,8 @@ class Submission:
     """submission.json's short description; default_blurb() when empty."""
     record: Reference | None = None
     """The standing record the acceptance test compares with (--record); None: the best merged one of the data."""
+    human: str | None = None
+    """train_gpt_human.py: the code of ``code`` to read (None: the run wrote none, so the folder ships none)."""
 
     def __post_init__(self) -> None:
         self.bpb_key, self.loss_key = headline(self.runs[0].result)
@@ -422,7 +424,14 @@ class Submission:
             f"{WRAPPED_FILE} carries speedrun's code (minified) and the run's resolved config; it unpacks them into a "
             "temporary directory, re-runs the run with DATA_PATH, TOKENIZER_PATH and SEED when set (the ranks from "
             "torchrun), writes ./runs/ and prints the same result block. It refuses a torch of another major "
-            "version than the run's.",
+            "version than the run's."
+            + (
+                f" {HUMAN_FILE} is the same code to read: each module as written, comments kept, before it was "
+                f"minified and compressed into {WRAPPED_FILE}; it runs the same way and re-runs the same run, but "
+                f"only {WRAPPED_FILE} is counted."
+                if self.human is not None
+                else ""
+            ),
             "",
             "## Code size",
             "",
@@ -435,7 +444,8 @@ class Submission:
         return [
             "## Files",
             "",
-            f"- `{WRAPPED_FILE}`: the self-extracting run",
+            f"- `{WRAPPED_FILE}`: the self-extracting run, the code counted",
+            *([f"- `{HUMAN_FILE}`: the same code to read (not counted)"] if self.human is not None else []),
             "- `submission.json`: the numbers above, per seed",
             "- `requirements.txt`: what parameter-golf's image lacks",
             *[f"- `{log_name(run)}`: the run's log" for run in self.runs],

@@ -1,0 +1,187 @@
+"""speedrun.artifact.link on a toy package: what the linker keeps for a Plan, what it refuses, and that the one
+readable module and the counted file made from it both run and print the same."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from speedrun.artifact.link import LinkError, chosen_keys, counted, link, link_shell, readable
+from speedrun.artifact.wrap import _file
+
+CORE_INIT = (Path(__file__).resolve().parents[2] / "src" / "speedrun" / "core" / "__init__.py").read_text()
+
+MODEL = '''"""A toy core module."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from speedrun.core import choice, shell_only
+from speedrun.progress import Report
+
+
+# the square root keeps this comment in the readable file
+def used(x: float) -> float:
+    # and this one, inside the body
+    return math.sqrt(x) + helper(x)
+
+
+def helper(x: float) -> float:
+    return x * 2
+
+
+def dead(x: float) -> float:
+    return x
+
+
+def fast(x: float) -> float:
+    return x + 1
+
+
+def slow(x: float) -> float:
+    return x - 1
+
+
+OPS = choice("op", {"fast": fast, "slow": slow})
+
+
+@shell_only
+def capability() -> int:
+    return 1
+
+
+@dataclass(frozen=True)
+class Shape:
+    n: int
+
+    def twice(self) -> int:
+        return 2 * self.n
+'''
+
+PROGRESS = """from collections.abc import Callable
+from typing import Any
+
+Report = Callable[[str, dict[str, Any]], None]
+"""
+
+DRIVER = """from speedrun.core.model import OPS, Shape, used
+
+
+def main(plan, file):
+    shape = Shape(plan["n"])
+    print("result", OPS[plan["op"]](used(shape.twice())))
+"""
+
+PLAN = {"op": "fast", "n": 8}
+
+
+def toy(**changes: str) -> dict[str, str]:
+    files = {
+        "src/speedrun/core/__init__.py": CORE_INIT,
+        "src/speedrun/core/model.py": MODEL,
+        "src/speedrun/progress.py": PROGRESS,
+        "src/speedrun/driver.py": DRIVER,
+    }
+    files.update({f"src/speedrun/{k.replace('__', '/')}.py": v for k, v in changes.items()})
+    return files
+
+
+def kept_names(files: dict[str, str], plan=PLAN) -> set[str]:
+    return {name for _, name in link(files, plan).symbols}
+
+
+def test_keeps_what_the_driver_reaches_and_the_registry_entry_the_plan_names():
+    kept = kept_names(toy())
+    assert {"main", "used", "helper", "fast", "OPS", "Shape", "choice"} <= kept
+    assert not {"dead", "slow", "capability", "shell_only"} & kept
+    assert "slow" in kept_names(toy(), {"op": "slow", "n": 1}) and "fast" not in kept_names(toy(), {"op": "slow"})
+
+
+def test_registry_keys_for_strings_tuples_and_switches():
+    assert chosen_keys({"a": {"b": "x"}}, "a.b") == {"x"}
+    assert chosen_keys({"a": ["x", "y"]}, "a") == {"x", "y"}
+    assert chosen_keys({"a": True}, "a") == {"on"} and chosen_keys({"a": 0}, "a") == {"off"}
+    assert chosen_keys(None, "a") is None  # no Plan: every entry
+
+
+def test_the_readable_file_keeps_comments_and_only_the_chosen_entries():
+    text = readable(link(toy(), PLAN), PLAN)
+    assert "# the square root keeps this comment in the readable file" in text
+    assert "# and this one, inside the body" in text
+    assert 'OPS = choice("op", {"fast": fast})' in text
+    assert "def slow" not in text and "def dead" not in text and "def capability" not in text
+    assert "# ---- speedrun/core/model.py ----" in text and text.index("core/__init__.py") < text.index("model.py")
+    assert text.count("import math") == 1 and "\nfrom speedrun." not in text
+    assert text.rstrip().endswith("main(PLAN, __file__)")
+
+
+def test_the_readable_file_and_the_counted_one_run_the_same(tmp_path):
+    text = readable(link(toy(), PLAN), PLAN)
+    human = tmp_path / "train_gpt_human.py"
+    human.write_text(text)
+    packed = tmp_path / "train_gpt.py"
+    packed.write_bytes(_file(counted(text).encode(), "lzma", {}))
+    outs = [
+        subprocess.run([sys.executable, str(f)], capture_output=True, text=True, cwd=tmp_path) for f in (human, packed)
+    ]
+    assert [o.returncode for o in outs] == [0, 0], [o.stderr for o in outs]
+    assert outs[0].stdout == outs[1].stdout == "result 37.0\n"  # sqrt(16) + 2 * 16 + 1
+    assert len(packed.read_bytes()) < len(text.encode())
+
+
+REFUSED = [
+    (
+        "driver",
+        DRIVER.replace("import OPS,", "import OPS, capability,").replace("    shape", "    capability()\n    shape"),
+        "model.py:38: capability is @shell_only",
+    ),
+    ("core__model", MODEL.replace("return x * 2", "return vars(x)"), "model.py:19: vars() in linked code"),
+    ("core__other", "def helper():\n    return 0\n", "helper is also defined"),
+    (
+        "core__model",
+        MODEL.replace("    return x * 2", "    from speedrun.core import choice\n    return x * 2"),
+        "model.py:19: imports speedrun.core.choice inside a function",
+    ),
+    (
+        "core__model",
+        MODEL.replace("import choice, shell_only", "import choice as pick, shell_only"),
+        "imports speedrun.core.choice as pick",
+    ),
+    (
+        "core__model",
+        MODEL.replace("import math\n", "import math\nfrom speedrun.config import Config\n"),
+        "model.py:6: imports speedrun.config.Config, outside the linked modules",
+    ),
+]
+
+
+@pytest.mark.parametrize("part,source,message", REFUSED)
+def test_refusals_name_the_file_and_line(part, source, message):
+    files = toy(**{part: source})
+    if part == "core__other":  # linked only when reached: the driver uses it
+        files["src/speedrun/driver.py"] = DRIVER.replace(
+            "def main", "from speedrun.core.other import helper as h\n\n\ndef main"
+        )
+        files["src/speedrun/driver.py"] = (
+            files["src/speedrun/driver.py"].replace(" as h", "").replace("    shape", "    helper()\n    shape")
+        )
+    with pytest.raises(LinkError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+        link(files, PLAN)
+
+
+def test_the_shell_keeps_what_it_imports_and_the_core_loses_the_rest():
+    """While the shell is packed as modules: the core's modules are pruned to what it imports, comments kept,
+    registries whole (the shell may look any entry up)."""
+    files = toy()
+    files["src/speedrun/run/job.py"] = "from speedrun.core.model import used\n"
+    del files["src/speedrun/driver.py"]
+    pruned = link_shell(files)["src/speedrun/core/model.py"]
+    assert "def used" in pruned and "def helper" in pruned and "# and this one, inside the body" in pruned
+    assert "def dead" not in pruned and "OPS" not in pruned and "class Shape" not in pruned
+    assert "from speedrun.core import choice, shell_only" not in pruned  # neither is used any more
+    compile(pruned, "model.py", "exec")
