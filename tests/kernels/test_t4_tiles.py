@@ -74,8 +74,8 @@ def test_math_scores_estimate_matches_a_measured_peak():
     test prints the ratio)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from speedrun.core.attention import materialized_scores_bytes
     from speedrun.core.model import ModelShape
+    from speedrun.plan.attention import materialized_scores_bytes
 
     t, head_dim, layers = 2048, 80, 1
     shape = ModelShape(

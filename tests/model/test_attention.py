@@ -145,15 +145,6 @@ def test_t4_with_gqa_runs_efficient_with_math_disabled(compose, monkeypatch):
     assert seen == {"k_heads": 8, "q_heads": 8, "enable_gqa": False, "math": False, "flash": False, "efficient": True}
 
 
-def test_sdpa_refuses_auto_unknown_kernel_and_doc_mask():
-    with pytest.raises(ValueError, match="resolved"):
-        get_backend("sdpa", kernel="auto")
-    with pytest.raises(ValueError, match="flash"):
-        get_backend("sdpa", kernel="fast")
-    with pytest.raises(ValueError, match="document"):
-        get_backend("sdpa", kernel="math").prepare(_idx(), BOS)
-
-
 def test_sdpa_pin_holds_under_compile():
     """sdpa_kernel inside a compiled function: the result matches and an impossible pin still raises."""
     q, k, v = _qkv(t=32)
@@ -197,8 +188,6 @@ def test_flex_compiled_forward_matches_math_cpu():
 
 
 def test_flex_option_validation():
-    with pytest.raises(ValueError, match="window"):
-        get_backend("flex", window=0)
     with pytest.raises(ValueError, match="BLOCK_M"):
         get_backend("flex", kernel_options={"BLOCK_M": -1})
     with pytest.raises(ValueError, match="divide"):
@@ -226,13 +215,6 @@ def test_registry_builds_backends():
         if name == "fa3":
             continue  # needs a kernel module; tests/test_fa3_fp8.py covers it
         assert isinstance(get_backend(name), AttentionBackend)
-
-
-def test_gqa_shape_errors():
-    q, _, _ = _qkv()
-    k = torch.randn(B, 3, T, D)
-    with pytest.raises(ValueError, match="multiple"):
-        get_backend("math")(q, k, k, None)
 
 
 # ---- CUDA (device machine) -------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import torch
 
 from speedrun.core.attention import get_backend
 from speedrun.core.model import GPT, ModelShape
+from speedrun.plan.model_choice import check_shape
 from support.tiny import TINY, tiny_gpt
 
 SHAPE = replace(TINY, n_layer=3)
@@ -156,18 +157,13 @@ def test_backends_agree_inside_model():
         assert abs(doc(idx, tgt).item() - loss_ref.item()) > 1e-6
 
 
-def test_doc_mask_needs_capable_backend():
-    with pytest.raises(ValueError, match="document"):
-        _model(attn="sdpa", bos_id=0)
-
-
-def test_seq_len_limit_and_config_validation():
-    with pytest.raises(ValueError, match="seq_len"):
-        _model()(torch.zeros(1, SHAPE.seq_len + 1, dtype=torch.long))
+def test_shape_checks_refuse_what_cannot_be_built():
+    """The resolver's check_shape (the GPT itself checks nothing the Plan has checked)."""
+    assert check_shape(SHAPE) is SHAPE
     with pytest.raises(ValueError, match="n_kv_head"):
-        replace(SHAPE, n_kv_head=3)
+        check_shape(replace(SHAPE, n_kv_head=3))
     with pytest.raises(ValueError, match="d_model"):
-        replace(SHAPE, d_model=30)
+        check_shape(replace(SHAPE, d_model=30))
 
 
 def test_compiles_without_graph_breaks():

@@ -29,65 +29,13 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 
 from speedrun.core import choice
-from speedrun.errors import ConfigError, PlanError
-
-PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    """What a backend can run; the resolver refuses a request outside it and names the backends that fit."""
-
-    devices: tuple[str, ...] = ("cuda",)
-    """torch device types it trains on."""
-    min_capability: tuple[int, int] | None = None
-    """Lowest CUDA compute capability (None: any)."""
-    max_capability: tuple[int, int] | None = None
-    """Highest CUDA compute capability it has builds for (None: any)."""
-    precisions: tuple[str, ...] = PRECISIONS
-    """Run precisions it accepts (fp8 runs attention in bf16)."""
-    gqa: bool = True
-    """Fewer key/value heads than query heads."""
-    document_mask: bool = False
-    window: bool = False
-    min_head_dim: int = 1
-    max_head_dim: int | None = None
-    why: str = ""
-    """One clause on where the limits come from, appended to refusals."""
-
-    def problems(self, profile: Any, precision: str, model: Any, *, document_mask: bool, window: bool) -> list[str]:
-        """Why this backend cannot run the request ([] when it can)."""
-        out = []
-        cap = profile.capability
-        if profile.device_type not in self.devices:
-            out.append(f"does not run on {profile.device_type} (runs on {', '.join(self.devices)})")
-        elif cap is not None and self.min_capability and cap < self.min_capability:
-            out.append(f"needs compute capability >= {_sm(self.min_capability)} ({profile.name} is {_sm(cap)})")
-        elif cap is not None and self.max_capability and cap > self.max_capability:
-            out.append(f"has no build beyond {_sm(self.max_capability)} ({profile.name} is {_sm(cap)})")
-        if precision not in self.precisions:
-            out.append(f"runs {', '.join(self.precisions)} only, not precision={precision}")
-        if model.n_kv_head != model.n_head and not self.gqa:
-            out.append("has no grouped-query attention (model.n_kv_head < model.n_head)")
-        if document_mask and not self.document_mask:
-            out.append("cannot mask documents")
-        if window and not self.window:
-            out.append("has no sliding window")
-        if model.head_dim < self.min_head_dim or (self.max_head_dim and model.head_dim > self.max_head_dim):
-            limit = f"{self.min_head_dim}..{self.max_head_dim}" if self.max_head_dim else f">= {self.min_head_dim}"
-            out.append(f"needs head_dim {limit}; model.d_model / model.n_head = {model.head_dim}")
-        return out
-
-
-def _sm(capability: tuple[int, int]) -> str:
-    return f"sm{capability[0]}{capability[1]}"
+from speedrun.errors import ConfigError
 
 
 class AttentionBackend(ABC):
@@ -97,7 +45,8 @@ class AttentionBackend(ABC):
     """Registry name, e.g. "sdpa"."""
     kernel: str = ""
     """What actually runs, e.g. "sdpa:flash", "math", "flex"; recorded as result.json's attn_kernel."""
-    capabilities: ClassVar[Capabilities] = Capabilities()
+    supports_doc_mask: ClassVar[bool] = False
+    """Whether prepare() honours bos_id (document masking); the Plan asks only such a backend for it."""
     window: int | None = None
     """Sliding-window length in tokens (a query sees at most this many keys, itself included); None: full."""
     plain_softmax: ClassVar[bool] = False
@@ -107,30 +56,8 @@ class AttentionBackend(ABC):
     rebuilds that attention with an explicit mask, so the built-in GPT offers pick only over such a backend. The
     built-in backends set it; one registered from elsewhere is left out until it says so."""
 
-    @property
-    def supports_doc_mask(self) -> bool:
-        """Whether prepare() honours bos_id (document masking)."""
-        return self.capabilities.document_mask
-
-    # -- what the resolver asks (class methods: no backend is built before the plan is settled) ------------
-    @classmethod
-    def plan_options(cls, request: Any, profile: Any, precision: str, model: Any) -> tuple[dict[str, Any], str]:
-        """The constructor options this request resolves to on this profile, and the kernel label that will
-        run. Raise speedrun.errors.PlanError (naming what works) for what ``capabilities`` cannot express."""
-        return {}, cls.name
-
-    @classmethod
-    def scores_bytes(cls, options: dict[str, Any], micro_batch: int, model: Any, precision: str) -> int:
-        """Bytes of B x H x T x T scores kept for backward across all layers (0: the kernel never holds them)."""
-        return 0
-
     def prepare(self, idx: torch.Tensor, bos_id: int | None) -> Any:
         """Build the per-forward context from the token ids (B, T). Default: nothing needed."""
-        if bos_id is not None and not self.supports_doc_mask:
-            raise ValueError(
-                f"attention backend {self.kernel!r} cannot mask documents (bos_id={bos_id}); "
-                "use attn=flex or attn=math for document masking"
-            )
         return None
 
     @abstractmethod
@@ -139,27 +66,6 @@ class AttentionBackend(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(kernel={self.kernel!r}, window={self.window})"
-
-
-def materialized_scores_bytes(micro_batch: int, model: Any, precision: str) -> int:
-    """Scores plus softmax probabilities (fp32) kept for backward in every layer by a kernel that materialises
-    B x H x T x T: the estimate the resolver compares with the card's memory before any allocation."""
-    bytes_per = 4 if precision == "fp32" else 2
-    return micro_batch * model.n_head * model.seq_len**2 * (bytes_per + 4) * model.n_layer
-
-
-def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
-    """Validate (B, H, T, D) shapes for GQA; returns the group size Hq // Hkv. Shape checks are static."""
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"attention expects 4-D (B, H, T, D) tensors, got {tuple(q.shape)}, {tuple(k.shape)}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
-    hq, hkv = q.size(1), k.size(1)
-    if hq % hkv != 0:
-        raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv})")
-    if q.size(0) != k.size(0) or q.size(2) != k.size(2) or q.size(3) != k.size(3):
-        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} disagree on B, T or D")
-    return hq // hkv
 
 
 def allowed_keys(
@@ -188,14 +94,6 @@ def document_ids(idx: torch.Tensor, bos_id: int) -> torch.Tensor:
     return torch.cumsum((idx == bos_id).to(torch.int32), dim=1, dtype=torch.int32)
 
 
-def check_window(window: int | None) -> int | None:
-    if window is None:
-        return None
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"window must be a positive int or None, got {window!r}")
-    return window
-
-
 # ---- math -------------------------------------------------------------------------------------------------------
 # The explicit reference: softmax(Q K^T / sqrt(d) + mask) V, accumulated in fp32.
 #
@@ -208,19 +106,11 @@ def check_window(window: int | None) -> int | None:
 class MathAttention(AttentionBackend):
     name = "math"
     kernel = "math"
-    capabilities = Capabilities(devices=("cpu", "cuda"), document_mask=True, window=True)
+    supports_doc_mask = True
     plain_softmax = True
 
-    @classmethod
-    def plan_options(cls, request, profile, precision, model):
-        return {"window": request.window}, "math"
-
-    @classmethod
-    def scores_bytes(cls, options, micro_batch, model, precision):
-        return materialized_scores_bytes(micro_batch, model, precision)
-
     def __init__(self, window: int | None = None):
-        self.window = check_window(window)
+        self.window = window
 
     def prepare(self, idx: torch.Tensor, bos_id: int | None) -> torch.Tensor:
         """Boolean mask (B or 1, 1, T, T); True where a query may attend a key."""
@@ -231,7 +121,7 @@ class MathAttention(AttentionBackend):
         return allowed_keys(pos[:, None], pos[None, :], self.window, doc[:, None, :, None], doc[:, None, None, :])
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: torch.Tensor | None) -> torch.Tensor:
-        group = check_shapes(q, k, v)
+        group = q.size(1) // k.size(1)
         if group > 1:
             k = k.repeat_interleave(group, dim=1)
             v = v.repeat_interleave(group, dim=1)
@@ -276,45 +166,9 @@ def _sdp_backend(kernel: str):
 
 class SDPAAttention(AttentionBackend):
     name = "sdpa"
-    capabilities = Capabilities(devices=("cpu", "cuda"))
     plain_softmax = True
 
-    @classmethod
-    def plan_options(cls, request, profile, precision, model):
-        """The pinned kernel: attn.kernel, or the profile's pick; auto under fp32 takes efficient (flash and
-        cuDNN take 16-bit inputs only)."""
-        cuda = profile.device_type == "cuda"
-        kernel = profile.sdpa_kernel if request.kernel == "auto" else str(request.kernel)
-        if request.kernel == "auto" and precision == "fp32" and cuda and kernel in ("flash", "cudnn"):
-            kernel = "efficient"
-        if not cuda and kernel in ("cudnn", "efficient"):
-            raise PlanError(f"attn.kernel={kernel} needs a CUDA GPU; on CPU use attn.kernel=flash or math")
-        if cuda and kernel in ("flash", "cudnn"):
-            if profile.capability < (8, 0):
-                raise PlanError(
-                    f"attn.kernel={kernel} needs compute capability >= 8.0; {profile.name} is "
-                    f"sm{profile.capability[0]}{profile.capability[1]} - use attn.kernel=efficient (K/V expanded for "
-                    f"GQA) or attn=flex"
-                )
-            if precision == "fp32":
-                raise PlanError(
-                    f"attn.kernel={kernel} needs fp16 or bf16 inputs; with precision=fp32 use "
-                    f"attn.kernel=efficient or math"
-                )
-        return {"kernel": kernel}, f"sdpa:{kernel}"
-
-    @classmethod
-    def scores_bytes(cls, options, micro_batch, model, precision):
-        return materialized_scores_bytes(micro_batch, model, precision) if options["kernel"] == "math" else 0
-
     def __init__(self, kernel: str = "flash"):
-        if kernel == "auto":
-            raise ValueError(
-                "sdpa kernel 'auto' must be resolved to one of "
-                f"{', '.join(KERNELS)} before building the backend (plan.py does this)"
-            )
-        if kernel not in KERNELS:
-            raise ValueError(f"unknown sdpa kernel {kernel!r}; choose one of: {', '.join(KERNELS)}")
         self.sdpa_kernel_name = kernel
         self.kernel = f"sdpa:{kernel}"
         self._backend = _sdp_backend(kernel)
@@ -324,7 +178,7 @@ class SDPAAttention(AttentionBackend):
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: object = None) -> torch.Tensor:
         from torch.nn.attention import sdpa_kernel
 
-        group = check_shapes(q, k, v)
+        group = q.size(1) // k.size(1)
         gqa = False
         if group > 1:
             if self._native_gqa:
@@ -418,20 +272,8 @@ def compiled_block_mask() -> Callable[..., Any]:
 class FlexAttention(AttentionBackend):
     name = "flex"
     kernel = "flex"
-    # Triton's tl.dot needs K >= 16, so a head_dim below 16 cannot compile ("embedding dimension ... must be at
-    # least 16"); training needs CUDA (flex's backward is a Triton kernel; CPU has the forward only).
-    capabilities = Capabilities(
-        devices=("cuda",), document_mask=True, window=True, min_head_dim=16, why="flex compiles Triton kernels for CUDA"
-    )
+    supports_doc_mask = True
     plain_softmax = True
-
-    @classmethod
-    def plan_options(cls, request, profile, precision, model):
-        # The profile's forward blocks; speedrun.plan.kernel_choice replaces them with the kernel group's tiles (forward
-        # and backward) where they are chosen per head_dim or set.
-        block_m, block_n = profile.flex_blocks
-        kernel_options = {"BLOCK_M": block_m, "BLOCK_N": block_n}
-        return {"window": request.window, "kernel_options": kernel_options}, "flex"
 
     def __init__(
         self,
@@ -443,7 +285,7 @@ class FlexAttention(AttentionBackend):
         """window: sliding-window length in tokens (None: full causal). kernel_options: Triton tiling for
         flex's kernel (see module doc); None or {} lets flex choose. block_size: BlockMask block.
         compile: False runs flex's eager reference path (slow; for debugging and CPU tests only)."""
-        self.window = check_window(window)
+        self.window = window
         opts = {k: v for k, v in (kernel_options or {}).items() if v is not None}
         for key, val in opts.items():
             if key in KERNEL_OPTION_KEYS and (isinstance(val, bool) or not isinstance(val, int) or val < 1):
@@ -468,7 +310,7 @@ class FlexAttention(AttentionBackend):
         return build(docs, idx.size(0), idx.size(1), self.window, self.block_size, idx.device)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: Any) -> torch.Tensor:
-        group = check_shapes(q, k, v)
+        group = q.size(1) // k.size(1)
         if ctx is None:
             raise ValueError("flex attention needs the BlockMask from prepare(); got ctx=None")
         if self.compile:
@@ -547,28 +389,7 @@ def load_fa3(repo: str, version: Any = None, revision: Any = None, trust_remote_
 
 class FA3Attention(AttentionBackend):
     name = "fa3"
-    capabilities = Capabilities(
-        devices=("cuda",),
-        min_capability=(8, 0),
-        max_capability=(9, 0),
-        precisions=("bf16", "fp8"),
-        max_head_dim=256,
-        why="FA3 builds exist for sm80 and sm90, bf16 only",
-    )
     plain_softmax = True
-
-    @classmethod
-    def plan_options(cls, request, profile, precision, model):
-        """The kernel repo follows the capability unless given; the pin is a version or a revision."""
-        repo = request.fa3_repo or REPOS["sm90" if profile.capability >= (9, 0) else "sm80"]
-        version, revision = (None, request.fa3_revision) if request.fa3_revision else (request.fa3_version, None)
-        if version is None and revision is None:
-            raise PlanError("attn=fa3 needs a pin: set attn.fa3_version=<int> or attn.fa3_revision=<rev>")
-        pin = revision if revision is not None else version
-        # the builds named in REPOS are vetted here; another repo is trusted only when the user says so
-        trust = request.fa3_trust_remote_code
-        trust = repo in REPOS.values() if trust is None else bool(trust)
-        return {"repo": repo, "version": version, "revision": revision, "trust_remote_code": trust}, f"fa3:{repo}@{pin}"
 
     def __init__(
         self, repo: str, version: Any = None, revision: Any = None, module: Any = None, trust_remote_code: bool = False
@@ -580,7 +401,6 @@ class FA3Attention(AttentionBackend):
         self.kernel = f"fa3:{repo}@{pin}"
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: Any = None) -> torch.Tensor:
-        check_shapes(q, k, v)
         # FA3 takes (B, T, H, D) and handles grouped K/V heads natively.
         out = self._fa3.flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
         if isinstance(out, tuple):  # some builds return (out, softmax_lse)
@@ -591,7 +411,7 @@ class FA3Attention(AttentionBackend):
 BACKENDS: dict[str, type[AttentionBackend]] = choice(
     "attn", {"sdpa": SDPAAttention, "math": MathAttention, "flex": FlexAttention, "fa3": FA3Attention}
 )
-"""attn=<name> -> its backend class (plan.attention checks the name and asks the class what it can run)."""
+"""attn=<name> -> its backend class (speedrun.plan.attention checks the name and what each can run)."""
 
 
 def get_backend(name: str, **options: Any) -> AttentionBackend:

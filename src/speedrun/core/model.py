@@ -39,17 +39,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from speedrun.core.attention import AttentionBackend, allowed_keys, document_ids
-from speedrun.errors import ConfigError
 
 # ---- the shape --------------------------------------------------------------------------------------------------------
 # The model's shape, resolved: one torch-free dataclass that the Plan records and the GPT is built from.
 #
 # The model group's schema (config.ModelConfig) leaves fields None for "take the preset's"; the resolver fills
 # them and builds a ModelShape, whose checks run here, once.
-
-
-MLP_ACTS = ("relu2", "leaky_relu2")
-PARALLEL_LANES = ("mean", "attn", "mlp")
 
 
 @dataclass(frozen=True)
@@ -93,8 +88,6 @@ def _coerce(value: Any, cls: type) -> Any:
         return value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         value = dataclasses.asdict(value)
-    if not isinstance(value, dict):
-        raise ConfigError(f"model lever {cls.__name__} must be a mapping, got {value!r}")
     return cls(**value)
 
 
@@ -148,86 +141,6 @@ class ModelShape:
         object.__setattr__(self, "attn_out_gate", _coerce(self.attn_out_gate, AttnOutGate))
         object.__setattr__(self, "mlp_act", str(self.mlp_act))  # a config Choice -> its plain string
         object.__setattr__(self, "parallel_final_lane", str(self.parallel_final_lane))
-        for name in ("vocab_size", "n_layer", "d_model", "n_head", "n_kv_head", "mlp_mult", "seq_len"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"model.{name} must be >= 1, got {getattr(self, name)}")
-        if self.n_head % self.n_kv_head:
-            divisors = ", ".join(str(k) for k in range(1, self.n_head + 1) if self.n_head % k == 0)
-            raise ConfigError(
-                f"model.n_kv_head={self.n_kv_head} must divide model.n_head={self.n_head}; use one of {divisors}"
-            )
-        if self.d_model % self.n_head or (self.d_model // self.n_head) % 2:
-            raise ConfigError(
-                f"model.d_model={self.d_model} must split into n_head={self.n_head} heads of even size (RoPE)"
-            )
-        if self.logit_softcap < 0:
-            raise ConfigError(f"model.logit_softcap must be >= 0 (0 = off), got {self.logit_softcap}")
-        if self.logit_rescale and not self.logit_softcap > 0:
-            raise ConfigError(
-                "quant.logit_rescale=true rescales the logit softcap, which model.logit_softcap=0 turns off; set "
-                "model.logit_softcap=30 or drop quant.logit_rescale"
-            )
-        self._check_levers()
-
-    def _check_levers(self) -> None:
-        def need(ok: bool, message: str) -> None:
-            if not ok:
-                raise ConfigError(message)
-
-        n = self.n_layer
-        need(self.mlp_act in MLP_ACTS, f"model.mlp_act={self.mlp_act} must be one of {', '.join(MLP_ACTS)}")
-        need(
-            math.isfinite(self.mlp_leaky_slope) and self.mlp_leaky_slope >= 0,
-            f"model.mlp_leaky_slope={self.mlp_leaky_slope} must be >= 0; e.g. model.mlp_leaky_slope=0.5",
-        )
-        rd = self.rope_dims
-        need(
-            not rd or (rd >= 2 and rd % 2 == 0 and rd <= self.head_dim),
-            f"model.rope_dims={rd} must be even and in [2, head_dim={self.head_dim}] (null or 0: every channel)",
-        )
-        need(math.isfinite(self.qk_gain_init), f"model.qk_gain_init={self.qk_gain_init} must be finite")
-        need(
-            self.qk_norm or self.qk_gain_init == 1.5,
-            f"model.qk_gain_init={self.qk_gain_init} is the gain after QK-norm; set model.qk_norm=true or drop it",
-        )
-        need(0 <= self.xsa_last_n <= n, f"model.xsa_last_n={self.xsa_last_n} must be in [0, n_layer={n}] (0: off)")
-        lp = self.loop
-        if lp.on:
-            need(
-                0 <= lp.start <= lp.end < n,
-                f"model.loop.start={lp.start} and model.loop.end={lp.end} must satisfy 0 <= start <= end < n_layer={n}",
-            )
-        need(lp.num >= 0, f"model.loop.num={lp.num} must be >= 0 (0: off)")
-        need(0 <= lp.enable_at < 1, f"model.loop.enable_at={lp.enable_at} must be in [0, 1)")
-        need(
-            self.parallel_final_lane in PARALLEL_LANES,
-            f"model.parallel_final_lane={self.parallel_final_lane} must be one of {', '.join(PARALLEL_LANES)}",
-        )
-        psl = self.parallel_start_layer
-        if psl:
-            need(
-                n // 2 <= psl < n,
-                f"model.parallel_start_layer={psl} must be a decoder layer, in [{n // 2}, {n - 1}] (null: off)",
-            )
-            if lp.on:
-                need(
-                    psl > lp.end,
-                    f"model.parallel_start_layer={psl} must come after the looped layers (model.loop.end={lp.end})",
-                )
-                _, decoder = self.layer_order(looped=True)
-                need(
-                    psl in decoder,
-                    f"model.parallel_start_layer={psl} falls in the encoder half once model.loop is on; raise it",
-                )
-        w = self.smear_gate.window
-        need(0 <= w <= self.d_model, f"model.smear_gate.window={w} must be in [0, d_model={self.d_model}] (0: off)")
-        g = self.attn_out_gate
-        need(
-            0 <= g.window <= self.d_model,
-            f"model.attn_out_gate.window={g.window} must be in [0, d_model={self.d_model}] (0: off)",
-        )
-        need(math.isfinite(g.scale), f"model.attn_out_gate.scale={g.scale} must be finite")
-        need(g.init_std >= 0, f"model.attn_out_gate.init_std={g.init_std} must be >= 0 (0: zeros)")
 
     @property
     def head_dim(self) -> int:
@@ -580,19 +493,11 @@ class GPT(nn.Module):
         fused_qkv: one q/k/v matmul per block in training mode (CausalSelfAttention.fused_qkv). doc_bos_id: the BOS
         token, for what must not cross documents without masking attention (model.smear_gate; bos_id if None).
         options: a registered model's own knobs (speedrun.plan.model_choice); the built-in GPT's levers are ModelShape
-        fields, so it takes none."""
+        fields, so it gets none (the config has no other keys). The Plan has checked the rest: document masking
+        only over a backend that can, sequences of at most model.seq_len, pick only where supports_pick."""
         super().__init__()
-        if options:
-            raise ValueError(f"the built-in GPT takes no options of its own: {sorted(options)}")
-        if bos_id is not None and not attention.supports_doc_mask:
-            raise ValueError(
-                f"document masking (bos_id={bos_id}) needs an attention backend that supports it "
-                f"(flex, math); {attention.kernel!r} does not"
-            )
         self.shape, self.attention, self.bos_id = shape, attention, bos_id
         self.tok_emb = nn.Embedding(shape.vocab_size, shape.d_model)
-        self.num_encoder_layers = shape.n_layer // 2
-        self.num_decoder_layers = shape.n_layer - self.num_encoder_layers
         # (encoder, decoder) layer orders, loop off and on; the longer (looped) one sizes the skips, as the record
         self.orders = {False: shape.layer_order(False), True: shape.layer_order(True)}
         n_skip = min(len(self.orders[shape.loop.on][0]), len(self.orders[shape.loop.on][1]))
@@ -612,11 +517,6 @@ class GPT(nn.Module):
         self.smear_window = shape.smear_gate.window
         self.smear_bos_id = doc_bos_id if doc_bos_id is not None else bos_id
         if self.smear_window:
-            if self.smear_bos_id is None:
-                raise ValueError(
-                    "model.smear_gate needs the BOS token id (GPT(doc_bos_id=...)): it must not smear a document's "
-                    "last token into the next document's first"
-                )
             # the record's smear_gate (a (1, window) linear, zero init) and smear_lambda (zeros): identity at init
             self.smear_w = nn.Parameter(torch.zeros(self.smear_window))
             self.smear_lambda = nn.Parameter(torch.zeros(1))
@@ -699,8 +599,6 @@ class GPT(nn.Module):
         its keys and values reaches another column's output. TTT scores a chunk of 48 tokens with a window of up
         to 2,048 of context (speedrun.ttt.score_first), so that call runs at 48 columns instead of up to 2,048."""
         B, T = idx.shape
-        if T > self.shape.seq_len:
-            raise ValueError(f"sequence length {T} exceeds model.seq_len {self.shape.seq_len}")
         ctx = self.attention.prepare(idx, self.bos_id)
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
 
@@ -744,12 +642,6 @@ class GPT(nn.Module):
     def _columns(self, idx: torch.Tensor, pick: torch.Tensor) -> Columns:
         """The picked columns with the mask their queries attend with: the backend's rule (allowed_keys: causal,
         its window, the document when bos_id masks documents), for queries at those columns."""
-        if not self.supports_pick:
-            raise ValueError(
-                f"GPT.forward(pick=...) rebuilds attention with an explicit mask, which attention backend "
-                f"{self.attention.kernel!r} does not declare exact (AttentionBackend.plain_softmax); call forward "
-                "without pick and take the columns after"
-            )
         pos = torch.arange(idx.size(1), device=idx.device)
         q_docs = k_docs = None
         if self.bos_id is not None:
@@ -775,8 +667,6 @@ class GPT(nn.Module):
             logits = cap * torch.tanh(logits / cap)
         if targets is None:
             return logits
-        if reduction not in ("mean", "none"):
-            raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
         loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T), reduction=reduction)
         return loss if reduction == "mean" else loss.view(B, T)
 

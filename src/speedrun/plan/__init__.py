@@ -21,7 +21,7 @@ from speedrun.core.model import ModelShape
 from speedrun.errors import PlanError
 from speedrun.hardware.cards import card_for
 from speedrun.hardware.profiles import PROFILES, DetectedDevice, HardwareProfile
-from speedrun.plan.attention import backend_class, check_scores_memory, resolve_attention
+from speedrun.plan.attention import check_scores_memory, resolve_attention, scores_bytes
 from speedrun.plan.batch import StepSplit, resolve_batch, stages_of
 from speedrun.plan.budget import resolve_budget
 from speedrun.plan.dist_choice import DistPlan, WorldInfo
@@ -227,7 +227,7 @@ def _memory_estimate_gb(
     attn: str, options: dict[str, Any], micro_batch: int, model: ModelShape, precision: str
 ) -> float:
 
-    scores = backend_class(attn).scores_bytes(options, micro_batch, model, precision)
+    scores = scores_bytes(attn, options, micro_batch, model, precision)
     return round(training_memory_bytes(model, micro_batch, precision, scores, param_count(model)) / 1e9, 2)
 
 

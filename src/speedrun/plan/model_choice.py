@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 from collections.abc import Iterator
 from typing import Any, Protocol, runtime_checkable
 
@@ -65,7 +66,95 @@ def resolve_model(cfg: Config, profile: HardwareProfile) -> tuple[str, ModelShap
             f"quant.logit_rescale=true rescales the built-in GPT's softcap; model.arch={cfg.model.arch} has none it "
             "knows of: drop quant.logit_rescale"
         )
-    return name, ModelShape(vocab_size=vocab, logit_rescale=cfg.quant.logit_rescale, **values)
+    return name, check_shape(ModelShape(vocab_size=vocab, logit_rescale=cfg.quant.logit_rescale, **values))
+
+
+MLP_ACTS = ("relu2", "leaky_relu2")
+PARALLEL_LANES = ("mean", "attn", "mlp")
+
+
+def check_shape(shape: ModelShape) -> ModelShape:
+    """Refuse a shape the GPT cannot be built with (ConfigError naming the field and the fix): what the model
+    group's per-field checks cannot see, the fields against each other. Returns the shape."""
+    for name in ("vocab_size", "n_layer", "d_model", "n_head", "n_kv_head", "mlp_mult", "seq_len"):
+        if getattr(shape, name) < 1:
+            raise ConfigError(f"model.{name} must be >= 1, got {getattr(shape, name)}")
+    if shape.n_head % shape.n_kv_head:
+        divisors = ", ".join(str(k) for k in range(1, shape.n_head + 1) if shape.n_head % k == 0)
+        raise ConfigError(
+            f"model.n_kv_head={shape.n_kv_head} must divide model.n_head={shape.n_head}; use one of {divisors}"
+        )
+    if shape.d_model % shape.n_head or (shape.d_model // shape.n_head) % 2:
+        raise ConfigError(
+            f"model.d_model={shape.d_model} must split into n_head={shape.n_head} heads of even size (RoPE)"
+        )
+    if shape.logit_softcap < 0:
+        raise ConfigError(f"model.logit_softcap must be >= 0 (0 = off), got {shape.logit_softcap}")
+    if shape.logit_rescale and not shape.logit_softcap > 0:
+        raise ConfigError(
+            "quant.logit_rescale=true rescales the logit softcap, which model.logit_softcap=0 turns off; set "
+            "model.logit_softcap=30 or drop quant.logit_rescale"
+        )
+
+    def need(ok: bool, message: str) -> None:
+        if not ok:
+            raise ConfigError(message)
+
+    n = shape.n_layer
+    need(shape.mlp_act in MLP_ACTS, f"model.mlp_act={shape.mlp_act} must be one of {', '.join(MLP_ACTS)}")
+    need(
+        math.isfinite(shape.mlp_leaky_slope) and shape.mlp_leaky_slope >= 0,
+        f"model.mlp_leaky_slope={shape.mlp_leaky_slope} must be >= 0; e.g. model.mlp_leaky_slope=0.5",
+    )
+    rd = shape.rope_dims
+    need(
+        not rd or (rd >= 2 and rd % 2 == 0 and rd <= shape.head_dim),
+        f"model.rope_dims={rd} must be even and in [2, head_dim={shape.head_dim}] (null or 0: every channel)",
+    )
+    need(math.isfinite(shape.qk_gain_init), f"model.qk_gain_init={shape.qk_gain_init} must be finite")
+    need(
+        shape.qk_norm or shape.qk_gain_init == 1.5,
+        f"model.qk_gain_init={shape.qk_gain_init} is the gain after QK-norm; set model.qk_norm=true or drop it",
+    )
+    need(0 <= shape.xsa_last_n <= n, f"model.xsa_last_n={shape.xsa_last_n} must be in [0, n_layer={n}] (0: off)")
+    lp = shape.loop
+    if lp.on:
+        need(
+            0 <= lp.start <= lp.end < n,
+            f"model.loop.start={lp.start} and model.loop.end={lp.end} must satisfy 0 <= start <= end < n_layer={n}",
+        )
+    need(lp.num >= 0, f"model.loop.num={lp.num} must be >= 0 (0: off)")
+    need(0 <= lp.enable_at < 1, f"model.loop.enable_at={lp.enable_at} must be in [0, 1)")
+    need(
+        shape.parallel_final_lane in PARALLEL_LANES,
+        f"model.parallel_final_lane={shape.parallel_final_lane} must be one of {', '.join(PARALLEL_LANES)}",
+    )
+    psl = shape.parallel_start_layer
+    if psl:
+        need(
+            n // 2 <= psl < n,
+            f"model.parallel_start_layer={psl} must be a decoder layer, in [{n // 2}, {n - 1}] (null: off)",
+        )
+        if lp.on:
+            need(
+                psl > lp.end,
+                f"model.parallel_start_layer={psl} must come after the looped layers (model.loop.end={lp.end})",
+            )
+            _, decoder = shape.layer_order(looped=True)
+            need(
+                psl in decoder,
+                f"model.parallel_start_layer={psl} falls in the encoder half once model.loop is on; raise it",
+            )
+    w = shape.smear_gate.window
+    need(0 <= w <= shape.d_model, f"model.smear_gate.window={w} must be in [0, d_model={shape.d_model}] (0: off)")
+    g = shape.attn_out_gate
+    need(
+        0 <= g.window <= shape.d_model,
+        f"model.attn_out_gate.window={g.window} must be in [0, d_model={shape.d_model}] (0: off)",
+    )
+    need(math.isfinite(g.scale), f"model.attn_out_gate.scale={g.scale} must be finite")
+    need(g.init_std >= 0, f"model.attn_out_gate.init_std={g.init_std} must be >= 0 (0: zeros)")
+    return shape
 
 
 def resolve_arch(cfg: Config) -> tuple[str, tuple[tuple[str, Any], ...]]:

@@ -10,7 +10,7 @@ from speedrun.config.choices import EvalName, TTTName
 from speedrun.core.model import ModelShape
 from speedrun.errors import PlanError
 from speedrun.hardware.profiles import HardwareProfile
-from speedrun.plan.attention import backend_class
+from speedrun.plan.attention import capabilities
 from speedrun.plan.types import EvalPlan
 
 
@@ -27,7 +27,7 @@ def resolve_eval(
         raise PlanError(
             f"eval=sliding needs eval.stride <= model.seq_len={model.seq_len}, got {e.stride}; use e.g. eval.stride=64"
         )
-    if e.document_isolated and not backend_class(attn).capabilities.document_mask:
+    if e.document_isolated and not capabilities(attn).document_mask:
         raise PlanError(
             f"eval.document_isolated=true needs an attention backend with a document mask; attn={attn} "
             f"has none: use attn=flex (CUDA) or attn=math, or eval.document_isolated=false"
