@@ -12,11 +12,12 @@ import time
 import pytest
 
 from speedrun.hardware import threads as th
+from speedrun.records.keys import thread_keys
 
 
 def test_a_set_count_wins_over_the_environment_and_the_environment_over_the_measure(monkeypatch):
     monkeypatch.setattr(th, "busy_cores", lambda usable, seconds=0: pytest.fail("measured"))
-    assert th.choose_threads(3, {"OMP_NUM_THREADS": "1"}).result_keys() == {
+    assert thread_keys(th.choose_threads(3, {"OMP_NUM_THREADS": "1"})) == {
         "cpu_threads": 3,
         "cpu_threads_source": "hardware.threads",
         "cpu_cores_busy": None,

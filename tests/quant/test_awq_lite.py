@@ -14,6 +14,7 @@ from speedrun.core import pergroup
 from speedrun.core import quant as Q
 from speedrun.core.gptq import FineColumns, awq_groups, collect_hessians, quantize_gptq_fine, sigma_scales
 from speedrun.errors import ConfigError
+from speedrun.records.keys import quant_keys
 from support.tiny import BOS, QUANT_TINY, calibration_batches, tiny_gpt
 
 
@@ -138,7 +139,7 @@ def test_config_checks_and_result_keys():
         QuantConfig(name=QuantName.int8, compressor=Compressor.zlib, awq=AWQConfig(top_k=1))
     with pytest.raises(ConfigError, match=r"quant.awq.group_size=0 must be >= 1"):
         AWQConfig(group_size=0)
-    keys = int6(awq=AWQConfig(top_k=1)).result_keys()
+    keys = quant_keys(int6(awq=AWQConfig(top_k=1)))
     assert (keys["quant_awq_top_k"], keys["quant_awq_bits"], keys["quant_awq_group_size"]) == (1, 8, 64)
-    off = int6().result_keys()
+    off = quant_keys(int6())
     assert (off["quant_awq_top_k"], off["quant_awq_bits"], off["quant_awq_group_size"]) == (0, None, None)

@@ -23,6 +23,7 @@ from speedrun.core.pergroup import tensor_class
 from speedrun.core.train import Budget
 from speedrun.errors import ConfigError, PlanError
 from speedrun.plan import resolve
+from speedrun.records.keys import quant_keys
 from support.devices import fake_device
 from support.tiny import BOS, QUANT_TINY, QUANT_TINY_RUN, byte_luts, calibration_batches, docs_stream, tiny_gpt
 
@@ -316,12 +317,12 @@ def test_lever_refusals_name_the_fix(compose, overrides, needle):
 
 
 def test_result_keys_record_the_levers():
-    assert all(v is None for v in QuantConfig().result_keys().values())  # int8: none of them applies
-    keys = int6(clip=QuantClip.sigma, lqer={"rank": 4}, gate_bits=8, compressor=Compressor.pergroup).result_keys()
+    assert all(v is None for v in quant_keys(QuantConfig()).values())  # int8: none of them applies
+    keys = quant_keys(int6(clip=QuantClip.sigma, lqer={"rank": 4}, gate_bits=8, compressor=Compressor.pergroup))
     assert keys["quant_clip"] == "sigma" and keys["quant_sigmas_embed"] == 15.0 and keys["quant_sigmas_mlp"] == 12.0
     assert (keys["quant_lqer_rank"], keys["quant_lqer_top_k"], keys["quant_lqer_factor_bits"]) == (4, 3, 4)
     assert keys["quant_gate_bits"] == 8 and keys["quant_pergroup_codec"] == "brotli"
-    assert int6().result_keys()["quant_sigmas_attn"] is None and int6().result_keys()["quant_lqer_top_k"] is None
+    assert quant_keys(int6())["quant_sigmas_attn"] is None and quant_keys(int6())["quant_lqer_top_k"] is None
 
 
 # ---- CUDA (device machine) -------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from speedrun.config import to_config
 from speedrun.core.attention import get_backend
 from speedrun.errors import ConfigError
 from speedrun.plan import resolve
+from speedrun.records.keys import optim_keys
 from support.devices import fake_device
 
 # -- config, plan, result keys -----------------------------------------------------------------------------------
@@ -37,7 +38,7 @@ def test_levers_compose_resolve_into_the_plan_and_its_result_keys(compose):
         assert key in base.optim  # shown by `python -m run --cfg job`
     assert "min_lr" in base.schedule and base.ema.decay is None
     off = resolve(to_config(base), fake_device("cpu"))
-    assert off.optim_result_keys() == {
+    assert optim_keys(off.optim, off.schedule, off.ema) == {
         "muon_wd": 0.0,
         "muon_row_normalize": False,
         "ns_coefficients": "quintic",
@@ -51,7 +52,7 @@ def test_levers_compose_resolve_into_the_plan_and_its_result_keys(compose):
     }
     assert "levers" not in off.describe()
     plan = resolve(to_config(compose(LEVERS)), fake_device("cpu"))
-    assert plan.optim_result_keys() == {
+    assert optim_keys(plan.optim, plan.schedule, plan.ema) == {
         "muon_wd": 0.095,
         "muon_row_normalize": True,
         "ns_coefficients": "polar_express",

@@ -210,30 +210,3 @@ class QuantConfig:
         on += [f"quant.gate_bits={self.gate_bits}"] if self.gate_bits is not None else []
         on += [f"quant.reserve_seconds={self.reserve_seconds:g}"] if self.reserve_seconds else []
         return on
-
-    def result_keys(self) -> dict[str, Any]:
-        """The export's levers as result.json and the results row record them (quant_*; null where a lever does
-        not apply: every key with quant=off, the sigmas without clip=sigma, LQER's knobs at rank 0)."""
-        on = self.name != QuantName.off
-        int6 = self.name == QuantName.int6
-        sigma = int6 and self.clip == QuantClip.sigma
-        lqer = int6 and self.lqer.rank > 0
-        awq = int6 and self.awq.top_k > 0
-        return {
-            "quant_bits": self.bits if int6 else None,
-            "quant_embed_bits": self.embed_bits if int6 else None,
-            "quant_clip": str(self.clip) if int6 else None,
-            **{f"quant_sigmas_{c}": self.sigmas.of(c) if sigma else None for c in TENSOR_CLASSES},
-            "quant_embed_gptq": self.embed_gptq if int6 else None,
-            "quant_lqer_rank": self.lqer.rank if int6 else None,
-            "quant_lqer_top_k": self.lqer.top_k if lqer else None,
-            "quant_lqer_factor_bits": self.lqer.factor_bits if lqer else None,
-            "quant_lqer_asym_group": self.lqer.asym_group if lqer else None,
-            "quant_awq_top_k": self.awq.top_k if int6 else None,
-            "quant_awq_bits": self.awq.bits if awq else None,
-            "quant_awq_group_size": self.awq.group_size if awq else None,
-            "quant_logit_rescale": True if self.logit_rescale else None,
-            "quant_gate_bits": self.gate_bits if int6 else None,
-            "quant_reserve_seconds": self.reserve_seconds if int6 else None,
-            "quant_pergroup_codec": str(self.pergroup_codec) if on and self.compressor == Compressor.pergroup else None,
-        }

@@ -235,19 +235,6 @@ class OptimConfig:
             f"{self.muon_backend_steps}; set optim.muon_backend_steps=5 (or use optim.ns_coefficients=quintic)",
         )
 
-    def result_keys(self) -> dict[str, Any]:
-        """The record-stack levers as result.json and the results row record them (the other fields are in
-        plan.json)."""
-        return {
-            "muon_wd": self.muon_wd,
-            "muon_row_normalize": self.muon_row_normalize,
-            "ns_coefficients": str(self.ns_coefficients),
-            "adam_wd": self.adam_wd,
-            "embed_wd": self.embed_wd,
-            "muon_momentum_warmup_steps": self.muon_momentum_warmup_steps,
-            "muon_momentum_warmup_frac": self.muon_momentum_warmup_frac,
-        }
-
 
 @dataclass
 class ScheduleConfig:
@@ -307,10 +294,6 @@ class ScheduleConfig:
             f"set schedule.warmdown_frac (e.g. 0.2) or drop schedule.min_lr",
         )
 
-    def result_keys(self) -> dict[str, Any]:
-        """What result.json and the results row record of the schedule's record-stack levers."""
-        return {"min_lr": self.min_lr}
-
     def stages(self) -> list[tuple[int, float]] | None:
         """[(seq_len, until), ...] for a progressive schedule; None for a constant one."""
         return parse_stages(self.seq_len) if self.name == ScheduleName.progressive else None
@@ -348,11 +331,6 @@ class EMAConfig:
     @property
     def on(self) -> bool:
         return bool(self.decay) or self.horizon is not None
-
-    def result_keys(self) -> dict[str, Any]:
-        """ema_decay: the decay that ran (ema.horizon's, once the run's steps resolved it), or None when off;
-        ema_horizon: the fraction it came from."""
-        return {"ema_decay": self.decay if self.decay else None, "ema_horizon": self.horizon}
 
 
 @dataclass

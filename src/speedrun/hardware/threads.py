@@ -31,13 +31,6 @@ class ThreadChoice:
     busy: float | None
     """Cores other work kept busy when measured (None: not measured, the count was set)."""
 
-    def result_keys(self) -> dict[str, object]:
-        return {
-            "cpu_threads": self.threads,
-            "cpu_threads_source": self.source,
-            "cpu_cores_busy": None if self.busy is None else round(self.busy, 2),
-        }
-
     def busy_line(self) -> str | None:
         """One line when other work left this run fewer threads than cores (None: the machine was free)."""
         if self.source != "free_cores" or self.threads >= self.usable:

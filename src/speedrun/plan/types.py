@@ -292,11 +292,6 @@ class Plan:
         d["attn_options"] = dict(self.attn_options)
         return json.loads(json.dumps(d, default=str))  # Choice enums -> their strings
 
-    def optim_result_keys(self) -> dict[str, Any]:
-        """The optimizer, schedule and EMA levers of the record stack, as result.json and the results row record
-        them: muon_wd, muon_row_normalize, ns_coefficients, adam_wd, embed_wd, min_lr, ema_decay."""
-        return {**self.optim.result_keys(), **self.schedule.result_keys(), **self.ema.result_keys()}
-
     def levers_text(self) -> str:
         """The record-stack levers that are on, for describe(); "" when all are off."""
         o = self.optim

@@ -21,8 +21,8 @@ from speedrun.hardware import profiles as hardware
 from speedrun.kernels.cache import cache_stats
 from speedrun.plan import Plan, plan_json, resolve
 from speedrun.plan.budget import reads_training_data
-from speedrun.plan.model_choice import model_keys
 from speedrun.records.identity import gpu_identity
+from speedrun.records.keys import model_keys, optim_keys, quant_keys
 from speedrun.records.store import MetricsLog, capture_environment
 from speedrun.run import run_steps
 from speedrun.run.finish import evaluate_and_export
@@ -123,9 +123,9 @@ class Job(JobRecord):
         self.result.update(gpu_identity(plan.device))  # which physical card: cards of one model differ in speed
         self.result.update(self.world.describe(plan.device_name))  # world_size, nodes, each rank's GPU
         self.result.update(plan.kernel.result_keys())  # kernel_* settings that ran, so sweeps over kernel= group
-        self.result.update(plan.optim_result_keys())  # the optimizer, schedule and EMA levers
+        self.result.update(optim_keys(plan.optim, plan.schedule, plan.ema))  # the optimizer, schedule and EMA levers
         self.result.update(model_keys(plan.model))  # the model levers (model_*)
-        self.result.update(plan.quant.result_keys())  # the export's levers (quant_*)
+        self.result.update(quant_keys(plan.quant))  # the export's levers (quant_*)
         self.result.update(configure_torch(plan))  # a CPU run's thread count (cpu_threads)
         if self.result.get("cpu_threads") is not None and self.code is not None:
             self.code = self.code.with_threads(int(self.result["cpu_threads"]))  # its re-run sums as it did

@@ -17,6 +17,7 @@ from speedrun.core.train import Stage, TrainSettings
 from speedrun.errors import ConfigError
 from speedrun.plan import Plan, plan_json
 from speedrun.plan.settings import settings
+from speedrun.records.keys import optim_keys
 from speedrun.run.checkpoint import load_checkpoint, load_checkpoint_file, restore
 from speedrun.run.periodic import LoopExtras, PeriodicEval, checkpoint_meta
 
@@ -146,9 +147,9 @@ class ResumableExtras(LoopExtras):
 def loop_result(plan: Plan, state: Any) -> dict[str, Any]:
     """Result keys of the loop: which budget ended training, the FLOPs trained, the time kept out of
     train_seconds, the batch sizes that ran (searched or not), and the optimizer, schedule and EMA levers
-    (Plan.optim_result_keys: muon_wd ... ema_decay)."""
+    (speedrun.records.keys.optim_keys: muon_wd ... ema_decay)."""
     return {
-        **plan.optim_result_keys(),
+        **optim_keys(plan.optim, plan.schedule, plan.ema),
         "budget_end": state.budget_end,
         "val_seconds_periodic": round(state.val_seconds_periodic, 3),
         "checkpoint_seconds": round(state.checkpoint_seconds, 3),

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from speedrun.core.attention import get_backend
+from speedrun.core.compile import compile_model
 from speedrun.core.data import (
     TOKENIZERS,
     ByteLUTs,
@@ -24,7 +25,6 @@ from speedrun.core.data import (
     read_header,
 )
 from speedrun.core.optim import OptimSettings, build_optimizers
-from speedrun.core.compile import compile_model
 from speedrun.plan import Plan
 from speedrun.plan.model_choice import check_instance, model_class
 from speedrun.plan.settings import settings
@@ -157,10 +157,11 @@ def configure_torch(plan: Plan) -> dict[str, object]:
     chosen: dict[str, object] = {}
     if plan.device == "cpu":
         from speedrun.hardware.threads import choose_threads  # a CPU run's alone (artifact.closure)
+        from speedrun.records.keys import thread_keys
 
         threads = choose_threads(plan.threads)
         torch.set_num_threads(threads.threads)
-        chosen = threads.result_keys()
+        chosen = thread_keys(threads)
         busy = threads.busy_line()
         if busy:
             log.warning(busy)
