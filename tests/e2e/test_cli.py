@@ -131,9 +131,10 @@ def _has_cuda() -> bool:
 def test_a_cpu_run_records_why_it_is_no_submission_and_its_hessians_in_train_seconds(tmp_path, data_cache):
     """The record's recipe on CPU under the track (its whole-split and data rules lifted so the smoke run stays
     seconds long on the embedded corpus): GPTQ's Hessians collected after the last step, inside train_seconds, before any score; track_ok false.
-    A quarter of smoke's tokens a step (6 micro-batches, not 24: the Hessians' batches are micro-batches, the same
-    either way) and a progress line after every step, so that step 1's line, which the log order below needs, is
-    there however fast the steps run (smoke's 1 s lines printed it only because a step took more than 1 s)."""
+    A twelfth of smoke's tokens a step (2 micro-batches, not 24: the Hessians' batches are micro-batches, the same
+    either way), fp32 (bf16 on a CPU is ~5x slower; the track's bookkeeping is the same) and a progress line after
+    every step, so that step 1's line, which the log order below needs, is there however fast the steps run
+    (smoke's 1 s lines printed it only because a step took more than 1 s)."""
     proc = run_cli(
         [
             "experiment=pgolf_record",
@@ -143,7 +144,8 @@ def test_a_cpu_run_records_why_it_is_no_submission_and_its_hessians_in_train_sec
             "track=pgolf_10min_16mb",
             "track.full_validation=false",
             "track.data=[]",  # the embedded corpus: the track refuses it at compose otherwise
-            "budget.tokens_per_step=1536",
+            "budget.tokens_per_step=512",
+            "precision=fp32",
             "budget.train_seconds=120",  # a time limit for the Hessians' reserve (smoke's steps alone have none)
             "logger.log_every_seconds=0.001",
             f"data.cache_dir={data_cache}",
@@ -193,6 +195,7 @@ def test_a_smoke_run_trains_and_scores_on_tiktoken_shards(tmp_path):
             f"data.tokenizer={vocab}",
             f"data.vocab_size={n_vocab}",
             "model.vocab_multiple=16",
+            "budget.tokens_per_step=512",  # 2 micro-batches a step, not smoke's 24: the BPE path is what is tested
             "eval.tokens=null",
             f"hydra.run.dir={tmp_path / 'run'}",
             f"results_db={tmp_path / 'r.sqlite'}",
