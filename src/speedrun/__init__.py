@@ -31,7 +31,8 @@ def main(cfg: Any, run_dir: str | Path | None = None) -> dict[str, Any]:
     import signal
 
     # here, not at the top: they import torch and the whole pipeline, and `import speedrun` stays light
-    from speedrun.run.runner import RecordNotWritten, RunContext, run_job, standalone_logging
+    from speedrun.run.job_record import RunContext
+    from speedrun.run.runner import RecordNotWritten, run_job, standalone_logging
 
     log = logging.getLogger("speedrun")
     # a log file on a full disk must not print a traceback per line: the run's own error says what failed

@@ -188,3 +188,73 @@ def test_the_checker_sees_every_form_of_import(source, edge):
 def test_the_checker_ignores_other_packages():
     source = "import speedrunner\nfrom torch import speedrun\nimport os.path\n"
     assert imported_units(source, ("speedrun", "model", "m")) == set()
+
+
+def module_edges(package: str, root: Path = PACKAGE) -> dict[str, set[str]]:
+    """{module of speedrun.<package>: the modules of that package it imports}, every import counted (function-local
+    and TYPE_CHECKING ones too: a lazy import still ties the two modules)."""
+    graph: dict[str, set[str]] = {}
+    prefix = f"speedrun.{package}."
+    for path in sorted((root / package).glob("*.py")):
+        module = path.relative_to(root.parent).with_suffix("").parts
+        graph[path.stem] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(list(module[: len(module) - node.level]) + ([base] if base else []))
+                names = [base] if base != f"speedrun.{package}" else [f"{base}.{a.name}" for a in node.names]
+            else:
+                continue
+            graph[path.stem] |= {n[len(prefix) :].split(".")[0] for n in names if n.startswith(prefix)} - {path.stem}
+    return graph
+
+
+def cycles_in(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each module that reaches itself, with the path back (one per module, shortest found first)."""
+    out = []
+    for start in sorted(graph):
+        paths = [[start]]
+        seen: set[str] = set()
+        while paths:
+            path = paths.pop(0)
+            for nxt in sorted(graph.get(path[-1], ())):
+                if nxt == start:
+                    out.append([*path, start])
+                    paths = []
+                    break
+                if nxt not in seen:
+                    seen.add(nxt)
+                    paths.append([*path, nxt])
+    return out
+
+
+def test_no_import_cycle_between_the_modules_of_run():
+    """run/ is the shell `python -m run` runs: its modules import one way too (the runner, the job, its record, the
+    loggers), so each can be read and tested after the ones it uses."""
+    found = cycles_in(module_edges("run"))
+    assert not found, "import cycles in speedrun/run/: " + "; ".join(" -> ".join(c) for c in found)
+
+
+def test_the_cycle_check_finds_one(tmp_path):
+    run = tmp_path / "speedrun" / "run"
+    run.mkdir(parents=True)
+    (run / "a.py").write_text("from speedrun.run.b import x\n")
+    (run / "b.py").write_text("def f():\n    from speedrun.run import a\n")
+    (run / "c.py").write_text("from speedrun.run.a import y\n")
+    assert cycles_in(module_edges("run", tmp_path / "speedrun")) == [["a", "b", "a"], ["b", "a", "b"]]
+
+
+def test_nothing_in_speedrun_imports_the_hydra_plugins():
+    """The plugins (src/hydra_plugins/) are Hydra's to load; speedrun's code under them may import speedrun, never
+    the other way (a run exported without Hydra would lack them)."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            if any(n.split(".")[0] == "hydra_plugins" for n in names):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    assert not found, "speedrun imports hydra_plugins at: " + ", ".join(found)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from speedrun.config import LoggerConfig
-from speedrun.run.loggers import make_logger
+from speedrun.run.job import make_logger
 from speedrun.run.wandb_logger import WandbLogger, artifact_files, artifact_metadata, resolve_wandb_mode
 
 # ---------------------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import types
 from pathlib import Path
 
 from speedrun.config import LoggerConfig
-from speedrun.run.loggers import make_logger
+from speedrun.run.job import make_logger
 from speedrun.run.wandb_logger import WandbLogger, log_export, wandb_run_id
 
 

@@ -102,7 +102,8 @@ def test_a_smoke_run_with_every_lever_evaluates_the_ema_and_records_it(compose, 
     the final evaluation scores the EMA's weights (checked as it starts), which are not the live ones."""
     from speedrun.core import optim
     from speedrun.run import job
-    from speedrun.run.runner import RunContext, run_job
+    from speedrun.run.job_record import RunContext
+    from speedrun.run.runner import run_job
 
     emas, seen = [], {}
     made = optim.WeightEMA.__init__
@@ -206,7 +207,8 @@ def test_a_resumed_run_with_an_ema_ends_where_an_uninterrupted_one_does(compose,
     """Checkpoints carry the EMA: a run resumed from its step-3 checkpoint scores (on the average) exactly what the
     uninterrupted run scores; dropping the EMA from the restore would not."""
     from speedrun.run import checkpoint
-    from speedrun.run.runner import RunContext, run_job
+    from speedrun.run.job_record import RunContext
+    from speedrun.run.runner import run_job
 
     common = [
         "debug=smoke",

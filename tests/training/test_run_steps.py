@@ -144,7 +144,8 @@ def test_refusals(compose, overrides, error, needle):
 
 
 def test_a_run_records_the_steps_and_settings_it_used(tmp_path, compose, data_cache, caplog):
-    from speedrun.run.runner import RunContext, run_job
+    from speedrun.run.job_record import RunContext
+    from speedrun.run.runner import run_job
 
     overrides = [
         "debug=smoke",

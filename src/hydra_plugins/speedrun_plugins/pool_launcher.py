@@ -44,6 +44,7 @@ from speedrun.config.quoting import hydra_quote
 from speedrun.errors import ConfigError
 from speedrun.kernels.cache import cache_env
 from speedrun.records.objective import maximising
+from speedrun.run.signals import SWEEP_STOPS
 
 from .gpu_slots import pool_slots, take_slots, visible_gpus  # noqa: F401 - part of this module's interface
 from .job_pool import Job, Pool
@@ -76,17 +77,6 @@ class PoolLauncherConf:
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="pool", node=PoolLauncherConf, provider="speedrun")
-
-
-_RECEIVED: list[int] = []
-"""The stop signals (SIGINT, SIGTERM) this process's sweep received once its pool began to stop, in order."""
-
-
-def stop_signals() -> list[int]:
-    """The stop signals the sweep in this process received, first first: none, or the one that interrupted it and
-    any that came after (the summary callback exits with the first one's status and, after a second, says one
-    line)."""
-    return list(_RECEIVED)
 
 
 def quote(value: str) -> str:
@@ -162,7 +152,7 @@ class PoolLauncher(Launcher):
             fail_fast=bool(p.get("fail_fast", False)),
             echo=echo,
             stop_timeout_s=float(p.get("stop_timeout_s", 60.0)),
-            signals=_RECEIVED,
+            signals=SWEEP_STOPS,
             hold_stops=True,
         )
         if self.interrupted:  # a sweeper that asks again after Ctrl-C (an adaptive one) gets nothing run

@@ -34,6 +34,7 @@ from speedrun.report.leaderboard import (
 from speedrun.report.manifest import MANIFEST, JobEntry, Manifest, job_result, jobs_from_dirs
 from speedrun.report.run_rows import FOLDED_KEYS, Run, is_failure, override_dict
 from speedrun.report.wandb_sweep import log_sweep_summary
+from speedrun.run.signals import sweep_stop_signals
 from speedrun.tables import first_line, format_table
 
 log = logging.getLogger(__name__)
@@ -229,11 +230,7 @@ class SweepSummary(Callback):
 
 def _stop_signals() -> list[int]:
     """The stop signals the pool launcher of this process received (none with another launcher)."""
-    try:
-        from hydra_plugins.speedrun_plugins.pool_launcher import stop_signals
-    except ImportError:
-        return []
-    return stop_signals()
+    return sweep_stop_signals()
 
 
 def _signal_name(signum: int) -> str:

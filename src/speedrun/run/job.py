@@ -10,9 +10,10 @@ import functools
 import json
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
-from speedrun.config import Config
+from speedrun.config import Config, LoggerConfig
 from speedrun.core.compile import keeps_grads
 from speedrun.core.gptq import Calibration
 from speedrun.core.train import Hooks, Stepper, TrainSettings, TrainState, fit, loop_states
@@ -28,7 +29,7 @@ from speedrun.run import run_steps
 from speedrun.run.finish import evaluate_and_export
 from speedrun.run.hooks import READY_LINE, wait_at_start_gate
 from speedrun.run.job_record import JobRecord
-from speedrun.run.loggers import make_logger
+from speedrun.run.loggers import RunLogger
 from speedrun.run.loop_setup import LoopHooks, loop_result, prepare_loop, train_settings
 from speedrun.run.mfu import mfu_keys
 from speedrun.run.oom import start_history
@@ -368,6 +369,17 @@ class Job(JobRecord):
                 f"{'enough' if keys['quant_reserve_ok'] else 'NOT enough, raise quant.reserve_seconds'})",
             )
         return keys
+
+
+def make_logger(settings: LoggerConfig, run_dir: Path, group: str | None, name: str) -> RunLogger:
+    """The run's logger: the console's (speedrun.run.loggers), or Weights & Biases' when the Plan chose it."""
+    if settings.name == "console":
+        return RunLogger()
+    if settings.name == "wandb":
+        from speedrun.run.wandb_logger import WandbLogger  # logger=wandb, a Plan's choice (artifact.closure)
+
+        return WandbLogger(settings, run_dir, group, name)
+    raise ValueError(f"logger={settings.name}: unknown; choose one of console, wandb")
 
 
 def _warn_repeated_data(plan: Plan, epochs: float, train_tokens: int) -> None:

@@ -2,15 +2,12 @@
 
 A logger must never fail or block a training run: every call is guarded by the runner, and problems become
 warnings in run.log. The Weights & Biases logger lives in speedrun.run.wandb_logger, imported only by a run that
-chose it (logger=wandb), so an exported file of another run does not carry it.
+chose it (logger=wandb, speedrun.run.job.make_logger), so an exported file of another run does not carry it.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
-
-from speedrun.config import LoggerConfig
 
 
 class RunLogger:
@@ -30,13 +27,3 @@ class RunLogger:
 
     def finish(self, status: str) -> None:
         pass
-
-
-def make_logger(settings: LoggerConfig, run_dir: Path, group: str | None, name: str) -> RunLogger:
-    if settings.name == "console":
-        return RunLogger()
-    if settings.name == "wandb":
-        from speedrun.run.wandb_logger import WandbLogger  # logger=wandb, a Plan's choice (artifact.closure)
-
-        return WandbLogger(settings, run_dir, group, name)
-    raise ValueError(f"logger={settings.name}: unknown; choose one of console, wandb")

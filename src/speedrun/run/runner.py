@@ -32,7 +32,7 @@ from speedrun.records.rundir import new_run_refusal, symlink_problem
 from speedrun.records.store import ENDED, ResultsDB, empty_result, owner_keys, recorded_status
 from speedrun.run.checkpoint import checkpoint_dir
 from speedrun.run.job import Job
-from speedrun.run.job_record import write_error_file
+from speedrun.run.job_record import RunContext, write_error_file
 from speedrun.run.oom import find_oom, oom_result
 from speedrun.run.signals import sigterm_as_interrupt, stop_signals_deferred
 
@@ -40,33 +40,6 @@ if TYPE_CHECKING:
     from speedrun.run.resume import Resume
 
 log = logging.getLogger("speedrun")
-
-
-class RunContext:
-    """Where this job writes, and what Hydra knows about it (overrides, sweep)."""
-
-    def __init__(self, run_dir: Path, overrides: list[str], sweep: str | None, original_cwd: Path):
-        self.run_dir, self.overrides, self.sweep, self.original_cwd = run_dir, overrides, sweep, original_cwd
-
-    @classmethod
-    def from_hydra(cls) -> RunContext:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
-        from omegaconf import OmegaConf
-
-        hc = HydraConfig.get()
-        sweep = None
-        # A sweep job: MULTIRUN mode under Hydra's own launchers; the pool launcher runs each job as a RUN-mode
-        # `python -m run` with hydra.sweep.dir and hydra.job.num set (not task overrides, so they stay clean).
-        if hc.mode == RunMode.MULTIRUN or not OmegaConf.is_missing(hc.job, "num"):
-            sweep = Path(hc.sweep.dir).name
-        return cls(Path(hc.runtime.output_dir), list(hc.overrides.task), sweep, Path(hc.runtime.cwd))
-
-    @classmethod
-    def standalone(cls, run_dir: Path) -> RunContext:
-        """A job run with no Hydra (an exported train_gpt.py, speedrun.rerun): in ``run_dir``, with no command-line
-        overrides and no sweep, relative paths taken from the current directory."""
-        return cls(Path(run_dir), [], None, Path.cwd())
 
 
 @contextlib.contextmanager

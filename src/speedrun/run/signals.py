@@ -10,6 +10,17 @@ from typing import Any
 
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
+SWEEP_STOPS: list[int] = []
+"""The stop signals (SIGINT, SIGTERM) this process's sweep received once its pool began to stop, in order: the pool
+launcher (hydra_plugins/speedrun_plugins/pool_launcher.py) notes them here, the sweep's summary reads them."""
+
+
+def sweep_stop_signals() -> list[int]:
+    """The stop signals the sweep in this process received, first first: none (or another launcher's sweep), or the
+    one that interrupted it and any that came after (the summary callback exits with the first one's status and,
+    after a second, says one line)."""
+    return list(SWEEP_STOPS)
+
 
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
