@@ -17,7 +17,8 @@ pytestmark = pytest.mark.slow
 
 TESTS = Path(__file__).resolve().parents[1]
 ARCH = "external.tiny_lm:TinyLM"
-SMOKE = ["debug=smoke", "budget.warmup_steps=0", "eval.tokens=2048"]
+# 2 micro-batches of 2 x 128 a step (512 tokens, not smoke's 24): every stage runs, on the model's own class
+SMOKE = ["debug=smoke", "budget.warmup_steps=0", "budget.tokens_per_step=512", "eval.tokens=2048"]
 
 
 def with_tests_on_path() -> dict[str, str]:
