@@ -29,7 +29,7 @@ from speedrun.core.data import (
 )
 from speedrun.data import caseops
 from speedrun.data.corpus import load_embedded_documents
-from speedrun.data.existing import open_dataset
+from speedrun.data.existing import check_sidecars, open_dataset
 from speedrun.data.prepare import prepare_dataset
 from speedrun.data.shards import write_shard
 from speedrun.data.staging import DEAD_BUILD_GRACE_S
@@ -96,20 +96,21 @@ def test_val_is_the_first_documents_in_caseops_and_the_sidecar_counts_their_byte
     assert (train == sp.bos_id()).sum() == len(docs) - VAL_DOCS
 
 
-def test_load_val_bytes_reads_a_prefix_and_refuses_sidecars_of_other_shards(built, tmp_path):
+def test_load_val_bytes_reads_a_prefix_and_other_shards_sidecars_are_refused(built, tmp_path):
     paths = open_dataset(built, built / "tokenizer.model", 512)
     sp = load_tokenizer(paths.tokenizer)
     tokens = load_val_tokens(paths.val, 2000, 64, include_tail=True)
-    sidecar = load_val_bytes(paths, tokens.numel(), sp)
+    sidecar = load_val_bytes(paths, tokens.numel())
     assert sidecar is not None and sidecar.dtype == torch.int32 and sidecar.numel() == 2000
     whole = np.concatenate([np.asarray(read_shard(p)) for p in paths.val_bytes])
     assert sidecar.tolist() == whole[:2000].tolist()
+    check_sidecars(paths, sp)
     with pytest.raises(DataError, match="1 byte sidecar"):
-        load_val_bytes(dataclasses.replace(paths, val_bytes=paths.val_bytes[:1]), 10)
+        check_sidecars(dataclasses.replace(paths, val_bytes=paths.val_bytes[:1]))
     short = tmp_path / sidecar_name(0)
     write_shard(short, np.zeros(3, dtype=np.uint16))
     with pytest.raises(DataError, match="holds 3 byte counts"):
-        load_val_bytes(dataclasses.replace(paths, val_bytes=[short, *paths.val_bytes[1:]]), 10)
+        check_sidecars(dataclasses.replace(paths, val_bytes=[short, *paths.val_bytes[1:]]))
 
 
 def test_a_caseops_tokenizer_without_its_sidecar_is_refused(built, tmp_path):
@@ -117,10 +118,8 @@ def test_a_caseops_tokenizer_without_its_sidecar_is_refused(built, tmp_path):
     shutil.copytree(built, copy)
     for sidecar in copy.glob("fineweb_val_bytes_*.bin"):
         sidecar.unlink()
-    paths = open_dataset(copy, copy / "tokenizer.model", 512)
-    assert paths.val_bytes == []
     with pytest.raises(DataError, match="reserves the CaseOps case operators .* no byte sidecar"):
-        load_val_bytes(paths, 100, load_tokenizer(paths.tokenizer))
+        open_dataset(copy, copy / "tokenizer.model", 512)
 
 
 def test_val_docs_needs_a_train_document_and_excludes_val_every(tmp_path, capsys):
@@ -196,7 +195,7 @@ def test_data_fineweb_sp8192_caseops_reads_the_hugging_face_export_as_it_lands(c
     shutil.copy(built / "tokenizer.model", tmp_path / data.tokenizer)
     paths = open_dataset(tmp_path / data.path, tmp_path / data.tokenizer, 512)  # the tiny build's vocabulary
     assert len(paths.val_bytes) == len(paths.val) >= 2
-    assert load_val_bytes(paths, 100, load_tokenizer(paths.tokenizer)) is not None
+    assert load_val_bytes(paths, 100) is not None
 
 
 def test_data_python_sp1024_caseops_is_the_python_corpus_built_with_caseops(compose):

@@ -59,7 +59,7 @@ def test_bad_magic(tmp_path):
 def test_bad_version(tmp_path):
     path = _write(tmp_path / "fineweb_train_000000.bin", [1, 2, 3], version=7)
     with pytest.raises(ShardError) as err:
-        read_shard(path)
+        validate_shard(path)
     msg = str(err.value)
     assert path.name in msg and "version" in msg and "expected 1" in msg and "found 7" in msg
 
@@ -98,6 +98,13 @@ def test_token_id_out_of_vocab(tmp_path):
         validate_shard(path, vocab_size=1024)
     msg = str(err.value)
     assert path.name in msg and "1030" in msg and "1024" in msg and "at token 2" in msg
+
+
+def test_the_core_refuses_a_bad_shard_in_one_line(tmp_path):
+    for n, kw in enumerate(({"magic": 1234}, {"version": 7}, {"n_tokens": 1000})):
+        path = _write(tmp_path / f"fineweb_train_{n:06d}.bin", [1, 2, 3], **kw)
+        with pytest.raises(ShardError, match="not a token shard"):
+            read_shard(path)
 
 
 def test_missing_file_is_file_not_found(tmp_path):

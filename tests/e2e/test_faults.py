@@ -484,7 +484,7 @@ def test_a_swapped_or_garbage_tokenizer_in_the_dataset_cache_is_one_line_never_u
     with pytest.raises(DataError, match="is not the tokenizer .* was built with") as refused:
         ensure_embedded_dataset(cache, vocab_size=1024)
     assert "delete" in str(refused.value) and len(str(refused.value).splitlines()) == 1
-    from speedrun.core.data import load_tokenizer
+    from speedrun.data.tokenizer import open_tokenizer as load_tokenizer
 
     model.write_bytes(b"garbage")
     with pytest.raises(DataError, match="not a valid SentencePiece model"):

@@ -8,7 +8,6 @@ core; a run only opens what is there (``TOKENIZERS``, the ``data.tokenizer_kind`
 from __future__ import annotations
 
 import re
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,35 +59,12 @@ def sidecar_name(index: int) -> str:
 
 
 def read_header(path: Path) -> int:
-    """Check magic, version and file size; return n_tokens. Raises ShardError naming the problem."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"shard not found: {path}")
-    size = path.stat().st_size
-    if size < HEADER_BYTES:
-        raise ShardError(
-            f"{path}: file is {size} bytes, shorter than the {HEADER_BYTES}-byte header "
-            f"({HEADER_INTS} int32); truncated or not a token shard"
-        )
-    header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
-    if header[0] != SHARD_MAGIC:
-        raise ShardError(
-            f"{path}: bad magic number: expected {SHARD_MAGIC}, found {int(header[0])} (not a token shard?)"
-        )
-    if header[1] != SHARD_VERSION:
-        raise ShardError(f"{path}: bad version: expected {SHARD_VERSION}, found {int(header[1])}")
-    n_tokens = int(header[2])
-    if n_tokens < 0:
-        raise ShardError(f"{path}: header token count is negative ({n_tokens})")
-    expected = HEADER_BYTES + TOKEN_DTYPE.itemsize * n_tokens
-    if size != expected:
-        held = (size - HEADER_BYTES) / TOKEN_DTYPE.itemsize
-        raise ShardError(
-            f"{path}: file size {size} bytes disagrees with the header's token count {n_tokens} "
-            f"(expected {expected} bytes = {HEADER_BYTES} header + 2 x {n_tokens}; the file holds {held:g} tokens); "
-            "truncated or corrupted"
-        )
-    return n_tokens
+    """The shard's token count, its header and size checked (speedrun.data.shards.validate_shard says more)."""
+    h = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
+    n = int(h[2]) if h.size == HEADER_INTS else -1
+    if n < 0 or h[0] != SHARD_MAGIC or h[1] != SHARD_VERSION or Path(path).stat().st_size != HEADER_BYTES + 2 * n:
+        raise ShardError(f"{path}: not a token shard (header or size); rebuild or re-download it")
+    return n
 
 
 def _check_ids(path: Path, tokens: np.ndarray, vocab_size: int, offset: int = 0) -> None:
@@ -296,49 +272,13 @@ def load_val_tokens(
     return torch.from_numpy(out)
 
 
-def load_val_bytes(paths: DatasetPaths, n_tokens: int, sp=None) -> torch.Tensor | None:
+def load_val_bytes(paths: DatasetPaths, n_tokens: int) -> torch.Tensor | None:
     """The byte sidecar of the first ``n_tokens`` val tokens as an int32 tensor (byte accounting below: BPB counts
-    these bytes), or None for data without one. Each sidecar must hold exactly as many entries as its val shard.
-    With ``sp`` (the SentencePiece tokenizer), data whose tokenizer reserves the CaseOps operators must have a
-    sidecar: counted from the pieces, an operator's 3 bytes stand for none of the original text."""
-    sidecars = paths.val_bytes
-    if not sidecars:
-        if sp is not None and _reserves_caseops(sp):
-            directory = paths.val[0].parent
-            raise DataError(
-                f"{paths.tokenizer} reserves the CaseOps case operators but {directory} has no byte sidecar "
-                "(fineweb_val_bytes_*.bin): val_bpb would count the operators' bytes; download the export with its "
-                "sidecar, or build the data with scripts/prepare_data.py --caseops"
-            )
+    these bytes), or None for data without one (speedrun.data.existing checks a sidecar against its shards)."""
+    if not paths.val_bytes:
         return None
-    if len(sidecars) != len(paths.val):
-        raise DataError(
-            f"{paths.val[0].parent}: {len(sidecars)} byte sidecar(s) (fineweb_val_bytes_*.bin) for {len(paths.val)} "
-            "val shard(s); each val shard needs the sidecar of its index (rebuild or re-download the split whole)"
-        )
-    parts, have = [], 0
-    for shard, sidecar in zip(paths.val, sidecars):
-        if have >= n_tokens:
-            break
-        if read_header(sidecar) != read_header(shard):
-            raise DataError(
-                f"{sidecar} holds {read_header(sidecar)} byte counts but {shard.name} {read_header(shard)} tokens; "
-                "the sidecar belongs to other shards (rebuild or re-download the val split whole)"
-            )
-        counts = read_shard(sidecar)[: n_tokens - have]
-        parts.append(np.asarray(counts))
-        have += counts.size
-    return torch.from_numpy(np.concatenate(parts).astype(np.int32))
-
-
-CASEOPS_OPERATORS = "\ue001\ue002\ue003\ue004"
-"""speedrun.data.caseops.OPERATORS, spelled here so that a run's train_gpt.py, which carries this module, need not
-carry the transform too (tests/data/test_caseops.py holds the two equal)."""
-
-
-def _reserves_caseops(sp) -> bool:
-    unknown = sp.unk_id()
-    return all(sp.piece_to_id(op) != unknown for op in CASEOPS_OPERATORS)
+    parts = [np.asarray(read_shard(p)) for p in paths.val_bytes]
+    return torch.from_numpy(np.concatenate(parts)[:n_tokens].astype(np.int32))
 
 
 # ---- byte accounting --------------------------------------------------------------------------------------------------
@@ -420,27 +360,7 @@ def build_byte_luts(sp, vocab_size: int | None = None) -> ByteLUTs:
             lead[i] = True
             piece = piece[1:]
         base[i] = len(piece.replace(SPACE_SYMBOL, " ").encode("utf-8"))
-    _warn_if_inexact(sp)
     return ByteLUTs(torch.from_numpy(base), torch.from_numpy(lead), torch.from_numpy(boundary))
-
-
-def _warn_if_inexact(sp) -> None:
-    space_id = sp.piece_to_id(SPACE_SYMBOL)
-    plain_space = not (sp.is_unknown(space_id) or sp.is_control(space_id) or sp.is_unused(space_id))
-    has_bytes = any(sp.is_byte(i) for i in range(int(sp.get_piece_size())))
-    if has_bytes and not plain_space:
-        warnings.warn(
-            "tokenizer has byte fallback but no standalone '\u2581' piece: spaces that do not merge with the "
-            "next piece are encoded as the 3 bytes of U+2581 and decode to '\u2581', so byte counts (and BPB) "
-            "match the decoded text but over-count the original by 2 bytes per such space",
-            stacklevel=3,
-        )
-    if plain_space and sp.decode([space_id]) != "":
-        warnings.warn(
-            "tokenizer keeps the leading space of a text when decoding (no dummy prefix, no whitespace "
-            "removal): a document that starts with a space is under-counted by 1 byte",
-            stacklevel=3,
-        )
 
 
 def token_bytes(
@@ -467,22 +387,8 @@ def token_bytes(
 
 
 def load_tokenizer(path: Path) -> spm.SentencePieceProcessor:
-    """Load a SentencePiece model file; FileNotFoundError with the path if it is missing."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"SentencePiece tokenizer not found: {path} (expected a .model file; "
-            "build one with scripts/prepare_data.py or point data.tokenizer at an existing model)"
-        )
-    sp = spm.SentencePieceProcessor()
-    try:
-        sp.load(str(path))
-    except (OSError, RuntimeError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise DataError(
-            f"{path}: not a valid SentencePiece model ({first}); restore the .model file the dataset was built with"
-        ) from None
-    return sp
+    """A SentencePiece model file (speedrun.data.tokenizer.open_tokenizer says what is wrong with a bad one)."""
+    return spm.SentencePieceProcessor(model_file=str(path))
 
 
 # ---- byte-level BPE (tiktoken) ----------------------------------------------------------------------------------------
@@ -591,20 +497,19 @@ def build_tiktoken_luts(enc: Any, vocab_size: int | None = None) -> ByteLUTs:
     return ByteLUTs(torch.from_numpy(base), torch.from_numpy(lead), torch.from_numpy(boundary))
 
 
-def sentencepiece_luts(paths: DatasetPaths, spec: str | None) -> tuple[ByteLUTs, int, Any]:
-    """(byte tables, BOS id, the processor) of a dataset's SentencePiece tokenizer."""
+def sentencepiece_luts(paths: DatasetPaths, spec: str | None) -> tuple[ByteLUTs, int]:
+    """(byte tables, BOS id) of a dataset's SentencePiece tokenizer."""
     sp = load_tokenizer(paths.tokenizer)
-    return build_byte_luts(sp), sp.bos_id(), sp
+    return build_byte_luts(sp), sp.bos_id()
 
 
-def tiktoken_luts(paths: DatasetPaths, spec: str | None) -> tuple[ByteLUTs, int, Any]:
-    """(byte tables, <|endoftext|>'s id, None) of a byte-level BPE named by data.tokenizer ``spec``."""
+def tiktoken_luts(paths: DatasetPaths, spec: str | None) -> tuple[ByteLUTs, int]:
+    """(byte tables, <|endoftext|>'s id) of a byte-level BPE named by data.tokenizer ``spec``."""
     enc = load_encoding(str(spec))
-    return build_tiktoken_luts(enc), boundary_id(enc), None
+    return build_tiktoken_luts(enc), boundary_id(enc)
 
 
-TOKENIZERS: dict[str, Callable[[DatasetPaths, str | None], tuple[ByteLUTs, int, Any]]] = choice(
+TOKENIZERS: dict[str, Callable[[DatasetPaths, str | None], tuple[ByteLUTs, int]]] = choice(
     "data.tokenizer_kind", {"sentencepiece": sentencepiece_luts, "tiktoken": tiktoken_luts}
 )
-"""data.tokenizer_kind -> (paths, data.tokenizer) -> (byte tables, the document boundary id, the SentencePiece
-processor or None)."""
+"""data.tokenizer_kind -> (paths, data.tokenizer) -> (byte tables, the id that starts each document)."""

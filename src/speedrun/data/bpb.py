@@ -34,11 +34,12 @@ position; ``token_bytes`` then reads a target's bytes at its position instead of
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import torch
 
-from speedrun.core.data import ByteLUTs, token_bytes
+from speedrun.core.data import SPACE_SYMBOL, ByteLUTs, token_bytes
 
 
 def stream_bytes(tokens: torch.Tensor, luts: ByteLUTs) -> int:
@@ -49,6 +50,27 @@ def stream_bytes(tokens: torch.Tensor, luts: ByteLUTs) -> int:
         return 0
     positions = torch.arange(1, tokens.numel(), device=tokens.device) if luts.sidecar is not None else None
     return int(token_bytes(tokens[:-1], tokens[1:], luts, positions).sum().item())
+
+
+def warn_if_inexact(sp) -> None:
+    """Warn where this SentencePiece tokenizer's byte counts can differ from the original text's (the hazard in the
+    module doc); a dataset opened or built with it says so once."""
+    space_id = sp.piece_to_id(SPACE_SYMBOL)
+    plain_space = not (sp.is_unknown(space_id) or sp.is_control(space_id) or sp.is_unused(space_id))
+    has_bytes = any(sp.is_byte(i) for i in range(int(sp.get_piece_size())))
+    if has_bytes and not plain_space:
+        warnings.warn(
+            "tokenizer has byte fallback but no standalone '\u2581' piece: spaces that do not merge with the "
+            "next piece are encoded as the 3 bytes of U+2581 and decode to '\u2581', so byte counts (and BPB) "
+            "match the decoded text but over-count the original by 2 bytes per such space",
+            stacklevel=2,
+        )
+    if plain_space and sp.decode([space_id]) != "":
+        warnings.warn(
+            "tokenizer keeps the leading space of a text when decoding (no dummy prefix, no whitespace "
+            "removal): a document that starts with a space is under-counted by 1 byte",
+            stacklevel=2,
+        )
 
 
 def bits_per_byte(sum_nats: float, sum_bytes: int) -> float:

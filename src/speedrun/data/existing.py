@@ -12,11 +12,12 @@ from speedrun.core.data import (
     list_shards,
     list_sidecars,
     load_encoding,
-    load_tokenizer,
-    read_header,
 )
+from speedrun.data.bpb import warn_if_inexact
+from speedrun.data.caseops import OPERATORS
 from speedrun.data.layout import DataNotFoundError
-from speedrun.data.tokenizer import check_recorded_sha256
+from speedrun.data.shards import check_header
+from speedrun.data.tokenizer import check_recorded_sha256, open_tokenizer
 from speedrun.errors import DataError
 
 # Published parameter-golf exports: vocab size -> (variant, Hugging Face dataset repo).
@@ -108,17 +109,46 @@ def open_dataset(path: Path, tokenizer: Path | str, vocab_size: int) -> DatasetP
         raise DataNotFoundError(f"tokenizer not found: {tokenizer} (the SentencePiece .model of {path}){help_text}")
     if os.path.abspath(tokenizer.parent) == os.path.abspath(path):  # a prepared dir: dataset.json names its bytes
         check_recorded_sha256(tokenizer, path)
-    sp = load_tokenizer(tokenizer)
+    sp = open_tokenizer(tokenizer)
     n = int(sp.get_piece_size())
     if n != vocab_size:
         raise DataError(
             f"tokenizer {tokenizer} has {n} pieces but the configured vocab_size is {vocab_size}; "
             f"use the tokenizer that made {path} and set the vocab size to {n} (or pick the matching variant)"
         )
-    sidecars = list_sidecars(path)  # CaseOps data's val bytes; speedrun.core.data.load_val_bytes checks them
+    warn_if_inexact(sp)
+    sidecars = list_sidecars(path)  # CaseOps data's val bytes
     for shard in train + val + sidecars:
-        read_header(shard)  # cheap: magic, version, size; token ids are checked as batches are read
-    return DatasetPaths(train=train, val=val, tokenizer=tokenizer, vocab_size=vocab_size, val_bytes=sidecars)
+        check_header(shard)  # cheap: magic, version, size; token ids are checked as batches are read
+    paths = DatasetPaths(train=train, val=val, tokenizer=tokenizer, vocab_size=vocab_size, val_bytes=sidecars)
+    check_sidecars(paths, sp)
+    return paths
+
+
+def check_sidecars(paths: DatasetPaths, sp=None) -> None:
+    """Each val shard has the byte sidecar of its index, as long as it (DataError otherwise). With ``sp`` (the
+    SentencePiece tokenizer), data whose tokenizer reserves the CaseOps operators must have a sidecar: counted from
+    the pieces, an operator's 3 bytes stand for none of the original text."""
+    sidecars = paths.val_bytes
+    if not sidecars:
+        if sp is not None and all(sp.piece_to_id(op) != sp.unk_id() for op in OPERATORS):
+            raise DataError(
+                f"{paths.tokenizer} reserves the CaseOps case operators but {paths.val[0].parent} has no byte sidecar "
+                "(fineweb_val_bytes_*.bin): val_bpb would count the operators' bytes; download the export with its "
+                "sidecar, or build the data with scripts/prepare_data.py --caseops"
+            )
+        return
+    if len(sidecars) != len(paths.val):
+        raise DataError(
+            f"{paths.val[0].parent}: {len(sidecars)} byte sidecar(s) (fineweb_val_bytes_*.bin) for {len(paths.val)} "
+            "val shard(s); each val shard needs the sidecar of its index (rebuild or re-download the split whole)"
+        )
+    for shard, sidecar in zip(paths.val, sidecars):
+        if check_header(sidecar) != check_header(shard):
+            raise DataError(
+                f"{sidecar} holds {check_header(sidecar)} byte counts but {shard.name} {check_header(shard)} tokens; "
+                "the sidecar belongs to other shards (rebuild or re-download the val split whole)"
+            )
 
 
 MODDED_NANOGPT_HELP = (
@@ -145,5 +175,5 @@ def _open_tiktoken_dataset(path: Path, tokenizer: str, vocab_size: int) -> Datas
             f"set data.vocab_size={n}"
         )
     for shard in train + val:
-        read_header(shard)
+        check_header(shard)
     return DatasetPaths(train=train, val=val, tokenizer=Path(tokenizer), vocab_size=vocab_size)

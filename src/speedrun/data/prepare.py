@@ -32,12 +32,10 @@ from speedrun.core.data import (
     list_shards,
     list_sidecars,
     load_encoding,
-    load_tokenizer,
-    read_header,
     sidecar_name,
 )
 from speedrun.data import caseops as caseops_transform
-from speedrun.data.bpb import stream_bytes, unigram_bits_per_byte
+from speedrun.data.bpb import stream_bytes, unigram_bits_per_byte, warn_if_inexact
 from speedrun.data.corpus import EMBEDDED_CORPUS, load_embedded_documents, split_train_val
 from speedrun.data.encoding import (
     ShardTarget,
@@ -50,9 +48,9 @@ from speedrun.data.encoding import (
     write_splits,
 )
 from speedrun.data.layout import INFO_FILE, TOKENIZER_FILE, DataNotFoundError, embedded_dir
-from speedrun.data.shards import write_shard
+from speedrun.data.shards import check_header, write_shard
 from speedrun.data.staging import build_in_temp, exclusive_lock, remove_tree
-from speedrun.data.tokenizer import TRAINER_SETTINGS, check_recorded_sha256, train_tokenizer
+from speedrun.data.tokenizer import TRAINER_SETTINGS, check_recorded_sha256, open_tokenizer, train_tokenizer
 from speedrun.errors import DataError
 
 __all__ = ["INFO_FILE", "TOKENIZER_FILE", "DataNotFoundError", "DatasetPaths", "embedded_dir"]  # from data.layout
@@ -113,7 +111,7 @@ def prepare_dataset(
             del texts  # a large corpus's tokenizer sample is not kept through the encoding
         else:
             model = Path(shutil.copyfile(tokenizer_model, tmp / TOKENIZER_FILE))
-        sp = load_tokenizer(model)
+        sp = open_tokenizer(model)
         pool = process_pool(model, processes) if processes and processes > 1 else None
         where = f" in {processes} processes" if pool else ""
         _log(f"tokenizing {len(train_docs)} train + {len(val_docs)} val documents{where}")
@@ -127,6 +125,7 @@ def prepare_dataset(
         finally:
             if pool is not None:
                 pool.terminate()
+        warn_if_inexact(sp)
         luts = build_byte_luts(sp)
         if caseops:
             written.val_bytes = _write_sidecars(sp, written, val_docs, tmp, original_bytes)
@@ -252,7 +251,7 @@ def _check_given_model(model: Path, vocab_size: int, caseops: bool) -> None:
     case operators as pieces of their own."""
     if not model.is_file():
         raise FileNotFoundError(f"tokenizer {model} not found")
-    sp = load_tokenizer(model)
+    sp = open_tokenizer(model)
     if int(sp.get_piece_size()) != vocab_size:
         raise ValueError(f"tokenizer {model} has {sp.get_piece_size()} pieces, not vocab_size {vocab_size}")
     if caseops and any(sp.piece_to_id(op) == sp.unk_id() for op in caseops_transform.OPERATORS):
@@ -277,7 +276,7 @@ def _write_sidecars(sp, written: WrittenSplits, val_docs: list[str], directory: 
         raise DataError(f"the byte sidecar sums to {total} bytes but the val text has {original_bytes} (a bug)")
     start = 0
     for index, shard in enumerate(written.val.paths):
-        n = read_header(shard)
+        n = check_header(shard)
         write_shard(directory / sidecar_name(index), counts[start : start + n])
         start += n
     return total

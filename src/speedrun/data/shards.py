@@ -14,7 +14,15 @@ from typing import IO
 
 import numpy as np
 
-from speedrun.core.data import HEADER_INTS, SHARD_MAGIC, SHARD_VERSION, TOKEN_DTYPE, read_shard
+from speedrun.core.data import (
+    HEADER_BYTES,
+    HEADER_INTS,
+    SHARD_MAGIC,
+    SHARD_VERSION,
+    TOKEN_DTYPE,
+    ShardError,
+    read_shard,
+)
 from speedrun.records.atomic import atomic_write
 
 MAX_TOKEN_ID = 65535
@@ -46,6 +54,40 @@ def write_shard(path: Path, tokens: np.ndarray) -> None:
     atomic_write(path, write)
 
 
+def check_header(path: Path) -> int:
+    """Check magic, version and file size; return n_tokens. Raises ShardError naming the problem (what
+    speedrun.core.data.read_header refuses in one line, said in full)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"shard not found: {path}")
+    size = path.stat().st_size
+    if size < HEADER_BYTES:
+        raise ShardError(
+            f"{path}: file is {size} bytes, shorter than the {HEADER_BYTES}-byte header "
+            f"({HEADER_INTS} int32); truncated or not a token shard"
+        )
+    header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
+    if header[0] != SHARD_MAGIC:
+        raise ShardError(
+            f"{path}: bad magic number: expected {SHARD_MAGIC}, found {int(header[0])} (not a token shard?)"
+        )
+    if header[1] != SHARD_VERSION:
+        raise ShardError(f"{path}: bad version: expected {SHARD_VERSION}, found {int(header[1])}")
+    n_tokens = int(header[2])
+    if n_tokens < 0:
+        raise ShardError(f"{path}: header token count is negative ({n_tokens})")
+    expected = HEADER_BYTES + TOKEN_DTYPE.itemsize * n_tokens
+    if size != expected:
+        held = (size - HEADER_BYTES) / TOKEN_DTYPE.itemsize
+        raise ShardError(
+            f"{path}: file size {size} bytes disagrees with the header's token count {n_tokens} "
+            f"(expected {expected} bytes = {HEADER_BYTES} header + 2 x {n_tokens}; the file holds {held:g} tokens); "
+            "truncated or corrupted"
+        )
+    return n_tokens
+
+
 def validate_shard(path: Path, vocab_size: int | None = None) -> int:
     """Validate header, size and (with ``vocab_size``) token ids; return n_tokens."""
+    check_header(path)
     return int(read_shard(path, vocab_size).size)

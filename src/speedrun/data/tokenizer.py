@@ -25,7 +25,7 @@ from typing import Any
 
 import sentencepiece as spm
 
-from speedrun.core.data import is_tiktoken, load_encoding
+from speedrun.core.data import is_tiktoken, load_encoding, load_tokenizer
 from speedrun.errors import DataError
 from speedrun.records.atomic import atomic_write
 
@@ -149,6 +149,24 @@ def train_tokenizer(
     atomic_write(model_prefix.with_name(model_prefix.name + ".vocab"), vocab.encode("utf-8"))
     atomic_write(model_path, model.getvalue())
     return model_path
+
+
+def open_tokenizer(path: Path) -> spm.SentencePieceProcessor:
+    """speedrun.core.data.load_tokenizer, with the fix named: FileNotFoundError for a missing file, DataError for one
+    that is not a SentencePiece model."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"SentencePiece tokenizer not found: {path} (expected a .model file; "
+            "build one with scripts/prepare_data.py or point data.tokenizer at an existing model)"
+        )
+    try:
+        return load_tokenizer(path)
+    except (OSError, RuntimeError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise DataError(
+            f"{path}: not a valid SentencePiece model ({first}); restore the .model file the dataset was built with"
+        ) from None
 
 
 def check_recorded_sha256(tokenizer: Path, directory: Path) -> None:

@@ -58,12 +58,12 @@ def build_data(plan: Plan, log: Callable[[str], None]) -> DataBundle:
         from speedrun.data.existing import open_dataset  # data.path set, a Plan's choice (artifact.closure)
 
         paths = open_dataset(Path(d.path), Path(d.tokenizer), d.vocab_size)
-    luts, bos_id, sp = TOKENIZERS[d.tokenizer_kind](paths, d.tokenizer)
+    luts, bos_id = TOKENIZERS[d.tokenizer_kind](paths, d.tokenizer)
     seq_len = plan.model.seq_len
     val_tokens = load_val_tokens(
         paths.val, plan.eval.tokens, seq_len, vocab_size=paths.vocab_size, include_tail=plan.eval.include_tail
     )
-    sidecar = load_val_bytes(paths, val_tokens.numel(), sp)  # CaseOps data: BPB on the original text's bytes
+    sidecar = load_val_bytes(paths, val_tokens.numel())  # CaseOps data: BPB on the original text's bytes
     if sidecar is not None:
         luts = dataclasses.replace(luts, sidecar=sidecar)
     log(
