@@ -328,7 +328,7 @@ def test_train_starts_the_checkpoint_clock_once_before_its_first_step(compose):
 
     state = train(
         Stepper(model, forward, optimizers, plan), Batches, state=TrainState(), log=lambda _: None,
-        on_metrics=lambda _: None, extras=Extras(),
+        on_metrics=lambda _: None, between_steps=Extras(),
     )  # fmt: skip
     assert state.steps == 2
     assert calls[0] == "start" and calls.count("start") == 1 and "agree" in calls

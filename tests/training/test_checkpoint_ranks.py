@@ -82,7 +82,7 @@ def _loop(
         extras.restore(state)
     start, stopped, kind = state.steps, None, None
     try:
-        train(stepper, batches, state=state, log=lambda _: None, on_metrics=lambda _: None, extras=extras)
+        train(stepper, batches, state=state, log=lambda _: None, on_metrics=lambda _: None, between_steps=extras)
     except KeyboardInterrupt as e:  # Preempted too
         stopped, kind = str(e), type(e).__name__
     return {

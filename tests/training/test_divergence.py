@@ -130,7 +130,7 @@ class Scripted:
     def __init__(self, plan, losses):
         from speedrun.core.dist import SINGLE
 
-        self.plan, self.losses, self.optimizers, self.world = plan, iter(losses), [], SINGLE
+        self.settings, self.losses, self.optimizers, self.world = plan, iter(losses), [], SINGLE
         self.ema = None  # the loop updates a Stepper's weight average after each step; these steps have none
 
     def __call__(self, batches):

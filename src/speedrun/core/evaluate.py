@@ -157,9 +157,7 @@ def sliding_windows(n_targets: int, seq_len: int, stride: int) -> list[tuple[int
     score_from on, i.e. stream positions start+score_from+1 .. start+T. Each position 1..n_targets is scored
     by exactly one window, in increasing order.
     """
-    if not 1 <= stride <= seq_len:
-        raise ValueError(f"eval.stride must be in [1, seq_len={seq_len}], got {stride}")
-    if n_targets < 1:
+    if n_targets < 1:  # the config and the Plan refuse a stride outside [1, seq_len]
         raise ValueError(f"need at least 2 validation tokens, have {n_targets + 1}")
     T = min(seq_len, n_targets)
     windows = [(0, 0)]
@@ -312,13 +310,9 @@ def run_eval(
         progress=progress,
         max_seconds=max_seconds,
     )
-    if name == "standard":
-        return evaluate(forward, val_tokens, luts, include_tail=include_tail, **kwargs)
-    if name == "sliding":
-        if stride is None:
-            raise ValueError("eval=sliding needs eval.stride")
-        return evaluate_sliding(forward, val_tokens, luts, stride=stride, **kwargs)
-    raise ValueError(f"eval={name}: unknown; choose one of standard, sliding")
+    if name == "sliding":  # the config refuses sliding without a stride, and any other name
+        return evaluate_sliding(forward, val_tokens, luts, stride=stride or seq_len, **kwargs)
+    return evaluate(forward, val_tokens, luts, include_tail=include_tail, **kwargs)
 
 
 @contextmanager
@@ -326,17 +320,12 @@ def document_mask(model: Any, bos_id: int | None) -> Iterator[None]:
     """Switch the GPT's document mask on (attention only within BOS-delimited documents) for the duration.
 
     The model reads ``bos_id`` on every forward and hands it to its attention backend, whose prepare() builds
-    the mask (flex, math) or raises (sdpa: the resolver refuses that combination first). A compiled model
+    the mask (flex, math; the resolver refuses the others). A compiled model
     guards on the attribute, so it recompiles once for the masked graph.
     """
-    if bos_id is None:
+    if bos_id is None:  # the Plan refuses document isolation on a backend without a mask
         yield
         return
-    if not model.attention.supports_doc_mask:
-        raise ValueError(
-            f"eval.document_isolated needs an attention backend with a document mask (flex, math); "
-            f"{model.attention.kernel!r} has none"
-        )
     previous = model.bos_id
     model.bos_id = bos_id
     try:

@@ -598,7 +598,7 @@ def train(
     state: TrainState,
     log: Callable[[str], None],
     on_metrics: Callable[[dict[str, Any]], None],
-    extras: Any = None,
+    between_steps: Any = None,
 ) -> TrainState:
     """Train until a budget is spent (speedrun.core.train: time, steps, tokens or FLOPs, whichever first) or the loss
     goes non-finite; a run whose loss ends above where it started or above uniform guessing is diverged too
@@ -607,13 +607,14 @@ def train(
 
     Context stages switch when their fraction of the budget (time or steps, never later than whichever budget
     ends the run) is used up; the new stream continues at the token where the previous one stopped, and the LR
-    re-warms over schedule.rewarmup_steps. Losses stay on the device until a flush (speedrun.core.train). ``extras``
-    (speedrun.run.periodic.LoopExtras) runs periodic validation and checkpoints between steps with the clock paused,
-    and turns a stop signal into a checkpoint at the end of the step.
+    re-warms over schedule.rewarmup_steps. Losses stay on the device until a flush. ``between_steps``
+    (Hooks.between_steps: speedrun.run.periodic.LoopExtras) runs periodic validation and checkpoints between steps
+    with the clock paused, and turns a stop signal into a checkpoint at the end of the step.
 
     With settings.ema on, the weights' average is updated after every step, and a run that did not diverge returns
     with the average in the model (as the record's train_model does), so evaluation and export use it.
     """
+    extras = between_steps
     loop = _Loop(stepper, make_batches, state, log, on_metrics, extras)
     if extras is not None:
         extras.start()
@@ -813,3 +814,44 @@ def _average_into_model(stepper: Stepper, state: TrainState, log: Callable[[str]
             f"weights in the average that the final eval, export and TTT use; for a run this short set ema.decay "
             f"to about {1 - 10 / max(state.steps, 20):.3f} (about a tenth of the run) or ema.decay=null"
         )
+
+
+@dataclass
+class Hooks:
+    """What the shell runs around training; each None by default, and an exported driver sets none. Control, not
+    progress: progress goes through the log and metrics callbacks."""
+
+    after_warmup: Callable[[dict[tuple[int, bool], float], TrainState], TrainSettings | None] | None = None
+    """After warm-up, given its timed steps ({(stage index, loop on): seconds}, when fit's time_steps asked for
+    them) and the state: the settings to train with instead (steps resolved from the budget: the EMA decay, the
+    momentum warm-up), or None to keep them."""
+    before_clock: Callable[[TrainState], None] | None = None
+    """Right before the train clock starts: a resumed run's restore, the bench's start gate."""
+    between_steps: Any = None
+    """Work between steps with the clock paused (speedrun.run.periodic.LoopExtras: periodic validation,
+    checkpoints, stop signals)."""
+
+
+def fit(
+    stepper: Stepper,
+    make_batches: MakeBatches,
+    *,
+    state: TrainState,
+    log: Callable[[str], None],
+    on_metrics: Callable[[dict[str, Any]], None],
+    hooks: Hooks | None = None,
+    time_steps: bool = False,
+) -> TrainState:
+    """Warm up (untimed, undone), let the shell change the settings (hooks.after_warmup) and act before the clock
+    starts (hooks.before_clock), then train to the budget. Settings that turn the EMA on (a horizon resolved into a
+    decay) start the average from the weights warm-up restored."""
+    hooks = hooks or Hooks()
+    step_times = warm_up(stepper, make_batches, state, log, time_steps=time_steps)
+    settings = hooks.after_warmup(step_times, state) if hooks.after_warmup else None
+    if settings is not None:
+        stepper.settings = settings
+        if settings.ema.decay is not None and stepper.ema is None:
+            stepper.ema = WeightEMA(stepper.model, settings.ema.decay)
+    if hooks.before_clock:
+        hooks.before_clock(state)
+    return train(stepper, make_batches, state=state, log=log, on_metrics=on_metrics, between_steps=hooks.between_steps)
