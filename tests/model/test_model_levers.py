@@ -525,9 +525,8 @@ def test_every_lever_on_trains_quantizes_and_adapts():
     H = gptq.collect_hessians(m, iter(batches), 2, device="cpu")
     assert set(H) == set(gptq.gptq_layers(m)) and len(H) == 6 * ALL_ON.n_layer
     state = m.state_dict()
-    packed = Q.quantize_int6(
-        state, H, Q.QuantSettings(name="int6", bits=6, embed_bits=8, damp=0.01, block_size=8, clip_ratios=(1.0,))
-    )[0]
+    settings = Q.QuantSettings(name="int6", bits=6, embed_bits=8, damp=0.01, block_size=8, clip_ratios=(1.0,))
+    packed = Q.quantize_int6(state, H, settings)
     for name in ("blocks.0.attn.attn_gate_w", "blocks.5.lane_post", "skip_gates", "smear_w", "smear_lambda"):
         assert "q" not in packed[name], name  # small parameters stay in floating point
     restored = Q.dequantize_state_dict(Q.load_packed(Q.export_packed(packed, "zlib", 9).blob, "zlib"))

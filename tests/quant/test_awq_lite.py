@@ -15,6 +15,7 @@ from speedrun.core import quant as Q
 from speedrun.core.gptq import FineColumns, awq_groups, collect_hessians, quantize_gptq_fine, sigma_scales
 from speedrun.errors import ConfigError
 from speedrun.records.keys import quant_keys
+from speedrun.records.quant_report import rules_of
 from support.tiny import BOS, QUANT_TINY, calibration_batches, tiny_gpt
 
 
@@ -94,7 +95,8 @@ def tiny():
 def test_int6_export_promotes_top_k_groups_and_reads_them_back(tiny):
     state, H = tiny
     q = int6(awq=AWQConfig(top_k=2, bits=8, group_size=8))
-    packed, rules = Q.quantize_int6(state, H, q)
+    packed = Q.quantize_int6(state, H, q)
+    rules = rules_of(packed, H, q)
     chosen = reference_groups({n: state[n] for n in H}, H, 8, 2)
     marked = {n: e["awq_start"].tolist() for n, e in packed.items() if "awq_start" in e}
     assert marked == chosen and sum(map(len, marked.values())) == 2
@@ -112,7 +114,7 @@ def test_int6_export_promotes_top_k_groups_and_reads_them_back(tiny):
         for field, t in entry.items():
             assert torch.equal(read[name][field], t), (name, field)
     # off (top_k 0): no field added, the same codes as an export without the lever
-    off, _ = Q.quantize_int6(state, H, int6())
+    off = Q.quantize_int6(state, H, int6())
     assert not any(k.startswith("awq") for e in off.values() for k in e)
     for name in off:
         if name not in marked:
@@ -121,8 +123,8 @@ def test_int6_export_promotes_top_k_groups_and_reads_them_back(tiny):
 
 def test_promotion_lowers_the_promoted_matrix_output_error(tiny):
     state, H = tiny
-    on, _ = Q.quantize_int6(state, H, int6(awq=AWQConfig(top_k=1, bits=8, group_size=8)))
-    off, _ = Q.quantize_int6(state, H, int6())
+    on = Q.quantize_int6(state, H, int6(awq=AWQConfig(top_k=1, bits=8, group_size=8)))
+    off = Q.quantize_int6(state, H, int6())
     (name,) = [n for n, e in on.items() if "awq_start" in e]
 
     def output_error(entry):  # what GPTQ minimises: tr(E H E^T), E = W - dequant(Q)

@@ -18,7 +18,8 @@ from speedrun.core.ttt_global import finetune
 from speedrun.core.ttt_lora import GlobalSettings, LoRAModel
 from speedrun.errors import ConfigError, PlanError
 from speedrun.plan import resolve
-from speedrun.plan.model_choice import resolve_model
+from speedrun.plan.model_choice import check_shape, resolve_model
+from speedrun.records.quant_report import rules_of
 from support.devices import fake_device
 from support.tiny import BOS, TTT_TINY, tiny_gpt
 
@@ -79,7 +80,8 @@ def test_the_artifact_carries_the_scalars_in_fp32():
     _, m = pair()
     with torch.no_grad():
         m.logit_rescale.copy_(torch.tensor([17.25, 29.5]))
-    packed, rules = Q.quantize_int6(m.state_dict(), {}, QuantConfig(name=QuantName.int6))
+    packed = Q.quantize_int6(m.state_dict(), {}, QuantConfig(name=QuantName.int6))
+    rules = rules_of(packed, {}, QuantConfig(name=QuantName.int6))
     entry = packed["logit_rescale"]
     assert list(entry) == ["raw"] and entry["raw"].dtype == torch.float32 and rules["logit_rescale"]["bits"] == 32
     assert Q.dequantize_state_dict(packed)["logit_rescale"].tolist() == [17.25, 29.5]
@@ -87,7 +89,7 @@ def test_the_artifact_carries_the_scalars_in_fp32():
 
 def test_refusals():
     with pytest.raises(ConfigError, match="quant.logit_rescale=true rescales the logit softcap, which "):
-        ModelShape(64, 1, 32, 4, 2, 2, 24, logit_softcap=0.0, logit_rescale=True)
+        check_shape(ModelShape(64, 1, 32, 4, 2, 2, 24, logit_softcap=0.0, logit_rescale=True))
 
 
 def test_plan_sets_the_shape_and_refuses_other_archs(compose):

@@ -24,6 +24,7 @@ from speedrun.core.train import Budget
 from speedrun.errors import ConfigError, PlanError
 from speedrun.plan import resolve
 from speedrun.records.keys import quant_keys
+from speedrun.records.quant_report import rules_of
 from support.devices import fake_device
 from support.tiny import BOS, QUANT_TINY, QUANT_TINY_RUN, byte_luts, calibration_batches, docs_stream, tiny_gpt
 
@@ -87,7 +88,8 @@ def test_sigma_clip_takes_k_by_class():
     state = model.state_dict()
     H = collect_hessians(model, iter(calibration_batches()), 3, device="cpu")
     q = int6(clip=QuantClip.sigma, sigmas={"attn": 13.0, "mlp": 12.0, "embed": 15.0, "matrix": 12.85})
-    packed, rules = Q.quantize_int6(state, H, q)
+    packed = Q.quantize_int6(state, H, q)
+    rules = rules_of(packed, H, q)
     for name, k, qmax in (
         ("blocks.0.attn.c_k.weight", 13.0, 31),
         ("blocks.1.mlp.fc.weight", 12.0, 31),
@@ -134,9 +136,11 @@ def test_embed_gptq_lowers_the_head_output_error_at_embed_bits():
     model = gpt()
     state = model.state_dict()
     H = collect_hessians(model, iter(calibration_batches(4)), 4, device="cpu", head=True)
-    packed_gptq, rules = Q.quantize_int6(state, H, int6(embed_gptq=True, embed_bits=5))
+    packed_gptq = Q.quantize_int6(state, H, int6(embed_gptq=True, embed_bits=5))
+    rules = rules_of(packed_gptq, H, int6(embed_gptq=True, embed_bits=5))
     no_head = {k: v for k, v in H.items() if k != "tok_emb.weight"}
-    packed_rtn, rules_rtn = Q.quantize_int6(state, no_head, int6(embed_bits=5))
+    packed_rtn = Q.quantize_int6(state, no_head, int6(embed_bits=5))
+    rules_rtn = rules_of(packed_rtn, no_head, int6(embed_bits=5))
     assert (rules["tok_emb.weight"]["method"], rules["tok_emb.weight"]["bits"]) == ("gptq", 5)
     assert rules_rtn["tok_emb.weight"]["method"] == "rtn"
     w = state["tok_emb.weight"]
@@ -184,8 +188,9 @@ def test_lqer_corrects_the_worst_matrices_and_dequantization_applies_it():
     model = gpt()
     state = model.state_dict()
     H = collect_hessians(model, iter(calibration_batches()), 3, device="cpu")
-    plain, rules_plain = Q.quantize_int6(state, H, int6(clip=QuantClip.sigma, bits=4))
-    packed, rules = Q.quantize_int6(state, H, int6(clip=QuantClip.sigma, bits=4, lqer={"rank": 4, "top_k": 2}))
+    plain = Q.quantize_int6(state, H, int6(clip=QuantClip.sigma, bits=4))
+    packed = Q.quantize_int6(state, H, int6(clip=QuantClip.sigma, bits=4, lqer={"rank": 4, "top_k": 2}))
+    rules = rules_of(packed, H, int6(clip=QuantClip.sigma, bits=4, lqer={"rank": 4, "top_k": 2}))
     err = {n: float((state[n] - Q.dequantize_entry(e)).norm()) for n, e in plain.items() if "q" in e}
     worst = sorted(err, key=lambda n: -err[n])[:2]
     assert sorted(n for n, e in packed.items() if "lqer_a" in e) == sorted(worst)
@@ -207,8 +212,9 @@ def test_gates_are_quantized_per_row_only_with_gate_bits():
     gates = [n for n in state if tensor_class(n) == "gate"]
     assert set(gates) == {"skip_gates", "smear_w", "blocks.0.attn.attn_gate_w", "blocks.1.attn.attn_gate_w"}
     H = collect_hessians(model, iter(calibration_batches()), 2, device="cpu")
-    off, _ = Q.quantize_int6(state, H, int6())
-    on, rules = Q.quantize_int6(state, H, int6(gate_bits=6))
+    off = Q.quantize_int6(state, H, int6())
+    on = Q.quantize_int6(state, H, int6(gate_bits=6))
+    rules = rules_of(on, H, int6(gate_bits=6))
     for name in gates:
         assert "q" not in off[name]  # float, as today
         entry, w = on[name], state[name]
@@ -231,7 +237,8 @@ def test_tensor_report_errors_and_bytes():
     model = gpt()
     state = model.state_dict()
     H = collect_hessians(model, iter(calibration_batches()), 3, device="cpu")
-    packed, rules = Q.quantize_int6(state, H, int6(clip=QuantClip.sigma, lqer={"rank": 2, "top_k": 1}))
+    packed = Q.quantize_int6(state, H, int6(clip=QuantClip.sigma, lqer={"rank": 2, "top_k": 1}))
+    rules = rules_of(packed, H, int6(clip=QuantClip.sigma, lqer={"rank": 2, "top_k": 1}))
     for compressor in ("pergroup", "lzma"):
         artifact = Q.export_packed(packed, compressor, 6, codec="lzma")
         report = tensor_report(state, packed, rules, H, artifact.group_bytes, compressor)
@@ -342,5 +349,6 @@ def test_cuda_head_hessian_under_bf16_autocast_matches_cpu():
     for name in ("tok_emb.weight", "blocks.0.attn.c_q.weight"):
         rel = float((cuda[name].cpu() - cpu[name]).norm() / cpu[name].norm())
         assert rel < 0.02, (name, rel)
-    packed, rules = Q.quantize_int6(model.state_dict(), cuda, int6(clip=QuantClip.sigma, embed_gptq=True))
+    packed = Q.quantize_int6(model.state_dict(), cuda, int6(clip=QuantClip.sigma, embed_gptq=True))
+    rules = rules_of(packed, cuda, int6(clip=QuantClip.sigma, embed_gptq=True))
     assert rules["tok_emb.weight"]["method"] == "gptq" and packed["tok_emb.weight"]["q"].device.type == "cpu"

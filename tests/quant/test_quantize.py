@@ -100,22 +100,8 @@ def test_int6_state_dict_round_trip_through_every_compressor():
         for m in ("attn.c_q", "attn.c_k", "attn.c_v", "attn.proj", "mlp.fc", "mlp.proj")
     }
     state = model.state_dict()
-    packed = Q.quantize_int6(
-        state,
-        H,
-        Q.QuantSettings(
-            name="int6",
-            bits=6,
-            embed_bits=7,
-            damp=0.01,
-            block_size=8,
-            clip_ratios=(
-                1.0,
-                0.9,
-                0.8,
-            ),
-        ),
-    )[0]
+    settings = Q.QuantSettings(name="int6", bits=6, embed_bits=7, damp=0.01, block_size=8, clip_ratios=(1.0, 0.9, 0.8))
+    packed = Q.quantize_int6(state, H, settings)
     assert list(packed) == list(state)
     assert all(int(packed[k]["q"].abs().max()) <= 31 for k in H)
     assert int(packed["tok_emb.weight"]["q"].abs().max()) <= 63  # int7 embeddings

@@ -116,8 +116,10 @@ def test_check_round_trip_names_a_missing_tensor(tmp_path):
     finish_module.check_round_trip(
         {"a": {"q": torch.zeros(2, dtype=torch.int8)}, "b": {"raw": torch.ones(1)}}, scored, tmp_path
     )
-    with pytest.raises(RuntimeError, match=r"missing \['b'\]"):
+    with pytest.raises(RuntimeError, match=r"b\.raw read back differs"):
         finish_module.check_round_trip({"a": scored["a"]}, scored, tmp_path)
+    with pytest.raises(RuntimeError, match=r"holds other tensors than those scored: \['c'\]"):
+        finish_module.check_round_trip({**scored, "c": {"raw": torch.ones(1)}}, scored, tmp_path)
     with pytest.raises(RuntimeError, match="b.raw"):
         finish_module.check_round_trip({**scored, "b": {"raw": torch.ones(1, dtype=torch.float64)}}, scored, tmp_path)
 

@@ -189,8 +189,6 @@ def test_cuda_graphs_need_a_gpu_and_come_with_compiled_ttt_on_one(compose):
     assert graphs("h100") is False and graphs("cpu", "ttt.compile=true") is False
     assert graphs("h100", "ttt.compile=true", "ttt.cuda_graphs=false") is False
     assert graphs("h100", "ttt.cuda_graphs=true") is True  # eager steps replayed: allowed, if asked for
-    with pytest.raises(ValueError, match="needs a CUDA device"):
-        run(ttt_gpt(), docs_stream([40, 30]), cuda_graphs=True)
 
 
 @pytest.mark.gpu

@@ -164,25 +164,42 @@ def export_packed(
     """Serialize and compress a packed state dict; ``codec`` is quant.pergroup_codec and ``workers`` its threads
     (compressor=pergroup only; default every core)."""
     t0 = time.perf_counter()
-    if compressor in PERGROUP:
-        blob, groups = PERGROUP[compressor][0](packed, codec, level, log, workers)
-    else:
-        buf = io.BytesIO()
-        torch.save(packed, buf)
-        blob = compress(buf.getvalue(), compressor, level, log)
-        groups = {"all": len(blob)}
+    blob, groups = CONTAINERS[compressor][0](packed, compressor, level, log, codec, workers)
     return Artifact(blob=blob, compress_seconds=round(time.perf_counter() - t0, 3), group_bytes=groups)
 
 
 def load_packed(blob: bytes, compressor: str) -> dict[str, dict[str, torch.Tensor]]:
     """The packed state dict of an artifact (a pergroup blob names its codec in its header)."""
-    if compressor in PERGROUP:
-        return PERGROUP[compressor][1](blob)
+    return CONTAINERS[compressor][1](blob, compressor)
+
+
+def save_stream(packed: dict[str, dict[str, torch.Tensor]], compressor: str, level: int, log: Any, *_: Any) -> Any:
+    """One torch.save stream, compressed: (blob, {"all": its bytes})."""
+    buf = io.BytesIO()
+    torch.save(packed, buf)
+    blob = compress(buf.getvalue(), compressor, level, log)
+    return blob, {"all": len(blob)}
+
+
+def load_stream(blob: bytes, compressor: str) -> dict[str, dict[str, torch.Tensor]]:
     return torch.load(io.BytesIO(decompress(blob, compressor)), map_location="cpu", weights_only=True)
 
 
-PERGROUP = choice("quant.compressor", {"pergroup": (pack, unpack)})
-"""The per-group container (speedrun.core.pergroup); any other compressor packs one torch.save stream."""
+CONTAINERS: dict[str, tuple[Callable[..., Any], Callable[[bytes, str], Any]]] = choice(
+    "quant.compressor",
+    {
+        "zlib": (save_stream, load_stream),
+        "lzma": (save_stream, load_stream),
+        "brotli": (save_stream, load_stream),
+        "zstd": (save_stream, load_stream),
+        "pergroup": (
+            lambda packed, compressor, level, log, codec, workers: pack(packed, codec, level, log, workers),
+            lambda blob, compressor: unpack(blob),
+        ),
+    },
+)
+"""quant.compressor -> (write, read) of the artifact's container: one compressed torch.save stream, or the per-group
+container (speedrun.core.pergroup), whose blob names its codec."""
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -204,46 +221,40 @@ def quantize_int6(
     hessians: dict[str, torch.Tensor],
     q: QuantSettings,
     progress: Progress | None = None,
-) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, dict[str, Any]]]:
-    """quant=int6 -> (packed state dict in state-dict order, the rule each tensor got: class, method, bits, clip).
+) -> dict[str, dict[str, torch.Tensor]]:
+    """quant=int6 -> the packed state dict, in state-dict order.
 
     GPTQ for the tensors in ``hessians`` (the embedding's is there only with quant.embed_gptq; with quant.awq, the
     most salient column groups of all of them at awq.bits inside the same solve), round-to-nearest
     at embed_bits for an embedding without one, per-row codes for the gates with quant.gate_bits, the int8 export's
     rules for everything else; then LQER corrections of the quant.lqer.top_k matrices with the largest error.
-    ``progress`` is ticked after each GPTQ matrix."""
-    sigma = q.clip == "sigma"
+    ``progress`` is ticked after each GPTQ matrix. speedrun.records.quant_report.rules_of names the rule each
+    tensor got."""
     packed: dict[str, dict[str, torch.Tensor]] = {}
-    rules: dict[str, dict[str, Any]] = {}
     rest: dict[str, torch.Tensor] = {}
     done = 0
 
-    def matrix_rule(name: str, method: str) -> tuple[int, float | None]:
+    def sigma(name: str) -> float | None:  # quant.clip=sigma's k for this tensor's class (a large gate: matrix's)
         cls = tensor_class(name)
-        bits = q.embed_bits if cls == "embed" or method == "rtn" else q.bits
-        k = float(getattr(q.sigmas, "matrix" if cls == "gate" else cls)) if sigma else None  # a large gate: matrix
-        rules[name] = {
-            "class": cls,
-            "method": method,
-            "bits": bits,
-            "clip": f"sigma {k:g}" if sigma else "absmax_search",
-        }
-        return bits, k
+        return float(getattr(q.sigmas, "matrix" if cls == "gate" else cls)) if q.clip == "sigma" else None
+
+    def rtn(name: str, w: torch.Tensor) -> dict[str, torch.Tensor]:  # round-to-nearest at embed_bits
+        codes, scale = quantize_rtn(w.detach(), q.embed_bits, q.clip_ratios, sigma=sigma(name))
+        return {"q": codes.cpu(), "scale": scale.cpu()}
 
     promoted = AWQ["on"](state, hessians, q) if q.awq.top_k else {}
     for name, tensor in state.items():
         if name in hessians:
             H = hessians[name]
-            bits, k = matrix_rule(name, "gptq")
             fine = FineColumns(tuple(promoted[name]), q.awq.group_size, q.awq.bits) if name in promoted else None
             codes, scale, step = quantize_gptq_fine(
                 tensor.to(H.device),
                 H,
-                bits=bits,
+                bits=q.embed_bits if tensor_class(name) == "embed" else q.bits,
                 damp=q.damp,
                 block_size=q.block_size,
                 clip_ratios=q.clip_ratios,
-                sigma=k,
+                sigma=sigma(name),
                 fine=fine,
             )
             packed[name] = {"q": codes.cpu(), "scale": scale.cpu()}
@@ -253,32 +264,22 @@ def quantize_int6(
                     awq_size=torch.tensor([fine.size], dtype=torch.int16),
                     awq_scale=step.cpu(),
                 )
-                rules[name]["awq"] = {"starts": list(fine.starts), "size": fine.size, "bits": fine.bits}
             done += 1
             if progress is not None:
                 progress.tick(done, len(hessians))
         elif q.gate_bits is not None and tensor_class(name) == "gate" and tensor.is_floating_point():
             codes, scale = quantize_rows(tensor.cpu(), q.gate_bits)
             packed[name] = {"q": codes, "scale": scale}
-            rules[name] = {"class": "gate", "method": "rtn", "bits": q.gate_bits, "clip": "absmax"}
         elif name in EMBED_NAMES and tensor.is_floating_point():
-            bits, k = matrix_rule(name, "rtn")
-            codes, scale = quantize_rtn(tensor.detach(), bits, q.clip_ratios, sigma=k)
-            packed[name] = {"q": codes.cpu(), "scale": scale.cpu()}
+            packed[name] = rtn(name, tensor)
         else:
             rest[name] = tensor
     for name, entry in quantize_state_dict(rest).items():
-        if "q" in entry:  # a large 2-D tensor GPTQ did not see (none in our GPT): per-row at embed_bits
-            bits, k = matrix_rule(name, "rtn")
-            codes, scale = quantize_rtn(rest[name].detach(), bits, q.clip_ratios, sigma=k)
-            entry = {"q": codes.cpu(), "scale": scale.cpu()}
-        else:
-            kind = next(iter(entry))
-            rules[name] = {"class": "float", "method": kind, "bits": entry[kind].element_size() * 8, "clip": None}
-        packed[name] = entry
+        # a large 2-D tensor GPTQ did not see (none in our GPT): per-row at embed_bits
+        packed[name] = rtn(name, rest[name]) if "q" in entry else entry
     if q.lqer.rank:
-        LQER["on"][0](state, packed, rules, q.lqer.rank, q.lqer.top_k, q.lqer.factor_bits, q.lqer.asym_group)
-    return {name: packed[name] for name in state}, {name: rules[name] for name in state}
+        LQER["on"][0](state, packed, q.lqer.rank, q.lqer.top_k, q.lqer.factor_bits, q.lqer.asym_group)
+    return {name: packed[name] for name in state}
 
 
 def awq_choice(
@@ -297,7 +298,6 @@ def awq_choice(
 def add_lqer(
     state: dict[str, torch.Tensor],
     packed: dict[str, dict[str, torch.Tensor]],
-    rules: dict[str, dict[str, Any]],
     rank: int,
     top_k: int,
     bits: int,
@@ -308,13 +308,12 @@ def add_lqer(
     errors = {
         name: float((state[name].detach().float().cpu() - dequantize_entry(entry)).norm())
         for name, entry in packed.items()
-        if "q" in entry and rules[name]["class"] != "gate" and entry["q"].ndim == 2
+        if "q" in entry and tensor_class(name) != "gate" and entry["q"].ndim == 2
     }
     chosen = sorted(errors, key=lambda name: -errors[name])[:top_k]
     for name in chosen:
         error = state[name].detach().float().cpu() - dequantize_entry(packed[name])
         packed[name].update(correction(error, rank, bits, group))
-        rules[name]["lqer"] = {"rank": min(rank, *error.shape), "factor_bits": bits, "group": group}
     return chosen
 
 
@@ -335,17 +334,15 @@ class Quantized:
     """The packed state dict (codes, scales, LQER factors, fp16 and raw tensors), on the CPU."""
     state: dict[str, torch.Tensor]
     """The float weights that were quantized: a CPU copy, since the model's own tensors take the dequantized ones."""
-    rules: dict[str, dict[str, Any]]
     hessians: dict[str, torch.Tensor]
     extra: dict[str, Any] = field(default_factory=dict)
     """What the shell measured on the way (quant_hessian_seconds)."""
 
 
-QUANTIZERS: dict[str, Callable[..., tuple[dict[str, dict[str, torch.Tensor]], dict[str, dict[str, Any]]]]] = choice(
-    "quant.name",
-    {"int8": lambda state, hessians, q, progress: (quantize_state_dict(state), {}), "int6": quantize_int6},
+QUANTIZERS: dict[str, Callable[..., dict[str, dict[str, torch.Tensor]]]] = choice(
+    "quant.name", {"int8": lambda state, hessians, q, progress: quantize_state_dict(state), "int6": quantize_int6}
 )
-"""quant.name -> (state, hessians, settings, progress) -> (packed, rules)."""
+"""quant.name -> (state, hessians, settings, progress) -> the packed state dict."""
 
 
 def quantize_model(
@@ -358,10 +355,10 @@ def quantize_model(
     the Hessians and a float copy of the weights come back on the CPU (the report's thread touches no GPU)."""
     state = model.state_dict()
     float_state = {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
-    packed, rules = QUANTIZERS[q.name](state, hessians, q, progress)
+    packed = QUANTIZERS[q.name](state, hessians, q, progress)
     packed = {name: {f: t.detach().cpu() for f, t in entry.items()} for name, entry in packed.items()}
     used = {name: h.detach().cpu() for name, h in hessians.items()} if q.name != "int8" else {}
-    return Quantized(packed, float_state, rules, used)
+    return Quantized(packed, float_state, used)
 
 
 def check_round_trip(
@@ -369,16 +366,10 @@ def check_round_trip(
 ) -> None:
     """The artifact read back must hold exactly the codes whose dequantized weights were scored (val_bpb_quant is
     a claim about the file), tensor for tensor, bit for bit."""
-    if list(read) != list(scored):
-        missing, extra = sorted(set(scored) - set(read)), sorted(set(read) - set(scored))
-        raise RuntimeError(
-            f"{path}: the artifact's tensors differ from those scored (missing {missing}, extra {extra})"
-        )
     for name, entry in scored.items():
-        got = read[name]
         for f, t in entry.items():
-            if f not in got or got[f].dtype != t.dtype or not torch.equal(got[f], t):
-                raise RuntimeError(
-                    f"{path}: {name}.{f} read back from the artifact differs from the codes scored; the compressor "
-                    f"({type(got.get(f)).__name__}) did not round-trip, so val_bpb_quant would not be the file's"
-                )
+            got = read.get(name, {}).get(f)
+            if got is None or got.dtype != t.dtype or not torch.equal(got, t):
+                raise RuntimeError(f"{path}: {name}.{f} read back differs from the codes scored")
+    if list(read) != list(scored):
+        raise RuntimeError(f"{path}: holds other tensors than those scored: {sorted(set(read) ^ set(scored))}")

@@ -125,8 +125,6 @@ def chunk_step(
         x_at, y_at = x, y
     scored = (at >= first[:, None]) & (at < length[:, None])  # the chunk: from `first` to the window's end
     updated = None
-    if store_grads is not None and bind is None:
-        raise ValueError("chunk_step: store_grads takes the gradients of the views that bind makes; pass bind too")
     try:
         with torch.set_grad_enabled(training):
             views = bind(rows.size(1)) if bind is not None else []
@@ -175,8 +173,6 @@ class GraphedChunkSteps:
         device: str,
         update: InGraphUpdate | None = None,
     ):
-        if torch.device(device).type != "cuda":
-            raise ValueError(f"ttt.cuda_graphs=true needs a CUDA device, not {device}; use ttt.cuda_graphs=false")
         self.run, self.params, self.device, self.update = run, params, device, update
         self.graphs: dict[StepKey, tuple[Any, torch.Tensor, StepOut]] = {}
         self.grads: list[torch.Tensor] = []
@@ -243,12 +239,6 @@ class GraphedChunkSteps:
             entry = self._capture(key, rows)
             return entry[2]  # _capture replayed the new graph once: that replay was this very step
         graph, static_rows, out = entry
-        if key[2] and self.update is None and any(p.grad is not g for p, g in zip(self.params, self.grads)):
-            raise RuntimeError(
-                "a TTT adapter's .grad was replaced or cleared after its CUDA graph was captured (zero_grad with "
-                "set_to_none, or an optimizer over the adapters elsewhere): the graph would write gradients that the "
-                "optimizer never reads; keep the adapters' .grad tensors while ttt.cuda_graphs is on"
-            )
         static_rows.copy_(rows, non_blocking=True)
         graph.replay()
         return out

@@ -60,6 +60,45 @@ def default_rule(name: str, entry: dict[str, torch.Tensor]) -> dict[str, Any]:
     return {"class": "float", "method": kind, "bits": entry[kind].element_size() * 8, "clip": None}
 
 
+def rules_of(
+    packed: dict[str, dict[str, torch.Tensor]], hessians: dict[str, torch.Tensor], q: Any
+) -> dict[str, dict[str, Any]]:
+    """The rule each tensor of quant=int6's packed state dict got, as speedrun.core.quant.quantize_int6 applies them
+    (``q``: the quant settings): class, method (gptq, rtn, or how a float tensor is kept), bits, clip, and the AWQ
+    and LQER fields where an entry has them. {} for quant=int8 (default_rule names its tensors)."""
+    if q.name != "int6":
+        return {}
+    rules: dict[str, dict[str, Any]] = {}
+    for name, entry in packed.items():
+        cls = tensor_class(name)
+        if "q" not in entry:
+            kind = next(iter(entry))
+            rules[name] = {"class": "float", "method": kind, "bits": entry[kind].element_size() * 8, "clip": None}
+            continue
+        if name not in hessians and q.gate_bits is not None and cls == "gate":
+            rules[name] = {"class": "gate", "method": "rtn", "bits": q.gate_bits, "clip": "absmax"}
+        else:
+            gptq = name in hessians
+            k = float(getattr(q.sigmas, "matrix" if cls == "gate" else cls))
+            rules[name] = {
+                "class": cls,
+                "method": "gptq" if gptq else "rtn",
+                "bits": q.bits if gptq and cls != "embed" else q.embed_bits,
+                "clip": f"sigma {k:g}" if q.clip == "sigma" else "absmax_search",
+            }
+        if "awq_start" in entry:
+            size = int(entry["awq_size"][0])
+            rules[name]["awq"] = {"starts": entry["awq_start"].tolist(), "size": size, "bits": q.awq.bits}
+        if "lqer_a" in entry:
+            lqer = q.lqer
+            rules[name]["lqer"] = {
+                "rank": entry["lqer_a"].shape[0],
+                "factor_bits": lqer.factor_bits,
+                "group": lqer.asym_group,
+            }
+    return rules
+
+
 def tensor_report(
     state: dict[str, torch.Tensor],
     packed: dict[str, dict[str, torch.Tensor]],

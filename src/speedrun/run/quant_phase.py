@@ -28,7 +28,7 @@ from speedrun.core.train import autocast_dtype
 from speedrun.plan.settings import settings
 from speedrun.plan.types import Plan
 from speedrun.progress import Progress
-from speedrun.records.quant_report import tensor_report
+from speedrun.records.quant_report import rules_of, tensor_report
 
 FLOAT_WEIGHTS = "model.pt"
 """quant.keep_weights: the float state dict the export quantized, in the run dir (scripts/quant_table.py reads it)."""
@@ -102,7 +102,7 @@ def quantize_model(
     if q.keep_weights:
         torch.save(quantized.state, run_dir / FLOAT_WEIGHTS)
     if q.name != "int8":
-        gptq = sum(r["method"] == "gptq" for r in quantized.rules.values())
+        gptq = sum(name in quantized.hessians for name in quantized.packed)
         levers = ", ".join(q.levers_on()) or "no levers"
         log(
             f"quant: GPTQ on {gptq} matrices (Hessians of {q.calib_batches} training batches), quantized in "
@@ -118,7 +118,8 @@ def compress_quantized(
     timings. Reads nothing but ``quantized`` (it runs on a thread beside the round-trip score)."""
     q = plan.quant
     artifact = export_packed(quantized.packed, str(q.compressor), q.level, log, str(q.pergroup_codec), workers)
+    rules = rules_of(quantized.packed, quantized.hessians, q)
     report = tensor_report(
-        quantized.state, quantized.packed, quantized.rules, quantized.hessians, artifact.group_bytes, str(q.compressor)
+        quantized.state, quantized.packed, rules, quantized.hessians, artifact.group_bytes, str(q.compressor)
     )
     return dataclasses.replace(artifact, extra={**quantized.extra, "report": report})
