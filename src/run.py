@@ -33,8 +33,7 @@ def main(cfg: DictConfig) -> float:
 
 if __name__ == "__main__":
     # the command line's own steps, here and not at the top: they serve only `python -m run`, not an import of run
-    from speedrun.config.did_you_mean import unknown_override
-    from speedrun.run.plan_only import print_plan, wants_plan
+    from speedrun.run.cli_step import print_plan, unknown_override, unwritable, wants_plan
 
     if "--version" in sys.argv[1:]:  # speedrun's version, not Hydra's alone (Hydra's own flag prints only its)
         from speedrun.cli import version_line
@@ -55,7 +54,6 @@ if __name__ == "__main__":
     if wants_plan(sys.argv):  # `python -m run ... --plan`: print the resolved Plan and exit, writing nothing
         sys.exit(print_plan(sys.argv))
     from speedrun.distributed.launch import worker_argv
-    from speedrun.run.preflight import unwritable
 
     problem = unwritable(sys.argv)  # before Hydra makes the run dir, which it reports as a traceback
     if problem is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from speedrun.config.did_you_mean import key_paths, unknown_override
+from speedrun.run.cli_step import key_paths, unknown_override
 from support.cli import run_cli
 
 

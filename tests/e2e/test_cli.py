@@ -239,7 +239,7 @@ def test_plan_prints_the_resolved_plan_and_writes_nothing(tmp_path):
     "args,needle",
     [
         (["precision=fp16"], "precision=fp16 needs a CUDA GPU"),  # the resolver's refusal
-        (["attn=nope"], "attn=nope is no option of attn"),  # caught before compose (did_you_mean)
+        (["attn=nope"], "attn=nope is no option of attn"),  # caught before compose (cli_step.unknown_override)
         (["seed=abc"], "Error merging override seed=abc"),  # Hydra's compose error
         (["-m", "seed=0,1"], "--plan takes overrides only"),
     ],
@@ -248,7 +248,7 @@ def test_plan_refuses_in_one_line(tmp_path, args, needle, monkeypatch, capsys):
     """print_plan, which `python -m run ... --plan` exits with (run.py; the test above runs the command itself), in
     this process: an exception it let through would fail here as a traceback would on the console, and a fresh
     interpreter per case cost ~3 s of imports."""
-    from speedrun.run.plan_only import print_plan
+    from speedrun.run.cli_step import print_plan
 
     monkeypatch.chdir(tmp_path)
     code = print_plan(["run", *args, "--plan"])

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from speedrun import cli
-from speedrun.config.did_you_mean import unknown_override
 from speedrun.paths import CONF_DIR, REPO_ROOT, installed_code, source_path
 from speedrun.records.identity import code_fingerprint
+from speedrun.run.cli_step import unknown_override
 
 pytestmark = pytest.mark.slow
 

@@ -23,7 +23,7 @@ def test_every_gpu_profile_has_a_device_the_card_table_knows(name):
 def plan(monkeypatch, capsys, tmp_path, here: str, *args: str) -> tuple[int, list[str], str]:
     """print_plan on a machine whose device is profile ``here``'s: (exit status, stdout lines, stderr)."""
     from speedrun.distributed.environment import world_from_env
-    from speedrun.run import plan_only
+    from speedrun.run import cli_step as plan_only
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(profiles, "detect", lambda: fake_device(here))

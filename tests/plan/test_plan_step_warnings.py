@@ -11,7 +11,7 @@ from support.devices import fake_device
 
 def plan(monkeypatch, capsys, tmp_path, *args: str) -> tuple[int, list[str], list[str]]:
     """print_plan of a CPU smoke run: (exit status, stdout lines, stderr lines)."""
-    from speedrun.run import plan_only
+    from speedrun.run import cli_step as plan_only
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(profiles, "detect", lambda: fake_device("cpu"))

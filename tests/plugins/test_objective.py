@@ -17,10 +17,10 @@ from omegaconf import OmegaConf
 from hydra_plugins.speedrun_plugins import job_pool, sweeper
 from hydra_plugins.speedrun_plugins import pool_launcher as pl
 from speedrun.config import to_config
-from speedrun.config.did_you_mean import unknown_override
 from speedrun.config.objective import DEFAULT_OBJECTIVE
 from speedrun.errors import ConfigError
 from speedrun.records.objective import Objective, maximising, objective_of
+from speedrun.run.cli_step import unknown_override
 from speedrun.task import task
 
 OK = {"status": "ok", "val_bpb": 1.25, "val_loss": 2.5, "val_bpb_ttt": None, "steps": 7}

@@ -137,18 +137,14 @@ CODE_FILES: tuple[str, ...] = (
 )
 
 NOT_COUNTED: dict[str, str] = {
-    "speedrun/config/did_you_mean.py": "`python -m run`'s check of the command line's keys and options, before "
-    "Hydra composes; training, evaluation and dequantization never reach it",
     "speedrun/task.py": "Hydra's task function around speedrun.main, returning the run's objective to the "
     "sweeper; training, evaluation and dequantization never reach it",
     "speedrun/cli.py": "`python -m run --version` and `--hydra-help` alone (src/run.py's command line): they print "
     "and exit before any training, evaluation or dequantization",
     "speedrun/run/loggers.py": "reporting only (console progress lines); training, evaluation and dequantization "
     "run the same without it",
-    "speedrun/run/plan_only.py": "`python -m run ... --plan` alone: prints the resolved Plan and exits before any "
-    "training, evaluation or dequantization",
-    "speedrun/run/preflight.py": "`python -m run`'s check that the run dir can be made, before Hydra makes it; "
-    "training, evaluation and dequantization never reach it",
+    "speedrun/run/cli_step.py": "`python -m run`'s own steps before a run (the command line's keys and options, "
+    "`--plan`, the run dir can be made); training, evaluation and dequantization never reach it",
     "speedrun/run/hooks.py": "a wait before timed training that only SPEEDRUN_START_GATE (set by "
     "speedrun.bench beside a peer script) turns on; training, evaluation and dequantization run the same without it",
 }
