@@ -160,6 +160,9 @@ def test_a_measured_reserve_as_large_as_the_budget_is_refused_before_training(co
     assert plan.budget.measures_reserve
     monkeypatch.setattr(job, "measure_reserve", lambda *args: 7.5)
     with pytest.raises(PlanError, match="would take 7.5 s here .* the whole budget.train_seconds=5"):
-        job.Job._hessian_reserve(types.SimpleNamespace(world=SINGLE), plan, None, None)
+        job.Job._hessian_reserve(types.SimpleNamespace(record=types.SimpleNamespace(world=SINGLE)), plan, None, None)
     monkeypatch.setattr(job, "measure_reserve", lambda *args: 1.5)
-    assert job.Job._hessian_reserve(types.SimpleNamespace(world=SINGLE), plan, None, None) == 1.5
+    assert (
+        job.Job._hessian_reserve(types.SimpleNamespace(record=types.SimpleNamespace(world=SINGLE)), plan, None, None)
+        == 1.5
+    )

@@ -31,13 +31,15 @@ def test_h100_profile_on_an_h200_is_emulation_with_the_h200s_peak(compose):
 
 
 def _record(plan, stages, steps, seconds, caplog=None):
-    """The runner's own recording of a finished training (Job.record_training) on a fake state."""
+    """The runner's own recording of a finished training (JobRecord.record_training, Job.training_keys) on a fake
+    state."""
     from speedrun.core.train import TrainState
     from speedrun.run.job import Job
+    from speedrun.run.job_record import JobRecord
 
-    job = Job(types.SimpleNamespace(run_dir=None), {}, None)
-    job.plan = plan
-    job.state = TrainState(
+    job = Job(JobRecord(types.SimpleNamespace(run_dir=None), {}, None))
+    job.record.plan = plan
+    job.record.state = TrainState(
         steps=steps,
         tokens=steps * plan.tokens_per_step,
         train_seconds=seconds,
@@ -46,8 +48,8 @@ def _record(plan, stages, steps, seconds, caplog=None):
         stages=stages,
         recompiles=0,
     )
-    job.record_training()
-    return job.result
+    job.record.record_training()
+    return job.record.result
 
 
 def test_runner_records_mfu_against_the_card_and_mfu_profile_when_emulated(compose, caplog):

@@ -1,7 +1,7 @@
 """The pipeline of one job, phase by phase: resolve -> start -> build -> train -> record training -> finish.
 
 ``Job.run`` reads like the list above; each phase is a method that takes what the previous one made. The record
-(run-dir files, results row, logger) is the base class's, speedrun.run.job_record.
+(run-dir files, results row, logger) is ``Job.record``, a speedrun.run.job_record.JobRecord the runner opened.
 """
 
 from __future__ import annotations
@@ -40,7 +40,10 @@ from speedrun.training.build import build_attention, build_data, build_model, co
 log = logging.getLogger("speedrun")
 
 
-class Job(JobRecord):
+class Job:
+    """The pipeline of one run (resolve, build, train, the Hessians, evaluation and export), writing what it
+    measures into its ``record`` (speedrun.run.job_record.JobRecord), which the runner opened and closes."""
+
     peak_memory: Any = None
     model: Any = None
     calibration: Calibration | None = None
@@ -55,11 +58,15 @@ class Job(JobRecord):
     """The source as the job read it when it started, with its resolved config: the self-extracting file is made
     from it (speedrun.artifact.wrap.CodeSource), so the file carries the code that ran, not a later edit."""
 
+    def __init__(self, record: JobRecord):
+        self.record = record
+        record.training_keys = self.training_keys  # the record keeps what training measured, even if it stops
+
     def run(self, config: Config) -> None:
         """The whole pipeline. ``config`` is read by the resolver alone; everything after it reads the Plan."""
         plan = self.resolve(config)
         del config
-        if self.delegated:  # dist.nproc > 1 under `python -m run`: the ranks ran it; rank 0 recorded the run
+        if self.record.delegated:  # dist.nproc > 1 under `python -m run`: the ranks ran it; rank 0 recorded the run
             return
         self.start(plan)
         data, model, forward, eval_forward, optimizers = self.build(plan)
@@ -68,25 +75,27 @@ class Job(JobRecord):
             self.calibrate(data, model)
         self.end_training(data)
         if state.diverged:  # a result, not a crash: nothing worth evaluating
-            self.result.update(status="diverged", error=state.divergence, diverged_step=state.diverged_step)
-            log.error(self.result["error"])
+            self.record.result.update(status="diverged", error=state.divergence, diverged_step=state.diverged_step)
+            log.error(self.record.result["error"])
             return
         self.finish_model(data, model, eval_forward)
-        self.result.update(status="ok", phase="done")
+        self.record.result.update(status="ok", phase="done")
 
     # -- phases ---------------------------------------------------------------------------------------
     def resolve(self, config: Config) -> Plan:
         """Config + the device -> the frozen Plan, written as plan.json; under `python -m run dist.nproc=N` the
         ranks are started here and this process only waits for them."""
-        plan = self.plan = resolve(config, hardware.detect(), cwd=self.ctx.original_cwd, world=self.world.info)
+        plan = self.record.plan = resolve(
+            config, hardware.detect(), cwd=self.record.ctx.original_cwd, world=self.record.world.info
+        )
         log.info("plan:\n%s", _indent(plan.describe()))
         start_history(plan)  # hardware.memory_snapshot=true: allocations from the model build on
-        self.write_file("plan.json", plan_json(plan) + "\n")
+        self.record.write_file("plan.json", plan_json(plan) + "\n")
         if plan.dist.launch == "self":  # asked for several ranks and none exists yet: start them, train nothing
             from speedrun.distributed.launch import launch_ranks  # a Plan's choice (artifact.closure)
 
-            self.delegated = True
-            launch_ranks(plan, self.ctx.run_dir, log.info)
+            self.record.delegated = True
+            launch_ranks(plan, self.record.ctx.run_dir, log.info)
         return plan
 
     def start(self, plan: Plan) -> None:
@@ -95,11 +104,11 @@ class Job(JobRecord):
         if plan.artifact.code_file is None:  # a re-run counts the file that ran: it makes none
             from speedrun.artifact.wrap import CodeSource  # so a re-run's file need not carry the maker
 
-            self.code = CodeSource.snapshot(self.config_tree, plan)
-        self.world.init(plan)
+            self.code = CodeSource.snapshot(self.record.config_tree, plan)
+        self.record.world.init(plan)
         env = capture_environment(plan.device)
-        self.write_file("env.json", json.dumps(env, indent=2, default=str) + "\n")
-        self.result.update(
+        self.record.write_file("env.json", json.dumps(env, indent=2, default=str) + "\n")
+        self.record.result.update(
             hardware=plan.hardware,
             device_name=plan.device_name,
             emulated=plan.emulated,
@@ -121,42 +130,50 @@ class Job(JobRecord):
             eval_whole_split=plan.eval.tokens is None,
             track=plan.track.name,
         )
-        self.result.update(gpu_identity(plan.device))  # which physical card: cards of one model differ in speed
-        self.result.update(self.world.describe(plan.device_name))  # world_size, nodes, each rank's GPU
-        self.result.update(plan.kernel.result_keys())  # kernel_* settings that ran, so sweeps over kernel= group
-        self.result.update(optim_keys(plan.optim, plan.schedule, plan.ema))  # the optimizer, schedule and EMA levers
-        self.result.update(model_keys(plan.model))  # the model levers (model_*)
-        self.result.update(quant_keys(plan.quant))  # the export's levers (quant_*)
-        self.result.update(configure_torch(plan))  # a CPU run's thread count (cpu_threads)
-        if self.result.get("cpu_threads") is not None and self.code is not None:
-            self.code = self.code.with_threads(int(self.result["cpu_threads"]))  # its re-run sums as it did
-        if self.world.rank == 0:  # one W&B run per run, not per rank
-            self.logger = make_logger(plan.logger, self.ctx.run_dir, self.result["sweep"], plan.name)
-        self.guard("start", self.config_tree, plan.to_dict())
+        self.record.result.update(gpu_identity(plan.device))  # which physical card: cards of one model differ in speed
+        self.record.result.update(self.record.world.describe(plan.device_name))  # world_size, nodes, each rank's GPU
+        self.record.result.update(plan.kernel.result_keys())  # kernel_* settings that ran, so sweeps over kernel= group
+        self.record.result.update(
+            optim_keys(plan.optim, plan.schedule, plan.ema)
+        )  # the optimizer, schedule and EMA levers
+        self.record.result.update(model_keys(plan.model))  # the model levers (model_*)
+        self.record.result.update(quant_keys(plan.quant))  # the export's levers (quant_*)
+        self.record.result.update(configure_torch(plan))  # a CPU run's thread count (cpu_threads)
+        if self.record.result.get("cpu_threads") is not None and self.code is not None:
+            self.code = self.code.with_threads(int(self.record.result["cpu_threads"]))  # its re-run sums as it did
+        if self.record.world.rank == 0:  # one W&B run per run, not per rank
+            self.record.logger = make_logger(
+                plan.logger, self.record.ctx.run_dir, self.record.result["sweep"], plan.name
+            )
+        self.record.guard("start", self.record.config_tree, plan.to_dict())
 
     def build(self, plan: Plan) -> tuple[Any, Any, Any, Any, Any]:
         """The data streams, and the model with its attention backend and optimizers, identical on every rank."""
         attention = build_attention(plan)
         data = build_data(plan, log.info)
         model, forward, eval_forward, optimizers = build_model(plan, attention, data.bos_id)
-        self.world.prepare(model, optimizers)  # rank 0's initial weights everywhere; Muon's work split over ranks
+        self.record.world.prepare(
+            model, optimizers
+        )  # rank 0's initial weights everywhere; Muon's work split over ranks
         self.model = model
-        self.result["params"] = model.num_params()
-        log.info("model: %s parameters", f"{self.result['params']:,}")
+        self.record.result["params"] = model.num_params()
+        log.info("model: %s parameters", f"{self.record.result['params']:,}")
         return data, model, forward, eval_forward, optimizers
 
     def train(self, plan: Plan, data: Any, model: Any, forward: Any, eval_forward: Any, optimizers: Any) -> TrainState:
         """Warm up (compile, untimed; GPTQ's reserve measured), restore a resumed run's checkpoint, train to the
         budget."""
-        self.state = state = TrainState()
-        if self.resume is None:  # a resume opens its metrics (dropping steps after its checkpoint) once restored
-            self.metrics = MetricsLog(self.ctx.run_dir / "metrics.jsonl")
-        stepper = Stepper(model, forward, optimizers, train_settings(plan), world=self.world)
+        self.record.state = state = TrainState()
+        if self.record.resume is None:  # a resume opens its metrics (dropping steps after its checkpoint) once restored
+            self.record.metrics = MetricsLog(self.record.ctx.run_dir / "metrics.jsonl")
+        stepper = Stepper(model, forward, optimizers, train_settings(plan), world=self.record.world)
         # each rank reads its own micro-batches of every step (data.loader.TokenStream)
-        batches = functools.partial(data.train_batches, rank=self.world.rank, world_size=self.world.world_size)
+        batches = functools.partial(
+            data.train_batches, rank=self.record.world.rank, world_size=self.record.world.world_size
+        )
         # batch search, periodic validation, checkpoints and stop signals: on every rank, agreed between them
         plan, extras = self._prepare_loop(plan, stepper, eval_forward, data)
-        self.on_phase("warmup")
+        self.record.on_phase("warmup")
 
         def after_warmup(step_times: dict[tuple[int, bool], float], state: TrainState) -> TrainSettings | None:
             if extras is not None:  # step 0's periodic validation: the weights warm-up restored
@@ -166,16 +183,16 @@ class Job(JobRecord):
             return None if resolved == plan else train_settings(resolved)
 
         def before_clock(state: TrainState) -> None:
-            plan = self.plan
+            plan = self.record.plan
             assert plan is not None
             if plan.kernel.profile:  # untimed and undone, like warm-up: trace.json + top-kernels table in run.log
                 from speedrun.kernels.profile import profile_steps  # a Plan's choice (artifact.closure)
 
-                self.result.update(
+                self.record.result.update(
                     profile_steps(
                         stepper,
                         batches,
-                        self.ctx.run_dir,
+                        self.record.ctx.run_dir,
                         log.info,
                         plan.kernel.profile_steps,
                         loop_states(stepper.settings),
@@ -183,23 +200,31 @@ class Job(JobRecord):
                 )
             if self._resuming():
                 extras.restore(state)
-                if self.resume is not None:
-                    self.release(state.steps)
+                if self.record.resume is not None:
+                    self.record.release(state.steps)
             log.info(READY_LINE)  # speedrun.bench's end of start-up: warm-up, GPTQ's reserve, profile, restore done
             if wait_at_start_gate(log.info) is not None:  # SPEEDRUN_START_GATE: train at the same time as a peer
-                self.world.agree(0.0)  # every rank leaves the gate before rank 0's clock starts
+                self.record.world.agree(0.0)  # every rank leaves the gate before rank 0's clock starts
             # keeps_grads: true exactly when training replays CUDA graphs, whose pools the peak must count
             graphs = keeps_grads(plan.compile, plan.kernel.compile_mode, plan.kernel.cuda_graphs)
             self.peak_memory = PeakMemory(plan.device, graph_pools=graphs)
             self.peak_memory.start()  # peak_mem_mb covers timed training only
-            self.on_phase("train")
+            self.record.on_phase("train")
 
         hooks = Hooks(after_warmup=after_warmup, before_clock=before_clock, between_steps=extras)
         time_steps = run_steps.needs_projection(plan)
-        fit(stepper, batches, state=state, log=log.info, on_metrics=self.on_metrics, hooks=hooks, time_steps=time_steps)
+        fit(
+            stepper,
+            batches,
+            state=state,
+            log=log.info,
+            on_metrics=self.record.on_metrics,
+            hooks=hooks,
+            time_steps=time_steps,
+        )
         self.loop_ended = time.perf_counter()
-        if self.plan is not None and self.plan.compile:
-            self.result.update(cache_stats())
+        if self.record.plan is not None and self.record.plan.compile:
+            self.record.result.update(cache_stats())
         return state
 
     def _hessian_reserve(self, plan: Plan, model: Any, data: Any) -> float:
@@ -207,8 +232,8 @@ class Job(JobRecord):
         (which collects them) and agreed by every rank, whose loops stop on rank 0's clock anyway."""
         if not plan.budget.measures_reserve:
             return plan.budget.hessian_reserve or 0.0
-        rank0 = self.world.rank == 0
-        reserve = self.world.agree(measure_reserve(plan, model, data, log.info) if rank0 else 0.0)
+        rank0 = self.record.world.rank == 0
+        reserve = self.record.world.agree(measure_reserve(plan, model, data, log.info) if rank0 else 0.0)
         seconds = plan.budget.seconds
         if seconds is not None and reserve >= seconds:  # the same value, so the same refusal, on every rank
             raise PlanError(
@@ -224,7 +249,7 @@ class Job(JobRecord):
         run = run_steps.known_steps(plan)
         if run is None and step_times:
             projected = run_steps.project_steps(plan, plan.budget.loop_seconds(reserve) or 0.0, step_times)
-            run = run_steps.RunSteps(int(self.world.agree(float(projected.steps))), projected.source)
+            run = run_steps.RunSteps(int(self.record.world.agree(float(projected.steps))), projected.source)
         if run is None:
             return plan
         resolved, warnings = run_steps.resolve(plan, run)
@@ -233,19 +258,21 @@ class Job(JobRecord):
             log.info(line)
         # kept to re-apply after the loop's keys, which come from the resolved plan (its fractions are null)
         self.run_step_keys = {**run_steps.result_keys(plan, resolved, run), "run_steps_warnings": warnings or None}
-        self.result.update(self.run_step_keys)
+        self.record.result.update(self.run_step_keys)
         if resolved == plan:
             return plan
-        self.plan = resolved  # training takes its settings (an ema.horizon's decay starts the average: core.train.fit)
-        self.write_file("plan.json", plan_json(resolved) + "\n")
+        self.record.plan = (
+            resolved  # training takes its settings (an ema.horizon's decay starts the average: core.train.fit)
+        )
+        self.record.write_file("plan.json", plan_json(resolved) + "\n")
         return resolved
 
     def calibrate(self, data: Any, model: Any) -> None:
         """GPTQ's Hessians, right after the last step (rank 0, which exports): the last read of training data, so
         train_seconds ends with them (speedrun.quant.calibration)."""
-        plan = self.plan
+        plan = self.record.plan
         assert plan is not None
-        if not reads_training_data(plan.quant) or self.world.rank != 0:
+        if not reads_training_data(plan.quant) or self.record.world.rank != 0:
             return
         model.eval()  # as the export scores and quantizes it (fp8 layers take their bf16 path)
         self.calibration = collect_after_training(plan, model, data, log.info)
@@ -254,23 +281,25 @@ class Job(JobRecord):
 
     def end_training(self, data: Any) -> None:
         """Record training (the loop, and the Hessians after it), before evaluation starts."""
-        plan, state = self.plan, self.state
+        plan, state = self.record.plan, self.record.state
         assert plan is not None and state is not None
-        self.record_training()
-        self.result["peak_mem_mb"] = self.world.max(self.result["peak_mem_mb"])  # the largest over the ranks
-        self.result["epochs"] = round(state.tokens / data.train_tokens, 3)
-        self.on_phase("train")  # training's keys are in the record before evaluation starts
-        if self.result["epochs"] > 1 and self.world.rank == 0:  # once per run, not once per rank
-            _warn_repeated_data(plan, self.result["epochs"], data.train_tokens)
+        self.record.record_training()
+        self.record.result["peak_mem_mb"] = self.record.world.max(
+            self.record.result["peak_mem_mb"]
+        )  # the largest over the ranks
+        self.record.result["epochs"] = round(state.tokens / data.train_tokens, 3)
+        self.record.on_phase("train")  # training's keys are in the record before evaluation starts
+        if self.record.result["epochs"] > 1 and self.record.world.rank == 0:  # once per run, not once per rank
+            _warn_repeated_data(plan, self.record.result["epochs"], data.train_tokens)
 
     def _resuming(self) -> bool:
         """Whether this job restores a checkpoint: rank 0's decision, on every rank. A rank > 0 runs in a directory
         of its own, so auto-resume (a job requeued into its run dir) finds the checkpoint on rank 0 alone; the
         others follow it (auto-resume found the same config there) and load the file rank 0 picks."""
-        resuming = bool(self.world.from_rank0(lambda: self.resume is not None))
-        if self.resume is not None and not resuming:
+        resuming = bool(self.record.world.from_rank0(lambda: self.record.resume is not None))
+        if self.record.resume is not None and not resuming:
             raise RuntimeError(
-                f"rank {self.world.rank} resumes {self.resume.run_dir} but rank 0 starts afresh: give every rank the "
+                f"rank {self.record.world.rank} resumes {self.record.resume.run_dir} but rank 0 starts afresh: give every rank the "
                 f"same resume=<run dir>"
             )
         return resuming
@@ -278,19 +307,19 @@ class Job(JobRecord):
     def _prepare_loop(self, plan: Plan, stepper: Any, eval_forward: Any, data: Any) -> tuple[Any, Any]:
         """Batch-size search (a new plan.json when it chose), periodic validation and checkpoints."""
         hooks = LoopHooks(
-            run_dir=self.ctx.run_dir,
-            config_tree=self.config_tree,
-            overrides=self.ctx.overrides,
-            cwd=self.ctx.original_cwd,
-            code_fingerprint=self.result.get("code_fingerprint"),
-            write_file=self.write_file,
-            on_metrics=self.on_metrics,
+            run_dir=self.record.ctx.run_dir,
+            config_tree=self.record.config_tree,
+            overrides=self.record.ctx.overrides,
+            cwd=self.record.ctx.original_cwd,
+            code_fingerprint=self.record.result.get("code_fingerprint"),
+            write_file=self.record.write_file,
+            on_metrics=self.record.on_metrics,
         )
         plan, extras, searched = prepare_loop(plan, stepper, eval_forward, data, hooks)
         if searched is not None:
-            self.plan = plan
-            self.result["batch_search"] = searched
-            self.guard(
+            self.record.plan = plan
+            self.record.result["batch_search"] = searched
+            self.record.guard(
                 "update_config",
                 {
                     "micro_batch": plan.micro_batch,
@@ -302,28 +331,30 @@ class Job(JobRecord):
 
     def finish_model(self, data: Any, model: Any, eval_forward: Any) -> None:
         """Score the model, export the artifact, score its round trip, test-time train (speedrun.run.finish)."""
-        assert self.plan is not None  # resolve() set it, before the model was built
+        assert self.record.plan is not None  # resolve() set it, before the model was built
         model.eval()  # no dropout here, but fp8 layers switch to their bf16 path for evaluation
-        self.result.update(
+        self.record.result.update(
             evaluate_and_export(
-                self.plan,
+                self.record.plan,
                 model,
                 eval_forward,
                 data,
-                self.ctx.run_dir,
+                self.record.ctx.run_dir,
                 log.info,
-                on_phase=self.on_phase,
-                world=self.world,
+                on_phase=self.record.on_phase,
+                world=self.record.world,
                 code=self.code,
                 hessians=self.calibration.hessians if self.calibration is not None else None,
                 started=self.training_ended or self.loop_ended or None,
             )
         )
 
-    def record_training(self) -> None:
-        plan, state, result = self.plan, self.state, self.result
+    def training_keys(self) -> dict[str, Any]:
+        """What the result records of training: steps, tokens, times, losses, the loop's keys, MFU, peak memory."""
+        plan, state = self.record.plan, self.record.state
         assert plan is not None and state is not None
         tok_s = state.tokens / state.train_seconds if state.train_seconds > 0 else None
+        result: dict[str, Any] = {}
         result.update(
             steps=state.steps,
             tokens=state.tokens,
@@ -338,12 +369,13 @@ class Job(JobRecord):
         result.update(getattr(self, "run_step_keys", {}))  # the fractions of the run the settings came from
         result.update(mfu_keys(plan, state.stages, state.steps, state.train_seconds))
         result.update((self.peak_memory or PeakMemory(plan.device)).read())
+        return result
 
     def _train_time_keys(self) -> dict[str, Any]:
         """train_seconds, the time the track and the budget count: the loop's clock (train_loop_seconds) plus, where
         GPTQ's Hessians were collected after it, the wall time to their end (quant_hessian_seconds the collection
         alone); budget_seconds the limit (null: none) and quant_reserve_ok whether both fit in it."""
-        plan, state = self.plan, self.state
+        plan, state = self.record.plan, self.record.state
         assert plan is not None and state is not None
         loop = state.train_seconds
         keys: dict[str, Any] = {

@@ -12,6 +12,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,7 +60,7 @@ class RunContext:
 
 
 class JobRecord:
-    """Where a job writes and what it has written; the pipeline (speedrun.run.job.Job) builds on it."""
+    """Where a job writes and what it has written; the pipeline (speedrun.run.job.Job) holds one and writes into it."""
 
     def __init__(
         self,
@@ -90,6 +91,8 @@ class JobRecord:
         self.logger: RunLogger | None = None
         self.plan: Plan | None = None
         self.state: TrainState | None = None
+        self.training_keys: Callable[[], dict[str, Any]] | None = None
+        """What training measured, as result keys: the pipeline's (speedrun.run.job.Job.training_keys)."""
         self.attempts_dirname = "resume_attempts"
         """Where a job that holds (a resume refused before its restore, or a job refused a dir another run owns)
         keeps its own record, inside the dir it was refused."""
@@ -180,7 +183,9 @@ class JobRecord:
             log.warning("logger %s.%s failed: %s: %s", type(self.logger).__name__, method, type(e).__name__, e)
 
     def record_training(self) -> None:
-        """The training keys of the result (the pipeline's; a record without training has none)."""
+        """The training keys of the result (``training_keys``, the pipeline's; a record without training has none)."""
+        if self.training_keys is not None:
+            self.result.update(self.training_keys())
 
     # -- always -------------------------------------------------------------------------------------------
     def close_early(self, db: ResultsDB | dist.NoRecords, run_id: str, status: str, error: str, tb: str) -> None:

@@ -32,7 +32,7 @@ from speedrun.records.rundir import new_run_refusal, symlink_problem
 from speedrun.records.store import ENDED, ResultsDB, empty_result, owner_keys, recorded_status
 from speedrun.run.checkpoint import checkpoint_dir
 from speedrun.run.job import Job
-from speedrun.run.job_record import RunContext, write_error_file
+from speedrun.run.job_record import JobRecord, RunContext, write_error_file
 from speedrun.run.oom import find_oom, oom_result
 from speedrun.run.signals import sigterm_as_interrupt, stop_signals_deferred
 
@@ -116,15 +116,16 @@ def run_job(cfg: Any, ctx: RunContext | None = None) -> dict[str, Any]:
     fresh = {"started_at": started, "overrides": " ".join(ctx.overrides), "config": config_tree}
     # a resumed run keeps its row's start, overrides and config, and counts its resumptions
     start = {"resumed_at": started, "resumed_from_step": resume.steps} if resume else fresh
-    job = Job(ctx, result, config_tree, db, run_id, resume, world)
-    job.start_keys, job.fresh_start_keys, job.lock = start, fresh, lock
+    record = JobRecord(ctx, result, config_tree, db, run_id, resume, world)
+    record.start_keys, record.fresh_start_keys, record.lock = start, fresh, lock
     if held:  # refused another run's dir: a row of its own (named under the dir), leaving that run's files and row
-        job.holding, job.attempts_dirname = True, attempts
-        job.writes_files = attempts != "refused_attempts"
+        record.holding, record.attempts_dirname = True, attempts
+        record.writes_files = attempts != "refused_attempts"
     if resume is None and not held:  # a resume writes nothing into the original record until its restore
         _open_record(db, run_id, {**result, **start})
-        job.start_heartbeat()
-    world.on_stop = functools.partial(job.close_early, db, run_id)
+        record.start_heartbeat()
+    world.on_stop = functools.partial(record.close_early, db, run_id)
+    job = Job(record)
     try:
         with sigterm_as_interrupt():
             if refusal is not None:
@@ -134,19 +135,19 @@ def run_job(cfg: Any, ctx: RunContext | None = None) -> dict[str, Any]:
         result["status"] = "interrupted"
         result["error"] = f"interrupted ({e})" if str(e) else "interrupted (Ctrl-C or SIGTERM)"
         world.settle(result, e, ctx.run_dir)  # a peer rank's failure outranks the signal it caused here
-        e.speedrun_job = job  # type: ignore[attr-defined]  # speedrun.main prints where the record went
+        e.speedrun_job = record  # type: ignore[attr-defined]  # speedrun.main prints where the record went
         raise
     except BaseException as e:  # noqa: BLE001 - every failure is recorded, then re-raised
-        oom_error = _record_failure(job, e, ctx.run_dir)
+        oom_error = _record_failure(record, e, ctx.run_dir)
         if oom_error is not None:
             raise oom_error from e
         raise
     finally:
         with stop_signals_deferred():
-            job.finish(db, started)
+            record.finish(db, started)
         _note_where_recorded(sys.exc_info()[1])
-    if not job.recorded:  # the run itself went well, its record did not: that is a failed run
-        raise RecordNotWritten(f"the run ended but its record could not be written: {job.record_note()}")
+    if not record.recorded:  # the run itself went well, its record did not: that is a failed run
+        raise RecordNotWritten(f"the run ended but its record could not be written: {record.record_note()}")
     return result
 
 
@@ -192,23 +193,23 @@ def environment_notes(environ: dict[str, str] | None = None) -> list[str]:
     return notes
 
 
-def _record_failure(job: Job, e: BaseException, run_dir: Path) -> RunOutOfMemory | None:
+def _record_failure(record: JobRecord, e: BaseException, run_dir: Path) -> RunOutOfMemory | None:
     """Record the failure ``e`` in the job's result and tell the other ranks to stop; for running out of GPU
     memory (an outcome with its own status and fix, not a bug), the RunOutOfMemory to raise in its place."""
-    result, world = job.result, job.world
-    if not job.delegated and job.writes_files:  # a launching process keeps rank 0's error.txt
-        write_error_file(job.error_dir(), traceback.format_exc())
+    result, world = record.result, record.world
+    if not record.delegated and record.writes_files:  # a launching process keeps rank 0's error.txt
+        write_error_file(record.error_dir(), traceback.format_exc())
     oom = find_oom(e)
     if oom is not None:
-        result.update(oom_result(job.plan, result.get("phase"), oom, run_dir))
+        result.update(oom_result(record.plan, result.get("phase"), oom, run_dir))
         world.settle(dict(result), e, run_dir)  # tell the other ranks to stop; this row keeps status oom
         oom_error = RunOutOfMemory(result["error"])
-        oom_error.speedrun_job = job  # type: ignore[attr-defined]  # read by speedrun.main, as above
+        oom_error.speedrun_job = record  # type: ignore[attr-defined]  # read by speedrun.main, as above
         return oom_error
     result["status"] = "failed"
     result["error"] = f"{type(e).__name__}: {e}"
     world.settle(result, e, run_dir)  # names the rank that failed first, and tells the others to stop
-    e.speedrun_job = job  # type: ignore[attr-defined]  # read by speedrun.main, as above
+    e.speedrun_job = record  # type: ignore[attr-defined]  # read by speedrun.main, as above
     return None
 
 
@@ -279,9 +280,9 @@ def _detach_file_logs(run_dir: Path) -> None:
 
 
 def _note_where_recorded(e: BaseException | None) -> None:
-    """Swap the Job an exception carries (set above) for the line saying where its record went, now that the row
-    is final: speedrun.main prints the line, and the exception must stay picklable, since submitit pickles a
-    failed job's exception to hand it back to the launcher (a Job holds locks)."""
+    """Swap the JobRecord an exception carries (set above) for the line saying where its record went, now that the
+    row is final: speedrun.main prints the line, and the exception must stay picklable, since submitit pickles a
+    failed job's exception to hand it back to the launcher (a JobRecord holds locks)."""
     job = getattr(e, "speedrun_job", None)
     if e is not None and job is not None:
         e.speedrun_record = job.record_note()  # type: ignore[attr-defined]
