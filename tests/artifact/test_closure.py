@@ -54,8 +54,8 @@ def test_the_walk_follows_every_import_but_type_checking_and_an_unchosen_module(
             "speedrun/runtime.py": "",
             "speedrun/chosen.py": "import speedrun.behind_chosen\n",
             "speedrun/behind_chosen.py": "",
-            "speedrun/model/__init__.py": "",
-            "speedrun/model/gpt.py": "",
+            "speedrun/core/__init__.py": "",
+            "speedrun/core/model.py": "",
         },
     )
     monkeypatch.setattr(closure, "SRC", tmp_path)
@@ -67,8 +67,8 @@ def test_the_walk_follows_every_import_but_type_checking_and_an_unchosen_module(
         "speedrun/runtime.py",
         "speedrun/pkg/__init__.py",
         "speedrun/pkg/inner.py",
-        "speedrun/model/__init__.py",
-        "speedrun/model/gpt.py",  # the model class, imported by its name
+        "speedrun/core/__init__.py",
+        "speedrun/core/model.py",  # the model class, imported by its name
     }
     plan = types.SimpleNamespace(on=False, model_arch="gpt")
     assert set(reached(plan)) == always
@@ -110,15 +110,11 @@ def plans():
 
 def test_a_closure_holds_the_runs_choices_and_none_of_the_tools(plans):
     record, smoke, flex = (set(reached(plans[k])) for k in ("record", "smoke", "flex"))
-    backends = {p.rsplit("/", 1)[1] for p in record if p.startswith("speedrun/model/attention/")}
-    assert backends == {"__init__.py", "base.py", f"{plans['record'].attn}.py"}  # the one backend it runs
-    assert {"speedrun/ttt/score_first.py", "speedrun/ttt/global_phases.py", "speedrun/run/finish_ttt.py"} <= record
-    assert {"speedrun/quant/gptq.py", "speedrun/quant/lqer.py", "speedrun/quant/pergroup.py"} <= record
-    # the smoke run: TTT off, int8 with zlib, sdpa on CPU
-    assert not {p for p in smoke if p.startswith("speedrun/ttt/")} and "speedrun/run/finish_ttt.py" not in smoke
-    assert not {"speedrun/quant/gptq.py", "speedrun/quant/lqer.py", "speedrun/quant/pergroup.py"} & smoke
-    assert "speedrun/model/attention/sdpa.py" in smoke and "speedrun/model/attention/flex.py" not in smoke
-    assert "speedrun/model/attention/flex.py" in flex and "speedrun/model/attention/sdpa.py" not in flex
+    ttt = {"speedrun/core/ttt_score.py", "speedrun/core/ttt_global.py", "speedrun/run/finish_ttt.py"}
+    assert ttt <= record and "speedrun/core/attention.py" in record  # the backends: one module, linked by name
+    # the smoke run: TTT off, sdpa on CPU; flex's tile tables only under attn=flex
+    assert not {p for p in smoke if p.startswith("speedrun/core/ttt_")} and "speedrun/run/finish_ttt.py" not in smoke
+    assert "speedrun/kernels/tiles.py" in flex and "speedrun/kernels/tiles.py" not in smoke | record
     for packed in (record, smoke, flex):
         assert not [p for p in packed if p.startswith(TOOLS)], [p for p in packed if p.startswith(TOOLS)]
         assert "speedrun/rerun.py" in packed and "speedrun/artifact/unwrap.py" in packed

@@ -21,7 +21,10 @@ import json
 import types
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Union
+
+if TYPE_CHECKING:
+    from speedrun.plan.types import Plan
 
 from speedrun.core.model import BUILTIN
 
@@ -32,11 +35,15 @@ ENTRY = "speedrun.rerun"
 """The self-extracting file's entry point."""
 
 
-def _ttt(plan: Any) -> bool:
+PlanView = Union["Plan", types.SimpleNamespace]
+"""A Plan, or a run dir's plan.json read as its attributes (recorded_plan): what SELECTED's tests read."""
+
+
+def _ttt(plan: PlanView) -> bool:
     return str(plan.ttt.name) != "off"
 
 
-SELECTED: dict[str, Callable[[Any], bool]] = {
+SELECTED: dict[str, Callable[[PlanView], bool]] = {
     **{f"speedrun.core.ttt_{m}": _ttt for m in ("lora", "docs", "global", "graphs", "scorers", "score")},
     "speedrun.run.finish_ttt": _ttt,
     "speedrun.core.fp8": lambda plan: bool(plan.kernel.fp8),
@@ -46,7 +53,6 @@ SELECTED: dict[str, Callable[[Any], bool]] = {
     "speedrun.run.wandb_logger": lambda plan: str(plan.logger.name) == "wandb",
     "speedrun.artifact.raw_rule": lambda plan: str(plan.artifact.code_rule) == "raw",
     "speedrun.kernels.tiles": lambda plan: plan.attn == "flex",
-    "speedrun.plan.track": lambda plan: plan.track.name is not None,
     "speedrun.run.track_verdict": lambda plan: plan.track.name is not None,
     "speedrun.run.batch_search": lambda plan: plan.micro_batch_search or plan.eval.batch_search,
     "speedrun.hardware.threads": lambda plan: plan.device == "cpu",
@@ -138,7 +144,7 @@ def closure(roots: Iterable[str], chosen: Callable[[str], bool]) -> set[str]:
     return seen
 
 
-def reached(plan: Any | None) -> list[str]:
+def reached(plan: PlanView | None) -> list[str]:
     """The modules a re-run of ``plan`` imports, as files relative to src/, sorted; ``plan`` None: every choice (a
     file for a run whose Plan is not known)."""
 
@@ -152,7 +158,7 @@ def reached(plan: Any | None) -> list[str]:
     return sorted(p.relative_to(SRC).as_posix() for p in files if p is not None)
 
 
-def recorded_plan(run_dir: Path) -> Any | None:
+def recorded_plan(run_dir: Path) -> types.SimpleNamespace | None:
     """A run dir's plan.json, read as the attributes SELECTED's tests take (the Plan's fields, nested), or None when
     the run dir has none: what the export packs for a run that wrote no train_gpt.py."""
     try:

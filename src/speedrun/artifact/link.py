@@ -133,20 +133,21 @@ def is_speedrun(module: str) -> bool:
     return module == "speedrun" or module.startswith("speedrun.")
 
 
-def plan_value(plan: Any, path: str) -> Any:
-    """The Plan's (or plan.json's) value at a dotted path; None where it has none."""
-    value = plan
+PlanValues = Mapping[str, Any]
+"""The frozen settings a file is linked for: the Plan as plan.json holds it (Plan.to_dict())."""
+
+
+def plan_value(plan: PlanValues, path: str) -> Any:
+    """plan.json's value at a dotted path; None where it has none."""
+    value: Any = plan
     for part in path.split("."):
-        if isinstance(value, Mapping):
-            value = value.get(part)
-        else:
-            value = getattr(value, part, None)
+        value = value.get(part) if isinstance(value, Mapping) else None
         if value is None:
             return None
     return value
 
 
-def chosen_keys(plan: Any, path: str) -> set[str] | None:
+def chosen_keys(plan: PlanValues | None, path: str) -> set[str] | None:
     """The registry keys the Plan names at ``path``: its string, each item of a tuple, "on"/"off" for a bool or
     anything else truthy/falsy; None (keep every entry) when ``plan`` is None."""
     if plan is None:
@@ -196,12 +197,12 @@ class Linked:
     modules: dict[str, Module]
     kept: dict[str, set[int]]
     order: list[str]
-    plan: Any = None
+    plan: PlanValues | None = None
     symbols: set[Symbol] = field(default_factory=set)
 
 
 class Linker:
-    def __init__(self, modules: Iterable[Module], plan: Any = None, prune_registries: bool = True):
+    def __init__(self, modules: Iterable[Module], plan: PlanValues | None = None, prune_registries: bool = True):
         self.modules = {m.name: m for m in modules}
         self.plan = plan if prune_registries else None
 
@@ -584,7 +585,7 @@ def shell_roots(files: Mapping[str, str], linked: Iterable[str]) -> set[Symbol]:
     return roots
 
 
-def link(files: Mapping[str, str], plan: Any) -> Linked:
+def link(files: Mapping[str, str], plan: PlanValues) -> Linked:
     """The driver's ``main`` linked for ``plan`` over ``files`` ({repo path: text}: speedrun/core/, the shared
     modules, speedrun/driver.py), refused (LinkError) when it cannot be one module."""
     modules = modules_of(files, None) + modules_of(files, [DRIVER])
