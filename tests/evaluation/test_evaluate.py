@@ -206,8 +206,8 @@ def test_a_time_budget_stops_after_the_batch_that_spends_it_and_says_so(monkeypa
 
 
 def test_a_partial_eval_is_visible_in_the_record_and_the_result_block(compose, tmp_path):
-    from speedrun.records.result_block import format_result_block
     from speedrun.run.finish import evaluate_and_export
+    from speedrun.tables import format_result_block
 
     cfg = to_config(
         compose(

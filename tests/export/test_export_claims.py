@@ -17,7 +17,7 @@ from speedrun.export.cli import write_folder
 from speedrun.export.folder import Submission
 from speedrun.export.run_dirs import Run
 from speedrun.export.track import evidence_problems
-from speedrun.records.result_block import format_result_block
+from speedrun.tables import format_result_block
 
 H100 = "NVIDIA H100 80GB HBM3"
 DATA = "fineweb_sp8192_caseops"

@@ -8,8 +8,8 @@ import multiprocessing as mp
 import sqlite3
 import time
 
-from speedrun.records.result_block import format_result_block
 from speedrun.records.store import RESULT_KEYS, ResultsDB, empty_result, write_json
+from speedrun.tables import format_result_block
 
 
 def _writer(path, worker):

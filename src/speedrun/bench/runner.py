@@ -35,7 +35,7 @@ from speedrun.bench.spec import Check, PeerArm, Ratio, RunArm, judge
 from speedrun.bench.steps import Options, Step, arm_command, corpus_dir, peer_path, plan
 from speedrun.records.atomic import atomic_write
 from speedrun.records.identity import file_sha256
-from speedrun.records.result_block import BLOCK_KEYS
+from speedrun.tables import BLOCK_KEYS
 
 LOG_TAIL = 40
 """Lines of each run's console output kept in the result file."""

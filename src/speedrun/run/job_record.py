@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 from speedrun.distributed import world as dist
 from speedrun.records.atomic import atomic_write_text
 from speedrun.records.lock import RunDirLock
-from speedrun.records.result_block import format_result_block
 from speedrun.records.store import MetricsLog, ResultsDB, write_json
 from speedrun.run.checkpoint import list_checkpoints
 from speedrun.run.heartbeat import Heartbeat
 from speedrun.run.loggers import RunLogger
+from speedrun.tables import format_result_block
 
 if TYPE_CHECKING:
     from speedrun.core.train import TrainState
