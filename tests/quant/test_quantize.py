@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from speedrun.config import compressors, to_config
+from speedrun.config import quant as compressors
+from speedrun.config import to_config
 from speedrun.core import gptq, pergroup
 from speedrun.core import quant as Q
 from speedrun.errors import ConfigError

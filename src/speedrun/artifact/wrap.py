@@ -122,7 +122,7 @@ def pin_choices(config: dict[str, Any], plan: Any) -> dict[str, Any]:
     """The config with the Plan's `auto` choices written in: the attention backend, and the model preset with the
     run's explicit fields on top (as speedrun.plan.model_choice merges them), so a re-run builds what ran without
     reading conf/ (and without OmegaConf, which reads it)."""
-    from speedrun.plan.options import load_option  # at pin time only: a re-run's config names its preset
+    from speedrun.plan import load_option  # at pin time only: a re-run's config names its preset
 
     tree = json.loads(json.dumps(config))
     if tree.get("attn", {}).get("name") == "auto":

@@ -1,5 +1,5 @@
 """Schema of the ``artifact`` node: how the artifact's code side is counted, and the package that rule needs
-(checked by the resolver before any work, as config.compressors does for the compressors; torch-free)."""
+(checked by the resolver before any work, as config.quant.check_compressor does for the compressors; torch-free)."""
 
 from __future__ import annotations
 

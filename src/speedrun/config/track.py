@@ -2,7 +2,7 @@
 
 ``track=pgolf_10min_16mb`` names parameter-golf's record track, ``track=mng_124m`` modded-nanogpt's GPT-2 speedrun;
 the default, ``track=none``, holds no rules. A run with a track is refused at compose where it cannot comply
-(speedrun.plan.track: a validation subset, a time budget over the limit, GPTQ's Hessians outside the training
+(TrackConfig.check_plan: a validation subset, a time budget over the limit, GPTQ's Hessians outside the training
 clock), and at its end records ``track_ok`` with the reasons it fails (``track_problems``: the GPUs, the card, the
 data, the time measured). The export (speedrun.export) claims a record only for a run whose rules held.
 
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from speedrun.errors import ConfigError
+from speedrun.errors import ConfigError, PlanError
 
 ACCEPT_RULES = ("improve_by", "below")
 SCORED_LOSS = "scored_loss"
@@ -174,6 +174,38 @@ class TrackConfig:
                 f"does not allow: set budget.target_{target[0]}=null"
             )
         return out
+
+    def check_plan(
+        self, eval_tokens: int | None, train_seconds: float | None, ttt_on: bool, ttt_max_seconds: float | None
+    ) -> None:
+        """Refuse (PlanError), before any work, a run that cannot comply whatever happens on the way: a validation
+        subset, a time budget over the limit, TTT allowed more than the evaluation limit. ``eval_tokens``: the Plan's
+        (N targets need N + 1 tokens, the first is context only); ``train_seconds``: its time budget (None: none)."""
+        if not self.on:
+            return
+        why = []
+        if self.full_validation and eval_tokens is not None:
+            why.append(
+                f"it scores the whole validation split, and eval.tokens={eval_tokens} scores a subset (eval.tokens=null)"
+            )
+        elif self.val_tokens is not None and (eval_tokens is None or eval_tokens - 1 != self.val_tokens):
+            why.append(
+                f"it scores the first {self.val_tokens:,} validation targets: set eval.tokens={self.val_tokens + 1}"
+            )
+        limit = self.train_seconds
+        if limit is not None and (train_seconds is None or train_seconds > limit):
+            have = "no time limit" if train_seconds is None else f"budget.train_seconds={train_seconds:g}"
+            why.append(
+                f"it limits training to {limit:g} s and this run has {have}: set budget.train_seconds<={limit:g}"
+            )
+        if self.eval_seconds is not None and ttt_on and ttt_max_seconds is not None:
+            if ttt_max_seconds > self.eval_seconds:
+                why.append(
+                    f"it limits evaluation to {self.eval_seconds:g} s, TTT included, and ttt.max_seconds="
+                    f"{ttt_max_seconds:g} allows more: lower ttt.max_seconds"
+                )
+        if why:
+            raise PlanError(f"track={self.name} cannot accept this run: " + "; ".join(why))
 
     def problems(self, result: dict[str, Any], card_of: Callable[[str], str | None] | None = None) -> list[str]:
         """Why a run with these result keys does not meet the rules ([] when it meets them all). ``card_of``: a GPU

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from speedrun.config import ArtifactConfig, Config, DataConfig, EMAConfig, QuantConfig
-from speedrun.config.choices import PrecisionName, QuantName
+from speedrun.config.choices import PrecisionName, QuantName, TTTName
 from speedrun.config.code_rule import check_code_rule
-from speedrun.config.compressors import check_compressor
+from speedrun.config.quant import check_compressor
 from speedrun.core.data import GPT2, is_tiktoken, require_tiktoken
 from speedrun.core.model import ModelShape
 from speedrun.errors import PlanError
@@ -27,8 +27,7 @@ from speedrun.plan.budget import resolve_budget
 from speedrun.plan.dist_choice import DistPlan, WorldInfo
 from speedrun.plan.kernel_choice import graph_warmup_steps, resolve_kernel
 from speedrun.plan.memory import param_count, training_memory_bytes
-from speedrun.plan.model_choice import resolve_arch, resolve_model
-from speedrun.plan.options import load_option
+from speedrun.plan.model_choice import load_option, resolve_arch, resolve_model
 from speedrun.plan.scoring import resolve_eval, resolve_ttt
 from speedrun.plan.types import BudgetPlan, DataPlan, EvalPlan, KernelPlan, Plan, Stage, plan_json
 
@@ -100,10 +99,8 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
     ttt = resolve_ttt(cfg.ttt, model, eval_plan.batch_size, batch.dist.world_size, on_cuda)
     _check_code_rule(cfg.artifact, cfg.quant)
     _check_quant(cfg.quant)
-    if cfg.track.on:  # a contest's rules (conf/track/); the file of a run without them carries no check
-        from speedrun.plan.track import check_track
-
-        check_track(cfg.track, budget, eval_plan, ttt)
+    # a contest's rules (conf/track/): what the run cannot comply with whatever happens on the way
+    cfg.track.check_plan(eval_plan.tokens, budget.seconds, ttt.name != TTTName.off, ttt.max_seconds)
     compile_on = cfg.hardware.compile if cfg.hardware.compile is not None else on_cuda
     kernel, attn_options, warmup_steps = _resolve_kernel(
         cfg, profile, precision, model, attn, attn_options, batch, compile_on
