@@ -36,6 +36,7 @@ from speedrun.core import choice
 from speedrun.core.gptq import (
     FineColumns,
     awq_groups,
+    calibrate,
     correction,
     dequantize_correction,
     qmax_of,
@@ -320,6 +321,11 @@ def add_lqer(
 AWQ = choice("quant.awq.top_k", {"on": awq_choice})
 LQER = choice("quant.lqer.rank", {"on": (add_lqer, dequantize_correction)})
 """LQER's corrections: added to the packed matrices (add_lqer), and read back (dequantize_correction)."""
+
+
+HESSIANS = choice("quant.name", {"int6": calibrate})
+"""quant.name -> GPTQ's Hessians of the trained model (speedrun.core.gptq.calibrate): int6 only, so an int8 run links
+no calibration."""
 
 
 # ---------------------------------------------------------------------------------------------------------

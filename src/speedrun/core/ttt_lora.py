@@ -230,6 +230,10 @@ class InputAdapters(nn.Module):
         return tuple(out.get(t) for t in SHARED_INPUT)
 
 
+SHARED_A = choice("ttt.shared_attn_a", {"on": InputAdapters})
+"""ttt.shared_attn_a: the attention's input adapters as one hook."""
+
+
 class Adapted(nn.Module):
     """A frozen module (a linear, or a whole attention or MLP) plus a delta from its first input:
     module(x, *rest) + delta(x). ``active`` False gives the module alone, bit for bit (global TTT trains that).
@@ -305,7 +309,7 @@ class LoRAModel:
         self.slots = slots
         self.wrapped: list[Adapted] = []
         self.deltas: list[LoRADelta] = []
-        self.hooked: list[tuple[Any, InputAdapters]] = []
+        self.hooked: list[tuple[Any, nn.Module]] = []
         """(attention, its InputAdapters) per block, with shared_attn_a."""
 
         def adapt(parent: nn.Module, attr: str, shared: dict[str, LoRADelta] | None, target: str) -> None:
@@ -336,7 +340,7 @@ class LoRAModel:
                 if t in BYPASS:
                     adapt(block, BYPASS[t], shared, t)
             if shared:
-                hook = InputAdapters(shared)
+                hook = SHARED_A["on"](shared)
                 attn.adapter = hook
                 self.hooked.append((attn, hook))
         self.head: LoRADelta | None = None
