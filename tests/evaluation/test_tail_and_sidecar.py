@@ -136,7 +136,7 @@ def test_standard_and_sliding_scores_count_the_sidecars_bytes(stride):
 
 
 def test_ttt_chunk_steps_count_the_sidecars_bytes():
-    """speedrun.ttt.graphs.chunk_step scores chunks of rows (window begin, length, first scored column): with a
+    """speedrun.core.ttt_graphs.chunk_step scores chunks of rows (window begin, length, first scored column): with a
     sidecar the bytes are those of the scored targets' positions."""
     from speedrun.core.ttt_graphs import chunk_step
 

@@ -1,4 +1,4 @@
-"""The adapters' optimizer (speedrun.ttt.optim): Adam with beta1 = 0 steps only the slots of a step's rows
+"""The adapters' optimizer (speedrun.core.ttt_lora): Adam with beta1 = 0 steps only the slots of a step's rows
 and settles the others' weight decay when the batch ends, leaving the adapters as AdamW over every slot does."""
 
 from __future__ import annotations

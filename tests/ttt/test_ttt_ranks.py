@@ -1,4 +1,4 @@
-"""TTT over ranks. How its batches are dealt (speedrun.ttt.documents.deal_batches): by cost between global phases,
+"""TTT over ranks. How its batches are dealt (speedrun.core.ttt_docs.deal_batches): by cost between global phases,
 and with warm_start_a into chains that do not depend on the rank count. And TTT and evaluation on two gloo ranks
 against one process: documents and batches dealt over the ranks, float64 sums all-reduced, global phases with
 averaged gradients (every rank's model the same), and a time budget that every rank obeys at the same batch."""

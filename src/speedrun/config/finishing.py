@@ -95,7 +95,7 @@ class EvalConfig:
 
 @dataclass
 class PhasedTTTConfig:
-    """ttt.phased: phased global TTT, the records' PHASED_TTT_* / GLOBAL_TTT_* (speedrun.ttt.global_phases).
+    """ttt.phased: phased global TTT, the records' PHASED_TTT_* / GLOBAL_TTT_* (speedrun.core.ttt_global).
     The documents LoRA TTT scores first (``prefix_docs`` of them, in the order they are scored) are cut into
     ``phases`` equal groups; when a group is scored, the model's own weights are fine-tuned with SGD on every
     document scored so far, and the documents after it are scored (and LoRA-adapted) on the fine-tuned model."""
@@ -210,14 +210,14 @@ class TTTConfig:
     to trace and lower at the pgolf_record shape)."""
     cuda_graphs: bool | None = None
     """Replay every TTT step from a CUDA graph, one per step shape (rows padded to a power of two, the window's
-    width), all captured before TTT's clock starts (speedrun.ttt.graphs; the capture counts in
+    width), all captured before TTT's clock starts (speedrun.core.ttt_graphs; the capture counts in
     ttt_compile_seconds, ttt_cuda_graphs_captured says how many shapes): compiled TTT spends most of its time
     launching kernels, not running them (check ``ttt_rate`` measures the graphed rate). CUDA only. With
     ttt.beta1=0 the optimizer's step is inside the graph; otherwise it runs after. None: on with ttt.compile on a
     CUDA GPU, else off (plan.json says which); true on a machine without CUDA is refused."""
     max_batch_share: float | None = 0.125
     """Halve a batch of documents (its first half, then the rest) while its predicted cost
-    (speedrun.ttt.documents.batch_cost) is more than this share of the whole TTT's: on a small validation set,
+    (speedrun.core.ttt_docs.batch_cost) is more than this share of the whole TTT's: on a small validation set,
     one batch of its longest documents can be a third of the work, which one rank runs while the others wait. The
     split depends on the documents alone (a frozen cost model), not on the rank count or on how TTT runs, so 1 and 8
     ranks score the same batches. It does change the scores against no split: under ttt.warm_start_a a batch starts

@@ -14,7 +14,7 @@ from speedrun.config.choices import Compressor, PergroupCodec, QuantClip, QuantN
 from speedrun.config.specs import parse_count
 
 TENSOR_CLASSES = ("attn", "mlp", "matrix", "embed")
-"""The classes of quantized matrices quant.sigmas names (speedrun.quant.classes assigns them by name)."""
+"""The classes of quantized matrices quant.sigmas names (speedrun.core.pergroup assigns them by name)."""
 
 
 @dataclass
@@ -105,7 +105,7 @@ class QuantConfig:
     compressor: Compressor = Compressor.zlib
     """zlib, lzma (stdlib), brotli, zstd (the `compress` extra: pip install 'speedrun[compress]'), or pergroup:
     tensors grouped by kind and class, each group byte-shuffled and compressed apart with quant.pergroup_codec in
-    parallel threads (speedrun.quant.pergroup)."""
+    parallel threads (speedrun.core.pergroup)."""
     level: int = 9
     """Compression level (zlib 0-9, lzma 0-9, brotli 0-11, zstd 1-22; pergroup: its codec's)."""
     cap_bytes: Any = 16_000_000
@@ -136,7 +136,7 @@ class QuantConfig:
     """int6: GPTQ the token embedding (and an untied lm_head) at embed_bits instead of rounding to nearest. The
     Hessian is that of the output head's input, X^T X of the final norm's output (the record's), for a tied
     embedding and an untied head alike; an untied embedding is only looked up, which makes its Hessian diagonal
-    in the rows, so it stays round-to-nearest (speedrun.quant.gptq)."""
+    in the rows, so it stays round-to-nearest (speedrun.core.gptq)."""
     lqer: LQERConfig = field(default_factory=LQERConfig)
     """int6: low-rank corrections of the top_k worst-quantized matrices (rank 0: off)."""
     awq: AWQConfig = field(default_factory=AWQConfig)
@@ -156,7 +156,7 @@ class QuantConfig:
     counts as training (parameter-golf's rule): the training loop stops this much earlier (its LR schedule follows
     the shorter budget), the Hessians are collected right after its last step, and train_seconds records loop +
     Hessians, with quant_reserve_ok whether that stayed within budget.train_seconds. None: warm-up measures it
-    (speedrun.quant.calibration); 0 is refused, since it would leave the Hessians outside the budget. The
+    (speedrun.run.quant_phase); 0 is refused, since it would leave the Hessians outside the budget. The
     record: 8 (on 8 GPUs)."""
     pergroup_codec: PergroupCodec = PergroupCodec.brotli
     """compressor=pergroup: the codec of every group (brotli or lzma), at quant.level."""

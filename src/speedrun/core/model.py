@@ -278,8 +278,8 @@ class CausalSelfAttention(nn.Module):
                 nn.init.normal_(w, mean=0.0, std=gate.init_std)
             self.attn_gate_w = nn.Parameter(w)
         self.adapter: nn.Module | None = None
-        """Low-rank deltas from this attention's input, set only on TTT's own copy of the model (speedrun.ttt.
-        lora.InputAdapters, ttt.shared_attn_a): ``adapter(x, at)`` -> the deltas of q, k, v and of the output
+        """Low-rank deltas from this attention's input, set only on TTT's own copy of the model (speedrun.core.
+        ttt_lora.InputAdapters, ttt.shared_attn_a): ``adapter(x, at)`` -> the deltas of q, k, v and of the output
         (None where there is no adapter), q's and the output's at ``at``'s columns. Its adapters share one
         product with the input, where adapters wrapped around c_q, c_k, c_v and the whole attention each take
         their own."""
@@ -533,7 +533,7 @@ class GPT(nn.Module):
         self._region_calls: tuple[tuple, Any] | None = None
         self.head_adapter: nn.Module | None = None
         """A module adding a delta to the logits, from the normed final hidden state (B, T, C) -> (B, T, V): TTT's LoRA
-        on the output head (speedrun.ttt.lora), set only on TTT's own copy of the model. The head's weight is
+        on the output head (speedrun.core.ttt_lora), set only on TTT's own copy of the model. The head's weight is
         applied with F.linear (it may be the tied embedding), so an adapter cannot be swapped in as a module."""
 
     @contextlib.contextmanager
@@ -597,7 +597,7 @@ class GPT(nn.Module):
         mean over them), the same numbers as the whole forward's columns (up to the attention kernel's rounding).
         The last layer call then runs its queries, output projection and MLP at the columns only: nothing after
         its keys and values reaches another column's output. TTT scores a chunk of 48 tokens with a window of up
-        to 2,048 of context (speedrun.ttt.score_first), so that call runs at 48 columns instead of up to 2,048."""
+        to 2,048 of context (speedrun.core.ttt_score), so that call runs at 48 columns instead of up to 2,048."""
         B, T = idx.shape
         ctx = self.attention.prepare(idx, self.bos_id)
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]

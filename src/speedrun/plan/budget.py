@@ -6,7 +6,7 @@ lifts the profile's default, since its point is the same training on any card.
 
 GPTQ's Hessians read training data, so they count as training (parameter-golf's rule): with a time limit, their
 time is reserved out of it. quant.reserve_seconds fixes the reserve; unset, warm-up measures it
-(speedrun.quant.calibration). Either way result.json's train_seconds is the loop's plus the Hessians', checked
+(speedrun.run.quant_phase). Either way result.json's train_seconds is the loop's plus the Hessians', checked
 against the limit.
 """
 

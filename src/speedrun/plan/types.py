@@ -166,7 +166,7 @@ class BudgetPlan:
     """Model FLOPs (MFU convention, per stage's seq_len) after which the run ends."""
     hessian_reserve: float | None = 0.0
     """Seconds of ``seconds`` kept for GPTQ's Hessians: quant.reserve_seconds where set; None where they are
-    measured in warm-up instead (speedrun.quant.calibration); 0 where nothing reads training data after the loop
+    measured in warm-up instead (speedrun.run.quant_phase); 0 where nothing reads training data after the loop
     or there is no time limit."""
 
     @property

@@ -13,7 +13,7 @@ eval.max_seconds bounds each of the first two passes: one cut short scores a pre
 fingerprint is of the tokens it scored, so the report never compares it with a complete pass.
 
 GPTQ (quant=int6) takes its Hessians from a fresh stream of *training* batches, never from validation data. The
-job collects them right after the last training step, on the training clock (speedrun.quant.calibration), and
+job collects them right after the last training step, on the training clock (speedrun.run.quant_phase), and
 passes them in; called without them, the export collects its own.
 
 With ema.decay set, every number here is of the weights' moving average: training.loop.train returns with it in the

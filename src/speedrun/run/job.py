@@ -269,7 +269,7 @@ class Job:
 
     def calibrate(self, data: Any, model: Any) -> None:
         """GPTQ's Hessians, right after the last step (rank 0, which exports): the last read of training data, so
-        train_seconds ends with them (speedrun.quant.calibration)."""
+        train_seconds ends with them (speedrun.run.quant_phase)."""
         plan = self.record.plan
         assert plan is not None
         if not reads_training_data(plan.quant) or self.record.world.rank != 0:
