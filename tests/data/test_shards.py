@@ -139,3 +139,14 @@ def test_list_shards_none(tmp_path):
     assert str(tmp_path) in str(err.value) and "fineweb_val_%06d.bin" in str(err.value)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         list_shards(tmp_path / "missing", "train")
+
+
+def test_dataset_paths_lists_a_directorys_shards_and_sidecars(tmp_path):
+    from speedrun.core.data import dataset_paths, sidecar_name
+
+    for name in ("fineweb_train_000001.bin", "fineweb_train_000000.bin", "fineweb_val_000000.bin", sidecar_name(0)):
+        write_shard(tmp_path / name, np.arange(4))
+    paths = dataset_paths(tmp_path, tmp_path / "tokenizer.model", 1024)
+    assert [p.name for p in paths.train] == ["fineweb_train_000000.bin", "fineweb_train_000001.bin"]
+    assert [p.name for p in paths.val_bytes] == [sidecar_name(0)] and len(paths.val) == 1
+    assert paths.tokenizer == tmp_path / "tokenizer.model" and paths.vocab_size == 1024

@@ -144,6 +144,13 @@ class DatasetPaths:
         return self.train[0].parent
 
 
+def dataset_paths(directory: Path, tokenizer: str | Path, vocab_size: int) -> DatasetPaths:
+    """The shards (and byte sidecars) in ``directory`` with their tokenizer, as a run that was handed its data reads
+    them (speedrun.data.existing.open_dataset checks them first, with the fix for each problem named)."""
+    d = Path(directory)
+    return DatasetPaths(list_shards(d, "train"), list_shards(d, "val"), Path(tokenizer), vocab_size, list_sidecars(d))
+
+
 # ---- streams ----------------------------------------------------------------------------------------------------------
 # Batches from token shards: a deterministic infinite training stream, the val tokens and their byte sidecar.
 
