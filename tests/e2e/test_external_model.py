@@ -55,7 +55,7 @@ def test_a_models_own_knobs_are_checked_at_compose(tmp_path, args, needle, monke
     tests/e2e/test_cli.py's test_plan_refuses_in_one_line does: a fresh interpreter per case cost ~2 s of imports,
     for a check made at compose. The schema it registers for model.arch is replaced by the built-in one after."""
     from speedrun.config import register_configs
-    from speedrun.run.plan_only import print_plan
+    from speedrun.run.cli_step import print_plan
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(TESTS))  # external.tiny_lm, as with_tests_on_path() gives a subprocess
