@@ -160,6 +160,16 @@ REFUSED = [
 ]
 
 
+def test_type_checking_imports_are_neither_refused_nor_shipped():
+    model = MODEL.replace(
+        "from speedrun.progress import Report\n",
+        "from typing import TYPE_CHECKING\n\nfrom speedrun.progress import Report\n\nif TYPE_CHECKING:\n"
+        "    from speedrun.core.model import Shape as S\n",
+    )
+    text = readable(link(toy(core__model=model), PLAN), PLAN)
+    assert "TYPE_CHECKING:" not in text and "Shape as S" not in text
+
+
 @pytest.mark.parametrize("part,source,message", REFUSED)
 def test_refusals_name_the_file_and_line(part, source, message):
     files = toy(**{part: source})

@@ -327,7 +327,8 @@ def refusals(linked: Linked) -> list[str]:
     owner: dict[str, str] = {}
     for name in linked.order:
         mod = linked.modules[name]
-        for node in ast.walk(mod.tree):
+        checked = [n for n in mod.tree.body if not is_type_checking(n)]  # TYPE_CHECKING imports never run
+        for node in (n for top in checked for n in ast.walk(top)):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 out.extend(import_refusal(mod, node, linked.modules))
         for i in sorted(linked.kept[name]):
@@ -448,8 +449,8 @@ def prune(linked: Linked) -> dict[str, str]:
 
 
 def external_imports(linked: Linked) -> list[str]:
-    """The kept modules' top-level imports of anything but speedrun, each once, in first-seen order; an import
-    that binds a name another one binds to something else is refused."""
+    """The kept modules' top-level imports of anything but speedrun, each once, in first-seen order; two that bind
+    one name to different objects (``import numpy as np`` and ``import jax.numpy as np``) are refused."""
     seen: dict[str, str] = {}
     out = []
     problems = []
@@ -463,16 +464,17 @@ def external_imports(linked: Linked) -> list[str]:
             for bound, (target, attr) in import_names(node, mod.package).items():
                 if is_speedrun(target):
                     continue
+                what = f"{target}.{attr}" if attr else target  # the object bound: from torch import nn is torch.nn
                 if isinstance(node, ast.Import):
                     alias = next(a for a in node.names if (a.asname or a.name.split(".")[0]) == bound)
                     text = f"import {alias.name}" + (f" as {alias.asname}" if alias.asname else "")
                 else:
                     text = f"from {target} import {attr}" + (f" as {bound}" if bound != attr else "")
                 if bound in seen:
-                    if seen[bound] != text and not (text.startswith("import ") and seen[bound].startswith("import ")):
-                        problems.append(f"{mod.where(node)}: {text!r} binds {bound}, which {seen[bound]!r} binds too")
+                    if seen[bound] != what:
+                        problems.append(f"{mod.where(node)}: {text!r} binds {bound} to {what}, elsewhere {seen[bound]}")
                     continue
-                seen[bound] = text
+                seen[bound] = what
                 out.append(text)
     if problems:
         raise LinkError("; ".join(problems))
