@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from importlib.util import find_spec
 from typing import Any
 
-from speedrun.artifact.closure import reached
+from speedrun.artifact.closure import PlanView, reached
 from speedrun.artifact.unwrap import compressor_of, read_wrapper, unwrap_payload
 from speedrun.paths import CONF_DIR, source_path
 from speedrun.version import __version__
@@ -110,7 +110,7 @@ TUNED_TABLES = "kernel/tuned/*.yaml"
 """The conf/ files a re-run reads, under kernel=tuned only (speedrun.kernels.tuned)."""
 
 
-def packed_files(plan: Any | None = None) -> tuple[str, ...]:
+def packed_files(plan: PlanView | None = None) -> tuple[str, ...]:
     """What the file carries, as paths in the repository: src/ + every module a re-run of ``plan`` imports
     (speedrun.artifact.closure; every choice's when None), then kernel=tuned's tables when the Plan reads them."""
     tuned = plan is None or str(plan.kernel.source).startswith("tuned")
@@ -118,7 +118,7 @@ def packed_files(plan: Any | None = None) -> tuple[str, ...]:
     return (*(f"src/{rel}" for rel in reached(plan)), *conf)
 
 
-def pin_choices(config: dict[str, Any], plan: Any) -> dict[str, Any]:
+def pin_choices(config: dict[str, Any], plan: PlanView) -> dict[str, Any]:
     """The config with the Plan's `auto` choices written in: the attention backend, and the model preset with the
     run's explicit fields on top (as speedrun.plan.model_choice merges them), so a re-run builds what ran without
     reading conf/ (and without OmegaConf, which reads it)."""
@@ -146,7 +146,7 @@ class CodeSource:
     """torch, python, speedrun: what the run had (speedrun.rerun checks torch's major version)."""
 
     @classmethod
-    def snapshot(cls, config: dict[str, Any] | None = None, plan: Any | None = None) -> CodeSource:
+    def snapshot(cls, config: dict[str, Any] | None = None, plan: PlanView | None = None) -> CodeSource:
         """The modules a re-run of ``plan`` imports (every choice's when None), read now, and ``config`` with the
         Plan's choices pinned."""
         import platform
