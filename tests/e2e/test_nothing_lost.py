@@ -21,7 +21,9 @@ from support.cli import run_cli
 
 pytestmark = pytest.mark.slow
 
-SMOKE = ["debug=smoke", "budget.warmup_steps=0", "eval.tokens=1024"]
+# debug=smoke with 2 micro-batches a step (512 tokens, not its 6144), no warm-up step and a short eval: what these
+# tests check is what a run leaves on disk and in its row, not what it trains to
+SMOKE = ["debug=smoke", "budget.warmup_steps=0", "budget.tokens_per_step=512", "eval.tokens=1024"]
 
 
 def rows(db: Path) -> dict[str, dict]:
