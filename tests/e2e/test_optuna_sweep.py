@@ -29,8 +29,10 @@ pytestmark = pytest.mark.slow
 
 # a grid over three values, one of them refused by the schema (a negative learning rate): every trial runs, in order
 # of the sampler's choosing, and the refused one fails in a second
-# quant=off: the objectives here are val_loss and val_bpb, scored before any export, so no trial exports
-OPTUNA = ["-m", "hydra/sweeper=optuna", "hydra.sweeper.sampler=grid", "debug=smoke", "budget.max_steps=2", "quant=off"]
+# quant=off: the objectives here are val_loss and val_bpb, scored before any export, so no trial exports; 512 tokens a
+# step (2 micro-batches of 2 x 128, not smoke's 24): the study compares the runs' numbers, whatever their size
+TRIAL = ["debug=smoke", "budget.tokens_per_step=512", "quant=off"]
+OPTUNA = ["-m", "hydra/sweeper=optuna", "hydra.sweeper.sampler=grid", *TRIAL, "budget.max_steps=2"]
 
 
 def _rows(cwd: Path) -> list[dict]:
@@ -147,9 +149,8 @@ def test_a_study_stopped_after_two_of_three_trials_finishes_the_third_from_its_s
         "-m",
         "hydra/sweeper=optuna",
         "hydra/launcher=basic",  # one process: the kill below stops the sweep and its running trial together
-        "debug=smoke",
+        *TRIAL,
         "budget.max_steps=2",
-        "quant=off",
         "optim.matrix_lr=interval(0.01,0.05)",
         "hydra.sweeper.n_trials=3",
         "hydra.sweeper.pruner=none",
@@ -200,9 +201,9 @@ def test_a_trial_worse_than_the_median_at_a_periodic_validation_is_pruned(tmp_pa
         "-m",
         "hydra/sweeper=optuna",
         "hydra/launcher=basic",
-        "debug=smoke",
-        "budget.max_steps=6",
+        "debug=smoke",  # smoke's 6144 tokens a step: at 512 the trained run's step-2 validation was no better
         "quant=off",
+        "budget.max_steps=6",
         "eval.every_steps=2",
         "hydra.sweeper.pruner_startup_trials=1",
         f"hydra.sweeper.storage={storage}",
