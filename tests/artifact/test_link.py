@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from speedrun.artifact.link import LinkError, chosen_keys, counted, link, link_shell, readable
+from speedrun.artifact.link import LinkError, chosen_keys, counted, link, link_shell, readable, refusals
 from speedrun.artifact.wrap import _file
 
 CORE_INIT = (Path(__file__).resolve().parents[2] / "src" / "speedrun" / "core" / "__init__.py").read_text()
@@ -195,3 +195,41 @@ def test_the_shell_keeps_what_it_imports_and_the_core_loses_the_rest():
     assert "def dead" not in pruned and "OPS" not in pruned and "class Shape" not in pruned
     assert "from speedrun.core import choice, shell_only" not in pruned  # neither is used any more
     compile(pruned, "model.py", "exec")
+
+
+@pytest.fixture(scope="module")
+def record_plans():
+    from speedrun.artifact.sizes import resolved
+
+    return {o: resolved([o]) for o in ("experiment=pgolf_record", "model=pgolf_baseline")}
+
+
+@pytest.mark.parametrize("overrides", ["experiment=pgolf_record", "model=pgolf_baseline"])
+def test_todays_core_links_as_one_module_that_imports(record_plans, overrides, tmp_path):
+    """speedrun/core with the shared modules, linked for the record recipes from what the shell imports of it (the
+    roots until the exported file has its own driver): nothing refused (no reflection, no name in two modules, no
+    import the one module cannot hold), and the module, minified too, loads."""
+    import runpy
+
+    from speedrun.artifact.link import Linker, external_imports, modules_of, shell_roots
+    from speedrun.artifact.wrap import CodeSource
+
+    src = Path(__file__).resolve().parents[2] / "src"
+    files = {f"src/{p.relative_to(src).as_posix()}": p.read_text() for p in (src / "speedrun" / "core").glob("*.py")}
+    files.update(
+        {f"src/speedrun/{m}.py": (src / "speedrun" / f"{m}.py").read_text() for m in ("progress", "tables", "errors")}
+    )
+    tree, plan = record_plans[overrides]
+    modules = modules_of(files, None)
+    roots = {r for r in shell_roots(CodeSource.snapshot(tree, plan).files, {m.name for m in modules}) if r[1] != "*"}
+    linked = Linker(modules, plan.to_dict()).link(roots)
+    assert refusals(linked) == []
+    assert external_imports(linked)  # torch and the rest, each bound once
+    text = readable(linked, plan.to_dict(), version="test").replace('if __name__ == "__main__":', "if False:")
+    # the readable module loads; the minified one too (checked on the smaller recipe: minifying takes seconds)
+    sources = [text, counted(text)] if overrides == "model=pgolf_baseline" else [text]
+    for i, source in enumerate(sources):
+        path = tmp_path / f"linked_{i}.py"
+        path.write_text(source)
+        loaded = runpy.run_path(str(path), run_name="speedrun_linked_check")
+        assert len([v for v in loaded.values() if callable(v)]) > 100  # the core's functions and classes, defined
