@@ -453,3 +453,14 @@ def test_tune_help_shows_its_whole_first_paragraph():
     assert first in proc.stdout, proc.stdout
     assert first.rstrip().endswith("reads."), first  # a whole sentence, not cut at the first line
     assert "--min-gain" in proc.stdout and "python -m speedrun.tune model=pgolf_baseline" in proc.stdout
+
+
+def test_the_core_and_the_resolver_agree_on_graphs():
+    """core/compile keeps its own copies of what the torch-free resolver reads (speedrun.kernels, config.kernel):
+    the eager micro-batches before a CUDA graph's capture, and the compile modes that record graphs."""
+    from speedrun import kernels
+    from speedrun.config.kernel import GRAPHING_MODES
+    from speedrun.core.compile import EVAL_MODE, GRAPH_EAGER_CALLS
+
+    assert GRAPH_EAGER_CALLS == kernels.GRAPH_EAGER_CALLS
+    assert sorted(EVAL_MODE) == sorted(GRAPHING_MODES)

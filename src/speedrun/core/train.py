@@ -489,16 +489,12 @@ def sync_device(device: str) -> None:
         torch.cuda.synchronize()
 
 
-EMA_INIT_SHARE_WARN = 0.05
-"""Above this share of the initial weights in the EMA at the end of training, the run says so (a short run)."""
-
-
 def _diverged(state: TrainState, found: Divergence) -> None:
     state.diverged, state.diverged_step, state.divergence = True, found.step, found.reason
 
 
 MakeBatches = Callable[..., Iterator[Batch]]
-"""make_batches(seq_len, micro_batch, position) -> a stream of micro-batches (build.DataBundle.train_batches)."""
+"""make_batches(seq_len, micro_batch, position) -> a stream of micro-batches (speedrun.core.pipeline.DataBundle.train_batches)."""
 
 
 def _set_loop(model: Any, on: bool) -> None:
@@ -802,18 +798,12 @@ class _Loop:
 
 def _average_into_model(stepper: Stepper, state: TrainState, log: Callable[[str], None]) -> None:
     """From here on the model holds the average: the final eval, the artifact and TTT use it (periodic validation
-    and the checkpoints had the live weights, and the checkpoints the EMA beside them)."""
+    and the checkpoints had the live weights, and the checkpoints the EMA beside them). An average that keeps much
+    of the initial weights over the run's steps is warned about before training (speedrun.run.run_steps)."""
     ema = stepper.ema
     assert ema is not None
     ema.copy_to()
     log(f"ema: the model now holds the weights' moving average (decay {ema.decay:g}) for evaluation")
-    share = ema.decay**state.steps  # the initial weights' part of the average (result: ema_init_share)
-    if state.steps and share > EMA_INIT_SHARE_WARN:
-        log(
-            f"warning: ema.decay {ema.decay:g} over {state.steps} steps leaves {share:.0%} of the initial "
-            f"weights in the average that the final eval, export and TTT use; for a run this short set ema.decay "
-            f"to about {1 - 10 / max(state.steps, 20):.3f} (about a tenth of the run) or ema.decay=null"
-        )
 
 
 @dataclass
