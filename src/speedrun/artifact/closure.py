@@ -46,7 +46,6 @@ def _ttt(plan: PlanView) -> bool:
 SELECTED: dict[str, Callable[[PlanView], bool]] = {
     **{f"speedrun.core.ttt_{m}": _ttt for m in ("lora", "docs", "global", "graphs", "scorers", "score")},
     "speedrun.run.finish_ttt": _ttt,
-    "speedrun.core.fp8": lambda plan: bool(plan.kernel.fp8),
     "speedrun.distributed.launch": lambda plan: plan.dist.launch == "self",  # torchrun's ranks need no launcher
     "speedrun.kernels.tuned": lambda plan: plan.kernel.source.startswith("tuned"),
     "speedrun.kernels.profile": lambda plan: plan.kernel.profile,
