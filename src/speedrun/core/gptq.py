@@ -23,7 +23,7 @@ rows: its Hessian is diagonal over the vocabulary and couples no two entries of 
 propagate and it stays round-to-nearest. For a tied embedding the lookup role adds the same kind of per-row
 identity term, which we leave out as the record does (GPTQ already damps H by quant.damp x its mean diagonal).
 
-LQER (quant.lqer): lQER (quant.lqer): a low-rank correction of a quantized matrix, stored in the artifact and added back when it is
+LQER (quant.lqer): a low-rank correction of a quantized matrix, stored in the artifact and added back when it is
 dequantized.
 
 The quantization error E = W - dequant(Q) of a matrix is not noise-like after GPTQ and clipping: a few directions

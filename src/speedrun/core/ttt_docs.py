@@ -198,7 +198,7 @@ def batch_cost(
     half_rows: bool = False,
 ) -> float:
     """A batch's TTT time in steps' fixed costs: per chunk step, 1 plus its padded tokens / STEP_COST_TOKENS[mode].
-    A step's rows are padded to the width of its longest window (global_phases.row_width; at most seq_len tokens).
+    A step's rows are padded to the width of its longest window (row_width; at most seq_len tokens).
     ``mode`` says which rows a step runs (speedrun.core.ttt_docs.rows_for): eager every document of the batch,
     compact (compiled) the documents still going, at least 2, graphs that padded to a power of two within ``slots``
     (default: the batch). ``score_base`` adds the base passes' padded tokens (base_scores), at BASE_TOKEN_COST.

@@ -14,7 +14,7 @@ A replay launches them all at once.
 
 How (torch.cuda.graphs, as speedrun.core.compile does for training): one graph per step shape, the key
 (rows, width, training); rows are padded up to a power of two (at least 2, at most the adapter slots) and
-widths are already few (global_phases.row_width, ttt.row_widths), so a run has a few dozen shapes, all captured before
+widths are already few (ttt_docs.row_width, ttt.row_widths), so a run has a few dozen shapes, all captured before
 TTT's clock starts (``GraphedChunkSteps.prepare``) from the batches this rank will run. Each shape runs once
 eagerly on a side stream (cuBLAS and cuDNN initialise there, as capture requires), then is captured. Every graph
 draws from one shared memory pool: a replay's outputs are read (added to the sums, handed to the optimizer)

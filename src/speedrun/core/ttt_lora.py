@@ -19,7 +19,7 @@ every document of a batch has its own adapter, so with an elementwise optimizer 
 per-document terms a document's adapter sees only its own gradients. alpha None scales by 1. A starts at a seeded
 draw, U(-1/sqrt(in), 1/sqrt(in)), shared by every slot; B at 0, so a fresh adapter adds exactly nothing.
 
-The optimizer. The adapters' optimizer in score-first TTT: the one ``ttt.optimizer`` names, stepping every adapter slot, or, for
+The adapters' optimizer: the one ``ttt.optimizer`` names, stepping every adapter slot, or, for
 Adam with beta1 = 0 (the records' setting), stepping only the slots of the step's rows.
 
 Why: the adapters are (slots, ...) fp32 tensors, 1.3 GB at the records' 64 slots and rank 96 on pgolf_record, and a
@@ -130,7 +130,7 @@ class TTTSettings:
     """Halve a batch (by documents) while its cost is more than this share of all batches' (documents.
     split_heavy_batches): a batch of long documents that one rank would work on while the others wait. None: never."""
     row_widths: str = "pow2"
-    """The widths a step's rows are padded to (global_phases.row_width): pow2 (64, 128, 256, ...), half_octave
+    """The widths a step's rows are padded to (ttt_docs.row_width): pow2 (64, 128, 256, ...), half_octave
     (64, 96, 128, 192, ...: less padding, twice the shapes to compile and capture) or a number N (multiples of N)."""
     graph_rows: str = "pow2"
     """The row counts a graphed step is padded to (graphs.pad_rows): pow2 or half_octave (3, 6, 12, 24, ...)."""

@@ -40,11 +40,12 @@ the float64 sums are all-reduced; seconds is the slowest rank's. A batch's resul
 adapters and optimizer per batch), except through warm_start_a's A, which is carried along chains of batches that
 do not depend on the rank count and that the dealing keeps on one rank each, so the sums equal one rank's. Global
 phases run on every rank at once, at the same batch boundary, with their gradients averaged, so every rank's model
-stays the same (global_phases's module doc).
+stays the same (speedrun.core.ttt_global's module doc).
 
-Where the parts live: the settings (settings.py), the pass's schedule (schedule.py), the scoring forwards and their
-compile warm-up (scorers.py), a batch's steps (steps.py) and one batch's score-first loop (adapt.py), the result
-(result.py); this module runs a pass through them, phase by phase.
+Where the parts live: the settings and the adapters (ttt_lora.py), the documents and the pass's schedule
+(ttt_docs.py), the scoring forwards, the unadapted scores and the result (ttt_scorers.py), one step as device work
+and its CUDA graphs (ttt_graphs.py), the global phases (ttt_global.py). This module reads top to bottom: the pass
+(ttt_evaluate) and its phases, then one batch's score-first loop (adapt_batch), then how a step is run.
 """
 
 from __future__ import annotations
