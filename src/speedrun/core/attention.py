@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from speedrun.core import choice
 from speedrun.errors import ConfigError
@@ -150,34 +151,23 @@ class MathAttention(AttentionBackend):
 # Document masks and sliding windows are not offered (is_causal only): use flex for those.
 
 
-KERNELS = ("flash", "cudnn", "efficient", "math")
-
-
-def _sdp_backend(kernel: str):
-    from torch.nn.attention import SDPBackend
-
-    return {
-        "flash": SDPBackend.FLASH_ATTENTION,
-        "cudnn": SDPBackend.CUDNN_ATTENTION,
-        "efficient": SDPBackend.EFFICIENT_ATTENTION,
-        "math": SDPBackend.MATH,
-    }[kernel]
-
-
 class SDPAAttention(AttentionBackend):
     name = "sdpa"
     plain_softmax = True
 
     def __init__(self, kernel: str = "flash"):
-        self.sdpa_kernel_name = kernel
+        """kernel: flash, cudnn, efficient or math (the Plan's attn_options)."""
         self.kernel = f"sdpa:{kernel}"
-        self._backend = _sdp_backend(kernel)
+        self._backend = {
+            "flash": SDPBackend.FLASH_ATTENTION,
+            "cudnn": SDPBackend.CUDNN_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION,
+            "math": SDPBackend.MATH,
+        }[kernel]
         # flash, cudnn and math accept grouped K/V directly; efficient gets it expanded.
         self._native_gqa = kernel in ("flash", "cudnn", "math")
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: object = None) -> torch.Tensor:
-        from torch.nn.attention import sdpa_kernel
-
         group = q.size(1) // k.size(1)
         gqa = False
         if group > 1:
