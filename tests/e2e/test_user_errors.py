@@ -50,13 +50,13 @@ def assert_user_error(proc, cwd: Path, needle: str, status: str = "failed") -> d
 @pytest.mark.parametrize(
     "override,needle",
     [
-        ("attn.foo=1", "unknown key 'attn.foo'"),  # unknown key (speedrun.config.did_you_mean)
+        ("attn.foo=1", "unknown key 'attn.foo'"),  # unknown key (speedrun.run.cli_step.unknown_override)
         ("seed=abc", "could not be converted to Integer"),  # wrong type
         ("attn=nope", "attn=nope is no option of attn"),  # unknown choice
     ],
 )
 def test_hydra_compose_errors_print_hydras_message_and_exit_nonzero(tmp_path, override, needle):
-    proc = run_cli([*SMOKE, override], cwd=tmp_path)
+    proc = run_cli([*SMOKE, override], cwd=tmp_path, fork=True)
     out = console(proc)
     assert proc.returncode != 0 and needle in out and "Traceback" not in out, out[-3000:]
     assert rows(tmp_path) == []  # composition failed before speedrun ran: there is no run to record
@@ -76,7 +76,7 @@ def test_hydra_compose_errors_print_hydras_message_and_exit_nonzero(tmp_path, ov
     ],
 )
 def test_config_and_plan_errors_are_one_message_and_a_failed_row(tmp_path, overrides, needles):
-    proc = run_cli([*SMOKE, "hardware=cpu", *overrides], cwd=tmp_path)
+    proc = run_cli([*SMOKE, "hardware=cpu", *overrides], cwd=tmp_path, fork=True)
     for needle in needles:  # each on the console and in the row's error
         assert_user_error(proc, tmp_path, needle)
 
@@ -105,7 +105,7 @@ def put_id(shard: Path, at: int, token: int) -> None:
 
 
 def test_missing_tokenizer(tmp_path, dataset):
-    proc = run_cli(with_data(dataset, dataset / "missing.model"), cwd=tmp_path)
+    proc = run_cli(with_data(dataset, dataset / "missing.model"), cwd=tmp_path, fork=True)
     assert_user_error(proc, tmp_path, "tokenizer not found")
 
 
@@ -114,28 +114,28 @@ def test_corrupt_shard(tmp_path, dataset):
     raw = bytearray(shard.read_bytes())
     raw[:4] = (12345).to_bytes(4, "little")
     shard.write_bytes(bytes(raw))
-    proc = run_cli(with_data(dataset), cwd=tmp_path)
+    proc = run_cli(with_data(dataset), cwd=tmp_path, fork=True)
     assert_user_error(proc, tmp_path, "bad magic number")
 
 
 def test_ids_past_the_vocabulary_in_a_training_shard_fail_while_training(tmp_path, dataset):
     """Token ids are checked as batches are read: the error comes from inside the training loop."""
     put_id(dataset / "fineweb_train_000000.bin", 300, 2000)  # in the first step's second micro-batch
-    proc = run_cli(with_data(dataset), cwd=tmp_path)
+    proc = run_cli(with_data(dataset), cwd=tmp_path, fork=True)
     row = assert_user_error(proc, tmp_path, "token id 2000 >= vocab_size 1024")
     assert row["phase"] == "train" and "ShardError" in row["error"]
 
 
 def test_ids_past_the_vocabulary_in_the_val_shard(tmp_path, dataset):
     put_id(dataset / "fineweb_val_000000.bin", 100, 1500)
-    proc = run_cli(with_data(dataset), cwd=tmp_path)
+    proc = run_cli(with_data(dataset), cwd=tmp_path, fork=True)
     assert_user_error(proc, tmp_path, "token id 1500 >= vocab_size 1024")
 
 
 def test_out_of_memory_through_the_cli_is_an_oom_row_without_a_traceback(tmp_path, data_cache):
     """A CUDA OOM in training (raised by a stand-in for the training loop, as CUDA would) -> status oom."""
     code = (
-        "import runpy, sys, torch, speedrun.training.loop as t\n"
+        "import runpy, sys, torch, speedrun.core.train as t\n"
         "def boom(*a, **k):\n"
         "    raise torch.cuda.OutOfMemoryError('CUDA out of memory. Tried to allocate 3.00 GiB')\n"
         "t.train = boom\n"

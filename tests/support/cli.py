@@ -1,5 +1,5 @@
-"""`python -m run` in a subprocess: one run (run_cli), and a run that the whole pytest session shares (shared_cli_run,
-which conftest's default_smoke_run fixture runs once)."""
+"""`python -m run` in a process of its own (a new interpreter, or forked from the test's): one run (run_cli), and a run
+that the whole pytest session shares (shared_cli_run, which conftest's default_smoke_run fixture runs once)."""
 
 from __future__ import annotations
 
@@ -24,12 +24,99 @@ SWEEP_TINY = [
 every job is a real run, just short (a 2 s budget alone ran ~10 steps a job, which no assertion needs)."""
 
 
-def run_cli(args, cwd, timeout=300, env_extra=None):
-    """Run `python -m run ...` in a subprocess (the real entry point) and return the CompletedProcess."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "run", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
+def run_cli(args, cwd, timeout=300, env_extra=None, fork=False):
+    """Run `python -m run ...` (the real entry point) in a new interpreter and return the CompletedProcess. ``fork``:
+    src/run.py as `__main__` in a child forked from this process instead, which finds torch, Hydra and speedrun
+    imported (a new interpreter spends ~5 s of CPU on them before its first line of work): for a command whose
+    outcome depends on its arguments and files only (tests/e2e/test_user_errors.py's; a resume refused in
+    tests/e2e/test_nothing_lost.py printed another line when forked, so resumes keep a new interpreter). An
+    ``env_extra`` always gets a new interpreter (PYTHONPATH's sitecustomize acts at start-up)."""
+    if not fork or env_extra or not hasattr(os, "fork"):
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}
+        return subprocess.run(
+            [sys.executable, "-m", "run", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+        )
+    return _forked_run(list(args), Path(cwd), timeout)
+
+
+WARM = ("run", "torch._dynamo", "speedrun.run.job", "speedrun.run.plan_only", "speedrun.config.did_you_mean")
+"""What a forked run finds imported: run.py's own imports, what a run and --plan import, torch._dynamo (a torch
+optimizer's first construction imports it: ~3 s). A name that is gone is skipped: the child imports what it needs."""
+
+
+def _warm() -> None:
+    import importlib
+
+    for name in WARM:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+
+
+def _forked_run(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    """`python -m run ARGS` in a child of this process: stdout and stderr (fds 1 and 2, and sys.stdout/stderr over
+    them) go to files of its own, it starts in ``cwd`` with cwd first on sys.path (as `python -m` puts it) and ends as
+    an interpreter does (SystemExit's code or message, a traceback and 1 for an exception, logging flushed). Killed
+    with SIGKILL after ``timeout`` s, as subprocess.run would, raising TimeoutExpired."""
+    import runpy
+    import signal
+    import tempfile
+    import time
+
+    _warm()  # once per process: later calls find them in sys.modules
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into pytest
+            code = 1
+            try:
+                os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # never the xdist worker's channel
+                os.dup2(out.fileno(), 1)
+                os.dup2(err.fileno(), 2)
+                sys.stdout = open(1, "w", buffering=1, closefd=False)  # pytest's capture replaced the parent's
+                sys.stderr = open(2, "w", buffering=1, closefd=False)
+                os.chdir(cwd)
+                os.environ["PYTHONUNBUFFERED"] = "1"
+                sys.path.insert(0, str(cwd))
+                sys.argv = ["run", *args]
+                from hydra.core.global_hydra import GlobalHydra
+
+                GlobalHydra.instance().clear()  # as a new interpreter has it: no config dir initialized
+                try:
+                    runpy.run_module("run", run_name="__main__", alter_sys=True)
+                    code = 0
+                except SystemExit as exit_:
+                    if exit_.code is None or isinstance(exit_.code, int):
+                        code = exit_.code or 0
+                    else:
+                        print(exit_.code, file=sys.stderr)  # sys.exit("error: ...") prints its message
+                except BaseException:
+                    import traceback
+
+                    traceback.print_exc()
+            finally:
+                try:
+                    import logging
+
+                    logging.shutdown()
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                finally:
+                    os._exit(code)
+        deadline = time.monotonic() + timeout
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise subprocess.TimeoutExpired(["run", *args], timeout)
+            time.sleep(0.05)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
+        return subprocess.CompletedProcess(["run", *args], os.waitstatus_to_exitcode(status), stdout, stderr)
 
 
 def session_dir(tmp_path_factory) -> Path:
