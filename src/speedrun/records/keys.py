@@ -7,8 +7,10 @@ record keeping."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from speedrun.config import TTTConfig
 from speedrun.config.quant import TENSOR_CLASSES, QuantConfig
 from speedrun.config.training import EMAConfig, OptimConfig, ScheduleConfig
 from speedrun.core.model import ModelShape
@@ -16,7 +18,7 @@ from speedrun.core.model import ModelShape
 if TYPE_CHECKING:  # a CPU run's alone: a GPU run's file need not carry it
     from speedrun.hardware.threads import ThreadChoice
 
-__all__ = ["model_keys", "optim_keys", "quant_keys", "thread_keys"]
+__all__ = ["model_keys", "optim_keys", "quant_keys", "thread_keys", "ttt_keys", "ttt_setting_keys"]
 
 
 def model_keys(shape: ModelShape) -> dict[str, Any]:
@@ -95,3 +97,57 @@ def thread_keys(t: ThreadChoice) -> dict[str, Any]:
         "cpu_threads_source": t.source,
         "cpu_cores_busy": None if t.busy is None else round(t.busy, 2),
     }
+
+
+def ttt_keys(res: Any, t: TTTConfig) -> dict[str, Any]:
+    """TTT's result keys: its scores, coverage, timings and graph counts, and how it learnt (ttt_setting_keys)."""
+    return dict(
+        val_bpb_ttt=None if res.val_bpb is None else round(res.val_bpb, 6),
+        val_loss_ttt=None if res.val_loss is None else round(res.val_loss, 6),
+        val_bpb_ttt_base=None if res.base_val_bpb is None else round(res.base_val_bpb, 6),
+        val_loss_ttt_base=None if res.base_val_loss is None else round(res.base_val_loss, 6),
+        ttt_seconds=round(res.seconds, 3),
+        ttt_tokens_scored=res.tokens_scored,
+        ttt_fraction=round(res.fraction, 6),
+        ttt_complete=res.complete,
+        ttt_docs=res.docs_total,
+        ttt_tokens_per_s=None if res.tokens_per_s is None else round(res.tokens_per_s, 1),
+        ttt_compile_seconds=round(res.compile_seconds, 3),
+        ttt_recompiles=res.recompiles,
+        ttt_cuda_graphs_captured=res.cuda_graphs,
+        ttt_cuda_graphs_late=res.cuda_graphs_late,
+        ttt_rank_seconds=res.rank_seconds,
+        ttt_rank_cost=res.rank_cost,
+        **ttt_setting_keys(t),
+        ttt_phases_done=res.phases_done,
+        ttt_phased_steps=res.global_steps,
+        ttt_phased_tokens=res.global_tokens,
+        ttt_phased_seconds=round(res.global_seconds, 3),
+    )
+
+
+def ttt_setting_keys(t: TTTConfig) -> dict[str, Any]:
+    """How TTT learnt, as flat ttt_* result keys (the phased knobs as ttt_phased_*), so the report can group runs by
+    them without reading the config."""
+    keys: dict[str, Any] = {
+        f"ttt_{name}": getattr(t, name)
+        for name in ("rank", "alpha", "lr", "local_lr_mult", "beta1", "beta2", "eps", "momentum", "weight_decay")
+    }
+    keys.update(
+        ttt_optimizer=str(t.optimizer),
+        ttt_warm_start_a=t.warm_start_a,
+        ttt_warm_start_chains=t.warm_start_chains,
+        ttt_compile=t.compile,
+        ttt_compile_scope=t.compile_scope,
+        ttt_cuda_graphs=t.cuda_graphs,
+        ttt_row_widths=t.row_widths,
+        ttt_graph_rows=t.graph_rows,
+        ttt_shared_attn_a=t.shared_attn_a,
+        ttt_max_batch_share=t.max_batch_share,
+        ttt_targets=t.targets,
+        ttt_chunk_size=t.chunk_size,
+        ttt_short_chunks=t.short_chunks,
+        ttt_batch_size=t.batch_size,
+    )
+    keys.update((f"ttt_phased_{f.name}", getattr(t.phased, f.name)) for f in dataclasses.fields(t.phased))
+    return keys
