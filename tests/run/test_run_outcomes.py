@@ -58,7 +58,7 @@ def test_a_run_stopped_during_ttt_keeps_eval_and_artifact(compose, tmp_path, dat
     def sigterm(*args, **kwargs):
         raise KeyboardInterrupt("signal 15")  # what sigterm_as_interrupt turns SIGTERM into
 
-    monkeypatch.setattr(speedrun.run.finish_ttt, "ttt_evaluate", sigterm)
+    monkeypatch.setattr(speedrun.run.finish_ttt, "ttt_pass", lambda plan: sigterm)  # the pass the core runs
     result, row = run(compose, tmp_path, data_cache, "ttt=lora", "ttt.chunk_size=64", raises=KeyboardInterrupt)
     for record in (result, row):
         assert record["status"] == "interrupted" and record["steps"] == 2 and record["val_bpb_ttt"] is None
@@ -97,9 +97,9 @@ def test_a_run_whose_loss_blows_up_is_diverged_and_not_evaluated(compose, tmp_pa
 
 
 def test_oom_in_training_is_its_own_outcome(compose, tmp_path, data_cache, monkeypatch):
-    import speedrun.run.job
+    import speedrun.core.train
 
-    monkeypatch.setattr(speedrun.run.job, "train", fake_oom)
+    monkeypatch.setattr(speedrun.core.train, "train", fake_oom)  # the loop fit runs after warm-up
     result, row = run(compose, tmp_path, data_cache, raises=RunOutOfMemory)
     for record in (result, row):
         assert (record["status"], record["phase"]) == ("oom", "train")
@@ -110,9 +110,9 @@ def test_oom_in_training_is_its_own_outcome(compose, tmp_path, data_cache, monke
 
 
 def test_oom_in_eval_keeps_training_and_names_the_eval_fix(compose, tmp_path, data_cache, monkeypatch):
-    import speedrun.run.finish
+    import speedrun.core.pipeline
 
-    monkeypatch.setattr(speedrun.run.finish, "run_eval", fake_oom)
+    monkeypatch.setattr(speedrun.core.pipeline, "run_eval", fake_oom)
     result, row = run(compose, tmp_path, data_cache, raises=RunOutOfMemory)
     assert (row["status"], row["phase"], row["steps"]) == ("oom", "eval", 2) and row["tokens_per_s"] > 0
     assert "out of memory in eval" in result["error"] and "lower eval.batch_size (now 2)" in result["error"]
@@ -121,7 +121,7 @@ def test_oom_in_eval_keeps_training_and_names_the_eval_fix(compose, tmp_path, da
 
 def test_oom_wrapped_by_another_exception_is_still_oom(compose, tmp_path, data_cache, monkeypatch):
     """torch.compile (inductor) re-raises errors from inside a graph wrapped in its own exception types."""
-    import speedrun.run.job
+    import speedrun.core.train
 
     def wrapped(*args, **kwargs):
         try:
@@ -129,7 +129,7 @@ def test_oom_wrapped_by_another_exception_is_still_oom(compose, tmp_path, data_c
         except torch.cuda.OutOfMemoryError as e:
             raise RuntimeError("backend compiler failed") from e
 
-    monkeypatch.setattr(speedrun.run.job, "train", wrapped)
+    monkeypatch.setattr(speedrun.core.train, "train", wrapped)
     result, _ = run(compose, tmp_path, data_cache, raises=RunOutOfMemory)
     assert result["status"] == "oom"
 

@@ -8,9 +8,10 @@ The attention backend is looked up by name by the shell, once; the model never s
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,9 +25,16 @@ from speedrun.core.data import (
     load_val_tokens,
     read_header,
 )
+from speedrun.core.evaluate import EvalResult, document_mask, run_eval
 from speedrun.core.fp8 import convert_linears, convert_torchao
 from speedrun.core.model import ModelShape
 from speedrun.core.optim import OptimSettings, build_optimizers
+from speedrun.core.quant import HESSIANS, Quantized, QuantSettings, dequantize_state_dict, quantize_model
+from speedrun.core.train import autocast_dtype
+from speedrun.progress import Progress, Report
+
+if TYPE_CHECKING:  # a TTT-off run's file carries no TTT: the shell hands its pass in (core.ttt_score.TTT)
+    from speedrun.core.ttt_lora import TTTSettings
 
 
 @dataclass
@@ -147,3 +155,225 @@ def make_model(
         return compiled_eval(x, y, reduction="none")
 
     return model, forward, eval_forward, optimizers
+
+
+# ---------------------------------------------------------------------------------------------------------
+# after training: eval -> quant -> TTT
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """How a score reads the validation tokens: the eval group's windows and limits (what ``eval.*`` resolves
+    to, less its label)."""
+
+    mode: str
+    stride: int | None
+    batch_size: int
+    max_seconds: float | None = None
+    include_tail: bool = False
+    document_isolated: bool = False
+
+
+@dataclass(frozen=True)
+class FinishSettings:
+    """The phases after training: None for quant or ttt skips that phase."""
+
+    seq_len: int
+    device: str
+    autocast: str | None
+    eval: EvalSettings
+    quant: QuantSettings | None = None
+    ttt: TTTSettings | None = None
+
+
+@dataclass
+class FinishHooks:
+    """Control the shell takes over the finish (None: nothing): ``quantized(quantized, packed)`` on rank 0 right
+    after quantizing, before the round-trip score (the shell writes the artifact beside it); ``tick()`` after each
+    scored batch, on the scoring thread; ``ttt_clock()`` when TTT's clock starts. ``ttt``: the TTT pass
+    (speedrun.core.ttt_score.TTT[ttt.name]), which the shell looks up, so a TTT-off run's file carries none."""
+
+    quantized: Callable[[Quantized, dict[str, dict[str, torch.Tensor]]], None] | None = None
+    tick: Callable[[], Any] | None = None
+    ttt_clock: Callable[[], None] | None = None
+    ttt: Callable[..., Any] | None = None
+
+
+class _TickingProgress(Progress):
+    """A score's progress line that also calls ``tick`` after every batch."""
+
+    def __init__(self, label: str, log: Callable[[str], None], tick: Callable[[], Any] | None):
+        super().__init__(label, log)
+        self.between = tick
+
+    def tick(self, done: float, total: float | None = None) -> bool:
+        if self.between is not None:
+            self.between()
+        return super().tick(done, total)
+
+
+def score_model(
+    model: Any,
+    eval_forward: Callable,
+    data: DataBundle,
+    s: FinishSettings,
+    label: str,
+    report: Report,
+    *,
+    world: Any = None,
+    tick: Callable[[], Any] | None = None,
+) -> EvalResult:
+    """The model as it is now over the validation tokens with the eval group's windows (split over the ranks),
+    within eval.max_seconds."""
+    e = s.eval
+    with document_mask(model, data.bos_id if e.document_isolated else None):
+        return run_eval(
+            e.mode,
+            eval_forward,
+            data.val_tokens,
+            data.luts,
+            seq_len=s.seq_len,
+            stride=e.stride,
+            batch_size=e.batch_size,
+            device=s.device,
+            autocast_dtype=autocast_dtype(s.autocast),
+            shard=world,
+            progress=_TickingProgress(label, _line(report), tick),
+            max_seconds=e.max_seconds,
+            include_tail=e.include_tail,
+        )
+
+
+def finish(
+    model: Any,
+    eval_forward: Callable,
+    data: DataBundle,
+    s: FinishSettings,
+    report: Report,
+    *,
+    world: Any = None,
+    hessians: dict[str, torch.Tensor] | None = None,
+    hooks: FinishHooks | None = None,
+) -> dict[str, Any]:
+    """Score the trained model, quantize it and score the dequantized weights (s.quant set), then score-first TTT
+    on the model as it is then (s.ttt set and a pass in hooks.ttt). Each phase reports ("phase", {"name": ...}) as
+    it starts and ("phase", {"name": ..., "seconds": its score's, "result": ...}) as it ends. Returns {"eval":
+    EvalResult, "quant": EvalResult, "quantized": Quantized (rank 0; None elsewhere), "ttt": TTTResult} for the
+    phases that ran. ``hessians``: GPTQ's, collected after training (None: collected here)."""
+    out: dict[str, Any] = {"eval": score_trained(model, eval_forward, data, s, report, world=world, hooks=hooks)}
+    if s.quant is not None:
+        out["quant"], out["quantized"] = score_quantized(
+            model, eval_forward, data, s, report, world=world, hessians=hessians, hooks=hooks
+        )
+    if s.ttt is not None and hooks is not None and hooks.ttt is not None:
+        out["ttt"] = score_ttt(model, data, s, report, world=world, hooks=hooks)
+    return out
+
+
+def score_trained(
+    model: Any,
+    eval_forward: Callable,
+    data: DataBundle,
+    s: FinishSettings,
+    report: Report,
+    *,
+    world: Any = None,
+    hooks: FinishHooks | None = None,
+) -> EvalResult:
+    """The eval phase: val_loss and val_bpb of the model as training left it (its EMA weights when it kept one)."""
+    report("phase", {"name": "eval"})
+    t0 = time.perf_counter()
+    res = score_model(model, eval_forward, data, s, "eval", report, world=world, tick=hooks.tick if hooks else None)
+    report("phase", {"name": "eval", "seconds": time.perf_counter() - t0, "result": res})
+    return res
+
+
+def score_quantized(
+    model: Any,
+    eval_forward: Callable,
+    data: DataBundle,
+    s: FinishSettings,
+    report: Report,
+    *,
+    world: Any = None,
+    hessians: dict[str, torch.Tensor] | None = None,
+    hooks: FinishHooks | None = None,
+) -> tuple[EvalResult, Quantized | None]:
+    """The quant phase: quantize the model (rank 0), load the dequantized weights into it and score that round
+    trip; hooks.quantized gets the codes before the score starts."""
+    report("phase", {"name": "quant"})
+    rank0 = world is None or world.rank == 0
+    quantized = _quantize(model, data, s, report, hessians) if rank0 else None
+
+    def codes() -> dict[str, dict[str, torch.Tensor]]:
+        assert quantized is not None  # rank 0's
+        return quantized.packed
+
+    # every rank scores rank 0's codes (the export ran on rank 0 alone)
+    packed = world.from_rank0(codes) if world is not None else codes()
+    if quantized is not None and hooks is not None and hooks.quantized is not None:
+        hooks.quantized(quantized, packed)
+    restored = dequantize_state_dict(packed)
+    model.load_state_dict({k: restored[k].to(v.dtype) for k, v in model.state_dict().items()})
+    t0 = time.perf_counter()
+    label = "eval (quantized)"
+    res = score_model(model, eval_forward, data, s, label, report, world=world, tick=hooks.tick if hooks else None)
+    report("phase", {"name": "quant", "seconds": time.perf_counter() - t0, "result": res, "quantized": quantized})
+    return res, quantized
+
+
+def score_ttt(
+    model: Any, data: DataBundle, s: FinishSettings, report: Report, *, world: Any, hooks: FinishHooks
+) -> Any:
+    """The TTT phase: hooks.ttt (score-first TTT, speedrun.core.ttt_score) on the model as it is now."""
+    assert s.ttt is not None and hooks.ttt is not None
+    report("phase", {"name": "ttt"})
+    t0 = time.perf_counter()
+    res = hooks.ttt(
+        model,
+        data.val_tokens,
+        data.luts,
+        s.ttt,
+        bos_id=data.bos_id,
+        seq_len=s.seq_len,
+        device=s.device,
+        autocast_dtype=autocast_dtype(s.autocast),
+        log=_line(report),
+        shard=world,
+        on_clock=hooks.ttt_clock,
+    )
+    report("phase", {"name": "ttt", "seconds": time.perf_counter() - t0, "result": res})
+    return res
+
+
+def _quantize(
+    model: Any,
+    data: DataBundle,
+    s: FinishSettings,
+    report: Report,
+    hessians: dict[str, torch.Tensor] | None,
+) -> Quantized:
+    """Rank 0: the model's codes; GPTQ's Hessians collected here from a fresh training stream when none came."""
+    q = s.quant
+    assert q is not None
+    extra: dict[str, Any] = {}
+    if q.name in HESSIANS and hessians is None:
+        calibration = HESSIANS[q.name](
+            model,
+            data.train_batches(),  # never validation data: GPTQ fits the weights to it
+            q.calib_batches,
+            device=s.device,
+            autocast_dtype=autocast_dtype(s.autocast),
+            head=q.embed_gptq,
+            log=_line(report),
+        )
+        hessians = calibration.hessians
+        extra["quant_hessian_seconds"] = round(calibration.seconds, 3)
+    progress = Progress(f"gptq: int{q.bits}", _line(report), unit="matrices") if q.name != "int8" else None
+    quantized = quantize_model(q, model, hessians or {}, progress)
+    quantized.extra.update(extra)
+    return quantized
+
+
+def _line(report: Report) -> Callable[[str], None]:
+    return lambda text: report("line", {"text": text})

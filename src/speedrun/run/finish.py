@@ -43,6 +43,7 @@ its global phases run on every rank with averaged gradients.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from collections.abc import Callable
@@ -55,16 +56,25 @@ import torch
 from speedrun.artifact.code_count import write_manifest
 from speedrun.config.choices import QuantName, TTTName
 from speedrun.core.compile import graphs_compiled
-from speedrun.core.evaluate import EvalResult, document_mask, run_eval
-from speedrun.core.quant import Quantized, check_round_trip, dequantize_state_dict, load_packed
-from speedrun.core.train import autocast_dtype
+from speedrun.core.evaluate import EvalResult
+from speedrun.core.pipeline import (
+    EvalSettings,
+    FinishHooks,
+    FinishSettings,
+    score_quantized,
+    score_trained,
+    score_ttt,
+)
+from speedrun.core.pipeline import finish as core_finish
+from speedrun.core.quant import Quantized, check_round_trip, load_packed
 from speedrun.data.tokenizer import tokenizer_sha256
 from speedrun.plan import Plan
-from speedrun.progress import Progress
+from speedrun.plan.settings import settings
 from speedrun.records.atomic import atomic_write
+from speedrun.records.keys import ttt_keys
 from speedrun.records.quant_report import REPORT
 from speedrun.records.store import write_json
-from speedrun.run.quant_phase import COMPRESS_WORKERS, compress_quantized, quantize_model
+from speedrun.run.quant_phase import COMPRESS_WORKERS, compress_quantized, keep_quantized, quant_settings
 
 if TYPE_CHECKING:
     from speedrun.artifact.wrap import CodeSource
@@ -96,35 +106,39 @@ def evaluate_and_export(
     hessians: dict[str, torch.Tensor] | None = None,
     started: float | None = None,
 ) -> dict[str, Any]:
-    """The three phases in order; returns every key they measured (also reported through ``on_phase``). ``code``:
-    the source the job read when it started, for the self-extracting file (None: read it at export).
-    ``hessians``: GPTQ's, collected after training (None: the export collects them). ``started``: when training
-    ended (time.perf_counter), where eval_seconds starts (None: now), so the record writes between them count."""
+    """The three phases in order (speedrun.core.pipeline.finish); returns every key they measured (also reported
+    through ``on_phase``). ``code``: the source the job read when it started, for the self-extracting file (None:
+    read it at export). ``hessians``: GPTQ's, collected after training (None: the export collects them).
+    ``started``: when training ended (time.perf_counter), where eval_seconds starts (None: now), so the record
+    writes between them count."""
     finish = Finish(plan, model, eval_forward, data, run_dir, log, on_phase, world, code, hessians, started)
-    finish.evaluate()
-    if plan.quant.name != QuantName.off:
-        finish.quantize()
+    settings = finish.settings
     if plan.ttt.name != TTTName.off:
-        finish.test_time_train()
+        settings = finish.with_ttt()
+    hessians = finish._take_hessians()
+    finish.run(
+        lambda: core_finish(
+            model, eval_forward, data, settings, finish.on_report, world=world, hessians=hessians, hooks=finish.hooks
+        )
+    )
     return finish.out
 
 
-class _ScoreProgress(Progress):
-    """A score's progress line that also runs ``between`` at every tick (after each batch, on the scoring
-    thread): how the artifact's keys, compressed beside the round-trip score, reach the record mid-score."""
-
-    def __init__(self, label: str, log: Callable[[str], None], between: Callable[[], Any]):
-        super().__init__(label, log)
-        self.between = between
-
-    def tick(self, done: float, total: float | None = None) -> bool:
-        self.between()
-        return super().tick(done, total)
+def finish_settings(plan: Plan) -> FinishSettings:
+    """The plan's eval and quant blocks as the core's finish takes them (TTT's: Finish.with_ttt)."""
+    return FinishSettings(
+        seq_len=plan.model.seq_len,
+        device=plan.device,
+        autocast=plan.autocast,
+        eval=settings(EvalSettings, plan.eval),
+        quant=quant_settings(plan) if plan.quant.name != QuantName.off else None,
+    )
 
 
 class Finish:
-    """The phases after training, each a method: evaluate, quantize (export + round-trip score), test-time train.
-    ``out`` collects their keys; each phase reports its own as it ends."""
+    """The record keeping of the phases after training (speedrun.core.pipeline computes them): each phase's keys
+    into ``out`` and through ``on_phase`` as it ends, its log line, and the artifact's files, written on a thread
+    beside the round-trip score. evaluate, quantize and test_time_train run one phase each."""
 
     def __init__(
         self,
@@ -144,49 +158,104 @@ class Finish:
         self.run_dir, self.log, self.world, self.code = run_dir, log, world, code
         self.hessians = hessians
         self.report: PhaseCallback = on_phase or (lambda name, keys=None: None)
-        self.amp_dtype = autocast_dtype(plan.autocast)
+        self.settings = finish_settings(plan)
         self.out: dict[str, Any] = {"eval_mode": plan.eval.label}
         self.t0 = started if started is not None else time.perf_counter()
         self.graphs0 = graphs_compiled()
         self._artifact: Future | None = None
-        """The artifact's compression (rank 0, Finish.quantize), running beside the round-trip score."""
+        """The artifact's compression (rank 0, started by ``_quantized``), running beside the round-trip score."""
         self._artifact_keys: dict[str, Any] | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._scoring_quantized = False
+        self._quant_started = 0.0
+        self.quantized_seconds = 0.0
         self.on_ttt_clock: Callable[[], None] | None = None
         """Called when TTT's clock starts, after its compile warm-up (scripts/ttt_table.py --profile)."""
+        self.hooks = FinishHooks(
+            quantized=self._quantized,
+            tick=lambda: self._collect_artifact(block=False),
+            ttt_clock=lambda: self.on_ttt_clock() if self.on_ttt_clock is not None else None,
+        )
 
-    def score(self, label: str, suffix: str = "") -> tuple[EvalResult, dict[str, Any]]:
-        """The model as it is now, over the eval slice with the eval group's windows (split over the ranks), within
-        eval.max_seconds; and its keys: tokens scored, completeness, tokens per second (named with ``suffix``)."""
-        plan, data = self.plan, self.data
-        t0 = time.perf_counter()
-        with document_mask(self.model, data.bos_id if plan.eval.document_isolated else None):
-            res = run_eval(
-                plan.eval.mode,
-                self.eval_forward,
-                data.val_tokens,
-                data.luts,
-                seq_len=plan.model.seq_len,
-                stride=plan.eval.stride,
-                batch_size=plan.eval.batch_size,
-                device=plan.device,
-                autocast_dtype=self.amp_dtype,
-                shard=self.world,
-                progress=_ScoreProgress(label, self.log, lambda: self._collect_artifact(block=False)),
-                max_seconds=plan.eval.max_seconds,
-                include_tail=plan.eval.include_tail,
+    # -- one phase each (the core's order is core_finish's; scripts and tests run them one by one) ---------------
+    def evaluate(self) -> None:
+        """val_loss and val_bpb of the trained model (its EMA weights when ema.decay is set)."""
+        self.run(lambda: score_trained(*self._args(), world=self.world, hooks=self.hooks))
+
+    def quantize(self) -> None:
+        """Quantize the model (rank 0), load the dequantized weights into it and score that round trip, while rank
+        0 compresses the same codes into the artifact on a thread: the score and the compression both start from
+        the quantized codes and neither needs the other (brotli and zstd release the GIL). The artifact
+        file is then read back and must hold exactly the codes that were scored, or the phase fails."""
+        self.run(
+            lambda: score_quantized(*self._args(), world=self.world, hessians=self._take_hessians(), hooks=self.hooks)
+        )
+
+    def test_time_train(self) -> None:
+        """Score-first LoRA TTT on the model as it is now (the dequantized artifact when quant is on)."""
+        settings = self.with_ttt()
+        self.run(lambda: score_ttt(self.model, self.data, settings, self.on_report, world=self.world, hooks=self.hooks))
+
+    def with_ttt(self) -> FinishSettings:
+        """The finish's settings with TTT's, and TTT's pass in the hooks (the plan's ttt block is on)."""
+        from speedrun.run.finish_ttt import ttt_pass, ttt_settings  # ttt on, a Plan's choice (artifact.closure)
+
+        self.hooks.ttt = ttt_pass(self.plan)
+        return dataclasses.replace(self.settings, ttt=ttt_settings(self.plan))
+
+    def run(self, phases: Callable[[], Any]) -> None:
+        """Run core phases; a round-trip score that fails or is stopped still keeps the artifact and its size."""
+        try:
+            phases()
+        except BaseException:
+            if self._scoring_quantized:
+                self._keep_artifact_after_failure()  # the artifact is a result even if its scoring never ends
+            raise
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)  # its one job was collected (or kept, above)
+                self._pool = None
+
+    def _args(self) -> tuple[Any, ...]:
+        return self.model, self.eval_forward, self.data, self.settings, self.on_report
+
+    def _take_hessians(self) -> dict[str, torch.Tensor] | None:
+        hessians, self.hessians = self.hessians, None  # the Quantized holds what the report needs
+        return hessians
+
+    # -- the core's reports ---------------------------------------------------------------------------------
+    def on_report(self, kind: str, values: dict[str, Any]) -> None:
+        """The core's Report: its lines to the log; a phase's start to on_phase, its end to the phase's keys."""
+        if kind == "line":
+            self.log(values["text"])
+        elif kind == "phase" and "result" not in values:
+            self._started(values["name"])
+        elif kind == "phase":
+            {"eval": self._eval_done, "quant": self._quant_done, "ttt": self._ttt_done}[values["name"]](values)
+
+    def _started(self, phase: str) -> None:
+        self.report(phase)
+        if phase == "eval" and self.plan.ema.on:
+            self.log(
+                f"eval: scoring the weights' moving average (ema.decay {self.plan.ema.decay:g}), as export and TTT will"
             )
-        seconds = time.perf_counter() - t0
+        if phase == "quant":
+            self._quant_started = time.perf_counter()
+
+    def _score_keys(self, label: str, suffix: str, res: EvalResult, seconds: float) -> dict[str, Any]:
+        """A score's keys: tokens scored, completeness, tokens per second (named with ``suffix``), and a warning
+        when eval.max_seconds cut it short."""
         if not res.complete:
             self.log(
-                f"WARNING {label}: eval.max_seconds={plan.eval.max_seconds:g} spent after {seconds:.1f} s: scored "
-                f"{res.tokens:,} of {res.tokens_total:,} tokens; this score is PARTIAL (eval_complete{suffix} false)"
+                f"WARNING {label}: eval.max_seconds={self.plan.eval.max_seconds:g} spent after {seconds:.1f} s: "
+                f"scored {res.tokens:,} of {res.tokens_total:,} tokens; this score is PARTIAL (eval_complete{suffix} "
+                f"false)"
             )
-        keys = {
+        return {
             f"val_tokens_scored{suffix}": res.tokens,
             f"eval_complete{suffix}": res.complete,
             f"eval_tokens_per_s{suffix}": round(res.tokens / seconds, 1) if seconds > 0 else None,
         }
-        return res, keys
 
     def done(self, phase: str, **keys: Any) -> None:
         """A phase's keys, with the evaluation's time so far: eval_seconds all of it since training ended (what a
@@ -201,15 +270,9 @@ class Finish:
         self.out.update(keys, **timing)
         self.report(phase, {**keys, **timing})
 
-    def evaluate(self) -> None:
-        """val_loss and val_bpb of the trained model (its EMA weights when ema.decay is set)."""
-        plan = self.plan
-        self.report("eval")
-        if plan.ema.on:
-            self.log(
-                f"eval: scoring the weights' moving average (ema.decay {plan.ema.decay:g}), as export and TTT will"
-            )
-        res, keys = self.score("eval")
+    def _eval_done(self, values: dict[str, Any]) -> None:
+        plan, res = self.plan, values["result"]
+        keys = self._score_keys("eval", "", res, values["seconds"])
         # build_data's bundle names the tokenizer file; callers that pass val tokens and LUTs alone have none
         paths = getattr(self.data, "paths", None)
         tokenizer = tokenizer_sha256(paths.tokenizer) if paths is not None else None
@@ -233,47 +296,27 @@ class Finish:
             f"({res.tokens:,}{'' if res.complete else f' of {res.tokens_total:,}'} tokens, {res.bytes:,} bytes)"
         )
 
-    def quantize(self) -> None:
-        """Quantize the model (rank 0), load the dequantized weights into it and score that round trip, while rank
-        0 compresses the same codes into the artifact on a thread: the score and the compression both start from
-        the quantized codes and neither needs the other (brotli and zstd release the GIL). The artifact
-        file is then read back and must hold exactly the codes that were scored, or the phase fails."""
-        plan, q, world = self.plan, self.plan.quant, self.world
-        self.report("quant")
-        tq = time.perf_counter()
-        rank0 = world is None or world.rank == 0
-        quantized = (
-            quantize_model(plan, self.model, self.data, self.log, self.run_dir, self.hessians) if rank0 else None
-        )
-        self.hessians = None  # quantized holds what the report needs
-        self.quantized_seconds = time.perf_counter() - tq
-
-        def codes() -> dict[str, dict[str, torch.Tensor]]:
-            assert quantized is not None  # rank 0's
-            return quantized.packed
-
-        # every rank scores rank 0's codes (the export ran on rank 0 alone, with the one-rank calibration stream)
-        packed = world.from_rank0(codes) if world else codes()
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compress") if quantized else None
-        self._artifact = pool.submit(self._write_artifact, quantized, packed) if pool and quantized else None
+    def _quantized(self, quantized: Quantized, packed: dict[str, dict[str, torch.Tensor]]) -> None:
+        """Rank 0, the codes made: keep the float weights if asked, and start the artifact's compression beside
+        the round-trip score."""
+        keep_quantized(self.plan, quantized, self.run_dir, self.log, time.perf_counter() - self._quant_started)
+        self.quantized_seconds = time.perf_counter() - self._quant_started  # the float weights' save included
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compress")
+        self._artifact = self._pool.submit(self._write_artifact, quantized, packed)
         self._artifact_keys = None
-        restored = dequantize_state_dict(packed)
-        self.model.load_state_dict({k: restored[k].to(v.dtype) for k, v in self.model.state_dict().items()})
-        try:
-            qres, keys = self.score("eval (quantized)", "_quant")
-        except BaseException:
-            self._keep_artifact_after_failure()  # the artifact is a result even if its scoring never ends
-            raise
-        finally:
-            if pool is not None:
-                pool.shutdown(wait=False)  # its one job is collected below (or was, above)
+        self._scoring_quantized = True
+
+    def _quant_done(self, values: dict[str, Any]) -> None:
+        q, qres = self.plan.quant, values["result"]
+        self._scoring_quantized = False
         t_scored = time.perf_counter()
+        keys = self._score_keys("eval (quantized)", "_quant", qres, values["seconds"])
         waited = self._artifact is not None and self._artifact_keys is None
         artifact_keys = self._collect_artifact(block=True) or {}
         if self._artifact is not None:
             artifact_keys["compress_wait_seconds"] = round(time.perf_counter() - t_scored, 3) if waited else 0.0
-        if world is not None:
-            artifact_keys = world.from_rank0(lambda: artifact_keys)
+        if self.world is not None:
+            artifact_keys = self.world.from_rank0(lambda: artifact_keys)
         self.done(
             "quant",
             val_bpb_quant=round(qres.val_bpb, 6),
@@ -292,6 +335,13 @@ class Finish:
             f"compressed in {sizes['compress_seconds']:.1f} s beside the score (waited {sizes['compress_wait_seconds']:.1f}"
             f" s for it); per tensor: {REPORT}"
         )
+
+    def _ttt_done(self, values: dict[str, Any]) -> None:
+        from speedrun.run.finish_ttt import ttt_line  # ttt on, a Plan's choice (artifact.closure)
+
+        res = values["result"]
+        self.log(ttt_line(res, self.plan.ttt))
+        self.done("ttt", **ttt_keys(res, self.plan.ttt))
 
     def _write_artifact(self, quantized: Quantized, packed: dict[str, dict[str, torch.Tensor]]) -> dict[str, Any]:
         """Rank 0, on the compression thread: compress the codes, write the artifact file (atomically), read it
@@ -337,12 +387,3 @@ class Finish:
             self._collect_artifact(block=True)
         except BaseException as e:  # noqa: BLE001 - secondary to the error already on its way
             self.log(f"quant: the artifact could not be kept after the failed score: {type(e).__name__}: {e}")
-
-    def test_time_train(self) -> None:
-        """Score-first LoRA TTT on the model as it is now (the dequantized artifact when quant is on)."""
-        from speedrun.run.finish_ttt import run_ttt  # ttt on, a Plan's choice (artifact.closure)
-
-        self.report("ttt")
-        self.done(
-            "ttt", **run_ttt(self.plan, self.model, self.data, self.amp_dtype, self.log, self.world, self.on_ttt_clock)
-        )

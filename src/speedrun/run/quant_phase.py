@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,11 +22,9 @@ import torch
 
 from speedrun.core.gptq import Calibration, calibrate
 from speedrun.core.quant import Artifact, Quantized, QuantSettings, export_packed
-from speedrun.core.quant import quantize_model as quantize_weights
 from speedrun.core.train import autocast_dtype
 from speedrun.plan.settings import settings
 from speedrun.plan.types import Plan
-from speedrun.progress import Progress
 from speedrun.records.quant_report import rules_of, tensor_report
 
 FLOAT_WEIGHTS = "model.pt"
@@ -79,26 +76,10 @@ def collect_after_training(plan: Plan, model: torch.nn.Module, data: Any, log: C
     return _calibrate(plan, model, data, plan.quant.calib_batches, log)
 
 
-def quantize_model(
-    plan: Plan,
-    model: torch.nn.Module,
-    data: Any,
-    log: Callable[[str], None],
-    run_dir: Path,
-    hessians: dict[str, torch.Tensor] | None = None,
-) -> Quantized:
-    """Quantize the model (rank 0). int6: with the ``hessians`` collected after training, or, without them, collected
-    here (recording quant_hessian_seconds in ``extra``). quant.keep_weights: the float weights to <run dir>/model.pt."""
+def keep_quantized(plan: Plan, quantized: Quantized, run_dir: Path, log: Callable[[str], None], seconds: float) -> None:
+    """What the shell does with the codes once the core quantized them (rank 0): quant.keep_weights saves the float
+    weights to <run dir>/model.pt, and a GPTQ export says what it did (``seconds``: the quantization's)."""
     q = plan.quant
-    extra: dict[str, Any] = {}
-    if q.name != "int8" and hessians is None:
-        calibration = collect_after_training(plan, model, data, log)
-        hessians = calibration.hessians
-        extra["quant_hessian_seconds"] = round(calibration.seconds, 3)
-    t1 = time.perf_counter()
-    progress = Progress(f"gptq: int{q.bits}", log, unit="matrices") if q.name != "int8" else None
-    quantized = quantize_weights(quant_settings(plan), model, hessians or {}, progress)
-    quantized.extra.update(extra)
     if q.keep_weights:
         torch.save(quantized.state, run_dir / FLOAT_WEIGHTS)
     if q.name != "int8":
@@ -106,9 +87,8 @@ def quantize_model(
         levers = ", ".join(q.levers_on()) or "no levers"
         log(
             f"quant: GPTQ on {gptq} matrices (Hessians of {q.calib_batches} training batches), quantized in "
-            f"{time.perf_counter() - t1:.1f} s, int{q.bits} blocks, int{q.embed_bits} embeddings; {levers}"
+            f"{seconds:.1f} s, int{q.bits} blocks, int{q.embed_bits} embeddings; {levers}"
         )
-    return quantized
 
 
 def compress_quantized(
