@@ -429,7 +429,7 @@ class Stepper:
     ):
         self.model, self.forward, self.optimizers, self.settings = model, forward, optimizers, settings
         decay = settings.ema.decay
-        self.ema = WeightEMA(model, decay) if decay is not None else None
+        self.ema = WeightEMA(model, decay) if decay else None  # None or 0.0: off
         self.world = world or SINGLE
         dtype = autocast_dtype(settings.autocast)
         # a captured graph must not keep autocast's cache of cast weights (torch.cuda.graph's docs)
@@ -840,7 +840,7 @@ def fit(
     settings = hooks.after_warmup(step_times, state) if hooks.after_warmup else None
     if settings is not None:
         stepper.settings = settings
-        if settings.ema.decay is not None and stepper.ema is None:
+        if settings.ema.decay and stepper.ema is None:  # a horizon too short for an average resolves to 0.0: off
             stepper.ema = WeightEMA(stepper.model, settings.ema.decay)
     if hooks.before_clock:
         hooks.before_clock(state)
