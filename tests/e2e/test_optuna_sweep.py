@@ -60,7 +60,7 @@ def _meet_before_training(tmp_path: Path, runs: int = 2, wait_s: float = 60) -> 
     inject.mkdir()
     (inject / "sitecustomize.py").write_text(
         "import os, time\n"
-        "import speedrun.training.loop as t\n"
+        "import speedrun.core.train as t\n"
         "call, first = t.Stepper.__call__, [True]\n"
         "def meeting(self, batches):\n"
         "    if first[0]:\n"
