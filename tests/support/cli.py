@@ -39,7 +39,7 @@ def run_cli(args, cwd, timeout=300, env_extra=None, fork=False):
     return _forked_run(list(args), Path(cwd), timeout)
 
 
-WARM = ("run", "torch._dynamo", "speedrun.run.job", "speedrun.run.plan_only", "speedrun.config.did_you_mean")
+WARM = ("run", "torch._dynamo", "speedrun.run.job", "speedrun.run.cli_step")
 """What a forked run finds imported: run.py's own imports, what a run and --plan import, torch._dynamo (a torch
 optimizer's first construction imports it: ~3 s). A name that is gone is skipped: the child imports what it needs."""
 
