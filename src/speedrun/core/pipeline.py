@@ -27,6 +27,7 @@ from speedrun.core.data import (
 )
 from speedrun.core.evaluate import EvalResult, document_mask, run_eval
 from speedrun.core.fp8 import convert_linears, convert_torchao
+from speedrun.core.gptq import Calibration
 from speedrun.core.model import ModelShape
 from speedrun.core.optim import OptimSettings, build_optimizers
 from speedrun.core.quant import HESSIANS, Quantized, QuantSettings, dequantize_state_dict, quantize_model
@@ -346,6 +347,24 @@ def score_ttt(
     return res
 
 
+def collect_hessians(model: Any, data: DataBundle, s: FinishSettings, report: Report) -> Calibration | None:
+    """GPTQ's Hessians of the model as it is (quant=int6; None for a quantizer without them), from a fresh stream of
+    training batches, never validation data: GPTQ fits the weights to it. A run collects them right after its last
+    step, on the training clock."""
+    q = s.quant
+    if q is None or q.name not in HESSIANS:
+        return None
+    return HESSIANS[q.name](
+        model,
+        data.train_batches(),
+        q.calib_batches,
+        device=s.device,
+        autocast_dtype=autocast_dtype(s.autocast),
+        head=q.embed_gptq,
+        log=_line(report),
+    )
+
+
 def _quantize(
     model: Any,
     data: DataBundle,
@@ -357,16 +376,7 @@ def _quantize(
     q = s.quant
     assert q is not None
     extra: dict[str, Any] = {}
-    if q.name in HESSIANS and hessians is None:
-        calibration = HESSIANS[q.name](
-            model,
-            data.train_batches(),  # never validation data: GPTQ fits the weights to it
-            q.calib_batches,
-            device=s.device,
-            autocast_dtype=autocast_dtype(s.autocast),
-            head=q.embed_gptq,
-            log=_line(report),
-        )
+    if hessians is None and (calibration := collect_hessians(model, data, s, report)) is not None:
         hessians = calibration.hessians
         extra["quant_hessian_seconds"] = round(calibration.seconds, 3)
     progress = Progress(f"gptq: int{q.bits}", _line(report), unit="matrices") if q.name != "int8" else None

@@ -16,6 +16,7 @@ from typing import Any
 from speedrun.config import Config, LoggerConfig
 from speedrun.core.compile import keeps_grads
 from speedrun.core.gptq import Calibration
+from speedrun.core.pipeline import collect_hessians
 from speedrun.core.train import Hooks, Stepper, TrainSettings, TrainState, fit, loop_states
 from speedrun.errors import PlanError
 from speedrun.hardware import profiles as hardware
@@ -26,7 +27,7 @@ from speedrun.records.identity import gpu_identity
 from speedrun.records.keys import model_keys, optim_keys, quant_keys
 from speedrun.records.store import MetricsLog, capture_environment
 from speedrun.run import run_steps
-from speedrun.run.finish import evaluate_and_export
+from speedrun.run.finish import evaluate_and_export, finish_settings
 from speedrun.run.hooks import READY_LINE, wait_at_start_gate
 from speedrun.run.job_record import JobRecord
 from speedrun.run.loggers import RunLogger
@@ -34,7 +35,7 @@ from speedrun.run.loop_setup import LoopHooks, loop_result, prepare_loop, train_
 from speedrun.run.mfu import mfu_keys
 from speedrun.run.oom import start_history
 from speedrun.run.peak_memory import PeakMemory
-from speedrun.run.quant_phase import collect_after_training, measure_reserve
+from speedrun.run.quant_phase import measure_reserve
 from speedrun.training.build import build_attention, build_data, build_model, configure_torch
 
 log = logging.getLogger("speedrun")
@@ -275,7 +276,7 @@ class Job:
         if not reads_training_data(plan.quant) or self.record.world.rank != 0:
             return
         model.eval()  # as the export scores and quantizes it (fp8 layers take their bf16 path)
-        self.calibration = collect_after_training(plan, model, data, log.info)
+        self.calibration = collect_hessians(model, data, finish_settings(plan), _log_report)
         self.training_ended = time.perf_counter()
         self.hessian_seconds = self.training_ended - self.loop_ended
 
@@ -429,6 +430,12 @@ def _warn_repeated_data(plan: Plan, epochs: float, train_tokens: int) -> None:
         f"{train_tokens:,}",
         fix,
     )
+
+
+def _log_report(kind: str, values: dict[str, Any]) -> None:
+    """The core's Report where only its lines matter: to the run's log."""
+    if kind == "line":
+        log.info(values["text"])
 
 
 def _indent(text: str) -> str:

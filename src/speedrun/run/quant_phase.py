@@ -4,9 +4,10 @@ per-tensor report.
 
 GPTQ's Hessians read training data, so parameter-golf counts them as training. Warm-up measures what the collection
 will take (``measure_reserve``) and the loop stops that much before the time limit; the Hessians are then collected
-right after the last step (``collect_after_training``), before anything is scored, so that ``train_seconds`` (the
-loop's clock + the Hessians) runs from the first step to the last read of training data, less the pauses the loop's
-clock leaves out (periodic validation, checkpoints), and the export quantizes with them later (speedrun.run.finish).
+right after the last step (speedrun.core.pipeline.collect_hessians), before anything is scored, so that
+``train_seconds`` (the loop's clock + the Hessians) runs from the first step to the last read of training data, less
+the pauses the loop's clock leaves out (periodic validation, checkpoints), and the export quantizes with them later
+(speedrun.run.finish).
 """
 
 from __future__ import annotations
@@ -69,11 +70,6 @@ def measure_reserve(plan: Plan, model: torch.nn.Module, data: Any, log: Callable
         f"{plan.quant.calib_batches} batches after the last step (x{RESERVE_MARGIN:g})"
     )
     return reserve
-
-
-def collect_after_training(plan: Plan, model: torch.nn.Module, data: Any, log: Callable[[str], None]) -> Calibration:
-    """GPTQ's Hessians of the trained model (its EMA weights when ema.decay is set), timed."""
-    return _calibrate(plan, model, data, plan.quant.calib_batches, log)
 
 
 def keep_quantized(plan: Plan, quantized: Quantized, run_dir: Path, log: Callable[[str], None], seconds: float) -> None:
