@@ -347,7 +347,7 @@ def score_ttt(
     return res
 
 
-def collect_hessians(model: Any, data: DataBundle, s: FinishSettings, report: Report) -> Calibration | None:
+def gptq_hessians(model: Any, data: DataBundle, s: FinishSettings, report: Report) -> Calibration | None:
     """GPTQ's Hessians of the model as it is (quant=int6; None for a quantizer without them), from a fresh stream of
     training batches, never validation data: GPTQ fits the weights to it. A run collects them right after its last
     step, on the training clock."""
@@ -376,7 +376,7 @@ def _quantize(
     q = s.quant
     assert q is not None
     extra: dict[str, Any] = {}
-    if hessians is None and (calibration := collect_hessians(model, data, s, report)) is not None:
+    if hessians is None and (calibration := gptq_hessians(model, data, s, report)) is not None:
         hessians = calibration.hessians
         extra["quant_hessian_seconds"] = round(calibration.seconds, 3)
     progress = Progress(f"gptq: int{q.bits}", _line(report), unit="matrices") if q.name != "int8" else None

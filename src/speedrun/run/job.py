@@ -16,7 +16,7 @@ from typing import Any
 from speedrun.config import Config, LoggerConfig
 from speedrun.core.compile import keeps_grads
 from speedrun.core.gptq import Calibration
-from speedrun.core.pipeline import collect_hessians
+from speedrun.core.pipeline import gptq_hessians
 from speedrun.core.train import Hooks, Stepper, TrainSettings, TrainState, fit, loop_states
 from speedrun.errors import PlanError
 from speedrun.hardware import profiles as hardware
@@ -276,7 +276,7 @@ class Job:
         if not reads_training_data(plan.quant) or self.record.world.rank != 0:
             return
         model.eval()  # as the export scores and quantizes it (fp8 layers take their bf16 path)
-        self.calibration = collect_hessians(model, data, finish_settings(plan), _log_report)
+        self.calibration = gptq_hessians(model, data, finish_settings(plan), _log_report)
         self.training_ended = time.perf_counter()
         self.hessian_seconds = self.training_ended - self.loop_ended
 

@@ -4,7 +4,7 @@ per-tensor report.
 
 GPTQ's Hessians read training data, so parameter-golf counts them as training. Warm-up measures what the collection
 will take (``measure_reserve``) and the loop stops that much before the time limit; the Hessians are then collected
-right after the last step (speedrun.core.pipeline.collect_hessians), before anything is scored, so that
+right after the last step (speedrun.core.pipeline.gptq_hessians), before anything is scored, so that
 ``train_seconds`` (the loop's clock + the Hessians) runs from the first step to the last read of training data, less
 the pauses the loop's clock leaves out (periodic validation, checkpoints), and the export quantizes with them later
 (speedrun.run.finish).
