@@ -28,10 +28,10 @@ from speedrun.progress import Report
 # the square root keeps this comment in the readable file
 def used(x: float) -> float:
     # and this one, inside the body
-    return math.sqrt(x) + helper(x)
+    return math.sqrt(x) + square_root_offset(x)
 
 
-def helper(x: float) -> float:
+def square_root_offset(x: float) -> float:
     return x * 2
 
 
@@ -97,7 +97,7 @@ def kept_names(files: dict[str, str], plan=PLAN) -> set[str]:
 
 def test_keeps_what_the_driver_reaches_and_the_registry_entry_the_plan_names():
     kept = kept_names(toy())
-    assert {"main", "used", "helper", "fast", "OPS", "Shape", "choice"} <= kept
+    assert {"main", "used", "square_root_offset", "fast", "OPS", "Shape", "choice"} <= kept
     assert not {"dead", "slow", "capability", "shell_only"} & kept
     assert "slow" in kept_names(toy(), {"op": "slow", "n": 1}) and "fast" not in kept_names(toy(), {"op": "slow"})
 
@@ -141,7 +141,7 @@ REFUSED = [
         "model.py:38: capability is @shell_only",
     ),
     ("core__model", MODEL.replace("return x * 2", "return vars(x)"), "model.py:19: vars() in linked code"),
-    ("core__other", "def helper():\n    return 0\n", "helper is also defined"),
+    ("core__other", "def square_root_offset():\n    return 0\n", "square_root_offset is also defined"),
     (
         "core__model",
         MODEL.replace("    return x * 2", "    from speedrun.core import choice\n    return x * 2"),
@@ -175,10 +175,12 @@ def test_refusals_name_the_file_and_line(part, source, message):
     files = toy(**{part: source})
     if part == "core__other":  # linked only when reached: the driver uses it
         files["src/speedrun/driver.py"] = DRIVER.replace(
-            "def main", "from speedrun.core.other import helper as h\n\n\ndef main"
+            "def main", "from speedrun.core.other import square_root_offset as h\n\n\ndef main"
         )
         files["src/speedrun/driver.py"] = (
-            files["src/speedrun/driver.py"].replace(" as h", "").replace("    shape", "    helper()\n    shape")
+            files["src/speedrun/driver.py"]
+            .replace(" as h", "")
+            .replace("    shape", "    square_root_offset()\n    shape")
         )
     with pytest.raises(LinkError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
         link(files, PLAN)
@@ -191,7 +193,7 @@ def test_the_shell_keeps_what_it_imports_and_the_core_loses_the_rest():
     files["src/speedrun/run/job.py"] = "from speedrun.core.model import used\n"
     del files["src/speedrun/driver.py"]
     pruned = link_shell(files)["src/speedrun/core/model.py"]
-    assert "def used" in pruned and "def helper" in pruned and "# and this one, inside the body" in pruned
+    assert "def used" in pruned and "def square_root_offset" in pruned and "# and this one, inside the body" in pruned
     assert "def dead" not in pruned and "OPS" not in pruned and "class Shape" not in pruned
     assert "from speedrun.core import choice, shell_only" not in pruned  # neither is used any more
     compile(pruned, "model.py", "exec")
