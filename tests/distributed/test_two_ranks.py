@@ -169,7 +169,9 @@ def _train_with_periodic_eval(plan, shard: Path, world) -> dict:
     records: list = []
     extras = LoopExtras(plan, shard.parent, stepper=stepper, evaluator=evaluator, meta={}, on_metrics=records.append)
     extras.warm()  # step 0: what the loop's warm-up scores
-    state = train(stepper, batches, state=TrainState(), log=lambda _: None, on_metrics=records.append, between_steps=extras)
+    state = train(
+        stepper, batches, state=TrainState(), log=lambda _: None, on_metrics=records.append, between_steps=extras
+    )
     vals = [(r["step"], r["val_loss"], r["val_bpb"]) for r in records if "val_bpb" in r]
     return {"results": results, "vals": vals, "steps": state.steps}
 
