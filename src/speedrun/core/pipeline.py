@@ -1,6 +1,8 @@
-"""A run's building: the data streams and the model with its optimizers, compiled, from plain settings. The shell
+"""A run's order around its training, from plain settings: building the data streams and the model (open_data,
+make_model), then, after speedrun.core.train.fit, GPTQ's Hessians (gptq_hessians) and the finish: scoring the
+trained model, the quantized one and score-first TTT (finish), each phase reported through one Report. The shell
 finds the dataset's files (building the embedded corpus, checking a user's shards) and the model's class (the
-model.arch registry), then hands them here; warm-up and training follow (speedrun.core.train.fit).
+model.arch registry), then hands them here, and keeps the record of what each phase reports.
 
 The attention backend is looked up by name by the shell, once; the model never sees a backend string.
 """
