@@ -16,7 +16,7 @@ GPTQ (quant=int6) takes its Hessians from a fresh stream of *training* batches, 
 job collects them right after the last training step, on the training clock (speedrun.run.quant_phase), and
 passes them in; called without them, the export collects its own.
 
-With ema.decay set, every number here is of the weights' moving average: training.loop.train returns with it in the
+With ema.decay set, every number here is of the weights' moving average: core.train.train returns with it in the
 model (the record applies its EMA the same way, before its diagnostic eval, GPTQ and TTT).
 
 Each phase (eval, quant, ttt) reports its keys through ``on_phase`` as soon as it ends (the runner writes them to

@@ -8,7 +8,7 @@ row (run_id = the run dir). A job that starts in a run dir already holding a che
 job requeued into its sweep dir) resumes the same way without being asked (checkpoint.auto_resume).
 
 Several ranks: every rank runs this with the same ``resume=`` (the launching process passes its overrides on), and
-rank 0 picks the checkpoint that every rank loads (training.loop_setup.ResumableExtras); a rank > 0 keeps its own
+rank 0 picks the checkpoint that every rank loads (run.loop_setup.ResumableExtras); a rank > 0 keeps its own
 private directory. ``dist.nproc=N`` (and ``dist.nodes``) may be given beside ``resume=`` to continue on another
 number of ranks: the checkpoint is one file and its data position is global (training.checkpoint), so any number
 that splits the step continues with the same global batches.
