@@ -88,6 +88,15 @@ def load_config(run_dir: Path, overrides: list[str]) -> Any:
     return to_config(cfg)
 
 
+def ema_as_run(result: dict[str, Any]) -> list[str]:
+    """The decay the run used (none: off) in place of its ``ema.horizon``, a fraction of the run's steps resolved
+    only when a run starts: the weights are already the EMA's, and the finish names the decay it scores."""
+    if result.get("ema_horizon") is None:
+        return []
+    decay = result.get("ema_decay")
+    return ["ema.horizon=null", f"ema.decay={decay!r}" if decay else "ema.decay=null"]
+
+
 def float_weights(run_dir: Path, log: Any) -> dict[str, Any]:
     import torch
 
@@ -130,11 +139,12 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = args.run_dir.resolve()
     settings = [parse_setting(s) for s in args.setting] or LADDER
     device = hardware.detect()
-    plans = [resolve(load_config(run_dir, [*args.overrides, *extra]), device, cwd=Path.cwd()) for _, extra in settings]
+    result = json.loads((run_dir / "result.json").read_text()) if (run_dir / "result.json").is_file() else {}
+    common = [*ema_as_run(result), *args.overrides]
+    plans = [resolve(load_config(run_dir, [*common, *extra]), device, cwd=Path.cwd()) for _, extra in settings]
     first = plans[0]
     data = build_data(first, log)
     weights = float_weights(run_dir, log)
-    result = json.loads((run_dir / "result.json").read_text()) if (run_dir / "result.json").is_file() else {}
     # the run ended with its loop on: score the model as it was exported
     loop = bool(first.model.loop.on and (result.get("stages") or [{}])[-1].get("loop"))
     built: dict[Any, tuple[Any, Any, dict[str, Any]]] = {}
