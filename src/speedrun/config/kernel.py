@@ -97,6 +97,13 @@ class KernelConfig:
     """One matmul for each block's q, k and v projections in training (their weights concatenated per call)
     instead of three; the same parameters and the same math up to summation order. Not with fp8 on attn_qkv.
     Slower on an H100 (check ``kernel_fused_qkv``). None: off."""
+    fused_ce: bool | None = None
+    """The training loss as one fused linear + softcapped cross-entropy over row chunks (speedrun.core.fused_ce): no
+    whole (tokens, vocab) fp32 logits or their gradient; the same math up to summation order. The built-in GPT
+    only. None: off."""
+    fused_ce_chunk: int | None = None
+    """kernel.fused_ce's rows per chunk: its peak extra memory is a few (rows, vocab) fp32 tensors. None: the rows
+    that make 2^24 logits (16,384 at vocab 1024; a multiple of 128)."""
     fp8: list[str] | None = None
     """FP8 targets (any of mlp_down, mlp, attn_proj, attn_qkv, all; [] or [none]: no FP8), e.g.
     kernel.fp8='[mlp_down]'. sm89+, with precision=bf16 (or fp8). None: all under precision=fp8, else none."""
@@ -144,6 +151,10 @@ class KernelConfig:
             self.micro_batch is None or self.micro_batch >= 1,
             f"kernel.micro_batch={self.micro_batch} must be >= 1, or null for hardware.micro_batch",
         )
+        _require(
+            self.fused_ce_chunk is None or self.fused_ce_chunk >= 1,
+            f"kernel.fused_ce_chunk={self.fused_ce_chunk} must be >= 1 (rows per chunk), or null for the default",
+        )
         _require(self.profile_steps >= 1, f"kernel.profile_steps={self.profile_steps} must be >= 1")
         for part, names in TILE_FIELDS.items():
             tiles = getattr(self, f"flex_{part}")
@@ -177,6 +188,8 @@ class KernelConfig:
             "coordinate_descent_tuning",
             "dynamic_shapes",
             "fused_qkv",
+            "fused_ce",
+            "fused_ce_chunk",
             "fp8",
             "fp8_impl",
             "micro_batch",

@@ -38,7 +38,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from speedrun.core import choice
 from speedrun.core.attention import AttentionBackend, allowed_keys, document_ids
+from speedrun.core.fused_ce import linear_softcap_ce
 
 # ---- the shape --------------------------------------------------------------------------------------------------------
 # The model's shape, resolved: one torch-free dataclass that the Plan records and the GPT is built from.
@@ -475,9 +477,15 @@ def _residual_dtype(device_type: str) -> torch.dtype:
     return torch.float32
 
 
+FUSED_CE = choice("kernel.fused_ce", {"on": linear_softcap_ce})
+"""kernel.fused_ce: the training loss without the whole fp32 logits (speedrun.core.fused_ce)."""
+
+
 class GPT(nn.Module):
     rope_cos: torch.Tensor
     rope_sin: torch.Tensor
+    fused_ce = 0
+    """Rows per chunk of the fused head loss in training (kernel.fused_ce, set by make_model); 0: the eager head."""
 
     def __init__(
         self,
@@ -655,6 +663,11 @@ class GPT(nn.Module):
         B, T = x.shape[:2]
         x = rms_norm(x)
         weight = self.tok_emb.weight if self.lm_head is None else self.lm_head.weight
+        rescale = self.logit_rescale
+        fixed_caps = rescale is None or not rescale.requires_grad  # trainable caps take the eager path, for a gradient
+        if self.fused_ce and self.training and targets is not None and self.head_adapter is None and fixed_caps:
+            cap = self.shape.logit_softcap if rescale is None else rescale
+            return FUSED_CE["on"](x, weight, targets, cap, self.fused_ce, reduction)  # the same loss in row chunks
         logits = F.linear(x, weight)
         if self.head_adapter is not None:
             logits = logits + self.head_adapter(x)

@@ -120,6 +120,7 @@ def make_model(
     document_mask: bool,
     fused_qkv: bool,
     options: dict[str, Any],
+    fused_ce: int = 0,
     fp8: tuple[str, ...],
     fp8_impl: str,
     device: str,
@@ -128,7 +129,8 @@ def make_model(
     compiling: CompilePlan,
 ) -> tuple[Any, Any, Any, list]:
     """-> (model, train forward, eval forward returning per-token nats, optimizers). ``compiling``: whether and
-    how torch.compile wraps it (speedrun.core.compile.compile_model)."""
+    how torch.compile wraps it (speedrun.core.compile.compile_model). ``fused_ce``: rows per chunk of the fused
+    training loss (kernel.fused_ce; the Plan allows it only for a model with a ``fused_ce`` attribute), 0 for off."""
     # bos_id switches on document masking in the model; only backends that can mask documents get it. doc_bos_id
     # is the token alone, for model levers that must not cross documents (model.smear_gate) whatever the mask.
     model = model_class(
@@ -139,6 +141,8 @@ def make_model(
         doc_bos_id=bos_id,
         options=options,
     )
+    if fused_ce:
+        model.fused_ce = fused_ce
     if fp8:  # precision=fp8 resolves to every block linear; kernel.fp8 picks some
         (convert_torchao if fp8_impl == "torchao" else convert_linears)(model.blocks, fp8)
     model = model.to(device)

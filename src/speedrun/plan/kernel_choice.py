@@ -14,6 +14,7 @@ from speedrun.core.model import ModelShape
 from speedrun.errors import PlanError
 from speedrun.hardware.profiles import HardwareProfile
 from speedrun.kernels import GRAPH_EAGER_CALLS
+from speedrun.plan.model_choice import model_class
 from speedrun.plan.types import KernelPlan
 
 _TILE_KEYS = {
@@ -99,6 +100,7 @@ def resolve_kernel(
             f"kernel.fp8=[{','.join(fp8)}] makes them fp8 linears: use kernel.fp8=[mlp] (or mlp_down, attn_proj) "
             f"with kernel.fused_qkv=true, or kernel.fused_qkv=false"
         )
+    fused_ce_chunk = _fused_ce_chunk(cfg, settings, model)
     options = dict(attn_options)
     tiles, smem = None, ()
     if attn == "flex":
@@ -116,6 +118,8 @@ def resolve_kernel(
         dynamic_shapes=dynamic,
         coordinate_descent_tuning=cdt,
         fused_qkv=fused_qkv,
+        fused_ce=bool(fused_ce_chunk),
+        fused_ce_chunk=fused_ce_chunk,
         fp8=fp8,
         fp8_impl=fp8_impl,
         flex_tiles=tiles,
@@ -125,6 +129,28 @@ def resolve_kernel(
         profile_steps=k.profile_steps,
     )
     return plan, options
+
+
+FUSED_CE_LOGITS = 1 << 24
+"""kernel.fused_ce's default chunk: the rows that make this many logits (64 MB in fp32)."""
+
+
+def _fused_ce_chunk(cfg: Config, settings: dict[str, Any], model: ModelShape) -> int:
+    """kernel.fused_ce's rows per chunk, or 0 when it is off."""
+    chunk = settings.get("fused_ce_chunk")
+    if not settings.get("fused_ce"):
+        if chunk is not None:
+            raise PlanError(
+                f"kernel.fused_ce_chunk={chunk} sizes the fused loss's chunks, and kernel.fused_ce is off: add "
+                f"kernel.fused_ce=true, or drop kernel.fused_ce_chunk"
+            )
+        return 0
+    if not hasattr(model_class(cfg.model.arch), "fused_ce"):
+        raise PlanError(
+            f"kernel.fused_ce=true replaces the built-in GPT's loss (speedrun.core.model.GPT.fused_ce), and "
+            f"model.arch={cfg.model.arch} has no such attribute: drop kernel.fused_ce, or use model.arch=gpt"
+        )
+    return int(chunk or max(128, FUSED_CE_LOGITS // model.vocab_size // 128 * 128))
 
 
 def _compile_settings(settings: dict[str, Any], compile_on: bool) -> tuple[str, bool, bool, str]:

@@ -103,6 +103,10 @@ class KernelPlan:
     """inductor tunes its generated Triton kernels by coordinate descent."""
     fused_qkv: bool = False
     """Each block's q, k and v projections run as one matmul in training (speedrun.core.model.CausalSelfAttention)."""
+    fused_ce: bool = False
+    """The training loss runs as speedrun.core.fused_ce's chunked linear + softcapped cross-entropy."""
+    fused_ce_chunk: int = 0
+    """Its rows per chunk (0 when off)."""
     fp8: tuple[str, ...] = ()
     """FP8 targets among the block linears (mlp_down, mlp, attn_proj, attn_qkv, all); () for none."""
     fp8_impl: str = "speedrun"
@@ -131,6 +135,8 @@ class KernelPlan:
             "kernel_dynamic_shapes": self.dynamic_shapes,
             "kernel_coordinate_descent": self.coordinate_descent_tuning,
             "kernel_fused_qkv": self.fused_qkv,
+            "kernel_fused_ce": self.fused_ce,
+            "kernel_fused_ce_chunk": self.fused_ce_chunk or None,
             "kernel_micro_batch": self.micro_batch,
         }
 
@@ -141,6 +147,7 @@ class KernelPlan:
         cdt = " + coordinate descent" if self.coordinate_descent_tuning else ""
         micro = f", micro-batch {self.micro_batch}" if self.micro_batch else ""
         fused = ", fused qkv" if self.fused_qkv else ""
+        fused += f", fused loss ({self.fused_ce_chunk} rows a chunk)" if self.fused_ce else ""
         return (
             f"{self.source}: compile {self.compile_mode}{' per block' if self.compile_scope == 'blocks' else ''}"
             f"{' dynamic' if self.dynamic_shapes else ''}{cdt}, "

@@ -64,6 +64,7 @@ def build_model(plan: Plan, attention, bos_id: int):
         bos_id=bos_id,
         document_mask=plan.document_mask,
         fused_qkv=plan.kernel.fused_qkv,
+        fused_ce=plan.kernel.fused_ce_chunk,
         options=dict(plan.model_options),
         fp8=plan.kernel.fp8,
         fp8_impl=plan.kernel.fp8_impl,

@@ -1,0 +1,281 @@
+"""kernel.fused_ce: the chunked linear + softcapped cross-entropy (speedrun.core.fused_ce) gives GPT.head's loss and
+gradients (x and the head weight; fp32 and bf16 autocast; mean and per-token; the plain and the asymmetric softcap)
+without a whole (tokens, vocab) fp32 tensor, the Plan carries it into the model or refuses it by name, and a tiny
+run built from the Plan trains through it. On CUDA: the same compiled in bf16, and its peak memory."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from speedrun.config import to_config
+from speedrun.core import model as model_mod
+from speedrun.core.fused_ce import linear_softcap_ce
+from speedrun.core.model import rms_norm
+from speedrun.errors import ConfigError, PlanError
+from speedrun.plan import resolve
+from support.devices import fake_device
+from support.tiny import TINY, tiny_gpt
+
+SHAPE = replace(TINY, logit_softcap=3.0)
+"""A cap small enough that tanh bends the logits the test draws (|z| up to ~10): its derivative is far from 1."""
+CHUNK = 40
+"""Rows per chunk: 96 rows make chunks of 40, 40 and 16 (a short last one)."""
+
+
+def _head_grads(model, x, targets, reduction, fused, autocast, weights=None):
+    """(loss, grad of x, grad of the head weight) of model.head in training mode, fused or eager."""
+    model.fused_ce = CHUNK if fused else 0
+    model.train()
+    x = x.detach().clone().requires_grad_(True)
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = model.head(x, targets, reduction)
+    (loss if weights is None else (loss * weights).sum()).backward()
+    return loss.detach().float(), x.grad.float(), model.tok_emb.weight.grad.float()
+
+
+def _inputs(shape=SHAPE, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    model = tiny_gpt(shape, seed=seed)
+    with torch.no_grad():
+        model.tok_emb.weight.normal_(0, 1.5, generator=g)  # logits of a few units: the softcap matters
+    x = torch.randn(3, 32, shape.d_model, generator=g)
+    targets = torch.randint(0, shape.vocab_size, (3, 32), generator=g)
+    return model, x, targets, torch.rand(3, 32, generator=g)
+
+
+def _rel(a, b):
+    return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
+
+
+def _straight_through_grads(model, x, targets, autocast):
+    """Eager gradients with the softcap's derivative taken as 1 (its forward kept): what a fused backward that
+    forgot the softcap would give. The tolerances below must tell it apart."""
+    x = x.detach().clone().requires_grad_(True)
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        z = F.linear(rms_norm(x), model.tok_emb.weight).float()
+    cap = model.shape.logit_softcap
+    y = z + (cap * torch.tanh(z / cap) - z).detach()
+    F.cross_entropy(y.view(-1, y.shape[-1]), targets.reshape(-1)).backward()
+    return x.grad.float(), model.tok_emb.weight.grad.float()
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_loss_and_grads_match_the_eager_head(autocast, reduction):
+    """fp32: the same numbers up to summation order (1e-5). bf16 autocast: within 1% (relative norm) of the eager
+    head's bf16 gradients, where a backward without the softcap's derivative is off by more than 10%."""
+    model, x, targets, weights = _inputs()
+    w = weights if reduction == "none" else None
+    eager = _head_grads(model, x, targets, reduction, False, autocast, w)
+    fused = _head_grads(model, x, targets, reduction, True, autocast, w)
+    assert fused[0].shape == eager[0].shape == ((3, 32) if reduction == "none" else ())
+    tol = 1e-2 if autocast else 1e-5
+    assert (fused[0] - eager[0]).abs().max().item() < (2e-3 if autocast else 1e-5)
+    for got, want in zip(fused[1:], eager[1:], strict=True):
+        assert _rel(got, want) < tol
+    if reduction == "mean":
+        wrong = _straight_through_grads(model, x, targets, autocast)
+        assert min(_rel(wrong[0], eager[1]), _rel(wrong[1], eager[2])) > 10 * tol
+
+
+def test_asymmetric_caps_match_and_trainable_caps_take_the_eager_path(monkeypatch):
+    """quant.logit_rescale with caps moved apart (2 for positive logits, 5 for negative): the fused loss and gradients
+    are the eager head's. Caps that train (requires_grad) are not the fused path's: the head computes them eagerly,
+    so they get their gradient."""
+    model, x, targets, _ = _inputs(replace(SHAPE, logit_rescale=True))
+    assert model.logit_rescale is not None and not model.logit_rescale.requires_grad  # frozen in training
+    with torch.no_grad():
+        model.logit_rescale.copy_(torch.tensor([2.0, 5.0]))
+    eager = _head_grads(model, x, targets, "mean", False, False)
+    fused = _head_grads(model, x, targets, "mean", True, False)
+    assert abs(fused[0] - eager[0]).item() < 1e-5
+    assert _rel(fused[1], eager[1]) < 1e-5 and _rel(fused[2], eager[2]) < 1e-5
+    calls = []
+    monkeypatch.setitem(model_mod.FUSED_CE, "on", lambda *a, **k: calls.append(1) or linear_softcap_ce(*a, **k))
+    model.logit_rescale.requires_grad_(True)
+    _head_grads(model, x, targets, "mean", True, False)
+    assert calls == [] and model.logit_rescale.grad is not None and model.logit_rescale.grad.abs().sum() > 0
+
+
+class _LargestFloat(TorchDispatchMode):
+    """The most elements of any fp32 tensor an op returns while the mode is on (forward and backward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.dtype == torch.float32:
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+def test_no_whole_fp32_logits_in_forward_or_backward():
+    """The largest fp32 tensor the fused loss creates, its backward included, is a chunk's logits or x's gradient,
+    never (tokens, vocab); the eager head creates that tensor (the check sees it)."""
+    model, x, targets, _ = _inputs()
+    whole = x.shape[0] * x.shape[1] * SHAPE.vocab_size
+    seen = {}
+    for fused in (False, True):
+        with _LargestFloat() as mode:
+            _head_grads(model, x, targets, "mean", fused, False)
+        seen[fused] = mode.largest
+    assert seen[False] >= whole
+    rows = x.shape[0] * x.shape[1]
+    assert seen[True] == max(CHUNK * SHAPE.vocab_size, rows * SHAPE.d_model) < whole  # a chunk's logits, or x's grad
+
+
+# ---- the Plan ------------------------------------------------------------------------------------------------------
+
+
+def _plan(compose, device, *overrides):
+    return resolve(to_config(compose(list(overrides))), fake_device(device))
+
+
+def test_the_plan_carries_it_with_a_default_chunk(compose):
+    off = _plan(compose, "h100").kernel
+    assert (off.fused_ce, off.fused_ce_chunk, off.result_keys()["kernel_fused_ce"]) == (False, 0, False)
+    on = _plan(compose, "h100", "kernel.fused_ce=true", "model=pgolf_baseline").kernel
+    assert (on.fused_ce, on.fused_ce_chunk) == (True, 16384)  # 2^24 logits at vocab 1024
+    assert on.result_keys()["kernel_fused_ce_chunk"] == 16384 and "fused loss (16384 rows" in on.describe()
+    set_chunk = _plan(compose, "cpu", "kernel.fused_ce=true", "kernel.fused_ce_chunk=100").kernel
+    assert set_chunk.fused_ce_chunk == 100
+
+
+def test_refusals_name_the_fix(compose, monkeypatch):
+    with pytest.raises(PlanError, match="add kernel.fused_ce=true, or drop kernel.fused_ce_chunk"):
+        _plan(compose, "cpu", "kernel.fused_ce_chunk=64")
+    with pytest.raises(ConfigError, match="kernel.fused_ce_chunk=0 must be >= 1"):
+        _plan(compose, "cpu", "kernel.fused_ce=true", "kernel.fused_ce_chunk=0")
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))  # tests/external/tiny_lm.py
+    with pytest.raises(PlanError, match="external.tiny_lm:TinyLM has no such attribute: drop kernel.fused_ce"):
+        _plan(compose, "cpu", "model.arch=external.tiny_lm:TinyLM", "kernel.fused_ce=true")
+
+
+TINY_RUN = [
+    "hardware=cpu",
+    "model=tiny",
+    "model.n_layer=2",
+    "model.d_model=32",
+    "model.seq_len=32",
+    "data.vocab_size=64",
+    "hardware.micro_batch=4",
+    "budget.tokens_per_step=128",
+    "kernel.fused_ce=true",
+    "kernel.fused_ce_chunk=48",
+]
+
+
+def test_a_tiny_model_built_from_the_plan_trains_through_it(compose, monkeypatch):
+    """The Plan's chunk reaches the built model (speedrun.training.build.build_model), every training step's loss
+    goes through the fused loss, and 30 steps on one repeated batch bring it well down."""
+    from speedrun.training.build import build_attention, build_model
+
+    plan = _plan(compose, "cpu", *TINY_RUN)
+    torch.manual_seed(0)
+    model, forward, _, optimizers = build_model(plan, build_attention(plan), bos_id=0)
+    assert model.fused_ce == 48
+    calls = []
+    monkeypatch.setitem(model_mod.FUSED_CE, "on", lambda *a, **k: calls.append(1) or linear_softcap_ce(*a, **k))
+    g = torch.Generator().manual_seed(1)
+    seq = torch.randint(0, 64, (4, 33), generator=g)
+    losses = []
+    model.train()
+    for _ in range(30):
+        loss = forward(seq[:, :-1], seq[:, 1:])
+        loss.backward()
+        for opt in optimizers:
+            opt.step()
+        model.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    assert len(calls) == 30
+    assert losses[-1] < losses[0] - 1.0, losses
+
+
+# ---- CUDA ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_compiled_bf16_on_cuda_matches_the_eager_head():
+    """The whole GPT compiled under bf16 autocast, as training runs it, with and without the fused loss: the loss
+    within 5e-3 and every parameter's gradient within 2% (relative norm), where a wrong softcap derivative is off by
+    far more (the CPU test above measures it)."""
+    shape = replace(TINY, vocab_size=1024, d_model=128, n_head=4, n_kv_head=2, seq_len=128, logit_softcap=15.0)
+    g = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, shape.vocab_size, (4, 128), generator=g).cuda()
+    tgt = torch.randint(0, shape.vocab_size, (4, 128), generator=g).cuda()
+    models = []
+    for fused in (0, 96):  # 512 rows: chunks of 96 and a short last one
+        m = tiny_gpt(shape, seed=0, noise=0.05).cuda()
+        m.fused_ce = fused
+        models.append(m)
+    losses = []
+    for m in models:
+        m.train()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.compile(m)(idx, tgt)
+        loss.backward()
+        losses.append(loss.item())
+    assert abs(losses[0] - losses[1]) < 5e-3, losses
+    ref = dict(models[0].named_parameters())
+    for name, p in models[1].named_parameters():
+        if ref[name].grad is None:
+            assert p.grad is None, name
+            continue
+        err = (p.grad - ref[name].grad).norm() / ref[name].grad.norm().clamp_min(1e-12)
+        assert err < 2e-2, (name, err.item())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_compiled_fused_loss_on_cuda_never_holds_the_fp32_logits():
+    """16,384 tokens at vocab 8,192 (fp32 logits: 512 MiB), compiled, bf16: the eager head's step peaks at least
+    that much above its inputs, the fused loss's (chunks of 2,048 rows: 64 MiB) at under half of it; and the two
+    agree on the loss and on both gradients (mean and per-token losses)."""
+    n, c, v = 16384, 256, 8192
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x0 = torch.randn(n, c, device="cuda", generator=g).bfloat16()
+    w0 = (torch.randn(v, c, device="cuda", generator=g) * 0.2).bfloat16()
+    targets = torch.randint(0, v, (n,), device="cuda", generator=g)
+    weights = torch.rand(n, device="cuda", generator=g)
+
+    def eager(x, w, t, reduction):
+        z = F.linear(x, w).float()
+        z = 15.0 * torch.tanh(z / 15.0)
+        return F.cross_entropy(z, t, reduction=reduction)
+
+    def fused(x, w, t, reduction):
+        return linear_softcap_ce(x, w, t, 15.0, 2048, reduction)
+
+    whole = n * v * 4
+    for reduction in ("mean", "none"):
+        results, peaks = [], []
+        for fn in (eager, fused):
+            step = torch.compile(fn)
+            for _ in range(2):  # the first call compiles; the second is measured
+                x, w = x0.clone().requires_grad_(True), w0.clone().requires_grad_(True)
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+                loss = step(x, w, targets, reduction)
+                (loss if reduction == "mean" else loss * weights).sum().backward()
+                torch.cuda.synchronize()
+                peak = torch.cuda.max_memory_allocated() - base
+            peaks.append(peak)
+            results.append((loss.detach().float(), x.grad.float(), w.grad.float()))
+        assert peaks[0] >= whole and peaks[1] < whole / 2, (reduction, peaks)
+        assert (results[0][0] - results[1][0]).abs().max().item() < 2e-3
+        for got, want in zip(results[1][1:], results[0][1:], strict=True):
+            assert _rel(got, want) < 1e-2
