@@ -105,6 +105,20 @@ def test_asymmetric_caps_match_and_trainable_caps_take_the_eager_path(monkeypatc
     assert calls == [] and model.logit_rescale.grad is not None and model.logit_rescale.grad.abs().sum() > 0
 
 
+def test_the_head_with_it_compiles_as_one_graph():
+    """fullgraph=True fails on any graph break: dynamo traces the chunk loops of forward and backward (aot_eager:
+    no code generation), and the compiled loss and gradients are the eager fused head's."""
+    model, x, targets, _ = _inputs()
+    model.train()
+    model.fused_ce = CHUNK
+    expected = _head_grads(model, x, targets, "mean", True, False)
+    torch._dynamo.reset()
+    model.head = torch.compile(model.head, backend="aot_eager", fullgraph=True, dynamic=False)
+    got = _head_grads(model, x, targets, "mean", True, False)
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e)
+
+
 class _LargestFloat(TorchDispatchMode):
     """The most elements of any fp32 tensor an op returns while the mode is on (forward and backward)."""
 
