@@ -1,12 +1,17 @@
 """Fused linear + softcapped cross-entropy (kernel.fused_ce): the loss of ``softcap(x @ W.T)`` in row chunks, so the
 (N, vocab) fp32 logits and their gradient never exist whole.
 
-Forward keeps per row only the logsumexp (fp32) and the loss; backward recomputes each chunk's logits from x and W
-and writes that chunk's rows of grad_x and its share of grad_W. Peak extra memory is a few (chunk, vocab) fp32
-tensors instead of several (N, vocab) ones. The math is GPT.head's: logits in the input dtype (bf16 under autocast),
-then fp32 for the softcap ``c * tanh(z / c)`` and the loss; the asymmetric softcap (quant.logit_rescale) takes
-c = caps[0] where z > 0, else caps[1]. The caps get no gradient: training holds them fixed (requires_grad=False),
-and GPT.head runs its eager path whenever they do train.
+Each chunk's logits are computed in the input dtype (bf16 under autocast, as F.linear), then the softcap
+``c * tanh(z / c)`` and the loss in fp32; the asymmetric softcap (quant.logit_rescale) takes c = caps[0] where
+z > 0, else caps[1]. The caps get no gradient: training holds them fixed (requires_grad=False), and GPT.head runs
+its eager path whenever they do train.
+
+The mean (the training loss) computes its gradients in the forward, chunk by chunk, for a unit upstream gradient
+of the summed loss, and backward only scales them: no matmul is repeated, and nothing (N, vocab) is saved for
+backward, also under torch.compile, where a backward that recomputed the logits from x and W would be merged with
+the forward's matmul by AOT autograd's common-subexpression pass and the logits saved whole. Unscaled, the
+gradients stay inside fp16's range (GradScaler). reduction="none" (per-token losses, e.g. global TTT's) keeps
+per row only the logsumexp and recomputes each chunk's logits in backward.
 """
 
 from __future__ import annotations
@@ -17,48 +22,70 @@ Softcap = float | torch.Tensor
 """0 (no softcap), a cap c, or a (2,) tensor of caps for positive and negative logits."""
 
 
-def _softcap(z: torch.Tensor, cap: Softcap) -> tuple[torch.Tensor, torch.Tensor | float]:
-    """-> (capped fp32 logits, the cap per element, or 0 for none). dy/dz = 1 - (y / c)^2."""
+def _chunk(x: torch.Tensor, weight: torch.Tensor, cap: Softcap, targets: torch.Tensor):
+    """-> (capped fp32 logits y, the cap per element or 0 for none, logsumexp, loss) of one chunk of rows."""
+    z = (x @ weight.T).float()
     if isinstance(cap, torch.Tensor):
-        c = torch.where(z > 0, cap[0], cap[1])
-        return c * torch.tanh(z / c), c
-    if cap > 0:
-        return cap * torch.tanh(z / cap), cap
-    return z, 0.0
+        c: torch.Tensor | float = torch.where(z > 0, cap[0], cap[1])
+        y = c * torch.tanh(z / c)
+    else:
+        c, y = cap, (cap * torch.tanh(z / cap) if cap > 0 else z)
+    lse = torch.logsumexp(y, dim=-1)
+    return y, c, lse, lse - y.gather(1, targets[:, None]).squeeze(1)
+
+
+def _grad_logits(y, c, lse, targets, scale, dtype) -> torch.Tensor:
+    """d loss / d z of a chunk: (softmax(y) - onehot(target)) * scale, through the softcap (dy/dz = 1 - (y/c)^2)."""
+    dy = torch.exp(y - lse[:, None])
+    dy.scatter_add_(1, targets[:, None], torch.full_like(lse[:, None], -1.0))
+    dy *= scale
+    return (dy * (1 - (y / c) ** 2) if isinstance(c, torch.Tensor) or c > 0 else dy).to(dtype)
 
 
 class LinearSoftcapCE(torch.autograd.Function):
-    """(x (N, C), W (V, C), targets (N,), cap, chunk rows) -> per-row losses (N,) fp32."""
+    """(x (N, C), W (V, C), targets (N,), cap, chunk rows, mean, grads wanted) -> the mean loss (fp32 scalar) when
+    ``mean``, else the per-row losses (N,) fp32."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, cap: Softcap, chunk: int):
-        lses, losses = [], []
+    def forward(ctx, x, weight, targets, cap: Softcap, chunk: int, mean: bool, grads: bool):
+        losses, lses, grad_x = [], [], []
+        grad_w = torch.zeros(weight.shape, device=weight.device, dtype=torch.float32) if mean and grads else None
         for s in range(0, x.shape[0], chunk):
-            y, _ = _softcap((x[s : s + chunk] @ weight.T).float(), cap)
-            lses.append(torch.logsumexp(y, dim=-1))
-            losses.append(lses[-1] - y.gather(1, targets[s : s + chunk, None]).squeeze(1))
-        lse, loss = torch.cat(lses), torch.cat(losses)
-        ctx.save_for_backward(x, weight, targets, lse, *([cap] if isinstance(cap, torch.Tensor) else []))
-        ctx.cap, ctx.chunk = (None if isinstance(cap, torch.Tensor) else cap), chunk
-        return loss
+            xs, ts = x[s : s + chunk], targets[s : s + chunk]
+            y, c, lse, loss = _chunk(xs, weight, cap, ts)
+            losses.append(loss)
+            if grad_w is None:
+                lses.append(lse)
+                continue
+            dz = _grad_logits(y, c, lse, ts, 1.0, x.dtype)  # of the summed loss: scaled in backward
+            grad_x.append(dz @ weight)
+            grad_w += (dz.T @ xs).float()
+        ctx.mean, ctx.chunk, ctx.weight_dtype = mean, chunk, weight.dtype
+        ctx.cap = None if isinstance(cap, torch.Tensor) else cap
+        if grad_w is not None:
+            ctx.save_for_backward(torch.cat(grad_x), grad_w)
+        elif not mean:
+            ctx.save_for_backward(x, weight, targets, torch.cat(lses), *([cap] if ctx.cap is None else []))
+        loss = torch.cat(losses)
+        return loss.mean() if mean else loss
 
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor):
+        if ctx.mean:
+            grad_x, grad_w = ctx.saved_tensors
+            scale = grad_loss / grad_x.shape[0]
+            return grad_x * scale, (grad_w * scale).to(ctx.weight_dtype), None, None, None, None, None
         x, weight, targets, lse, *caps = ctx.saved_tensors
         cap = caps[0] if caps else ctx.cap
         grad_x = []
         grad_w = torch.zeros(weight.shape, device=weight.device, dtype=torch.float32)
         for s in range(0, x.shape[0], ctx.chunk):
             xs, rows = x[s : s + ctx.chunk], slice(s, s + ctx.chunk)
-            y, c = _softcap((xs @ weight.T).float(), cap)
-            # d loss / d y = softmax(y) - onehot(target), times the row's incoming gradient
-            dy = torch.exp(y - lse[rows, None])
-            dy.scatter_add_(1, targets[rows, None], torch.full_like(lse[rows, None], -1.0))
-            dy *= grad_loss[rows, None]
-            dz = (dy * (1 - (y / c) ** 2) if isinstance(c, torch.Tensor) or c > 0 else dy).to(x.dtype)
+            y, c, _, _ = _chunk(xs, weight, cap, targets[rows])
+            dz = _grad_logits(y, c, lse[rows], targets[rows], grad_loss[rows, None], x.dtype)
             grad_x.append(dz @ weight)
             grad_w += (dz.T @ xs).float()
-        return torch.cat(grad_x), grad_w.to(weight.dtype), None, None, None
+        return torch.cat(grad_x), grad_w.to(weight.dtype), None, None, None, None, None
 
 
 def linear_softcap_ce(
@@ -69,8 +96,15 @@ def linear_softcap_ce(
     (as F.linear would), else in x's."""
     kind = x.device.type
     dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
+    grads = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
     with torch.autocast(kind, enabled=False):
         loss = LinearSoftcapCE.apply(
-            x.reshape(-1, x.shape[-1]).to(dtype), weight.to(dtype), targets.reshape(-1), cap, chunk
+            x.reshape(-1, x.shape[-1]).to(dtype),
+            weight.to(dtype),
+            targets.reshape(-1),
+            cap,
+            chunk,
+            reduction == "mean",
+            grads,
         )
-    return loss.mean() if reduction == "mean" else loss.view(targets.shape)
+    return loss if reduction == "mean" else loss.view(targets.shape)
