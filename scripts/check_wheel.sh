@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The wheel works away from the repository: build it, install it with CPU torch into a fresh virtual environment,
 # and from an empty folder run a smoke job and the report with the installed code alone; then re-run the smoke
-# job's self-extracting train_gpt.py in a second venv holding only torch, numpy, sentencepiece and brotli.
+# job's self-extracting train_gpt.py, and its readable train_gpt_human.py, in a second venv holding only torch, numpy,
+# sentencepiece and brotli.
 #   bash scripts/check_wheel.sh [python]      (python: the interpreter to build with and base the venv on)
 # .ci/run calls it after the tests; about a minute, most of it installing torch (2.13.0, from the machine's disk).
 set -euo pipefail
@@ -65,7 +66,11 @@ if "$LEAN/python" -c 'import omegaconf' 2>/dev/null || "$LEAN/python" -c 'import
   echo "check_wheel: FAIL: the lean venv holds speedrun, hydra or omegaconf"; exit 1
 fi
 mkdir "$TMP/rerun"
-cp "$RUN_DIR/train_gpt.py" "$TMP/rerun/"
-(cd "$TMP/rerun" && DATA_PATH="$DATA_PATH" "$LEAN/python" train_gpt.py | tail -n 5)
-"$LEAN/python" "$REPO/scripts/check_rerun_matches.py" "$RUN_DIR/result.json" "$TMP/rerun"
+cp "$RUN_DIR/train_gpt.py" "$RUN_DIR/train_gpt_human.py" "$TMP/rerun/"
+for file in train_gpt.py train_gpt_human.py; do
+  (cd "$TMP/rerun" && DATA_PATH="$DATA_PATH" "$LEAN/python" "$file" > "$file.log" 2>&1) \
+    || { tail -n 20 "$TMP/rerun/$file.log"; echo "check_wheel: FAIL: $file did not run"; exit 1; }
+  "$LEAN/python" "$REPO/scripts/check_rerun_matches.py" "$RUN_DIR/result.json" "$TMP/rerun/$file.log" \
+    "$TMP/rerun/train_gpt.py"
+done
 echo "check_wheel: ok"

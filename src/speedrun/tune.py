@@ -35,7 +35,7 @@ from speedrun.errors import ConfigError
 from speedrun.hardware.profiles import PROFILES, detect
 from speedrun.kernels.tuned import write_entry
 from speedrun.plan import Plan, PlanError, resolve
-from speedrun.run.loop_setup import train_settings
+from speedrun.plan.settings import train_settings
 from speedrun.tables import format_table
 from speedrun.training.build import build_attention, build_data, build_model, configure_torch
 

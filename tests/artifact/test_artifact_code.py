@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from speedrun.artifact.code_count import MANIFEST, WRAPPED_FILE
+from speedrun.artifact.code_count import HUMAN_FILE, MANIFEST, WRAPPED_FILE
 from speedrun.artifact.raw_rule import CODE_FILES, NOT_COUNTED, SRC
 from support.tiny import BOS, TTT_TINY, byte_luts, docs_stream
 
@@ -119,11 +119,12 @@ def _finalize(compose, tmp_path, overrides, code=None):
 
 def test_finalize_counts_the_wrapped_file_it_writes(compose, tmp_path):
     """The default rule: artifact_code_bytes is the length of the train_gpt.py written beside the model (so the two
-    cannot disagree), several times smaller than the raw count; artifact_code.json says so and lists every packed
-    file with its raw and minified bytes."""
-    from speedrun.artifact.wrap import CodeSource, compressor_of, packed_files, read_wrapper
+    cannot disagree), several times smaller than the raw count, with train_gpt_human.py, the module it compresses;
+    artifact_code.json says so and lists every linked module with its raw bytes."""
+    from speedrun.artifact.link import counted
+    from speedrun.artifact.wrap import compressor_of, unwrap_payload
 
-    out = _finalize(compose, tmp_path, [], code=CodeSource.snapshot({"seed": 0}))
+    out = _finalize(compose, tmp_path, [])  # no source handed in: today's, linked for the plan
     wrapped = tmp_path / WRAPPED_FILE
     raw = sum(len((SRC / f).read_bytes()) for f in CODE_FILES)
     assert out["artifact_code_rule"] == "wrapped" and out["artifact_code_bytes"] == wrapped.stat().st_size < raw / 3
@@ -133,10 +134,11 @@ def test_finalize_counts_the_wrapped_file_it_writes(compose, tmp_path):
     assert manifest["artifact_code_rule"] == "wrapped" and manifest["code_file"] == WRAPPED_FILE
     # the compressor that made the smaller file, recorded in the result and the manifest alike
     assert out["artifact_code_compressor"] == manifest["compressor"] == compressor_of(wrapped.read_bytes())
-    assert [f["path"] for f in manifest["files"]] == list(packed_files())
-    assert all(0 <= f["minified_bytes"] <= f["raw_bytes"] for f in manifest["files"])  # a docstring-only __init__: 0
-    files, meta = read_wrapper(wrapped.read_bytes())
-    assert list(files) == list(packed_files()) and meta["config"] == {"seed": 0}
+    paths = [f["path"] for f in manifest["files"]]
+    assert "src/speedrun/driver.py" in paths and "src/speedrun/core/model.py" in paths
+    assert not [p for p in paths if p.startswith(("src/speedrun/run/", "src/speedrun/plan/"))]  # no shell
+    human = (tmp_path / HUMAN_FILE).read_text()
+    assert unwrap_payload(wrapped.read_bytes()) == counted(human)
 
 
 def test_the_wrapped_rule_is_refused_before_any_work_without_the_minifier(compose, monkeypatch):

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from speedrun.artifact.link import LinkError, chosen_keys, counted, link, link_shell, readable, refusals
-from speedrun.artifact.wrap import _file
+from speedrun.artifact.link import LinkError, chosen_keys, counted, link, readable, settings_source
+from speedrun.artifact.wrap import pack
 
 CORE_INIT = (Path(__file__).resolve().parents[2] / "src" / "speedrun" / "core" / "__init__.py").read_text()
 
@@ -125,7 +125,7 @@ def test_the_readable_file_and_the_counted_one_run_the_same(tmp_path):
     human = tmp_path / "train_gpt_human.py"
     human.write_text(text)
     packed = tmp_path / "train_gpt.py"
-    packed.write_bytes(_file(counted(text).encode(), "lzma", {}))
+    packed.write_bytes(pack(counted(text), "lzma"))
     outs = [
         subprocess.run([sys.executable, str(f)], capture_output=True, text=True, cwd=tmp_path) for f in (human, packed)
     ]
@@ -186,48 +186,25 @@ def test_refusals_name_the_file_and_line(part, source, message):
         link(files, PLAN)
 
 
-def test_the_shell_keeps_what_it_imports_and_the_core_loses_the_rest():
-    """While the shell is packed as modules: the core's modules are pruned to what it imports, comments kept,
-    registries whole (the shell may look any entry up)."""
-    files = toy()
-    files["src/speedrun/run/job.py"] = "from speedrun.core.model import used\n"
-    del files["src/speedrun/driver.py"]
-    pruned = link_shell(files)["src/speedrun/core/model.py"]
-    assert "def used" in pruned and "def square_root_offset" in pruned and "# and this one, inside the body" in pruned
-    assert "def dead" not in pruned and "OPS" not in pruned and "class Shape" not in pruned
-    assert "from speedrun.core import choice, shell_only" not in pruned  # neither is used any more
-    compile(pruned, "model.py", "exec")
-
-
 @pytest.fixture(scope="module")
 def record_plans():
     from speedrun.artifact.sizes import resolved
 
-    return {o: resolved([o]) for o in ("experiment=pgolf_record", "model=pgolf_baseline")}
+    return {o: resolved([o])[1] for o in ("experiment=pgolf_record", "model=pgolf_baseline")}
 
 
 @pytest.mark.parametrize("overrides", ["experiment=pgolf_record", "model=pgolf_baseline"])
-def test_todays_core_links_as_one_module_that_imports(record_plans, overrides, tmp_path):
-    """speedrun/core with the shared modules, linked for the record recipes from what the shell imports of it (the
-    roots until the exported file has its own driver): nothing refused (no reflection, no name in two modules, no
-    import the one module cannot hold), and the module, minified too, loads."""
+def test_the_driver_links_with_todays_core_into_one_module_that_loads(record_plans, overrides, tmp_path):
+    """speedrun.driver with the core it reaches for the record recipes: nothing refused (no reflection, no name in
+    two modules, no import the one module cannot hold), TTT's pass only where the Plan has TTT, and the module,
+    minified too, loads with PLAN equal to the settings it was made from."""
     import runpy
 
-    from speedrun.artifact.link import Linker, external_imports, modules_of, shell_roots
-    from speedrun.artifact.wrap import CodeSource
+    from speedrun.artifact.wrap import CodeSource, linked_module
 
-    src = Path(__file__).resolve().parents[2] / "src"
-    files = {f"src/{p.relative_to(src).as_posix()}": p.read_text() for p in (src / "speedrun" / "core").glob("*.py")}
-    files.update(
-        {f"src/speedrun/{m}.py": (src / "speedrun" / f"{m}.py").read_text() for m in ("progress", "tables", "errors")}
-    )
-    tree, plan = record_plans[overrides]
-    modules = modules_of(files, None)
-    roots = {r for r in shell_roots(CodeSource.snapshot(tree, plan).files, {m.name for m in modules}) if r[1] != "*"}
-    linked = Linker(modules, plan.to_dict()).link(roots)
-    assert refusals(linked) == []
-    assert external_imports(linked)  # torch and the rest, each bound once
-    text = readable(linked, plan.to_dict(), version="test").replace('if __name__ == "__main__":', "if False:")
+    code = CodeSource.snapshot().for_plan(record_plans[overrides])
+    text = linked_module(code).replace('if __name__ == "__main__":', "if False:")
+    assert ("def ttt_evaluate" in text) == (overrides == "experiment=pgolf_record")
     # the readable module loads; the minified one too (checked on the smaller recipe: minifying takes seconds)
     sources = [text, counted(text)] if overrides == "model=pgolf_baseline" else [text]
     for i, source in enumerate(sources):
@@ -235,3 +212,31 @@ def test_todays_core_links_as_one_module_that_imports(record_plans, overrides, t
         path.write_text(source)
         loaded = runpy.run_path(str(path), run_name="speedrun_linked_check")
         assert len([v for v in loaded.values() if callable(v)]) > 100  # the core's functions and classes, defined
+        if i == 0:  # the same values, field by field (classes of another module; the minified one renames PLAN)
+            assert repr(loaded["PLAN"]) == repr(code.settings)
+
+
+def test_settings_source_builds_the_same_settings_with_only_what_differs_from_defaults(record_plans):
+    import speedrun.core.compile as compile_module
+    import speedrun.core.model as model_module
+    import speedrun.core.optim as optim_module
+    import speedrun.core.pipeline as pipeline_module
+    import speedrun.core.quant as quant_module
+    import speedrun.core.train as train_module
+    import speedrun.core.ttt_lora as ttt_module
+    import speedrun.driver as driver_module
+    from speedrun.artifact.wrap import frozen_settings
+
+    names: dict = {"float": float}
+    for m in (compile_module, model_module, optim_module, pipeline_module, quant_module, train_module, ttt_module):
+        names.update(vars(m))
+    names.update(vars(driver_module))
+    settings = frozen_settings(record_plans["experiment=pgolf_record"])
+    source = settings_source(settings)
+    assert eval(source, names) == settings  # noqa: S307 - our own output, checked to rebuild what it was made from
+    options = names["CompileOptions"]
+    assert settings_source(options()) == "CompileOptions()"  # defaults are left out
+    assert settings_source(options(cuda_graphs=True)) == "CompileOptions(cuda_graphs=True)"
+    assert settings_source(options(compile_mode=1)) == "CompileOptions(compile_mode=1)"  # a value of another type
+    assert all(len(line) <= 116 for line in source.splitlines())
+    assert settings_source(float("inf")) == 'float("inf")' and settings_source((1,)) == "(1,)"

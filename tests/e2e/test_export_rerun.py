@@ -1,6 +1,7 @@
 """The export's acceptance test: a smoke run, its export (`python -m speedrun.export`), and the exported
-train_gpt.py run where speedrun is not installed, reaching the run's val_bpb to 1e-6 (CPU is deterministic) and
-counting itself as the run counted it; then the readable train_gpt_human.py beside it, reaching the same val_bpb."""
+train_gpt.py run where speedrun is not installed and importing hydra, omegaconf or yaml fails, reaching the run's
+val_bpb to 1e-6 (CPU is deterministic), counting itself as the run counted it and importing nothing of speedrun's;
+then the readable train_gpt_human.py beside it, reaching the same val_bpb."""
 
 from __future__ import annotations
 
@@ -16,6 +17,25 @@ import pytest
 from support.export import bare_env
 
 pytestmark = pytest.mark.slow
+
+# Runs a file as `python <file>` would, after putting a finder first on sys.meta_path that refuses the packages an
+# exported file must not need, and prints the speedrun modules imported when the process ends.
+BLOCKED = ("hydra", "omegaconf", "yaml", "speedrun")
+HARNESS = """
+import atexit, runpy, sys
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {blocked!r}:
+            raise ImportError("refused: " + name)
+sys.meta_path.insert(0, Refuse())
+sys.argv = [sys.argv[1]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def printed(stdout: str) -> dict[str, str]:
+    """The result block's "key: value" lines."""
+    return dict(re.findall(r"^(\w+): (\S+)$", stdout, re.M))
 
 
 def test_an_exported_run_reruns_where_speedrun_is_not_installed(tmp_path, data_cache, default_smoke_run):
@@ -53,7 +73,8 @@ def test_an_exported_run_reruns_where_speedrun_is_not_installed(tmp_path, data_c
     assert "`train_gpt.py`: the self-extracting run, the code counted" in readme
     assert "`train_gpt_human.py`: the same code to read (not counted)" in readme
     human = (out / "train_gpt_human.py").read_text()
-    assert "# ---- src/speedrun/core/model.py ----" in human and "\n# " in human  # modules as written, comments kept
+    assert "# ---- speedrun/core/model.py ----" in human and "\n# " in human  # modules as written, comments kept
+    assert "\nPLAN = RunSettings(" in human and human.rstrip().endswith("main(PLAN, __file__)")
     assert result["artifact_code_bytes"] == os.path.getsize(out / "train_gpt.py")
     submission = json.loads((out / "submission.json").read_text())
     assert submission["bytes_code"] == result["artifact_code_bytes"] and submission["seeds"] == [0]
@@ -70,25 +91,28 @@ def test_an_exported_run_reruns_where_speedrun_is_not_installed(tmp_path, data_c
     if no_speedrun.returncode == 0:  # installed into site-packages itself, not editable (a .pth file): cannot hide it
         pytest.skip("speedrun is installed into site-packages (not editable), so python -S cannot hide it")
     assert "No module named 'speedrun'" in no_speedrun.stderr
-    rerun = subprocess.run(
-        [sys.executable, "-S", "X/train_gpt.py"], cwd=clean, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert rerun.returncode == 0, rerun.stderr[-3000:] + rerun.stdout[-3000:]
-    (again_path,) = (clean / "runs").glob("*/result.json")
-    again = json.loads(again_path.read_text())
-    assert again["status"] == "ok" and abs(again["val_bpb"] - result["val_bpb"]) <= 1e-6
-    assert again["val_bpb_quant"] == pytest.approx(result["val_bpb_quant"], abs=1e-6)
-    # the re-run counts the file that ran, byte for byte, and prints the result block
-    assert again["artifact_code_bytes"] == os.path.getsize(clean / "X" / "train_gpt.py")
-    assert (again_path.parent / "train_gpt.py").read_bytes() == (clean / "X" / "train_gpt.py").read_bytes()
-    assert re.search(r"^val_bpb:\s+\d+\.\d+\s*$", rerun.stdout, re.M) and (again_path.parent / "run.log").is_file()
 
-    # 4. the readable file re-runs the same run: the same val_bpb, exactly
-    shutil.rmtree(clean / "runs")
-    readable = subprocess.run(
-        [sys.executable, "-S", "X/train_gpt_human.py"], cwd=clean, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert readable.returncode == 0, readable.stderr[-3000:] + readable.stdout[-3000:]
-    (human_path,) = (clean / "runs").glob("*/result.json")
-    from_human = json.loads(human_path.read_text())
+    def run(name: str) -> dict[str, str]:
+        proc = subprocess.run(
+            [sys.executable, "-S", "-c", HARNESS.format(blocked=BLOCKED), f"X/{name}"],
+            cwd=clean,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+        return printed(proc.stdout)
+
+    again = run("train_gpt.py")
+    assert again["status"] == "ok" and abs(float(again["val_bpb"]) - result["val_bpb"]) <= 1e-6
+    assert float(again["val_bpb_quant"]) == pytest.approx(result["val_bpb_quant"], abs=1e-6)
+    # the re-run counts the file that ran, byte for byte, and writes the artifact it scored
+    assert int(again["artifact_code_bytes"]) == os.path.getsize(clean / "X" / "train_gpt.py")
+    assert int(again["artifact_model_bytes"]) == result["artifact_model_bytes"]
+    assert (clean / "final_model.int8.zlib").stat().st_size == result["artifact_model_bytes"]
+
+    # 4. the readable file re-runs the same run: the same val_bpb, exactly, and counts the train_gpt.py beside it
+    from_human = run("train_gpt_human.py")
     assert from_human["val_bpb"] == again["val_bpb"] and from_human["val_bpb_quant"] == again["val_bpb_quant"]
+    assert from_human["artifact_code_bytes"] == again["artifact_code_bytes"]

@@ -7,83 +7,54 @@ tests/e2e/test_export_rerun.py.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
-import torch
 
-from speedrun.artifact.wrap import CodeSource, build_wrapper, linked_files, packed_files, read_wrapper
+from speedrun.artifact.wrap import CodeSource, build_wrapper, frozen_settings, unwrap_payload
 from speedrun.export.cli import main as export_main
-from support.export import CONFIG, bare_env, fake_run
+from support.export import CONFIG, fake_run
 
 # ------------------------------------------------------------------------------------------------- the file
 
 
-def test_the_file_round_trips_the_sources_minified_and_they_compile():
-    from speedrun.artifact.minify import minify_files
+@pytest.fixture(scope="module")
+def default_plan():
+    from speedrun.artifact.sizes import resolved
 
-    code = CodeSource.snapshot({"seed": 3, "name": "x"})
-    data, minified = build_wrapper(code)
-    files, meta = read_wrapper(data)
-    # byte-exact: the packed modules with the core linked down to what they import from it, minified
-    assert list(files) == list(packed_files()) and files == minified == minify_files(linked_files(code))
-    linked, core = linked_files(code), [p for p in code.files if p.startswith("src/speedrun/core/")]
-    assert core and sum(map(len, (linked[p] for p in core))) < sum(map(len, (code.files[p] for p in core)))
-    for path, text in files.items():
-        if path.endswith(".py"):
-            compile(text, path, "exec")
-        else:  # the conf/ presets the resolver reads travel as they are
-            assert text == code.files[path]
-    assert meta["config"] == {"seed": 3, "name": "x"} and meta["versions"]["torch"] == torch.__version__
-    assert build_wrapper(code)[0] == data  # the same source makes the same bytes: the count is reproducible
+    return resolved([])[1]
 
 
-def test_the_file_refuses_another_torch_major(tmp_path):
-    from speedrun.rerun import Refusal, check_torch
+def test_the_file_is_the_readable_module_minified_and_the_same_source_makes_the_same_bytes(default_plan):
+    from speedrun.artifact.link import counted
 
-    check_torch("2.13.0+cpu", "2.5.1")
-    with pytest.raises(Refusal, match=r"torch 2\.13\.0.*torch 3\.0\.0.*pip install 'torch>=2,<3'"):
-        check_torch("2.13.0", "3.0.0")
-    with pytest.raises(Refusal, match="not installed"):
-        check_torch("2.13.0", None)
-    # the file itself: it stops before any work, with the line above
-    major = int(torch.__version__.split(".")[0])
-    data, _ = build_wrapper(CodeSource(CodeSource.snapshot().files, {"seed": 0}, {"torch": f"{major + 1}.0.0"}))
-    (tmp_path / "train_gpt.py").write_bytes(data)
-    proc = subprocess.run(
-        [sys.executable, "-S", "train_gpt.py"], cwd=tmp_path, env=bare_env(), capture_output=True, text=True
-    )
-    assert proc.returncode == 1 and f"pip install 'torch>={major + 1},<{major + 2}'" in proc.stderr
-    assert not (tmp_path / "runs").exists()
+    code = CodeSource.snapshot().for_plan(default_plan)
+    data, human = build_wrapper(code)
+    assert unwrap_payload(data) == counted(human)
+    compile(unwrap_payload(data), "train_gpt.py", "exec")
+    assert "\nPLAN = RunSettings(" in human and "def main(run: RunSettings, file: str)" in human
+    assert build_wrapper(code)[0] == data  # the count is reproducible
 
 
-def test_the_rerun_takes_parameter_golfs_environment(tmp_path):
-    from speedrun.rerun import Refusal, rerun_config
+def test_the_file_takes_parameter_golfs_environment(tmp_path, default_plan):
+    from speedrun.driver import from_environment
 
-    config = {
-        "seed": 0,
-        "name": "r",
-        "data": {"path": None, "tokenizer": None, "vocab_size": 8, "cache_dir": "nowhere"},
-    }
+    run = frozen_settings(default_plan)
     data = tmp_path / "shards"
     data.mkdir()
     (data / "tokenizer.model").write_bytes(b"")
-    env = {"DATA_PATH": str(data), "SEED": "42", "RANK": "0", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"}
-    tree = rerun_config(config, env, tmp_path / "train_gpt.py", tmp_path)
-    assert tree["data"]["path"] == str(data) and tree["data"]["tokenizer"] == str(data / "tokenizer.model")
-    assert tree["seed"] == 42 and (tree["dist"]["nproc"], tree["dist"]["nodes"]) == (8, 1)
-    assert tree["artifact"] == {"code_rule": "wrapped", "code_file": str(tmp_path / "train_gpt.py")}
-    assert tree["results_db"] == str(tmp_path / "runs" / "results.sqlite") and config["seed"] == 0
-    with pytest.raises(Refusal, match="needs TOKENIZER_PATH"):
-        rerun_config(config, {"DATA_PATH": str(tmp_path)}, tmp_path / "f", tmp_path)
-    # A GPT-2 (tiktoken) run names its tokenizer, which needs no file next to the shards.
-    gpt2 = {**config, "data": {**config["data"], "tokenizer": "gpt2", "path": "elsewhere", "vocab_size": 50257}}
-    assert rerun_config(gpt2, {"DATA_PATH": str(tmp_path)}, tmp_path / "f", tmp_path)["data"]["tokenizer"] == "gpt2"
-    with pytest.raises(Refusal, match="embedded corpus, which the file does not carry"):
-        rerun_config(config, {}, tmp_path / "f", tmp_path)
-    with pytest.raises(Refusal, match="torchrun --standalone --nproc_per_node=4"):
-        rerun_config({**config, "dist": {"nproc": 4, "nodes": 1}}, {"DATA_PATH": str(data)}, tmp_path / "f", tmp_path)
+    again = from_environment(run, {"DATA_PATH": str(data), "SEED": "42"})
+    assert again.data.path == str(data) and again.data.tokenizer == str(data / "tokenizer.model")
+    assert again.seed == 42 and run.seed == 0
+    named = from_environment(run, {"DATA_PATH": str(tmp_path), "TOKENIZER_PATH": "t.model"})
+    assert named.data.tokenizer == "t.model" and named.data.path == str(tmp_path)
+    assert from_environment(run, {}) == run
+    # torchrun's ranks: a step keeps its tokens (grad_accum scaled), or the file says why it cannot
+    accum = run.train.grad_accum
+    assert from_environment(run, {"WORLD_SIZE": "1"}).train.grad_accum == accum
+    if accum % 2 == 0:
+        assert from_environment(run, {"WORLD_SIZE": "2"}).train.grad_accum == accum // 2
+    with pytest.raises(SystemExit, match="cannot be split over"):
+        from_environment(run, {"WORLD_SIZE": str(accum * 2 + 1)})
 
 
 # ----------------------------------------------------------------------------------------------- the export
@@ -160,17 +131,18 @@ def test_an_earlier_export_is_replaced_only_with_force_and_other_files_never(tmp
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".X.")]  # no temporary left beside it
 
 
-def test_a_raw_rule_run_is_wrapped_from_this_source_only_if_it_ran_it(tmp_path, capsys):
+def test_a_raw_rule_run_is_wrapped_from_this_source_only_if_it_ran_it(tmp_path, capsys, default_plan):
     """A run counted raw wrote no train_gpt.py: the export builds one from the source here, refusing (unless
     --force) when that is not the source that ran."""
     from omegaconf import OmegaConf
 
     from speedrun.paths import REPO_ROOT
+    from speedrun.plan import plan_json
     from speedrun.records.identity import code_fingerprint
 
     run = fake_run(tmp_path, 0)
     (run / "train_gpt.py").unlink()
-    (run / ".hydra").mkdir()
+    (run / "plan.json").write_text(plan_json(default_plan))
     OmegaConf.save(OmegaConf.create({**CONFIG, "artifact": {"code_rule": "raw"}}), run / ".hydra" / "config.yaml")
     result = json.loads((run / "result.json").read_text())
     (run / "result.json").write_text(json.dumps({**result, "code_fingerprint": "0123456789abcdef"}))
@@ -179,5 +151,5 @@ def test_a_raw_rule_run_is_wrapped_from_this_source_only_if_it_ran_it(tmp_path, 
     (run / "result.json").write_text(json.dumps({**result, "code_fingerprint": code_fingerprint(REPO_ROOT)}))
     code, text = export([run, "--out", tmp_path / "X"], capsys)
     assert code == 0, text
-    files, meta = read_wrapper((tmp_path / "X" / "train_gpt.py").read_bytes())
-    assert list(files) == list(packed_files()) and meta["config"]["artifact"] == {"code_rule": "raw"}
+    human = (tmp_path / "X" / "train_gpt_human.py").read_text()
+    assert "\nPLAN = RunSettings(" in human and unwrap_payload((tmp_path / "X" / "train_gpt.py").read_bytes())

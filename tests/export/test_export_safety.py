@@ -19,7 +19,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from speedrun.artifact.wrap import CodeSource, available_compressors, build_wrapper, requirements, unwrap_payload
+from speedrun.artifact.wrap import (
+    available_compressors,
+    file_requirements,
+    frozen_settings,
+    pack,
+    requirements,
+    unwrap_payload,
+)
 from speedrun.export.cli import main as export_main
 from speedrun.export.track import NON_RECORD_NAME, RECORD_NAME, claim, load_track, record_problems
 from support.export import fake_run
@@ -108,11 +115,9 @@ def test_a_stored_configs_own_arithmetic_resolves_and_nothing_of_this_machine_is
     """debug=smoke's depth is `${speedrun_smoke_layers:...}` in .hydra/config.yaml: the export resolves it to the
     config the run itself resolved; a secret in the environment, named only by the overrides (kept as typed, never
     resolved), appears nowhere in the folder."""
-    from speedrun.artifact.wrap import read_wrapper
-
     monkeypatch.setenv(SECRET_VAR, SECRET)
     run = smoke_copy(default_smoke_run, tmp_path)
-    _, meta = read_wrapper((run / "train_gpt.py").read_bytes())
+    settings = (run / "train_gpt_human.py").read_text().partition("\nPLAN = ")[2]
     assert "${speedrun_smoke_layers:" in (run / ".hydra" / "config.yaml").read_text()
     overrides = run / ".hydra" / "overrides.yaml"
     typed = f"name=${{oc.env:{SECRET_VAR}}}"
@@ -122,16 +127,15 @@ def test_a_stored_configs_own_arithmetic_resolves_and_nothing_of_this_machine_is
     assert code == 0, err
     text = published_text(tmp_path / "X")
     assert SECRET not in text + out + err and typed in (tmp_path / "X" / "README.md").read_text()
-    _, built = read_wrapper((tmp_path / "X" / "train_gpt.py").read_bytes())
-    assert built["config"] == meta["config"]  # resolved as the run resolved it
+    # built from the run's plan.json, with the settings the run's own file carried
+    assert (tmp_path / "X" / "train_gpt_human.py").read_text().partition("\nPLAN = ")[2] == settings
 
 
-def test_an_interpolation_in_a_wrapped_files_config_is_refused(tmp_path, capsys):
-    """The config inside a train_gpt.py was resolved when the run started; one still holding `${...}` would be
-    resolved by the re-run, on the machine that runs it."""
+def test_an_interpolation_of_this_machine_in_the_stored_config_is_refused(tmp_path, capsys):
+    """A stored config's `${oc.env:...}` would put this machine's environment into the submission: refused, named."""
     run = fake_run(tmp_path, 0, data={"name": "embedded", "path": None, "cache_dir": f"${{oc.env:{SECRET_VAR}}}"})
     code, _, err = export([run, "--out", tmp_path / "X"], capsys)
-    assert code == 1 and "data.cache_dir" in err and "train_gpt.py" in err and len(err.strip().splitlines()) == 1
+    assert code == 1 and "data.cache_dir" in err and "config.yaml" in err and len(err.strip().splitlines()) == 1
 
 
 # --------------------------------------------------------------------------------------- the shipped train_gpt.py
@@ -302,10 +306,19 @@ def test_the_file_names_one_pip_line_for_the_packages_this_python_lacks(tmp_path
     """On a Python without torch, numpy, sentencepiece (no site-packages at all: -S), the file stops before any work
     with one line: `pip install` and every package it needs, quoted for the shell, whichever compressor packed it
     (brotli's decoder is a package too). Neither omegaconf nor Hydra is among them."""
-    config = {"seed": 0, "quant": {"name": "int8", "compressor": "brotli"}, "data": {"tokenizer": "gpt2"}}
+    import dataclasses
+
+    from speedrun.artifact.sizes import resolved
+
+    settings = frozen_settings(resolved([])[1])
+    quant = dataclasses.replace(settings.finish.quant, name="int8", compressor="brotli")
+    settings = dataclasses.replace(
+        settings,
+        finish=dataclasses.replace(settings.finish, quant=quant),
+        data=dataclasses.replace(settings.data, tokenizer_kind="tiktoken"),
+    )
     for compressor in available_compressors():
-        code = CodeSource({"src/speedrun/__init__.py": "X = 1\n"}, config, {"torch": "2.13.0"})
-        data, _ = build_wrapper(code, compressor)
+        data = pack("X = 1\n", compressor, file_requirements(settings, "2.13.0"))
         (tmp_path / "train_gpt.py").write_bytes(data)
         env = {"PATH": "/usr/bin:/bin", "PYTHONNOUSERSITE": "1"}
         proc = subprocess.run(
@@ -333,4 +346,4 @@ def test_the_requirements_follow_the_config():
     assert set(requirements(pergroup)) == base | {"brotli"}
     assert set(requirements({"quant": {"name": "off", "compressor": "brotli", "pergroup_codec": "brotli"}})) == base
     assert set(requirements({"data": {"tokenizer": "/x/cl100k.tiktoken"}})) == base | {"tiktoken"}
-    assert set(requirements({"kernel": {"name": "tuned"}})) == base | {"omegaconf"}  # its tables are YAML
+    assert set(requirements({"kernel": {"name": "tuned"}})) == base  # the file carries the tuned values, not the tables

@@ -17,6 +17,8 @@ LAYERS = [
     {"errors", "paths", "tables", "stats", "progress", "version"},
     # the run's math (model, data, step, eval, quant, TTT): one floor, importing only the shared modules it needs
     {"core"},
+    # the exported file's entry point: the core and the shared modules alone (speedrun.artifact.link links them)
+    {"driver"},
     {"config"},
     {"hardware"},
     {"records"},
@@ -28,9 +30,9 @@ LAYERS = [
     {"training"},
     {"run"},
     {"report"},
-    # entry points (rerun: an exported train_gpt.py's; task: src/run.py's, with sweep_trial, an Optuna trial's
-    # reporting that it installs; cli and __main__: the `speedrun` command)
-    {"__init__", "tune", "task", "sweep_trial", "export", "rerun", "bench", "cli", "__main__"},
+    # entry points (task: src/run.py's, with sweep_trial, an Optuna trial's reporting that it installs; cli and
+    # __main__: the `speedrun` command)
+    {"__init__", "tune", "task", "sweep_trial", "export", "bench", "cli", "__main__"},
 ]
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 

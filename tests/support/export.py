@@ -9,8 +9,9 @@ import os
 from pathlib import Path
 
 import torch
+import yaml
 
-from speedrun.artifact.wrap import CodeSource, build_wrapper
+from speedrun.artifact.wrap import pack
 
 SITE_PACKAGES = str(Path(torch.__file__).resolve().parents[1])
 """torch's (and omegaconf's, numpy's, sentencepiece's) site-packages. With `python -S` and only this on PYTHONPATH,
@@ -38,11 +39,12 @@ def fake_run(
     root: Path, seed: int, status: str = "ok", artifact_ok: bool = True, result_extra: dict | None = None, **config
 ) -> Path:
     """A finished run dir as the export reads it: result.json (plus ``result_extra``; the code's bytes and sha256 as
-    the run recorded them), run.log and a (tiny) train_gpt.py with its config (plus ``config``)."""
+    the run recorded them), run.log, its config (plus ``config``) in .hydra/config.yaml and a (tiny) train_gpt.py."""
     run = root / f"run{seed}"
-    run.mkdir(parents=True)
+    (run / ".hydra").mkdir(parents=True)
     tree = {**CONFIG, "seed": seed, **config}
-    data, _ = build_wrapper(CodeSource({"src/speedrun/__init__.py": "X = 1\n"}, tree, {"torch": torch.__version__}))
+    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(tree))
+    data = pack("X = 1\n")
     (run / "train_gpt.py").write_bytes(data)
     (run / "run.log").write_text(f"seed {seed}\n")
     result = {

@@ -12,7 +12,7 @@ from speedrun.config import to_config
 from speedrun.core.optim import EMASettings
 from speedrun.core.train import Hooks, Stage, Stepper, TrainSettings, TrainState, fit
 from speedrun.plan import resolve
-from speedrun.run.loop_setup import train_settings
+from speedrun.plan.settings import train_settings
 from support.devices import fake_device
 
 TINY = [

@@ -13,8 +13,8 @@ from speedrun.config.finishing import TTTConfig
 from speedrun.core.ttt_lora import EverySlot, RowSlotsAdam, TTTSettings, adapter_optimizer
 from speedrun.errors import ConfigError
 from speedrun.plan import resolve
+from speedrun.plan.settings import ttt_settings
 from speedrun.records.keys import ttt_setting_keys
-from speedrun.run.finish_ttt import ttt_settings
 from support.devices import fake_device
 
 LR = 0.05

@@ -2,9 +2,9 @@
 dequantize the model, plus the compressed model bytes. How the code is counted is ``artifact.code_rule``:
 
 - ``wrapped`` (the default): the length of the self-extracting train_gpt.py the run writes into its run dir
-  (speedrun.artifact.wrap: the modules the run's re-run imports, computed from its Plan by
-  speedrun.artifact.closure, minified and compressed with the run's resolved config), the way parameter-golf's
-  records ship their code. The number and the file cannot disagree.
+  (speedrun.artifact.wrap: the driver and the core it reaches for the run's Plan, linked into one module with the
+  run's frozen settings, minified and compressed), the way parameter-golf's records ship their code, with
+  train_gpt_human.py, the same module to read. The number and the file cannot disagree.
 - ``raw``: the raw UTF-8 bytes of the files speedrun.artifact.raw_rule lists, uncompressed (imported only by a run
   that counts that way, so a wrapped file does not carry the list).
 """
@@ -12,6 +12,7 @@ dequantize the model, plus the compressed model bytes. How the code is counted i
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,13 +35,15 @@ MANIFEST = "artifact_code.json"
 def write_manifest(
     run_dir: Path, model_bytes: int, cap_bytes: int, rule: ArtifactConfig, code: CodeSource | None = None
 ) -> dict[str, Any]:
-    """Count the code by ``rule`` (wrapped: write train_gpt.py into the run dir first; ``code`` is the source the
-    job read when it started, or now when None), write artifact_code.json; returns the result keys
+    """Count the code by ``rule`` (wrapped: link train_gpt.py into the run dir first from ``code``, the source the
+    job read when it started with the run's settings), write artifact_code.json; returns the result keys
     (artifact_model_bytes, artifact_code_bytes, artifact_code_sha256, artifact_bytes, artifact_ok,
     artifact_code_rule, artifact_code_compressor)."""
     wrapped = rule.code_rule == "wrapped"
     if wrapped:
-        data, files, extra = _wrapped(run_dir, rule, code)
+        if code is None:
+            raise ValueError("the wrapped rule links the run's code for its Plan: pass its CodeSource")
+        data, files, extra = _wrapped(run_dir, code)
         counted, sha256 = len(data), hashlib.sha256(data).hexdigest()
     else:
         from speedrun.artifact.raw_rule import NOT_COUNTED, code_bytes, code_manifest  # code_rule=raw, a Plan's choice
@@ -58,8 +61,8 @@ def write_manifest(
         "artifact_code_compressor": extra.get("compressor"),  # the wrapped file's: lzma, brotli or zlib
     }
     how = (
-        f"code counted as the bytes of the self-extracting {WRAPPED_FILE} (the modules the run reaches, minified, "
-        "compressed, with the config)"
+        f"code counted as the bytes of the self-extracting {WRAPPED_FILE} (the core the run reaches, linked into one "
+        "module with its settings, minified, compressed)"
         if wrapped
         else "code counted as raw UTF-8 bytes of each file"
     )
@@ -76,40 +79,22 @@ def write_manifest(
     return keys
 
 
-def _wrapped(run_dir: Path, rule: ArtifactConfig, code: CodeSource | None) -> tuple[bytes, list, dict[str, Any]]:
-    """The self-extracting file in the run dir: built from ``code``, or, on a re-run of an exported file
-    (artifact.code_file), that file itself. (its bytes, the files it packs, manifest keys)."""
-    from speedrun.artifact.unwrap import compressor_of, read_wrapper  # here: a raw count reads no file
+def _wrapped(run_dir: Path, code: CodeSource) -> tuple[bytes, list, dict[str, Any]]:
+    """Link train_gpt.py and train_gpt_human.py from ``code`` into the run dir: (the file's bytes, the modules it
+    links with each one's raw bytes, manifest keys)."""
+    from speedrun.artifact.minify import minifier_version  # making a file: the minifier runs
+    from speedrun.artifact.unwrap import compressor_of
+    from speedrun.artifact.wrap import build_wrapper
 
-    if rule.code_file is not None:
-        data = Path(rule.code_file).read_bytes()
-        packed, _ = read_wrapper(data)
-        files = [{"path": p, "raw_bytes": None, "minified_bytes": len(s.encode())} for p, s in packed.items()]
-        extra: dict[str, Any] = {
-            "code_file": WRAPPED_FILE,
-            "copied_from": str(rule.code_file),
-            "compressor": compressor_of(data),
-        }
-    else:
-        from speedrun.artifact.wrap import (  # making a file: never in a re-run (code_file)
-            CodeSource,
-            build_wrapper,
-            readable_file,
-        )
-
-        code = code or CodeSource.snapshot()
-        data, minified = build_wrapper(code)
-        atomic_write(run_dir / HUMAN_FILE, readable_file(code, HUMAN_FILE).encode("utf-8"))
-        files = [
-            {"path": p, "raw_bytes": len(code.files[p].encode()), "minified_bytes": len(minified[p].encode())}
-            for p in minified  # paths in the repository: src/... and the conf/ files the resolver reads
-        ]
-        from speedrun.artifact.minify import minifier_version  # a file is made here, so the minifier ran
-
-        extra = {
-            "code_file": WRAPPED_FILE,
-            "minifier": f"python-minifier {minifier_version()}",
-            "compressor": compressor_of(data),
-        }
+    data, human = build_wrapper(code)
+    atomic_write(run_dir / HUMAN_FILE, human.encode("utf-8"))
+    linked = sorted(set(re.findall(r"^# ---- (speedrun/\S+\.py) ----$", human, re.M)))
+    files = [{"path": f"src/{p}", "raw_bytes": len(code.files[f"src/{p}"].encode())} for p in linked]
+    extra = {
+        "code_file": WRAPPED_FILE,
+        "readable_file": HUMAN_FILE,
+        "minifier": f"python-minifier {minifier_version()}",
+        "compressor": compressor_of(data),
+    }
     atomic_write(run_dir / WRAPPED_FILE, data)
     return data, files, extra

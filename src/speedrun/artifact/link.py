@@ -29,9 +29,9 @@ minifies that one module (renaming globals too: nothing imports it) for the self
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
-import json
-import pprint
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -417,37 +417,6 @@ def statement_text(linked: Linked, name: str, index: int) -> str:
     return f"{head}{{{body}}}{tail}"
 
 
-def prune(linked: Linked) -> dict[str, str]:
-    """{path: source} of each linked module with what is not kept removed and the rest as written: the file for a
-    run whose shell is still packed as modules, which import the core's modules by name."""
-    out = {}
-    for name, mod in linked.modules.items():
-        lines = mod.text.splitlines(keepends=True)
-        drop: set[int] = set()
-        replace: dict[int, str] = {}
-        tracked = set(mod.defs.values())
-        for i, node in enumerate(mod.tree.body):
-            first, last = statement_lines(mod, i)
-            if isinstance(node, ast.ImportFrom) and node.module and node.module in linked.modules:
-                keep = [
-                    a
-                    for a in node.names
-                    if (node.module, a.name) in linked.symbols
-                    or f"{node.module}.{a.name}" in linked.modules
-                    or a.name not in linked.modules[node.module].defs
-                ]
-                if len(keep) == len(node.names):
-                    continue
-                drop.update(range(first, last + 1))
-                if keep:
-                    replace[first] = ast.unparse(ast.ImportFrom(node.module, keep, node.level)) + "\n"
-            elif i in tracked and i not in linked.kept[name]:
-                drop.update(range(first, last + 1))
-        text = "".join(replace.get(n, "") if n in drop else line for n, line in enumerate(lines, 1))
-        out[mod.path] = re.sub(r"\n{4,}", "\n\n\n", text)
-    return out
-
-
 def external_imports(linked: Linked) -> list[str]:
     """The kept modules' top-level imports of anything but speedrun, each once, in first-seen order; two that bind
     one name to different objects (``import numpy as np`` and ``import jax.numpy as np``) are refused."""
@@ -490,13 +459,10 @@ HEADER = """# {title}
 """
 
 
-def readable(linked: Linked, plan: Mapping[str, Any], name: str = "train_gpt_human.py", version: str = "") -> str:
-    """The linked code as one module a reviewer reads top to bottom (module docstring: records' layout)."""
-    problems = refusals(linked)
-    if problems:
-        raise LinkError("the core cannot be linked into one module:\n" + "\n".join(problems))
-    parts = [HEADER.format(title=name, version=version, name=name), "from __future__ import annotations\n"]
-    parts.append("\n".join(external_imports(linked)) + "\n")
+def sections(linked: Linked) -> dict[str, str]:
+    """{module path (speedrun/core/x.py): its kept statements as written, comments kept}, in the linked order;
+    imports are left out (the one module imports what they need once, external_imports)."""
+    out = {}
     for module in linked.order:
         mod = linked.modules[module]
         texts = []
@@ -508,10 +474,86 @@ def readable(linked: Linked, plan: Mapping[str, Any], name: str = "train_gpt_hum
                 continue
             texts.append(statement_text(linked, module, i))
         if texts:
-            parts.append(f"# ---- {mod.path.removeprefix('src/')} ----\n\n" + "\n\n\n".join(texts) + "\n")
-    parts.append("PLAN = " + pprint.pformat(json.loads(json.dumps(plan)), width=116, sort_dicts=False) + "\n")
-    parts.append('if __name__ == "__main__":\n    main(PLAN, __file__)\n')
+            out[mod.path.removeprefix("src/")] = "\n\n\n".join(texts) + "\n"
+    return out
+
+
+def readable(linked: Linked, settings: Any, name: str = "train_gpt_human.py", version: str = "") -> str:
+    """The linked code as one module a reviewer reads top to bottom (module docstring: records' layout), ending
+    in ``PLAN = <settings as the constructor calls that build them>`` and the ``__main__`` call."""
+    problems = refusals(linked)
+    if problems:
+        raise LinkError("the core cannot be linked into one module:\n" + "\n".join(problems))
+    parts = [HEADER.format(title=name, version=version, name=name), "from __future__ import annotations\n"]
+    parts.append("\n".join(external_imports(linked)) + "\n")
+    parts.extend(f"# ---- {path} ----\n\n{text}" for path, text in sections(linked).items())
+    parts.append(tail(settings))
     return "\n\n".join(parts)
+
+
+def tail(settings: Any) -> str:
+    """The frozen settings and the call that runs them: the end of every linked file."""
+    return f'PLAN = {settings_source(settings)}\n\n\nif __name__ == "__main__":\n    main(PLAN, __file__)\n'
+
+
+WIDTH = 116
+"""Line length of the settings' source (the project's formatting width)."""
+
+
+def settings_source(value: Any, indent: int = 0) -> str:
+    """Python source that builds ``value``: a dataclass as the call of its class with the fields that differ from
+    their defaults, one per line when the call is long; tuples, lists and dicts of them likewise; floats exactly
+    (repr round-trips), an infinity or NaN as ``float("inf")``."""
+    pad = " " * (indent + 4)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = [
+            f"{f.name}={settings_source(getattr(value, f.name), indent + 4)}"
+            for f in dataclasses.fields(value)
+            if f.init and not _is_default(f, getattr(value, f.name))
+        ]
+        head, close = f"{type(value).__name__}(", ")"
+    elif isinstance(value, (tuple, list)):
+        items = [settings_source(v, indent + 4) for v in value]
+        head, close = ("(", ",)" if len(items) == 1 else ")") if isinstance(value, tuple) else ("[", "]")
+    elif isinstance(value, dict):
+        items = [f"{k!r}: {settings_source(v, indent + 4)}" for k, v in value.items()]
+        head, close = "{", "}"
+    elif isinstance(value, Enum):
+        return repr(value.value)
+    elif isinstance(value, float) and not math.isfinite(value):
+        return f'float("{value}")'
+    else:
+        return repr(value)
+    one = head + ", ".join(items) + close
+    if indent + len(one) <= WIDTH and "\n" not in one:
+        return one
+    return head + "\n" + "".join(f"{pad}{item},\n" for item in items) + " " * indent + close.lstrip(",")
+
+
+def _is_default(f: dataclasses.Field, value: Any) -> bool:
+    if f.default is not dataclasses.MISSING:
+        default = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        default = f.default_factory()
+    else:
+        return False
+    return type(value) is type(default) and value == default
+
+
+def settings_types(value: Any) -> set[tuple[str, str]]:
+    """(module, class name) of every dataclass in ``value``'s settings tree: the linker's roots for PLAN."""
+    out: set[tuple[str, str]] = set()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out.add((type(value).__module__, type(value).__qualname__))
+        for f in dataclasses.fields(value):
+            out |= settings_types(getattr(value, f.name))
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            out |= settings_types(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            out |= settings_types(v)
+    return out
 
 
 MINIFY: dict[str, Any] = {"rename_globals": True}
@@ -521,13 +563,9 @@ top-level names may be shortened too (-1.8% counted on the record's script)."""
 
 def counted(text: str) -> str:
     """The one module minified (the payload of the counted train_gpt.py); it must still compile."""
-    import python_minifier
+    from speedrun.artifact.minify import minify  # cached on disk; it checks that its output compiles
 
-    from speedrun.artifact.minify import OPTIONS
-
-    out = python_minifier.minify(text, filename="train_gpt_human.py", **OPTIONS, **MINIFY)
-    compile(out, "train_gpt.py", "exec")
-    return out
+    return minify(text, "train_gpt_human.py", MINIFY)
 
 
 # -- reading the tree ----------------------------------------------------------------------------------------------
@@ -552,68 +590,18 @@ def modules_of(files: Mapping[str, str], names: Iterable[str] | None = None) -> 
     return out
 
 
-@functools.cache
-def _named(path: str, text: str) -> tuple[tuple[str, str | None], ...]:
-    """(module, name or None for the module itself) for each speedrun import and "module:Name" string in a file."""
-    name = module_name(path)
-    package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
-    out: list[tuple[str, str | None]] = []
-    for node in ast.walk(ast.parse(text)):
-        if isinstance(node, ast.Import):
-            out.extend((a.name, None) for a in node.names if is_speedrun(a.name))
-        elif isinstance(node, ast.ImportFrom):
-            for target, attr in import_names(node, package).values():
-                if is_speedrun(target):
-                    out.extend([(target, attr), (f"{target}.{attr}", None)])
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and ":" in node.value:
-            target, _, attr = node.value.partition(":")
-            if is_speedrun(target) and attr.isidentifier():
-                out.append((target, attr))
-    return tuple(out)
-
-
-def shell_roots(files: Mapping[str, str], linked: Iterable[str]) -> set[Symbol]:
-    """What the modules of ``files`` outside ``linked`` import from them (anywhere in a module, a "module:Name"
-    string included), and ``(module, "*")`` for a linked module one of them imports whole: the roots while the
-    shell is packed as modules."""
-    linked = set(linked)
-    roots: set[Symbol] = set()
-    for path, text in files.items():
-        if not path.endswith(".py") or module_name(path) in linked:
-            continue
-        for target, attr in _named(path, text):
-            if target in linked:
-                roots.add((target, attr or "*"))
-    return roots
-
-
-def link(files: Mapping[str, str], plan: PlanValues) -> Linked:
-    """The driver's ``main`` linked for ``plan`` over ``files`` ({repo path: text}: speedrun/core/, the shared
-    modules, speedrun/driver.py), refused (LinkError) when it cannot be one module."""
+def link(files: Mapping[str, str], plan: PlanValues, roots: Iterable[Symbol] = ()) -> Linked:
+    """The driver's ``main`` (and ``roots``: the classes of the frozen settings) linked for ``plan`` over ``files``
+    ({repo path: text}: speedrun/core/, the shared modules, speedrun/driver.py), refused (LinkError) when it cannot
+    be one module."""
     modules = modules_of(files, None) + modules_of(files, [DRIVER])
     if not any(m.name == DRIVER for m in modules):
         raise LinkError(f"no {DRIVER} among the files to link: it is the exported file's entry point")
-    linked = Linker(modules, plan).link([ROOT])
+    linked = Linker(modules, plan).link([ROOT, *roots])
     problems = refusals(linked)
     if problems:
         raise LinkError("the core cannot be linked into one module:\n" + "\n".join(problems))
     return linked
-
-
-def link_shell(files: Mapping[str, str]) -> dict[str, str]:
-    """``files`` (a run's packed {path: text}) with its core modules pruned to what the rest of the files import
-    from them (prune): the file of a run whose shell is still packed as modules. Registries keep every entry."""
-    core = modules_of(files, None)
-    core = [m for m in core if m.name == CORE or m.name.startswith(CORE + ".")]
-    names = {m.name for m in core}
-    roots = shell_roots(files, names)
-    whole = {m for m, attr in roots if attr == "*"}
-    expanded = {r for r in roots if r[1] != "*"}
-    for m in core:
-        if m.name in whole:
-            expanded |= {(m.name, d) for d in m.defs}
-    linked = Linker(core, None, prune_registries=False).link(expanded)
-    return {**dict(files), **prune(linked)}
 
 
 __all__ = [
@@ -623,10 +611,10 @@ __all__ = [
     "Module",
     "counted",
     "link",
-    "link_shell",
     "modules_of",
-    "prune",
     "readable",
     "refusals",
-    "shell_roots",
+    "sections",
+    "settings_source",
+    "settings_types",
 ]

@@ -50,16 +50,18 @@ def minify_files(files: dict[str, str]) -> dict[str, str]:
     return {path: minify(text, path) if path.endswith(".py") else text for path, text in files.items()}
 
 
-def minify(source: str, path: str) -> str:
-    """One file minified, from the cache when this source was minified before by this minifier and Python."""
-    cached = cache_dir() / f"{_key(source)}.py"
+def minify(source: str, path: str, extra: dict[str, Any] | None = None) -> str:
+    """One file minified (OPTIONS, and ``extra`` on top), from the cache when this source was minified before by
+    this minifier and Python with the same options."""
+    options = {**OPTIONS, **(extra or {})}
+    cached = cache_dir() / f"{_key(source, options)}.py"
     try:
         return cached.read_text(encoding="utf-8")
     except OSError:
         pass
     import python_minifier
 
-    out = python_minifier.minify(source, filename=path, **OPTIONS)
+    out = python_minifier.minify(source, filename=path, **options)
     try:  # the minifier checks its own output; a file that does not compile must never be shipped all the same
         compile(out, path, "exec")
     except SyntaxError as e:
@@ -71,8 +73,8 @@ def minify(source: str, path: str) -> str:
     return out
 
 
-def _key(source: str) -> str:
-    spec = json.dumps([minifier_version(), OPTIONS, sys.version_info[:2]], sort_keys=True)
+def _key(source: str, options: dict[str, Any]) -> str:
+    spec = json.dumps([minifier_version(), options, sys.version_info[:2]], sort_keys=True)
     return hashlib.sha256(spec.encode() + b"\0" + source.encode("utf-8")).hexdigest()
 
 

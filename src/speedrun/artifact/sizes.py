@@ -1,5 +1,5 @@
-"""The counted code bytes of a config, without training: compose it, resolve its Plan for a card, build the
-self-extracting train_gpt.py a run of it would write, and measure it.
+"""The counted code bytes of a config, without training: compose it, resolve its Plan for a card, link the
+self-extracting train_gpt.py a run of it would write (speedrun.artifact.wrap), and measure it.
 
     python -m speedrun.artifact.sizes                          # docs/export.md's table: every experiment, the default
     python -m speedrun.artifact.sizes --write docs/export.md   # the same, written between its marker lines
@@ -15,7 +15,6 @@ which compressors are installed (brotli), as a run's do.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import lzma
 import sys
@@ -24,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from speedrun.artifact.wrap import CodeSource, build_wrapper, compressor_of, linked_files
+from speedrun.artifact.link import counted, tail
+from speedrun.artifact.wrap import CodeSource, build_wrapper, compressor_of, pack
 from speedrun.config import CONF_DIR, register_configs, to_config
 from speedrun.config.choices import HardwareName
 from speedrun.hardware.profiles import device_for
@@ -45,7 +45,7 @@ class CodeSize:
     """The self-extracting file's length: what a run of this config counts as artifact_code_bytes."""
     compressor: str
     modules: dict[str, int]
-    """{packed path: its minified source's bytes, lzma-compressed alone}: each module's share, roughly (the file
+    """{linked module path: its kept source minified, lzma-compressed alone}: each module's share, roughly (the file
     compresses them together, which costs less than the sum)."""
 
 
@@ -69,13 +69,22 @@ def resolved(overrides: list[str] | tuple[str, ...], card: str = CARD) -> tuple[
 def code_size(overrides: list[str] | tuple[str, ...], card: str = CARD) -> CodeSize:
     """The code bytes a run composed from ``overrides`` would count, its Plan resolved for ``card`` unless the
     config names its hardware."""
-    tree, plan = resolved(overrides, card)
-    data, minified = build_wrapper(CodeSource.snapshot(tree, plan))
+    _, plan = resolved(overrides, card)
+    code = CodeSource.snapshot().for_plan(plan)
+    data, _ = build_wrapper(code)
     modules = {
-        path: len(lzma.compress(text.encode("utf-8"), preset=9 | lzma.PRESET_EXTREME))
-        for path, text in minified.items()
+        path: len(lzma.compress(counted(text).encode("utf-8"), preset=9 | lzma.PRESET_EXTREME))
+        for path, text in module_parts(code).items()
     }
     return CodeSize(tuple(overrides), len(data), compressor_of(data), modules)
+
+
+def module_parts(code: CodeSource) -> dict[str, str]:
+    """{module path: its part of the linked module} (the ``# ---- path ----`` sections of train_gpt_human.py)."""
+    from speedrun.artifact.link import link, sections, settings_types
+
+    assert code.settings is not None and code.plan is not None
+    return sections(link(code.files, code.plan, settings_types(code.settings)))
 
 
 ROLES = ("driver", "model", "data", "step", "eval", "quant", "TTT")
@@ -203,12 +212,15 @@ def role_table(full: int, empty: int, roles: dict[str, RoleCost], target: int | 
 
 
 def code_roles(code: CodeSource) -> tuple[int, int, dict[str, RoleCost]]:
-    """role_costs of the file ``code`` makes, every subset packed with the whole file's compressor."""
-    code = dataclasses.replace(code, files=linked_files(code))  # linked once, as the whole file is
-    compressor = compressor_of(build_wrapper(code, link=False)[0])
-    return role_costs(
-        code.files, lambda files: build_wrapper(dataclasses.replace(code, files=files), compressor, link=False)[0]
-    )
+    """role_costs of the file ``code`` makes: its linked module's parts, every subset packed with the whole file's
+    compressor and ending in the same settings."""
+    parts, end = module_parts(code), tail(code.settings)
+    compressor = compressor_of(build_wrapper(code)[0])
+
+    def packed(files: dict[str, str]) -> bytes:
+        return pack(counted("\n\n".join([*files.values(), end])), compressor)
+
+    return role_costs(parts, packed)
 
 
 def record_roles(path: Path) -> tuple[int, int, dict[str, RoleCost]]:
@@ -217,12 +229,12 @@ def record_roles(path: Path) -> tuple[int, int, dict[str, RoleCost]]:
     if hashlib.sha256(data).hexdigest() != RECORD_SHA256:
         raise SystemExit(f"error: {path} is not the 2026-04-29 record's train_gpt.py (sha256 {RECORD_SHA256[:16]}…)")
     parts = {f"{role}.py": text for role, text in record_parts(data.decode("utf-8")).items()}  # .py: minified
-    compressor = compressor_of(build_wrapper(CodeSource(parts), link=False)[0])
-    return role_costs(
-        parts,
-        lambda files: build_wrapper(CodeSource(files), compressor, link=False)[0],
-        role=lambda p: p.removesuffix(".py"),
-    )
+
+    def packed(files: dict[str, str], compressor: str | None = None) -> bytes:
+        return pack(counted("\n\n".join(files.values())), compressor)
+
+    compressor = compressor_of(packed(parts))
+    return role_costs(parts, lambda files: packed(files, compressor), role=lambda p: p.removesuffix(".py"))
 
 
 def experiments() -> list[str]:
@@ -237,10 +249,9 @@ def table_rows() -> list[tuple[str, CodeSize]]:
 
 
 def markdown(rows: list[tuple[str, CodeSize]]) -> str:
-    lines = ["| config | code bytes | compressor | modules packed |", "|---|---:|---|---:|"]
+    lines = ["| config | code bytes | compressor | modules linked |", "|---|---:|---|---:|"]
     for label, size in rows:
-        py = sum(1 for p in size.modules if p.endswith(".py"))
-        lines.append(f"| `{label}` | {size.code_bytes:,} | {size.compressor} | {py} |")
+        lines.append(f"| `{label}` | {size.code_bytes:,} | {size.compressor} | {len(size.modules)} |")
     return "\n".join(lines)
 
 
@@ -271,11 +282,12 @@ def main(argv: list[str]) -> int:
         print(f"{argv[1]}: {full:,} bytes by role (its parts packed as speedrun packs its own)")
         print(role_table(full, empty, roles))
         return 0
-    tree, plan = resolved(argv)
-    code = CodeSource.snapshot(tree, plan)
+    _, plan = resolved(argv)
+    code = CodeSource.snapshot().for_plan(plan)
     full, empty, roles = code_roles(code)
     label = " ".join(argv)
-    print(f"{label}: {full:,} bytes of code ({compressor_of(build_wrapper(code)[0])}, {len(code.files)} files)")
+    parts = len(module_parts(code))
+    print(f"{label}: {full:,} bytes of code ({compressor_of(build_wrapper(code)[0])}, {parts} modules linked)")
     print(role_table(full, empty, roles, TARGETS.get(label)))
     return 0
 

@@ -21,6 +21,7 @@ micro-batches to capture every length before the clock starts, and refuses combi
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -42,6 +43,17 @@ class CompileSettings(Protocol):
     def coordinate_descent_tuning(self) -> bool: ...
     @property
     def cuda_graphs(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """CompileSettings as plain values: an exported run's (a ``python -m run`` passes its Plan's KernelPlan)."""
+
+    compile_mode: str = "default"
+    compile_scope: str = "model"
+    dynamic_shapes: bool = False
+    coordinate_descent_tuning: bool = False
+    cuda_graphs: bool = False
 
 
 class CompilePlan(Protocol):

@@ -28,13 +28,13 @@ import re
 import shutil
 import sys
 import tempfile
+import types
 from collections.abc import Sequence
 from pathlib import Path
 
-from speedrun.artifact.closure import recorded_plan
 from speedrun.artifact.code_count import HUMAN_FILE, WRAPPED_FILE
-from speedrun.artifact.minify import minify_files
-from speedrun.artifact.wrap import CodeSource, build_wrapper, read_wrapper, readable_file
+from speedrun.artifact.link import counted
+from speedrun.artifact.wrap import CodeSource, build_wrapper, unwrap_payload
 from speedrun.errors import PlanError
 from speedrun.export.folder import Submission, log_name
 from speedrun.export.run_dirs import ExportError, Run, check_runs, expand, load_run
@@ -220,27 +220,30 @@ def wrapper_for(runs: list[Run], force: bool) -> tuple[bytes, str | None]:
         if not force:
             raise ExportError(f"{why}: check out the run's commit {first.result.get('git_sha')}, or pass --force")
         first.code_problem = why
-    env = first.env()
-    versions = {"torch": str(first.result.get("torch_version")), "python": str(env.get("python"))}
-    try:  # what a re-run of the run's Plan imports; the plan's names are data, checked before they name a file
-        here_code = CodeSource.snapshot(first.config, recorded_plan(first.dir))
-    except (PlanError, OSError, ValueError) as e:
+    try:  # the run's Plan, as plan.json holds it; its names are data, checked before they name a file
+        plan = recorded_plan(first.dir)
+        reserve = first.result.get("hessian_reserve_seconds") or 0.0
+        code = CodeSource.snapshot().for_plan(plan, hessian_reserve=reserve, threads=first.result.get("cpu_threads"))
+        return build_wrapper(code)
+    except (PlanError, OSError, ValueError, AttributeError, TypeError) as e:
         raise ExportError(f"{first.dir / 'plan.json'}: {e}; export an untouched run dir") from None
-    code = CodeSource(here_code.files, here_code.config, {**here_code.versions, **versions})
-    threads = first.result.get("cpu_threads")  # pinned as the run pinned its own file (Job.start)
-    code = code.with_threads(int(threads)) if isinstance(threads, int) else code
-    return build_wrapper(code)[0], readable_file(code, HUMAN_FILE)
+
+
+def recorded_plan(run_dir: Path) -> types.SimpleNamespace:
+    """A run dir's plan.json, read as the attributes of the Plan it was written from (its fields, nested)."""
+    text = (run_dir / "plan.json").read_text(encoding="utf-8")
+    return json.loads(text, object_hook=lambda d: types.SimpleNamespace(**d))
 
 
 def human_of(run: Run, force: bool) -> str | None:
-    """<run>/train_gpt_human.py, checked to be the code of its train_gpt.py (each module minified is what that file
-    carries); None when the run wrote none (a run made before it did)."""
+    """<run>/train_gpt_human.py, checked to be the code of its train_gpt.py (minified, it is that file's payload);
+    None when the run wrote none (a run made before it did)."""
     path = run.dir / HUMAN_FILE
     if not is_regular(path):
         return None
     text = read_bytes(path).decode("utf-8")
     try:
-        same = minify_files(readable_modules(text)) == read_wrapper(run.wrapper or b"")[0]
+        same = counted(text) == unwrap_payload(run.wrapper or b"")
     except (SyntaxError, ValueError, RuntimeError):
         same = False
     if not same:
@@ -250,22 +253,6 @@ def human_of(run: Run, force: bool) -> str | None:
         run.code_problem = run.code_problem or why
         return None
     return text
-
-
-def readable_modules(text: str) -> dict[str, str]:
-    """{path: source} of a train_gpt_human.py: its ``F[path] = "..."`` lines, read without running it."""
-    import ast
-
-    out = {}
-    for node in ast.parse(text).body:
-        if (
-            isinstance(node, ast.Assign)
-            and isinstance(node.targets[0], ast.Subscript)
-            and isinstance(node.targets[0].value, ast.Name)
-            and node.targets[0].value.id == "F"
-        ):
-            out[ast.literal_eval(node.targets[0].slice)] = ast.literal_eval(node.value)
-    return out
 
 
 def write_folder(out: Path, sub: Submission) -> None:

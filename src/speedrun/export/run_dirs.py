@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from speedrun.artifact.code_count import WRAPPED_FILE
-from speedrun.artifact.wrap import read_wrapper
+from speedrun.artifact.code_count import HUMAN_FILE, WRAPPED_FILE
+from speedrun.artifact.wrap import unwrap_payload
 from speedrun.config import register_configs
 from speedrun.records.identity import SWEEP_REUSE_IGNORED
-from speedrun.records.rundir import read_bytes, read_text, symlink_problem
+from speedrun.records.rundir import is_regular, read_bytes, read_text, symlink_problem
 from speedrun.records.store import CONTRACT_TYPES
 
 BOOKKEEPING = ("seed", "name", *SWEEP_REUSE_IGNORED)
@@ -123,23 +123,18 @@ def load_run(path: Path) -> Run:
                 raise ExportError(
                     f"{path / 'result.json'}: {key} is {_show(str(value))}, not a number; export an untouched run dir"
                 )
-    wrapped = path / WRAPPED_FILE
+    wrapped, config = path / WRAPPED_FILE, _hydra_config(path)
     if wrapped.is_file():
         data = read_bytes(wrapped)
         try:
-            files, meta = read_wrapper(data)
-        except (ValueError, SyntaxError) as e:  # another tool's file, or one from another speedrun format
+            unwrap_payload(data)
+        except ValueError as e:  # another tool's file, or one from another speedrun format
             raise ExportError(f"{wrapped} cannot be read ({e}); re-run {path} with this speedrun") from None
-        if not isinstance(meta.get("config"), dict) or not meta["config"]:
-            raise ExportError(f"{wrapped} carries no config; re-run {path} or export another run")
-        for key, value in _strings(meta["config"]):
-            if _INTERPOLATION.search(value):  # resolved when the run started: one left would resolve on re-run
-                raise ExportError(
-                    f"{wrapped}: config key {key} is {_show(value)}, an interpolation that `python {WRAPPED_FILE}` "
-                    f"would resolve on the machine that runs it; re-run {path} with {key} set to a plain value"
-                )
-        return Run(path, result, meta["config"], data, files)
-    return Run(path, result, _hydra_config(path))
+        human = path / HUMAN_FILE
+        # the code without its settings (seeds differ there): what "ran the same code" compares
+        code = read_text(human).partition("\nPLAN = ")[0] if is_regular(human) else ""
+        return Run(path, result, config, data, {HUMAN_FILE: code} if code else {})
+    return Run(path, result, config)
 
 
 def _hydra_config(path: Path) -> dict[str, Any]:

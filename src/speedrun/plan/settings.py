@@ -1,4 +1,5 @@
-"""settings(cls, cfg): a core settings dataclass filled from a config (or Plan) part by its same-named fields.
+"""settings(cls, cfg): a core settings dataclass filled from a config (or Plan) part by its same-named fields; the
+settings of each phase of a Plan (train_settings, finish_settings, ...), which both shells hand the core.
 
 The core's settings types (ModelShape, QuantSettings, TTTSettings, ...) hold plain values and no checks; config/
 keeps the checks and the docs. One generic copy builds them all, so a field added to a settings type is read from
@@ -11,9 +12,17 @@ import typing
 from collections.abc import Mapping
 from enum import Enum
 from functools import cache
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-__all__ = ["settings", "plain"]
+from speedrun.core.pipeline import EvalSettings, FinishSettings
+from speedrun.core.quant import QuantSettings
+from speedrun.core.train import Stage, TrainSettings
+from speedrun.core.ttt_lora import GlobalSettings, TTTSettings
+
+if TYPE_CHECKING:
+    from speedrun.plan.types import Plan
+
+__all__ = ["finish_settings", "plain", "quant_settings", "settings", "train_settings", "ttt_settings"]
 
 S = TypeVar("S")
 
@@ -66,3 +75,42 @@ def settings(cls: type[S], cfg: Any, **overrides: Any) -> S:
     if unknown:
         raise TypeError(f"settings({cls.__name__}): no field {sorted(unknown)}")
     return cls(**values)
+
+
+# -- the core's settings of a Plan: what both shells hand the core (run/ and the exported file's PLAN) -----------
+
+
+def train_settings(plan: Plan) -> TrainSettings:
+    """The step's and the loop's settings (speedrun.core.train.TrainSettings) from the Plan's same-named fields."""
+    return settings(TrainSettings, plan, stages=tuple(settings(Stage, stage) for stage in plan.stages))
+
+
+def quant_settings(plan: Plan) -> QuantSettings:
+    return settings(QuantSettings, plan.quant)
+
+
+def ttt_settings(plan: Plan) -> TTTSettings:
+    """The plan's ttt block as the score-first pass takes it."""
+    t = plan.ttt
+    return settings(
+        TTTSettings,
+        t,
+        seed=plan.seed,
+        batch_size=t.batch_size or plan.eval.batch_size,  # the resolver fills it; None only in a hand-made plan
+        compile="inductor" if t.compile else None,
+        cuda_graphs=bool(t.cuda_graphs),
+        # a step's activations never exceed a training micro-step's
+        phased=settings(GlobalSettings, t.phased, micro_rows=plan.micro_batch),
+    )
+
+
+def finish_settings(plan: Plan, ttt: bool = False) -> FinishSettings:
+    """The plan's eval and quant blocks as the core's finish takes them, and its ttt block when ``ttt`` and on."""
+    return FinishSettings(
+        seq_len=plan.model.seq_len,
+        device=plan.device,
+        autocast=plan.autocast,
+        eval=settings(EvalSettings, plan.eval),
+        quant=quant_settings(plan) if plain(plan.quant.name) != "off" else None,
+        ttt=ttt_settings(plan) if ttt and plain(plan.ttt.name) != "off" else None,
+    )

@@ -54,11 +54,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from speedrun.artifact.code_count import write_manifest
-from speedrun.config.choices import QuantName, TTTName
+from speedrun.config.choices import TTTName
 from speedrun.core.compile import graphs_compiled
 from speedrun.core.evaluate import EvalResult
 from speedrun.core.pipeline import (
-    EvalSettings,
     FinishHooks,
     FinishSettings,
     score_quantized,
@@ -69,12 +68,12 @@ from speedrun.core.pipeline import finish as core_finish
 from speedrun.core.quant import Quantized, check_round_trip, load_packed
 from speedrun.data.tokenizer import tokenizer_sha256
 from speedrun.plan import Plan
-from speedrun.plan.settings import settings
+from speedrun.plan.settings import finish_settings, ttt_settings
 from speedrun.records.atomic import atomic_write
 from speedrun.records.keys import ttt_keys
 from speedrun.records.quant_report import REPORT
 from speedrun.records.store import write_json
-from speedrun.run.quant_phase import COMPRESS_WORKERS, compress_quantized, keep_quantized, quant_settings
+from speedrun.run.quant_phase import COMPRESS_WORKERS, compress_quantized, keep_quantized
 
 if TYPE_CHECKING:
     from speedrun.artifact.wrap import CodeSource
@@ -122,17 +121,6 @@ def evaluate_and_export(
         )
     )
     return finish.out
-
-
-def finish_settings(plan: Plan) -> FinishSettings:
-    """The plan's eval and quant blocks as the core's finish takes them (TTT's: Finish.with_ttt)."""
-    return FinishSettings(
-        seq_len=plan.model.seq_len,
-        device=plan.device,
-        autocast=plan.autocast,
-        eval=settings(EvalSettings, plan.eval),
-        quant=quant_settings(plan) if plan.quant.name != QuantName.off else None,
-    )
 
 
 class Finish:
@@ -198,7 +186,7 @@ class Finish:
 
     def with_ttt(self) -> FinishSettings:
         """The finish's settings with TTT's, and TTT's pass in the hooks (the plan's ttt block is on)."""
-        from speedrun.run.finish_ttt import ttt_pass, ttt_settings  # ttt on, a Plan's choice (artifact.closure)
+        from speedrun.run.finish_ttt import ttt_pass  # ttt on, a Plan's choice
 
         self.hooks.ttt = ttt_pass(self.plan)
         return dataclasses.replace(self.settings, ttt=ttt_settings(self.plan))
@@ -357,7 +345,12 @@ class Finish:
             check=lambda tmp: check_round_trip(load_packed(tmp.read_bytes(), str(q.compressor)), packed, tmp),
         )
         # the code's bytes by artifact.code_rule (wrapped: train_gpt.py written beside the model); artifact_code.json
-        sizes = write_manifest(self.run_dir, len(artifact.blob), q.cap_bytes, self.plan.artifact, self.code)
+        code = self.code
+        if code is None and self.plan.artifact.code_rule == "wrapped":  # a phase run alone: today's source
+            from speedrun.artifact.wrap import CodeSource
+
+            code = CodeSource.snapshot().for_plan(self.plan)
+        sizes = write_manifest(self.run_dir, len(artifact.blob), q.cap_bytes, self.plan.artifact, code)
         write_json(self.run_dir / REPORT, {"artifact_model_bytes": len(artifact.blob), **artifact.extra["report"]})
         return {
             **sizes,

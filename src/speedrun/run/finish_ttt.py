@@ -7,9 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from speedrun.config import TTTConfig
-from speedrun.core.ttt_lora import GlobalSettings, TTTSettings
 from speedrun.core.ttt_score import TTT
-from speedrun.plan.settings import settings
 from speedrun.plan.types import Plan
 
 
@@ -28,19 +26,4 @@ def ttt_line(res: Any, t: TTTConfig) -> str:
         f"{'n/a' if res.val_bpb is None else f'{res.val_bpb:.4f}'} (unadapted "
         f"{'n/a' if res.base_val_bpb is None else f'{res.base_val_bpb:.4f}'}) over {res.tokens_scored:,}/{res.tokens_total:,} "
         f"tokens ({100 * res.fraction:.1f}%) of {res.docs_total:,} documents in {res.seconds:.1f} s{phased}"
-    )
-
-
-def ttt_settings(plan: Plan) -> TTTSettings:
-    """The plan's ttt block as ttt_evaluate takes it."""
-    t = plan.ttt
-    return settings(
-        TTTSettings,
-        t,
-        seed=plan.seed,
-        batch_size=t.batch_size or plan.eval.batch_size,  # the resolver fills it; None only in a hand-made plan
-        compile="inductor" if t.compile else None,
-        cuda_graphs=bool(t.cuda_graphs),
-        # a step's activations never exceed a training micro-step's
-        phased=settings(GlobalSettings, t.phased, micro_rows=plan.micro_batch),
     )

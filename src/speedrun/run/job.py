@@ -23,15 +23,16 @@ from speedrun.hardware import profiles as hardware
 from speedrun.kernels.cache import cache_stats
 from speedrun.plan import Plan, plan_json, resolve
 from speedrun.plan.budget import reads_training_data
+from speedrun.plan.settings import finish_settings, train_settings
 from speedrun.records.identity import gpu_identity
 from speedrun.records.keys import model_keys, optim_keys, quant_keys
 from speedrun.records.store import MetricsLog, capture_environment
 from speedrun.run import run_steps
-from speedrun.run.finish import evaluate_and_export, finish_settings
+from speedrun.run.finish import evaluate_and_export
 from speedrun.run.hooks import READY_LINE, wait_at_start_gate
 from speedrun.run.job_record import JobRecord
 from speedrun.run.loggers import RunLogger
-from speedrun.run.loop_setup import LoopHooks, loop_result, prepare_loop, train_settings
+from speedrun.run.loop_setup import LoopHooks, loop_result, prepare_loop
 from speedrun.run.mfu import mfu_keys
 from speedrun.run.oom import start_history
 from speedrun.run.peak_memory import PeakMemory
@@ -102,10 +103,10 @@ class Job:
     def start(self, plan: Plan) -> None:
         """Join the other ranks, record the environment and what the plan chose, configure torch, open the
         logger."""
-        if plan.artifact.code_file is None:  # a re-run counts the file that ran: it makes none
-            from speedrun.artifact.wrap import CodeSource  # so a re-run's file need not carry the maker
+        if plan.artifact.code_rule == "wrapped":  # the code that ran, read now: the file is linked at the end
+            from speedrun.artifact.wrap import CodeSource  # a raw count links nothing
 
-            self.code = CodeSource.snapshot(self.record.config_tree, plan)
+            self.code = CodeSource.snapshot()
         self.record.world.init(plan)
         env = capture_environment(plan.device)
         self.record.write_file("env.json", json.dumps(env, indent=2, default=str) + "\n")
@@ -140,8 +141,6 @@ class Job:
         self.record.result.update(model_keys(plan.model))  # the model levers (model_*)
         self.record.result.update(quant_keys(plan.quant))  # the export's levers (quant_*)
         self.record.result.update(configure_torch(plan))  # a CPU run's thread count (cpu_threads)
-        if self.record.result.get("cpu_threads") is not None and self.code is not None:
-            self.code = self.code.with_threads(int(self.record.result["cpu_threads"]))  # its re-run sums as it did
         if self.record.world.rank == 0:  # one W&B run per run, not per rank
             self.record.logger = make_logger(
                 plan.logger, self.record.ctx.run_dir, self.record.result["sweep"], plan.name
@@ -344,11 +343,21 @@ class Job:
                 log.info,
                 on_phase=self.record.on_phase,
                 world=self.record.world,
-                code=self.code,
+                code=self._frozen_code(),
                 hessians=self.calibration.hessians if self.calibration is not None else None,
                 started=self.training_ended or self.loop_ended or None,
             )
         )
+
+    def _frozen_code(self) -> Any:
+        """The source read at start with the settings the run ended up with (the resolved Plan, GPTQ's measured
+        reserve, a CPU run's threads: a sum over another number of threads rounds differently)."""
+        plan, state = self.record.plan, self.record.state
+        if self.code is None or plan is None:
+            return None
+        threads = self.record.result.get("cpu_threads")
+        reserve = state.hessian_reserve_seconds if state is not None else 0.0
+        return self.code.for_plan(plan, hessian_reserve=reserve, threads=threads)
 
     def training_keys(self) -> dict[str, Any]:
         """What the result records of training: steps, tokens, times, losses, the loop's keys, MFU, peak memory."""

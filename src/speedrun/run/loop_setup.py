@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from speedrun.core.train import Stage, TrainSettings
 from speedrun.errors import ConfigError
 from speedrun.plan import Plan, plan_json
-from speedrun.plan.settings import settings
+from speedrun.plan.settings import train_settings
 from speedrun.records.keys import optim_keys
 from speedrun.run.checkpoint import load_checkpoint, load_checkpoint_file, restore
 from speedrun.run.periodic import LoopExtras, PeriodicEval, checkpoint_meta
@@ -35,11 +34,6 @@ _SAME_PLAN = (
     "target_value",
 )
 """Plan fields a checkpoint must agree on to be continued (the config is the same; the device may not be)."""
-
-
-def train_settings(plan: Plan) -> TrainSettings:
-    """The step's and the loop's settings (speedrun.core.train.TrainSettings) from the Plan's same-named fields."""
-    return settings(TrainSettings, plan, stages=tuple(settings(Stage, stage) for stage in plan.stages))
 
 
 @dataclass

@@ -22,9 +22,8 @@ from typing import Any
 import torch
 
 from speedrun.core.gptq import Calibration, calibrate
-from speedrun.core.quant import Artifact, Quantized, QuantSettings, export_packed
+from speedrun.core.quant import Artifact, Quantized, export_packed
 from speedrun.core.train import autocast_dtype
-from speedrun.plan.settings import settings
 from speedrun.plan.types import Plan
 from speedrun.records.quant_report import rules_of, tensor_report
 
@@ -37,10 +36,6 @@ COMPRESS_WORKERS = max(1, (os.cpu_count() or 2) - 1)
 RESERVE_MARGIN = 1.25
 """The measured collection time is scaled by this: a run whose Hessians take a little longer than warm-up's
 estimate (a busier host, a later allocation) still fits its budget, and quant_reserve_ok says if it did not."""
-
-
-def quant_settings(plan: Plan) -> QuantSettings:
-    return settings(QuantSettings, plan.quant)
 
 
 def _calibrate(plan: Plan, model: Any, data: Any, batches: int, log: Callable[[str], None] | None) -> Calibration:
