@@ -187,8 +187,8 @@ def test_the_plan_carries_it_with_a_default_chunk(compose):
     off = _plan(compose, "h100").kernel
     assert (off.fused_ce, off.fused_ce_chunk, off.result_keys()["kernel_fused_ce"]) == (False, 0, False)
     on = _plan(compose, "h100", "kernel.fused_ce=true", "model=pgolf_baseline").kernel
-    assert (on.fused_ce, on.fused_ce_chunk) == (True, 16384)  # 2^24 logits at vocab 1024
-    assert on.result_keys()["kernel_fused_ce_chunk"] == 16384 and "fused loss (16384 rows" in on.describe()
+    assert (on.fused_ce, on.fused_ce_chunk) == (True, 32768)  # 2^25 logits at vocab 1024
+    assert on.result_keys()["kernel_fused_ce_chunk"] == 32768 and "fused loss (32768 rows" in on.describe()
     set_chunk = _plan(compose, "cpu", "kernel.fused_ce=true", "kernel.fused_ce_chunk=100").kernel
     assert set_chunk.fused_ce_chunk == 100
 

@@ -103,7 +103,7 @@ class KernelConfig:
     only. None: off."""
     fused_ce_chunk: int | None = None
     """kernel.fused_ce's rows per chunk: its peak extra memory is a few (rows, vocab) fp32 tensors. None: the rows
-    that make 2^24 logits (16,384 at vocab 1024; a multiple of 128)."""
+    that make 2^25 logits (32,768 at vocab 1024, 4,096 at 8192; a multiple of 128)."""
     fp8: list[str] | None = None
     """FP8 targets (any of mlp_down, mlp, attn_proj, attn_qkv, all; [] or [none]: no FP8), e.g.
     kernel.fp8='[mlp_down]'. sm89+, with precision=bf16 (or fp8). None: all under precision=fp8, else none."""
