@@ -11,7 +11,8 @@ of the summed loss, and backward only scales them: no matmul is repeated, and no
 backward, also under torch.compile, where a backward that recomputed the logits from x and W would be merged with
 the forward's matmul by AOT autograd's common-subexpression pass and the logits saved whole. Unscaled, the
 gradients stay inside fp16's range (GradScaler). reduction="none" (per-token losses, e.g. global TTT's) keeps
-per row only the logsumexp and recomputes each chunk's logits in backward.
+x and W and recomputes each chunk's logits in backward (compiled, AOT autograd moves that into the forward and
+saves the chunks' logits in the matmul dtype).
 """
 
 from __future__ import annotations
@@ -42,31 +43,37 @@ def _grad_logits(y, c, lse, targets, scale, dtype) -> torch.Tensor:
     return (dy * (1 - (y / c) ** 2) if isinstance(c, torch.Tensor) or c > 0 else dy).to(dtype)
 
 
+def _chunks(x, weight, targets, cap: Softcap, chunk: int, scale: float | torch.Tensor | None):
+    """The loop over chunks of rows: the per-row losses (N,) and, unless ``scale`` is None, the gradients of
+    sum(scale * losses) for x and weight (``scale``: a number, or one per row), the weight's accumulated in fp32."""
+    losses, grad_x = [], []
+    grad_w = None if scale is None else torch.zeros(weight.shape, device=weight.device, dtype=torch.float32)
+    for s in range(0, x.shape[0], chunk):
+        xs, ts = x[s : s + chunk], targets[s : s + chunk]
+        y, c, lse, loss = _chunk(xs, weight, cap, ts)
+        losses.append(loss)
+        if grad_w is not None:
+            rows = scale[s : s + chunk, None] if isinstance(scale, torch.Tensor) else scale
+            dz = _grad_logits(y, c, lse, ts, rows, x.dtype)
+            grad_x.append(dz @ weight)
+            grad_w += (dz.T @ xs).float()
+    return torch.cat(losses), (torch.cat(grad_x) if grad_x else None), grad_w
+
+
 class LinearSoftcapCE(torch.autograd.Function):
     """(x (N, C), W (V, C), targets (N,), cap, chunk rows, mean, grads wanted) -> the mean loss (fp32 scalar) when
     ``mean``, else the per-row losses (N,) fp32."""
 
     @staticmethod
     def forward(ctx, x, weight, targets, cap: Softcap, chunk: int, mean: bool, grads: bool):
-        losses, lses, grad_x = [], [], []
-        grad_w = torch.zeros(weight.shape, device=weight.device, dtype=torch.float32) if mean and grads else None
-        for s in range(0, x.shape[0], chunk):
-            xs, ts = x[s : s + chunk], targets[s : s + chunk]
-            y, c, lse, loss = _chunk(xs, weight, cap, ts)
-            losses.append(loss)
-            if grad_w is None:
-                lses.append(lse)
-                continue
-            dz = _grad_logits(y, c, lse, ts, 1.0, x.dtype)  # of the summed loss: scaled in backward
-            grad_x.append(dz @ weight)
-            grad_w += (dz.T @ xs).float()
+        # the mean's gradients now, of the summed loss (scaled in backward); per-token losses' in backward
+        loss, grad_x, grad_w = _chunks(x, weight, targets, cap, chunk, 1.0 if mean and grads else None)
         ctx.mean, ctx.chunk, ctx.weight_dtype = mean, chunk, weight.dtype
         ctx.cap = None if isinstance(cap, torch.Tensor) else cap
-        if grad_w is not None:
-            ctx.save_for_backward(torch.cat(grad_x), grad_w)
+        if mean and grads:
+            ctx.save_for_backward(grad_x, grad_w)
         elif not mean:
-            ctx.save_for_backward(x, weight, targets, torch.cat(lses), *([cap] if ctx.cap is None else []))
-        loss = torch.cat(losses)
+            ctx.save_for_backward(x, weight, targets, *([cap] if ctx.cap is None else []))
         return loss.mean() if mean else loss
 
     @staticmethod
@@ -74,18 +81,11 @@ class LinearSoftcapCE(torch.autograd.Function):
         if ctx.mean:
             grad_x, grad_w = ctx.saved_tensors
             scale = grad_loss / grad_x.shape[0]
-            return grad_x * scale, (grad_w * scale).to(ctx.weight_dtype), None, None, None, None, None
-        x, weight, targets, lse, *caps = ctx.saved_tensors
-        cap = caps[0] if caps else ctx.cap
-        grad_x = []
-        grad_w = torch.zeros(weight.shape, device=weight.device, dtype=torch.float32)
-        for s in range(0, x.shape[0], ctx.chunk):
-            xs, rows = x[s : s + ctx.chunk], slice(s, s + ctx.chunk)
-            y, c, _, _ = _chunk(xs, weight, cap, targets[rows])
-            dz = _grad_logits(y, c, lse[rows], targets[rows], grad_loss[rows, None], x.dtype)
-            grad_x.append(dz @ weight)
-            grad_w += (dz.T @ xs).float()
-        return torch.cat(grad_x), grad_w.to(weight.dtype), None, None, None, None, None
+        else:
+            x, weight, targets, *caps = ctx.saved_tensors
+            _, grad_x, grad_w = _chunks(x, weight, targets, caps[0] if caps else ctx.cap, ctx.chunk, grad_loss)
+            scale = 1.0
+        return grad_x * scale, (grad_w * scale).to(ctx.weight_dtype), None, None, None, None, None
 
 
 def linear_softcap_ce(
