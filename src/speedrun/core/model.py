@@ -659,7 +659,8 @@ class GPT(nn.Module):
         return Columns(pick, allowed[:, None])
 
     def head(self, x: torch.Tensor, targets: torch.Tensor | None, reduction: str = "mean"):
-        """Final norm, logits, softcap and loss of the residual stream x (B, T, C): forward's return value."""
+        """Final norm, logits, softcap and loss of the residual stream x (B, T, C): forward's return value. In training
+        with ``fused_ce`` rows, the loss of the same math comes from speedrun.core.fused_ce, chunk by chunk."""
         B, T = x.shape[:2]
         x = rms_norm(x)
         weight = self.tok_emb.weight if self.lm_head is None else self.lm_head.weight
