@@ -48,7 +48,7 @@ def test_the_schema_paths_reach_nested_fields():
 
 @pytest.mark.slow
 def test_the_command_line_refuses_before_any_work(tmp_path):
-    proc = run_cli(["budgett.train_seconds=10"], cwd=tmp_path)
+    proc = run_cli(["budgett.train_seconds=10"], cwd=tmp_path, fork=True)
     assert proc.returncode == 1 and "+budgett" not in proc.stderr, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines() == [
         "error: unknown key 'budgett.train_seconds'; did you mean budget.train_seconds or track.train_seconds "

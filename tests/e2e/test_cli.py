@@ -110,7 +110,7 @@ def test_ctrl_c_mid_run_leaves_an_interrupted_row(tmp_path, data_cache):
 
 
 def test_plan_error_is_recorded_before_any_work(tmp_path):
-    proc = run_cli(["hardware=h100"], cwd=tmp_path) if not _has_cuda() else None
+    proc = run_cli(["hardware=h100"], cwd=tmp_path, fork=True) if not _has_cuda() else None
     if proc is None:
         pytest.skip("a CUDA device is present")
     assert proc.returncode != 0 and "needs a CUDA GPU" in proc.stderr + proc.stdout
@@ -153,6 +153,7 @@ def test_a_cpu_run_records_why_it_is_no_submission_and_its_hessians_in_train_sec
             f"results_db={tmp_path / 'r.sqlite'}",
         ],
         cwd=tmp_path,
+        fork=True,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads((tmp_path / "run" / "result.json").read_text())
@@ -202,6 +203,7 @@ def test_a_smoke_run_trains_and_scores_on_tiktoken_shards(tmp_path):
         ],
         cwd=tmp_path,
         timeout=300,
+        fork=True,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "run" / "result.json").read_text())

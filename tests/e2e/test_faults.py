@@ -130,7 +130,7 @@ def test_a_killed_run_reads_lost_and_the_next_run_on_its_database_says_so(killed
     assert row["status"] == "running" and row["heartbeat_at"] and row["host"]
     assert effective_status(row) == "lost"  # its pid is gone from this host
     # the next run on that database (here one refused for a bad value, after its record opened) writes it down
-    proc = run_cli([*smoke, "checkpoint.keep=0", f"results_db={db}"], cwd=tmp_path)
+    proc = run_cli([*smoke, "checkpoint.keep=0", f"results_db={db}"], cwd=tmp_path, fork=True)
     one_line(proc, "checkpoint.keep=0")
     row = rows(db)[str(run_dir.resolve())]
     assert row["status"] == "lost" and f"pid {row['pid']}" in row["error"]
@@ -351,7 +351,7 @@ def test_a_symlink_in_a_run_dir_is_never_followed_by_a_run_a_resume_or_an_export
     (run_dir / ".owner.lock").symlink_to(target)
     before = snapshot(run_dir)
     # a fresh run given that dir: refused before its lock is opened, nothing appended to the link's target
-    proc = run_cli([*smoke, f"results_db={db}", f"hydra.run.dir={run_dir}"], cwd=cwd)
+    proc = run_cli([*smoke, f"results_db={db}", f"hydra.run.dir={run_dir}"], cwd=cwd, fork=True)
     line = one_line(proc, "holds symlinks")
     assert ".owner.lock -> " in line and "run.log -> " in line
     assert target.read_text() == "precious\n" and snapshot(run_dir) == before
@@ -384,7 +384,9 @@ def test_a_finished_run_is_never_resumed_and_a_refused_command_writes_nothing_in
     assert "never written again" in line and "speedrun.export" in line
     assert snapshot(run_dir) == before
     # a fresh run refused that dir is told to go elsewhere, not to resume it, and writes nothing there either
-    proc = run_cli([*smoke, "checkpoint.every_steps=1", f"results_db={db}", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    proc = run_cli(
+        [*smoke, "checkpoint.every_steps=1", f"results_db={db}", f"hydra.run.dir={run_dir}"], cwd=tmp_path, fork=True
+    )
     line = one_line(proc, "holds a finished run (status ok)")
     assert "resume=" not in line and "hydra.run.dir=" in line
     assert snapshot(run_dir) == before and sorted(os.listdir(run_dir)) == sorted(os.listdir(killed_dir))
@@ -397,7 +399,7 @@ def test_a_folder_that_is_no_run_dir_is_refused_and_keeps_its_files(smoke, tmp_p
     (folder / "result.json").write_text('{"score": 1}\n')
     (folder / ".notes.tmp").write_text("draft\n")
     before = snapshot(folder)
-    proc = run_cli([*smoke, f"results_db={tmp_path / 'r.sqlite'}", f"hydra.run.dir={folder}"], cwd=tmp_path)
+    proc = run_cli([*smoke, f"results_db={tmp_path / 'r.sqlite'}", f"hydra.run.dir={folder}"], cwd=tmp_path, fork=True)
     line = one_line(proc, "is not a speedrun run dir")
     assert "new or empty folder" in line
     assert snapshot(folder) == before and sorted(os.listdir(folder)) == [".notes.tmp", "result.json", "train_gpt.py"]

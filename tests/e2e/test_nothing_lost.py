@@ -66,7 +66,7 @@ def finished(tmp_path_factory):
     """A finished smoke run (status ok, no checkpoint) and its database."""
     cwd = tmp_path_factory.mktemp("finished")
     db, run_dir = cwd / "r.sqlite", cwd / "run"
-    proc = run_cli([*SMOKE, f"results_db={db}", f"hydra.run.dir={run_dir}"], cwd=cwd)
+    proc = run_cli([*SMOKE, f"results_db={db}", f"hydra.run.dir={run_dir}"], cwd=cwd, fork=True)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert rows(db)[str(run_dir.resolve())]["status"] == "ok"
     return cwd, db, run_dir
@@ -159,7 +159,7 @@ def test_a_results_database_that_cannot_be_written_stops_the_run_with_its_path(t
     else:  # its directory cannot be made: a file stands where the directory should be
         (tmp_path / "afile").write_text("")
         db = tmp_path / "afile" / "r.sqlite"
-    proc = run_cli([*SMOKE, f"results_db={db}"], cwd=tmp_path)
+    proc = run_cli([*SMOKE, f"results_db={db}"], cwd=tmp_path, fork=True)
     line = one_line_error(proc, str(db))
     assert "results_db=" in line  # the fix
     assert not list(tmp_path.glob("outputs/runs/*/*/metrics.jsonl"))  # the run did not start

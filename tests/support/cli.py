@@ -150,7 +150,7 @@ def shared_cli_run(tmp_path_factory, name: str, args: list[str], timeout: int = 
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not record.exists():
             cwd.mkdir(exist_ok=True)
-            proc = run_cli([*args, f"hydra.run.dir={run_dir}", f"results_db={db}"], cwd=cwd, timeout=timeout)
+            proc = run_cli([*args, f"hydra.run.dir={run_dir}", f"results_db={db}"], cwd=cwd, timeout=timeout, fork=True)
             record.write_text(
                 json.dumps({"args": proc.args, "rc": proc.returncode, "out": proc.stdout, "err": proc.stderr})
             )
