@@ -17,8 +17,8 @@ def main(cfg: Any, run_dir: str | Path | None = None) -> dict[str, Any]:
     """Run one job from a composed Hydra config; returns the result record (also written to disk).
 
     ``run_dir``: run the job there with no Hydra context (no command-line overrides, no sweep; the console and
-    run.log set up as conf/config.yaml's hydra.job_logging does), for a config that was composed earlier: how an
-    exported train_gpt.py re-runs its run (speedrun.rerun). Unset: Hydra's run dir and overrides, as `python -m run`.
+    run.log set up as conf/config.yaml's hydra.job_logging does), for a config that was composed earlier. Unset:
+    Hydra's run dir and overrides, as `python -m run`.
 
     A user error (speedrun.errors.ConfigError: a bad value, an impossible combination, missing or corrupt data, a
     kernel that cannot load, a results database that cannot be written) ends the process with one line naming the

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from speedrun.artifact.link import counted, tail
-from speedrun.artifact.wrap import CodeSource, build_wrapper, compressor_of, pack
+from speedrun.artifact.wrap import CodeSource, build_wrapper, compressor_of, file_requirements, pack
 from speedrun.config import CONF_DIR, register_configs, to_config
 from speedrun.config.choices import HardwareName
 from speedrun.hardware.profiles import device_for
@@ -214,11 +214,14 @@ def role_table(full: int, empty: int, roles: dict[str, RoleCost], target: int | 
 def code_roles(code: CodeSource) -> tuple[int, int, dict[str, RoleCost]]:
     """role_costs of the file ``code`` makes: its linked module's parts, every subset packed with the whole file's
     compressor and ending in the same settings."""
+    data, human = build_wrapper(code)
+    assert code.settings is not None
     parts, end = module_parts(code), tail(code.settings)
-    compressor = compressor_of(build_wrapper(code)[0])
+    head = human.split("\n# ---- ", 1)[0]  # the header and the external imports
+    compressor, needs = compressor_of(data), file_requirements(code.settings, code.versions.get("torch"))
 
     def packed(files: dict[str, str]) -> bytes:
-        return pack(counted("\n\n".join([*files.values(), end])), compressor)
+        return pack(counted("\n\n".join([head, *files.values(), end])), compressor, needs)
 
     return role_costs(parts, packed)
 

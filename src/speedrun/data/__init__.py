@@ -3,8 +3,7 @@
 speedrun.core.data. See docs/architecture.md for the formats and the BPB rule.
 
 The names below are importable from here, each loaded from its module on first use: importing one module of the
-package (the loader, say) does not import the others, so a run's train_gpt.py carries only the ones its Plan
-reaches (speedrun.artifact.closure)."""
+package (the loader, say) does not import the others, so a run imports only what its Plan uses."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A prepared dataset's layout on disk (speedrun.data.prepare builds one, speedrun.data.existing opens one made
 elsewhere): its file names, its paths, and where the embedded corpus is built. Apart from prepare so that a run that
-opens a dataset (every re-run of a train_gpt.py: speedrun.rerun names its data) never imports the builder.
+opens a dataset made elsewhere never imports the builder.
 """
 
 from __future__ import annotations
@@ -19,5 +19,5 @@ class DataNotFoundError(DataError, FileNotFoundError):
 
 def embedded_dir(cache_dir: Path, vocab_size: int) -> Path:
     """Where ensure_embedded_dataset builds the embedded corpus of ``vocab_size`` (an exported train_gpt.py, which
-    does not carry the corpus, trains on the built directory: speedrun.rerun)."""
+    does not carry the corpus, trains on the built directory: speedrun.artifact.wrap.frozen_settings)."""
     return Path(cache_dir).expanduser() / f"embedded_pydoc311_sp{vocab_size}"

@@ -275,7 +275,7 @@ class Plan:
     ema: EMAConfig = field(default_factory=EMAConfig)
     """Weight EMA (decay None: off; the resolver turns 0 into None)."""
     artifact: ArtifactConfig = field(default_factory=ArtifactConfig)
-    """How the artifact's code is counted (code_rule), and the self-extracting file a re-run counts (code_file)."""
+    """How the artifact's code is counted (code_rule)."""
     target_metric: str | None = None
     """budget.target_*: val_loss or val_bpb, the periodic evaluation's metric that ends the run at or below
     target_value (None: no target; the budgets alone end the run)."""

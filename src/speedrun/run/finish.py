@@ -325,7 +325,7 @@ class Finish:
         )
 
     def _ttt_done(self, values: dict[str, Any]) -> None:
-        from speedrun.run.finish_ttt import ttt_line  # ttt on, a Plan's choice (artifact.closure)
+        from speedrun.run.finish_ttt import ttt_line  # ttt on, a Plan's choice
 
         res = values["result"]
         self.log(ttt_line(res, self.plan.ttt))

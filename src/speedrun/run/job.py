@@ -94,7 +94,7 @@ class Job:
         start_history(plan)  # hardware.memory_snapshot=true: allocations from the model build on
         self.record.write_file("plan.json", plan_json(plan) + "\n")
         if plan.dist.launch == "self":  # asked for several ranks and none exists yet: start them, train nothing
-            from speedrun.distributed.launch import launch_ranks  # a Plan's choice (artifact.closure)
+            from speedrun.distributed.launch import launch_ranks  # a Plan's choice
 
             self.record.delegated = True
             launch_ranks(plan, self.record.ctx.run_dir, log.info)
@@ -186,7 +186,7 @@ class Job:
             plan = self.record.plan
             assert plan is not None
             if plan.kernel.profile:  # untimed and undone, like warm-up: trace.json + top-kernels table in run.log
-                from speedrun.kernels.profile import profile_steps  # a Plan's choice (artifact.closure)
+                from speedrun.kernels.profile import profile_steps  # a Plan's choice
 
                 self.record.result.update(
                     profile_steps(
@@ -418,7 +418,7 @@ def make_logger(settings: LoggerConfig, run_dir: Path, group: str | None, name: 
     if settings.name == "console":
         return RunLogger()
     if settings.name == "wandb":
-        from speedrun.run.wandb_logger import WandbLogger  # logger=wandb, a Plan's choice (artifact.closure)
+        from speedrun.run.wandb_logger import WandbLogger  # logger=wandb, a Plan's choice
 
         return WandbLogger(settings, run_dir, group, name)
     raise ValueError(f"logger={settings.name}: unknown; choose one of console, wandb")

@@ -54,7 +54,7 @@ class RunContext:
 
     @classmethod
     def standalone(cls, run_dir: Path) -> RunContext:
-        """A job run with no Hydra (an exported train_gpt.py, speedrun.rerun): in ``run_dir``, with no command-line
+        """A job run with no Hydra (speedrun.main(cfg, run_dir)): in ``run_dir``, with no command-line
         overrides and no sweep, relative paths taken from the current directory."""
         return cls(Path(run_dir), [], None, Path.cwd())
 
@@ -234,7 +234,7 @@ class JobRecord:
         prior = 0.0 if self.holding else self.prior_wall_seconds
         self.result["wall_seconds"] = round(prior + finished - started, 3)
         if self.plan is not None and self.plan.track.on and not self.holding:
-            from speedrun.run.track_verdict import track_keys  # track= set, a Plan's choice (artifact.closure)
+            from speedrun.run.track_verdict import track_keys  # track= set, a Plan's choice
 
             try:
                 self.result.update(track_keys(self.plan, self.result))

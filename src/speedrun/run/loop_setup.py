@@ -62,7 +62,7 @@ def prepare_loop(
     world = getattr(stepper, "world", None)
     if plan.micro_batch_search or plan.eval.batch_search:
         # every rank searches its own memory; the smallest choice over the ranks is what every rank runs
-        from speedrun.run.batch_search import search_batches  # a Plan's choice (artifact.closure)
+        from speedrun.run.batch_search import search_batches  # a Plan's choice
 
         plan, searched = search_batches(plan, stepper.model, log.info, world=world)
         stepper.settings = train_settings(plan)

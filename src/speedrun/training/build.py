@@ -32,7 +32,7 @@ def build_data(plan: Plan, log: Callable[[str], None]) -> DataBundle:
         paths = ensure_embedded_dataset(Path(d.cache_dir), vocab_size=d.vocab_size)
     else:
         assert d.tokenizer is not None  # the resolver refuses a path without its tokenizer
-        from speedrun.data.existing import open_dataset  # data.path set, a Plan's choice (artifact.closure)
+        from speedrun.data.existing import open_dataset  # data.path set, a Plan's choice
 
         paths = open_dataset(Path(d.path), Path(d.tokenizer), d.vocab_size)
     return open_data(
@@ -84,7 +84,7 @@ def configure_torch(plan: Plan) -> dict[str, object]:
     torch.manual_seed(plan.seed)
     chosen: dict[str, object] = {}
     if plan.device == "cpu":
-        from speedrun.hardware.threads import choose_threads  # a CPU run's alone (artifact.closure)
+        from speedrun.hardware.threads import choose_threads  # a CPU run's alone
         from speedrun.records.keys import thread_keys
 
         threads = choose_threads(plan.threads)
