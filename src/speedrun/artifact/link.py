@@ -33,6 +33,7 @@ import dataclasses
 import functools
 import math
 import re
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -450,6 +451,30 @@ def external_imports(linked: Linked) -> list[str]:
     return out
 
 
+def import_block(lines: Iterable[str]) -> str:
+    """external_imports' lines as one block, as a formatter lays them out: the standard library first, then the
+    rest, each module's ``from`` imports merged into one line."""
+    plain: set[str] = set()
+    names: dict[str, set[str]] = {}
+    for line in lines:
+        if line.startswith("from "):
+            module, _, name = line.removeprefix("from ").partition(" import ")
+            names.setdefault(module, set()).add(name)
+        else:
+            plain.add(line)
+    groups: list[list[str]] = [[], []]
+    for line in plain:
+        groups[_top(line.split()[1]) not in sys.stdlib_module_names].append(line)
+    for module, imported in names.items():
+        groups[_top(module) not in sys.stdlib_module_names].append(f"from {module} import {', '.join(sorted(imported))}")
+    key = lambda line: (line.split()[1], line.startswith("from "))  # noqa: E731 - one sort key, used twice
+    return "\n\n".join("\n".join(sorted(group, key=key)) for group in groups if group)
+
+
+def _top(module: str) -> str:
+    return module.split(".")[0]
+
+
 HEADER = """# {title}
 # The run's code, linked for its settings (PLAN, at the end) from speedrun {version}: each part under a
 # "# ---- <module> ----" line, as written there, comments kept. train_gpt.py is this file minified and compressed
@@ -485,7 +510,7 @@ def readable(linked: Linked, settings: Any, name: str = "train_gpt_human.py", ve
     if problems:
         raise LinkError("the core cannot be linked into one module:\n" + "\n".join(problems))
     parts = [HEADER.format(title=name, version=version, name=name), "from __future__ import annotations\n"]
-    parts.append("\n".join(external_imports(linked)) + "\n")
+    parts.append(import_block(external_imports(linked)) + "\n")
     parts.extend(f"# ---- {path} ----\n\n{text}" for path, text in sections(linked).items())
     parts.append(tail(settings))
     return "\n\n".join(parts)

@@ -30,7 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
 
 from speedrun.artifact.unwrap import compressor_of, unwrap_payload
 from speedrun.core.compile import CompileOptions
@@ -38,6 +39,9 @@ from speedrun.driver import DataSettings, RunSettings
 from speedrun.paths import source_path
 from speedrun.plan.settings import finish_settings, plain, train_settings
 from speedrun.version import __version__
+
+if TYPE_CHECKING:
+    from speedrun.plan import Plan
 
 HEADER = (
     "# speedrun self-extracting run (coding:latin-1): `python train_gpt.py` or torchrun re-runs it; docs/export.md\n"
@@ -90,18 +94,22 @@ def linked_sources() -> dict[str, str]:
     return {rel: source_path(rel).read_text(encoding="utf-8") for rel in rels}
 
 
-def frozen_settings(plan: Any, *, hessian_reserve: float = 0.0, threads: int | None = None) -> RunSettings:
+def frozen_settings(
+    plan: Plan | SimpleNamespace, *, hessian_reserve: float = 0.0, threads: int | None = None
+) -> RunSettings:
     """The exported file's settings from a Plan (or plan.json read as attributes): the core's settings of each
     phase (speedrun.plan.settings) and what the driver sets up around them. ``hessian_reserve``: the seconds the run
     measured for GPTQ's Hessians; ``threads``: a CPU run's torch threads, as it ran."""
     d, k = plan.data, plan.kernel
+    path: str
+    tokenizer: str | None
     if d.path is None:  # the embedded corpus: the file trains on the dataset built from it (DATA_PATH elsewhere)
         from speedrun.data.layout import TOKENIZER_FILE, embedded_dir
 
         built = embedded_dir(Path(d.cache_dir), d.vocab_size)
         path, tokenizer = str(built), str(built / TOKENIZER_FILE)
     else:
-        path, tokenizer = d.path, d.tokenizer
+        path, tokenizer = str(d.path), d.tokenizer
     ttt = plain(plan.ttt.name)
     return RunSettings(
         seed=plan.seed,
@@ -165,7 +173,7 @@ class CodeSource:
         versions = {"torch": torch.__version__, "python": platform.python_version(), "speedrun": __version__}
         return cls(linked_sources(), versions=versions)
 
-    def for_plan(self, plan: Any, **frozen: Any) -> CodeSource:
+    def for_plan(self, plan: Plan | SimpleNamespace, **frozen: Any) -> CodeSource:
         """This source with ``plan``'s settings (frozen_settings(plan, **frozen)) and registry choices."""
         values = plan.to_dict() if hasattr(plan, "to_dict") else json.loads(json.dumps(plan, default=vars))
         return dataclasses.replace(self, settings=frozen_settings(plan, **frozen), plan=values)

@@ -20,7 +20,12 @@ from speedrun.core.train import Stage, TrainSettings
 from speedrun.core.ttt_lora import GlobalSettings, TTTSettings
 
 if TYPE_CHECKING:
+    from types import SimpleNamespace
+
     from speedrun.plan.types import Plan
+
+    PlanLike = Plan | SimpleNamespace
+    """A Plan, or a run dir's plan.json read as attributes (the export rebuilds a raw-rule run's file from it)."""
 
 __all__ = ["finish_settings", "plain", "quant_settings", "settings", "train_settings", "ttt_settings"]
 
@@ -80,16 +85,16 @@ def settings(cls: type[S], cfg: Any, **overrides: Any) -> S:
 # -- the core's settings of a Plan: what both shells hand the core (run/ and the exported file's PLAN) -----------
 
 
-def train_settings(plan: Plan) -> TrainSettings:
+def train_settings(plan: PlanLike) -> TrainSettings:
     """The step's and the loop's settings (speedrun.core.train.TrainSettings) from the Plan's same-named fields."""
     return settings(TrainSettings, plan, stages=tuple(settings(Stage, stage) for stage in plan.stages))
 
 
-def quant_settings(plan: Plan) -> QuantSettings:
+def quant_settings(plan: PlanLike) -> QuantSettings:
     return settings(QuantSettings, plan.quant)
 
 
-def ttt_settings(plan: Plan) -> TTTSettings:
+def ttt_settings(plan: PlanLike) -> TTTSettings:
     """The plan's ttt block as the score-first pass takes it."""
     t = plan.ttt
     return settings(
@@ -104,7 +109,7 @@ def ttt_settings(plan: Plan) -> TTTSettings:
     )
 
 
-def finish_settings(plan: Plan, ttt: bool = False) -> FinishSettings:
+def finish_settings(plan: PlanLike, ttt: bool = False) -> FinishSettings:
     """The plan's eval and quant blocks as the core's finish takes them, and its ttt block when ``ttt`` and on."""
     return FinishSettings(
         seq_len=plan.model.seq_len,
