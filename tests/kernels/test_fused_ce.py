@@ -218,30 +218,37 @@ TINY_RUN = [
 ]
 
 
-def test_a_tiny_model_built_from_the_plan_trains_through_it(compose, monkeypatch):
-    """The Plan's chunk reaches the built model (speedrun.training.build.build_model), every training step's loss
-    goes through the fused loss, and 30 steps on one repeated batch bring it well down."""
+def _train(plan, steps=30):
+    """Training losses of the model ``plan`` builds (speedrun.training.build.build_model), on one repeated batch."""
     from speedrun.training.build import build_attention, build_model
 
-    plan = _plan(compose, "cpu", *TINY_RUN)
     torch.manual_seed(0)
     model, forward, _, optimizers = build_model(plan, build_attention(plan), bos_id=0)
-    assert model.fused_ce == 48
-    calls = []
-    monkeypatch.setitem(model_mod.FUSED_CE, "on", lambda *a, **k: calls.append(1) or linear_softcap_ce(*a, **k))
-    g = torch.Generator().manual_seed(1)
-    seq = torch.randint(0, 64, (4, 33), generator=g)
+    seq = torch.randint(0, 64, (4, 33), generator=torch.Generator().manual_seed(1))
     losses = []
     model.train()
-    for _ in range(30):
+    for _ in range(steps):
         loss = forward(seq[:, :-1], seq[:, 1:])
         loss.backward()
         for opt in optimizers:
             opt.step()
         model.zero_grad(set_to_none=True)
         losses.append(loss.item())
-    assert len(calls) == 30
-    assert losses[-1] < losses[0] - 1.0, losses
+    return model, losses
+
+
+def test_a_tiny_model_built_from_the_plan_trains_through_it(compose, monkeypatch):
+    """The Plan's chunk reaches the built model, every training step's loss goes through the fused loss, and 30
+    steps (Muon and Adam) bring it well down, step for step as the eager head does (fp32: within 1e-4)."""
+    calls = []
+    monkeypatch.setitem(model_mod.FUSED_CE, "on", lambda *a, **k: calls.append(1) or linear_softcap_ce(*a, **k))
+    model, fused = _train(_plan(compose, "cpu", *TINY_RUN))
+    assert model.fused_ce == 48 and len(calls) == 30
+    assert fused[-1] < fused[0] - 1.0, fused
+    eager_run = [o for o in TINY_RUN if not o.startswith("kernel.")]
+    model, eager = _train(_plan(compose, "cpu", *eager_run))
+    assert model.fused_ce == 0 and len(calls) == 30
+    assert max(abs(a - b) for a, b in zip(fused, eager, strict=True)) < 1e-4, (fused, eager)
 
 
 # ---- CUDA ----------------------------------------------------------------------------------------------------------
