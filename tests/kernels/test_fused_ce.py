@@ -86,6 +86,26 @@ def test_loss_and_grads_match_the_eager_head(autocast, reduction):
         assert min(_rel(wrong[0], eager[1]), _rel(wrong[1], eager[2])) > 10 * tol
 
 
+def test_the_mean_follows_a_scaled_upstream_gradient_in_fp16():
+    """The mean's gradients are computed in the forward and scaled in backward: with GradScaler's first scale
+    (65,536) on fp16 inputs they are the eager head's within fp16 rounding."""
+    g = torch.Generator().manual_seed(4)
+    x0, w0 = torch.randn(96, 32, generator=g).half(), (torch.randn(64, 32, generator=g) * 1.5).half()
+    targets = torch.randint(0, 64, (96,), generator=g)
+    grads = []
+    for fused in (False, True):
+        x, w = x0.clone().requires_grad_(True), w0.clone().requires_grad_(True)
+        if fused:
+            loss = linear_softcap_ce(x, w, targets, 3.0, CHUNK)
+        else:
+            z = F.linear(x, w).float()
+            loss = F.cross_entropy(3.0 * torch.tanh(z / 3.0), targets)
+        (loss * 65536.0).backward()
+        grads.append((x.grad.float(), w.grad.float()))
+    assert all(torch.isfinite(t).all() for t in grads[1])
+    assert _rel(grads[1][0], grads[0][0]) < 1e-2 and _rel(grads[1][1], grads[0][1]) < 1e-2
+
+
 def test_asymmetric_caps_match_and_trainable_caps_take_the_eager_path(monkeypatch):
     """quant.logit_rescale with caps moved apart (2 for positive logits, 5 for negative): the fused loss and gradients
     are the eager head's. Caps that train (requires_grad) are not the fused path's: the head computes them eagerly,
