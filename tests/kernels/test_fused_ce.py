@@ -204,9 +204,15 @@ def _plan(compose, device, *overrides):
 
 
 def test_the_plan_carries_it_with_a_default_chunk(compose):
-    off = _plan(compose, "h100").kernel
+    off_plan = _plan(compose, "h100", "model=pgolf_baseline")
+    off = off_plan.kernel
     assert (off.fused_ce, off.fused_ce_chunk, off.result_keys()["kernel_fused_ce"]) == (False, 0, False)
-    on = _plan(compose, "h100", "kernel.fused_ce=true", "model=pgolf_baseline").kernel
+    on_plan = _plan(compose, "h100", "kernel.fused_ce=true", "model=pgolf_baseline")
+    on = on_plan.kernel
+    # the memory estimate counts one chunk's logits (10 bytes each) instead of every token's
+    tokens = on_plan.micro_batch * on_plan.model.seq_len
+    saved = (tokens - min(tokens, 32768)) * 1024 * 10 / 1e9
+    assert saved > 0 and off_plan.memory_estimate_gb - on_plan.memory_estimate_gb == pytest.approx(saved, abs=0.01)
     assert (on.fused_ce, on.fused_ce_chunk) == (True, 32768)  # 2^25 logits at vocab 1024
     assert on.result_keys()["kernel_fused_ce_chunk"] == 32768 and "fused loss (32768 rows" in on.describe()
     set_chunk = _plan(compose, "cpu", "kernel.fused_ce=true", "kernel.fused_ce_chunk=100").kernel

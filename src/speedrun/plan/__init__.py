@@ -132,7 +132,9 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
         warmup_steps=warmup_steps,
         eval=eval_plan,
         compile=compile_on,
-        memory_estimate_gb=_memory_estimate_gb(attn, attn_options, batch.micro_batch, model, precision),
+        memory_estimate_gb=_memory_estimate_gb(
+            attn, attn_options, batch.micro_batch, model, precision, kernel.fused_ce_chunk
+        ),
         memory_snapshot=bool(cfg.hardware.memory_snapshot) and on_cuda,
         optim=cfg.optim,
         quant=cfg.quant,
@@ -221,11 +223,11 @@ def _resolve_kernel(
 
 
 def _memory_estimate_gb(
-    attn: str, options: dict[str, Any], micro_batch: int, model: ModelShape, precision: str
+    attn: str, options: dict[str, Any], micro_batch: int, model: ModelShape, precision: str, logit_rows: int = 0
 ) -> float:
 
     scores = scores_bytes(attn, options, micro_batch, model, precision)
-    return round(training_memory_bytes(model, micro_batch, precision, scores, param_count(model)) / 1e9, 2)
+    return round(training_memory_bytes(model, micro_batch, precision, scores, param_count(model), logit_rows) / 1e9, 2)
 
 
 def _sm(capability: tuple[int, int] | None) -> str:

@@ -8,7 +8,8 @@ micro-batch of B sequences of T tokens, L layers of width d and vocabulary V:
     activations                    B T L d (8 + 3 mlp_mult) x 2 bytes (4 in fp32) kept for backward: per block
                                    about 8 d-wide tensors around attention (norm in/out, q, k, v, rotated q/k,
                                    attention out) and 3 of the MLP's width (fc out, ReLU, ReLU^2)
-    logits                         B T V x 10 bytes (half-precision logits, their fp32 upcast, the softcap's output)
+    logits                         B T V x 10 bytes (half-precision logits, their fp32 upcast, the softcap's output);
+                                   with kernel.fused_ce only one chunk's rows at a time (speedrun.core.fused_ce)
     attention scores               what the backend says it materialises (math: B H T^2 L x 6), else 0
 
 The micro-batch is taken at the longest context (tokens per micro-batch are constant across stages, so only the
@@ -20,13 +21,16 @@ from __future__ import annotations
 from speedrun.core.model import ModelShape
 
 
-def training_memory_bytes(model: ModelShape, micro_batch: int, precision: str, scores_bytes: int, params: int) -> int:
+def training_memory_bytes(
+    model: ModelShape, micro_batch: int, precision: str, scores_bytes: int, params: int, logit_rows: int = 0
+) -> int:
+    """``logit_rows``: the rows of logits that exist at once (kernel.fused_ce's chunk), 0 for all the tokens."""
     tokens = micro_batch * model.seq_len
     act_bytes = 4 if precision == "fp32" else 2
     states = 16 * params
     # every layer call keeps its activations: a looped layer (model.loop) once per call
     activations = tokens * model.layer_passes(looped=True) * model.d_model * (8 + 3 * model.mlp_mult) * act_bytes
-    logits = tokens * model.vocab_size * 10
+    logits = min(tokens, logit_rows or tokens) * model.vocab_size * 10
     return states + activations + logits + scores_bytes
 
 
