@@ -222,9 +222,7 @@ def test_a_smoke_run_trains_and_scores_on_tiktoken_shards(tmp_path):
 
 
 def plan_cli(args, cwd):
-    return subprocess.run(
-        [sys.executable, "-m", "run", *args, "--plan=json"], cwd=cwd, capture_output=True, text=True, timeout=120
-    )
+    return run_cli([*args, "--plan=json"], cwd=cwd, timeout=120, fork=True)
 
 
 def test_plan_prints_the_resolved_plan_and_writes_nothing(tmp_path):

@@ -215,7 +215,7 @@ def test_ctrl_c_leaves_an_interrupted_row(tmp_path, data_cache):
 
 def test_a_bad_dist_request_is_refused_before_any_rank_starts(tmp_path):
     # 6400 tokens do not split into 2 ranks x 2 x 128 tokens
-    proc = run_cli([*SMOKE, "dist.nproc=2", "budget.tokens_per_step=6400"], cwd=tmp_path)
+    proc = run_cli([*SMOKE, "dist.nproc=2", "budget.tokens_per_step=6400"], cwd=tmp_path, fork=True)
     assert proc.returncode == 1
     out = proc.stdout + proc.stderr
     assert "does not split over 2 ranks" in out and "starting 2 ranks" not in out
