@@ -1,7 +1,8 @@
 """kernel.fused_ce: the chunked linear + softcapped cross-entropy (speedrun.core.fused_ce) gives GPT.head's loss and
 gradients (x and the head weight; fp32 and bf16 autocast; mean and per-token; the plain and the asymmetric softcap)
 without a whole (tokens, vocab) fp32 tensor, the Plan carries it into the model or refuses it by name, and a tiny
-run built from the Plan trains through it. On CUDA: the same compiled in bf16, and its peak memory."""
+run built from the Plan trains through it as the eager head does. On CUDA (gpu-marked): the model compiled in bf16,
+the compiled loss's peak memory, and a CUDA graph's replay."""
 
 from __future__ import annotations
 
