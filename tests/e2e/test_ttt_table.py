@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from support.cli import run_python
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -46,10 +48,11 @@ def one_process_table(default_smoke_run, tmp_path_factory):
     run = tmp_path_factory.mktemp("ttt_table") / "run"
     shutil.copytree(default_smoke_run.run_dir, run)
     phase = ["ttt.phased.prefix_docs=2", "ttt.phased.chunk_tokens=512", "ttt.phased.batch_seqs=8"]
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts/ttt_table.py"), str(run), *SMALL, *phase,
+    # forked from this process (support.cli.run_python): torch and speedrun are imported already
+    proc = run_python(
+        [str(REPO / "scripts/ttt_table.py"), str(run), *SMALL, *phase,
          "--setting", f"cold={COLD}", "--setting", "one=ttt.phased.phases=1"],
-        capture_output=True, text=True, timeout=600, cwd=REPO,
+        cwd=REPO, timeout=600,
     )  # fmt: skip
     return proc, run
 
@@ -100,9 +103,9 @@ def test_ttt_table_reads_a_multi_gpu_run_on_one_process_and_profiles_it(default_
     # records ~40 a token (12,288 tokens took 40 s); 2 documents in 128-token chunks are still a real TTT phase
     small = ["ttt.rank=4", "ttt.alpha=6", "ttt.batch_size=2", "ttt.chunk_size=128", "ttt.phased.phases=0"]
     small += ["eval.tokens=2048", "ttt.max_seconds=null"]
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts/ttt_table.py"), str(run), *small, "--profile", "--setting", "p=ttt.rank=4"],
-        capture_output=True, text=True, timeout=600, cwd=REPO,
+    proc = run_python(
+        [str(REPO / "scripts/ttt_table.py"), str(run), *small, "--profile", "--setting", "p=ttt.rank=4"],
+        cwd=REPO, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     (row,) = json.loads((run / "ttt_table" / "rows.json").read_text())

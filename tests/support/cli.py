@@ -27,16 +27,17 @@ every job is a real run, just short (a 2 s budget alone ran ~10 steps a job, whi
 def run_cli(args, cwd, timeout=300, env_extra=None, fork=False):
     """Run `python -m run ...` (the real entry point) in a new interpreter and return the CompletedProcess. ``fork``:
     src/run.py as `__main__` in a child forked from this process instead, which finds torch, Hydra and speedrun
-    imported (a new interpreter spends ~5 s of CPU on them before its first line of work): for a command whose
-    outcome depends on its arguments and files only (tests/e2e/test_user_errors.py's; a resume refused in
-    tests/e2e/test_nothing_lost.py printed another line when forked, so resumes keep a new interpreter). An
-    ``env_extra`` always gets a new interpreter (PYTHONPATH's sitecustomize acts at start-up)."""
+    imported (a new interpreter spends ~9 s of CPU on them before its first line of work): for one run whose
+    outcome depends on its arguments and files only, which starts no launcher (a sweep's pool, torchrun's ranks)
+    and resumes nothing (a resume refused in tests/e2e/test_nothing_lost.py printed another line when forked, so
+    resumes keep a new interpreter), and which is not about what a new interpreter imports. An ``env_extra``
+    always gets a new interpreter (PYTHONPATH's sitecustomize acts at start-up)."""
     if not fork or env_extra or not hasattr(os, "fork"):
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}
         return subprocess.run(
             [sys.executable, "-m", "run", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
         )
-    return _forked_run(list(args), Path(cwd), timeout)
+    return run_python(["-m", "run", *args], cwd, timeout)
 
 
 WARM = ("run", "torch._dynamo", "speedrun.run.job", "speedrun.run.cli_step")
@@ -54,16 +55,22 @@ def _warm() -> None:
             pass
 
 
-def _forked_run(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
-    """`python -m run ARGS` in a child of this process: stdout and stderr (fds 1 and 2, and sys.stdout/stderr over
-    them) go to files of its own, it starts in ``cwd`` with cwd first on sys.path (as `python -m` puts it) and ends as
-    an interpreter does (SystemExit's code or message, a traceback and 1 for an exception, logging flushed). Killed
-    with SIGKILL after ``timeout`` s, as subprocess.run would, raising TimeoutExpired."""
+def run_python(args: list[str], cwd, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python ARGS` (``["-m", module, ...]`` or ``[script, ...]``) in a child of this process: stdout and stderr
+    (fds 1 and 2, and sys.stdout/stderr over them) go to files of its own, it starts in ``cwd`` with cwd (`-m`) or
+    the script's folder first on sys.path, as python puts them, and ends as an interpreter does (SystemExit's code
+    or message, a traceback and 1 for an exception, logging flushed). Killed with SIGKILL after ``timeout`` s, as
+    subprocess.run would, raising TimeoutExpired. For a command whose outcome depends on its arguments and files
+    only: the child finds this process's imports (torch's ~5 s of CPU is not spent again) and its module state."""
     import runpy
     import signal
     import tempfile
     import time
 
+    cwd = Path(cwd)
+    module = args[1] if args[0] == "-m" else None
+    argv = [module, *args[2:]] if module else [str(args[0]), *args[1:]]
+    first = str(cwd) if module else str(Path(args[0]).resolve().parent)
     _warm()  # once per process: later calls find them in sys.modules
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         pid = os.fork()
@@ -77,13 +84,16 @@ def _forked_run(args: list[str], cwd: Path, timeout: float) -> subprocess.Comple
                 sys.stderr = open(2, "w", buffering=1, closefd=False)
                 os.chdir(cwd)
                 os.environ["PYTHONUNBUFFERED"] = "1"
-                sys.path.insert(0, str(cwd))
-                sys.argv = ["run", *args]
+                sys.path.insert(0, first)
+                sys.argv = argv
                 from hydra.core.global_hydra import GlobalHydra
 
                 GlobalHydra.instance().clear()  # as a new interpreter has it: no config dir initialized
                 try:
-                    runpy.run_module("run", run_name="__main__", alter_sys=True)
+                    if module:
+                        runpy.run_module(module, run_name="__main__", alter_sys=True)
+                    else:
+                        runpy.run_path(argv[0], run_name="__main__")
                     code = 0
                 except SystemExit as exit_:
                     if exit_.code is None or isinstance(exit_.code, int):
@@ -111,12 +121,12 @@ def _forked_run(args: list[str], cwd: Path, timeout: float) -> subprocess.Comple
             if time.monotonic() > deadline:
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
-                raise subprocess.TimeoutExpired(["run", *args], timeout)
+                raise subprocess.TimeoutExpired(argv, timeout)
             time.sleep(0.05)
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
-        return subprocess.CompletedProcess(["run", *args], os.waitstatus_to_exitcode(status), stdout, stderr)
+        return subprocess.CompletedProcess(argv, os.waitstatus_to_exitcode(status), stdout, stderr)
 
 
 def session_dir(tmp_path_factory) -> Path:
