@@ -278,6 +278,20 @@ def test_a_tiny_model_built_from_the_plan_trains_through_it(compose, monkeypatch
     assert max(abs(a - b) for a, b in zip(fused, eager, strict=True)) < 1e-4, (fused, eager)
 
 
+def test_the_exported_file_links_it_only_when_chosen(compose):
+    """The registry core.model.FUSED_CE is keyed by kernel.fused_ce: the readable exported module (the driver and
+    the core it reaches, speedrun.artifact.wrap.linked_module) carries speedrun/core/fused_ce.py's code for a Plan
+    that chose it, and none of it otherwise."""
+    from speedrun.artifact.wrap import CodeSource, linked_module
+
+    code = CodeSource.snapshot()
+    eager_run = [o for o in TINY_RUN if not o.startswith("kernel.")]
+    for run, chosen in ((eager_run, False), (TINY_RUN, True)):
+        text = linked_module(code.for_plan(_plan(compose, "cpu", *run)))
+        for name in ("def linear_softcap_ce", "class LinearSoftcapCE", "def _chunks"):
+            assert (name in text) == chosen, (name, chosen)
+
+
 # ---- CUDA ----------------------------------------------------------------------------------------------------------
 
 
