@@ -8,7 +8,6 @@ run on such shards: tests/e2e/test_cli.py.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from speedrun.data.bpb import stream_bytes  # noqa: E402
 from speedrun.data.existing import open_dataset  # noqa: E402
 from speedrun.data.prepare import prepare_tiktoken_dataset, read_dataset_info  # noqa: E402
 from support.bpe import DOCS, MERGES, small_ranks, write_tiktoken_file  # noqa: E402
+from support.cli import run_python  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -132,11 +132,10 @@ def test_prepare_script_writes_gpt2_style_shards(tmp_path):
     for i, path in enumerate(inputs):
         path.write_text(f"the cat in the hat {i}\n" * 20)
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts/prepare_data.py"), "--tokenizer", str(vocab), "--input", *map(str, inputs)]
+    proc = run_python(  # the script forked from this process: its imports are done
+        [str(REPO / "scripts/prepare_data.py"), "--tokenizer", str(vocab), "--input", *map(str, inputs)]
         + ["--out", str(out), "--val-every", "2"],
-        capture_output=True,
-        text=True,
+        cwd=tmp_path,
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr

@@ -5,8 +5,6 @@ the step profile, FP8 targets, the shared compile cache, the sweep's overhead co
 from __future__ import annotations
 
 import math
-import os
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -18,6 +16,7 @@ from speedrun.config import to_config
 from speedrun.errors import ConfigError, PlanError
 from speedrun.plan import resolve
 from speedrun.tune import Candidate, check_numerics, results_table, tune
+from support.cli import run_python
 from support.devices import fake_device
 
 
@@ -437,18 +436,12 @@ def test_compile_per_block_is_refused_where_it_cannot_run(compose):
         to_config(compose(["kernel.compile_scope=layers"]))
 
 
-def test_tune_help_shows_its_whole_first_paragraph():
+def test_tune_help_shows_its_whole_first_paragraph(monkeypatch):
     import speedrun.tune
 
     first = speedrun.tune.__doc__.split("\n\n")[0]
-    proc = subprocess.run(
-        [sys.executable, "-m", "speedrun.tune", "--help"],
-        cwd=Path(__file__).resolve().parents[2],
-        env={**os.environ, "COLUMNS": "80"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    monkeypatch.setenv("COLUMNS", "80")  # the forked command's terminal width
+    proc = run_python(["-m", "speedrun.tune", "--help"], cwd=Path(__file__).resolve().parents[2], timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert first in proc.stdout, proc.stdout
     assert first.rstrip().endswith("reads."), first  # a whole sentence, not cut at the first line
