@@ -10,15 +10,13 @@ from __future__ import annotations
 import csv
 import json
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from support.browser import check_in_browser
-from support.cli import SWEEP_TINY, run_cli
+from support.cli import SWEEP_TINY, run_cli, run_python
 
 pytestmark = pytest.mark.slow
 
@@ -214,9 +212,8 @@ def test_fail_fast_stops_at_the_first_failure(tmp_path, data_cache):
 def test_the_report_on_the_sweep_database(swept, tmp_path):
     (first,) = (sweep.name for sweep in sweep_dirs(swept.cwd))
     out = tmp_path / "report"
-    proc = subprocess.run(
+    proc = run_python(  # forked from this process: speedrun is imported already
         [
-            sys.executable,
             "-m",
             "speedrun.report",
             "--sweep",
@@ -229,8 +226,6 @@ def test_the_report_on_the_sweep_database(swept, tmp_path):
             str(out),
         ],
         cwd=swept.cwd,
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
