@@ -164,11 +164,11 @@ def test_a_copied_tampered_run_dir_resumes_into_this_commands_database_from_the_
     here = tmp_path / "here"
     here.mkdir()
 
-    refused = run_cli([f"resume={copy}"], cwd=here)  # other code: refused, naming both fingerprints
+    refused = run_cli([f"resume={copy}"], cwd=here, fork=True)  # other code: refused, naming both fingerprints
     line = one_line(refused, "code changed since the checkpoint")
     assert "0123456789abcdef" in line and "accept_code_change=true" in line
 
-    proc = run_cli([f"resume={copy}", "accept_code_change=true"], cwd=here)
+    proc = run_cli([f"resume={copy}", "accept_code_change=true"], cwd=here, fork=True)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert out.count("trying an older one") == 1 and "Traceback" not in out
@@ -379,7 +379,7 @@ def test_a_finished_run_is_never_resumed_and_a_refused_command_writes_nothing_in
     (run_dir / ".owner.lock").write_text("")
     before = snapshot(run_dir)
     db = tmp_path / "r.sqlite"
-    proc = run_cli([f"resume={run_dir}", f"results_db={db}"], cwd=tmp_path)
+    proc = run_cli([f"resume={run_dir}", f"results_db={db}"], cwd=tmp_path, fork=True)
     line = one_line(proc, "holds a finished run (status ok)")
     assert "never written again" in line and "speedrun.export" in line
     assert snapshot(run_dir) == before

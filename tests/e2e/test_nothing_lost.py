@@ -82,7 +82,7 @@ def finished(tmp_path_factory):
 def test_a_refused_resume_leaves_the_finished_run_as_it_was(finished, extra, needle):
     cwd, db, run_dir = finished
     before = snapshot(run_dir, db)
-    proc = run_cli([f"resume={run_dir}", *extra, f"results_db={db}"], cwd=cwd)
+    proc = run_cli([f"resume={run_dir}", *extra, f"results_db={db}"], cwd=cwd, fork=True)
     line = one_line_error(proc, needle)
     assert_unchanged(before, run_dir, db)
     # the refusal is a row of its own, in a new run dir, named on the console's one line
@@ -96,7 +96,7 @@ def test_a_resume_with_an_override_it_never_had_is_refused_before_hydra_writes(i
     stopped, cwd, db, run_dir = interrupted
     assert stopped.returncode == 143
     before = snapshot(run_dir, db)
-    proc = run_cli([f"resume={run_dir}", "seed=7", f"results_db={db}"], cwd=cwd)
+    proc = run_cli([f"resume={run_dir}", "seed=7", f"results_db={db}"], cwd=cwd, fork=True)
     one_line_error(proc, "these overrides differ from it: seed=7")
     assert_unchanged(before, run_dir, db)
     assert not (run_dir / ".hydra" / "resume").exists()  # Hydra wrote its files into the refusal's new dir
@@ -106,7 +106,7 @@ def test_a_resume_with_an_override_it_never_had_is_refused_before_hydra_writes(i
     for pt in (run_dir / "checkpoints").glob("*.pt"):
         pt.write_bytes(b"not a checkpoint")
     before = snapshot(run_dir, db)
-    proc = run_cli([f"resume={run_dir}", f"results_db={db}"], cwd=cwd)
+    proc = run_cli([f"resume={run_dir}", f"results_db={db}"], cwd=cwd, fork=True)
     line = one_line_error(proc, "no readable checkpoint")
     assert_unchanged(before, run_dir, db, allow=(".hydra/resume/", "resume_attempts/", "run.log"))
     (attempt,) = [r for r in rows(db).values() if r.get("resume_of") == str(run_dir.resolve())]
@@ -170,7 +170,7 @@ def test_a_results_database_that_cannot_be_written_stops_the_run_with_its_path(t
 
 
 def test_a_refused_resume_is_a_failed_row_and_exit_1(tmp_path):
-    proc = run_cli(["resume=nowhere/run", f"results_db={tmp_path / 'r.sqlite'}"], cwd=tmp_path)
+    proc = run_cli(["resume=nowhere/run", f"results_db={tmp_path / 'r.sqlite'}"], cwd=tmp_path, fork=True)
     assert proc.returncode == 1 and "no such directory" in proc.stdout + proc.stderr
     ((status, error),) = sqlite3.connect(tmp_path / "r.sqlite").execute("SELECT status, error FROM runs")
     assert status == "failed" and "resume=nowhere/run" in error

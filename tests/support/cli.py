@@ -27,11 +27,10 @@ every job is a real run, just short (a 2 s budget alone ran ~10 steps a job, whi
 def run_cli(args, cwd, timeout=300, env_extra=None, fork=False):
     """Run `python -m run ...` (the real entry point) in a new interpreter and return the CompletedProcess. ``fork``:
     src/run.py as `__main__` in a child forked from this process instead, which finds torch, Hydra and speedrun
-    imported (a new interpreter spends ~9 s of CPU on them before its first line of work): for one run whose
-    outcome depends on its arguments and files only, which starts no launcher (a sweep's pool, torchrun's ranks)
-    and resumes nothing (a resume refused in tests/e2e/test_nothing_lost.py printed another line when forked, so
-    resumes keep a new interpreter), and which is not about what a new interpreter imports. An ``env_extra``
-    always gets a new interpreter (PYTHONPATH's sitecustomize acts at start-up)."""
+    imported (a new interpreter spends ~9 s of CPU on them before its first line of work): for one run or resume
+    whose outcome depends on its arguments and files only, which starts no launcher (a sweep's pool, torchrun's
+    ranks), takes no signal from the test, and is not about what a new interpreter imports or puts on sys.path. An
+    ``env_extra`` always gets a new interpreter (PYTHONPATH's sitecustomize acts at start-up)."""
     if not fork or env_extra or not hasattr(os, "fork"):
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}
         return subprocess.run(
