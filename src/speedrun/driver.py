@@ -69,6 +69,8 @@ class RunSettings:
     model_options: tuple[tuple[str, Any], ...]
     document_mask: bool
     fused_qkv: bool
+    fused_ce: int
+    """Rows per chunk of the fused training loss (kernel.fused_ce), 0 for off."""
     fp8: tuple[str, ...]
     fp8_impl: str
     ns_dtype: str
@@ -150,6 +152,7 @@ def main(run: RunSettings, file: str) -> dict[str, Any]:
         bos_id=data.bos_id,
         document_mask=run.document_mask,
         fused_qkv=run.fused_qkv,
+        fused_ce=run.fused_ce,
         options=dict(run.model_options),
         fp8=run.fp8,
         fp8_impl=run.fp8_impl,
@@ -213,6 +216,9 @@ def score(run: RunSettings, model: Any, eval_forward: Any, data: Any, world: Wor
     def report(kind: str, values: dict[str, Any]) -> None:
         if kind == "line":
             say(values["text"])
+        elif "result" in values:  # a phase's score as it ends: a run stopped later still printed it
+            res = values["result"]
+            say(f"{values['name']}: val_loss {res.val_loss} val_bpb {res.val_bpb} ({values['seconds']:.1f} s)")
 
     hooks = FinishHooks(quantized=quantized, ttt=TTT[run.ttt] if run.ttt else None)
     hessians = calibration.hessians if calibration is not None else None

@@ -122,6 +122,7 @@ def frozen_settings(
         model_options=_pairs(plan.model_options),
         document_mask=plan.document_mask,
         fused_qkv=k.fused_qkv,
+        fused_ce=k.fused_ce_chunk if k.fused_ce else 0,
         fp8=plain(k.fp8),
         fp8_impl=k.fp8_impl,
         ns_dtype=plan.ns_dtype,
