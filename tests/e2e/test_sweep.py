@@ -42,8 +42,11 @@ def read_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def _sweep(cwd: Path, data: Path, *args, timeout=600, env=None):
-    return run_cli(["-m", *SWEEP_TINY, f"data.cache_dir={data}", *args], cwd=cwd, timeout=timeout, env_extra=env)
+def _sweep(cwd: Path, data: Path, *args, timeout=600, env=None, fork=False):
+    """``fork``: for a resumed sweep that launches no job (forked from this process, see run_cli)."""
+    return run_cli(
+        ["-m", *SWEEP_TINY, f"data.cache_dir={data}", *args], cwd=cwd, timeout=timeout, env_extra=env, fork=fork
+    )
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +99,7 @@ def test_a_2x2_multirun_records_every_job_and_writes_the_summary(swept):
 
 def test_resuming_the_same_sweep_runs_nothing(swept, tmp_path):
     cwd = on_its_database(swept, tmp_path)
-    proc = _sweep(cwd, swept.data, *GRID, "hydra.sweeper.resume=true", timeout=300)
+    proc = _sweep(cwd, swept.data, *GRID, "hydra.sweeper.resume=true", timeout=300, fork=True)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "4 of 4 combination(s) already completed ok" in out
@@ -151,7 +154,7 @@ def test_a_code_change_reruns_unless_resume_across_code(swept, tmp_path):
     db.upsert(grid[0]["run_id"], {"code_fingerprint": "0123456789abcdef"})  # as if other code had made it
     combo = ["model.n_layer=1", "optim.matrix_lr=0.02", "hydra.sweeper.resume=true"]
 
-    proc = _sweep(cwd, swept.data, *combo, "hydra.sweeper.resume_across_code=true", timeout=300)
+    proc = _sweep(cwd, swept.data, *combo, "hydra.sweeper.resume_across_code=true", timeout=300, fork=True)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "1 of 1 combination(s) already completed ok" in out and "any code" in out
