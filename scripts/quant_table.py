@@ -133,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from speedrun.hardware import profiles as hardware
     from speedrun.plan import resolve
+    from speedrun.run.build import build_attention, build_data, build_model
     from speedrun.run.finish import Finish
-    from speedrun.training.build import build_attention, build_data, build_model
 
     run_dir = args.run_dir.resolve()
     settings = [parse_setting(s) for s in args.setting] or LADDER

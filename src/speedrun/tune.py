@@ -36,8 +36,8 @@ from speedrun.hardware.profiles import PROFILES, detect
 from speedrun.kernels.tuned import write_entry
 from speedrun.plan import Plan, PlanError, resolve
 from speedrun.plan.settings import train_settings
+from speedrun.run.build import build_attention, build_data, build_model, configure_torch
 from speedrun.tables import format_table
-from speedrun.training.build import build_attention, build_data, build_model, configure_torch
 
 DEFAULT_ATOL, DEFAULT_RTOL = 0.03, 0.01
 

@@ -211,7 +211,7 @@ def test_cli_builds_and_refuses_mixed_options(root, tmp_path, capsys):
 def test_a_run_reads_it_and_a_missing_one_names_the_command(built, compose, tmp_path):
     from speedrun.config import to_config
     from speedrun.plan import resolve
-    from speedrun.training.build import build_data
+    from speedrun.run.build import build_data
     from support.devices import fake_device
 
     paths, info = built

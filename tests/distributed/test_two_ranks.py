@@ -41,7 +41,7 @@ def _run(plan, shard: Path, world, state=None) -> dict:
     from speedrun.core.train import Stepper, TrainState, train
     from speedrun.core.ttt_lora import TTTSettings
     from speedrun.core.ttt_score import ttt_evaluate
-    from speedrun.training.build import build_model
+    from speedrun.run.build import build_model
 
     torch.manual_seed(world.rank)  # different seeds: World.prepare must give every rank rank 0's weights
     model, forward, eval_forward, optimizers = build_model(plan, get_backend("sdpa", kernel="math"), bos_id=1)
@@ -138,8 +138,8 @@ def _train_with_periodic_eval(plan, shard: Path, world) -> dict:
     from speedrun.core.attention import get_backend
     from speedrun.core.data import TokenStream
     from speedrun.core.train import Stepper, TrainState, train
+    from speedrun.run.build import build_model
     from speedrun.run.periodic import LoopExtras, PeriodicEval
-    from speedrun.training.build import build_model
 
     torch.manual_seed(world.rank)  # World.prepare gives every rank rank 0's weights
     model, forward, eval_forward, optimizers = build_model(plan, get_backend("sdpa", kernel="math"), bos_id=1)

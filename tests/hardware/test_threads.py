@@ -61,7 +61,7 @@ def test_busy_cores_sees_a_spinning_process():
 def test_configure_torch_applies_the_choice_and_returns_its_keys(monkeypatch):
     import torch
 
-    from speedrun.training.build import configure_torch
+    from speedrun.run.build import configure_torch
 
     class CpuPlan:
         device, seed, threads = "cpu", 0, 1

@@ -246,8 +246,8 @@ TINY_RUN = [
 
 
 def _train(plan, steps=30):
-    """Training losses of the model ``plan`` builds (speedrun.training.build.build_model), on one repeated batch."""
-    from speedrun.training.build import build_attention, build_model
+    """Training losses of the model ``plan`` builds (speedrun.run.build.build_model), on one repeated batch."""
+    from speedrun.run.build import build_attention, build_model
 
     torch.manual_seed(0)
     model, forward, _, optimizers = build_model(plan, build_attention(plan), bos_id=0)

@@ -236,7 +236,7 @@ def test_cuda_graphs_raise_the_warm_up_to_what_capture_needs(compose):
 
 
 def test_fused_qkv_reaches_the_built_model(compose):
-    from speedrun.training.build import build_attention, build_model
+    from speedrun.run.build import build_attention, build_model
 
     for fused in (False, True):
         plan = plan_for(compose, "cpu", f"kernel.fused_qkv={str(fused).lower()}")

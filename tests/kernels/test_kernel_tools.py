@@ -163,7 +163,7 @@ def test_top_kernels_table():
 def test_profile_steps_on_cpu_writes_a_trace_and_undoes_its_steps(compose, tmp_path, data_cache):
     from speedrun.core.train import Stepper
     from speedrun.kernels.profile import profile_steps
-    from speedrun.training.build import build_attention, build_data, build_model
+    from speedrun.run.build import build_attention, build_data, build_model
 
     plan = resolve(to_config(compose([*SMALL, f"data.cache_dir={data_cache}"])), fake_device("cpu"))
     data = build_data(plan, lambda m: None)
@@ -187,7 +187,7 @@ def test_profile_steps_profiles_the_layer_loop_states_that_training_runs(compose
     from the first step: that state alone (profiling the other one would time its compile). The loop is left off."""
     from speedrun.core.train import Stepper, loop_states
     from speedrun.kernels.profile import profile_steps
-    from speedrun.training.build import build_attention, build_data, build_model
+    from speedrun.run.build import build_attention, build_data, build_model
 
     loop = ["model.n_layer=2", "model.loop.start=0", "model.loop.end=0", "model.loop.num=2"]
     overrides = [*SMALL, *loop, f"model.loop.enable_at={enable_at}", f"data.cache_dir={data_cache}"]
@@ -292,7 +292,7 @@ def test_graphed_step_matches_the_plain_step(compose, data_cache, monkeypatch):
 
     from speedrun.core.compile import GraphedMicroStep
     from speedrun.core.train import Stepper
-    from speedrun.training.build import build_attention, build_data, build_model
+    from speedrun.run.build import build_attention, build_data, build_model
 
     class Replay:
         def __init__(self, fn, out):
@@ -402,7 +402,7 @@ def test_compile_per_block_traces_one_graph_for_all_blocks_and_matches_eager(com
     the loss is eager's; the model called directly (as GPTQ and TTT do) stays eager."""
     from torch._dynamo.utils import counters
 
-    from speedrun.training.build import build_attention, build_model
+    from speedrun.run.build import build_attention, build_model
 
     overrides = ["model=tiny", "model.n_layer=4", "model.seq_len=32", "hardware.micro_batch=2"]
     overrides += ["budget.tokens_per_step=64", "hardware.compile=true", "kernel.compile_scope=blocks"]

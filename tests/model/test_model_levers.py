@@ -357,8 +357,8 @@ def test_loop_switches_on_in_training_without_recompiling_and_counts_its_flops(c
     from speedrun.core.data import TokenStream
     from speedrun.core.train import Stepper, TrainState, flops_per_token, train, warm_up
     from speedrun.data.shards import write_shard
+    from speedrun.run.build import build_model
     from speedrun.run.mfu import mfu_keys, stage_tokens, training_flops
-    from speedrun.training.build import build_model
 
     plan = resolve(
         to_config(

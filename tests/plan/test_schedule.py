@@ -66,7 +66,7 @@ def test_every_length_is_compiled_in_warm_up_and_nothing_recompiles(compose, tmp
     from speedrun.core.data import TokenStream
     from speedrun.core.train import Stepper, TrainState, train, warm_up
     from speedrun.data.shards import write_shard
-    from speedrun.training.build import build_model
+    from speedrun.run.build import build_model
 
     plan = plan_for(
         compose,

@@ -27,7 +27,6 @@ LAYERS = [
     {"plan"},
     {"distributed"},
     {"artifact"},
-    {"training"},
     {"run"},
     {"report"},
     # entry points (task: src/run.py's, with sweep_trial, an Optuna trial's reporting that it installs; cli and

@@ -174,10 +174,10 @@ def test_pool_launcher_tells_a_job_whether_it_shares_its_gpu(tmp_path, slots, sh
 
 def test_cpu_peak_memory_covers_training_not_the_data_build(compose, tmp_path, data_cache, monkeypatch):
     """A cold-cache dataset build can use more memory than training; peak_mem_mb must not report it."""
+    import speedrun.run.build
     import speedrun.run.job
-    import speedrun.training.build
 
-    build_data = speedrun.training.build.build_data
+    build_data = speedrun.run.build.build_data
     spike = {}
 
     def build_with_a_spike(plan, log):

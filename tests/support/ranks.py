@@ -8,7 +8,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-RANK_PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "speedrun.run.runner", "speedrun.training.build"]
+RANK_PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "speedrun.run.runner", "speedrun.run.build"]
 """What the ranks of start_ranks find already imported: torch (~1.3 s of CPU), dynamo (~1.2 s; torch.optim imports
 it when an optimizer is built) and speedrun's run and training code."""
 

@@ -102,7 +102,7 @@ def test_the_real_search_runs_on_cuda(compose):
         pytest.skip("needs CUDA")
     from speedrun.core.attention import get_backend
     from speedrun.hardware import profiles as hardware
-    from speedrun.training.build import build_model
+    from speedrun.run.build import build_model
 
     plan = resolve(
         to_config(

@@ -46,7 +46,7 @@ def train_plan(plan, tmp_path):
     from speedrun.core.data import TokenStream
     from speedrun.core.train import Stepper, TrainState, train
     from speedrun.data.shards import write_shard
-    from speedrun.training.build import build_model
+    from speedrun.run.build import build_model
 
     torch.manual_seed(0)
     model, forward, _, optimizers = build_model(plan, get_backend("sdpa", kernel="math"), bos_id=1)

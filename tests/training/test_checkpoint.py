@@ -285,7 +285,7 @@ def test_train_starts_the_checkpoint_clock_once_before_its_first_step(compose):
     from speedrun.core.attention import get_backend
     from speedrun.core.train import Stepper, TrainState, train
     from speedrun.plan import resolve
-    from speedrun.training.build import build_model
+    from speedrun.run.build import build_model
     from support.devices import fake_device
 
     plan = resolve(

@@ -52,9 +52,9 @@ def _loop(
     from speedrun.core.attention import get_backend
     from speedrun.core.data import TokenStream
     from speedrun.core.train import Stepper, TrainState, train
+    from speedrun.run.build import build_model
     from speedrun.run.loop_setup import ResumableExtras
     from speedrun.run.periodic import checkpoint_meta
-    from speedrun.training.build import build_model
 
     torch.manual_seed(world.rank)  # World.prepare gives every rank rank 0's weights; a restore overwrites them
     model, forward, _, optimizers = build_model(plan, get_backend("sdpa", kernel="math"), bos_id=1)

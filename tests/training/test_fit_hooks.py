@@ -34,7 +34,7 @@ def tiny_run(compose, tmp_path):
     from speedrun.core.attention import get_backend
     from speedrun.core.data import TokenStream
     from speedrun.data.shards import write_shard
-    from speedrun.training.build import build_model
+    from speedrun.run.build import build_model
 
     plan = dataclasses.replace(resolve(to_config(compose(TINY)), fake_device("cpu")), compile=False)
     torch.manual_seed(0)

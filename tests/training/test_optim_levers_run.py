@@ -155,7 +155,7 @@ def test_train_updates_the_ema_after_each_timed_step_only(compose):
     """Warm-up's steps are undone and never reach the average; the timed steps do, one update each; the
     model ends holding the average."""
     from speedrun.core.train import Stepper, TrainState, train, warm_up
-    from speedrun.training.build import build_model
+    from speedrun.run.build import build_model
 
     plan = resolve(
         to_config(compose(["debug=smoke", "budget.max_steps=3", "budget.tokens_per_step=512", "ema.decay=0.8"])),

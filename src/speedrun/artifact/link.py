@@ -466,7 +466,9 @@ def import_block(lines: Iterable[str]) -> str:
     for line in plain:
         groups[_top(line.split()[1]) not in sys.stdlib_module_names].append(line)
     for module, imported in names.items():
-        groups[_top(module) not in sys.stdlib_module_names].append(f"from {module} import {', '.join(sorted(imported))}")
+        groups[_top(module) not in sys.stdlib_module_names].append(
+            f"from {module} import {', '.join(sorted(imported))}"
+        )
     key = lambda line: (line.split()[1], line.startswith("from "))  # noqa: E731 - one sort key, used twice
     return "\n\n".join("\n".join(sorted(group, key=key)) for group in groups if group)
 

@@ -102,28 +102,14 @@ CORE_ROLES = {
 """speedrun/core/<module>.py -> its role; core/ttt_*.py are TTT, anything else of the file (driver.py, progress,
 tables, errors, core/__init__.py) is the driver's."""
 
-PACKAGE_ROLES = {
-    "model": "model",
-    "data": "data",
-    "training": "step",
-    "kernels": "step",
-    "distributed/world.py": "step",
-    "evaluation": "eval",
-    "quant": "quant",
-    "ttt": "TTT",
-    "run/finish_ttt.py": "TTT",
-}
-"""speedrun/<package>/ (or one file of a package) -> its role, for files outside speedrun/core/."""
-
 
 def role_of(path: str) -> str:
-    """The role a packed file (a path in the repository, src/speedrun/...) counts under."""
+    """The role a linked module (speedrun/core/x.py, speedrun/driver.py, ...; src/ in front or not) counts under."""
     rel = path.removeprefix("src/").removeprefix("speedrun/")
     if rel.startswith("core/"):
         name = rel.removeprefix("core/").removesuffix(".py")
         return "TTT" if name.startswith("ttt_") else CORE_ROLES.get(name, "driver")
-    package = rel.split("/")[0]
-    return PACKAGE_ROLES.get(rel, PACKAGE_ROLES.get(package, "driver") if "/" in rel else "driver")
+    return "driver"
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from speedrun.records.identity import gpu_identity
 from speedrun.records.keys import model_keys, optim_keys, quant_keys
 from speedrun.records.store import MetricsLog, capture_environment
 from speedrun.run import run_steps
+from speedrun.run.build import build_attention, build_data, build_model, configure_torch
 from speedrun.run.finish import evaluate_and_export
 from speedrun.run.hooks import READY_LINE, wait_at_start_gate
 from speedrun.run.job_record import JobRecord
@@ -37,7 +38,6 @@ from speedrun.run.mfu import mfu_keys
 from speedrun.run.oom import start_history
 from speedrun.run.peak_memory import PeakMemory
 from speedrun.run.quant_phase import measure_reserve
-from speedrun.training.build import build_attention, build_data, build_model, configure_torch
 
 log = logging.getLogger("speedrun")
 
