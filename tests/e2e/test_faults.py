@@ -57,12 +57,6 @@ def one_line(proc: subprocess.CompletedProcess, needle: str, code: int = 1) -> s
     return line
 
 
-def start(args: list[str], cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "run", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-
-
 def wait_for(path_glob: str, where: Path, count: int, proc: subprocess.Popen, timeout: float = 180) -> None:
     deadline = time.time() + timeout
     while len(list(where.glob(path_glob))) < count:
@@ -88,14 +82,11 @@ def killed(tmp_path_factory, smoke):
         text=True,
     )
     wait_for("checkpoints/step_*.json", run_dir, 2, proc)
-    rivals = {
-        "same_dir": start([*args, f"hydra.run.dir={run_dir}"], cwd),
-        "resume": start([f"resume={run_dir}", f"results_db={db}"], cwd),
+    # one after the other, each forked from this process (run_cli fork=True) while the stalled owner holds the dir
+    outcomes = {
+        "same_dir": run_cli([*args, f"hydra.run.dir={run_dir}"], cwd=cwd, timeout=120, fork=True),
+        "resume": run_cli([f"resume={run_dir}", f"results_db={db}"], cwd=cwd, timeout=120, fork=True),
     }
-    outcomes = {}
-    for name, rival in rivals.items():
-        out, _ = rival.communicate(timeout=120)
-        outcomes[name] = subprocess.CompletedProcess(rival.args, rival.returncode, out, "")
     assert proc.poll() is None, "the run ended before it could be killed"
     row_alive = rows(db)[str(run_dir.resolve())]
     proc.send_signal(signal.SIGKILL)
