@@ -171,8 +171,7 @@ def main(run: RunSettings, file: str) -> dict[str, Any]:
         Stepper(model, forward, optimizers, run.train, world=world),
         functools.partial(data.train_batches, rank=world.rank, world_size=world.world_size),
         state=TrainState(),
-        log=say,
-        on_metrics=lambda metrics: None,
+        report=lambda kind, values: say(values["text"]) if kind == "line" else None,
         hooks=Hooks(after_warmup=reserve),
     )
     result: dict[str, Any] = {

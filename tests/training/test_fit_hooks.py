@@ -67,8 +67,7 @@ def test_fit_runs_the_hooks_between_warm_up_and_the_clock(compose, tmp_path):
         stepper,
         make_batches,
         state=TrainState(),
-        log=lambda _: None,
-        on_metrics=records.append,
+        report=lambda kind, values: records.append(values) if kind == "metrics" else None,
         hooks=Hooks(after_warmup=after_warmup, before_clock=before_clock),
         time_steps=True,
     )
@@ -82,7 +81,9 @@ def test_fit_runs_the_hooks_between_warm_up_and_the_clock(compose, tmp_path):
 
 def test_fit_without_hooks_trains_as_train_does(compose, tmp_path):
     _, stepper, make_batches = tiny_run(compose, tmp_path)
-    state = fit(stepper, make_batches, state=TrainState(), log=lambda _: None, on_metrics=lambda _: None)
+    lines: list[str] = []
+    state = fit(stepper, make_batches, state=TrainState(), report=lambda kind, v: lines.append(v.get("text", "")))
+    assert any(line.startswith("warm-up done") for line in lines)  # warm-up's and the loop's lines, reported
     assert (state.steps, state.budget_end) == (3, "steps")
 
 

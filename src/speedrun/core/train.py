@@ -49,6 +49,7 @@ from speedrun.core.optim import (
     set_lr_multiplier,
     set_muon_momentum,
 )
+from speedrun.progress import Report
 
 
 @dataclass(frozen=True)
@@ -827,15 +828,22 @@ def fit(
     make_batches: MakeBatches,
     *,
     state: TrainState,
-    log: Callable[[str], None],
-    on_metrics: Callable[[dict[str, Any]], None],
+    report: Report,
     hooks: Hooks | None = None,
     time_steps: bool = False,
 ) -> TrainState:
     """Warm up (untimed, undone), let the shell change the settings (hooks.after_warmup) and act before the clock
     starts (hooks.before_clock), then train to the budget. Settings that turn the EMA on (a horizon resolved into a
-    decay) start the average from the weights warm-up restored."""
+    decay) start the average from the weights warm-up restored. Progress goes to ``report``: ("line", {"text"}) for
+    each log line, ("metrics", record) for each step's metrics record (speedrun.progress.Report)."""
     hooks = hooks or Hooks()
+
+    def log(text: str) -> None:
+        report("line", {"text": text})
+
+    def on_metrics(record: dict[str, Any]) -> None:
+        report("metrics", record)
+
     step_times = warm_up(stepper, make_batches, state, log, time_steps=time_steps)
     settings = hooks.after_warmup(step_times, state) if hooks.after_warmup else None
     if settings is not None:

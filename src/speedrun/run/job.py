@@ -217,8 +217,7 @@ class Job:
             stepper,
             batches,
             state=state,
-            log=log.info,
-            on_metrics=self.record.on_metrics,
+            report=self._train_report,
             hooks=hooks,
             time_steps=time_steps,
         )
@@ -226,6 +225,13 @@ class Job:
         if self.record.plan is not None and self.record.plan.compile:
             self.record.result.update(cache_stats())
         return state
+
+    def _train_report(self, kind: str, values: dict[str, Any]) -> None:
+        """core.train.fit's progress: its lines to the log, each step's metrics into the record."""
+        if kind == "line":
+            log.info(values["text"])
+        elif kind == "metrics":
+            self.record.on_metrics(values)
 
     def _hessian_reserve(self, plan: Plan, model: Any, data: Any) -> float:
         """Seconds of the time budget GPTQ's Hessians get after the loop: the plan's, or measured now on rank 0
