@@ -108,9 +108,10 @@ def test_an_optuna_sweep_through_the_pool_minimises_the_objective_the_runs_retur
 
 def test_an_optuna_sweep_in_one_process_goes_on_past_a_refused_trial(tmp_path, data_cache):
     """hydra/launcher=basic runs every trial in the sweep's process, where a refused run ends with sys.exit(1): the
-    task turns its record into the worst value instead of ending the study."""
+    task turns its record into the worst value instead of ending the study. The sweep starts no process of its own
+    here, so it is forked from this one (run_cli fork=True), as the pruning test's are."""
     args = ["hydra/launcher=basic", "optim.matrix_lr=choice(-1.0,0.03)", "hydra.sweeper.n_trials=2"]
-    proc = run_cli([*OPTUNA, *args, f"data.cache_dir={data_cache}"], cwd=tmp_path, timeout=300)
+    proc = run_cli([*OPTUNA, *args, f"data.cache_dir={data_cache}"], cwd=tmp_path, timeout=300, fork=True)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-4000:]
     _, study = _study(tmp_path)
@@ -208,11 +209,13 @@ def test_a_trial_worse_than_the_median_at_a_periodic_validation_is_pruned(tmp_pa
         "hydra.sweeper.pruner_startup_trials=1",
         f"hydra.sweeper.storage={storage}",
     ]
-    good = run_cli([*common, "hydra.sweeper.n_trials=1", f"data.cache_dir={data_cache}"], cwd=tmp_path)
+    good = run_cli([*common, "hydra.sweeper.n_trials=1", f"data.cache_dir={data_cache}"], cwd=tmp_path, fork=True)
     assert good.returncode == 0, (good.stdout + good.stderr)[-4000:]
     # every learning rate 0: the model never moves, so its first validation is worse than the trained run's
     frozen = [f"optim.{k}=0" for k in ("matrix_lr", "scalar_lr", "embed_lr", "tied_embed_lr", "head_lr")]
-    bad = run_cli([*common, *frozen, "hydra.sweeper.n_trials=2", f"data.cache_dir={data_cache}"], cwd=tmp_path)
+    bad = run_cli(
+        [*common, *frozen, "hydra.sweeper.n_trials=2", f"data.cache_dir={data_cache}"], cwd=tmp_path, fork=True
+    )
     out = bad.stdout + bad.stderr
     assert bad.returncode == 0, out[-4000:]
     first, second = _trials(storage)
