@@ -6,12 +6,9 @@ submission, its GPTQ Hessians inside train_seconds."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import sqlite3
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,7 +18,7 @@ from omegaconf import OmegaConf
 from speedrun.export.track import RECORD_NAME
 from speedrun.records.store import RESULT_KEYS
 from support.bpe import DOCS, write_tiktoken_file
-from support.cli import run_cli
+from support.cli import Forked, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -67,24 +64,9 @@ def test_smoke_run_writes_every_record(default_smoke_run):
 
 
 def test_ctrl_c_mid_run_leaves_an_interrupted_row(tmp_path, data_cache):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        # the smoke run without its step cap, so that it is still training when Ctrl-C comes
-        [
-            sys.executable,
-            "-m",
-            "run",
-            *SMOKE,
-            "budget.max_steps=1000000",
-            "budget.train_seconds=300",
-            f"data.cache_dir={data_cache}",
-        ],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    # the smoke run without its step cap, so that it is still training when Ctrl-C comes; forked from this process
+    args = [*SMOKE, "budget.max_steps=1000000", "budget.train_seconds=300", f"data.cache_dir={data_cache}"]
+    proc = Forked(["-m", "run", *args], tmp_path)
     deadline = time.time() + 240
     seen = []
     try:

@@ -7,17 +7,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from support.cli import run_cli
+from support.cli import Forked, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -117,13 +115,7 @@ def test_a_resume_with_an_override_it_never_had_is_refused_before_hydra_writes(i
 def _interrupted_run(cwd: Path, db: Path, run_dir: Path) -> subprocess.CompletedProcess:
     """A smoke run stopped by SIGTERM during training (it writes a checkpoint at the step boundary)."""
     args = [*SMOKE, "budget.max_steps=100000", "budget.train_seconds=120", f"results_db={db}"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "run", *args, f"hydra.run.dir={run_dir}"],
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = Forked(["-m", "run", *args, f"hydra.run.dir={run_dir}"], cwd)  # forked: its imports are done
     deadline = time.time() + 120
     while time.time() < deadline and not (run_dir / "metrics.jsonl").is_file():
         time.sleep(0.2)
@@ -176,10 +168,11 @@ def test_a_refused_resume_is_a_failed_row_and_exit_1(tmp_path):
     assert status == "failed" and "resume=nowhere/run" in error
 
 
-def test_sigterm_from_outside_writes_a_checkpoint_and_resume_finishes_the_row(tmp_path, data_cache):
+def test_sigterm_from_outside_writes_a_checkpoint_and_resume_finishes_the_row(tmp_path, data_cache, monkeypatch):
     steps = 120  # the first part stops near step 13 (its first progress line); the resume trains the rest
-    # one thread: on a shared machine, spinning OpenMP threads make each step many times slower
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    # one thread: on a shared machine, spinning OpenMP threads make each step many times slower (the forked runs
+    # below read this process's environment)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     # many short steps (one micro-batch each, ~60 a second here) and early progress lines: still training when the
     # signal comes
     args = [
@@ -193,14 +186,7 @@ def test_sigterm_from_outside_writes_a_checkpoint_and_resume_finishes_the_row(tm
         f"data.cache_dir={data_cache}",
         "hydra.run.dir=outputs/cut",
     ]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "run", *args],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = Forked(["-m", "run", *args], tmp_path)  # forked from this process, which has its imports done
     seen, deadline = [], time.time() + 240
     try:
         for line in proc.stdout:
@@ -223,14 +209,7 @@ def test_sigterm_from_outside_writes_a_checkpoint_and_resume_finishes_the_row(tm
     assert first["wall_seconds"] > 0
     (run_dir / "result.json").write_text(json.dumps({**first, "wall_seconds": 1000.0}))
     t0 = time.time()
-    done = subprocess.run(
-        [sys.executable, "-m", "run", "resume=outputs/cut"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_cli(["resume=outputs/cut"], cwd=tmp_path, timeout=300, fork=True)
     elapsed = time.time() - t0
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert con.execute("SELECT run_id, status, steps FROM runs").fetchall() == [(str(run_dir.resolve()), "ok", steps)]
