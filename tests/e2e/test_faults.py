@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from support.cli import run_cli
+from support.cli import Forked, run_cli, run_python
 
 pytestmark = pytest.mark.slow
 
@@ -37,6 +37,7 @@ def smoke(data_cache):
 
 
 DRIVER = str(Path(__file__).with_name("fault_driver.py"))
+"""Run forked from this process (support.cli.run_python, Forked): the faults it patches in stay in the child."""
 
 
 def rows(db: Path) -> dict[str, dict]:
@@ -57,7 +58,7 @@ def one_line(proc: subprocess.CompletedProcess, needle: str, code: int = 1) -> s
     return line
 
 
-def wait_for(path_glob: str, where: Path, count: int, proc: subprocess.Popen, timeout: float = 180) -> None:
+def wait_for(path_glob: str, where: Path, count: int, proc: Forked, timeout: float = 180) -> None:
     deadline = time.time() + timeout
     while len(list(where.glob(path_glob))) < count:
         assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
@@ -74,13 +75,7 @@ def killed(tmp_path_factory, smoke):
     args = [*smoke, "checkpoint.every_steps=1", f"results_db={db}"]
     # stalled after its 2nd of 4 steps (fault_driver): alive until killed whatever the machine's load, and a resume
     # of it trains the few steps left, not the hundreds a long run would need to outlive its rivals
-    proc = subprocess.Popen(
-        [sys.executable, DRIVER, "stall_after_checkpoints:2", *args, f"hydra.run.dir={run_dir}"],
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = Forked([DRIVER, "stall_after_checkpoints:2", *args, f"hydra.run.dir={run_dir}"], cwd)
     wait_for("checkpoints/step_*.json", run_dir, 2, proc)
     # one after the other, each forked from this process (run_cli fork=True) while the stalled owner holds the dir
     outcomes = {
@@ -232,9 +227,7 @@ def test_a_full_disk_fails_the_run_in_one_line_and_leaves_no_half_written_file(t
 def test_a_database_that_fills_mid_run_ends_the_run_non_zero_in_one_line(tmp_path, smoke):
     db = tmp_path / "r.sqlite"
     args = [*smoke, "budget.max_steps=2", f"results_db={db}", f"hydra.run.dir={tmp_path / 'run'}"]
-    proc = subprocess.run(
-        [sys.executable, DRIVER, "db_full_after:1", *args], cwd=tmp_path, capture_output=True, text=True, timeout=300
-    )
+    proc = run_python([DRIVER, "db_full_after:1", *args], cwd=tmp_path, timeout=300)
     line = one_line(proc, "its record could not be written")
     assert "database or disk is full" in proc.stdout + proc.stderr
     assert "result.json" in line
@@ -242,9 +235,7 @@ def test_a_database_that_fills_mid_run_ends_the_run_non_zero_in_one_line(tmp_pat
 
 
 def test_a_read_only_outputs_dir_is_one_line_before_anything_is_written(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, DRIVER, f"erofs:{tmp_path}", *SMOKE], cwd=tmp_path, capture_output=True, text=True, timeout=120
-    )
+    proc = run_python([DRIVER, f"erofs:{tmp_path}", *SMOKE], cwd=tmp_path, timeout=120)
     line = one_line(proc, "Read-only file system")
     assert "outputs" in line
     assert not (tmp_path / "outputs" / "runs").exists()
