@@ -423,13 +423,3 @@ def test_cuda_graphed_ttt_with_one_a_product_scores_as_separate_adapters():
     assert shared.cuda_graphs > 0 and shared.cuda_graphs_late == 0 and shared.phases_done == 2
     assert shared.tokens_scored == each.tokens_scored and shared.bytes == each.bytes
     assert shared.val_loss == pytest.approx(each.val_loss, rel=2e-3)
-
-
-def test_a_model_without_the_attention_hook_is_refused_for_shared_attn_a():
-    from speedrun.core.ttt_lora import LoRAModel
-
-    m = ttt_gpt()
-    for block in m.blocks:
-        del block.attn.adapter
-    with pytest.raises(ValueError, match="ttt.shared_attn_a=false"):
-        LoRAModel(m, ("q", "v"), 2, 2, 0, shared_attn_a=True)

@@ -486,6 +486,9 @@ class GPT(nn.Module):
     rope_sin: torch.Tensor
     fused_ce = 0
     """Rows per chunk of the fused head loss in training (kernel.fused_ce, set by make_model); 0: the eager head."""
+    ttt_hooks = ("head", "attention")
+    """What score-first TTT may hook besides the blocks' linears: ``head_adapter`` (ttt.targets with head) and each
+    block attention's ``adapter`` (ttt.shared_attn_a). The Plan refuses either on a model class that lacks it."""
 
     def __init__(
         self,

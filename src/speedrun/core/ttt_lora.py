@@ -300,11 +300,6 @@ class LoRAModel:
             p.requires_grad_(False)
         self.cast_dtype = cast_dtype
         self._masters = cast_linear_weights(self.model, cast_dtype) if cast_dtype is not None else []
-        if "head" in targets and not hasattr(self.model, "head_adapter"):
-            raise ValueError(
-                f"ttt.targets has head, but {type(model).__name__} has no head_adapter hook (speedrun.core.model.GPT."
-                f"head applies it); drop head from ttt.targets"
-            )
         device = next(self.model.parameters()).device
         self.slots = slots
         self.wrapped: list[Adapted] = []
@@ -326,11 +321,6 @@ class LoRAModel:
 
         for block in self.model.blocks:
             attn = block.attn
-            if shared_attn_a and not hasattr(attn, "adapter"):
-                raise ValueError(
-                    f"ttt.shared_attn_a is on, but {type(attn).__name__} has no adapter hook (speedrun.core.model."
-                    "CausalSelfAttention.adapter); set ttt.shared_attn_a=false"
-                )
             shared: dict[str, LoRADelta] | None = {} if shared_attn_a else None
             for t in targets:  # the linears first: a bypass wraps the sublayer that holds them
                 if t in TARGETS:

@@ -27,7 +27,7 @@ from speedrun.plan.budget import resolve_budget
 from speedrun.plan.dist_choice import DistPlan, WorldInfo
 from speedrun.plan.kernel_choice import graph_warmup_steps, resolve_kernel
 from speedrun.plan.memory import param_count, training_memory_bytes
-from speedrun.plan.model_choice import load_option, resolve_arch, resolve_model
+from speedrun.plan.model_choice import load_option, model_class, resolve_arch, resolve_model
 from speedrun.plan.scoring import resolve_eval, resolve_ttt
 from speedrun.plan.types import BudgetPlan, DataPlan, EvalPlan, KernelPlan, Plan, Stage, plan_json
 
@@ -96,7 +96,8 @@ def resolve(cfg: Config, device: DetectedDevice, cwd: Path | None = None, world:
     stages = stages_of(lengths, micro_tokens) if lengths else (Stage(model.seq_len, 1.0, batch.micro_batch),)
     budget = resolve_budget(cfg, profile)
     eval_plan = resolve_eval(cfg, profile, attn, model, batch.micro_batch, batch.search)
-    ttt = resolve_ttt(cfg.ttt, model, eval_plan.batch_size, batch.dist.world_size, on_cuda)
+    hooks = tuple(getattr(model_class(cfg.model.arch), "ttt_hooks", ())) if cfg.ttt.name != TTTName.off else ()
+    ttt = resolve_ttt(cfg.ttt, model, eval_plan.batch_size, batch.dist.world_size, on_cuda, hooks)
     _check_code_rule(cfg.artifact, cfg.quant)
     _check_quant(cfg.quant)
     # a contest's rules (conf/track/): what the run cannot comply with whatever happens on the way

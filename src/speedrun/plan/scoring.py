@@ -8,6 +8,7 @@ import dataclasses
 from speedrun.config import Config, TTTConfig
 from speedrun.config.choices import EvalName, TTTName
 from speedrun.core.model import ModelShape
+from speedrun.core.ttt_lora import targets_of
 from speedrun.errors import PlanError
 from speedrun.hardware.profiles import HardwareProfile
 from speedrun.plan.attention import capabilities
@@ -54,9 +55,23 @@ def resolve_eval(
     )
 
 
-def resolve_ttt(ttt: TTTConfig, model: ModelShape, eval_batch: int, world_size: int, on_cuda: bool) -> TTTConfig:
+def resolve_ttt(
+    ttt: TTTConfig, model: ModelShape, eval_batch: int, world_size: int, on_cuda: bool, hooks: tuple[str, ...] = ()
+) -> TTTConfig:
+    """``hooks``: what the model class lets TTT hook (its ``ttt_hooks``: speedrun.core.model.GPT's)."""
     if ttt.name == TTTName.off:
         return ttt
+    if "head" in targets_of(ttt.targets) and "head" not in hooks:
+        raise PlanError(
+            f"ttt.targets={ttt.targets} adapts the head, and the model class has no head_adapter hook (its ttt_hooks "
+            "lack 'head'; speedrun.core.model.GPT has one): drop head from ttt.targets, or use model.arch=gpt"
+        )
+    if ttt.shared_attn_a and "attention" not in hooks:
+        raise PlanError(
+            "ttt.shared_attn_a=true hooks each block's attention input, and the model class has no such hook (its "
+            "ttt_hooks lack 'attention'; speedrun.core.model.GPT has one): set ttt.shared_attn_a=false, or use "
+            "model.arch=gpt"
+        )
     if ttt.cuda_graphs and not on_cuda:
         raise PlanError(
             "ttt.cuda_graphs=true replays TTT's steps from CUDA graphs and needs a CUDA GPU, which this machine "
