@@ -279,7 +279,7 @@ def test_periodic_validation_and_a_target_on_two_ranks(tmp_path, data_cache):
     at step 2 (sharded, all-reduced), agree the target is reached and stop there together; rank 0 alone writes the
     val record (one, in the run's metrics.jsonl) and the time-to-target keys."""
     args = [*QUICK, "dist.nproc=2", "eval.every_steps=2", "budget.target_val_bpb=1000", f"data.cache_dir={data_cache}"]
-    proc = run_cli(args, cwd=tmp_path)
+    proc = run_cli(args, cwd=tmp_path, fork=True)  # the launching process forked; its ranks are new interpreters
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (run_dir,) = run_dirs(tmp_path)
     result = json.loads((run_dir / "result.json").read_text())
