@@ -7,13 +7,12 @@ from __future__ import annotations
 import shutil
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from support.cli import run_cli
+from support.cli import run_cli, run_python
 
 pytestmark = pytest.mark.slow
 
@@ -142,12 +141,7 @@ def test_out_of_memory_through_the_cli_is_an_oom_row_without_a_traceback(tmp_pat
         "sys.argv = ['run'] + sys.argv[1:]\n"
         "runpy.run_module('run', run_name='__main__', alter_sys=True)\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code, *SMOKE, f"data.cache_dir={data_cache}"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    (tmp_path / "oom.py").write_text(code)  # run forked from this process (run_python): the stand-in stays there
+    proc = run_python([str(tmp_path / "oom.py"), *SMOKE, f"data.cache_dir={data_cache}"], cwd=tmp_path, timeout=300)
     row = assert_user_error(proc, tmp_path, "out of memory in train; tried to allocate 3.00 GiB", status="oom")
     assert row["phase"] == "train" and "fix: lower hardware.micro_batch" in row["error"]
