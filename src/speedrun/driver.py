@@ -94,7 +94,8 @@ class RunSettings:
 
 
 def from_environment(run: RunSettings, env: dict[str, str] | os._Environ[str]) -> RunSettings:
-    """``run`` with the data and the seed the environment names (DATA_PATH, TOKENIZER_PATH, SEED)."""
+    """``run`` with the data, the seed and the ranks the environment names (DATA_PATH, TOKENIZER_PATH, SEED,
+    torchrun's WORLD_SIZE: a step keeps its tokens, its gradient accumulation scaled to the ranks)."""
     data, seed = run.data, int(env.get("SEED") or run.seed)
     if env.get("DATA_PATH"):
         tokenizer = env.get("TOKENIZER_PATH") or data.tokenizer

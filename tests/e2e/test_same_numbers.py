@@ -13,7 +13,10 @@ Each run is in this process (speedrun.run.runner.run_job, as tests/training's ar
 it TTT and the artifact's export. The sizes are the fewest that still go through every stage: 6 steps of one
 micro-batch (2 x 128 tokens) so that the layer loop switches on and the Muon momentum warms up, an EMA over half
 the run (a decay that is not 0), 1024 eval tokens (2 documents, so that one global TTT phase runs), and no TTT
-time limit (a limit would cut TTT where a loaded machine happens to be)."""
+time limit (a limit would cut TTT where a loaded machine happens to be).
+
+The run's exported file (train_gpt_human.py, the module train_gpt.py compresses: speedrun.driver with the core it
+reaches) is then run in this process too, and must print the same scores (to the six decimals the record keeps)."""
 
 from __future__ import annotations
 
@@ -77,7 +80,30 @@ def numbers(compose, tmp_path: Path, data_cache: Path, name: str) -> dict:
     assert result["status"] == "ok", result.get("error")
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [{"step": r["step"], "train_loss": r["train_loss"]} for r in records if "train_loss" in r]
-    return {"steps": steps, "final": {key: result.get(key) for key in FINAL_KEYS}}
+    return {"steps": steps, "final": {key: result.get(key) for key in FINAL_KEYS}, "run_dir": str(run_dir)}
+
+
+EXPORTED_KEYS = ("val_loss", "val_bpb", "val_loss_quant", "val_bpb_quant", "val_bpb_ttt", "val_bpb_ttt_base")
+"""The scores the exported file prints that the run recorded."""
+
+
+def exported_scores(run_dir: Path, where: Path, capsys) -> dict:
+    """Run <run_dir>/train_gpt_human.py in this process, from ``where`` (it writes its model there); the scores it
+    prints in its result lines."""
+    import runpy
+
+    (where / "train_gpt.py").write_bytes((run_dir / "train_gpt.py").read_bytes())  # the file it counts
+    human = where / "train_gpt_human.py"
+    human.write_text((run_dir / "train_gpt_human.py").read_text())
+    capsys.readouterr()
+    cwd = Path.cwd()
+    os.chdir(where)
+    try:
+        runpy.run_path(str(human), run_name="__main__")
+    finally:
+        os.chdir(cwd)
+    lines = dict(line.split(": ", 1) for line in capsys.readouterr().out.splitlines() if ": " in line)
+    return {key: float(lines[key]) if lines.get(key) not in (None, "None") else None for key in EXPORTED_KEYS}
 
 
 def first_difference(got: dict, want: dict) -> str | None:
@@ -94,13 +120,14 @@ def first_difference(got: dict, want: dict) -> str | None:
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))
-def test_same_numbers(compose, tmp_path, data_cache, name):
+def test_same_numbers(compose, tmp_path, data_cache, name, capsys):
     path = GOLDEN / f"{name}.json"
     update = os.environ.get("SPEEDRUN_UPDATE_GOLDEN") == "1"
     golden = None if update else json.loads(path.read_text())
     if golden is not None and golden["torch"] != torch.__version__:
         pytest.skip(f"{path.name} holds torch {golden['torch']}'s numbers; this is torch {torch.__version__}")
     got = numbers(compose, tmp_path, data_cache, name)
+    run_dir = Path(got.pop("run_dir"))
     assert len(got["steps"]) == 6 and got["final"]["val_bpb_quant"] is not None, got
     if name == "pgolf_record":  # the stages the record's golden exists for: GPTQ's round trip and TTT
         assert got["final"]["val_bpb_ttt"] is not None and got["final"]["ttt_phases_done"] >= 1, got
@@ -116,3 +143,8 @@ def test_same_numbers(compose, tmp_path, data_cache, name):
     )
     problem = first_difference(got, golden)
     assert problem is None, f"{name}: {problem}; the numbers moved (git bisect run pytest -n 0 {__file__})"
+    (tmp_path / "exported").mkdir()
+    exported = exported_scores(run_dir, tmp_path / "exported", capsys)
+    # the record keeps six decimals of each score; the file prints them whole
+    rounded = {key: None if v is None else round(v, 6) for key, v in exported.items()}
+    assert rounded == {key: got["final"].get(key) for key in EXPORTED_KEYS}, "the exported file scored otherwise"
