@@ -390,7 +390,8 @@ class Submission:
             f"- data: {data.get('name')} (vocab {data.get('vocab_size')}), {_n(r.get('eval_tokens'))} validation "
             f"tokens scored (fingerprint {r.get('eval_fingerprint')})",
             f"- made with: `python -m run {overrides}`" if overrides else "- made with: `python -m run`",
-            f"- the resolved config (every setting) is inside {WRAPPED_FILE}; speedrun `{r.get('git_sha')}`",
+            f"- the run's settings, frozen, end {HUMAN_FILE} (`PLAN`) and are inside {WRAPPED_FILE}; speedrun "
+            f"`{r.get('git_sha')}`",
             "",
             "## Card",
             "",
@@ -421,14 +422,14 @@ class Submission:
             f"{data_env}SEED=<seed> {run_cmd}",
             "```",
             "",
-            f"{WRAPPED_FILE} carries speedrun's code (minified) and the run's resolved config; it unpacks them into a "
-            "temporary directory, re-runs the run with DATA_PATH, TOKENIZER_PATH and SEED when set (the ranks from "
-            "torchrun), writes ./runs/ and prints the same result block. It refuses a torch of another major "
-            "version than the run's."
+            f"{WRAPPED_FILE} is one module, minified and compressed: speedrun's exported driver, the part of its "
+            "core the run reaches, and the run's frozen settings. It trains, quantizes and scores the run again with "
+            "DATA_PATH, TOKENIZER_PATH and SEED when set (the ranks from torchrun), writes the model as "
+            "final_model.<quant>.<compressor> and prints the result lines; it needs no speedrun."
             + (
-                f" {HUMAN_FILE} is the same code to read: each module as written, comments kept, before it was "
-                f"minified and compressed into {WRAPPED_FILE}; it runs the same way and re-runs the same run, but "
-                f"only {WRAPPED_FILE} is counted."
+                f" {HUMAN_FILE} is the same module to read, comments kept, before it was minified and compressed "
+                f"into {WRAPPED_FILE}; it runs the same way and re-runs the same run, but only {WRAPPED_FILE} is "
+                "counted."
                 if self.human is not None
                 else ""
             ),
