@@ -160,8 +160,29 @@ def test_top_kernels_table():
     assert "(1 more)" in text
 
 
+def test_the_step_split_sorts_kernels_by_kind_and_leaves_the_rest_idle():
+    from speedrun.kernels.profile import KernelRow, kind_of, split_line, step_split
+
+    kinds = {
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64": "GEMM",
+        "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT": "GEMM",
+        "aten::addmm": "GEMM",
+        "cudnn_generated_fort_native_sdpa_sm90_flash_bprop": "attention",
+        "aten::_scaled_dot_product_flash_attention_for_cpu": "attention",
+        "ncclDevKernel_AllReduce_Sum_f32_RING_LL": "comms",
+        "triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0": "elementwise",
+        "aten::add_": "elementwise",
+    }
+    assert {name: kind_of(name) for name in kinds} == kinds
+    rows = [KernelRow(name, 1, ms) for name, ms in zip(kinds, (40.0, 20.0, 0.0, 30.0, 0.0, 6.0, 14.0, 0.0))]
+    split = step_split(rows, step_ms=60.0, steps=2)
+    assert split == {"GEMM": 30.0, "attention": 15.0, "elementwise": 7.0, "comms": 3.0, "idle": 5.0}
+    line = split_line(split, 60.0, 0.4213)
+    assert line.startswith("step split: GEMM 30.0 ms (50%), attention 15.0 ms (25%)") and "MFU 42.1%" in line
+
+
 def test_profile_steps_on_cpu_writes_a_trace_and_undoes_its_steps(compose, tmp_path, data_cache):
-    from speedrun.core.train import Stepper
+    from speedrun.core.train import Stepper, flops_per_token
     from speedrun.kernels.profile import profile_steps
     from speedrun.run.build import build_attention, build_data, build_model
 
@@ -170,9 +191,16 @@ def test_profile_steps_on_cpu_writes_a_trace_and_undoes_its_steps(compose, tmp_p
     model, forward, _, opts = build_model(plan, build_attention(plan), data.bos_id)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     logged: list[str] = []
-    keys = profile_steps(Stepper(model, forward, opts, plan), data.train_batches, tmp_path, logged.append, 2)
+    peak = 1e12  # a made-up card: the MFU is the step's FLOPs over its wall time and this
+    keys = profile_steps(
+        Stepper(model, forward, opts, plan), data.train_batches, tmp_path, logged.append, 2, peak_flops=peak
+    )
     assert (tmp_path / "trace.json").stat().st_size > 0 and keys["profile_step_ms"] > 0
-    assert "% of step" in logged[0] and "aten::" in logged[0]
+    assert "% of step" in logged[0] and "aten::" in logged[0] and "\nstep split: GEMM " in logged[0]
+    split = keys["profile_split"]
+    assert split["GEMM"] > 0 and split["elementwise"] > 0 and sum(split.values()) >= keys["profile_step_ms"] * 0.99
+    flops = flops_per_token(plan, plan.stages[-1].seq_len) * plan.tokens_per_step
+    assert keys["profile_mfu"] == pytest.approx(flops / (keys["profile_step_ms"] / 1000) / peak, rel=1e-2)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 

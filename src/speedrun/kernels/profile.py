@@ -4,12 +4,16 @@ step's time goes, before deciding what to optimise.
 
 Times are the device's (CUDA kernel time) on a GPU and the operators' own CPU time on CPU. "% of step" divides a
 kernel's total by the profiled steps' wall time (CUDA-synchronised), so the column sums to the share of the step
-the GPU was busy; launch gaps are what is left.
+the GPU was busy; launch gaps are what is left. A line under the table splits the step by kind of kernel (GEMM,
+attention, communication, the rest: norms, activations, optimizer updates and other elementwise work, and idle, the
+wall time no kernel ran) and gives the step's MFU on the card's dense peak (result.json: profile_split,
+profile_mfu).
 """
 
 from __future__ import annotations
 
 import copy
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -49,6 +53,37 @@ def kernel_rows(events: Iterable[Any], cuda: bool) -> list[KernelRow]:
                 continue
         rows.append(KernelRow(e.key, int(e.count), us / 1000.0))
     return rows
+
+
+KINDS = (
+    ("comms", re.compile(r"nccl|all_?reduce|all_?gather|reduce_?scatter|broadcast|c10d", re.I)),
+    ("attention", re.compile(r"flash|fmha|attention|attn|sdpa|scaled_dot_product|cudnn_mha", re.I)),
+    ("GEMM", re.compile(r"gemm|matmul|cutlass|xmma|nvjet|cublas|^aten::(mm|addmm|bmm|baddbmm|linear)$", re.I)),
+)
+"""A kernel's kind by its name (the first pattern that matches); anything else is "elementwise" (norms,
+activations, softcap and loss, optimizer updates, copies: the fused and unfused pointwise and reduction work)."""
+SPLIT = ("GEMM", "attention", "elementwise", "comms", "idle")
+
+
+def kind_of(name: str) -> str:
+    return next((kind for kind, pattern in KINDS if pattern.search(name)), "elementwise")
+
+
+def step_split(rows: list[KernelRow], step_ms: float, steps: int) -> dict[str, float]:
+    """Milliseconds per step of each kind of kernel (SPLIT), and idle: the step's wall time no kernel ran (0 when
+    kernels overlap, as on several streams)."""
+    split = dict.fromkeys(SPLIT, 0.0)
+    for r in rows:
+        split[kind_of(r.name)] += r.total_ms / steps
+    split["idle"] = max(0.0, step_ms - sum(split.values()))
+    return {kind: round(ms, 3) for kind, ms in split.items()}
+
+
+def split_line(split: dict[str, float], step_ms: float, mfu: float | None) -> str:
+    """The split as one line under the table, each kind with its share of the step, then the step's MFU."""
+    parts = [f"{kind} {ms:.1f} ms ({100.0 * ms / step_ms if step_ms > 0 else 0.0:.0f}%)" for kind, ms in split.items()]
+    tail = f"; MFU {100.0 * mfu:.1f}% of the card's dense peak" if mfu is not None else "; MFU: no peak for this device"
+    return "step split: " + ", ".join(parts) + tail
 
 
 def top_kernels_table(rows: list[KernelRow], step_ms: float, steps: int, top: int = 15, label: str = "") -> str:
@@ -91,14 +126,19 @@ def profile_steps(
     log: Callable[[str], None],
     steps: int,
     loop_states: Sequence[bool] = (False,),
+    peak_flops: float | None = None,
 ) -> dict[str, Any]:
     """Profile ``steps`` optimizer steps at the longest context length in each model.loop state training will run
     (``loop_states``, speedrun.core.train.loop_states: off, then on; or on alone when the loop is on from the first
     step), then restore model, optimizers and scaler (as warm-up does), so training starts from the same state; the
     loop is left off, as warm-up leaves it. Returns result keys: profile_trace and profile_step_ms for the state
     training starts in (profile_layer_loop says whether the loop was on in it), profile_trace_looped and
-    profile_step_ms_looped for the loop switched on mid-run."""
+    profile_step_ms_looped for the loop switched on mid-run; profile_split (ms per step of each kind of kernel, and
+    idle) and profile_mfu (the step's FLOPs over its wall time and ``peak_flops``, the card's dense peak per GPU;
+    None without one, as on CPU) likewise."""
     from torch.profiler import ProfilerActivity, profile
+
+    from speedrun.core.train import flops_per_token
 
     plan = stepper.settings
     cuda = plan.device == "cuda"
@@ -124,8 +164,14 @@ def profile_steps(
         trace = Path(run_dir) / f"trace{suffix}.json"
         prof.export_chrome_trace(str(trace))
         label = f" (layer loop {'on' if looped else 'off'})" if looping else ""
-        log(top_kernels_table(kernel_rows(prof.key_averages(), cuda), step_ms, steps, label=label))
+        rows = kernel_rows(prof.key_averages(), cuda)
+        split = step_split(rows, step_ms, steps)
+        flops = flops_per_token(plan, stage.seq_len, looped=looped) * plan.tokens_per_step
+        ranks = getattr(getattr(stepper, "world", None), "world_size", 1)
+        mfu = flops / (step_ms / 1000.0) / (peak_flops * ranks) if peak_flops else None
+        log(top_kernels_table(rows, step_ms, steps, label=label) + "\n" + split_line(split, step_ms, mfu))
         keys.update({f"profile_trace{suffix}": str(trace), f"profile_step_ms{suffix}": round(step_ms, 3)})
+        keys.update({f"profile_split{suffix}": split, f"profile_mfu{suffix}": round(mfu, 4) if mfu else None})
         if looping and i == 0:  # which state profile_step_ms is: off for a loop switched on mid-run, else on
             keys["profile_layer_loop"] = "on" if looped else "off"
     if looping:

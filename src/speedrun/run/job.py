@@ -196,6 +196,7 @@ class Job:
                         log.info,
                         plan.kernel.profile_steps,
                         loop_states(stepper.settings),
+                        peak_flops=plan.peak_flops,
                     )
                 )
             if self._resuming():
