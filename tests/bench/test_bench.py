@@ -117,7 +117,7 @@ def test_a_failed_run_shows_its_last_line_and_the_scripts_it_ran(tmp_path):
     page = render([CHECKS["record_vs_pgolf"]], results)
     assert "record seed 0: exit 1, last line `FileNotFoundError: no 'pyminify'`" in page
     assert "speedrun seed 0" not in page
-    assert "pgolf_record sha256 `8520ea55b64e`" in page and "stand-in sha256 `7cd2b78978a0`" in page
+    assert "pgolf_record sha256 `8520ea55b64e`" in page and "stand-in, sha256 `7cd2b78978a0`" in page
 
 
 def test_a_machine_that_cannot_run_a_check_says_so_and_writes_nothing(tmp_path, capsys):
@@ -431,7 +431,9 @@ def test_a_peer_arm_runs_its_script_with_the_env_and_its_log_parsed(tmp_path):
     assert seed == "3"
     assert r["peers"]["fake"] == {"path": str(script), "sha256": file_sha256(script)}
     stand_in = shim / "flash_attn_interface.py"
-    assert r["fa3_stand_in"] == {"path": str(stand_in), "sha256": file_sha256(stand_in)}
+    assert r["fa3_stand_in"] == {
+        "path": str(stand_in), "sha256": file_sha256(stand_in), "kind": "the --fa3-shim stand-in"
+    }  # fmt: skip
     assert f"PYTHONPATH={shim}" in r["arms"]["peer"]["command"]
 
 

@@ -13,10 +13,12 @@ check (one line says why; nothing is written). ``--render --check`` exits 1 when
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from dataclasses import replace
 from pathlib import Path
 
+from speedrun.bench import fa4
 from speedrun.bench import machine as hw
 from speedrun.bench.checks import CHECKS
 from speedrun.bench.readiness import why_not
@@ -53,7 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="a peer's script, e.g. pgolf_baseline=/path/to/train_gpt.py (default: peers/NAME/train_gpt.py)",
     )
     parser.add_argument(
-        "--fa3-shim", type=Path, metavar="DIR", help="a folder with a stand-in flash_attn_interface.py for peers"
+        "--fa3-shim",
+        type=Path,
+        metavar="DIR",
+        help="a folder with a stand-in flash_attn_interface.py for peers (default where FlashAttention-3 is not "
+        "installed and FlashAttention-4 is: FA3's interface on FA4)",
     )
     parser.add_argument("--repeats", type=int, help="passes over the arms instead of the check's own")
     parser.add_argument(
@@ -93,6 +99,9 @@ def options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Option
         opts = replace(opts, results=args.results.resolve())
     if args.work is not None:
         opts = replace(opts, work=args.work.resolve())
+    if opts.fa3_shim is None and importlib.util.find_spec("flash_attn_interface") is None and fa4.installed():
+        # FA4 installed, FA3 not: the peers' FA3 calls run on FA4's kernels (speedrun.bench.fa4)
+        opts = replace(opts, fa3_shim=fa4.write_shim(opts.work / "fa4_shim"))
     return opts
 
 

@@ -46,7 +46,8 @@ def why_not(check: Check, opts: Options, machine: hw.Machine) -> str | None:
         if arm.needs_fa3 and opts.fa3_shim is None and importlib.util.find_spec("flash_attn_interface") is None:
             return (
                 f"{check.name}: {arm.peer}'s script imports FlashAttention-3 (flash_attn_interface), which is not "
-                f"installed here; install it or pass --fa3-shim DIR (a folder holding a stand-in flash_attn_interface.py)"
+                f"installed here, nor is FlashAttention-4 (flash-attn-4, which the bench would run it on); install one, or pass "
+                f"--fa3-shim DIR (a folder holding a stand-in flash_attn_interface.py)"
             )
         absent = [m for m in arm.needs_modules if not importable(m)]
         if absent:

@@ -98,7 +98,8 @@ def _bar_line(r: Mapping[str, Any]) -> str:
         parts.append(f"not every run finished ok ({'; '.join(failed) or 'see the file'}; the file keeps each log tail)")
     ran = [f"{name} sha256 `{(p.get('sha256') or '')[:12]}`" for name, p in (r.get("peers") or {}).items()]
     if r.get("fa3_stand_in"):
-        ran.append(f"FlashAttention-3 stand-in sha256 `{(r['fa3_stand_in'].get('sha256') or '')[:12]}`")
+        kind = r["fa3_stand_in"].get("kind") or "the --fa3-shim stand-in"
+        ran.append(f"FlashAttention-3's interface on {kind}, sha256 `{(r['fa3_stand_in'].get('sha256') or '')[:12]}`")
     if ran:
         parts.append("scripts run: " + ", ".join(ran))
     if r.get("overrides"):

@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from speedrun.bench import fa4
 from speedrun.bench import machine as hw
 from speedrun.bench.execute import Outcome, execute, execute_stopped
 from speedrun.bench.metrics import read_result, run_metrics
@@ -161,8 +162,9 @@ def reproduce(check: Check, opts: Options, peers: dict[str, Path] | None = None)
     for peer in check.peers:
         where = (peers or {}).get(peer, "<path>")
         parts.append(f"--peer {shlex.quote(f'{peer}={where}')}")
-    if any(isinstance(a, PeerArm) and a.needs_fa3 for a in check.arms) and opts.fa3_shim is not None:
-        parts.append(f"--fa3-shim {shlex.quote(str(opts.fa3_shim))}")
+    needs_fa3 = any(isinstance(a, PeerArm) and a.needs_fa3 for a in check.arms)
+    if needs_fa3 and opts.fa3_shim is not None and not fa4.is_shim(opts.fa3_shim / "flash_attn_interface.py"):
+        parts.append(f"--fa3-shim {shlex.quote(str(opts.fa3_shim))}")  # FA4's is written again where installed
     if opts.repeats:
         parts.append(f"--repeats {opts.repeats}")
     parts += [f"--override {shlex.quote(o)}" for o in opts.overrides]
@@ -293,12 +295,15 @@ def result_record(
 
 
 def fa3_stand_in(check: Check, opts: Options) -> dict[str, str] | None:
-    """The stand-in flash_attn_interface.py a peer ran on (--fa3-shim), with its sha256: a peer's numbers depend
-    on it as much as on the peer's own script."""
+    """The stand-in flash_attn_interface.py a peer ran on (--fa3-shim, or FA4's, speedrun.bench.fa4), with its
+    sha256 and kind: a peer's numbers depend on it as much as on the peer's own script."""
     if opts.fa3_shim is None or not any(isinstance(a, PeerArm) and a.needs_fa3 for a in check.arms):
         return None
     path = opts.fa3_shim / "flash_attn_interface.py"
-    return {"path": str(path), "sha256": file_sha256(path)} if path.is_file() else None
+    if not path.is_file():
+        return None
+    kind = f"FlashAttention-4 {fa4.installed()}" if fa4.is_shim(path) else "the --fa3-shim stand-in"
+    return {"path": str(path), "sha256": file_sha256(path), "kind": kind}
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -126,8 +126,9 @@ class PeerArm:
     as parameter-golf's do, does not pay that sync on one GPU); more run ``torchrun --standalone
     --nproc_per_node=<gpus> <script>``."""
     needs_fa3: bool = False
-    """The script imports FlashAttention-3's ``flash_attn_interface``: on a machine without it, ``--fa3-shim DIR``
-    puts a stand-in module's folder first on PYTHONPATH."""
+    """The script imports FlashAttention-3's ``flash_attn_interface``: on a machine without it, FA3's interface on
+    FlashAttention-4 where that is installed (speedrun.bench.fa4), else ``--fa3-shim DIR``, goes first on
+    PYTHONPATH."""
     needs_commands: tuple[str, ...] = ()
     """Programs the script runs as subprocesses, which must be on PATH: checked before any GPU time is spent (the
     record script counts its code with python-minifier's ``pyminify`` after training, and crashes there without it)."""
