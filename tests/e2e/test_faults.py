@@ -309,8 +309,10 @@ def test_a_plan_json_name_never_reads_a_file_outside_conf(finished, tmp_path, ca
     plan["model_name"] = str(secret)
     (run_dir / "plan.json").write_text(json.dumps(plan))
     code, text = export_main([run_dir, "--out", tmp_path / "sub", "--force"], capsys)
-    assert code == 1 and "no such option" in text and "plan.json" in text, text
-    assert len(text.strip().splitlines()) == 1 and not (tmp_path / "sub").exists()
+    # the file is built from plan.json's settings, which name no file: the model's name is a label, never opened
+    assert code == 0, text
+    published = "".join(p.read_text(errors="replace") for p in (tmp_path / "sub").iterdir())
+    assert "stolen_key" not in published and "do-not-publish" not in published
     from speedrun.config.track_rules import load_attribution, load_records, load_track
 
     with pytest.raises(ValueError, match="no track"):  # a track name a run recorded, aimed outside conf/track/
