@@ -160,6 +160,21 @@ def test_keep_going_runs_every_job_after_a_failure(tmp_path):
     assert "exited with code 3" in str(rets[0]._return_value)
 
 
+STARTED, STOPPED = 120.0, 120.0
+"""Seconds a driver's job may take to start, and the driver to end once signalled: generous, since a loaded machine
+starts Python slowly; a signal sent before the job started would test nothing, so the tests wait for it."""
+
+
+def wait_for_start(marker: Path, proc: subprocess.Popen) -> None:
+    """Until the job wrote ``marker`` (it runs, with its signal handlers set); fails naming the driver's output."""
+    deadline = time.time() + STARTED
+    while not marker.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    if not marker.exists():
+        proc.kill()
+        raise AssertionError(f"the job never started within {STARTED:g} s: {proc.communicate()[0]}")
+
+
 def test_sigterm_to_the_sweep_stops_its_jobs_instead_of_orphaning_them(tmp_path):
     driver = tmp_path / "driver.py"
     driver.write_text(
@@ -180,11 +195,9 @@ def test_sigterm_to_the_sweep_stops_its_jobs_instead_of_orphaning_them(tmp_path)
         stderr=subprocess.STDOUT,
         text=True,
     )
-    deadline = time.time() + 30
-    while not (tmp_path / "jobs" / "0" / "started").exists() and time.time() < deadline:
-        time.sleep(0.05)
+    wait_for_start(tmp_path / "jobs" / "0" / "started", proc)
     proc.terminate()
-    out, _ = proc.communicate(timeout=30)
+    out, _ = proc.communicate(timeout=STOPPED)
     assert "['JobFailed:interrupted', 'JobNotRun:not_run']" in out, out
 
 
@@ -215,14 +228,12 @@ def test_a_second_ctrl_c_kills_a_job_that_will_not_stop_and_the_pool_records_it(
         stderr=subprocess.STDOUT,
         text=True,
     )
-    deadline = time.time() + 30
-    while not (tmp_path / "jobs" / "0" / "started").exists() and time.time() < deadline:
-        time.sleep(0.05)
+    wait_for_start(tmp_path / "jobs" / "0" / "started", proc)
     proc.send_signal(signal.SIGINT)
     time.sleep(1.0)  # the pool is waiting for the job, which ignored its SIGTERM
     assert proc.poll() is None
     proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=30)
+    out, _ = proc.communicate(timeout=STOPPED)
     assert proc.returncode == 0 and "Traceback" not in out, out
     assert "['JobFailed:interrupted', 'JobNotRun:not_run']" in out, out
     assert "interrupted: killed by a second Ctrl-C while it stopped" in out and "stopped in 50 s" not in out, out
