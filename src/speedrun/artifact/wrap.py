@@ -160,7 +160,7 @@ class CodeSource:
     files: dict[str, str]
     """{repo path: text}: speedrun/core/ and LINKED (linked_sources)."""
     settings: RunSettings | None = None
-    """The frozen settings the file runs; None: a file made only to be linked or counted without them."""
+    """The frozen settings the file runs; None until ``for_plan`` (a file is linked for a Plan)."""
     plan: dict[str, Any] | None = None
     """The Plan's values (plan.json), which choose each registry's entries."""
     versions: dict[str, str] = field(default_factory=dict)
