@@ -165,6 +165,15 @@ STARTED, STOPPED = 120.0, 120.0
 starts Python slowly; a signal sent before the job started would test nothing, so the tests wait for it."""
 
 
+def as_from_a_shell() -> None:
+    """In the driver's child before exec: Ctrl-C and SIGTERM unblocked and at their defaults, as a shell starts a
+    command. A blocked or ignored signal survives exec, and a pytest worker may hold one from an earlier test (the
+    suite then saw the pool sleep through both Ctrl-Cs)."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def wait_for_start(marker: Path, proc: subprocess.Popen) -> None:
     """Until the job wrote ``marker`` (it runs, with its signal handlers set); fails naming the driver's output."""
     deadline = time.time() + STARTED
@@ -194,6 +203,7 @@ def test_sigterm_to_the_sweep_stops_its_jobs_instead_of_orphaning_them(tmp_path)
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=as_from_a_shell,
     )
     wait_for_start(tmp_path / "jobs" / "0" / "started", proc)
     proc.terminate()
@@ -227,6 +237,7 @@ def test_a_second_ctrl_c_kills_a_job_that_will_not_stop_and_the_pool_records_it(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=as_from_a_shell,
     )
     wait_for_start(tmp_path / "jobs" / "0" / "started", proc)
     proc.send_signal(signal.SIGINT)
