@@ -7,6 +7,7 @@ the compiled loss's peak memory, and a CUDA graph's replay."""
 from __future__ import annotations
 
 import inspect
+import runpy
 import subprocess
 import sys
 import weakref
@@ -486,10 +487,11 @@ def test_a_tiny_model_built_from_the_plan_trains_through_it(compose, monkeypatch
     assert max(abs(a - b) for a, b in zip(fused, eager, strict=True)) < 1e-4, (fused, eager)
 
 
-def test_the_exported_file_links_it_only_when_chosen(compose):
+def test_the_exported_file_links_it_only_when_chosen(compose, tmp_path):
     """The registry core.model.FUSED_CE is keyed by kernel.fused_ce: the readable exported module (the driver and
     the core it reaches, speedrun.artifact.wrap.linked_module) carries speedrun/core/fused_ce.py's code for a Plan
-    that chose it, and none of it otherwise."""
+    that chose it, and none of it otherwise. Exec'd in this process (as tests/e2e/test_same_numbers.py runs an
+    exported file), the chosen one reuses the operators speedrun defined and computes the same loss."""
     from speedrun.artifact.wrap import CodeSource, linked_module
 
     code = CodeSource.snapshot()
@@ -498,6 +500,14 @@ def test_the_exported_file_links_it_only_when_chosen(compose):
         text = linked_module(code.for_plan(_plan(compose, "cpu", *run)))
         for name in ("def linear_softcap_ce", "def _chunks", "speedrun::"):
             assert (name in text) == chosen, (name, chosen)
+    (tmp_path / "train_gpt_human.py").write_text(text, encoding="utf-8")
+    namespace = runpy.run_path(
+        str(tmp_path / "train_gpt_human.py"), run_name="train_gpt_human"
+    )  # defines, runs nothing
+    assert namespace["CE_MEAN"] is fused_ce.CE_MEAN
+    for reduction in ("mean", "none"):
+        got, want = (_loss_and_grads(fn, reduction) for fn in (namespace["linear_softcap_ce"], linear_softcap_ce))
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 # ---- CUDA ----------------------------------------------------------------------------------------------------------
