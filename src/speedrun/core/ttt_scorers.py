@@ -19,8 +19,10 @@ scores, and how the ranks' are put together (float64 sums all-reduced, the slowe
 
 from __future__ import annotations
 
+import functools
 import math
 import time
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -97,13 +99,19 @@ class CompiledScorer(Scorer):
 
     def __init__(self, module: nn.Module, backend: str, scope: str = "blocks"):
         super().__init__(module)
+
+        def compiled(part: Callable) -> Callable:
+            return functools.partial(own_entry(backend), part)
+
         if scope == "blocks" and self.regions is not None:
             model: Any = module
-            blocks = tuple(torch.compile(block, dynamic=True, backend=backend) for block in model.blocks)
-            self.regions = (blocks, torch.compile(model.head, dynamic=True, backend=backend))
+            # one entry for every block (the blocks share one graph), another for the head
+            block_entry = own_entry(backend)
+            blocks = tuple(functools.partial(block_entry, block) for block in model.blocks)
+            self.regions = (blocks, compiled(model.head))
         else:
             self.regions = None
-            self.whole = torch.compile(module, dynamic=True, backend=backend)
+            self.whole = compiled(module)
 
     def __call__(
         self, x: torch.Tensor, y: torch.Tensor, reduction: str = "none", pick: torch.Tensor | None = None
@@ -121,7 +129,24 @@ class CompiledScorer(Scorer):
 
 
 BLOCK_GRAPHS_LIMIT = 64
-"""Graphs dynamo may build for one code object (the block's forward) while TTT runs compiled."""
+"""Graphs dynamo may build for one code object (a scorer's block entry) while TTT runs compiled."""
+
+
+def _enter(part: Callable, *args: Any, **kwargs: Any) -> Any:
+    return part(*args, **kwargs)
+
+
+def own_entry(backend: str) -> Callable:
+    """``entry(part, *args, **kwargs) = part(*args, **kwargs)`` compiled (dynamic shapes), on a code object of its
+    own. Dynamo keeps graphs per code object: had both scorers compiled their modules directly, the adapted
+    blocks' graphs and the unadapted ones' would sit on Block.forward together, and a recompile of one checks the
+    other's guards against its frame. The adapted graphs' guards name the adapters' bound tensors, which an
+    unadapted block lacks, and torch (2.11 to 2.13 at least) raises KeyError building that recompile's reason
+    (experiment=pgolf_pr2014 with ttt.compile failed so at its first unadapted call). The module is an argument,
+    not a closure's cell, so every block of one model still shares one graph."""
+    code = _enter.__code__.replace()  # an equal code object, not the same one: its own graph cache
+    entry = types.FunctionType(code, _enter.__globals__, "ttt_scorer_entry")
+    return torch.compile(entry, dynamic=True, backend=backend)
 
 
 def make_scorers(
