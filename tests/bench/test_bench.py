@@ -22,7 +22,7 @@ from speedrun.bench.execute import POLL_S, execute
 from speedrun.bench.metrics import tokens_per_s_before_loop, tokens_per_s_with_loop
 from speedrun.bench.parsers import pgolf_baseline, pgolf_record
 from speedrun.bench.readiness import prepare_corpus, why_not
-from speedrun.bench.render import PAGE, render
+from speedrun.bench.render import HYDRA_TRAILER, PAGE, render
 from speedrun.bench.runner import run_check
 from speedrun.bench.spec import Check, Diff, PeerArm, Ratio, RunArm, Value, judge
 from speedrun.bench.steps import Options, Step, plan
@@ -116,6 +116,12 @@ def test_a_failed_run_shows_its_last_line_and_the_scripts_it_ran(tmp_path):
     (results / "record_vs_pgolf" / "2026-11-28_h200-sxm_000000000.json").write_text(json.dumps(result))
     page = render([CHECKS["record_vs_pgolf"]], results)
     assert "record seed 0: exit 1, last line `FileNotFoundError: no 'pyminify'`" in page
+    # the run's own error line wins over Hydra's closing line, and what it measured before failing is kept
+    failed["log_tail"] = ["val_bpb:  0.631085", "error:   KeyError: 'delta'", "", f"{HYDRA_TRAILER} for a complete"]
+    failed["metrics"] = {"val_bpb": 0.631085, "val_bpb_ttt": None}
+    (results / "record_vs_pgolf" / "2026-11-28_h200-sxm_000000000.json").write_text(json.dumps(result))
+    page = render([CHECKS["record_vs_pgolf"]], results)
+    assert "record seed 0: exit 1, error `KeyError: 'delta'`; before it failed: val_bpb 0.63109;" in page
     assert "speedrun seed 0" not in page
     assert "pgolf_record sha256 `8520ea55b64e`" in page and "stand-in, sha256 `7cd2b78978a0`" in page
 

@@ -90,7 +90,7 @@ def _bar_line(r: Mapping[str, Any]) -> str:
         )
     if not r.get("all_runs_ok", True):
         failed = [
-            f"{name} seed {run.get('seed')}: {run.get('status')}, last line `{_last_line(run)}`"
+            f"{name} seed {run.get('seed')}: {run.get('status')}, {_why(run)}{_recorded(run)}"
             for name, arm in r.get("arms", {}).items()
             for run in arm.get("runs", [])
             if run.get("status") != "ok"
@@ -107,9 +107,28 @@ def _bar_line(r: Mapping[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def _last_line(run: dict[str, Any]) -> str:
-    tail = run.get("log_tail") or [""]
-    return str(tail[-1]).strip().replace("`", "'")[:160]
+HYDRA_TRAILER = "Set the environment variable HYDRA_FULL_ERROR=1"
+"""How Hydra's own last line after a failed job begins: it never says what failed."""
+
+
+def _why(run: dict[str, Any]) -> str:
+    """What a failed run said of its failure: its result's ``error:`` line, else its last line but Hydra's."""
+    tail = [str(line).strip() for line in run.get("log_tail") or []]
+    errors = [line.removeprefix("error:").strip() for line in tail if line.startswith("error:")]
+    if errors and errors[-1] != "None":
+        return f"error `{_quote(errors[-1])}`"
+    lines = [line for line in tail if line and not line.startswith(HYDRA_TRAILER)] or [""]
+    return f"last line `{_quote(lines[-1])}`"
+
+
+def _quote(line: str) -> str:
+    return line.replace("`", "'")[:160]
+
+
+def _recorded(run: dict[str, Any]) -> str:
+    """The metrics a failed run wrote before it failed (the phases it finished), if any."""
+    done = {k: v for k, v in (run.get("metrics") or {}).items() if v is not None}
+    return f"; before it failed: {', '.join(f'{k} {fmt(v)}' for k, v in done.items())}" if done else ""
 
 
 def section(check: Check, results: list[dict[str, Any]]) -> list[str]:
