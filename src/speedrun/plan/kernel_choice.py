@@ -132,8 +132,9 @@ def resolve_kernel(
 
 
 FUSED_CE_LOGITS = 1 << 25
-"""kernel.fused_ce's default chunk: the rows that make this many logits (128 MB in fp32). Each chunk is unrolled
-into the compiled graph, so smaller chunks compile longer: 24 chunks for a record micro-batch at vocab 8192."""
+"""kernel.fused_ce's default chunk: the rows that make this many logits (128 MB in fp32; a chunk's in-place work
+peaks at about three such tensors). The chunk loop runs inside operators torch.compile keeps whole, so the size
+trades memory against kernel launches, not compile time: 24 chunks for a record micro-batch at vocab 8192."""
 
 
 def _fused_ce_chunk(cfg: Config, settings: dict[str, Any], model: ModelShape) -> int:
