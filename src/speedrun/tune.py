@@ -86,6 +86,9 @@ def candidate_overrides(plan: Plan, quick: bool = False) -> list[list[str]]:
     if biggest:
         out += [biggest, biggest + graphs]
     out.append(fused)  # alone: no faster on an H100, by default or on top of the tuned table (kernel_fused_qkv)
+    # the fused loss never holds the (tokens, vocab) logits: alone, and with the larger micro-batches that frees
+    loss = ["kernel.fused_ce=true"]
+    out += [loss] + [size + loss for size in (bigger, biggest) if size]
     if plan.compile:
         out += [
             ["kernel.compile_mode=max-autotune-no-cudagraphs"],

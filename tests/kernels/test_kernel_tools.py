@@ -386,6 +386,7 @@ def test_tuner_candidates_resolve_and_include_a_bigger_micro_batch(compose):
     for quick in (True, False):
         wanted = candidate_overrides(plan, quick)
         assert wanted[0] == [] and [f"kernel.micro_batch={2 * plan.micro_batch}"] in wanted
+        assert (["kernel.fused_ce=true"] in wanted) is not quick
         for extra in wanted:
             assert all(o.startswith("kernel.") for o in extra)
             resolve(to_config(compose(extra)), h100)  # every listed candidate is one the resolver accepts
