@@ -3,6 +3,8 @@ val_bpb_ttt_base beside it, the gain, TTT seconds, tokens per second and the com
 
     python scripts/ttt_table.py outputs/runs/<date>/<time>_<name> ttt.max_seconds=600
     python scripts/ttt_table.py <run dir> --setting "rank 32=ttt.rank=32 ttt.alpha=48"
+    python scripts/ttt_table.py <pgolf_pr2014 run dir> --ttt run ttt.compile=true \
+        --setting "x0.75=ttt.local_lr_mult=0.75" --setting "x1=ttt.local_lr_mult=1"
     torchrun --standalone --nproc_per_node 4 scripts/ttt_table.py <run dir> --out <dir>   # TTT on 4 ranks
 
 Under torchrun every setting runs on all the ranks, the documents dealt over them and the sums all-reduced, as a
@@ -11,13 +13,14 @@ N-rank rows of the same settings (whether N ranks score as one, and how much fas
 it trained on.
 
 The run's own config (``.hydra/config.yaml``) is rebuilt on this machine with the overrides given after the run dir
-(dotted keys, applied to every setting), then the records' TTT (conf/ttt/record.yaml) on top, then each setting's
-dotted overrides. TTT adapts the model the run exported: the dequantized artifact (``model.<quant>.<compressor>``
-in the run dir) when there is one, as a run's TTT phase does, else the float weights (``model.pt``, written with
-quant.keep_weights=true, or the newest checkpoint's). Without ``--setting`` the ladder is LADDER: the records' TTT,
-then its global phases 1 and 0, then each of its LoRA options switched back to its default, then compiled.
-Each setting runs the TTT phase exactly as a run does (speedrun.run.finish.Finish.test_time_train); the
-table is also written to ``<run dir>/ttt_table/table.md`` (or ``--out``), and each row's keys to ``rows.json`` beside it.
+(dotted keys, applied to every setting), then the records' TTT (conf/ttt/record.yaml) on top (``--ttt run`` keeps
+the run's own TTT instead), then each setting's dotted overrides. TTT adapts the model the run exported: the
+dequantized artifact (``model.<quant>.<compressor>`` in the run dir) when there is one, as a run's TTT phase does,
+else the float weights (``model.pt``, written with quant.keep_weights=true, or the newest checkpoint's). Without
+``--setting`` the ladder is LADDER: the records' TTT, then its global phases 1 and 0, then each of its LoRA options
+switched back to its default, then compiled. Each setting runs the TTT phase exactly as a run does
+(speedrun.run.finish.Finish.test_time_train); the table is also written to ``<run dir>/ttt_table/table.md`` (or
+``--out``), and each row's keys to ``rows.json`` beside it.
 """
 
 from __future__ import annotations
@@ -61,6 +64,13 @@ def record_ttt() -> list[str]:
     return flat("ttt", node)
 
 
+def base_overrides(ttt: str, overrides: list[str]) -> list[str]:
+    """What every row applies to the run's config before its own keys: one process, eager TTT (a setting or an
+    override may compile it), the records' TTT unless ``ttt == "run"``, then the command line's dotted keys."""
+    start = record_ttt() if ttt == "record" else []
+    return ["dist.nproc=1", "dist.nodes=1", "ttt.compile=false", *start, *overrides]
+
+
 def parse_setting(text: str) -> tuple[str, list[str]]:
     label, _, overrides = text.partition("=")
     if not overrides:
@@ -96,6 +106,13 @@ def main(argv: list[str] | None = None) -> int:
         "two tables of one run, e.g. halves of the ladder on two GPUs, need two",
     )
     parser.add_argument(
+        "--ttt",
+        choices=("record", "run"),
+        default="record",
+        help="the TTT every setting starts from: the records' (conf/ttt/record.yaml, the default) or the run's own "
+        "(e.g. experiment=pgolf_pr2014's, to measure one of its settings on its model)",
+    )
+    parser.add_argument(
         "--profile",
         action="store_true",
         help="run each setting under torch.profiler and write where its time went to <row>/profile.txt "
@@ -129,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     device = hardware.detect()
     # the ranks are this table's, whatever the run trained on: its dist.* are read back as "what is here"; TTT eager
     # unless a setting or an override compiles it (a run of experiment=pgolf_record compiled its own)
-    base = ["dist.nproc=1", "dist.nodes=1", "ttt.compile=false", *record_ttt(), *args.overrides]
+    base = base_overrides(args.ttt, args.overrides)
     plans = [
         resolve(load_config(run_dir, [*base, *extra]), device, cwd=Path.cwd(), world=world.info)
         for _, extra in settings

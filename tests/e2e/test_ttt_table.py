@@ -31,6 +31,16 @@ def test_record_ttt_is_the_ttt_record_group_as_dotted_keys():
     assert keys["ttt.warm_start_a"] == "True" and keys["ttt.phased.prefix_docs"] == "2000"
 
 
+def test_ttt_run_keeps_the_runs_own_ttt_and_record_lays_the_records_over_it():
+    """--ttt run (e.g. pgolf_pr2014's rank 80 and local lr x0.75, measured on its own model) adds no ttt.* key of the
+    records'; the default lays every one of them under the command line's keys, which still win."""
+    base_overrides = ttt_table_module().base_overrides
+    own = base_overrides("run", ["ttt.local_lr_mult=1"])
+    assert own == ["dist.nproc=1", "dist.nodes=1", "ttt.compile=false", "ttt.local_lr_mult=1"]
+    record = base_overrides("record", ["ttt.rank=32"])
+    assert "ttt.rank=96" in record and "ttt.name=record" in record and record[-1] == "ttt.rank=32"
+
+
 # TTT small enough for a CPU (128-token chunks: half the steps of 64), on 12,288 tokens: 4 documents
 SMALL = ["ttt.rank=4", "ttt.alpha=6", "ttt.batch_size=2", "ttt.chunk_size=128", "eval.tokens=12288"]
 SMALL += ["ttt.max_seconds=null"]
