@@ -119,20 +119,33 @@ PR2014_CASEOPS = Check(
         "with int7 embeddings, per-group brotli) and test-time trained as the seed does: the artifact's bytes, the "
         "quantization gap and what TTT gains, in bits per original byte."
     ),
-    arms=(RunArm("pr2014", ("experiment=pgolf_pr2014", "budget.train_seconds=300")),),
+    # TTT's steps padded to powers of two, rows and widths: at most 70 step shapes to capture before its clock, not
+    # pgolf_pr2014's ~390 (multiples of its 48-token chunk, half-octave rows): the same scores (padding is masked)
+    arms=(
+        RunArm(
+            "pr2014",
+            ("experiment=pgolf_pr2014", "budget.train_seconds=300", "ttt.row_widths=pow2", "ttt.graph_rows=pow2"),
+        ),
+    ),
     bars=(
         Value("pr2014", "artifact_bytes", "<=", 16_000_000),
         Value("pr2014", "val_bpb_quant", "<=", 0.01, minus="val_bpb"),
         # score-first TTT adapts the quantized model: it must score below it
         Value("pr2014", "val_bpb_ttt", "<=", 0.0, minus="val_bpb_quant"),
+        # and below the same tokens scored by the unadapted model (TTT's 300 s may cover a sample of the documents)
+        Value("pr2014", "val_bpb_ttt", "<=", 0.0, minus="val_bpb_ttt_base"),
     ),
     metrics=(
         "val_loss",
         "val_bpb",
         "val_bpb_quant",
         "val_bpb_ttt",
+        "val_bpb_ttt_base",
         "ttt_complete",
+        "ttt_fraction",
         "ttt_phases_done",
+        "ttt_compile_seconds",
+        "ttt_cuda_graphs_captured",
         "eval_tokens",
         "eval_bytes",
         "run_steps",
@@ -151,8 +164,11 @@ PR2014_CASEOPS = Check(
     notes=(
         "val_bpb divides by the original bytes of the scored tokens (the corpus's byte sidecar, `eval_bytes`), not "
         "by the CaseOps text's. The seed's int7 embedding is kept at this vocabulary of 1024. Its context grows "
-        "1024, 2048, 3072 on the clock, each length and layer-loop state compiled in warm-up, so the run takes "
-        "well over its 300 s."
+        "1024, 2048, 3072 on the clock, each length and layer-loop state compiled in warm-up, and TTT compiles and "
+        "captures its step shapes before its own 300 s clock, so the run takes about 26 minutes on one H200 from a cold cache. TTT "
+        "pads its steps to powers of two here (fewer shapes to capture; padding is masked, so scores do not "
+        "change). `ttt_fraction` is the share of the tokens TTT scored in its 300 s, documents in a seeded random "
+        "order; `val_bpb_ttt_base` scores the same tokens unadapted."
     ),
 )
 
