@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         help="run each setting under torch.profiler and write where its time went to <row>/profile.txt "
         "(slows TTT down: keep ttt.max_seconds short)",
     )
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # dotted keys may follow an option (--ttt run ttt.compile=true)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     log = logging.getLogger("ttt_table").info
 

@@ -97,6 +97,18 @@ def test_ttt_table_refuses_rows_outside_its_settings_before_loading_anything(tmp
     assert f"--rows {rows}:" in err
 
 
+def test_ttt_table_takes_dotted_keys_after_an_option(tmp_path, capsys):
+    """`<run dir> --ttt run ttt.compile=true --setting ...`: the dotted keys after an option are still the command
+    line's overrides (argparse's plain parse refused them as unrecognized arguments). Parsed in this process, up to
+    the --rows refusal, which comes before the (missing) run dir is read."""
+    argv = [str(tmp_path / "no_run"), "--ttt", "run", "ttt.compile=true", "--setting", "a=ttt.rank=4", "--rows", "1"]
+    with pytest.raises(SystemExit) as exited:
+        ttt_table_module().main(argv)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "--rows 1: rows are 0 to 0 here" in err, err[-2000:]
+    assert "unrecognized arguments" not in err
+
+
 def test_ttt_table_reads_a_multi_gpu_run_on_one_process_and_profiles_it(default_smoke_run, tmp_path):
     """A run trained on several ranks (here 2 nodes x 2, which a plain process cannot resolve) is read back with
     dist.* for the one process that adapts it; --profile writes where the row's TTT time went."""
