@@ -47,7 +47,7 @@ def database_full_after(n: int) -> None:
 def stall_after_checkpoints(n: int) -> None:
     import time
 
-    from speedrun.run import checkpoint
+    from speedrun.run import checkpoint, periodic
 
     real_save = checkpoint.save_checkpoint
     calls = {"n": 0}
@@ -59,8 +59,10 @@ def stall_after_checkpoints(n: int) -> None:
             time.sleep(300)
         return path
 
-    # before run imports speedrun.run.periodic, which takes the function by name
+    # periodic took the function by name when it was imported: forked from a test process (support.cli.Forked) it
+    # already was, so its name is the one the run calls
     checkpoint.save_checkpoint = save_checkpoint  # type: ignore[assignment]
+    periodic.save_checkpoint = save_checkpoint  # type: ignore[assignment]
 
 
 if __name__ == "__main__":

@@ -82,6 +82,9 @@ def killed(tmp_path_factory, smoke):
         "same_dir": run_cli([*args, f"hydra.run.dir={run_dir}"], cwd=cwd, timeout=120, fork=True),
         "resume": run_cli([f"resume={run_dir}", f"results_db={db}"], cwd=cwd, timeout=120, fork=True),
     }
+    # the stall held: no step past the 2nd was checkpointed while the two rivals ran
+    saved = sorted(p.name for p in run_dir.glob("checkpoints/step_*.json"))
+    assert saved == ["step_00000001.json", "step_00000002.json"], f"the run did not stall at its 2nd step: {saved}"
     assert proc.poll() is None, "the run ended before it could be killed"
     row_alive = rows(db)[str(run_dir.resolve())]
     proc.send_signal(signal.SIGKILL)
