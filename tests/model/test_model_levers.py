@@ -352,8 +352,9 @@ def test_loop_switch_keeps_one_graph_per_state_without_graph_breaks():
 
 
 def test_loop_switches_on_in_training_without_recompiling_and_counts_its_flops(compose, tmp_path):
-    """Warm-up compiles loop off and on at each context length; training switches the loop on at enable_at (by
-    step here), records it as a stage entry, compiles nothing new, and charges the looped steps their FLOPs."""
+    """Warm-up compiles the (context length, loop state) pairs training runs: 64 ends at 0.25, before the loop
+    switches on at 0.5, so it is compiled unlooped only; training switches the loop on at enable_at (by step
+    here), records it as a stage entry, compiles nothing new, and charges the looped steps their FLOPs."""
     from speedrun.core.data import TokenStream
     from speedrun.core.train import Stepper, TrainState, flops_per_token, train, warm_up
     from speedrun.data.shards import write_shard
@@ -406,7 +407,9 @@ def test_loop_switches_on_in_training_without_recompiling_and_counts_its_flops(c
     state = TrainState()
     logs: list[str] = []
     warm_up(stepper, make_batches, state, logs.append)
-    assert set(seen) == {((4, 64), False), ((4, 64), True), ((2, 128), False), ((2, 128), True)}
+    assert set(seen) == {((4, 64), False), ((2, 128), False), ((2, 128), True)}
+    assert any("x 3 (context length, layer loop) pair(s) training runs (64 loop off, 128 loop off, 128 loop on)" in line
+               for line in logs)  # fmt: skip
     assert not model.loop_active
     train(stepper, make_batches, state=state, log=logs.append, on_metrics=lambda _: None)
     assert state.steps == 8 and not state.diverged and state.recompiles == 0
@@ -476,6 +479,34 @@ def test_lever_refusals_name_the_key(compose, overrides, needle):
     with pytest.raises((ConfigError, PlanError)) as e:
         resolve(to_config(compose(overrides)), fake_device("cpu"))
     assert needle in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("untils", "loop_on", "enable_at", "pairs"),
+    [
+        # pgolf_pr2014: 1024 until 0.1, 2048 until 0.7, 3072 to the end; the loop from 0.35
+        ((0.1, 0.7, 1.0), True, 0.35, [(0, False), (1, False), (1, True), (2, True)]),
+        ((0.1, 0.7, 1.0), True, 0.7, [(0, False), (1, False), (2, True)]),  # switches with the last stage
+        ((0.1, 0.7, 1.0), True, 0.0, [(0, True), (1, True), (2, True)]),  # looped from the first step
+        ((0.1, 0.7, 1.0), False, 0.0, [(0, False), (1, False), (2, False)]),  # no loop
+        ((1.0,), True, 0.35, [(0, False), (0, True)]),  # one length: pgolf_record
+    ],
+)
+def test_trained_shapes_are_the_pairs_the_budget_reaches_and_all_the_projection_reads(
+    untils, loop_on, enable_at, pairs
+):
+    """The (stage, loop) pairs warm-up compiles: those some fraction of the budget reaches, as _Loop.step picks the
+    stage and the loop from one fraction, and every pair project_steps reads a step time for (else a KeyError)."""
+    from types import SimpleNamespace
+
+    from speedrun.core.train import trained_shapes
+    from speedrun.run.run_steps import project_steps
+
+    loop = SimpleNamespace(on=loop_on, enable_at=enable_at)
+    settings = SimpleNamespace(stages=[SimpleNamespace(until=u) for u in untils], model=SimpleNamespace(loop=loop))
+    assert trained_shapes(settings) == pairs  # type: ignore[arg-type]
+    step_seconds = {pair: 0.1 * (1 + pair[0]) * (1.5 if pair[1] else 1.0) for pair in pairs}
+    assert project_steps(settings, 100.0, step_seconds).steps > 0  # type: ignore[arg-type]
 
 
 def test_cuda_graphs_refuse_a_loop_switched_on_mid_run(compose):

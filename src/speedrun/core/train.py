@@ -511,6 +511,17 @@ def loop_states(settings: TrainSettings) -> list[bool]:
     return [True] if loop.enable_at <= 0 else [False, True]
 
 
+def trained_shapes(settings: TrainSettings) -> list[tuple[int, bool]]:
+    """The (context stage index, layer loop on) pairs training will run, in order. The stage and the loop follow
+    one fraction of the budget (_Loop.step), so a stage that ends before model.loop.enable_at never runs looped and
+    one that starts after it never unlooped: warm-up compiles the pairs that occur, not every stage in both states."""
+    stages, loop = settings.stages, settings.model.loop
+    cuts = sorted({0.0, 1.0, *(min(1.0, st.until) for st in stages), *([loop.enable_at] if loop.on else [])})
+    fracs = [*cuts, *((a + b) / 2 for a, b in zip(cuts, cuts[1:]))]  # each piece of the budget, and its ends
+    stage_at = [next((i for i, st in enumerate(stages) if f < st.until), len(stages) - 1) for f in fracs]
+    return sorted({(i, bool(_loop_due(settings, f))) for i, f in zip(stage_at, fracs)})
+
+
 def _loop_due(settings: TrainSettings, stage_frac: float) -> bool | None:
     """Whether model.loop should be on at this point of the budget (None: the model has no loop). The fraction is
     the context stages' (Budget.stage_fraction), so the loop follows whichever budget governs the run."""
@@ -544,11 +555,11 @@ def warm_up(
     log: Callable[[str], None],
     time_steps: bool = False,
 ) -> dict[tuple[int, bool], float]:
-    """Compile and autotune with TrainSettings.warmup_steps real steps at every context length of the settings (with model.loop,
-    in each loop state training will run: off and on), then restore the initial model and optimizer state, so
-    training starts from the same weights whatever the warm-up did. ``time_steps``: one more step of each, timed
-    (compiled by then), returned as {(stage index, loop on): seconds}, what speedrun.run.run_steps projects a
-    time budget's steps from."""
+    """Compile and autotune with TrainSettings.warmup_steps real steps at every context length of the settings, in
+    each layer-loop state training will run at that length (trained_shapes), then restore the initial model and
+    optimizer state, so training starts from the same weights whatever the warm-up did. ``time_steps``: one more
+    step of each, timed (compiled by then), returned as {(stage index, loop on): seconds}, what
+    speedrun.run.run_steps projects a time budget's steps from."""
     steps = stepper.settings.warmup_steps
     timed: dict[tuple[int, bool], float] = {}
     if steps <= 0:
@@ -557,24 +568,30 @@ def warm_up(
     saved_opts = [copy.deepcopy(opt.state_dict()) for opt in stepper.optimizers]
     saved_scaler = copy.deepcopy(stepper.scaler.state_dict()) if stepper.scaler else None
     stages = stepper.settings.stages
-    states = loop_states(stepper.settings)
+    shapes = trained_shapes(stepper.settings)
     looping = stepper.settings.model.loop.on
-    described = f" x {len(states)} layer-loop state(s)" if looping else ""
-    log(f"warm-up: {steps} step(s) x {len(stages)} context length(s){described} to compile and autotune (not timed)")
+    if looping:
+        named = ", ".join(f"{stages[i].seq_len} loop {'on' if on else 'off'}" for i, on in shapes)
+        log(f"warm-up: {steps} step(s) x {len(shapes)} (context length, layer loop) pair(s) training runs ({named}) "
+            "to compile and autotune (not timed)")  # fmt: skip
+    else:
+        log(f"warm-up: {steps} step(s) x {len(stages)} context length(s) to compile and autotune (not timed)")
     t0 = time.perf_counter()
-    for index, stage in enumerate(stages):
-        batches = make_batches(stage.seq_len, stage.micro_batch)
-        for looped in states:
-            if looping:
-                _set_loop(stepper.model, looped)
-            for _ in range(steps):
-                stepper(batches)
-            if time_steps:
-                sync_device(stepper.settings.device)
-                t = time.perf_counter()
-                stepper(batches)
-                sync_device(stepper.settings.device)
-                timed[(index, looped)] = time.perf_counter() - t
+    streams: dict[int, Any] = {}
+    for index, looped in shapes:
+        if index not in streams:
+            streams[index] = make_batches(stages[index].seq_len, stages[index].micro_batch)
+        batches = streams[index]
+        if looping:
+            _set_loop(stepper.model, looped)
+        for _ in range(steps):
+            stepper(batches)
+        if time_steps:
+            sync_device(stepper.settings.device)
+            t = time.perf_counter()
+            stepper(batches)
+            sync_device(stepper.settings.device)
+            timed[(index, looped)] = time.perf_counter() - t
     if looping:
         _set_loop(stepper.model, False)  # train() switches it when the budget says
     sync_device(stepper.settings.device)
