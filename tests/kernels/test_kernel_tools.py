@@ -213,7 +213,7 @@ def _calls(table: str, op: str) -> int:
 def test_profile_steps_profiles_the_layer_loop_states_that_training_runs(compose, tmp_path, data_cache, enable_at):
     """A loop switched on mid-run: both states, each labelled (the looped step runs more layer passes); a loop on
     from the first step: that state alone (profiling the other one would time its compile). The loop is left off."""
-    from speedrun.core.train import Stepper, loop_states
+    from speedrun.core.train import Stepper, trained_shapes
     from speedrun.kernels.profile import profile_steps
     from speedrun.run.build import build_attention, build_data, build_model
 
@@ -223,19 +223,40 @@ def test_profile_steps_profiles_the_layer_loop_states_that_training_runs(compose
     data = build_data(plan, lambda m: None)
     model, forward, _, opts = build_model(plan, build_attention(plan), data.bos_id)
     logged: list[str] = []
-    states = loop_states(plan)
-    keys = profile_steps(Stepper(model, forward, opts, plan), data.train_batches, tmp_path, logged.append, 1, states)
+    shapes = trained_shapes(plan)
+    keys = profile_steps(Stepper(model, forward, opts, plan), data.train_batches, tmp_path, logged.append, 1, shapes)
     assert not model.loop_active
     if enable_at > 0:
-        assert states == [False, True] and len(logged) == 2
+        assert shapes == [(0, False), (0, True)] and len(logged) == 2
         assert "(layer loop off)" in logged[0] and "(layer loop on)" in logged[1]
         assert keys["profile_step_ms_looped"] > 0 and (tmp_path / "trace_looped.json").stat().st_size > 0
         assert keys["profile_layer_loop"] == "off"
         assert _calls(logged[1], "aten::mm") > _calls(logged[0], "aten::mm")  # 4 layer passes, not 2
     else:
-        assert states == [True] and len(logged) == 1 and "(layer loop on)" in logged[0]
+        assert shapes == [(0, True)] and len(logged) == 1 and "(layer loop on)" in logged[0]
         assert "profile_step_ms_looped" not in keys and keys["profile_step_ms"] > 0
         assert keys["profile_layer_loop"] == "on"
+
+
+def test_profile_steps_takes_each_loop_state_at_the_longest_length_training_runs_it(compose, tmp_path, data_cache):
+    """Context 32 until 0.6, then 64, the loop on from 0.3: training runs the loop off at 32 only, so that is where
+    the unlooped step is profiled (at 64 it was never compiled), and the looped one at 64."""
+    from speedrun.core.train import Stepper, trained_shapes
+    from speedrun.kernels.profile import profile_steps
+    from speedrun.run.build import build_attention, build_data, build_model
+
+    loop = ["model.n_layer=2", "model.loop.start=0", "model.loop.end=0", "model.loop.num=2", "model.loop.enable_at=0.3"]
+    progressive = ["schedule=progressive", "schedule.seq_len=[32@0.6,64@1.0]"]
+    plan = resolve(
+        to_config(compose([*SMALL, *loop, *progressive, f"data.cache_dir={data_cache}"])), fake_device("cpu")
+    )
+    data = build_data(plan, lambda m: None)
+    model, forward, _, opts = build_model(plan, build_attention(plan), data.bos_id)
+    shapes = trained_shapes(plan)
+    assert shapes == [(0, False), (0, True), (1, True)]
+    keys = profile_steps(Stepper(model, forward, opts, plan), data.train_batches, tmp_path, lambda _: None, 1, shapes)
+    assert keys["profile_seq_len"] == 32 and keys["profile_seq_len_looped"] == 64
+    assert keys["profile_layer_loop"] == "off" and not model.loop_active
 
 
 @pytest.mark.parametrize(

@@ -502,15 +502,6 @@ def _set_loop(model: Any, on: bool) -> None:
     model.set_loop(on)  # GPT.set_loop: model.loop on or off (a no-op for a model without one)
 
 
-def loop_states(settings: TrainSettings) -> list[bool]:
-    """The model.loop states training will run (warm-up compiles each): off, then on from loop.enable_at; on only
-    when it is on from the first step; [False] for a model without a loop."""
-    loop = settings.model.loop
-    if not loop.on:
-        return [False]
-    return [True] if loop.enable_at <= 0 else [False, True]
-
-
 def trained_shapes(settings: TrainSettings) -> list[tuple[int, bool]]:
     """The (context stage index, layer loop on) pairs training will run, in order. The stage and the loop follow
     one fraction of the budget (_Loop.step), so a stage that ends before model.loop.enable_at never runs looped and

@@ -125,12 +125,13 @@ def profile_steps(
     run_dir: Path,
     log: Callable[[str], None],
     steps: int,
-    loop_states: Sequence[bool] = (False,),
+    shapes: Sequence[tuple[int, bool]] | None = None,
     peak_flops: float | None = None,
 ) -> dict[str, Any]:
-    """Profile ``steps`` optimizer steps at the longest context length in each model.loop state training will run
-    (``loop_states``, speedrun.core.train.loop_states: off, then on; or on alone when the loop is on from the first
-    step), then restore model, optimizers and scaler (as warm-up does), so training starts from the same state; the
+    """Profile ``steps`` optimizer steps in each model.loop state training will run, at the longest context length
+    it runs in that state (``shapes``: the (stage index, loop on) pairs of speedrun.core.train.trained_shapes, which
+    warm-up compiled; None: the last stage, loop off), off first, then on (on alone when the loop is on from the
+    first step), then restore model, optimizers and scaler (as warm-up does), so training starts from the same state; the
     loop is left off, as warm-up leaves it. Returns result keys: profile_trace and profile_step_ms for the state
     training starts in (profile_layer_loop says whether the loop was on in it), profile_trace_looped and
     profile_step_ms_looped for the loop switched on mid-run; profile_split (ms per step of each kind of kernel, and
@@ -146,12 +147,15 @@ def profile_steps(
     saved_model = copy.deepcopy(stepper.model.state_dict())
     saved_opts = [copy.deepcopy(opt.state_dict()) for opt in stepper.optimizers]
     saved_scaler = copy.deepcopy(stepper.scaler.state_dict()) if stepper.scaler else None
-    stage = plan.stages[-1]
-    batches = make_batches(stage.seq_len, stage.micro_batch)
+    # warm-up compiled exactly these pairs: profiling another would time its compile
+    pairs = shapes if shapes is not None else [(len(plan.stages) - 1, False)]
+    longest = {looped: max(i for i, on in pairs if on == looped) for _, looped in pairs}
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     keys: dict[str, Any] = {}
-    for i, looped in enumerate(loop_states if looping else [False]):
-        if looping:  # warm-up compiled exactly these states: profiling another would time its compile
+    for i, looped in enumerate(sorted(longest) if looping else [False]):
+        stage = plan.stages[longest.get(looped, len(plan.stages) - 1)]
+        batches = make_batches(stage.seq_len, stage.micro_batch)
+        if looping:
             stepper.model.set_loop(looped)
         with profile(activities=activities) as prof:
             _sync(cuda)
@@ -171,6 +175,7 @@ def profile_steps(
         mfu = flops / (step_ms / 1000.0) / (peak_flops * ranks) if peak_flops else None
         log(top_kernels_table(rows, step_ms, steps, label=label) + "\n" + split_line(split, step_ms, mfu))
         keys.update({f"profile_trace{suffix}": str(trace), f"profile_step_ms{suffix}": round(step_ms, 3)})
+        keys[f"profile_seq_len{suffix}"] = stage.seq_len
         keys.update({f"profile_split{suffix}": split, f"profile_mfu{suffix}": round(mfu, 4) if mfu else None})
         if looping and i == 0:  # which state profile_step_ms is: off for a loop switched on mid-run, else on
             keys["profile_layer_loop"] = "on" if looped else "off"

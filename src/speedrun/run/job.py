@@ -17,7 +17,7 @@ from speedrun.config import Config, LoggerConfig
 from speedrun.core.compile import keeps_grads
 from speedrun.core.gptq import Calibration
 from speedrun.core.pipeline import gptq_hessians
-from speedrun.core.train import Hooks, Stepper, TrainSettings, TrainState, fit, loop_states
+from speedrun.core.train import Hooks, Stepper, TrainSettings, TrainState, fit, trained_shapes
 from speedrun.errors import PlanError
 from speedrun.hardware import profiles as hardware
 from speedrun.kernels.cache import cache_stats
@@ -195,7 +195,7 @@ class Job:
                         self.record.ctx.run_dir,
                         log.info,
                         plan.kernel.profile_steps,
-                        loop_states(stepper.settings),
+                        trained_shapes(stepper.settings),
                         peak_flops=plan.peak_flops,
                     )
                 )
