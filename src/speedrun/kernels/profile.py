@@ -131,8 +131,8 @@ def profile_steps(
     """Profile ``steps`` optimizer steps in each model.loop state training will run, at the longest context length
     it runs in that state (``shapes``: the (stage index, loop on) pairs of speedrun.core.train.trained_shapes, which
     warm-up compiled; None: the last stage, loop off), off first, then on (on alone when the loop is on from the
-    first step), then restore model, optimizers and scaler (as warm-up does), so training starts from the same state; the
-    loop is left off, as warm-up leaves it. Returns result keys: profile_trace and profile_step_ms for the state
+    first step), then restore model, optimizers and scaler (as warm-up does), so training starts from the same
+    state; the loop is left off, as warm-up leaves it. Returns result keys: profile_trace and profile_step_ms for the state
     training starts in (profile_layer_loop says whether the loop was on in it), profile_trace_looped and
     profile_step_ms_looped for the loop switched on mid-run; profile_split (ms per step of each kind of kernel, and
     idle) and profile_mfu (the step's FLOPs over its wall time and ``peak_flops``, the card's dense peak per GPU;
