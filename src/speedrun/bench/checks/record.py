@@ -165,7 +165,7 @@ PR2014_CASEOPS = Check(
         "val_bpb divides by the original bytes of the scored tokens (the corpus's byte sidecar, `eval_bytes`), not "
         "by the CaseOps text's. The seed's int7 embedding is kept at this vocabulary of 1024. Its context grows "
         "1024, 2048, 3072 on the clock (four length and layer-loop pairs compiled in warm-up), and TTT compiles "
-        "and captures its step shapes before its own 300 s clock, so the run takes about 26 minutes on one H200 "
+        "and captures its step shapes before its own 300 s clock, so the check takes about 21 minutes on one H200 "
         "from a cold cache. TTT pads its steps to powers of two here (fewer shapes to capture; padding is masked, "
         "so scores do not change). `ttt_fraction` is the share of the tokens TTT scored in its 300 s, documents in "
         "a seeded random order; `val_bpb_ttt_base` scores the same tokens unadapted."
